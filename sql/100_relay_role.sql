@@ -1,0 +1,26 @@
+-- A least-privilege role for outbox-relay. Run as the owner of the outbox table (or a
+-- superuser) after the other migrations; safe to run again after new migrations.
+-- Then give it a password out of band, e.g. in psql:  \password outbox_relay
+--
+-- What the role may do, and why:
+--   LOGIN, REPLICATION   connect and, in replication mode, stream from its slot
+--   SELECT on outbox     polling reads rows; replication copies the rows that predate the slot
+--   DELETE on outbox     polling with after_publish = "delete", and moving rows to dead letter
+--   UPDATE (published_at) polling with after_publish = "mark"
+--   INSERT dead letter   unpublishable rows are moved there with their reason
+-- It is not a superuser and cannot read or write any other table.
+-- Replication mode also needs a publication; creating one needs ownership of the table, so
+-- either run `outbox-relay setup` once as the table owner or let the relay create it with
+-- a role that owns the table.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'outbox_relay') THEN
+        CREATE ROLE outbox_relay LOGIN REPLICATION;
+    END IF;
+END
+$$;
+
+GRANT USAGE ON SCHEMA public TO outbox_relay;
+GRANT SELECT, DELETE ON outbox_events TO outbox_relay;
+GRANT UPDATE (published_at) ON outbox_events TO outbox_relay;
+GRANT SELECT, INSERT ON outbox_dead_letter TO outbox_relay;

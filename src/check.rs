@@ -1,0 +1,297 @@
+//! `outbox-relay check`: a preflight against the configured PostgreSQL and Kafka.
+//!
+//! Each finding is one line, `OK`, `WARN` or `FAIL`, and every non-OK line says how to fix it.
+//! The checks never change anything; `check` is safe to run against production.
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio_postgres::Client;
+
+use crate::config::{AfterPublish, OnPoison, RelayConfig, SourceMode};
+use crate::sink::kafka;
+use crate::table::OutboxTable;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Status {
+    Ok,
+    Warn,
+    Fail,
+}
+
+#[derive(Debug, Clone)]
+pub struct Finding {
+    pub status: Status,
+    /// Short name of what was checked, e.g. `postgres.wal_level`.
+    pub check: &'static str,
+    pub detail: String,
+    /// What the operator should do; empty for OK.
+    pub fix: String,
+}
+
+impl Finding {
+    fn ok(check: &'static str, detail: impl Into<String>) -> Self {
+        Finding { status: Status::Ok, check, detail: detail.into(), fix: String::new() }
+    }
+    fn warn(check: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Self {
+        Finding { status: Status::Warn, check, detail: detail.into(), fix: fix.into() }
+    }
+    fn fail(check: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Self {
+        Finding { status: Status::Fail, check, detail: detail.into(), fix: fix.into() }
+    }
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let status = match self.status {
+            Status::Ok => "OK  ",
+            Status::Warn => "WARN",
+            Status::Fail => "FAIL",
+        };
+        write!(f, "{status} {:<28} {}", self.check, self.detail)?;
+        if !self.fix.is_empty() {
+            write!(f, " -- fix: {}", self.fix)?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs every check that applies to the configured mode.
+pub async fn run(config: &RelayConfig) -> Vec<Finding> {
+    let mut findings = Vec::new();
+    match connect(config).await {
+        Ok(client) => findings.extend(postgres_checks(config, &client).await),
+        Err(finding) => findings.push(finding),
+    }
+    findings.push(kafka_check(config).await);
+    findings
+}
+
+async fn connect(config: &RelayConfig) -> Result<Client, Finding> {
+    let pg = &config.postgres;
+    let target = format!("{}:{}/{} as {}", pg.host, pg.port, pg.database, pg.user);
+    match pg.client_config().connect(tokio_postgres::NoTls).await {
+        Ok((client, connection)) => {
+            tokio::spawn(connection);
+            Ok(client)
+        }
+        Err(e) => {
+            let cause = e.as_db_error().map(|d| d.message().to_string()).unwrap_or_else(|| e.to_string());
+            let fix = if e.as_db_error().is_some() {
+                "check postgres.user, postgres.password (OUTBOX_RELAY__POSTGRES__PASSWORD) and postgres.database, and pg_hba.conf"
+            } else {
+                "check postgres.host and postgres.port, and that PostgreSQL is running and reachable"
+            };
+            Err(Finding::fail("postgres.connect", format!("cannot connect to {target}: {cause}"), fix))
+        }
+    }
+}
+
+async fn postgres_checks(config: &RelayConfig, client: &Client) -> Vec<Finding> {
+    let pg = &config.postgres;
+    let version: String = query_setting(client, "server_version").await.unwrap_or_default();
+    let mut findings = vec![Finding::ok(
+        "postgres.connect",
+        format!("connected to {}:{}/{} as {} (PostgreSQL {version})", pg.host, pg.port, pg.database, pg.user),
+    )];
+    let table = OutboxTable::new(&config.outbox);
+    let table_exists = match table_check(config, client, &table).await {
+        Ok(found) => {
+            let exists = found.status != Status::Fail;
+            findings.push(found);
+            exists
+        }
+        Err(e) => {
+            findings.push(Finding::fail(
+                "outbox.table",
+                format!("cannot inspect {}: {e}", table.display_name()),
+                "grant the relay role USAGE on the schema",
+            ));
+            false
+        }
+    };
+    match config.source.mode {
+        SourceMode::Replication => findings.extend(replication_checks(config, client).await),
+        SourceMode::Polling if table_exists => findings.extend(polling_checks(config, client, &table).await),
+        SourceMode::Polling => {}
+    }
+    findings
+}
+
+async fn query_setting(client: &Client, name: &str) -> Result<String, tokio_postgres::Error> {
+    let row = client.query_one("SELECT current_setting($1)", &[&name]).await?;
+    Ok(row.get(0))
+}
+
+/// The outbox table exists and has every configured column.
+async fn table_check(
+    config: &RelayConfig,
+    client: &Client,
+    table: &OutboxTable,
+) -> Result<Finding, tokio_postgres::Error> {
+    let oid_row = client.query_one("SELECT to_regclass($1)::oid", &[&table.qualified()]).await?;
+    let oid: Option<u32> = oid_row.get(0);
+    let Some(oid) = oid else {
+        return Ok(Finding::fail(
+            "outbox.table",
+            format!("table {} does not exist", table.display_name()),
+            "apply the migrations in sql/ (psql -f sql/001_outbox.sql ...), or set outbox.schema / outbox.table",
+        ));
+    };
+    let rows = client
+        .query(
+            "SELECT attname::text FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped",
+            &[&oid],
+        )
+        .await?;
+    let present: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    let columns = &config.outbox.columns;
+    let missing: Vec<String> = columns
+        .required()
+        .into_iter()
+        .chain(columns.optional())
+        .filter(|(_, name)| !present.iter().any(|p| p == name))
+        .map(|(key, name)| format!("outbox.columns.{key} = \"{name}\""))
+        .collect();
+    if missing.is_empty() {
+        Ok(Finding::ok("outbox.table", format!("table {} has every configured column", table.display_name())))
+    } else {
+        Ok(Finding::fail(
+            "outbox.table",
+            format!("table {} lacks the configured column(s): {}", table.display_name(), missing.join(", ")),
+            "set the outbox.columns.* names to the table's columns (an optional column can be set to \"\")",
+        ))
+    }
+}
+
+async fn replication_checks(config: &RelayConfig, client: &Client) -> Vec<Finding> {
+    let mut findings = Vec::new();
+    match query_setting(client, "wal_level").await {
+        Ok(level) if level == "logical" => findings.push(Finding::ok("postgres.wal_level", "wal_level = logical")),
+        Ok(level) => findings.push(Finding::fail(
+            "postgres.wal_level",
+            format!("wal_level = {level}; replication mode needs logical"),
+            "set wal_level = logical in postgresql.conf (ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL, or use source.mode = \"polling\"",
+        )),
+        Err(e) => findings.push(Finding::fail("postgres.wal_level", format!("cannot read wal_level: {e}"), "check the role can run SHOW")),
+    }
+    let role = client
+        .query_one("SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user", &[])
+        .await;
+    match role {
+        Ok(row) if row.get::<_, bool>(0) => findings
+            .push(Finding::ok("postgres.role", format!("role {} has REPLICATION", config.postgres.user))),
+        Ok(_) => findings.push(Finding::fail(
+            "postgres.role",
+            format!("role {} lacks the REPLICATION attribute", config.postgres.user),
+            format!("ALTER ROLE {} WITH REPLICATION (see sql/004_relay_role.sql)", config.postgres.user),
+        )),
+        Err(e) => findings.push(Finding::fail(
+            "postgres.role",
+            format!("cannot read role attributes: {e}"),
+            "check the role can read pg_roles",
+        )),
+    }
+    for name in ["max_replication_slots", "max_wal_senders"] {
+        match query_setting(client, name).await.map(|v| v.parse::<i64>().unwrap_or(0)) {
+            Ok(n) if n > 0 => findings.push(Finding::ok(setting_check_name(name), format!("{name} = {n}"))),
+            Ok(n) => findings.push(Finding::fail(
+                setting_check_name(name),
+                format!("{name} = {n}; replication needs at least 1"),
+                format!("set {name} >= 1 in postgresql.conf and restart PostgreSQL"),
+            )),
+            Err(e) => findings.push(Finding::fail(
+                setting_check_name(name),
+                format!("cannot read {name}: {e}"),
+                "check the role can run SHOW",
+            )),
+        }
+    }
+    match query_setting(client, "max_slot_wal_keep_size").await {
+        Ok(size) if size == "-1" => findings.push(Finding::warn(
+            "postgres.max_slot_wal_keep_size",
+            "max_slot_wal_keep_size = -1: a stalled relay makes PostgreSQL keep WAL without limit until the disk fills",
+            "set max_slot_wal_keep_size to WAL rate x the longest relay outage you accept (README, PostgreSQL settings)",
+        )),
+        Ok(size) => findings.push(Finding::ok("postgres.max_slot_wal_keep_size", format!("max_slot_wal_keep_size = {size}"))),
+        Err(e) => findings.push(Finding::warn("postgres.max_slot_wal_keep_size", format!("cannot read it: {e}"), "PostgreSQL 13 or newer is required")),
+    }
+    findings
+}
+
+fn setting_check_name(name: &str) -> &'static str {
+    match name {
+        "max_replication_slots" => "postgres.max_replication_slots",
+        _ => "postgres.max_wal_senders",
+    }
+}
+
+async fn polling_checks(config: &RelayConfig, client: &Client, table: &OutboxTable) -> Vec<Finding> {
+    let polling = &config.polling;
+    let mut needed = vec!["SELECT"];
+    needed.push(match polling.after_publish {
+        AfterPublish::Delete => "DELETE",
+        AfterPublish::Mark => "UPDATE",
+    });
+    if polling.on_poison == OnPoison::DeadLetter {
+        needed.push("DELETE");
+    }
+    needed.dedup();
+    let mut findings = Vec::new();
+    let mut lacking = Vec::new();
+    for privilege in &needed {
+        let row =
+            client.query_one("SELECT has_table_privilege($1, $2)", &[&table.qualified(), privilege]).await;
+        match row {
+            Ok(row) if row.get::<_, bool>(0) => {}
+            Ok(_) => lacking.push(*privilege),
+            Err(e) => {
+                findings.push(Finding::fail(
+                    "postgres.privileges",
+                    format!("cannot check privileges: {e}"),
+                    "check the role can use has_table_privilege",
+                ));
+                return findings;
+            }
+        }
+    }
+    if lacking.is_empty() {
+        findings.push(Finding::ok(
+            "postgres.privileges",
+            format!("role {} has {} on {}", config.postgres.user, needed.join(", "), table.display_name()),
+        ));
+    } else {
+        findings.push(Finding::fail(
+            "postgres.privileges",
+            format!("role {} lacks {} on {}", config.postgres.user, lacking.join(", "), table.display_name()),
+            format!(
+                "GRANT {} ON {} TO {} (see sql/004_relay_role.sql)",
+                lacking.join(", "),
+                table.qualified(),
+                config.postgres.user
+            ),
+        ));
+    }
+    findings
+}
+
+async fn kafka_check(config: &RelayConfig) -> Finding {
+    let kafka = config.kafka.clone();
+    let brokers = kafka.brokers.join(",");
+    let fetched =
+        tokio::task::spawn_blocking(move || kafka::fetch_cluster_info(&kafka, Duration::from_secs(10))).await;
+    match fetched {
+        Ok(Ok(info)) => Finding::ok(
+            "kafka.brokers",
+            format!("reached {brokers}: {} broker(s), {} topic(s)", info.brokers, info.topics),
+        ),
+        Ok(Err(e)) => Finding::fail(
+            "kafka.brokers",
+            format!("cannot reach {brokers}: {e}"),
+            "check kafka.brokers, that the brokers are running, and kafka.properties for TLS/SASL",
+        ),
+        Err(e) => {
+            Finding::fail("kafka.brokers", format!("metadata request panicked: {e}"), "report this as a bug")
+        }
+    }
+}

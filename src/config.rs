@@ -1,0 +1,634 @@
+//! Configuration: a TOML file, then environment variables `OUTBOX_RELAY__SECTION__KEY`.
+//!
+//! Invariants:
+//! - every struct denies unknown fields, so a typo is an error, not a silently ignored setting;
+//! - every error names the offending path (`kafka.brokers: must not be empty`);
+//! - secrets are wrapped in [`Secret`], whose `Debug`, `Display` and `Serialize` print a
+//!   placeholder, so the effective configuration can be logged as it is.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+pub const ENV_PREFIX: &str = "OUTBOX_RELAY";
+pub const DEFAULT_PG_HOST: &str = "127.0.0.1";
+pub const DEFAULT_PG_PORT: u16 = 5432;
+pub const DEFAULT_PG_USER: &str = "outbox_relay";
+pub const DEFAULT_PG_DATABASE: &str = "postgres";
+pub const DEFAULT_PG_CONNECT_TIMEOUT_SECS: u64 = 10;
+pub const DEFAULT_KAFKA_CLIENT_ID: &str = "outbox-relay";
+pub const DEFAULT_KAFKA_MESSAGE_TIMEOUT_MS: u64 = 30_000;
+pub const DEFAULT_KAFKA_LINGER_MS: u64 = 5;
+pub const DEFAULT_KAFKA_COMPRESSION: &str = "none";
+pub const DEFAULT_OUTBOX_SCHEMA: &str = "public";
+pub const DEFAULT_OUTBOX_TABLE: &str = "outbox_events";
+pub const DEFAULT_TOPIC_TEMPLATE: &str = "outbox.event.{aggregate_type}";
+pub const DEFAULT_POLL_BATCH_SIZE: u32 = 500;
+pub const DEFAULT_POLL_INTERVAL_MS: u64 = 1_000;
+pub const DEFAULT_NOTIFY_CHANNEL: &str = "outbox_events";
+pub const DEFAULT_DEAD_LETTER_TABLE: &str = "outbox_dead_letter";
+pub const DEFAULT_PUBLISHED_AT_COLUMN: &str = "published_at";
+pub const DEFAULT_LEADER_LOCK_KEY: i64 = 0x6f75_7462_6f78; // "outbox" in ASCII
+pub const DEFAULT_SLOT: &str = "outbox_relay";
+pub const DEFAULT_PUBLICATION: &str = "outbox_relay";
+pub const DEFAULT_RETRY_INITIAL_MS: u64 = 100;
+pub const DEFAULT_RETRY_MAX_MS: u64 = 30_000;
+pub const DEFAULT_SHUTDOWN_GRACE_SECS: u64 = 30;
+
+/// Placeholders a topic template may use.
+pub const TOPIC_PLACEHOLDERS: &[&str] = &["aggregate_type", "event_type"];
+
+/// librdkafka settings the relay owns: overriding them would break the delivery guarantee or
+/// duplicate a first-class option.
+const RESERVED_KAFKA_PROPERTIES: &[(&str, &str)] = &[
+    ("acks", "the relay always uses acks=all"),
+    ("request.required.acks", "the relay always uses acks=all"),
+    ("enable.idempotence", "the relay always enables the idempotent producer"),
+    ("bootstrap.servers", "set kafka.brokers instead"),
+    ("metadata.broker.list", "set kafka.brokers instead"),
+    ("client.id", "set kafka.client_id instead"),
+    ("message.timeout.ms", "set kafka.message_timeout_ms instead"),
+    ("delivery.timeout.ms", "set kafka.message_timeout_ms instead"),
+    ("linger.ms", "set kafka.linger_ms instead"),
+    ("queue.buffering.max.ms", "set kafka.linger_ms instead"),
+    ("compression.type", "set kafka.compression instead"),
+    ("compression.codec", "set kafka.compression instead"),
+];
+
+/// A configuration problem, naming the setting it is about.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: {message}")]
+    Invalid { path: String, message: String },
+    #[error("{0}")]
+    Load(String),
+}
+
+impl ConfigError {
+    fn invalid(path: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError::Invalid { path: path.into(), message: message.into() }
+    }
+}
+
+/// A string that never reaches a log line.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("\"<redacted>\"")
+    }
+}
+
+impl Serialize for Secret {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str("<redacted>")
+    }
+}
+
+impl<'de> Deserialize<'de> for Secret {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(Secret)
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelayConfig {
+    #[serde(default)]
+    pub source: SourceConfig,
+    #[serde(default)]
+    pub postgres: PostgresConfig,
+    pub kafka: KafkaConfig,
+    #[serde(default)]
+    pub outbox: OutboxConfig,
+    #[serde(default)]
+    pub polling: PollingConfig,
+    #[serde(default)]
+    pub replication: ReplicationConfig,
+    #[serde(default)]
+    pub retry: RetryConfig,
+    #[serde(default)]
+    pub shutdown: ShutdownConfig,
+}
+
+/// Which source feeds the relay. The mode-specific settings live in `[polling]` and
+/// `[replication]`; a flat enum (not a serde-tagged one) keeps the `config` crate's
+/// string-to-number coercion for environment overrides working inside those sections.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    /// `polling` or `replication`.
+    #[serde(default)]
+    pub mode: SourceMode,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceMode {
+    #[default]
+    Replication,
+    Polling,
+}
+
+impl fmt::Display for SourceMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SourceMode::Replication => "replication",
+            SourceMode::Polling => "polling",
+        })
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PostgresConfig {
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    pub password: Option<Secret>,
+    pub database: String,
+    pub connect_timeout_secs: u64,
+}
+
+impl Default for PostgresConfig {
+    fn default() -> Self {
+        PostgresConfig {
+            host: DEFAULT_PG_HOST.into(),
+            port: DEFAULT_PG_PORT,
+            user: DEFAULT_PG_USER.into(),
+            password: None,
+            database: DEFAULT_PG_DATABASE.into(),
+            connect_timeout_secs: DEFAULT_PG_CONNECT_TIMEOUT_SECS,
+        }
+    }
+}
+
+impl PostgresConfig {
+    /// A tokio-postgres configuration for an ordinary (non-replication) session.
+    pub fn client_config(&self) -> tokio_postgres::Config {
+        let mut pg = tokio_postgres::Config::new();
+        pg.host(&self.host)
+            .port(self.port)
+            .user(&self.user)
+            .dbname(&self.database)
+            .application_name("outbox-relay")
+            .connect_timeout(std::time::Duration::from_secs(self.connect_timeout_secs));
+        if let Some(password) = &self.password {
+            pg.password(password.expose());
+        }
+        pg
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// Bootstrap brokers, `host:port`. A comma-separated string is accepted too, which is what
+    /// `OUTBOX_RELAY__KAFKA__BROKERS=a:9092,b:9092` gives.
+    #[serde(deserialize_with = "string_or_list")]
+    pub brokers: Vec<String>,
+    #[serde(default = "default_client_id")]
+    pub client_id: String,
+    #[serde(default = "default_message_timeout_ms")]
+    pub message_timeout_ms: u64,
+    #[serde(default = "default_linger_ms")]
+    pub linger_ms: u64,
+    #[serde(default = "default_compression")]
+    pub compression: String,
+    /// Further librdkafka settings, passed through as they are (SASL, TLS, batch sizes).
+    #[serde(default)]
+    pub properties: BTreeMap<String, KafkaProperty>,
+}
+
+/// A librdkafka property value; printed redacted when its key looks like a secret.
+#[derive(Clone, Deserialize)]
+#[serde(transparent)]
+pub struct KafkaProperty(pub String);
+
+/// `Debug` cannot see the key, so it hides every value; `redacted()` shows the harmless ones.
+impl fmt::Debug for KafkaProperty {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("\"<hidden>\"")
+    }
+}
+
+impl Serialize for KafkaProperty {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+/// True for librdkafka keys whose values are credentials.
+pub fn is_secret_kafka_property(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    ["password", "secret", "sasl.oauthbearer.config", "ssl.key.pem", "ssl_key"]
+        .iter()
+        .any(|needle| key.contains(needle))
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutboxConfig {
+    pub schema: String,
+    pub table: String,
+    /// Topic for each event; `{aggregate_type}` and `{event_type}` are replaced from the row.
+    /// A non-NULL per-row topic column wins over the template.
+    pub topic_template: String,
+    pub columns: ColumnsConfig,
+}
+
+impl Default for OutboxConfig {
+    fn default() -> Self {
+        OutboxConfig {
+            schema: DEFAULT_OUTBOX_SCHEMA.into(),
+            table: DEFAULT_OUTBOX_TABLE.into(),
+            topic_template: DEFAULT_TOPIC_TEMPLATE.into(),
+            columns: ColumnsConfig::default(),
+        }
+    }
+}
+
+/// Column names of the outbox table. Optional columns are switched off with an empty string,
+/// which is how a Debezium-style table (`id, aggregatetype, aggregateid, type, payload`) is read.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ColumnsConfig {
+    pub id: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub event_type: String,
+    pub payload: String,
+    pub headers: String,
+    pub topic: String,
+    pub created_at: String,
+}
+
+impl Default for ColumnsConfig {
+    fn default() -> Self {
+        ColumnsConfig {
+            id: "id".into(),
+            aggregate_type: "aggregate_type".into(),
+            aggregate_id: "aggregate_id".into(),
+            event_type: "event_type".into(),
+            payload: "payload".into(),
+            headers: "headers".into(),
+            topic: "topic".into(),
+            created_at: "created_at".into(),
+        }
+    }
+}
+
+impl ColumnsConfig {
+    /// Required columns, as (config key, column name).
+    pub fn required(&self) -> [(&'static str, &str); 5] {
+        [
+            ("id", &self.id),
+            ("aggregate_type", &self.aggregate_type),
+            ("aggregate_id", &self.aggregate_id),
+            ("event_type", &self.event_type),
+            ("payload", &self.payload),
+        ]
+    }
+
+    /// Optional columns that are switched on, as (config key, column name).
+    pub fn optional(&self) -> Vec<(&'static str, &str)> {
+        [("headers", &self.headers), ("topic", &self.topic), ("created_at", &self.created_at)]
+            .into_iter()
+            .filter(|(_, name)| !name.is_empty())
+            .map(|(key, name)| (key, name.as_str()))
+            .collect()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum AfterPublish {
+    #[default]
+    Delete,
+    Mark,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OnPoison {
+    #[default]
+    DeadLetter,
+    Block,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PollingConfig {
+    pub batch_size: u32,
+    pub poll_interval_ms: u64,
+    /// `delete` the published rows, or `mark` them by setting `published_at_column`.
+    pub after_publish: AfterPublish,
+    pub published_at_column: String,
+    /// `dead_letter` moves an unpublishable row to `dead_letter_table`; `block` stops at it.
+    pub on_poison: OnPoison,
+    pub dead_letter_table: String,
+    /// Channel of the NOTIFY trigger shipped in `sql/`; empty disables LISTEN.
+    pub notify_channel: String,
+    /// Advisory lock key that elects the single active polling instance.
+    pub leader_lock_key: i64,
+}
+
+impl Default for PollingConfig {
+    fn default() -> Self {
+        PollingConfig {
+            batch_size: DEFAULT_POLL_BATCH_SIZE,
+            poll_interval_ms: DEFAULT_POLL_INTERVAL_MS,
+            after_publish: AfterPublish::default(),
+            published_at_column: DEFAULT_PUBLISHED_AT_COLUMN.into(),
+            on_poison: OnPoison::default(),
+            dead_letter_table: DEFAULT_DEAD_LETTER_TABLE.into(),
+            notify_channel: DEFAULT_NOTIFY_CHANNEL.into(),
+            leader_lock_key: DEFAULT_LEADER_LOCK_KEY,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReplicationConfig {
+    pub slot: String,
+    pub publication: String,
+}
+
+impl Default for ReplicationConfig {
+    fn default() -> Self {
+        ReplicationConfig { slot: DEFAULT_SLOT.into(), publication: DEFAULT_PUBLICATION.into() }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryConfig {
+    pub initial_backoff_ms: u64,
+    pub max_backoff_ms: u64,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        RetryConfig { initial_backoff_ms: DEFAULT_RETRY_INITIAL_MS, max_backoff_ms: DEFAULT_RETRY_MAX_MS }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShutdownConfig {
+    pub grace_period_secs: u64,
+}
+
+impl Default for ShutdownConfig {
+    fn default() -> Self {
+        ShutdownConfig { grace_period_secs: DEFAULT_SHUTDOWN_GRACE_SECS }
+    }
+}
+
+fn default_client_id() -> String {
+    DEFAULT_KAFKA_CLIENT_ID.into()
+}
+fn default_message_timeout_ms() -> u64 {
+    DEFAULT_KAFKA_MESSAGE_TIMEOUT_MS
+}
+fn default_linger_ms() -> u64 {
+    DEFAULT_KAFKA_LINGER_MS
+}
+fn default_compression() -> String {
+    DEFAULT_KAFKA_COMPRESSION.into()
+}
+
+fn string_or_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) => {
+            s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect()
+        }
+        OneOrMany::Many(v) => v,
+    })
+}
+
+impl RelayConfig {
+    /// Loads `file`, applies `OUTBOX_RELAY__*` environment overrides, and validates.
+    pub fn load(file: &Path) -> Result<RelayConfig, ConfigError> {
+        let env = std::env::vars().collect();
+        Self::load_with_env(file, env)
+    }
+
+    /// As [`RelayConfig::load`], with the environment given (tests do not touch the process's).
+    pub fn load_with_env(file: &Path, env: config::Map<String, String>) -> Result<RelayConfig, ConfigError> {
+        if !file.is_file() {
+            return Err(ConfigError::Load(format!(
+                "config file {}: not found (see deploy/relay.example.toml for a documented example)",
+                file.display()
+            )));
+        }
+        let layered = config::Config::builder()
+            .add_source(config::File::from(file).format(config::FileFormat::Toml))
+            .add_source(
+                config::Environment::with_prefix(ENV_PREFIX)
+                    .prefix_separator("__")
+                    .separator("__")
+                    .source(Some(env)),
+            )
+            .build()
+            .map_err(|e| ConfigError::Load(format!("config file {}: {e}", file.display())))?;
+        let tree: config::Value = layered
+            .try_deserialize()
+            .map_err(|e| ConfigError::Load(format!("config file {}: {e}", file.display())))?;
+        let relay: RelayConfig = serde_path_to_error::deserialize(tree).map_err(|e| {
+            let path = e.path().to_string();
+            describe_serde_error(&path, &e.into_inner().to_string())
+        })?;
+        relay.validate()?;
+        Ok(relay)
+    }
+
+    /// Checks what types alone cannot. Each error names the path to fix.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let k = &self.kafka;
+        if k.brokers.is_empty() {
+            return Err(ConfigError::invalid("kafka.brokers", "must not be empty"));
+        }
+        for (i, broker) in k.brokers.iter().enumerate() {
+            let ok = broker
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0));
+            if !ok {
+                return Err(ConfigError::invalid(
+                    format!("kafka.brokers[{i}]"),
+                    format!("\"{broker}\" is not host:port"),
+                ));
+            }
+        }
+        if k.client_id.is_empty() {
+            return Err(ConfigError::invalid("kafka.client_id", "must not be empty"));
+        }
+        if !(1..=3_600_000).contains(&k.message_timeout_ms) {
+            return Err(ConfigError::invalid("kafka.message_timeout_ms", "must be between 1 and 3600000"));
+        }
+        if k.linger_ms > 60_000 {
+            return Err(ConfigError::invalid("kafka.linger_ms", "must be <= 60000"));
+        }
+        if !["none", "gzip", "snappy", "lz4", "zstd"].contains(&k.compression.as_str()) {
+            return Err(ConfigError::invalid(
+                "kafka.compression",
+                format!("\"{}\" is not one of none, gzip, snappy, lz4, zstd", k.compression),
+            ));
+        }
+        for key in k.properties.keys() {
+            if let Some((_, why)) = RESERVED_KAFKA_PROPERTIES.iter().find(|(r, _)| *r == key.as_str()) {
+                return Err(ConfigError::invalid(
+                    format!("kafka.properties.\"{key}\""),
+                    format!("may not be set: {why}"),
+                ));
+            }
+        }
+        let pg = &self.postgres;
+        if pg.host.is_empty() {
+            return Err(ConfigError::invalid("postgres.host", "must not be empty"));
+        }
+        if pg.port == 0 {
+            return Err(ConfigError::invalid("postgres.port", "must be between 1 and 65535"));
+        }
+        if pg.user.is_empty() {
+            return Err(ConfigError::invalid("postgres.user", "must not be empty"));
+        }
+        if pg.database.is_empty() {
+            return Err(ConfigError::invalid("postgres.database", "must not be empty"));
+        }
+        self.validate_outbox()?;
+        self.validate_polling()?;
+        let r = &self.replication;
+        for (path, name) in [("replication.slot", &r.slot), ("replication.publication", &r.publication)] {
+            let ok = !name.is_empty()
+                && name.len() <= 63
+                && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            if !ok {
+                return Err(ConfigError::invalid(path, "must be 1-63 characters of a-z, 0-9 and _"));
+            }
+        }
+        if self.retry.initial_backoff_ms == 0 {
+            return Err(ConfigError::invalid("retry.initial_backoff_ms", "must be > 0"));
+        }
+        if self.retry.max_backoff_ms < self.retry.initial_backoff_ms {
+            return Err(ConfigError::invalid("retry.max_backoff_ms", "must be >= retry.initial_backoff_ms"));
+        }
+        Ok(())
+    }
+
+    fn validate_outbox(&self) -> Result<(), ConfigError> {
+        let o = &self.outbox;
+        if o.schema.is_empty() {
+            return Err(ConfigError::invalid("outbox.schema", "must not be empty"));
+        }
+        if o.table.is_empty() {
+            return Err(ConfigError::invalid("outbox.table", "must not be empty"));
+        }
+        for (key, name) in o.columns.required() {
+            if name.is_empty() {
+                return Err(ConfigError::invalid(
+                    format!("outbox.columns.{key}"),
+                    "must not be empty: the column is required",
+                ));
+            }
+        }
+        validate_topic_template(&o.topic_template)
+    }
+
+    fn validate_polling(&self) -> Result<(), ConfigError> {
+        let p = &self.polling;
+        if !(1..=100_000).contains(&p.batch_size) {
+            return Err(ConfigError::invalid("polling.batch_size", "must be between 1 and 100000"));
+        }
+        if p.poll_interval_ms == 0 {
+            return Err(ConfigError::invalid("polling.poll_interval_ms", "must be > 0"));
+        }
+        if p.after_publish == AfterPublish::Mark && p.published_at_column.is_empty() {
+            return Err(ConfigError::invalid(
+                "polling.published_at_column",
+                "must not be empty when polling.after_publish = \"mark\"",
+            ));
+        }
+        if p.dead_letter_table.is_empty() {
+            return Err(ConfigError::invalid("polling.dead_letter_table", "must not be empty"));
+        }
+        Ok(())
+    }
+
+    /// The configuration as JSON with every secret replaced, for the start-up log line.
+    pub fn redacted(&self) -> serde_json::Value {
+        let mut value = serde_json::to_value(self).expect("config serializes");
+        if let Some(props) = value.pointer_mut("/kafka/properties").and_then(|p| p.as_object_mut()) {
+            for (key, v) in props.iter_mut() {
+                if is_secret_kafka_property(key) {
+                    *v = serde_json::Value::String("<redacted>".into());
+                }
+            }
+        }
+        value
+    }
+}
+
+fn validate_topic_template(template: &str) -> Result<(), ConfigError> {
+    const PATH: &str = "outbox.topic_template";
+    if template.is_empty() {
+        return Err(ConfigError::invalid(PATH, "must not be empty"));
+    }
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let Some(close) = rest[open..].find('}') else {
+            return Err(ConfigError::invalid(PATH, "has a '{' without a closing '}'"));
+        };
+        let name = &rest[open + 1..open + close];
+        if !TOPIC_PLACEHOLDERS.contains(&name) {
+            return Err(ConfigError::invalid(
+                PATH,
+                format!("unknown placeholder {{{name}}}; use {{aggregate_type}} or {{event_type}}"),
+            ));
+        }
+        rest = &rest[open + close + 1..];
+    }
+    Ok(())
+}
+
+/// Turns serde's wording into a path and advice. serde_path_to_error puts an unknown field in
+/// the path already; a missing one is reported at its parent, so its name is moved into the path.
+fn describe_serde_error(path: &str, inner: &str) -> ConfigError {
+    if inner.starts_with("unknown field") {
+        return ConfigError::invalid(
+            path,
+            "unknown setting; remove it or fix its spelling (deploy/relay.example.toml lists every option)",
+        );
+    }
+    if inner.starts_with("missing") {
+        let field = inner.split(['`', '"']).nth(1).unwrap_or_default();
+        let child = match path {
+            "" | "." => field.to_string(),
+            parent => format!("{parent}.{field}"),
+        };
+        return ConfigError::invalid(child, "is required");
+    }
+    ConfigError::invalid(path, inner)
+}
+
+#[cfg(test)]
+mod tests;

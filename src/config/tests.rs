@@ -1,0 +1,173 @@
+use super::*;
+
+fn load(toml: &str, env: &[(&str, &str)]) -> Result<RelayConfig, ConfigError> {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("relay.toml");
+    std::fs::write(&file, toml).unwrap();
+    let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    RelayConfig::load_with_env(&file, env)
+}
+
+const MINIMAL: &str = "[kafka]\nbrokers = [\"127.0.0.1:9092\"]\n";
+
+#[test]
+fn minimal_file_gets_defaults() {
+    let cfg = load(MINIMAL, &[]).unwrap();
+    assert_eq!(cfg.source.mode, SourceMode::Replication);
+    assert_eq!(cfg.outbox.table, "outbox_events");
+    assert_eq!(cfg.polling.batch_size, DEFAULT_POLL_BATCH_SIZE);
+    assert_eq!(cfg.kafka.message_timeout_ms, DEFAULT_KAFKA_MESSAGE_TIMEOUT_MS);
+}
+
+#[test]
+fn unknown_key_names_its_path() {
+    let err = load(&format!("{MINIMAL}lingr_ms = 3\n"), &[]).unwrap_err().to_string();
+    assert!(err.starts_with("kafka.lingr_ms: unknown setting"), "{err}");
+    let err = load(&format!("{MINIMAL}[polling]\nbatchsize = 3\n"), &[]).unwrap_err().to_string();
+    assert!(err.starts_with("polling.batchsize: unknown setting"), "{err}");
+    let err = load(&format!("{MINIMAL}[sink]\n"), &[]).unwrap_err().to_string();
+    assert!(err.starts_with("sink: unknown setting"), "{err}");
+}
+
+#[test]
+fn empty_broker_list_is_refused() {
+    let err = load("[kafka]\nbrokers = []\n", &[]).unwrap_err().to_string();
+    assert_eq!(err, "kafka.brokers: must not be empty");
+    let err = load("[kafka]\nbrokers = [\"nohost\"]\n", &[]).unwrap_err().to_string();
+    assert!(err.starts_with("kafka.brokers[0]: "), "{err}");
+}
+
+#[test]
+fn missing_kafka_section_is_named() {
+    let err = load("[postgres]\nport = 5432\n", &[]).unwrap_err().to_string();
+    assert_eq!(err, "kafka: is required");
+}
+
+#[test]
+fn bad_number_names_its_path() {
+    let err = load(&format!("{MINIMAL}[polling]\nbatch_size = \"many\"\n"), &[]).unwrap_err().to_string();
+    assert!(err.starts_with("polling.batch_size: "), "{err}");
+    let err = load(&format!("{MINIMAL}[postgres]\nport = 70000\n"), &[]).unwrap_err().to_string();
+    assert!(err.starts_with("postgres.port: "), "{err}");
+    let err = load(&format!("{MINIMAL}[polling]\nbatch_size = 0\n"), &[]).unwrap_err().to_string();
+    assert!(err.starts_with("polling.batch_size: must be between"), "{err}");
+}
+
+#[test]
+fn environment_overrides_file() {
+    let cfg = load(
+        MINIMAL,
+        &[
+            ("OUTBOX_RELAY__KAFKA__BROKERS", "a:1,b:2"),
+            ("OUTBOX_RELAY__POLLING__BATCH_SIZE", "42"),
+            ("OUTBOX_RELAY__SOURCE__MODE", "polling"),
+            ("OUTBOX_RELAY__POSTGRES__PASSWORD", "12345"),
+            ("UNRELATED", "x"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(cfg.kafka.brokers, vec!["a:1", "b:2"]);
+    assert_eq!(cfg.polling.batch_size, 42);
+    assert_eq!(cfg.source.mode, SourceMode::Polling);
+    assert_eq!(cfg.postgres.password.unwrap().expose(), "12345");
+}
+
+#[test]
+fn bad_environment_number_names_its_path() {
+    let err = load(MINIMAL, &[("OUTBOX_RELAY__POLLING__BATCH_SIZE", "lots")]).unwrap_err().to_string();
+    assert!(err.starts_with("polling.batch_size: "), "{err}");
+}
+
+#[test]
+fn delivery_guarantee_settings_cannot_be_overridden() {
+    for key in ["acks", "enable.idempotence", "bootstrap.servers"] {
+        let toml = format!("{MINIMAL}[kafka.properties]\n\"{key}\" = \"1\"\n");
+        let err = load(&toml, &[]).unwrap_err().to_string();
+        assert!(err.starts_with(&format!("kafka.properties.\"{key}\": may not be set")), "{err}");
+    }
+    let toml = format!("{MINIMAL}[kafka.properties]\n\"socket.timeout.ms\" = \"1000\"\n");
+    let cfg = load(&toml, &[]).unwrap();
+    assert_eq!(cfg.kafka.properties["socket.timeout.ms"].0, "1000");
+}
+
+#[test]
+fn secrets_are_redacted() {
+    let toml = format!(
+        "{MINIMAL}[kafka.properties]\n\"sasl.password\" = \"hunter2\"\n[postgres]\npassword = \"pgsecret\"\n"
+    );
+    let cfg = load(&toml, &[]).unwrap();
+    let shown = format!("{} {:?}", cfg.redacted(), cfg);
+    assert!(!shown.contains("hunter2"), "{shown}");
+    assert!(!shown.contains("pgsecret"), "{shown}");
+    assert!(shown.contains("<redacted>"));
+}
+
+#[test]
+fn topic_template_placeholders_are_checked() {
+    let toml = format!("{MINIMAL}[outbox]\ntopic_template = \"events.{{aggregate}}\"\n");
+    let err = load(&toml, &[]).unwrap_err().to_string();
+    assert!(err.starts_with("outbox.topic_template: unknown placeholder {aggregate}"), "{err}");
+}
+
+#[test]
+fn debezium_layout_is_expressible() {
+    let toml = format!(
+        "{MINIMAL}[outbox.columns]\naggregate_type = \"aggregatetype\"\naggregate_id = \"aggregateid\"\n\
+         event_type = \"type\"\nheaders = \"\"\ntopic = \"\"\ncreated_at = \"\"\n"
+    );
+    let cfg = load(&toml, &[]).unwrap();
+    assert!(cfg.outbox.columns.optional().is_empty());
+    assert_eq!(cfg.outbox.columns.required()[2], ("aggregate_id", "aggregateid"));
+}
+
+#[test]
+fn required_column_cannot_be_switched_off() {
+    let toml = format!("{MINIMAL}[outbox.columns]\npayload = \"\"\n");
+    let err = load(&toml, &[]).unwrap_err().to_string();
+    assert!(err.starts_with("outbox.columns.payload: must not be empty"), "{err}");
+}
+
+#[test]
+fn example_file_is_valid_and_matches_the_defaults() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/relay.example.toml");
+    let example = RelayConfig::load_with_env(&path, Default::default()).unwrap();
+    let defaults = load(MINIMAL, &[]).unwrap();
+    let mut example = example.redacted();
+    let mut defaults = defaults.redacted();
+    // the example names a broker of its own; everything else must be the documented default
+    example["kafka"]["brokers"] = serde_json::Value::Null;
+    defaults["kafka"]["brokers"] = serde_json::Value::Null;
+    assert_eq!(example, defaults);
+}
+
+#[test]
+fn example_file_documents_every_option() {
+    fn leaves(prefix: &str, value: &serde_json::Value, out: &mut Vec<String>) {
+        match value.as_object() {
+            Some(map) if prefix != "kafka.properties" => {
+                for (k, v) in map {
+                    let path = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                    leaves(&path, v, out);
+                }
+            }
+            _ => out.push(prefix.to_string()),
+        }
+    }
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/relay.example.toml"),
+    )
+    .unwrap();
+    let mut paths = Vec::new();
+    leaves("", &load(MINIMAL, &[]).unwrap().redacted(), &mut paths);
+    for path in paths.iter().filter(|p| *p != "kafka.properties") {
+        let (section, key) = path.rsplit_once('.').unwrap();
+        let section_at =
+            text.find(&format!("[{section}]\n")).unwrap_or_else(|| panic!("no [{section}] section"));
+        let body = &text[section_at..];
+        let body = &body[..body[1..].find("\n[").map_or(body.len(), |i| i + 1)];
+        assert!(
+            body.contains(&format!("\n{key} = ")) || body.contains(&format!("\n# {key} = ")),
+            "deploy/relay.example.toml does not document {path}"
+        );
+    }
+}

@@ -1,0 +1,106 @@
+//! Bootstrap only: parse the CLI, load and validate the configuration, start logging, run the
+//! command, and map its outcome to an exit code (0 ok, 1 failure, 2 invalid configuration).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use outbox_relay::check::{self, Status};
+use outbox_relay::config::RelayConfig;
+
+const EXIT_FAILURE: u8 = 1;
+const EXIT_CONFIG: u8 = 2;
+
+/// Moves committed transactional-outbox events from PostgreSQL to Apache Kafka.
+///
+/// Start with `outbox-relay check --config relay.toml`; every setting is documented in
+/// deploy/relay.example.toml and can be overridden with OUTBOX_RELAY__SECTION__KEY variables
+/// (for example OUTBOX_RELAY__POSTGRES__PASSWORD).
+#[derive(Parser, Debug)]
+#[command(name = "outbox-relay", version, about, long_about)]
+struct Cli {
+    /// Log format: `text` for people, `json` for log pipelines.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true, env = "OUTBOX_RELAY_LOG_FORMAT")]
+    log_format: LogFormat,
+
+    /// Log filter in tracing's EnvFilter syntax, e.g. `info` or `outbox_relay=debug`.
+    #[arg(long, default_value = "info", global = true, env = "OUTBOX_RELAY_LOG")]
+    log_level: String,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the relay daemon until SIGTERM or SIGINT.
+    Run {
+        /// Configuration file (TOML).
+        #[arg(long, short, env = "OUTBOX_RELAY_CONFIG")]
+        config: PathBuf,
+    },
+    /// Preflight: check PostgreSQL and Kafka against the configuration and print one line per
+    /// finding (OK / WARN / FAIL, each with its fix). Exits 1 when anything FAILs.
+    Check {
+        /// Configuration file (TOML).
+        #[arg(long, short, env = "OUTBOX_RELAY_CONFIG")]
+        config: PathBuf,
+    },
+}
+
+#[derive(Copy, Clone, Debug, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format, &cli.log_level);
+    let config_path = match &cli.command {
+        Command::Run { config } | Command::Check { config } => config,
+    };
+    let config = match RelayConfig::load(config_path) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("error: invalid configuration: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    match cli.command {
+        Command::Check { .. } => runtime.block_on(run_check(&config)),
+        Command::Run { .. } => {
+            tracing::info!(config = %config.redacted(), "effective configuration");
+            tracing::error!(mode = %config.source.mode, "the relay loop is not built yet: only `check` works in this version");
+            ExitCode::from(EXIT_FAILURE)
+        }
+    }
+}
+
+async fn run_check(config: &RelayConfig) -> ExitCode {
+    let findings = check::run(config).await;
+    for finding in &findings {
+        println!("{finding}");
+    }
+    let failed = findings.iter().filter(|f| f.status == Status::Fail).count();
+    let warned = findings.iter().filter(|f| f.status == Status::Warn).count();
+    println!(
+        "{} check(s): {failed} failed, {warned} warning(s), mode {}",
+        findings.len(),
+        config.source.mode
+    );
+    if failed > 0 { ExitCode::from(EXIT_FAILURE) } else { ExitCode::SUCCESS }
+}
+
+fn init_logging(format: LogFormat, filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|e| {
+        eprintln!("warning: --log-level {filter:?} is not a valid filter ({e}); using info");
+        tracing_subscriber::EnvFilter::new("info")
+    });
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).init(),
+    }
+}

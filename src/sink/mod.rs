@@ -1,0 +1,3 @@
+//! Sinks: where events go. Kafka is the one sink.
+
+pub mod kafka;

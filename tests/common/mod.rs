@@ -1,0 +1,294 @@
+//! Test harness: a real PostgreSQL and a real Kafka-protocol broker over TCP.
+//!
+//! When `OUTBOX_RELAY_TEST_PG_URL` and `OUTBOX_RELAY_TEST_KAFKA` are set (as `deploy/local/test`
+//! does) they are reused; otherwise `deploy/local/services hold` starts both for this test binary
+//! and stops them when the binary exits (its stdin pipe closes). Each test gets a fresh database
+//! with the schema applied and random topic names.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::{Headers, Message};
+use tokio_postgres::{Client, NoTls};
+
+pub struct Services {
+    pub pg_url: String,
+    pub kafka: String,
+}
+
+/// Processes started by `services hold`; their stdin closes when the test binary exits.
+static HELD: Mutex<Vec<Child>> = Mutex::new(Vec::new());
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn services() -> &'static Services {
+    static SERVICES: OnceLock<Services> = OnceLock::new();
+    SERVICES.get_or_init(|| {
+        match (std::env::var("OUTBOX_RELAY_TEST_PG_URL"), std::env::var("OUTBOX_RELAY_TEST_KAFKA")) {
+            (Ok(pg_url), Ok(kafka)) => Services { pg_url, kafka },
+            _ => {
+                let env = hold("hold", &[]);
+                Services {
+                    pg_url: env["OUTBOX_RELAY_TEST_PG_URL"].clone(),
+                    kafka: env["OUTBOX_RELAY_TEST_KAFKA"].clone(),
+                }
+            }
+        }
+    })
+}
+
+/// Runs `deploy/local/services MODE` and returns the KEY=VALUE lines it prints before READY.
+/// The services live until the test binary exits.
+pub fn hold(mode: &str, env: &[(&str, &str)]) -> std::collections::HashMap<String, String> {
+    let mut child = Command::new(repo_root().join("deploy/local/services"))
+        .arg(mode)
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start deploy/local/services");
+    let stdout = child.stdout.take().unwrap();
+    let mut vars = std::collections::HashMap::new();
+    for line in BufReader::new(stdout).lines() {
+        let line = line.expect("read services output");
+        if line == "READY" {
+            break;
+        }
+        if let Some((k, v)) = line.split_once('=') {
+            vars.insert(k.to_string(), v.to_string());
+        }
+    }
+    assert!(vars.contains_key("OUTBOX_RELAY_TEST_PG_URL"), "deploy/local/services {mode} failed");
+    HELD.lock().unwrap().push(child);
+    vars
+}
+
+pub fn random_suffix() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
+/// A database of its own for one test, with the migrations in `sql/` applied. Dropped on drop.
+pub struct TestDb {
+    pub name: String,
+    pub url: String,
+    admin_url: String,
+}
+
+impl TestDb {
+    pub async fn new() -> TestDb {
+        Self::with_schema(true).await
+    }
+
+    pub async fn with_schema(apply: bool) -> TestDb {
+        let admin_url = services().pg_url.clone();
+        let name = format!("test_{}", random_suffix());
+        let admin = connect(&admin_url).await;
+        admin.batch_execute(&format!("CREATE DATABASE {name}")).await.unwrap();
+        let url = replace_database(&admin_url, &name);
+        let db = TestDb { name, url, admin_url };
+        if apply {
+            apply_migrations(&db.client().await).await;
+        }
+        db
+    }
+
+    pub async fn client(&self) -> Client {
+        connect(&self.url).await
+    }
+
+    /// host, port, user of the server, for writing relay configs.
+    pub fn pg_parts(&self) -> (String, u16, String) {
+        let cfg: tokio_postgres::Config = self.url.parse().unwrap();
+        let host = match &cfg.get_hosts()[0] {
+            tokio_postgres::config::Host::Tcp(h) => h.clone(),
+            #[allow(unreachable_patterns)]
+            _ => "127.0.0.1".into(),
+        };
+        (host, cfg.get_ports()[0], cfg.get_user().unwrap_or("postgres").to_string())
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let admin_url = self.admin_url.clone();
+        let name = self.name.clone();
+        // Drop is synchronous; a runtime of its own on a plain thread avoids nesting runtimes.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                if let Ok((client, conn)) = tokio_postgres::connect(&admin_url, NoTls).await {
+                    tokio::spawn(conn);
+                    let _ =
+                        client.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await;
+                }
+            })
+        })
+        .join();
+    }
+}
+
+pub fn replace_database(url: &str, database: &str) -> String {
+    let (base, _) = url.rsplit_once('/').expect("url has a database");
+    format!("{base}/{database}")
+}
+
+pub async fn connect(url: &str) -> Client {
+    let (client, conn) =
+        tokio_postgres::connect(url, NoTls).await.unwrap_or_else(|e| panic!("connect {url}: {e}"));
+    tokio::spawn(conn);
+    client
+}
+
+/// Applies `sql/[0-9]*.sql` in file-name order, as `deploy/local` does with psql.
+pub async fn apply_migrations(client: &Client) {
+    for file in migration_files() {
+        let sql = std::fs::read_to_string(&file).unwrap();
+        client.batch_execute(&sql).await.unwrap_or_else(|e| panic!("{}: {e:?}", file.display()));
+    }
+}
+
+pub fn migration_files() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo_root().join("sql"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.extension().is_some_and(|e| e == "sql")
+                && p.file_name().unwrap().to_string_lossy().starts_with(|c: char| c.is_ascii_digit())
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+pub fn random_topic(prefix: &str) -> String {
+    format!("{prefix}-{}", random_suffix())
+}
+
+pub async fn create_topic(topic: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", &services().kafka).create().unwrap();
+    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    let results = admin.create_topics([&new], &AdminOptions::new()).await.unwrap();
+    for r in results {
+        r.unwrap_or_else(|(t, e)| panic!("create topic {t}: {e}"));
+    }
+}
+
+/// A record as the consumer saw it.
+#[derive(Debug, Clone)]
+pub struct Consumed {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<String>,
+    pub payload: Option<String>,
+    pub headers: Vec<(String, String)>,
+}
+
+impl Consumed {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+}
+
+pub fn consumer(topics: &[&str]) -> StreamConsumer {
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &services().kafka)
+        .set("group.id", format!("test-{}", random_suffix()))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .set("topic.metadata.refresh.interval.ms", "500")
+        .create()
+        .unwrap();
+    consumer.subscribe(topics).unwrap();
+    consumer
+}
+
+/// Reads until `expected` records arrived, or until `idle` passes with nothing new.
+pub async fn consume(consumer: &StreamConsumer, expected: usize, idle: Duration) -> Vec<Consumed> {
+    let mut out = Vec::new();
+    while out.len() < expected {
+        match tokio::time::timeout(idle, consumer.recv()).await {
+            Ok(Ok(m)) => out.push(Consumed {
+                topic: m.topic().to_string(),
+                partition: m.partition(),
+                offset: m.offset(),
+                key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+                payload: m.payload().map(|p| String::from_utf8_lossy(p).into_owned()),
+                headers: m
+                    .headers()
+                    .map(|hs| {
+                        hs.iter()
+                            .map(|h| {
+                                (
+                                    h.key.to_string(),
+                                    h.value
+                                        .map(|v| String::from_utf8_lossy(v).into_owned())
+                                        .unwrap_or_default(),
+                                )
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            }),
+            Ok(Err(e)) => panic!("consume: {e}"),
+            Err(_) => break,
+        }
+    }
+    out
+}
+
+/// Writes a relay config file for `db` and returns its path (kept alive by the TempDir).
+pub fn write_config(dir: &Path, db: &TestDb, extra: &str) -> PathBuf {
+    let (host, port, user) = db.pg_parts();
+    let toml = format!(
+        "[postgres]\nhost = \"{host}\"\nport = {port}\nuser = \"{user}\"\ndatabase = \"{}\"\n\n\
+         [kafka]\nbrokers = [\"{}\"]\n\n{extra}",
+        db.name,
+        services().kafka
+    );
+    let path = dir.join("relay.toml");
+    std::fs::write(&path, toml).unwrap();
+    path
+}
+
+pub fn relay_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_outbox-relay"))
+}
+
+/// Runs `outbox-relay ARGS` to completion; returns (exit code, stdout, stderr).
+pub fn run_relay(args: &[&str], timeout: Duration) -> (i32, String, String) {
+    let child = Command::new(relay_bin())
+        .args(args)
+        .env_remove("OUTBOX_RELAY_CONFIG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let pid = child.id();
+    let waiter = std::thread::spawn(move || child.wait_with_output().unwrap());
+    while !waiter.is_finished() {
+        if started.elapsed() > timeout {
+            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+            panic!("outbox-relay {args:?} did not finish within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = waiter.join().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

@@ -1,0 +1,214 @@
+//! The foundation against the real services: the schema, the broker round trip, `check`, and
+//! configuration errors as a user meets them.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use rdkafka::ClientConfig;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+
+const RUN_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[tokio::test]
+async fn schema_applies_and_partitions_are_maintained() {
+    // given the migrations applied to a fresh database
+    let db = TestDb::new().await;
+    let client = db.client().await;
+
+    // when an order and its event are written in one transaction
+    client
+        .batch_execute(&std::fs::read_to_string(repo_root().join("sql/examples/orders.sql")).unwrap())
+        .await
+        .unwrap();
+    let order_id: i64 = client.query_one("SELECT place_order('c-1', 1999)", &[]).await.unwrap().get(0);
+
+    // then the event lands in today's partition, not the default one
+    let row = client
+        .query_one("SELECT tableoid::regclass::text, aggregate_id, event_type FROM outbox_events", &[])
+        .await
+        .unwrap();
+    let partition: String = row.get(0);
+    assert!(partition.starts_with("outbox_events_p"), "landed in {partition}");
+    assert_eq!(row.get::<_, String>(1), order_id.to_string());
+    assert_eq!(row.get::<_, String>(2), "OrderPlaced");
+
+    // and a rolled-back order leaves neither row
+    client.batch_execute("BEGIN; SELECT place_order('c-2', 5); ROLLBACK;").await.unwrap();
+    let events: i64 = client.query_one("SELECT count(*) FROM outbox_events", &[]).await.unwrap().get(0);
+    let orders: i64 = client.query_one("SELECT count(*) FROM orders", &[]).await.unwrap().get(0);
+    assert_eq!((events, orders), (1, 1));
+
+    // and creating partitions again is idempotent
+    let created: i32 = client.query_one("SELECT outbox_create_partitions(7)", &[]).await.unwrap().get(0);
+    assert_eq!(created, 0);
+
+    // and an old partition with an unpublished row is kept unless forced, then dropped
+    client
+        .batch_execute(
+            "CREATE TABLE outbox_events_p20000101 PARTITION OF outbox_events
+                 FOR VALUES FROM ('2000-01-01 00:00:00+00') TO ('2000-01-02 00:00:00+00');
+             INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, created_at)
+                 VALUES ('order', '1', 'Old', '{}', '2000-01-01 12:00:00+00');",
+        )
+        .await
+        .unwrap();
+    let dropped: i32 =
+        client.query_one("SELECT outbox_drop_partitions(interval '7 days')", &[]).await.unwrap().get(0);
+    assert_eq!(dropped, 0);
+    let dropped: i32 = client
+        .query_one("SELECT outbox_drop_partitions(interval '7 days', force => true)", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(dropped, 1);
+    let today_kept: i64 = client.query_one("SELECT count(*) FROM outbox_events", &[]).await.unwrap().get(0);
+    assert_eq!(today_kept, 1);
+}
+
+#[tokio::test]
+async fn relay_role_is_least_privilege() {
+    // given the migrations, including the relay role
+    let db = TestDb::new().await;
+    let client = db.client().await;
+
+    // then the role can read and delete outbox rows and write dead letters, and nothing else
+    let row = client
+        .query_one(
+            "SELECT has_table_privilege('outbox_relay', 'outbox_events', 'SELECT'),
+                    has_table_privilege('outbox_relay', 'outbox_events', 'DELETE'),
+                    has_table_privilege('outbox_relay', 'outbox_events', 'INSERT'),
+                    has_column_privilege('outbox_relay', 'outbox_events', 'published_at', 'UPDATE'),
+                    has_column_privilege('outbox_relay', 'outbox_events', 'payload', 'UPDATE'),
+                    has_table_privilege('outbox_relay', 'outbox_dead_letter', 'INSERT'),
+                    (SELECT rolreplication AND NOT rolsuper FROM pg_roles WHERE rolname = 'outbox_relay')",
+            &[],
+        )
+        .await
+        .unwrap();
+    let got: Vec<bool> = (0..7).map(|i| row.get(i)).collect();
+    assert_eq!(got, vec![true, true, false, true, false, true, true]);
+}
+
+#[tokio::test]
+async fn broker_round_trip_with_acks_all() {
+    // given a topic on the real broker
+    let topic = random_topic("foundation");
+    create_topic(&topic, 3).await;
+    let consumer = consumer(&[&topic]);
+
+    // when a record is produced with acks=all and idempotence, as the relay produces
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &services().kafka)
+        .set("acks", "all")
+        .set("enable.idempotence", "true")
+        .create()
+        .unwrap();
+    let headers = OwnedHeaders::new().insert(Header { key: "event_type", value: Some("OrderPlaced") });
+    producer
+        .send(
+            FutureRecord::to(&topic).key("order-1").payload("{\"total\":1}").headers(headers),
+            Duration::from_secs(30),
+        )
+        .await
+        .expect("broker acknowledges");
+
+    // then a consumer reads it back with key, value and headers intact
+    let records = consume(&consumer, 1, Duration::from_secs(30)).await;
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].key.as_deref(), Some("order-1"));
+    assert_eq!(records[0].payload.as_deref(), Some("{\"total\":1}"));
+    assert_eq!(records[0].header("event_type"), Some("OrderPlaced"));
+}
+
+#[tokio::test]
+async fn check_passes_against_the_local_environment() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    for mode in ["replication", "polling"] {
+        let config = write_config(dir.path(), &db, &format!("[source]\nmode = \"{mode}\"\n"));
+        let (code, stdout, stderr) = run_relay(&["check", "--config", config.to_str().unwrap()], RUN_TIMEOUT);
+        assert_eq!(code, 0, "check failed in {mode} mode:\n{stdout}\n{stderr}");
+        assert!(stdout.contains("OK   postgres.connect"), "{stdout}");
+        assert!(stdout.contains("OK   outbox.table"), "{stdout}");
+        assert!(stdout.contains("OK   kafka.brokers"), "{stdout}");
+        assert!(!stdout.contains("FAIL"), "{stdout}");
+    }
+}
+
+#[tokio::test]
+async fn check_reports_missing_columns_and_unreachable_kafka() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &db, "[outbox.columns]\naggregate_id = \"aggregateid\"\n");
+    // point Kafka at a closed port
+    let text = std::fs::read_to_string(&config).unwrap().replace(&services().kafka, "127.0.0.1:1");
+    std::fs::write(&config, text).unwrap();
+    let (code, stdout, _) = run_relay(&["check", "--config", config.to_str().unwrap()], RUN_TIMEOUT);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.contains("FAIL outbox.table"), "{stdout}");
+    assert!(stdout.contains("outbox.columns.aggregate_id = \"aggregateid\""), "{stdout}");
+    assert!(stdout.contains("FAIL kafka.brokers"), "{stdout}");
+}
+
+#[tokio::test]
+async fn check_fails_on_wal_level_replica_in_replication_mode() {
+    // given a second PostgreSQL started with wal_level=replica
+    let env = hold("hold-postgres", &[("OUTBOX_WAL_LEVEL", "replica")]);
+    let url = &env["OUTBOX_RELAY_TEST_PG_URL"];
+    let client = connect(url).await;
+    apply_migrations(&client).await;
+    let port = url.rsplit_once(':').unwrap().1.split('/').next().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("relay.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[source]\nmode = \"replication\"\n[postgres]\nport = {port}\nuser = \"postgres\"\n\
+             [kafka]\nbrokers = [\"{}\"]\n",
+            services().kafka
+        ),
+    )
+    .unwrap();
+
+    // when check runs
+    let (code, stdout, _) = run_relay(&["check", "--config", config.to_str().unwrap()], RUN_TIMEOUT);
+
+    // then it fails with exit 1 and says how to fix wal_level
+    assert_eq!(code, 1, "{stdout}");
+    let line = stdout.lines().find(|l| l.contains("postgres.wal_level")).expect("a wal_level line");
+    assert!(line.starts_with("FAIL"), "{line}");
+    assert!(line.contains("wal_level = replica") && line.contains("wal_level = logical"), "{line}");
+}
+
+#[test]
+fn invalid_configuration_exits_2_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("relay.toml");
+    let cases = [
+        ("[kafka]\nbrokers = [\"127.0.0.1:9092\"]\nbrokerz = []\n", "kafka.brokerz"),
+        ("[kafka]\nbrokers = []\n", "kafka.brokers: must not be empty"),
+        ("[kafka]\nbrokers = [\"127.0.0.1:9092\"]\n[polling]\nbatch_size = \"ten\"\n", "polling.batch_size"),
+        ("[kafka]\nbrokers = [\"127.0.0.1:9092\"]\n[postgres]\nport = -1\n", "postgres.port"),
+    ];
+    for (toml, expected) in cases {
+        std::fs::write(&path, toml).unwrap();
+        for command in ["check", "run"] {
+            let (code, _, stderr) = run_relay(&[command, "--config", path.to_str().unwrap()], RUN_TIMEOUT);
+            assert_eq!(code, 2, "{command} with {toml:?}: {stderr}");
+            assert!(stderr.contains(expected), "{command} with {toml:?}: expected {expected:?} in {stderr}");
+        }
+    }
+}
+
+#[test]
+fn version_and_help_are_printed() {
+    let (code, stdout, _) = run_relay(&["--version"], RUN_TIMEOUT);
+    assert_eq!(code, 0);
+    assert_eq!(stdout.trim(), format!("outbox-relay {}", env!("CARGO_PKG_VERSION")));
+    let (code, stdout, _) = run_relay(&["check", "--help"], RUN_TIMEOUT);
+    assert_eq!(code, 0);
+    assert!(stdout.contains("--config"), "{stdout}");
+}
