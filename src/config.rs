@@ -18,6 +18,7 @@ pub const DEFAULT_PG_PORT: u16 = 5432;
 pub const DEFAULT_PG_USER: &str = "outbox_relay";
 pub const DEFAULT_PG_DATABASE: &str = "postgres";
 pub const DEFAULT_PG_CONNECT_TIMEOUT_SECS: u64 = 10;
+pub const DEFAULT_PG_APPLICATION_NAME: &str = "outbox-relay";
 pub const DEFAULT_KAFKA_CLIENT_ID: &str = "outbox-relay";
 pub const DEFAULT_KAFKA_MESSAGE_TIMEOUT_MS: u64 = 30_000;
 pub const DEFAULT_KAFKA_LINGER_MS: u64 = 5;
@@ -160,6 +161,8 @@ pub struct PostgresConfig {
     pub password: Option<Secret>,
     pub database: String,
     pub connect_timeout_secs: u64,
+    /// Shown in `pg_stat_activity`; give each instance its own to tell them apart.
+    pub application_name: String,
 }
 
 impl Default for PostgresConfig {
@@ -171,6 +174,7 @@ impl Default for PostgresConfig {
             password: None,
             database: DEFAULT_PG_DATABASE.into(),
             connect_timeout_secs: DEFAULT_PG_CONNECT_TIMEOUT_SECS,
+            application_name: DEFAULT_PG_APPLICATION_NAME.into(),
         }
     }
 }
@@ -183,7 +187,7 @@ impl PostgresConfig {
             .port(self.port)
             .user(&self.user)
             .dbname(&self.database)
-            .application_name("outbox-relay")
+            .application_name(&self.application_name)
             .connect_timeout(std::time::Duration::from_secs(self.connect_timeout_secs));
         if let Some(password) = &self.password {
             pg.password(password.expose());

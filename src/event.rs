@@ -63,7 +63,11 @@ impl Mapping {
     }
 
     /// Turns a row into a record, or says which column is wrong.
-    pub fn to_event(&self, raw: RawEvent, created_at: Option<SystemTime>) -> Result<OutboxEvent, PoisonReason> {
+    pub fn to_event(
+        &self,
+        raw: RawEvent,
+        created_at: Option<SystemTime>,
+    ) -> Result<OutboxEvent, PoisonReason> {
         let c = &self.columns;
         let id = required(raw.id, &c.id)?;
         let aggregate_type = required(raw.aggregate_type, &c.aggregate_type)?;
@@ -181,7 +185,8 @@ mod tests {
 
     #[test]
     fn template_uses_event_type() {
-        let outbox = OutboxConfig { topic_template: "{aggregate_type}.{event_type}".into(), ..Default::default() };
+        let outbox =
+            OutboxConfig { topic_template: "{aggregate_type}.{event_type}".into(), ..Default::default() };
         let event = Mapping::new(&outbox).to_event(raw(), None).unwrap();
         assert_eq!(event.topic, "order.OrderPlaced");
     }
@@ -198,7 +203,8 @@ mod tests {
         assert!(matches!(err, PoisonReason::BadHeaders { .. }), "{err}");
         let err = mapping().to_event(RawEvent { topic: Some("a b".into()), ..raw() }, None).unwrap_err();
         assert!(matches!(err, PoisonReason::BadTopic { .. }), "{err}");
-        let err = mapping().to_event(RawEvent { aggregate_type: Some("ü".into()), ..raw() }, None).unwrap_err();
+        let err =
+            mapping().to_event(RawEvent { aggregate_type: Some("ü".into()), ..raw() }, None).unwrap_err();
         assert!(matches!(err, PoisonReason::BadTopic { .. }), "{err}");
     }
 }

@@ -12,9 +12,18 @@
 //! - [`config`]: the TOML + environment configuration, validated, secrets redacted;
 //! - [`table`]: the configured outbox table and the SQL built from its column names;
 //! - [`check`]: the `outbox-relay check` preflight;
-//! - [`sink`]: the Kafka producer.
+//! - [`event`]: how a row becomes a Kafka record (one mapping for both modes);
+//! - [`sink`]: the Kafka producer (`acks=all`, idempotent), failures classified;
+//! - [`source`]: where events come from (polling);
+//! - [`relay`]: the daemon and its graceful shutdown;
+//! - [`error`], [`retry`]: retry versus fatal, and backoff.
 
 pub mod check;
 pub mod config;
+pub mod error;
+pub mod event;
+pub mod relay;
+pub mod retry;
 pub mod sink;
+pub mod source;
 pub mod table;

@@ -71,9 +71,17 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Check { .. } => runtime.block_on(run_check(&config)),
         Command::Run { .. } => {
-            tracing::info!(config = %config.redacted(), "effective configuration");
-            tracing::error!(mode = %config.source.mode, "the relay loop is not built yet: only `check` works in this version");
-            ExitCode::from(EXIT_FAILURE)
+            tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %config.redacted(), "starting outbox-relay");
+            match runtime.block_on(outbox_relay::relay::run(config)) {
+                Ok(()) => {
+                    tracing::info!("stopped");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "fatal error, exiting");
+                    ExitCode::from(EXIT_FAILURE)
+                }
+            }
         }
     }
 }
@@ -98,7 +106,9 @@ fn init_logging(format: LogFormat, filter: &str) {
         eprintln!("warning: --log-level {filter:?} is not a valid filter ({e}); using info");
         tracing_subscriber::EnvFilter::new("info")
     });
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).init(),

@@ -149,6 +149,7 @@ ENV
 apply_schema() {
     local f
     for f in "$REPO_ROOT"/sql/[0-9]*.sql; do
-        psql -q -v ON_ERROR_STOP=1 -X -d "$1" -f "$f" >/dev/null || die "applying $f failed"
+        PGOPTIONS='-c client_min_messages=warning' psql -q -v ON_ERROR_STOP=1 -X -d "$1" -f "$f" >/dev/null ||
+            die "applying $f failed"
     done
 }

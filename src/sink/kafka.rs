@@ -2,13 +2,31 @@
 //!
 //! Settings the delivery guarantee depends on are set here last, after the user's pass-through
 //! properties, and `config::RelayConfig::validate` refuses user overrides of them.
+//!
+//! Invariants:
+//! - records are enqueued in the order given; a full local queue is waited out, never skipped,
+//!   so the idempotent producer keeps per-partition order;
+//! - [`KafkaSink::publish`] resolves only when every record has a delivery report;
+//! - each failure is classified where it happens: permanent (the record can never be accepted:
+//!   it is poison) or transient (retry the batch).
 
 use std::time::Duration;
 
+use futures::future::join_all;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::types::RDKafkaRespErr;
 
 use crate::config::KafkaConfig;
+use crate::event::OutboxEvent;
+
+/// How long a metadata request may take when classifying a timed-out record.
+const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
+/// Pause before re-enqueueing after librdkafka's local queue was full.
+const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(5);
 
 /// The librdkafka client configuration for a producer built from `kafka`.
 pub fn producer_config(kafka: &KafkaConfig) -> ClientConfig {
@@ -22,8 +40,152 @@ pub fn producer_config(kafka: &KafkaConfig) -> ClientConfig {
         .set("linger.ms", kafka.linger_ms.to_string())
         .set("compression.codec", &kafka.compression)
         .set("acks", "all")
-        .set("enable.idempotence", "true");
+        .set("enable.idempotence", "true")
+        // A record that fails permanently stops the producer instead of letting later records
+        // of its partition through: a gap would reorder an aggregate's events on retry.
+        .set("enable.gapless.guarantee", "true");
     cc
+}
+
+/// Why one record was not acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PublishError {
+    /// The broker will never take this record (too large, topic missing, not authorized).
+    Permanent(String),
+    /// Worth retrying: broker down, timeout, leader change, back-pressure.
+    Transient { error_type: &'static str, detail: String },
+}
+
+/// Where an acknowledged record landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivered {
+    pub partition: i32,
+    pub offset: i64,
+}
+
+pub struct KafkaSink {
+    config: KafkaConfig,
+    producer: FutureProducer,
+}
+
+impl KafkaSink {
+    pub fn new(config: &KafkaConfig) -> Result<KafkaSink, KafkaError> {
+        let producer = producer_config(config).create()?;
+        Ok(KafkaSink { config: config.clone(), producer })
+    }
+
+    /// Replaces the producer after a failed batch. A producer that hit a fatal idempotence
+    /// error is unusable, and one that outlived a broker restart can retry forever with an
+    /// unknown producer id; a fresh one starts clean. Records of the old one still in flight
+    /// carry the same event ids, so at worst they are duplicates, never gaps.
+    pub fn reset(&mut self) -> Result<(), KafkaError> {
+        self.producer = producer_config(&self.config).create()?;
+        Ok(())
+    }
+
+    /// Publishes `events` in order and waits for every delivery report.
+    pub async fn publish(&self, events: &[OutboxEvent]) -> Vec<Result<Delivered, PublishError>> {
+        let mut pending = Vec::with_capacity(events.len());
+        for event in events {
+            pending.push(self.enqueue(event).await);
+        }
+        let reports = join_all(pending.into_iter().map(|p| async move {
+            match p {
+                Ok(future) => match future.await {
+                    Ok(Ok(delivery)) => {
+                        Ok(Delivered { partition: delivery.partition, offset: delivery.offset })
+                    }
+                    Ok(Err((e, _))) => Err(e),
+                    Err(_canceled) => Err(KafkaError::Canceled),
+                },
+                Err(e) => Err(e),
+            }
+        }))
+        .await;
+        let mut results = Vec::with_capacity(reports.len());
+        for (event, report) in events.iter().zip(reports) {
+            results.push(match report {
+                Ok(delivered) => Ok(delivered),
+                Err(e) => Err(self.classify(&event.topic, &e).await),
+            });
+        }
+        results
+    }
+
+    async fn enqueue(&self, event: &OutboxEvent) -> Result<rdkafka::producer::DeliveryFuture, KafkaError> {
+        loop {
+            let mut headers = OwnedHeaders::new_with_capacity(event.headers.len());
+            for (key, value) in &event.headers {
+                headers = headers.insert(Header { key, value: Some(value.as_bytes()) });
+            }
+            let record =
+                FutureRecord::to(&event.topic).key(&event.key).payload(&event.payload).headers(headers);
+            match self.producer.send_result(record) {
+                Ok(future) => return Ok(future),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                    tokio::time::sleep(QUEUE_FULL_PAUSE).await;
+                }
+                Err((e, _)) => return Err(e),
+            }
+        }
+    }
+
+    /// Classifies one failure. A timeout is checked against the topic's metadata: a topic the
+    /// broker does not know (auto-create off) is permanent, anything else transient.
+    async fn classify(&self, topic: &str, error: &KafkaError) -> PublishError {
+        let code = error.rdkafka_error_code();
+        match code {
+            Some(
+                RDKafkaErrorCode::MessageSizeTooLarge
+                | RDKafkaErrorCode::InvalidTopic
+                | RDKafkaErrorCode::TopicAuthorizationFailed
+                | RDKafkaErrorCode::UnknownTopic
+                | RDKafkaErrorCode::UnknownTopicOrPartition
+                | RDKafkaErrorCode::InvalidRecord
+                | RDKafkaErrorCode::InvalidMessageSize,
+            ) => PublishError::Permanent(format!("{error}")),
+            Some(RDKafkaErrorCode::MessageTimedOut) if self.topic_is_unknown(topic).await => {
+                PublishError::Permanent(format!(
+                    "topic \"{topic}\" does not exist and the broker does not create topics automatically"
+                ))
+            }
+            _ => PublishError::Transient { error_type: error_type(code), detail: format!("{error}") },
+        }
+    }
+
+    async fn topic_is_unknown(&self, topic: &str) -> bool {
+        let client = self.producer.client();
+        let metadata = tokio::task::block_in_place(|| client.fetch_metadata(Some(topic), METADATA_TIMEOUT));
+        match metadata {
+            Ok(md) => md.topics().iter().any(|t| {
+                t.name() == topic
+                    && t.error() == Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART)
+            }),
+            Err(_) => false,
+        }
+    }
+
+    /// Waits for everything enqueued to be delivered or to fail (shutdown).
+    pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
+        self.producer.flush(timeout)
+    }
+}
+
+/// A low-cardinality label for metrics and logs.
+fn error_type(code: Option<RDKafkaErrorCode>) -> &'static str {
+    match code {
+        Some(RDKafkaErrorCode::MessageTimedOut) => "timeout",
+        Some(RDKafkaErrorCode::Fatal) => "fatal_producer",
+        Some(RDKafkaErrorCode::AllBrokersDown | RDKafkaErrorCode::BrokerTransportFailure) => "broker_down",
+        Some(RDKafkaErrorCode::NotEnoughReplicas | RDKafkaErrorCode::NotEnoughReplicasAfterAppend) => {
+            "not_enough_replicas"
+        }
+        Some(RDKafkaErrorCode::NotLeaderForPartition | RDKafkaErrorCode::LeaderNotAvailable) => {
+            "leader_change"
+        }
+        Some(RDKafkaErrorCode::QueueFull) => "queue_full",
+        _ => "other",
+    }
 }
 
 /// Broker metadata, as the preflight reports it.

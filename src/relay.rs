@@ -1,0 +1,56 @@
+//! The daemon: start the configured source, stop it gracefully on SIGTERM/SIGINT.
+//!
+//! On a signal the source stops claiming, finishes (or abandons uncommitted) the batch in flight
+//! and flushes the producer. If that takes longer than `shutdown.grace_period_secs` the process
+//! exits anyway: an uncommitted batch is rolled back by PostgreSQL when the session closes, so
+//! its rows are published again by the next run (at-least-once), never lost.
+
+use std::time::Duration;
+
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+
+use crate::config::{RelayConfig, SourceMode};
+use crate::error::RelayError;
+use crate::sink::kafka::KafkaSink;
+use crate::source::polling::PollingSource;
+
+pub async fn run(config: RelayConfig) -> Result<(), RelayError> {
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let sink = KafkaSink::new(&config.kafka)
+        .map_err(|e| RelayError::Fatal(format!("cannot create the Kafka producer: {e}")))?;
+    let grace = Duration::from_secs(config.shutdown.grace_period_secs);
+    let mut source = match config.source.mode {
+        SourceMode::Polling => tokio::spawn(PollingSource::new(config, sink).run(shutdown_rx)),
+        SourceMode::Replication => {
+            return Err(RelayError::Fatal(
+                "source.mode = \"replication\" is not available in this version yet: set source.mode = \"polling\"".into(),
+            ));
+        }
+    };
+    let mut sigterm = signal(SignalKind::terminate())
+        .map_err(|e| RelayError::Fatal(format!("cannot install SIGTERM handler: {e}")))?;
+    let mut sigint = signal(SignalKind::interrupt())
+        .map_err(|e| RelayError::Fatal(format!("cannot install SIGINT handler: {e}")))?;
+    let signal_name = tokio::select! {
+        finished = &mut source => return joined(finished),
+        _ = sigterm.recv() => "SIGTERM",
+        _ = sigint.recv() => "SIGINT",
+    };
+    tracing::info!(signal = signal_name, grace_period_secs = grace.as_secs(), "shutting down");
+    let _ = shutdown_tx.send(true);
+    match tokio::time::timeout(grace, &mut source).await {
+        Ok(finished) => joined(finished),
+        Err(_) => {
+            tracing::warn!(
+                "grace period elapsed with a batch in flight; it was not committed and will be published again"
+            );
+            source.abort();
+            Ok(())
+        }
+    }
+}
+
+fn joined(finished: Result<Result<(), RelayError>, tokio::task::JoinError>) -> Result<(), RelayError> {
+    finished.map_err(|e| RelayError::Fatal(format!("the relay task panicked: {e}")))?
+}

@@ -1,0 +1,3 @@
+//! Sources: where committed outbox events come from.
+
+pub mod polling;
