@@ -51,9 +51,11 @@ impl Statements {
                 format!("WHERE {} IS NULL", quote_ident(&config.polling.published_at_column))
             }
         };
+        // ORDER BY names the table's column (t.id), not the output column "id", which is text
+        // and would sort "10" before "9".
         let claim = format!(
-            "SELECT {id}::text, {}::text, {}::text, {}::text, {}::text, {}, {}, {} FROM {table} {unpublished} \
-             ORDER BY {id} LIMIT $1 FOR UPDATE SKIP LOCKED",
+            "SELECT t.{id}::text, {}::text, {}::text, {}::text, {}::text, {}, {}, {} FROM {table} t {unpublished} \
+             ORDER BY t.{id} LIMIT $1 FOR UPDATE SKIP LOCKED",
             quote_ident(&c.aggregate_type),
             quote_ident(&c.aggregate_id),
             quote_ident(&c.event_type),

@@ -6,6 +6,9 @@
 //! with the schema applied and random topic names.
 #![allow(dead_code)]
 
+pub mod process;
+pub mod workload;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -248,14 +251,18 @@ pub async fn consume(consumer: &StreamConsumer, expected: usize, idle: Duration)
     out
 }
 
-/// Writes a relay config file for `db` and returns its path (kept alive by the TempDir).
+/// Writes a relay config file for `db` and the test broker; returns its path.
 pub fn write_config(dir: &Path, db: &TestDb, extra: &str) -> PathBuf {
+    write_config_with(dir, db, &services().kafka, "", extra)
+}
+
+/// As [`write_config`], with the brokers and extra lines for the `[kafka]` section given.
+pub fn write_config_with(dir: &Path, db: &TestDb, brokers: &str, kafka_extra: &str, extra: &str) -> PathBuf {
     let (host, port, user) = db.pg_parts();
     let toml = format!(
         "[postgres]\nhost = \"{host}\"\nport = {port}\nuser = \"{user}\"\ndatabase = \"{}\"\n\n\
-         [kafka]\nbrokers = [\"{}\"]\n\n{extra}",
-        db.name,
-        services().kafka
+         [kafka]\nbrokers = [\"{brokers}\"]\n{kafka_extra}\n\n{extra}",
+        db.name
     );
     let path = dir.join("relay.toml");
     std::fs::write(&path, toml).unwrap();
