@@ -14,9 +14,10 @@
 -- a role that owns the table.
 DO $$
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'outbox_relay') THEN
-        CREATE ROLE outbox_relay LOGIN REPLICATION;
-    END IF;
+    CREATE ROLE outbox_relay LOGIN REPLICATION;
+EXCEPTION
+    -- already there (roles are cluster-wide: another database may have created it)
+    WHEN duplicate_object OR unique_violation THEN NULL;
 END
 $$;
 

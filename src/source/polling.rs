@@ -313,17 +313,21 @@ impl PollingSource {
             }
         }
         let results = self.sink.publish(&events).await;
+        // `events` holds only rows before a row that failed to map (block policy); a record the
+        // broker refuses stops the release at that row too, so nothing after it leaves the table.
         let mut delivered = Vec::with_capacity(events.len());
+        let mut refused_at: Option<(String, String)> = None;
         for (id, result) in ids.into_iter().zip(results) {
             match result {
-                Ok(_) if outcome.blocked.is_none() => delivered.push(id),
-                Ok(_) => {}
-                Err(PublishError::Permanent(reason)) if block => {
-                    outcome.blocked.get_or_insert((id, reason));
-                }
+                _ if refused_at.is_some() => {}
+                Ok(_) => delivered.push(id),
+                Err(PublishError::Permanent(reason)) if block => refused_at = Some((id, reason)),
                 Err(PublishError::Permanent(reason)) => poison.push((id, reason)),
                 Err(transient) => outcome.failed.push(transient),
             }
+        }
+        if refused_at.is_some() {
+            outcome.blocked = refused_at;
         }
         if !delivered.is_empty() {
             tx.execute(&statements.release, &[&delivered]).await?;
