@@ -77,7 +77,8 @@ async fn kill_9_mid_run_loses_nothing_and_keeps_order() {
     create_aggregates(&s.db.client().await, 100).await;
     let consumer = consumer(&[&s.topic]);
     let mut relay = s.start("first");
-    let writer = tokio::spawn(write_concurrently_owned(s.db.url.clone(), s.aggregate_type.clone(), 6_000));
+    let writer =
+        tokio::spawn(write_concurrently_owned(s.db.url.clone(), s.aggregate_type.clone(), 100, 6_000));
 
     // when the relay is killed with SIGKILL once events are flowing
     let early = consume(&consumer, 500, IDLE).await;
@@ -106,9 +107,10 @@ async fn kill_9_mid_run_loses_nothing_and_keeps_order() {
 async fn write_concurrently_owned(
     url: String,
     aggregate_type: String,
+    aggregates: usize,
     total: usize,
 ) -> std::collections::HashMap<String, i64> {
-    write_concurrently(&url, &aggregate_type, 100, total, 4).await
+    write_concurrently(&url, &aggregate_type, aggregates, total, 4).await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -424,5 +426,50 @@ async fn mark_mode_sets_published_at_and_publishes_once() {
         .unwrap()
         .get(0);
     assert_eq!((s.outbox_rows().await, unmarked), (30, 0));
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_session_terminated_mid_run_loses_nothing() {
+    // given a relay publishing while a writer writes
+    let s = Setup::new("").await;
+    let client = s.db.client().await;
+    create_aggregates(&client, 20).await;
+    let consumer = consumer(&[&s.topic]);
+    let mut relay = s.start("relay");
+    let writer =
+        tokio::spawn(write_concurrently_owned(s.db.url.clone(), s.aggregate_type.clone(), 20, 3_000));
+
+    // when its PostgreSQL session is terminated, twice, while events flow
+    let mut records = consume(&consumer, 300, IDLE).await;
+    for _ in 0..2 {
+        let deadline = Instant::now() + IDLE;
+        loop {
+            let killed: i64 = client
+                .query_one(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                     WHERE application_name = 'outbox-relay' AND datname = current_database()",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if killed == 1 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the relay never reconnected");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        records.extend(consume(&consumer, 300, IDLE).await);
+    }
+    let committed = writer.await.unwrap();
+
+    // then it reconnects and every committed event arrives, in order
+    let unique: std::collections::HashSet<_> =
+        records.iter().map(|r| r.header("id").unwrap().to_string()).collect();
+    records.extend(consume_unique(&consumer, 3_000 - unique.len(), IDLE, LINGER).await);
+    let report = assert_delivered(&records, &committed);
+    assert_eq!(report.unique, 3_000);
+    assert!(relay.log_text().contains("relay recovered"), "{}", relay.log_text());
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
 }
