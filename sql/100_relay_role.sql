@@ -8,10 +8,12 @@
 --   DELETE on outbox     polling with after_publish = "delete", and moving rows to dead letter
 --   UPDATE (published_at) polling with after_publish = "mark"
 --   INSERT dead letter   unpublishable rows are moved there with their reason
+--   outbox_relay_slots   the replication relay's memory of its slot (006_relay_slots.sql)
 -- It is not a superuser and cannot read or write any other table.
--- Replication mode also needs a publication; creating one needs ownership of the table, so
--- either run `outbox-relay setup` once as the table owner or let the relay create it with
--- a role that owns the table.
+-- Replication mode also needs a publication, and creating one needs ownership of the table.
+-- Either run `outbox-relay setup` once with the owner's credentials, or create it here:
+--   CREATE PUBLICATION outbox_relay FOR TABLE outbox_events
+--       WITH (publish = 'insert', publish_via_partition_root = true);
 DO $$
 BEGIN
     CREATE ROLE outbox_relay LOGIN REPLICATION;
@@ -25,3 +27,4 @@ GRANT USAGE ON SCHEMA public TO outbox_relay;
 GRANT SELECT, DELETE ON outbox_events TO outbox_relay;
 GRANT UPDATE (published_at) ON outbox_events TO outbox_relay;
 GRANT SELECT, INSERT ON outbox_dead_letter TO outbox_relay;
+GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_relay_slots TO outbox_relay;

@@ -34,6 +34,9 @@ pub const DEFAULT_PUBLISHED_AT_COLUMN: &str = "published_at";
 pub const DEFAULT_LEADER_LOCK_KEY: i64 = 0x6f75_7462_6f78; // "outbox" in ASCII
 pub const DEFAULT_SLOT: &str = "outbox_relay";
 pub const DEFAULT_PUBLICATION: &str = "outbox_relay";
+pub const DEFAULT_STATUS_INTERVAL_MS: u64 = 1_000;
+pub const DEFAULT_MESSAGE_PREFIX: &str = "outbox";
+pub const DEFAULT_MAX_IN_FLIGHT_EVENTS: usize = 20_000;
 pub const DEFAULT_RETRY_INITIAL_MS: u64 = 100;
 pub const DEFAULT_RETRY_MAX_MS: u64 = 30_000;
 pub const DEFAULT_SHUTDOWN_GRACE_SECS: u64 = 30;
@@ -369,11 +372,30 @@ impl Default for PollingConfig {
 pub struct ReplicationConfig {
     pub slot: String,
     pub publication: String,
+    /// Create the publication when it is missing (needs ownership of the outbox table).
+    pub create_publication: bool,
+    /// Create the slot when it is missing, publishing the rows already in the table first.
+    pub create_slot: bool,
+    /// How often the confirmed position is reported to PostgreSQL (well inside
+    /// `wal_sender_timeout`); the server's reply requests are answered at once.
+    pub status_interval_ms: u64,
+    /// Prefix of the logical decoding messages `outbox_emit()` writes.
+    pub message_prefix: String,
+    /// Events sent to Kafka but not yet acknowledged; reading the slot pauses at this bound.
+    pub max_in_flight_events: usize,
 }
 
 impl Default for ReplicationConfig {
     fn default() -> Self {
-        ReplicationConfig { slot: DEFAULT_SLOT.into(), publication: DEFAULT_PUBLICATION.into() }
+        ReplicationConfig {
+            slot: DEFAULT_SLOT.into(),
+            publication: DEFAULT_PUBLICATION.into(),
+            create_publication: true,
+            create_slot: true,
+            status_interval_ms: DEFAULT_STATUS_INTERVAL_MS,
+            message_prefix: DEFAULT_MESSAGE_PREFIX.into(),
+            max_in_flight_events: DEFAULT_MAX_IN_FLIGHT_EVENTS,
+        }
     }
 }
 
@@ -529,6 +551,21 @@ impl RelayConfig {
             if !ok {
                 return Err(ConfigError::invalid(path, "must be 1-63 characters of a-z, 0-9 and _"));
             }
+        }
+        if !(100..=60_000).contains(&r.status_interval_ms) {
+            return Err(ConfigError::invalid(
+                "replication.status_interval_ms",
+                "must be between 100 and 60000",
+            ));
+        }
+        if r.message_prefix.is_empty() {
+            return Err(ConfigError::invalid("replication.message_prefix", "must not be empty"));
+        }
+        if !(1..=1_000_000).contains(&r.max_in_flight_events) {
+            return Err(ConfigError::invalid(
+                "replication.max_in_flight_events",
+                "must be between 1 and 1000000",
+            ));
         }
         if self.retry.initial_backoff_ms == 0 {
             return Err(ConfigError::invalid("retry.initial_backoff_ms", "must be > 0"));

@@ -14,6 +14,9 @@ pub enum RelayError {
     Kafka(String),
     #[error("postgres: {0}")]
     ConnectionLost(String),
+    /// Another instance streams from the slot; this one waits as a standby.
+    #[error("{0}")]
+    SlotInUse(String),
     /// An operator must act; the message says what to do.
     #[error("{0}")]
     Fatal(String),
@@ -35,7 +38,7 @@ impl RelayError {
         match self {
             RelayError::Fatal(_) => true,
             RelayError::Postgres(e) => e.code().is_some_and(|code| FATAL_SQLSTATES.contains(code)),
-            RelayError::Kafka(_) | RelayError::ConnectionLost(_) => false,
+            RelayError::Kafka(_) | RelayError::ConnectionLost(_) | RelayError::SlotInUse(_) => false,
         }
     }
 
@@ -44,6 +47,7 @@ impl RelayError {
         match self {
             RelayError::Postgres(e) if e.is_closed() || e.code().is_none() => "postgres_unavailable",
             RelayError::ConnectionLost(_) => "postgres_unavailable",
+            RelayError::SlotInUse(_) => "standby",
             RelayError::Postgres(_) => "postgres_error",
             RelayError::Kafka(_) => "kafka_unavailable",
             RelayError::Fatal(_) => "fatal",

@@ -24,6 +24,22 @@ pub struct RawEvent {
     pub topic: Option<String>,
 }
 
+impl RawEvent {
+    /// The row as JSON, for the dead-letter table's `row_data` (column names as configured
+    /// are not known here, so the fields are named as in the default layout).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "id": self.id,
+            "aggregate_type": self.aggregate_type,
+            "aggregate_id": self.aggregate_id,
+            "event_type": self.event_type,
+            "payload": self.payload,
+            "headers": self.headers,
+            "topic": self.topic,
+        })
+    }
+}
+
 /// A record ready for the sink.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboxEvent {
@@ -35,6 +51,21 @@ pub struct OutboxEvent {
     /// When the event was written (commit time in replication mode, `created_at` in polling
     /// mode), for end-to-end latency; `None` when the table has no such column.
     pub created_at: Option<SystemTime>,
+}
+
+impl OutboxEvent {
+    /// The record as JSON, for the dead-letter table's `row_data`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let headers: serde_json::Map<String, serde_json::Value> =
+            self.headers.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
+        serde_json::json!({
+            "id": self.id,
+            "topic": self.topic,
+            "aggregate_id": self.key,
+            "payload": String::from_utf8_lossy(&self.payload),
+            "headers": headers,
+        })
+    }
 }
 
 /// Why a row cannot become a record. The row is dead-lettered or blocks, never dropped.

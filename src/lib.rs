@@ -14,14 +14,17 @@
 //! - [`check`]: the `outbox-relay check` preflight;
 //! - [`event`]: how a row becomes a Kafka record (one mapping for both modes);
 //! - [`sink`]: the Kafka producer (`acks=all`, idempotent), failures classified;
-//! - [`source`]: where events come from (polling);
+//! - [`source`]: where events come from (polling, replication);
+//! - [`checkpoint`], [`position`]: which LSN may be confirmed; LSN arithmetic;
 //! - [`relay`]: the daemon and its graceful shutdown;
 //! - [`error`], [`retry`]: retry versus fatal, and backoff.
 
 pub mod check;
+pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod event;
+pub mod position;
 pub mod relay;
 pub mod retry;
 pub mod sink;

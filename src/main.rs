@@ -7,6 +7,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 use outbox_relay::check::{self, Status};
 use outbox_relay::config::RelayConfig;
+use outbox_relay::sink::kafka::KafkaSink;
+use outbox_relay::source::replication::ReplicationSource;
 
 const EXIT_FAILURE: u8 = 1;
 const EXIT_CONFIG: u8 = 2;
@@ -39,6 +41,17 @@ enum Command {
         #[arg(long, short, env = "OUTBOX_RELAY_CONFIG")]
         config: PathBuf,
     },
+    /// Replication mode: create the publication and the slot when missing (publishing the rows
+    /// already in the table, as `run` does on first start) and print what was done.
+    Setup {
+        /// Configuration file (TOML).
+        #[arg(long, short, env = "OUTBOX_RELAY_CONFIG")]
+        config: PathBuf,
+        /// Drop the slot (e.g. invalidated: wal_status = lost) and create it again, re-publishing
+        /// every row the outbox table still holds. Stop the relay instances first.
+        #[arg(long)]
+        recreate_slot: bool,
+    },
     /// Preflight: check PostgreSQL and Kafka against the configuration and print one line per
     /// finding (OK / WARN / FAIL, each with its fix). Exits 1 when anything FAILs.
     Check {
@@ -58,7 +71,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format, &cli.log_level);
     let config_path = match &cli.command {
-        Command::Run { config } | Command::Check { config } => config,
+        Command::Run { config } | Command::Check { config } | Command::Setup { config, .. } => config,
     };
     let config = match RelayConfig::load(config_path) {
         Ok(config) => config,
@@ -70,6 +83,7 @@ fn main() -> ExitCode {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     match cli.command {
         Command::Check { .. } => runtime.block_on(run_check(&config)),
+        Command::Setup { recreate_slot, .. } => runtime.block_on(run_setup(config, recreate_slot)),
         Command::Run { .. } => {
             tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %config.redacted(), "starting outbox-relay");
             match runtime.block_on(outbox_relay::relay::run(config)) {
@@ -99,6 +113,34 @@ async fn run_check(config: &RelayConfig) -> ExitCode {
         config.source.mode
     );
     if failed > 0 { ExitCode::from(EXIT_FAILURE) } else { ExitCode::SUCCESS }
+}
+
+async fn run_setup(config: RelayConfig, recreate_slot: bool) -> ExitCode {
+    let slot = config.replication.slot.clone();
+    let publication = config.replication.publication.clone();
+    let sink = match KafkaSink::new(&config.kafka) {
+        Ok(sink) => sink,
+        Err(e) => {
+            eprintln!("error: cannot create the Kafka producer: {e}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    match ReplicationSource::new(config, sink).setup(recreate_slot).await {
+        Ok(report) => {
+            println!("publication \"{publication}\": present");
+            match report.consistent_point {
+                Some(lsn) => {
+                    println!("slot \"{slot}\": created at {lsn}; rows already in the table published")
+                }
+                None => println!("slot \"{slot}\": present, nothing to do"),
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(EXIT_FAILURE)
+        }
+    }
 }
 
 fn init_logging(format: LogFormat, filter: &str) {

@@ -14,6 +14,7 @@ use crate::config::{RelayConfig, SourceMode};
 use crate::error::RelayError;
 use crate::sink::kafka::KafkaSink;
 use crate::source::polling::PollingSource;
+use crate::source::replication::ReplicationSource;
 
 pub async fn run(config: RelayConfig) -> Result<(), RelayError> {
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -22,11 +23,7 @@ pub async fn run(config: RelayConfig) -> Result<(), RelayError> {
     let grace = Duration::from_secs(config.shutdown.grace_period_secs);
     let mut source = match config.source.mode {
         SourceMode::Polling => tokio::spawn(PollingSource::new(config, sink).run(shutdown_rx)),
-        SourceMode::Replication => {
-            return Err(RelayError::Fatal(
-                "source.mode = \"replication\" is not available in this version yet: set source.mode = \"polling\"".into(),
-            ));
-        }
+        SourceMode::Replication => tokio::spawn(ReplicationSource::new(config, sink).run(shutdown_rx)),
     };
     let mut sigterm = signal(SignalKind::terminate())
         .map_err(|e| RelayError::Fatal(format!("cannot install SIGTERM handler: {e}")))?;

@@ -49,3 +49,39 @@ mod tests {
         assert_eq!(quote_literal("it's"), "'it''s'");
     }
 }
+
+/// `SELECT <the event columns as text> FROM <table> t <tail>`: the rows as both modes read
+/// them (polling claims with it; replication copies pre-existing rows with it). Columns:
+/// id, aggregate_type, aggregate_id, event_type, payload, headers, topic (text), created_at.
+pub fn select_events_sql(outbox: &OutboxConfig, tail: &str) -> String {
+    let c = &outbox.columns;
+    let optional = |name: &str, ty: &str| {
+        if name.is_empty() { format!("NULL::{ty}") } else { format!("t.{}::{ty}", quote_ident(name)) }
+    };
+    format!(
+        "SELECT t.{}::text, t.{}::text, t.{}::text, t.{}::text, t.{}::text, {}, {}, {} FROM {} t {tail}",
+        quote_ident(&c.id),
+        quote_ident(&c.aggregate_type),
+        quote_ident(&c.aggregate_id),
+        quote_ident(&c.event_type),
+        quote_ident(&c.payload),
+        optional(&c.headers, "text"),
+        optional(&c.topic, "text"),
+        optional(&c.created_at, "timestamptz"),
+        OutboxTable::new(outbox).qualified(),
+    )
+}
+
+/// A row of [`select_events_sql`] as the mapping's input, with its `created_at`.
+pub fn raw_event(row: &tokio_postgres::Row) -> (crate::event::RawEvent, Option<std::time::SystemTime>) {
+    let raw = crate::event::RawEvent {
+        id: row.get(0),
+        aggregate_type: row.get(1),
+        aggregate_id: row.get(2),
+        event_type: row.get(3),
+        payload: row.get(4),
+        headers: row.get(5),
+        topic: row.get(6),
+    };
+    (raw, row.get(7))
+}

@@ -112,7 +112,12 @@ impl KafkaSink {
         results
     }
 
-    async fn enqueue(&self, event: &OutboxEvent) -> Result<rdkafka::producer::DeliveryFuture, KafkaError> {
+    /// Enqueues one record, waiting out a full local queue; the future resolves with its
+    /// delivery report. Callers that enqueue in order keep per-partition order.
+    pub async fn enqueue(
+        &self,
+        event: &OutboxEvent,
+    ) -> Result<rdkafka::producer::DeliveryFuture, KafkaError> {
         loop {
             let mut headers = OwnedHeaders::new_with_capacity(event.headers.len());
             for (key, value) in &event.headers {
@@ -132,7 +137,7 @@ impl KafkaSink {
 
     /// Classifies one failure. A timeout is checked against the topic's metadata: a topic the
     /// broker does not know (auto-create off) is permanent, anything else transient.
-    async fn classify(&self, topic: &str, error: &KafkaError) -> PublishError {
+    pub async fn classify(&self, topic: &str, error: &KafkaError) -> PublishError {
         let code = error.rdkafka_error_code();
         match code {
             Some(

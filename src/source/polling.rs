@@ -13,7 +13,7 @@
 //!   same transaction (`on_poison = "dead_letter"`), or stops the relay at that row
 //!   (`"block"`); it is never skipped silently.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
@@ -21,10 +21,10 @@ use tokio_postgres::{AsyncMessage, Client, NoTls, Row};
 
 use crate::config::{AfterPublish, OnPoison, RelayConfig};
 use crate::error::RelayError;
-use crate::event::{Mapping, OutboxEvent, PoisonReason, RawEvent};
+use crate::event::{Mapping, OutboxEvent, PoisonReason};
 use crate::retry::{Backoff, OutageLog};
 use crate::sink::kafka::{KafkaSink, PublishError};
-use crate::table::{OutboxTable, quote_ident};
+use crate::table::{OutboxTable, quote_ident, raw_event, select_events_sql};
 
 /// How often a standby asks for the leader lock: the failover time after the active
 /// instance's session ends.
@@ -41,28 +41,18 @@ impl Statements {
     fn new(config: &RelayConfig, id_type: &str) -> Statements {
         let c = &config.outbox.columns;
         let table = OutboxTable::new(&config.outbox).qualified();
-        let optional = |name: &str, ty: &str| {
-            if name.is_empty() { format!("NULL::{ty}") } else { format!("{}::{ty}", quote_ident(name)) }
-        };
         let id = quote_ident(&c.id);
         let unpublished = match config.polling.after_publish {
             AfterPublish::Delete => String::new(),
             AfterPublish::Mark => {
-                format!("WHERE {} IS NULL", quote_ident(&config.polling.published_at_column))
+                format!("WHERE t.{} IS NULL", quote_ident(&config.polling.published_at_column))
             }
         };
         // ORDER BY names the table's column (t.id), not the output column "id", which is text
         // and would sort "10" before "9".
-        let claim = format!(
-            "SELECT t.{id}::text, {}::text, {}::text, {}::text, {}::text, {}, {}, {} FROM {table} t {unpublished} \
-             ORDER BY t.{id} LIMIT $1 FOR UPDATE SKIP LOCKED",
-            quote_ident(&c.aggregate_type),
-            quote_ident(&c.aggregate_id),
-            quote_ident(&c.event_type),
-            quote_ident(&c.payload),
-            optional(&c.headers, "text"),
-            optional(&c.topic, "text"),
-            optional(&c.created_at, "timestamptz"),
+        let claim = select_events_sql(
+            &config.outbox,
+            &format!("{unpublished} ORDER BY t.{id} LIMIT $1 FOR UPDATE SKIP LOCKED"),
         );
         let matches_ids = format!("{id} = ANY($1::text[]::{id_type}[])");
         let release = match config.polling.after_publish {
@@ -348,16 +338,7 @@ impl PollingSource {
     }
 
     fn map_row(&self, row: &Row) -> (String, Result<OutboxEvent, PoisonReason>) {
-        let raw = RawEvent {
-            id: row.get(0),
-            aggregate_type: row.get(1),
-            aggregate_id: row.get(2),
-            event_type: row.get(3),
-            payload: row.get(4),
-            headers: row.get(5),
-            topic: row.get(6),
-        };
-        let created_at: Option<SystemTime> = row.get(7);
+        let (raw, created_at) = raw_event(row);
         let id = raw.id.clone().unwrap_or_default();
         (id, self.mapping.to_event(raw, created_at))
     }

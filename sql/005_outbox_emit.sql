@@ -1,0 +1,41 @@
+-- A table-less outbox for replication mode: outbox_emit() writes the event only to the WAL,
+-- as a transactional logical decoding message (pg_logical_emit_message(true, ...)). It is
+-- decoded at commit and never if the transaction rolls back, exactly like an outbox row, and it
+-- leaves no row to clean up. The relay publishes it with the same record mapping as a row.
+--
+--   BEGIN;
+--   UPDATE orders SET status = 'paid' WHERE id = 42;
+--   SELECT outbox_emit('order', '42', 'OrderPaid', '{"order_id": 42}');
+--   COMMIT;
+--
+-- Polling mode cannot see these events: use it only with source.mode = "replication".
+-- `prefix` must match the relay's replication.message_prefix (default 'outbox').
+CREATE OR REPLACE FUNCTION outbox_emit(
+    aggregate_type text,
+    aggregate_id   text,
+    event_type     text,
+    payload        jsonb,
+    headers        jsonb DEFAULT NULL,
+    topic          text  DEFAULT NULL,
+    prefix         text  DEFAULT 'outbox'
+) RETURNS uuid
+LANGUAGE plpgsql AS $$
+DECLARE
+    event_id uuid := gen_random_uuid();
+BEGIN
+    IF aggregate_type IS NULL OR aggregate_id IS NULL OR event_type IS NULL OR payload IS NULL THEN
+        RAISE EXCEPTION 'outbox_emit: aggregate_type, aggregate_id, event_type and payload must not be NULL';
+    END IF;
+    -- payload and headers travel as their jsonb text, so the Kafka value is byte-identical to
+    -- the same event written to outbox_events.
+    PERFORM pg_logical_emit_message(true, prefix, json_build_object(
+        'id', event_id::text,
+        'aggregate_type', aggregate_type,
+        'aggregate_id', aggregate_id,
+        'event_type', event_type,
+        'payload', payload::text,
+        'headers', headers::text,
+        'topic', topic)::text);
+    RETURN event_id;
+END
+$$;

@@ -1,0 +1,289 @@
+//! pgoutput decoding of what the relay needs: `Relation` and `Insert` for the outbox table, and
+//! the outbox's logical decoding messages.
+//!
+//! Message formats: PostgreSQL docs, "Logical Replication Message Formats" (protocol version 1).
+//! Begin, Commit and Message framing are decoded by the transport; this module sees the raw
+//! XLogData payload of everything else. Column values arrive in text format (the relay does not
+//! ask for `binary`), which is what the polling source reads too, so both modes build
+//! byte-identical records.
+
+use std::collections::HashMap;
+
+use crate::config::OutboxConfig;
+use crate::event::RawEvent;
+
+/// A decoding failure: the stream is not what protocol version 1 says it is.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("pgoutput: {0}")]
+pub struct DecodeError(String);
+
+/// What one XLogData payload means to the relay.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Change {
+    /// An outbox row was inserted.
+    Insert(RawEvent),
+    /// A relation description was (re)learnt; nothing to publish.
+    Relation,
+    /// Anything else: another table, a type, an origin, an update or delete, a truncate.
+    Ignored,
+}
+
+/// Where the configured columns sit in the outbox relation's tuple.
+#[derive(Debug, Clone, Default)]
+struct Layout {
+    id: Option<usize>,
+    aggregate_type: Option<usize>,
+    aggregate_id: Option<usize>,
+    event_type: Option<usize>,
+    payload: Option<usize>,
+    headers: Option<usize>,
+    topic: Option<usize>,
+}
+
+/// Decodes pgoutput for one outbox table; remembers relation layouts by OID.
+pub struct Decoder {
+    schema: String,
+    table: String,
+    columns: crate::config::ColumnsConfig,
+    relations: HashMap<u32, Layout>,
+}
+
+impl Decoder {
+    pub fn new(outbox: &OutboxConfig) -> Decoder {
+        Decoder {
+            schema: outbox.schema.clone(),
+            table: outbox.table.clone(),
+            columns: outbox.columns.clone(),
+            relations: HashMap::new(),
+        }
+    }
+
+    pub fn decode(&mut self, data: &[u8]) -> Result<Change, DecodeError> {
+        let mut r = Reader { data, pos: 0 };
+        match r.u8()? {
+            b'R' => self.relation(&mut r),
+            b'I' => self.insert(&mut r),
+            _ => Ok(Change::Ignored),
+        }
+    }
+
+    fn relation(&mut self, r: &mut Reader<'_>) -> Result<Change, DecodeError> {
+        let oid = r.u32()?;
+        let namespace = r.cstr()?;
+        let name = r.cstr()?;
+        let _replica_identity = r.u8()?;
+        let count = r.u16()? as usize;
+        let mut names = Vec::with_capacity(count);
+        for _ in 0..count {
+            let _flags = r.u8()?;
+            names.push(r.cstr()?.to_string());
+            let _type_oid = r.u32()?;
+            let _typmod = r.u32()?;
+        }
+        if namespace != self.schema || name != self.table {
+            self.relations.remove(&oid);
+            return Ok(Change::Relation);
+        }
+        let find =
+            |column: &str| (!column.is_empty()).then(|| names.iter().position(|n| n == column)).flatten();
+        let c = &self.columns;
+        let layout = Layout {
+            id: find(&c.id),
+            aggregate_type: find(&c.aggregate_type),
+            aggregate_id: find(&c.aggregate_id),
+            event_type: find(&c.event_type),
+            payload: find(&c.payload),
+            headers: find(&c.headers),
+            topic: find(&c.topic),
+        };
+        self.relations.insert(oid, layout);
+        Ok(Change::Relation)
+    }
+
+    fn insert(&mut self, r: &mut Reader<'_>) -> Result<Change, DecodeError> {
+        let oid = r.u32()?;
+        let Some(layout) = self.relations.get(&oid) else {
+            return Ok(Change::Ignored);
+        };
+        if r.u8()? != b'N' {
+            return Err(DecodeError(format!("insert into relation {oid} without a new tuple")));
+        }
+        let values = tuple(r)?;
+        let take = |index: Option<usize>| index.and_then(|i| values.get(i).cloned().flatten());
+        Ok(Change::Insert(RawEvent {
+            id: take(layout.id),
+            aggregate_type: take(layout.aggregate_type),
+            aggregate_id: take(layout.aggregate_id),
+            event_type: take(layout.event_type),
+            payload: take(layout.payload),
+            headers: take(layout.headers),
+            topic: take(layout.topic),
+        }))
+    }
+}
+
+/// TupleData: Int16 column count, then per column 'n' (NULL), 'u' (unchanged TOAST, never in
+/// an insert) or 't' + Int32 length + text.
+fn tuple(r: &mut Reader<'_>) -> Result<Vec<Option<String>>, DecodeError> {
+    let count = r.u16()? as usize;
+    let mut values = Vec::with_capacity(count);
+    for _ in 0..count {
+        values.push(match r.u8()? {
+            b'n' | b'u' => None,
+            b't' => {
+                let len = r.u32()? as usize;
+                let bytes = r.bytes(len)?;
+                Some(
+                    String::from_utf8(bytes.to_vec())
+                        .map_err(|_| DecodeError("a text value is not UTF-8".into()))?,
+                )
+            }
+            other => return Err(DecodeError(format!("unknown tuple value kind {:?}", other as char))),
+        });
+    }
+    Ok(values)
+}
+
+/// The outbox event carried by a logical decoding message emitted by `outbox_emit()` (see
+/// `sql/005_emit_function.sql`): a JSON object whose `payload` is the payload's text, so the
+/// record value is byte-identical to the same event written to the table.
+pub fn message_event(content: &[u8]) -> Result<RawEvent, String> {
+    let value: serde_json::Value =
+        serde_json::from_slice(content).map_err(|e| format!("message content is not JSON: {e}"))?;
+    let object = value.as_object().ok_or("message content is not a JSON object")?;
+    let text = |key: &str| object.get(key).and_then(|v| v.as_str()).map(String::from);
+    Ok(RawEvent {
+        id: text("id"),
+        aggregate_type: text("aggregate_type"),
+        aggregate_id: text("aggregate_id"),
+        event_type: text("event_type"),
+        payload: text("payload"),
+        headers: text("headers"),
+        topic: text("topic"),
+    })
+}
+
+struct Reader<'a> {
+    data: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn bytes(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.data.len());
+        let end = end.ok_or_else(|| DecodeError(format!("message truncated at byte {}", self.pos)))?;
+        let slice = &self.data[self.pos..end];
+        self.pos = end;
+        Ok(slice)
+    }
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.bytes(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, DecodeError> {
+        Ok(u16::from_be_bytes(self.bytes(2)?.try_into().unwrap()))
+    }
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_be_bytes(self.bytes(4)?.try_into().unwrap()))
+    }
+    fn cstr(&mut self) -> Result<&'a str, DecodeError> {
+        let rest = &self.data[self.pos..];
+        let nul =
+            rest.iter().position(|&b| b == 0).ok_or_else(|| DecodeError("unterminated string".into()))?;
+        let s = std::str::from_utf8(&rest[..nul]).map_err(|_| DecodeError("a name is not UTF-8".into()))?;
+        self.pos += nul + 1;
+        Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn relation(oid: u32, schema: &str, table: &str, columns: &[&str]) -> Vec<u8> {
+        let mut m = vec![b'R'];
+        m.extend(oid.to_be_bytes());
+        for s in [schema, table] {
+            m.extend(s.as_bytes());
+            m.push(0);
+        }
+        m.push(b'd');
+        m.extend((columns.len() as u16).to_be_bytes());
+        for c in columns {
+            m.push(0);
+            m.extend(c.as_bytes());
+            m.push(0);
+            m.extend(25u32.to_be_bytes());
+            m.extend((-1i32).to_be_bytes());
+        }
+        m
+    }
+
+    fn insert(oid: u32, values: &[Option<&str>]) -> Vec<u8> {
+        let mut m = vec![b'I'];
+        m.extend(oid.to_be_bytes());
+        m.push(b'N');
+        m.extend((values.len() as u16).to_be_bytes());
+        for v in values {
+            match v {
+                None => m.push(b'n'),
+                Some(s) => {
+                    m.push(b't');
+                    m.extend((s.len() as u32).to_be_bytes());
+                    m.extend(s.as_bytes());
+                }
+            }
+        }
+        m
+    }
+
+    const COLUMNS: &[&str] =
+        &["id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers", "topic", "created_at"];
+
+    #[test]
+    fn decodes_an_outbox_insert_by_column_name() {
+        let mut d = Decoder::new(&OutboxConfig::default());
+        assert_eq!(d.decode(&relation(7, "public", "outbox_events", COLUMNS)).unwrap(), Change::Relation);
+        let change = d
+            .decode(&insert(
+                7,
+                &[Some("1"), Some("order"), Some("42"), Some("Placed"), Some("{}"), None, None, Some("t")],
+            ))
+            .unwrap();
+        let Change::Insert(raw) = change else { panic!("{change:?}") };
+        assert_eq!(raw.id.as_deref(), Some("1"));
+        assert_eq!(raw.aggregate_id.as_deref(), Some("42"));
+        assert_eq!(raw.payload.as_deref(), Some("{}"));
+        assert_eq!(raw.headers, None);
+    }
+
+    #[test]
+    fn other_tables_are_ignored() {
+        let mut d = Decoder::new(&OutboxConfig::default());
+        d.decode(&relation(8, "public", "orders", &["id"])).unwrap();
+        assert_eq!(d.decode(&insert(8, &[Some("1")])).unwrap(), Change::Ignored);
+        assert_eq!(d.decode(b"Y\0\0\0\x01").unwrap(), Change::Ignored);
+    }
+
+    #[test]
+    fn truncated_messages_are_errors_not_panics() {
+        let mut d = Decoder::new(&OutboxConfig::default());
+        let full = relation(7, "public", "outbox_events", COLUMNS);
+        for cut in 1..full.len() {
+            assert!(d.decode(&full[..cut]).is_err(), "cut at {cut}");
+        }
+        d.decode(&full).unwrap();
+        let row = insert(7, &[Some("1"), Some("a"), Some("b"), Some("c"), Some("{}"), None, None, None]);
+        for cut in 5..row.len() {
+            assert!(d.decode(&row[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn message_content_becomes_a_raw_event() {
+        let raw = message_event(br#"{"id":"u1","aggregate_type":"order","aggregate_id":"9","event_type":"E","payload":"{\"a\": 1}"}"#)
+            .unwrap();
+        assert_eq!(raw.payload.as_deref(), Some("{\"a\": 1}"));
+        assert_eq!(raw.topic, None);
+        assert!(message_event(b"not json").is_err());
+    }
+}

@@ -1,0 +1,360 @@
+//! Replication mode: stream pgoutput from a logical slot, confirm only what Kafka acknowledged.
+//!
+//! Invariants:
+//! - events are produced in WAL (commit) order; the idempotent producer keeps that order per
+//!   partition, so per-aggregate order holds;
+//! - the position confirmed to PostgreSQL is the Commit `end_lsn` of the longest prefix of
+//!   transactions whose every event Kafka acknowledged ([`Tracker`]); when nothing is in
+//!   flight, a keepalive's WAL end (the last position sent) is confirmed, so a quiet outbox in
+//!   a busy database does not pin WAL;
+//! - any record that fails transiently ends the session: the stream restarts from the slot's
+//!   confirmed position, re-sending the unconfirmed tail (at-least-once, same `id` header);
+//! - at most `replication.max_in_flight_events` records are unacknowledged; reading pauses at
+//!   the bound, so memory stays flat however large the backlog.
+
+mod decode;
+mod slot;
+mod transport;
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use rdkafka::error::KafkaError;
+use tokio::sync::watch;
+use tokio_postgres::{Client, NoTls};
+
+use crate::checkpoint::{Tracker, TxnId};
+use crate::config::{OnPoison, RelayConfig};
+use crate::error::RelayError;
+use crate::event::{Mapping, OutboxEvent, RawEvent};
+use crate::position::Lsn;
+use crate::retry::{Backoff, OutageLog};
+use crate::sink::kafka::{KafkaSink, PublishError};
+use crate::table::{OutboxTable, quote_ident};
+use decode::{Change, Decoder};
+pub use slot::SlotPlan;
+use transport::{WalEvent, WalStream};
+
+/// How often a standby retries the slot.
+pub const STANDBY_RETRY: Duration = Duration::from_millis(1_000);
+
+type Delivery = std::pin::Pin<Box<dyn Future<Output = (TxnId, OutboxEvent, Result<(), KafkaError>)> + Send>>;
+
+pub struct ReplicationSource {
+    config: RelayConfig,
+    sink: KafkaSink,
+    mapping: Mapping,
+    table: OutboxTable,
+}
+
+/// What `outbox-relay setup` did.
+#[derive(Debug)]
+pub struct SetupReport {
+    pub plan: SlotPlan,
+    pub consistent_point: Option<Lsn>,
+}
+
+impl ReplicationSource {
+    pub fn new(config: RelayConfig, sink: KafkaSink) -> ReplicationSource {
+        ReplicationSource {
+            mapping: Mapping::new(&config.outbox),
+            table: OutboxTable::new(&config.outbox),
+            config,
+            sink,
+        }
+    }
+
+    /// `outbox-relay setup`: the publication, and the slot with its first copy when missing.
+    pub async fn setup(&self, recreate: bool) -> Result<SetupReport, RelayError> {
+        let client = self.connect_client().await?;
+        let plan = slot::prepare(&self.config, &client, recreate).await?;
+        let mut consistent_point = None;
+        if plan == SlotPlan::Create {
+            let mut replication = transport::connect(&self.config, Lsn::ZERO).await?;
+            let mut copy_client = self.connect_client().await?;
+            consistent_point = Some(
+                slot::create_and_copy(
+                    &self.config,
+                    &mut replication,
+                    &client,
+                    &mut copy_client,
+                    &self.sink,
+                    &self.mapping,
+                )
+                .await?,
+            );
+        }
+        Ok(SetupReport { plan, consistent_point })
+    }
+
+    /// Relays until `shutdown` turns true, or a fatal error.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<(), RelayError> {
+        let mut backoff = Backoff::new(&self.config.retry);
+        let mut outage = OutageLog::default();
+        let mut standby_logged = false;
+        while !*shutdown.borrow() {
+            match self.session(&mut shutdown, &mut backoff, &mut outage).await {
+                Ok(()) => break,
+                Err(e) if e.is_fatal() => return Err(e),
+                Err(RelayError::SlotInUse(message)) => {
+                    if !standby_logged {
+                        tracing::info!(slot = %self.config.replication.slot, %message, "standby: another instance streams from the slot");
+                        standby_logged = true;
+                    }
+                    outage.recovered();
+                    wait_or_shutdown(STANDBY_RETRY, &mut shutdown).await;
+                }
+                Err(e) => {
+                    standby_logged = false;
+                    let delay = backoff.next_delay();
+                    outage.failed(e.kind(), &e, delay);
+                    if let Err(e) = self.sink.reset() {
+                        tracing::warn!(error = %e, "cannot recreate the Kafka producer");
+                    }
+                    wait_or_shutdown(delay, &mut shutdown).await;
+                }
+            }
+        }
+        tracing::info!("replication stopped; flushing the producer");
+        let _ = self.sink.flush(Duration::from_secs(5));
+        Ok(())
+    }
+
+    async fn connect_client(&self) -> Result<Client, RelayError> {
+        let (client, connection) = self.config.postgres.client_config().connect(NoTls).await?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "postgres connection ended");
+            }
+        });
+        Ok(client)
+    }
+
+    /// One replication session: prepare the slot, (copy,) stream until shutdown or an error.
+    async fn session(
+        &mut self,
+        shutdown: &mut watch::Receiver<bool>,
+        backoff: &mut Backoff,
+        outage: &mut OutageLog,
+    ) -> Result<(), RelayError> {
+        let client = self.connect_client().await?;
+        let plan = slot::prepare(&self.config, &client, false).await?;
+        let slot_name = &self.config.replication.slot;
+        let confirmed = match plan {
+            SlotPlan::Stream => {
+                slot::slot_info(&client, slot_name).await?.and_then(|i| i.confirmed_flush).unwrap_or_default()
+            }
+            SlotPlan::Create => Lsn::ZERO,
+        };
+        let mut replication = transport::connect(&self.config, confirmed).await?;
+        let confirmed = match plan {
+            SlotPlan::Stream => confirmed,
+            SlotPlan::Create => {
+                let mut copy_client = self.connect_client().await?;
+                slot::create_and_copy(
+                    &self.config,
+                    &mut replication,
+                    &client,
+                    &mut copy_client,
+                    &self.sink,
+                    &self.mapping,
+                )
+                .await?
+            }
+        };
+        let mut stream = WalStream::start(replication).await?;
+        tracing::info!(slot = %slot_name, %confirmed, table = %self.table.display_name(), "active: streaming from the slot");
+        backoff.reset();
+        outage.recovered();
+        let result = self.stream(&mut stream, &client, confirmed, shutdown).await;
+        stream.stop().await;
+        result
+    }
+
+    async fn stream(
+        &self,
+        stream: &mut WalStream,
+        client: &Client,
+        confirmed: Lsn,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<(), RelayError> {
+        let mut tracker = Tracker::new(confirmed);
+        let mut decoder = Decoder::new(&self.config.outbox);
+        let mut deliveries: FuturesUnordered<Delivery> = FuturesUnordered::new();
+        let mut open: Option<(TxnId, std::time::SystemTime)> = None;
+        let max_in_flight = self.config.replication.max_in_flight_events;
+        loop {
+            tokio::select! {
+                biased;
+                // 1. shutdown: stop reading, settle what is in flight, confirm it
+                _ = shutdown.changed() => {
+                    while let Some(done) = deliveries.next().await {
+                        self.settle(done, &mut tracker, client).await?;
+                    }
+                    if let Some(lsn) = tracker.advance() {
+                        stream.confirm(lsn);
+                    }
+                    tokio::time::sleep(Duration::from_millis(self.config.replication.status_interval_ms)).await;
+                    return Ok(());
+                }
+                // 2. acknowledgements
+                Some(done) = deliveries.next(), if !deliveries.is_empty() => {
+                    self.settle(done, &mut tracker, client).await?;
+                }
+                // 3. the stream, while in-flight records are under the bound
+                event = stream.recv(), if tracker.in_flight_events() < max_in_flight => {
+                    let Some(event) = event? else {
+                        return Err(RelayError::ConnectionLost("the server ended the replication stream".into()));
+                    };
+                    self.handle(event, &mut tracker, &mut decoder, &mut open, &mut deliveries, client, stream).await?;
+                }
+            }
+            if let Some(lsn) = tracker.advance() {
+                tracing::trace!(%lsn, "confirmed");
+                stream.confirm(lsn);
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn handle(
+        &self,
+        event: WalEvent,
+        tracker: &mut Tracker,
+        decoder: &mut Decoder,
+        open: &mut Option<(TxnId, std::time::SystemTime)>,
+        deliveries: &mut FuturesUnordered<Delivery>,
+        client: &Client,
+        stream: &WalStream,
+    ) -> Result<(), RelayError> {
+        match event {
+            WalEvent::Begin { commit_time } => *open = Some((tracker.begin(), commit_time)),
+            WalEvent::Commit { end_lsn } => {
+                let (txn, _) =
+                    open.take().ok_or_else(|| RelayError::ConnectionLost("Commit without Begin".into()))?;
+                tracker.commit(txn, end_lsn);
+            }
+            WalEvent::Data(data) => {
+                let change = decoder
+                    .decode(&data)
+                    .map_err(|e| RelayError::Fatal(format!("{e}; please report this as a bug")))?;
+                if let Change::Insert(raw) = change {
+                    let (txn, commit_time) = open
+                        .ok_or_else(|| RelayError::ConnectionLost("Insert outside a transaction".into()))?;
+                    self.publish(raw, txn, commit_time, tracker, deliveries, client).await?;
+                }
+            }
+            WalEvent::Message { transactional, lsn, prefix, content } => {
+                if prefix != self.config.replication.message_prefix {
+                    return Ok(());
+                }
+                let raw = decode::message_event(&content).unwrap_or_else(|reason| {
+                    tracing::warn!(%lsn, %reason, "an outbox message is not an event object");
+                    RawEvent::default()
+                });
+                match (*open, transactional) {
+                    (Some((txn, commit_time)), true) => {
+                        self.publish(raw, txn, commit_time, tracker, deliveries, client).await?;
+                    }
+                    _ => {
+                        // non-transactional: published at once, confirmed as its own unit
+                        let txn = tracker.begin();
+                        self.publish(raw, txn, std::time::SystemTime::now(), tracker, deliveries, client)
+                            .await?;
+                        tracker.commit(txn, lsn);
+                    }
+                }
+            }
+            WalEvent::KeepAlive { wal_end } => {
+                if open.is_none()
+                    && let Some(lsn) = tracker.idle_advance(wal_end)
+                {
+                    stream.confirm(lsn);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn publish(
+        &self,
+        raw: RawEvent,
+        txn: TxnId,
+        commit_time: std::time::SystemTime,
+        tracker: &mut Tracker,
+        deliveries: &mut FuturesUnordered<Delivery>,
+        client: &Client,
+    ) -> Result<(), RelayError> {
+        let id = raw.id.clone().unwrap_or_default();
+        match self.mapping.to_event(raw.clone(), Some(commit_time)) {
+            Ok(event) => {
+                let future = self.sink.enqueue(&event).await;
+                tracker.sent(txn);
+                deliveries.push(Box::pin(async move {
+                    let outcome = match future {
+                        Ok(f) => match f.await {
+                            Ok(Ok(_)) => Ok(()),
+                            Ok(Err((e, _))) => Err(e),
+                            Err(_) => Err(KafkaError::Canceled),
+                        },
+                        Err(e) => Err(e),
+                    };
+                    (txn, event, outcome)
+                }));
+                Ok(())
+            }
+            Err(reason) => self.poison(client, &id, raw.to_json(), &reason.to_string()).await,
+        }
+    }
+
+    /// An acknowledgement, or a failure: permanent ones are poison, transient ones end the session.
+    async fn settle(
+        &self,
+        (txn, event, outcome): (TxnId, OutboxEvent, Result<(), KafkaError>),
+        tracker: &mut Tracker,
+        client: &Client,
+    ) -> Result<(), RelayError> {
+        if let Err(e) = outcome {
+            match self.sink.classify(&event.topic, &e).await {
+                PublishError::Permanent(reason) => {
+                    self.poison(client, &event.id, event.to_json(), &reason).await?
+                }
+                PublishError::Transient { detail, .. } => {
+                    return Err(RelayError::Kafka(format!("event {} not acknowledged: {detail}", event.id)));
+                }
+            }
+        }
+        tracker.acked(txn);
+        Ok(())
+    }
+
+    /// A row that cannot be published: dead-lettered (and then settled) or blocking.
+    async fn poison(
+        &self,
+        client: &Client,
+        id: &str,
+        row: serde_json::Value,
+        reason: &str,
+    ) -> Result<(), RelayError> {
+        let table = self.table.display_name();
+        if self.config.polling.on_poison == OnPoison::Block {
+            tracing::error!(event_id = %id, %reason, %table, "blocked at an unpublishable event (on_poison = \"block\"): fix its cause (topic, size limit) or set polling.on_poison = \"dead_letter\"");
+            return Err(RelayError::Kafka(format!("blocked at event {id}: {reason}")));
+        }
+        let sql = format!(
+            "INSERT INTO {} (source_table, event_id, row_data, reason) VALUES ($1, $2, $3, $4)",
+            quote_ident(&self.config.polling.dead_letter_table)
+        );
+        client.execute(&sql, &[&table, &id, &row, &reason]).await?;
+        tracing::warn!(event_id = %id, %reason, %table, "event moved to the dead-letter table");
+        Ok(())
+    }
+}
+
+async fn wait_or_shutdown(delay: Duration, shutdown: &mut watch::Receiver<bool>) {
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => {}
+        _ = shutdown.changed() => {}
+    }
+}

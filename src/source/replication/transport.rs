@@ -1,0 +1,132 @@
+//! The replication transport behind our own seam.
+//!
+//! Upstream tokio-postgres cannot open a replication connection, so the stream comes from
+//! `pgwire-replication` (pure Rust, proto v1). Only this file knows that crate: the rest of
+//! the relay sees [`WalEvent`]s and confirms [`Lsn`]s, so swapping the transport (for
+//! `pg_walstream`, or tokio-postgres once it speaks CopyBoth) touches nothing else.
+
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use pgwire_replication::{PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent};
+
+use crate::config::RelayConfig;
+use crate::error::RelayError;
+use crate::position::Lsn;
+
+/// Microseconds from the Unix epoch to PostgreSQL's (2000-01-01).
+const PG_EPOCH_OFFSET_MICROS: u64 = 946_684_800_000_000;
+
+/// What the stream delivers, in WAL order.
+#[derive(Debug)]
+pub enum WalEvent {
+    Begin {
+        commit_time: SystemTime,
+    },
+    /// `end_lsn`: where a restart resumes after this transaction.
+    Commit {
+        end_lsn: Lsn,
+    },
+    /// A pgoutput message other than Begin/Commit/Message (Relation, Insert, ...).
+    Data(Bytes),
+    Message {
+        transactional: bool,
+        lsn: Lsn,
+        prefix: String,
+        content: Bytes,
+    },
+    /// The server's last sent position.
+    KeepAlive {
+        wal_end: Lsn,
+    },
+}
+
+/// Opens an authenticated replication session that has not started streaming, so the slot
+/// can be created (with an exported snapshot) on it first.
+pub async fn connect(config: &RelayConfig, ack: Lsn) -> Result<ReplicationClient, RelayError> {
+    let pg = &config.postgres;
+    let r = &config.replication;
+    let password = pg.password.as_ref().map(|p| p.expose().to_string()).unwrap_or_default();
+    let cfg =
+        ReplicationConfig::new(&pg.host, &pg.user, password, &pg.database, &r.slot, r.publication.as_str())
+            .with_port(pg.port)
+            .with_start_lsn(pgwire_replication::Lsn::ZERO) // 0/0: resume at the slot's confirmed position
+            .with_ack_lsn(pgwire_replication::Lsn(ack.0))
+            .with_status_interval(Duration::from_millis(r.status_interval_ms))
+            .with_wakeup_interval(Duration::from_millis(r.status_interval_ms))
+            .with_application_name(pg.application_name.clone());
+    // connect_gated spawns the session task; connection errors surface on the first call.
+    ReplicationClient::connect_gated(cfg).await.map_err(classify)
+}
+
+/// The started stream.
+pub struct WalStream {
+    client: ReplicationClient,
+}
+
+impl WalStream {
+    /// Sends START_REPLICATION on the gated session and waits until the server accepted it.
+    pub async fn start(mut client: ReplicationClient) -> Result<WalStream, RelayError> {
+        client.start().await.map_err(classify)?;
+        client.wait_started().await.map_err(classify)?;
+        Ok(WalStream { client })
+    }
+
+    /// The next event; `Ok(None)` when the server ended the stream.
+    pub async fn recv(&mut self) -> Result<Option<WalEvent>, RelayError> {
+        loop {
+            let event = match self.client.recv().await.map_err(classify)? {
+                None => return Ok(None),
+                Some(event) => event,
+            };
+            return Ok(Some(match event {
+                ReplicationEvent::Begin { commit_time_micros, .. } => {
+                    WalEvent::Begin { commit_time: pg_time(commit_time_micros) }
+                }
+                ReplicationEvent::Commit { end_lsn, .. } => WalEvent::Commit { end_lsn: Lsn(end_lsn.0) },
+                ReplicationEvent::XLogData { data, .. } => WalEvent::Data(data),
+                ReplicationEvent::Message { transactional, lsn, prefix, content } => {
+                    WalEvent::Message { transactional, lsn: Lsn(lsn.0), prefix, content }
+                }
+                ReplicationEvent::KeepAlive { wal_end, .. } => {
+                    WalEvent::KeepAlive { wal_end: Lsn(wal_end.0) }
+                }
+                ReplicationEvent::StoppedAt { .. } => continue,
+                #[allow(unreachable_patterns)]
+                _ => continue,
+            }));
+        }
+    }
+
+    /// Tells PostgreSQL it may release WAL up to `lsn` (sent within the status interval, and
+    /// at once when the server asks).
+    pub fn confirm(&self, lsn: Lsn) {
+        self.client.update_applied_lsn(pgwire_replication::Lsn(lsn.0));
+    }
+
+    /// Ends the stream with CopyDone.
+    pub async fn stop(mut self) {
+        let _ = self.client.shutdown().await;
+    }
+}
+
+fn pg_time(micros: i64) -> SystemTime {
+    let unix = (micros.max(0) as u64).saturating_add(PG_EPOCH_OFFSET_MICROS);
+    SystemTime::UNIX_EPOCH + Duration::from_micros(unix)
+}
+
+/// Maps a transport error to the relay's retry policy.
+pub fn classify(e: PgWireError) -> RelayError {
+    match &e {
+        PgWireError::Server(message) if message.contains("is active for PID") => {
+            RelayError::SlotInUse(message.clone())
+        }
+        PgWireError::Server(message) if message.contains("already exists") => {
+            RelayError::SlotInUse(message.clone())
+        }
+        PgWireError::Auth(message) => RelayError::Fatal(format!(
+            "replication connection refused: {message}; check postgres.user / postgres.password and that pg_hba.conf allows replication connections"
+        )),
+        _ => RelayError::ConnectionLost(format!("replication stream: {e}")),
+    }
+}
