@@ -34,8 +34,9 @@ pub const DEFAULT_PUBLISHED_AT_COLUMN: &str = "published_at";
 pub const DEFAULT_LEADER_LOCK_KEY: i64 = 0x6f75_7462_6f78; // "outbox" in ASCII
 pub const DEFAULT_SLOT: &str = "outbox_relay";
 pub const DEFAULT_PUBLICATION: &str = "outbox_relay";
-pub const DEFAULT_STATUS_INTERVAL_MS: u64 = 1_000;
+pub const DEFAULT_STATUS_INTERVAL_MS: u64 = 200;
 pub const DEFAULT_MESSAGE_PREFIX: &str = "outbox";
+pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 200;
 pub const DEFAULT_MAX_IN_FLIGHT_EVENTS: usize = 20_000;
 pub const DEFAULT_RETRY_INITIAL_MS: u64 = 100;
 pub const DEFAULT_RETRY_MAX_MS: u64 = 30_000;
@@ -381,6 +382,10 @@ pub struct ReplicationConfig {
     pub status_interval_ms: u64,
     /// Prefix of the logical decoding messages `outbox_emit()` writes.
     pub message_prefix: String,
+    /// How often the relay writes a tiny non-transactional WAL message of its own; reading it
+    /// back lets the slot advance while the outbox is idle and other tables fill the WAL.
+    /// 0 disables it (the slot then advances only on the server's keepalives).
+    pub heartbeat_interval_ms: u64,
     /// Events sent to Kafka but not yet acknowledged; reading the slot pauses at this bound.
     pub max_in_flight_events: usize,
 }
@@ -394,6 +399,7 @@ impl Default for ReplicationConfig {
             create_slot: true,
             status_interval_ms: DEFAULT_STATUS_INTERVAL_MS,
             message_prefix: DEFAULT_MESSAGE_PREFIX.into(),
+            heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
             max_in_flight_events: DEFAULT_MAX_IN_FLIGHT_EVENTS,
         }
     }

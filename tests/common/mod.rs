@@ -131,12 +131,43 @@ impl Drop for TestDb {
             rt.block_on(async {
                 if let Ok((client, conn)) = tokio_postgres::connect(&admin_url, NoTls).await {
                     tokio::spawn(conn);
+                    drop_slots(&client, &name).await;
                     let _ =
                         client.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await;
                 }
             })
         })
         .join();
+    }
+}
+
+/// Logical slots pin their database: ends their sessions and drops them.
+async fn drop_slots(client: &Client, database: &str) {
+    for _ in 0..50 {
+        let _ = client
+            .execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                 WHERE database = $1 AND active_pid IS NOT NULL",
+                &[&database],
+            )
+            .await;
+        let _ = client
+            .execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1 AND NOT active",
+                &[&database],
+            )
+            .await;
+        let left: i64 = match client
+            .query_one("SELECT count(*) FROM pg_replication_slots WHERE database = $1", &[&database])
+            .await
+        {
+            Ok(row) => row.get(0),
+            Err(_) => return,
+        };
+        if left == 0 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
 

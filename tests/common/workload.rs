@@ -27,7 +27,7 @@ pub async fn create_aggregates(client: &Client, count: usize) {
 }
 
 /// One transaction: `events` events for `aggregate`, then COMMIT (or ROLLBACK when
-/// `commit` is false). Returns the events committed.
+/// `commit` is false). Returns the number of events committed.
 pub async fn write_events(
     client: &mut Client,
     aggregate_type: &str,
@@ -35,7 +35,19 @@ pub async fn write_events(
     events: usize,
     commit: bool,
 ) -> usize {
+    write_txn(client, aggregate_type, aggregate, events, commit).await.len()
+}
+
+/// As [`write_events`], returning the committed events' seqs (empty after a rollback).
+pub async fn write_txn(
+    client: &mut Client,
+    aggregate_type: &str,
+    aggregate: &str,
+    events: usize,
+    commit: bool,
+) -> Vec<i64> {
     let tx = client.transaction().await.unwrap();
+    let mut seqs = Vec::with_capacity(events);
     for _ in 0..events {
         let seq: i64 = tx
             .query_one("UPDATE test_aggregates SET seq = seq + 1 WHERE id = $1 RETURNING seq", &[&aggregate])
@@ -49,13 +61,14 @@ pub async fn write_events(
         )
         .await
         .unwrap();
+        seqs.push(seq);
     }
     if commit {
         tx.commit().await.unwrap();
-        events
+        seqs
     } else {
         tx.rollback().await.unwrap();
-        0
+        Vec::new()
     }
 }
 

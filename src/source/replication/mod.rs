@@ -36,6 +36,9 @@ use decode::{Change, Decoder};
 pub use slot::SlotPlan;
 use transport::{WalEvent, WalStream};
 
+/// Prefix of the relay's heartbeat messages (non-transactional, empty content).
+pub const HEARTBEAT_PREFIX: &str = "outbox-relay-heartbeat";
+
 /// How often a standby retries the slot.
 pub const STANDBY_RETRY: Duration = Duration::from_millis(1_000);
 
@@ -184,6 +187,9 @@ impl ReplicationSource {
         let mut deliveries: FuturesUnordered<Delivery> = FuturesUnordered::new();
         let mut open: Option<(TxnId, std::time::SystemTime)> = None;
         let max_in_flight = self.config.replication.max_in_flight_events;
+        let heartbeat_ms = self.config.replication.heartbeat_interval_ms;
+        let mut heartbeat = tokio::time::interval(Duration::from_millis(heartbeat_ms.max(1)));
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 biased;
@@ -208,6 +214,11 @@ impl ReplicationSource {
                         return Err(RelayError::ConnectionLost("the server ended the replication stream".into()));
                     };
                     self.handle(event, &mut tracker, &mut decoder, &mut open, &mut deliveries, client, stream).await?;
+                }
+                // 4. heartbeat: a WAL record of our own, so an idle outbox in a busy database
+                //    still sees positions it may confirm (see WalEvent::Message below)
+                _ = heartbeat.tick(), if heartbeat_ms > 0 => {
+                    client.execute("SELECT pg_logical_emit_message(false, $1, '')", &[&HEARTBEAT_PREFIX]).await?;
                 }
             }
             if let Some(lsn) = tracker.advance() {
@@ -246,6 +257,14 @@ impl ReplicationSource {
                 }
             }
             WalEvent::Message { transactional, lsn, prefix, content } => {
+                if prefix == HEARTBEAT_PREFIX && !transactional && open.is_none() {
+                    // Every transaction that committed before this record was streamed before
+                    // it; with none in flight, nothing before `lsn` is left to publish.
+                    if let Some(lsn) = tracker.idle_advance(lsn) {
+                        stream.confirm(lsn);
+                    }
+                    return Ok(());
+                }
                 if prefix != self.config.replication.message_prefix {
                     return Ok(());
                 }

@@ -1,0 +1,499 @@
+//! Replication mode against the real PostgreSQL and broker, with the relay as a child process:
+//! exactly the committed events, in per-aggregate order, and the slot never confirmed past an
+//! unacknowledged event, across crashes, refusals, walsender kills and failover.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use common::process::RelayProcess;
+use common::workload::*;
+use common::*;
+use tokio_postgres::Client;
+
+const IDLE: Duration = Duration::from_secs(60);
+const LINGER: Duration = Duration::from_secs(3);
+const EXIT_LIMIT: Duration = Duration::from_secs(40);
+
+struct Setup {
+    db: TestDb,
+    dir: tempfile::TempDir,
+    aggregate_type: String,
+    topic: String,
+    slot: String,
+}
+
+impl Setup {
+    async fn new(extra_config: &str) -> Setup {
+        Self::with_brokers(&services().kafka, "", extra_config, true).await
+    }
+
+    async fn with_brokers(brokers: &str, kafka_extra: &str, extra_config: &str, create: bool) -> Setup {
+        let db = TestDb::new().await;
+        let aggregate_type = format!("t{}", random_suffix());
+        let topic = format!("outbox.event.{aggregate_type}");
+        if create {
+            create_topic(&topic, 4).await;
+        }
+        let slot = format!("s_{}", random_suffix());
+        let dir = tempfile::tempdir().unwrap();
+        let config = format!(
+            "[source]\nmode = \"replication\"\n[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n{extra_config}"
+        );
+        write_config_with(dir.path(), &db, brokers, kafka_extra, &config);
+        create_aggregates(&db.client().await, 100).await;
+        Setup { db, dir, aggregate_type, topic, slot }
+    }
+
+    fn config(&self) -> std::path::PathBuf {
+        self.dir.path().join("relay.toml")
+    }
+
+    fn start(&self, name: &str) -> RelayProcess {
+        RelayProcess::start(&self.config(), &self.dir.path().join(format!("{name}.log")))
+    }
+
+    async fn confirmed_flush(&self, client: &Client) -> Option<u64> {
+        let row = client
+            .query_opt(
+                "SELECT (confirmed_flush_lsn - '0/0')::bigint FROM pg_replication_slots WHERE slot_name = $1",
+                &[&self.slot],
+            )
+            .await
+            .unwrap();
+        row.and_then(|r| r.get::<_, Option<i64>>(0)).map(|v| v as u64)
+    }
+
+    /// Waits until the relay logs that it streams.
+    async fn wait_streaming(&self, relay: &RelayProcess) {
+        let deadline = Instant::now() + IDLE;
+        while !relay.log_text().contains("active: streaming from the slot") {
+            assert!(Instant::now() < deadline, "the relay never started streaming:\n{}", relay.log_text());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+async fn wal_lsn(client: &Client) -> u64 {
+    client.query_one("SELECT (pg_current_wal_lsn() - '0/0')::bigint", &[]).await.unwrap().get::<_, i64>(0)
+        as u64
+}
+
+/// One committed transaction as the writer saw it: its events (aggregate, seq) and an upper
+/// bound of its commit LSN (the WAL position read right after COMMIT).
+struct Written {
+    events: Vec<(String, i64)>,
+    commit_upper: u64,
+}
+
+/// `writers` connections commit transactions of 1 to 50 events for one aggregate each until
+/// `total` events committed; every tenth transaction rolls back instead.
+async fn write_transactions(url: &str, aggregate_type: &str, total: usize, writers: usize) -> Vec<Written> {
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let (url, aggregate_type) = (url.to_string(), aggregate_type.to_string());
+        let share = total / writers + usize::from(w < total % writers);
+        tasks.push(tokio::spawn(async move {
+            let mut client = connect(&url).await;
+            let mut written = Vec::new();
+            let mut committed = 0;
+            let mut n_txn = 0;
+            while committed < share {
+                n_txn += 1;
+                let aggregate = format!("agg-{}", rand::random_range(0..100));
+                let n = rand::random_range(1..=50).min(share - committed);
+                let commit = n_txn % 10 != 0;
+                let seqs = write_txn(&mut client, &aggregate_type, &aggregate, n, commit).await;
+                if seqs.is_empty() {
+                    continue;
+                }
+                committed += n;
+                let events = seqs.into_iter().map(|s| (aggregate.clone(), s)).collect();
+                written.push(Written { events, commit_upper: wal_lsn(&client).await });
+            }
+            written
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    all
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exactly_the_committed_events_arrive_in_order() {
+    // given a streaming relay
+    let s = Setup::new("").await;
+    let consumer = consumer(&[&s.topic]);
+    let mut relay = s.start("relay");
+    s.wait_streaming(&relay).await;
+
+    // when 4 writers commit 10,000 events in transactions of 1-50, rolling back every tenth
+    write_transactions(&s.db.url, &s.aggregate_type, 10_000, 4).await;
+    let committed = committed_counts(&s.db.client().await).await;
+
+    // then exactly the committed events arrive, once, in per-aggregate order
+    let records = consume_unique(&consumer, 10_000, IDLE, LINGER).await;
+    let report = assert_delivered(&records, &committed);
+    assert_eq!(report.unique, 10_000);
+    assert_eq!(report.duplicates, 0);
+
+    // and the slot catches up with the WAL
+    let client = s.db.client().await;
+    let target = wal_lsn(&client).await;
+    let deadline = Instant::now() + IDLE;
+    while s.confirmed_flush(&client).await.unwrap() < target {
+        assert!(Instant::now() < deadline, "the slot never caught up");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_under_load_duplicates_only_unconfirmed_transactions() {
+    // given a relay streaming while writers write
+    let s = Setup::new("").await;
+    let client = s.db.client().await;
+    let consumer = consumer(&[&s.topic]);
+    let mut relay = s.start("first");
+    s.wait_streaming(&relay).await;
+    let writer = tokio::spawn({
+        let (url, t) = (s.db.url.clone(), s.aggregate_type.clone());
+        async move { write_transactions(&url, &t, 8_000, 4).await }
+    });
+
+    // when the relay is killed with SIGKILL mid-stream
+    let mut records = consume(&consumer, 1_500, IDLE).await;
+    relay.kill9();
+    let confirmed_at_kill = s.confirmed_flush(&client).await.unwrap();
+    let written = writer.await.unwrap();
+    let mut relay = s.start("second");
+
+    // then every committed event arrives, first arrivals in order
+    let committed = committed_counts(&client).await;
+    let unique: HashSet<String> = records.iter().map(|r| r.header("id").unwrap().to_string()).collect();
+    records.extend(consume_unique(&consumer, 8_000 - unique.len(), IDLE, LINGER).await);
+    let report = assert_delivered(&records, &committed);
+    assert_eq!(report.unique, 8_000);
+
+    // and the only duplicates are events of transactions the slot had not confirmed
+    let confirmed_events: HashSet<(String, i64)> = written
+        .iter()
+        .filter(|w| w.commit_upper <= confirmed_at_kill)
+        .flat_map(|w| w.events.iter().cloned())
+        .collect();
+    let mut seen = HashSet::new();
+    for r in &records {
+        let event = (r.key.clone().unwrap(), seq_of(r));
+        if !seen.insert(r.header("id").unwrap().to_string()) {
+            assert!(
+                !confirmed_events.contains(&event),
+                "{event:?} was confirmed at the kill yet published twice"
+            );
+        }
+    }
+    assert!(!confirmed_events.is_empty(), "nothing was confirmed before the kill: the check proved nothing");
+    eprintln!("kill -9: {} duplicates of {} events", report.duplicates, report.unique);
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn slot_is_never_confirmed_past_an_unacknowledged_event() {
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+
+    // given a relay streaming to librdkafka's mock cluster
+    let mock = MockCluster::new(1).unwrap();
+    let kafka_extra = "message_timeout_ms = 2000\n[kafka.properties]\n\"reconnect.backoff.max.ms\" = \"500\"\n\"retry.backoff.ms\" = \"50\"";
+    let s = Setup::with_brokers(&mock.bootstrap_servers(), kafka_extra, "", false).await;
+    mock.create_topic(&s.topic, 2, 1).unwrap();
+    let client = s.db.client().await;
+    let mut relay = s.start("relay");
+    s.wait_streaming(&relay).await;
+
+    // when the broker refuses every produce request and events are committed
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 100_000],
+    );
+    let before_first_unacked = wal_lsn(&client).await;
+    let mut writer = s.db.client().await;
+    for i in 0..40 {
+        write_events(&mut writer, &s.aggregate_type, &format!("agg-{}", i % 10), 3, true).await;
+    }
+    let last_commit = wal_lsn(&client).await;
+
+    // then for several message timeouts the slot stays before the first unacknowledged commit
+    let until = Instant::now() + Duration::from_secs(8);
+    while Instant::now() < until {
+        let confirmed = s.confirmed_flush(&client).await.unwrap();
+        assert!(
+            confirmed <= before_first_unacked,
+            "slot confirmed {confirmed} past unacknowledged events (from {before_first_unacked})"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(relay.log_text().contains("relay degraded, retrying"), "{}", relay.log_text());
+
+    // when the broker accepts again, then everything arrives and the slot catches up
+    mock.clear_request_errors(RDKafkaApiKey::Produce);
+    let mock_consumer: rdkafka::consumer::StreamConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", mock.bootstrap_servers())
+        .set("group.id", "refusal")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .unwrap();
+    rdkafka::consumer::Consumer::subscribe(&mock_consumer, &[&s.topic]).unwrap();
+    let records = consume_unique(&mock_consumer, 120, IDLE, LINGER).await;
+    assert_delivered(&records, &committed_counts(&client).await);
+    let deadline = Instant::now() + IDLE;
+    while s.confirmed_flush(&client).await.unwrap() < last_commit {
+        assert!(Instant::now() < deadline, "the slot never caught up after the broker returned");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn walsender_killed_the_relay_reconnects_and_loses_nothing() {
+    // given a relay streaming while a writer writes
+    let s = Setup::new("").await;
+    let client = s.db.client().await;
+    let consumer = consumer(&[&s.topic]);
+    let mut relay = s.start("relay");
+    s.wait_streaming(&relay).await;
+    let writer = tokio::spawn({
+        let (url, t) = (s.db.url.clone(), s.aggregate_type.clone());
+        async move { write_transactions(&url, &t, 4_000, 2).await }
+    });
+
+    // when its walsender is terminated twice
+    let mut records = consume(&consumer, 300, IDLE).await;
+    for _ in 0..2 {
+        let deadline = Instant::now() + IDLE;
+        loop {
+            let killed: i64 = client
+                .query_one(
+                    "SELECT count(pg_terminate_backend(active_pid)) FROM pg_replication_slots WHERE slot_name = $1 AND active",
+                    &[&s.slot],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if killed == 1 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the relay never reconnected");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        records.extend(consume(&consumer, 300, IDLE).await);
+    }
+    writer.await.unwrap();
+
+    // then every committed event arrives in order
+    let committed = committed_counts(&client).await;
+    let unique: HashSet<String> = records.iter().map(|r| r.header("id").unwrap().to_string()).collect();
+    records.extend(consume_unique(&consumer, 4_000 - unique.len(), IDLE, LINGER).await);
+    assert_eq!(assert_delivered(&records, &committed).unique, 4_000);
+    assert!(relay.log_text().contains("relay recovered"), "{}", relay.log_text());
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_outbox_in_a_busy_database_does_not_pin_wal() {
+    // given a streaming relay and a table outside the publication
+    let s = Setup::new("").await;
+    let client = s.db.client().await;
+    client.batch_execute("CREATE TABLE busy (id bigserial PRIMARY KEY, filler text)").await.unwrap();
+    let mut relay = s.start("relay");
+    s.wait_streaming(&relay).await;
+
+    // when 200 MB of WAL is written to the other table at 20 MB/s (1.7 TB a day: a very busy
+    // database; unpaced, this 2-core machine writes faster than any confirmation loop turns,
+    // and the lag is then WAL rate x ~0.5 s: see the README's sizing notes)
+    const RATE_BYTES_PER_SEC: f64 = 20.0 * 1024.0 * 1024.0;
+    let start = wal_lsn(&client).await;
+    let started = Instant::now();
+    let mut max_lag = 0;
+    while wal_lsn(&client).await - start < 200 * 1024 * 1024 {
+        let due = Duration::from_secs_f64((wal_lsn(&client).await - start) as f64 / RATE_BYTES_PER_SEC);
+        if let Some(wait) = due.checked_sub(started.elapsed()) {
+            tokio::time::sleep(wait).await;
+        }
+        client
+            .execute(
+                "INSERT INTO busy (filler) SELECT repeat(md5(g::text), 30) FROM generate_series(1, 2000) g",
+                &[],
+            )
+            .await
+            .unwrap();
+        let lag = wal_lsn(&client).await - s.confirmed_flush(&client).await.unwrap();
+        max_lag = max_lag.max(lag);
+    }
+    // and a moment for the last keepalive
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let final_lag = wal_lsn(&client).await - s.confirmed_flush(&client).await.unwrap();
+
+    // then the slot's lag stayed under 16 MB
+    eprintln!("idle outbox: max lag {max_lag} bytes while writing, {final_lag} after");
+    assert!(max_lag < 16 * 1024 * 1024, "slot lag reached {max_lag} bytes");
+    assert!(final_lag < 16 * 1024 * 1024, "slot lag {final_lag} bytes at the end");
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn emitted_messages_arrive_like_table_events() {
+    // given a streaming relay
+    let s = Setup::new("").await;
+    let client = s.db.client().await;
+    let consumer = consumer(&[&s.topic]);
+    let mut relay = s.start("relay");
+    s.wait_streaming(&relay).await;
+
+    // when the same event is written to the table and emitted with outbox_emit(), and an
+    // emitted event is rolled back
+    // (separate calls: one multi-statement string would be one implicit transaction)
+    let t = &s.aggregate_type;
+    for sql in [
+        format!(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, headers) \
+             VALUES ('{t}', 'k', 'E', '{{\"a\": [1, 2], \"b\": \"x\"}}', '{{\"traceparent\": \"tp\"}}')"
+        ),
+        format!(
+            "SELECT outbox_emit('{t}', 'k', 'E', '{{\"a\": [1, 2], \"b\": \"x\"}}', '{{\"traceparent\": \"tp\"}}')"
+        ),
+        format!("BEGIN; SELECT outbox_emit('{t}', 'k', 'Phantom', '{{}}'); ROLLBACK;"),
+    ] {
+        client.batch_execute(&sql).await.unwrap();
+    }
+
+    // then both arrive, in order, with the same key, value and headers but their own ids
+    let mut records = consume(&consumer, 2, IDLE).await;
+    records.extend(consume(&consumer, 1, LINGER).await);
+    assert_eq!(records.len(), 2, "{records:?}");
+    let (table, emitted) = (&records[0], &records[1]);
+    assert_eq!(table.key, emitted.key);
+    assert_eq!(table.payload, emitted.payload);
+    assert_eq!(table.payload.as_deref(), Some("{\"a\": [1, 2], \"b\": \"x\"}"));
+    for header in ["event_type", "aggregate_type", "traceparent"] {
+        assert_eq!(table.header(header), emitted.header(header), "{header}");
+    }
+    assert_ne!(table.header("id"), emitted.header("id"));
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_from_before_the_slot_arrive_once_and_first() {
+    // given rows in the table before the relay (and its slot) existed, and a writer that keeps
+    // writing across the slot's creation
+    let s = Setup::new("").await;
+    let consumer = consumer(&[&s.topic]);
+    write_transactions(&s.db.url, &s.aggregate_type, 3_000, 2).await;
+    let writer = tokio::spawn({
+        let (url, t) = (s.db.url.clone(), s.aggregate_type.clone());
+        async move { write_transactions(&url, &t, 3_000, 2).await }
+    });
+
+    // when the relay starts, creates the slot and copies the table
+    let mut relay = s.start("relay");
+    writer.await.unwrap();
+
+    // then every row arrives exactly once and, per aggregate, in order: the copied rows first
+    let committed = committed_counts(&s.db.client().await).await;
+    let records = consume_unique(&consumer, 6_000, IDLE, LINGER).await;
+    let report = assert_delivered(&records, &committed);
+    assert_eq!((report.unique, report.duplicates), (6_000, 0));
+    let log = relay.log_text();
+    assert!(log.contains("pre-existing rows published"), "{log}");
+    let copied: usize = log
+        .lines()
+        .find(|l| l.contains("pre-existing rows published"))
+        .and_then(|l| l.split("rows=").nth(1))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    assert!(copied >= 3_000 && copied < 6_000, "copied {copied}: the handover was not exercised");
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_instance_waits_then_takes_over() {
+    // given two relays on the same slot
+    let s = Setup::new("").await;
+    let client = s.db.client().await;
+    let consumer = consumer(&[&s.topic]);
+    let mut first = s.start("first");
+    s.wait_streaming(&first).await;
+    let mut second = s.start("second");
+    let deadline = Instant::now() + IDLE;
+    while !second.log_text().contains("standby: another instance streams from the slot") {
+        assert!(Instant::now() < deadline, "the second instance did not wait:\n{}", second.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let writer = tokio::spawn({
+        let (url, t) = (s.db.url.clone(), s.aggregate_type.clone());
+        async move { write_transactions(&url, &t, 3_000, 2).await }
+    });
+
+    // when the active one is killed mid-stream
+    let mut records = consume(&consumer, 500, IDLE).await;
+    first.kill9();
+    let killed_at = Instant::now();
+    let deadline = killed_at + IDLE;
+    while !second.log_text().contains("active: streaming from the slot") {
+        assert!(Instant::now() < deadline, "the standby never took over:\n{}", second.log_text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let takeover = killed_at.elapsed();
+    writer.await.unwrap();
+
+    // then the standby took over within 15 s and nothing was lost
+    eprintln!("replication takeover after {takeover:?}");
+    assert!(takeover < Duration::from_secs(15), "takeover took {takeover:?}");
+    let committed = committed_counts(&client).await;
+    let unique: HashSet<String> = records.iter().map(|r| r.header("id").unwrap().to_string()).collect();
+    records.extend(consume_unique(&consumer, 3_000 - unique.len(), IDLE, LINGER).await);
+    assert_eq!(assert_delivered(&records, &committed).unique, 3_000);
+    assert_eq!(second.terminate(EXIT_LIMIT), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_vanished_slot_is_fatal_until_recreated_on_purpose() {
+    // given a relay that published from its slot, then stopped
+    let s = Setup::new("").await;
+    let client = s.db.client().await;
+    let consumer = consumer(&[&s.topic]);
+    let mut relay = s.start("first");
+    s.wait_streaming(&relay).await;
+    client
+        .execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ($1, 'k', 'E', '{}')",
+            &[&s.aggregate_type],
+        )
+        .await
+        .unwrap();
+    assert_eq!(consume(&consumer, 1, IDLE).await.len(), 1);
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+
+    // when its slot disappears
+    client.execute("SELECT pg_drop_replication_slot($1)", &[&s.slot]).await.unwrap();
+
+    // then the relay refuses to start, explaining why and what to do
+    let (code, _, stderr) = run_relay(&["run", "--config", s.config().to_str().unwrap()], EXIT_LIMIT);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("is missing, but this relay published from it before"), "{stderr}");
+    assert!(stderr.contains("setup --recreate-slot"), "{stderr}");
+
+    // and `setup --recreate-slot` recreates it, re-publishing what the table still holds
+    let (code, stdout, stderr) =
+        run_relay(&["setup", "--recreate-slot", "--config", s.config().to_str().unwrap()], EXIT_LIMIT);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("created at"), "{stdout}");
+    let again = consume(&consumer, 1, IDLE).await;
+    assert_eq!(again.len(), 1, "the row still in the table was not re-published");
+    let mut relay = s.start("second");
+    s.wait_streaming(&relay).await;
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+}
