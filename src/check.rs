@@ -207,6 +207,8 @@ async fn replication_checks(config: &RelayConfig, client: &Client) -> Vec<Findin
             )),
         }
     }
+    findings.push(slot_check(config, client).await);
+    findings.push(publication_check(config, client).await);
     match query_setting(client, "max_slot_wal_keep_size").await {
         Ok(size) if size == "-1" => findings.push(Finding::warn(
             "postgres.max_slot_wal_keep_size",
@@ -217,6 +219,101 @@ async fn replication_checks(config: &RelayConfig, client: &Client) -> Vec<Findin
         Err(e) => findings.push(Finding::warn("postgres.max_slot_wal_keep_size", format!("cannot read it: {e}"), "PostgreSQL 13 or newer is required")),
     }
     findings
+}
+
+async fn slot_check(config: &RelayConfig, client: &Client) -> Finding {
+    let slot = &config.replication.slot;
+    let row = client
+        .query_opt(
+            "SELECT wal_status, active, confirmed_flush_lsn::text, \
+                    pg_size_pretty(pg_current_wal_lsn() - confirmed_flush_lsn) \
+             FROM pg_replication_slots WHERE slot_name = $1",
+            &[slot],
+        )
+        .await;
+    match row {
+        Ok(None) if config.replication.create_slot => Finding::ok(
+            "replication.slot",
+            format!("slot \"{slot}\" does not exist yet; `run` or `setup` creates it"),
+        ),
+        Ok(None) => Finding::fail(
+            "replication.slot",
+            format!("slot \"{slot}\" does not exist and replication.create_slot = false"),
+            "run `outbox-relay setup` or set replication.create_slot = true",
+        ),
+        Ok(Some(r)) => {
+            let wal_status: Option<String> = r.get(0);
+            let detail = format!(
+                "slot \"{slot}\": wal_status = {}, active = {}, confirmed_flush_lsn = {}, lag {}",
+                wal_status.as_deref().unwrap_or("?"),
+                r.get::<_, bool>(1),
+                r.get::<_, Option<String>>(2).unwrap_or_default(),
+                r.get::<_, Option<String>>(3).unwrap_or_default()
+            );
+            match wal_status.as_deref() {
+                Some("lost") => Finding::fail(
+                    "replication.slot",
+                    detail,
+                    "the slot was invalidated; raise max_slot_wal_keep_size and run `outbox-relay setup --recreate-slot`",
+                ),
+                Some("unreserved") => Finding::warn(
+                    "replication.slot",
+                    detail,
+                    "the slot is about to lose WAL it needs: get the relay running and caught up now",
+                ),
+                _ => Finding::ok("replication.slot", detail),
+            }
+        }
+        Err(e) => Finding::fail(
+            "replication.slot",
+            format!("cannot read pg_replication_slots: {e}"),
+            "check the role's privileges",
+        ),
+    }
+}
+
+async fn publication_check(config: &RelayConfig, client: &Client) -> Finding {
+    let publication = &config.replication.publication;
+    let table = OutboxTable::new(&config.outbox);
+    let row = client
+        .query_opt(
+            "SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3) \
+             FROM pg_publication WHERE pubname = $1",
+            &[publication, &table.schema, &table.name],
+        )
+        .await;
+    match row {
+        Ok(Some(r)) if r.get::<_, bool>(0) => Finding::ok(
+            "replication.publication",
+            format!("publication \"{publication}\" includes {}", table.display_name()),
+        ),
+        Ok(Some(_)) => Finding::fail(
+            "replication.publication",
+            format!("publication \"{publication}\" does not include {}", table.display_name()),
+            format!("ALTER PUBLICATION {publication} ADD TABLE {}", table.qualified()),
+        ),
+        Ok(None) if config.replication.create_publication => Finding::ok(
+            "replication.publication",
+            format!(
+                "publication \"{publication}\" does not exist yet; the relay creates it (as the table owner)"
+            ),
+        ),
+        Ok(None) => Finding::fail(
+            "replication.publication",
+            format!(
+                "publication \"{publication}\" does not exist and replication.create_publication = false"
+            ),
+            format!(
+                "CREATE PUBLICATION {publication} FOR TABLE {} WITH (publish = 'insert', publish_via_partition_root = true)",
+                table.qualified()
+            ),
+        ),
+        Err(e) => Finding::fail(
+            "replication.publication",
+            format!("cannot read pg_publication: {e}"),
+            "check the role's privileges",
+        ),
+    }
 }
 
 fn setting_check_name(name: &str) -> &'static str {
