@@ -61,8 +61,18 @@ pub async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>, 
 /// Ensures the publication, inspects slot and memory, and decides. With `recreate`, drops the
 /// slot and its memory first (the operator's explicit choice after an invalidation).
 pub async fn prepare(config: &RelayConfig, client: &Client, recreate: bool) -> Result<SlotPlan, RelayError> {
-    ensure_publication(config, client).await?;
     let slot = &config.replication.slot;
+    // One instance at a time decides about, creates and copies the slot: the session-level
+    // advisory lock is held by `client` for the whole replication session, so a standby can
+    // never drop a slot whose first copy another instance is still making.
+    let locked: bool = client
+        .query_one("SELECT pg_try_advisory_lock(hashtext('outbox-relay slot ' || $1))", &[slot])
+        .await?
+        .get(0);
+    if !locked {
+        return Err(RelayError::SlotInUse(format!("slot \"{slot}\" is managed by another relay instance")));
+    }
+    ensure_publication(config, client).await?;
     let remembered = remembered(client, slot).await?;
     let info = slot_info(client, slot).await?;
     if recreate {
