@@ -20,7 +20,8 @@ pub const DEFAULT_PG_DATABASE: &str = "postgres";
 pub const DEFAULT_PG_CONNECT_TIMEOUT_SECS: u64 = 10;
 pub const DEFAULT_PG_APPLICATION_NAME: &str = "outbox-relay";
 pub const DEFAULT_KAFKA_CLIENT_ID: &str = "outbox-relay";
-pub const DEFAULT_KAFKA_MESSAGE_TIMEOUT_MS: u64 = 30_000;
+pub const DEFAULT_KAFKA_MESSAGE_TIMEOUT_MS: u64 = 0;
+pub const DEFAULT_KAFKA_STALL_WARNING_MS: u64 = 10_000;
 pub const DEFAULT_KAFKA_LINGER_MS: u64 = 5;
 pub const DEFAULT_KAFKA_COMPRESSION: &str = "none";
 pub const DEFAULT_OUTBOX_SCHEMA: &str = "public";
@@ -41,6 +42,10 @@ pub const DEFAULT_MAX_IN_FLIGHT_EVENTS: usize = 20_000;
 pub const DEFAULT_RETRY_INITIAL_MS: u64 = 100;
 pub const DEFAULT_RETRY_MAX_MS: u64 = 30_000;
 pub const DEFAULT_SHUTDOWN_GRACE_SECS: u64 = 30;
+pub const DEFAULT_METRICS_LISTEN: &str = "0.0.0.0:9187";
+pub const DEFAULT_SAMPLE_INTERVAL_SECS: u64 = 5;
+pub const DEFAULT_SLOT_LAG_WARNING_BYTES: u64 = 1 << 30;
+pub const DEFAULT_SLOT_LAG_CRITICAL_BYTES: u64 = 10 << 30;
 
 /// Placeholders a topic template may use.
 pub const TOPIC_PLACEHOLDERS: &[&str] = &["aggregate_type", "event_type"];
@@ -126,6 +131,8 @@ pub struct RelayConfig {
     pub retry: RetryConfig,
     #[serde(default)]
     pub shutdown: ShutdownConfig,
+    #[serde(default)]
+    pub metrics: MetricsConfig,
 }
 
 /// Which source feeds the relay. The mode-specific settings live in `[polling]` and
@@ -209,8 +216,15 @@ pub struct KafkaConfig {
     pub brokers: Vec<String>,
     #[serde(default = "default_client_id")]
     pub client_id: String,
+    /// 0 (default): a record is retried until Kafka acknowledges it. A finite timeout fails
+    /// records after it, and librdkafka may then have written later records of the same
+    /// partition (a gap), so per-aggregate order is not kept across such a failure.
     #[serde(default = "default_message_timeout_ms")]
     pub message_timeout_ms: u64,
+    /// Warn (log, `/readyz` degraded, `publish_errors_total{error_type="stalled"}`) when records
+    /// are waiting and Kafka has acknowledged nothing for this long.
+    #[serde(default = "default_stall_warning_ms")]
+    pub stall_warning_ms: u64,
     #[serde(default = "default_linger_ms")]
     pub linger_ms: u64,
     #[serde(default = "default_compression")]
@@ -430,11 +444,37 @@ impl Default for ShutdownConfig {
     }
 }
 
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Address of the /metrics, /healthz and /readyz listener; empty disables it.
+    pub listen: String,
+    /// How often the slot (or the polling backlog) is sampled from PostgreSQL.
+    pub sample_interval_secs: u64,
+    /// Exported as gauges for the alert rules, so thresholds are set per relay, here.
+    pub slot_lag_warning_bytes: u64,
+    pub slot_lag_critical_bytes: u64,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            listen: DEFAULT_METRICS_LISTEN.into(),
+            sample_interval_secs: DEFAULT_SAMPLE_INTERVAL_SECS,
+            slot_lag_warning_bytes: DEFAULT_SLOT_LAG_WARNING_BYTES,
+            slot_lag_critical_bytes: DEFAULT_SLOT_LAG_CRITICAL_BYTES,
+        }
+    }
+}
+
 fn default_client_id() -> String {
     DEFAULT_KAFKA_CLIENT_ID.into()
 }
 fn default_message_timeout_ms() -> u64 {
     DEFAULT_KAFKA_MESSAGE_TIMEOUT_MS
+}
+fn default_stall_warning_ms() -> u64 {
+    DEFAULT_KAFKA_STALL_WARNING_MS
 }
 fn default_linger_ms() -> u64 {
     DEFAULT_KAFKA_LINGER_MS
@@ -514,8 +554,14 @@ impl RelayConfig {
         if k.client_id.is_empty() {
             return Err(ConfigError::invalid("kafka.client_id", "must not be empty"));
         }
-        if !(1..=3_600_000).contains(&k.message_timeout_ms) {
-            return Err(ConfigError::invalid("kafka.message_timeout_ms", "must be between 1 and 3600000"));
+        if k.message_timeout_ms > 3_600_000 {
+            return Err(ConfigError::invalid(
+                "kafka.message_timeout_ms",
+                "must be between 0 (never) and 3600000",
+            ));
+        }
+        if !(100..=3_600_000).contains(&k.stall_warning_ms) {
+            return Err(ConfigError::invalid("kafka.stall_warning_ms", "must be between 100 and 3600000"));
         }
         if k.linger_ms > 60_000 {
             return Err(ConfigError::invalid("kafka.linger_ms", "must be <= 60000"));
@@ -571,6 +617,19 @@ impl RelayConfig {
             return Err(ConfigError::invalid(
                 "replication.max_in_flight_events",
                 "must be between 1 and 1000000",
+            ));
+        }
+        let m = &self.metrics;
+        if !m.listen.is_empty() && m.listen.parse::<std::net::SocketAddr>().is_err() {
+            return Err(ConfigError::invalid("metrics.listen", format!("\"{}\" is not ip:port", m.listen)));
+        }
+        if !(1..=3600).contains(&m.sample_interval_secs) {
+            return Err(ConfigError::invalid("metrics.sample_interval_secs", "must be between 1 and 3600"));
+        }
+        if m.slot_lag_warning_bytes > m.slot_lag_critical_bytes {
+            return Err(ConfigError::invalid(
+                "metrics.slot_lag_warning_bytes",
+                "must be <= metrics.slot_lag_critical_bytes",
             ));
         }
         if self.retry.initial_backoff_ms == 0 {

@@ -42,6 +42,16 @@ impl RelayError {
         }
     }
 
+    /// The `reason` label of `outbox_relay_fatal_error`.
+    pub fn fatal_reason(&self) -> &'static str {
+        match self {
+            RelayError::Fatal(m) if m.contains("invalidated") => "slot_lost",
+            RelayError::Fatal(m) if m.contains("is missing") => "slot_missing",
+            RelayError::Postgres(_) => "postgres",
+            _ => "other",
+        }
+    }
+
     /// A low-cardinality label for logs and metrics.
     pub fn kind(&self) -> &'static str {
         match self {

@@ -17,16 +17,20 @@
 //! - [`source`]: where events come from (polling, replication);
 //! - [`checkpoint`], [`position`]: which LSN may be confirmed; LSN arithmetic;
 //! - [`relay`]: the daemon and its graceful shutdown;
-//! - [`error`], [`retry`]: retry versus fatal, and backoff.
+//! - [`error`], [`retry`]: retry versus fatal, and backoff;
+//! - [`metrics`], [`http`], [`sampler`]: what SREs see: metrics, health, slot and backlog gauges.
 
 pub mod check;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod event;
+pub mod http;
+pub mod metrics;
 pub mod position;
 pub mod relay;
 pub mod retry;
+pub mod sampler;
 pub mod sink;
 pub mod source;
 pub mod table;

@@ -12,11 +12,34 @@ use tokio::sync::watch;
 
 use crate::config::{RelayConfig, SourceMode};
 use crate::error::RelayError;
+use crate::metrics::metrics;
 use crate::sink::kafka::KafkaSink;
 use crate::source::polling::PollingSource;
 use crate::source::replication::ReplicationSource;
+use crate::{http, sampler};
 
 pub async fn run(config: RelayConfig) -> Result<(), RelayError> {
+    let result = run_until_stopped(config).await;
+    if let Err(e) = &result {
+        metrics().fatal.with_label_values(&[e.fatal_reason()]).set(1);
+    }
+    result
+}
+
+async fn run_until_stopped(config: RelayConfig) -> Result<(), RelayError> {
+    let m = metrics();
+    let mode = config.source.mode.to_string();
+    m.initialize(&mode, env!("CARGO_PKG_VERSION"));
+    m.slot_lag_warning.set(config.metrics.slot_lag_warning_bytes as i64);
+    m.slot_lag_critical.set(config.metrics.slot_lag_critical_bytes as i64);
+    http::configure_liveness(Duration::from_millis(config.retry.max_backoff_ms));
+    if !config.metrics.listen.is_empty() {
+        let listen = config.metrics.listen.parse().expect("validated");
+        http::serve(listen)
+            .await
+            .map_err(|e| RelayError::Fatal(format!("metrics.listen {listen}: cannot listen: {e}")))?;
+    }
+    sampler::spawn(config.clone());
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let sink = KafkaSink::new(&config.kafka)
         .map_err(|e| RelayError::Fatal(format!("cannot create the Kafka producer: {e}")))?;

@@ -133,7 +133,7 @@ async fn rows_stay_until_the_broker_acknowledges() {
         dir.path(),
         &db,
         &mock.bootstrap_servers(),
-        "message_timeout_ms = 2000\n[kafka.properties]\n\"reconnect.backoff.max.ms\" = \"500\"\n\"retry.backoff.ms\" = \"50\"",
+        "stall_warning_ms = 2000\n[kafka.properties]\n\"reconnect.backoff.max.ms\" = \"500\"\n\"retry.backoff.ms\" = \"50\"",
         "[source]\nmode = \"polling\"\n",
     );
     let client = db.client().await;
@@ -150,7 +150,7 @@ async fn rows_stay_until_the_broker_acknowledges() {
     // then no row was deleted, and the relay says why it is retrying
     let rows: i64 = client.query_one("SELECT count(*) FROM outbox_events", &[]).await.unwrap().get(0);
     assert_eq!(rows, 50, "rows were released without an acknowledgement");
-    assert!(relay.log_text().contains("relay degraded, retrying"), "{}", relay.log_text());
+    assert!(relay.log_text().contains("Kafka has acknowledged nothing"), "{}", relay.log_text());
     assert!(relay.exited().is_none(), "the relay gave up: {}", relay.log_text());
 
     // when the broker accepts again, then everything is published once acknowledged
@@ -170,7 +170,7 @@ async fn rows_stay_until_the_broker_acknowledges() {
         assert!(Instant::now() < deadline, "rows were never released after acknowledgement");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert!(relay.log_text().contains("relay recovered"), "{}", relay.log_text());
+    assert!(relay.log_text().contains("Kafka acknowledges records again"), "{}", relay.log_text());
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
 }
 
@@ -254,7 +254,7 @@ async fn poison_rows_are_dead_lettered_and_the_rest_flows() {
     let s = Setup::new("").await;
     let text = std::fs::read_to_string(s.config())
         .unwrap()
-        .replace("[kafka]\n", "[kafka]\nmessage_timeout_ms = 3000\n");
+        .replace("[kafka]\n", "[kafka]\nproperties = { \"topic.metadata.propagation.max.ms\" = \"3000\" }\n");
     std::fs::write(s.config(), text).unwrap();
     let client = s.db.client().await;
     client.batch_execute("ALTER TABLE outbox_events ALTER COLUMN aggregate_id DROP NOT NULL").await.unwrap();

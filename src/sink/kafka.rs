@@ -10,7 +10,7 @@
 //! - each failure is classified where it happens: permanent (the record can never be accepted:
 //!   it is poison) or transient (retry the batch).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use rdkafka::ClientConfig;
@@ -22,6 +22,8 @@ use rdkafka::types::RDKafkaRespErr;
 
 use crate::config::KafkaConfig;
 use crate::event::OutboxEvent;
+use crate::http::{State, health};
+use crate::metrics::metrics;
 
 /// How long a metadata request may take when classifying a timed-out record.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
@@ -56,6 +58,16 @@ pub enum PublishError {
     Transient { error_type: &'static str, detail: String },
 }
 
+impl PublishError {
+    /// The `error_type` label of `outbox_relay_publish_errors_total`.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            PublishError::Permanent(_) => "permanent",
+            PublishError::Transient { error_type, .. } => error_type,
+        }
+    }
+}
+
 /// Where an acknowledged record landed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Delivered {
@@ -66,6 +78,60 @@ pub struct Delivered {
 pub struct KafkaSink {
     config: KafkaConfig,
     producer: FutureProducer,
+}
+
+/// Notices when records wait and Kafka acknowledges nothing for `kafka.stall_warning_ms`.
+/// Records are never failed for it (see `kafka.message_timeout_ms`): the relay only says so,
+/// once per stall, in the log, on `/readyz` and in `publish_errors_total{error_type="stalled"}`.
+pub struct StallWatch {
+    after: Duration,
+    last_progress: Instant,
+    stalled: bool,
+}
+
+impl StallWatch {
+    pub fn new(kafka: &KafkaConfig) -> StallWatch {
+        StallWatch {
+            after: Duration::from_millis(kafka.stall_warning_ms),
+            last_progress: Instant::now(),
+            stalled: false,
+        }
+    }
+
+    /// How often [`StallWatch::check`] should run.
+    pub fn period(&self) -> Duration {
+        (self.after / 4).max(Duration::from_millis(25))
+    }
+
+    /// Something was acknowledged.
+    pub fn progressed(&mut self) {
+        self.last_progress = Instant::now();
+        if self.stalled {
+            self.stalled = false;
+            tracing::info!("Kafka acknowledges records again");
+            health().set(State::Active);
+        }
+    }
+
+    /// Periodic check with the number of records waiting.
+    pub fn check(&mut self, waiting: usize) {
+        if waiting == 0 {
+            self.last_progress = Instant::now();
+            return;
+        }
+        let quiet = self.last_progress.elapsed();
+        if !self.stalled && quiet >= self.after {
+            self.stalled = true;
+            tracing::warn!(
+                waiting,
+                quiet_ms = quiet.as_millis() as u64,
+                "Kafka has acknowledged nothing; records are retried until acknowledged"
+            );
+            metrics().publish_errors.with_label_values(&["stalled"]).inc();
+            health()
+                .set(State::Degraded(format!("Kafka has acknowledged nothing for {} s", quiet.as_secs())));
+        }
+    }
 }
 
 impl KafkaSink {
@@ -100,8 +166,19 @@ impl KafkaSink {
                 },
                 Err(e) => Err(e),
             }
-        }))
-        .await;
+        }));
+        let mut watch = StallWatch::new(&self.config);
+        let mut check = tokio::time::interval(watch.period());
+        tokio::pin!(reports);
+        let reports = loop {
+            tokio::select! {
+                reports = &mut reports => break reports,
+                _ = check.tick() => watch.check(events.len()),
+            }
+        };
+        if reports.iter().any(Result::is_ok) {
+            watch.progressed();
+        }
         let mut results = Vec::with_capacity(reports.len());
         for (event, report) in events.iter().zip(reports) {
             results.push(match report {
@@ -140,12 +217,15 @@ impl KafkaSink {
     pub async fn classify(&self, topic: &str, error: &KafkaError) -> PublishError {
         let code = error.rdkafka_error_code();
         match code {
+            Some(RDKafkaErrorCode::UnknownTopic | RDKafkaErrorCode::UnknownTopicOrPartition) => {
+                PublishError::Permanent(format!(
+                    "topic \"{topic}\" does not exist and the broker does not create topics automatically ({error})"
+                ))
+            }
             Some(
                 RDKafkaErrorCode::MessageSizeTooLarge
                 | RDKafkaErrorCode::InvalidTopic
                 | RDKafkaErrorCode::TopicAuthorizationFailed
-                | RDKafkaErrorCode::UnknownTopic
-                | RDKafkaErrorCode::UnknownTopicOrPartition
                 | RDKafkaErrorCode::InvalidRecord
                 | RDKafkaErrorCode::InvalidMessageSize,
             ) => PublishError::Permanent(format!("{error}")),

@@ -13,7 +13,7 @@
 //!   same transaction (`on_poison = "dead_letter"`), or stops the relay at that row
 //!   (`"block"`); it is never skipped silently.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
@@ -22,6 +22,8 @@ use tokio_postgres::{AsyncMessage, Client, NoTls, Row};
 use crate::config::{AfterPublish, OnPoison, RelayConfig};
 use crate::error::RelayError;
 use crate::event::{Mapping, OutboxEvent, PoisonReason};
+use crate::http::{State, health};
+use crate::metrics::metrics;
 use crate::retry::{Backoff, OutageLog};
 use crate::sink::kafka::{KafkaSink, PublishError};
 use crate::table::{OutboxTable, quote_ident, raw_event, select_events_sql};
@@ -29,6 +31,9 @@ use crate::table::{OutboxTable, quote_ident, raw_event, select_events_sql};
 /// How often a standby asks for the leader lock: the failover time after the active
 /// instance's session ends.
 pub const STANDBY_RETRY: Duration = Duration::from_millis(1_000);
+
+/// The `mode` label of this source's metrics.
+const MODE: &str = "polling";
 
 /// The SQL of one configured outbox table.
 struct Statements {
@@ -128,6 +133,7 @@ impl PollingSource {
                 Err(e) => {
                     let delay = backoff.next_delay();
                     outage.failed(e.kind(), &e, delay);
+                    health().set(State::Degraded(e.to_string()));
                     wait_or_shutdown(delay, &mut shutdown).await;
                 }
             }
@@ -193,6 +199,7 @@ impl PollingSource {
     ) -> Result<(), RelayError> {
         let mut standby_logged = false;
         while !*shutdown.borrow() {
+            health().tick();
             if !session.leader {
                 let row = session
                     .client
@@ -205,6 +212,7 @@ impl PollingSource {
                         standby_logged = true;
                     }
                     outage.recovered();
+                    health().set(State::Standby);
                     wait_or_shutdown(STANDBY_RETRY, shutdown).await;
                     continue;
                 }
@@ -241,12 +249,14 @@ impl PollingSource {
                     outcome.failed.len()
                 ));
                 outage.failed(error.kind(), &error, delay);
+                health().set(State::Degraded(error.to_string()));
                 self.sink.reset().map_err(|e| RelayError::Kafka(e.to_string()))?;
                 wait_or_shutdown(delay, shutdown).await;
                 continue;
             }
             backoff.reset();
             outage.recovered();
+            health().set(State::Active);
             if outcome.claimed < self.config.polling.batch_size as usize {
                 self.wait_for_work(session, shutdown).await?;
             }
@@ -302,12 +312,21 @@ impl PollingSource {
                 Err(reason) => poison.push((id, reason.to_string())),
             }
         }
+        let m = metrics();
+        m.events_read.with_label_values(&[MODE]).inc_by(rows.len() as u64);
+        m.events_in_flight.set(events.len() as i64);
+        let sent = Instant::now();
         let results = self.sink.publish(&events).await;
+        m.events_in_flight.set(0);
         // `events` holds only rows before a row that failed to map (block policy); a record the
         // broker refuses stops the release at that row too, so nothing after it leaves the table.
         let mut delivered = Vec::with_capacity(events.len());
         let mut refused_at: Option<(String, String)> = None;
-        for (id, result) in ids.into_iter().zip(results) {
+        for ((id, event), result) in ids.into_iter().zip(&events).zip(results) {
+            match &result {
+                Ok(_) => m.acknowledged(MODE, sent, event.created_at),
+                Err(e) => m.publish_errors.with_label_values(&[e.error_type()]).inc(),
+            }
             match result {
                 _ if refused_at.is_some() => {}
                 Ok(_) => delivered.push(id),
@@ -331,6 +350,7 @@ impl PollingSource {
                 tracing::warn!(row_id = %id, %reason, table = %self.table.display_name(), "event moved to the dead-letter table");
             }
             outcome.dead_lettered = moved as usize;
+            m.events_dead_lettered.with_label_values(&[MODE]).inc_by(moved);
         }
         tx.commit().await?;
         outcome.published = delivered.len();

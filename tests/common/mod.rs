@@ -290,6 +290,10 @@ pub fn write_config(dir: &Path, db: &TestDb, extra: &str) -> PathBuf {
 /// As [`write_config`], with the brokers and extra lines for the `[kafka]` section given.
 pub fn write_config_with(dir: &Path, db: &TestDb, brokers: &str, kafka_extra: &str, extra: &str) -> PathBuf {
     let (host, port, user) = db.pg_parts();
+    // many relays run at once in the tests: each gets an ephemeral metrics port unless the
+    // test asks for one
+    let metrics = if extra.contains("[metrics]") { "" } else { "[metrics]\nlisten = \"127.0.0.1:0\"\n" };
+    let extra = format!("{extra}\n{metrics}");
     let toml = format!(
         "[postgres]\nhost = \"{host}\"\nport = {port}\nuser = \"{user}\"\ndatabase = \"{}\"\n\n\
          [kafka]\nbrokers = [\"{brokers}\"]\n{kafka_extra}\n\n{extra}",

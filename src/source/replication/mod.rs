@@ -16,7 +16,7 @@ mod decode;
 mod slot;
 mod transport;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
@@ -28,9 +28,11 @@ use crate::checkpoint::{Tracker, TxnId};
 use crate::config::{OnPoison, RelayConfig};
 use crate::error::RelayError;
 use crate::event::{Mapping, OutboxEvent, RawEvent};
+use crate::http::{State, health};
+use crate::metrics::metrics;
 use crate::position::Lsn;
 use crate::retry::{Backoff, OutageLog};
-use crate::sink::kafka::{KafkaSink, PublishError};
+use crate::sink::kafka::{KafkaSink, PublishError, StallWatch};
 use crate::table::{OutboxTable, quote_ident};
 use decode::{Change, Decoder};
 pub use slot::SlotPlan;
@@ -42,7 +44,11 @@ pub const HEARTBEAT_PREFIX: &str = "outbox-relay-heartbeat";
 /// How often a standby retries the slot.
 pub const STANDBY_RETRY: Duration = Duration::from_millis(1_000);
 
-type Delivery = std::pin::Pin<Box<dyn Future<Output = (TxnId, OutboxEvent, Result<(), KafkaError>)> + Send>>;
+/// The `mode` label of this source's metrics.
+const MODE: &str = "replication";
+
+type Delivered = (TxnId, OutboxEvent, Instant, Result<(), KafkaError>);
+type Delivery = std::pin::Pin<Box<dyn Future<Output = Delivered> + Send>>;
 
 pub struct ReplicationSource {
     config: RelayConfig,
@@ -106,12 +112,14 @@ impl ReplicationSource {
                         standby_logged = true;
                     }
                     outage.recovered();
+                    health().set(State::Standby);
                     wait_or_shutdown(STANDBY_RETRY, &mut shutdown).await;
                 }
                 Err(e) => {
                     standby_logged = false;
                     let delay = backoff.next_delay();
                     outage.failed(e.kind(), &e, delay);
+                    health().set(State::Degraded(e.to_string()));
                     if let Err(e) = self.sink.reset() {
                         tracing::warn!(error = %e, "cannot recreate the Kafka producer");
                     }
@@ -170,6 +178,7 @@ impl ReplicationSource {
         tracing::info!(slot = %slot_name, %confirmed, table = %self.table.display_name(), "active: streaming from the slot");
         backoff.reset();
         outage.recovered();
+        health().set(State::Active);
         let result = self.stream(&mut stream, &client, confirmed, shutdown).await;
         stream.stop().await;
         result
@@ -188,6 +197,8 @@ impl ReplicationSource {
         let mut open: Option<(TxnId, std::time::SystemTime)> = None;
         let max_in_flight = self.config.replication.max_in_flight_events;
         let heartbeat_ms = self.config.replication.heartbeat_interval_ms;
+        let mut watch = StallWatch::new(&self.config.kafka);
+        let mut stall_check = tokio::time::interval(watch.period());
         let mut heartbeat = tokio::time::interval(Duration::from_millis(heartbeat_ms.max(1)));
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -199,13 +210,16 @@ impl ReplicationSource {
                         self.settle(done, &mut tracker, client).await?;
                     }
                     if let Some(lsn) = tracker.advance() {
-                        stream.confirm(lsn);
+                        confirm(stream, lsn);
                     }
                     tokio::time::sleep(Duration::from_millis(self.config.replication.status_interval_ms)).await;
                     return Ok(());
                 }
                 // 2. acknowledgements
                 Some(done) = deliveries.next(), if !deliveries.is_empty() => {
+                    if done.3.is_ok() {
+                        watch.progressed();
+                    }
                     self.settle(done, &mut tracker, client).await?;
                 }
                 // 3. the stream, while in-flight records are under the bound
@@ -217,14 +231,18 @@ impl ReplicationSource {
                 }
                 // 4. heartbeat: a WAL record of our own, so an idle outbox in a busy database
                 //    still sees positions it may confirm (see WalEvent::Message below)
+                _ = stall_check.tick() => watch.check(tracker.in_flight_events()),
                 _ = heartbeat.tick(), if heartbeat_ms > 0 => {
                     client.execute("SELECT pg_logical_emit_message(false, $1, '')", &[&HEARTBEAT_PREFIX]).await?;
                 }
             }
             if let Some(lsn) = tracker.advance() {
                 tracing::trace!(%lsn, "confirmed");
-                stream.confirm(lsn);
+                confirm(stream, lsn);
             }
+            health().tick();
+            metrics().events_in_flight.set(tracker.in_flight_events() as i64);
+            metrics().transactions_in_flight.set(tracker.open_transactions() as i64);
         }
     }
 
@@ -245,6 +263,7 @@ impl ReplicationSource {
                 let (txn, _) =
                     open.take().ok_or_else(|| RelayError::ConnectionLost("Commit without Begin".into()))?;
                 tracker.commit(txn, end_lsn);
+                metrics().received_lsn.set(end_lsn.0 as f64);
             }
             WalEvent::Data(data) => {
                 let change = decoder
@@ -260,8 +279,9 @@ impl ReplicationSource {
                 if prefix == HEARTBEAT_PREFIX && !transactional && open.is_none() {
                     // Every transaction that committed before this record was streamed before
                     // it; with none in flight, nothing before `lsn` is left to publish.
+                    metrics().received_lsn.set(lsn.0 as f64);
                     if let Some(lsn) = tracker.idle_advance(lsn) {
-                        stream.confirm(lsn);
+                        confirm(stream, lsn);
                     }
                     return Ok(());
                 }
@@ -286,10 +306,11 @@ impl ReplicationSource {
                 }
             }
             WalEvent::KeepAlive { wal_end } => {
+                metrics().received_lsn.set(wal_end.0 as f64);
                 if open.is_none()
                     && let Some(lsn) = tracker.idle_advance(wal_end)
                 {
-                    stream.confirm(lsn);
+                    confirm(stream, lsn);
                 }
             }
         }
@@ -306,8 +327,10 @@ impl ReplicationSource {
         client: &Client,
     ) -> Result<(), RelayError> {
         let id = raw.id.clone().unwrap_or_default();
+        metrics().events_read.with_label_values(&[MODE]).inc();
         match self.mapping.to_event(raw.clone(), Some(commit_time)) {
             Ok(event) => {
+                let sent = Instant::now();
                 let future = self.sink.enqueue(&event).await;
                 tracker.sent(txn);
                 deliveries.push(Box::pin(async move {
@@ -319,7 +342,7 @@ impl ReplicationSource {
                         },
                         Err(e) => Err(e),
                     };
-                    (txn, event, outcome)
+                    (txn, event, sent, outcome)
                 }));
                 Ok(())
             }
@@ -330,12 +353,17 @@ impl ReplicationSource {
     /// An acknowledgement, or a failure: permanent ones are poison, transient ones end the session.
     async fn settle(
         &self,
-        (txn, event, outcome): (TxnId, OutboxEvent, Result<(), KafkaError>),
+        (txn, event, sent, outcome): Delivered,
         tracker: &mut Tracker,
         client: &Client,
     ) -> Result<(), RelayError> {
+        if outcome.is_ok() {
+            metrics().acknowledged(MODE, sent, event.created_at);
+        }
         if let Err(e) = outcome {
-            match self.sink.classify(&event.topic, &e).await {
+            let failure = self.sink.classify(&event.topic, &e).await;
+            metrics().publish_errors.with_label_values(&[failure.error_type()]).inc();
+            match failure {
                 PublishError::Permanent(reason) => {
                     self.poison(client, &event.id, event.to_json(), &reason).await?
                 }
@@ -366,9 +394,16 @@ impl ReplicationSource {
             quote_ident(&self.config.polling.dead_letter_table)
         );
         client.execute(&sql, &[&table, &id, &row, &reason]).await?;
+        metrics().events_dead_lettered.with_label_values(&[MODE]).inc();
         tracing::warn!(event_id = %id, %reason, %table, "event moved to the dead-letter table");
         Ok(())
     }
+}
+
+/// Confirms `lsn` to PostgreSQL and records it.
+fn confirm(stream: &WalStream, lsn: Lsn) {
+    stream.confirm(lsn);
+    metrics().confirmed(lsn);
 }
 
 async fn wait_or_shutdown(delay: Duration, shutdown: &mut watch::Receiver<bool>) {
