@@ -52,6 +52,13 @@ enum Command {
         #[arg(long)]
         recreate_slot: bool,
     },
+    /// Load and validate the configuration (file and OUTBOX_RELAY__* environment) without
+    /// connecting anywhere; print the effective configuration, secrets redacted, as JSON.
+    Validate {
+        /// Configuration file (TOML).
+        #[arg(long, short, env = "OUTBOX_RELAY_CONFIG")]
+        config: PathBuf,
+    },
     /// Preflight: check PostgreSQL and Kafka against the configuration and print one line per
     /// finding (OK / WARN / FAIL, each with its fix). Exits 1 when anything FAILs.
     Check {
@@ -71,7 +78,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format, &cli.log_level);
     let config_path = match &cli.command {
-        Command::Run { config } | Command::Check { config } | Command::Setup { config, .. } => config,
+        Command::Run { config }
+        | Command::Check { config }
+        | Command::Validate { config }
+        | Command::Setup { config, .. } => config,
     };
     let config = match RelayConfig::load(config_path) {
         Ok(config) => config,
@@ -82,6 +92,10 @@ fn main() -> ExitCode {
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     match cli.command {
+        Command::Validate { .. } => {
+            println!("{}", serde_json::to_string_pretty(&config.redacted()).expect("json"));
+            ExitCode::SUCCESS
+        }
         Command::Check { .. } => runtime.block_on(run_check(&config)),
         Command::Setup { recreate_slot, .. } => runtime.block_on(run_setup(config, recreate_slot)),
         Command::Run { .. } => {

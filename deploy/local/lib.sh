@@ -29,6 +29,24 @@ ensure_postgres() {
     command -v psql >/dev/null || apt_install postgresql-client
 }
 
+# ensure_test_tools: promtool/prometheus (alert rule tests, the real-Prometheus alert test) and
+# the offline validators of the deployment files.
+ensure_test_tools() {
+    command -v promtool >/dev/null && command -v prometheus >/dev/null || apt_install prometheus
+    # the Debian package starts a system Prometheus on :9090; the tests start their own
+    if command -v systemctl >/dev/null && systemctl is-active --quiet prometheus 2>/dev/null; then
+        as_root systemctl stop prometheus >/dev/null 2>&1 || true
+    fi
+    local missing=()
+    command -v yamllint >/dev/null || missing+=(yamllint)
+    command -v kubernetes-validate >/dev/null || missing+=(kubernetes-validate)
+    python3 -c 'import yaml' 2>/dev/null || missing+=(pyyaml)
+    if [ ${#missing[@]} -gt 0 ]; then
+        log "installing ${missing[*]} with pip"
+        python3 -m pip install -q "${missing[@]}" >&2 || die "pip install ${missing[*]} failed"
+    fi
+}
+
 tansu_bin() {
     if command -v tansu >/dev/null; then command -v tansu; else echo "${CARGO_HOME:-$HOME/.cargo}/bin/tansu"; fi
 }

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Applies the outbox schema and the example orders table to the "app" database, and gives the
+# relay's role a password (compose only; use a secret elsewhere).
+set -euo pipefail
+for f in /docker-entrypoint-initdb.d/schema/[0-9]*.sql /docker-entrypoint-initdb.d/schema/examples/orders.sql; do
+    psql -v ON_ERROR_STOP=1 -U postgres -d app -f "$f"
+done
+psql -v ON_ERROR_STOP=1 -U postgres -d app -c "ALTER ROLE outbox_relay PASSWORD 'relay'" \
+    -c "CREATE PUBLICATION outbox_relay FOR TABLE outbox_events WITH (publish = 'insert', publish_via_partition_root = true)"

@@ -1,0 +1,401 @@
+//! What SREs see: a real scrape of a running relay, the alert rules under promtool and under a
+//! real Prometheus, and the deployment files.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::process::RelayProcess;
+use common::workload::*;
+use common::*;
+
+const IDLE: Duration = Duration::from_secs(60);
+const EXIT_LIMIT: Duration = Duration::from_secs(40);
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// GET `path` from 127.0.0.1:`port`; returns (status code, body).
+fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Some((status, body))
+}
+
+/// The value of the first sample whose line starts with `series`.
+fn sample(scrape: &str, series: &str) -> Option<f64> {
+    scrape
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with([' ', '{']))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+fn metric_names(scrape: &str) -> BTreeSet<String> {
+    scrape
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split(' ').next())
+        .map(String::from)
+        .collect()
+}
+
+/// Every `outbox_relay_*` name used in the dashboards, the alert rules and the Kubernetes rules.
+fn names_used_by_dashboards_and_alerts() -> BTreeSet<String> {
+    let mut files: Vec<std::path::PathBuf> = Vec::new();
+    for dir in ["dashboards", "deploy/prometheus", "deploy/kubernetes"] {
+        for entry in std::fs::read_dir(repo_root().join(dir)).unwrap() {
+            files.push(entry.unwrap().path());
+        }
+    }
+    let mut names = BTreeSet::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find("outbox_relay_") {
+            let tail = &rest[at..];
+            let end = tail.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(tail.len());
+            let name = &tail[..end];
+            let base = ["_bucket", "_sum", "_count"].iter().fold(name, |n, s| n.strip_suffix(s).unwrap_or(n));
+            names.insert(base.to_string());
+            rest = &tail[end..];
+        }
+    }
+    names
+}
+
+async fn wait_for(what: &str, mut ok: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + IDLE;
+    while !ok().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_real_scrape_lists_every_metric_with_sane_values() {
+    // given a replication relay with its metrics listener, and 200 events relayed
+    let db = TestDb::new().await;
+    let aggregate_type = format!("t{}", random_suffix());
+    create_topic(&format!("outbox.event.{aggregate_type}"), 2).await;
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let slot = format!("s_{}", random_suffix());
+    let config = write_config(
+        dir.path(),
+        &db,
+        &format!(
+            "[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n\
+             [metrics]\nlisten = \"127.0.0.1:{port}\"\nsample_interval_secs = 1\n"
+        ),
+    );
+    let client = db.client().await;
+    create_aggregates(&client, 10).await;
+    let mut relay = RelayProcess::start(&config, &dir.path().join("relay.log"));
+    wait_for("readiness", async || get(port, "/readyz").is_some_and(|(s, _)| s == 200)).await;
+    let mut writer = db.client().await;
+    for i in 0..40 {
+        write_events(&mut writer, &aggregate_type, &format!("agg-{}", i % 10), 5, true).await;
+    }
+
+    // when the events are acknowledged and the slot sampled
+    wait_for("200 acknowledged events", async || {
+        get(port, "/metrics")
+            .and_then(|(_, body)| sample(&body, "outbox_relay_events_published_total"))
+            .is_some_and(|v| v >= 200.0)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (status, scrape) = get(port, "/metrics").unwrap();
+    assert_eq!(status, 200);
+
+    // then every metric the relay defines is in the scrape
+    let names = metric_names(&scrape);
+    for name in [
+        outbox_relay::metrics::EVENTS_READ,
+        outbox_relay::metrics::EVENTS_PUBLISHED,
+        outbox_relay::metrics::EVENTS_DEAD_LETTERED,
+        outbox_relay::metrics::PUBLISH_ERRORS,
+        outbox_relay::metrics::PUBLISH_LATENCY,
+        outbox_relay::metrics::END_TO_END_LATENCY,
+        outbox_relay::metrics::EVENTS_IN_FLIGHT,
+        outbox_relay::metrics::TRANSACTIONS_IN_FLIGHT,
+        outbox_relay::metrics::RECEIVED_LSN,
+        outbox_relay::metrics::CONFIRMED_LSN,
+        outbox_relay::metrics::SERVER_WAL_LSN,
+        outbox_relay::metrics::LAST_CONFIRM,
+        outbox_relay::metrics::SLOT_CONFIRMED_LAG,
+        outbox_relay::metrics::SLOT_RETAINED_WAL,
+        outbox_relay::metrics::SLOT_WAL_STATUS,
+        outbox_relay::metrics::SLOT_SAFE_WAL_SIZE,
+        outbox_relay::metrics::SLOT_ACTIVE,
+        outbox_relay::metrics::SLOT_LAG_WARNING,
+        outbox_relay::metrics::SLOT_LAG_CRITICAL,
+        outbox_relay::metrics::BACKLOG_EVENTS,
+        outbox_relay::metrics::BACKLOG_OLDEST_AGE,
+        outbox_relay::metrics::LEADER,
+        outbox_relay::metrics::BUILD_INFO,
+        outbox_relay::metrics::FATAL,
+    ] {
+        assert!(names.contains(name), "{name} missing from the scrape:\n{scrape}");
+    }
+
+    // and the values make sense after the run
+    let value = |series: &str| sample(&scrape, series).unwrap_or_else(|| panic!("{series} has no sample"));
+    assert_eq!(value("outbox_relay_events_read_total{mode=\"replication\"}"), 200.0);
+    assert_eq!(value("outbox_relay_events_published_total{mode=\"replication\"}"), 200.0);
+    assert_eq!(value("outbox_relay_end_to_end_latency_seconds_count"), 200.0);
+    assert_eq!(value("outbox_relay_publish_latency_seconds_count"), 200.0);
+    assert_eq!(value("outbox_relay_events_in_flight"), 0.0);
+    assert_eq!(value("outbox_relay_leader"), 1.0);
+    assert_eq!(value("outbox_relay_slot_active"), 1.0);
+    assert_eq!(value("outbox_relay_slot_wal_status{status=\"reserved\"}"), 1.0);
+    assert_eq!(value("outbox_relay_slot_wal_status{status=\"lost\"}"), 0.0);
+    assert_eq!(value("outbox_relay_slot_lag_critical_threshold_bytes"), 10_737_418_240.0);
+    assert!(value("outbox_relay_slot_confirmed_lag_bytes") < 16.0 * 1024.0 * 1024.0);
+    let confirmed = value("outbox_relay_confirmed_lsn_bytes");
+    // the server's position is sampled every second, the confirmed one moves continuously
+    let server = value("outbox_relay_server_wal_lsn_bytes");
+    assert!(
+        confirmed > 0.0 && (server - confirmed).abs() < 16.0 * 1024.0 * 1024.0,
+        "{confirmed} vs {server}"
+    );
+    assert!(value("outbox_relay_received_lsn_bytes") >= confirmed);
+    let since_confirm =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64()
+            - value("outbox_relay_last_confirm_timestamp_seconds");
+    assert!(since_confirm < 60.0, "last confirmation {since_confirm} s ago");
+    assert_eq!(value("outbox_relay_build_info"), 1.0);
+    assert!(scrape.contains(&format!("version=\"{}\"", env!("CARGO_PKG_VERSION"))));
+
+    // and every metric a dashboard panel or an alert uses exists in this real scrape
+    let used = names_used_by_dashboards_and_alerts();
+    assert!(used.len() > 15, "found only {used:?}");
+    let missing: Vec<_> = used.difference(&names).collect();
+    assert!(missing.is_empty(), "used by dashboards/alerts but not exported: {missing:?}");
+
+    // and the health endpoints answer
+    assert_eq!(get(port, "/healthz").unwrap().0, 200);
+    assert_eq!(get(port, "/readyz").unwrap(), (200, "active\n".to_string()));
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn polling_backlog_and_degraded_readiness_while_kafka_is_down() {
+    // given a polling relay whose Kafka is unreachable, and rows written
+    let db = TestDb::new().await;
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config_with(
+        dir.path(),
+        &db,
+        "127.0.0.1:1",
+        "stall_warning_ms = 1000",
+        &format!(
+            "[source]\nmode = \"polling\"\n[metrics]\nlisten = \"127.0.0.1:{port}\"\nsample_interval_secs = 1\n"
+        ),
+    );
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, created_at) \
+             SELECT 'order', g::text, 'E', '{}', now() - interval '30 seconds' FROM generate_series(1, 25) g",
+        )
+        .await
+        .unwrap();
+    let mut relay = RelayProcess::start(&config, &dir.path().join("relay.log"));
+
+    // then the backlog and its age are reported, and readiness says degraded
+    wait_for("the backlog gauge", async || {
+        get(port, "/metrics")
+            .and_then(|(_, b)| sample(&b, "outbox_relay_backlog_events"))
+            .is_some_and(|v| v == 25.0)
+    })
+    .await;
+    let scrape = get(port, "/metrics").unwrap().1;
+    assert!(sample(&scrape, "outbox_relay_backlog_oldest_age_seconds").unwrap() >= 30.0, "{scrape}");
+    wait_for("a degraded /readyz", async || {
+        get(port, "/readyz").is_some_and(|(s, b)| s == 503 && b.contains("degraded"))
+    })
+    .await;
+    assert_eq!(get(port, "/healthz").unwrap().0, 200, "waiting for Kafka is progress, not a hang");
+    let scrape = get(port, "/metrics").unwrap().1;
+    assert_eq!(sample(&scrape, "outbox_relay_publish_errors_total{error_type=\"stalled\"}"), Some(1.0));
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+}
+
+fn promtool() -> &'static str {
+    assert!(
+        Command::new("promtool").arg("--version").output().is_ok(),
+        "promtool is missing: deploy/local/test installs it (apt-get install prometheus)"
+    );
+    "promtool"
+}
+
+#[test]
+fn alert_rules_pass_promtool_check_and_unit_tests() {
+    let dir = repo_root().join("deploy/prometheus");
+    for args in [vec!["check", "rules", "alerts.yml"], vec!["test", "rules", "alerts_test.yml"]] {
+        let out = Command::new(promtool()).args(&args).current_dir(&dir).output().unwrap();
+        assert!(
+            out.status.success(),
+            "promtool {args:?}:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+struct Prometheus(Child);
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The state of `alert` in Prometheus's API: "firing", "pending", or None.
+fn alert_state(port: u16, alert: &str) -> Option<String> {
+    let (_, body) = get(port, "/api/v1/alerts")?;
+    let json: serde_json::Value = serde_json::from_str(&body).ok()?;
+    json["data"]["alerts"]
+        .as_array()?
+        .iter()
+        .find(|a| a["labels"]["alertname"] == alert)
+        .and_then(|a| a["state"].as_str().map(String::from))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_real_prometheus_fires_the_slot_lag_alert_while_kafka_is_down() {
+    use rdkafka::mocking::MockCluster;
+
+    // given a replication relay on librdkafka's mock cluster, with low lag thresholds
+    let mock = MockCluster::new(1).unwrap();
+    let db = TestDb::new().await;
+    let aggregate_type = format!("t{}", random_suffix());
+    mock.create_topic(&format!("outbox.event.{aggregate_type}"), 1, 1).unwrap();
+    let relay_port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let slot = format!("s_{}", random_suffix());
+    let config = write_config_with(
+        dir.path(),
+        &db,
+        &mock.bootstrap_servers(),
+        "[kafka.properties]\n\"reconnect.backoff.max.ms\" = \"500\"",
+        &format!(
+            "[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n[metrics]\nlisten = \"127.0.0.1:{relay_port}\"\n\
+             sample_interval_secs = 1\nslot_lag_warning_bytes = 65536\nslot_lag_critical_bytes = 262144\n"
+        ),
+    );
+    let client = db.client().await;
+    create_aggregates(&client, 10).await;
+    let mut relay = RelayProcess::start(&config, &dir.path().join("relay.log"));
+    wait_for("the relay streaming", async || get(relay_port, "/readyz").is_some_and(|(s, _)| s == 200)).await;
+
+    // and a real Prometheus scraping it every second with the shipped rules ("for" shortened)
+    let prom_port = free_port();
+    let rules = std::fs::read_to_string(repo_root().join("deploy/prometheus/alerts.yml"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            if l.trim_start().starts_with("for: ") {
+                l.split("for:").next().unwrap().to_string() + "for: 2s"
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(dir.path().join("alerts.yml"), rules).unwrap();
+    std::fs::write(
+        dir.path().join("prometheus.yml"),
+        format!(
+            "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nrule_files: [alerts.yml]\n\
+             scrape_configs:\n  - job_name: outbox-relay\n    static_configs: [{{targets: ['127.0.0.1:{relay_port}']}}]\n"
+        ),
+    )
+    .unwrap();
+    let _prometheus = Prometheus(
+        Command::new("prometheus")
+            .arg(format!("--config.file={}", dir.path().join("prometheus.yml").display()))
+            .arg(format!("--storage.tsdb.path={}", dir.path().join("tsdb").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("prometheus.log")).unwrap())
+            .spawn()
+            .expect("prometheus is missing: deploy/local/test installs it (apt-get install prometheus)"),
+    );
+
+    // when Kafka goes down while events keep coming
+    mock.broker_down(1).unwrap();
+    let writing = Instant::now();
+    let mut writer = db.client().await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut i = 0;
+    while alert_state(prom_port, "OutboxRelaySlotLagCritical").as_deref() != Some("firing") {
+        assert!(Instant::now() < deadline, "the alert never fired; relay log:\n{}", relay.log_text());
+        write_events(&mut writer, &aggregate_type, &format!("agg-{}", i % 10), 20, true).await;
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // then the slot-lag alert fired in Prometheus, and resolves once Kafka is back
+    eprintln!("slot-lag alert firing {:?} after Kafka went down", writing.elapsed());
+    mock.broker_up(1).unwrap();
+    wait_for("the alert to resolve", async || alert_state(prom_port, "OutboxRelaySlotLagCritical").is_none())
+        .await;
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+}
+
+#[test]
+fn deployment_files_pass_offline_validation() {
+    let out = Command::new(repo_root().join("deploy/validate"))
+        .env("OUTBOX_RELAY_BIN", relay_bin())
+        .output()
+        .expect("run deploy/validate");
+    assert!(
+        out.status.success(),
+        "deploy/validate failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(Path::new(&repo_root().join("deploy/Dockerfile")).exists());
+}
+
+#[test]
+fn every_alert_links_a_runbook_section_in_the_readme() {
+    let alerts = std::fs::read_to_string(repo_root().join("deploy/prometheus/alerts.yml")).unwrap();
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    let anchors: BTreeSet<String> = readme
+        .lines()
+        .filter(|l| l.starts_with('#'))
+        .map(|l| {
+            l.trim_start_matches('#')
+                .trim()
+                .to_lowercase()
+                .chars()
+                .filter(|c| c.is_alphanumeric() || *c == '-')
+                .collect()
+        })
+        .collect();
+    let mut linked = 0;
+    for link in alerts.split("README#").skip(1) {
+        let anchor: String = link.chars().take_while(|c| c.is_alphanumeric()).collect();
+        assert!(anchors.contains(&anchor), "alerts.yml links README#{anchor}, which has no heading");
+        linked += 1;
+    }
+    assert_eq!(linked, alerts.matches("- alert:").count(), "every alert needs a runbook link");
+}
