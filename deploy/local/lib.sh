@@ -88,7 +88,7 @@ start_postgres() {
         -c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories=$dir \
         -c wal_level=${OUTBOX_WAL_LEVEL:-logical} -c max_replication_slots=32 -c max_wal_senders=32 \
         -c max_slot_wal_keep_size=4GB -c wal_sender_timeout=60s \
-        -c fsync=off -c synchronous_commit=off -c full_page_writes=off \
+        -c fsync=off -c full_page_writes=off \
         -c max_connections=200" >/dev/null || die "PostgreSQL did not start: see $dir/server.log"
     head -1 "$dir/data/postmaster.pid" >"$OUTBOX_LOCAL_STATE/postgres.pid"
     echo "$port" >"$OUTBOX_LOCAL_STATE/postgres.port"

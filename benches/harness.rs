@@ -1,0 +1,529 @@
+//! The benchmark harness: `deploy/local/bench` (services + `cargo bench --bench harness`).
+//!
+//! Measures, side by side on one machine, for both source modes:
+//! - backlog drain: N outbox rows (~200-byte JSON payloads, 10 events per transaction, 1,000
+//!   aggregates) written while the relay is stopped, then the time until Kafka acknowledged all
+//!   of them (replication: and the slot's confirmed_flush_lsn passed the last commit);
+//! - the limits on the same backlog: `pg_recvlogical` (pgoutput) draining the same WAL to a
+//!   file, and a plain rdkafka producer (acks=all, idempotent) sending the same records;
+//! - steady-state latency at fixed write rates: commit (as the writer sees COMMIT return) to the
+//!   consumer receiving the record, an upper bound of commit-to-acknowledgement;
+//! - the relay's peak RSS and CPU seconds, and peak RSS at a tenth of the backlog.
+//!
+//! Each figure is the median of `--runs` runs (default 3) with min and max. Results are printed
+//! and written to BENCHMARKS.md (`--out`).
+
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use tokio_postgres::{Client, NoTls};
+
+struct Options {
+    events: usize,
+    runs: usize,
+    rates: Vec<usize>,
+    duration: Duration,
+    out: Option<String>,
+}
+
+fn options() -> Options {
+    let mut o = Options { events: 200_000, runs: 3, rates: vec![500, 2_000, 5_000], duration: Duration::from_secs(60), out: Some("BENCHMARKS.md".into()) };
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let mut i = 0;
+    while i < args.len() {
+        let value = args.get(i + 1).cloned().unwrap_or_default();
+        match args[i].as_str() {
+            "--events" => o.events = value.parse().expect("--events N"),
+            "--runs" => o.runs = value.parse().expect("--runs N"),
+            "--rates" => o.rates = value.split(',').map(|r| r.parse().expect("--rates a,b,c")).collect(),
+            "--duration-secs" => o.duration = Duration::from_secs(value.parse().expect("--duration-secs N")),
+            "--out" => o.out = if value == "-" { None } else { Some(value) },
+            other => panic!("unknown option {other}; see benches/harness.rs"),
+        }
+        i += 2;
+    }
+    o
+}
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run the harness through deploy/local/bench"))
+}
+
+async fn connect(url: &str) -> Client {
+    let (client, conn) = tokio_postgres::connect(url, NoTls).await.expect("connect");
+    tokio::spawn(conn);
+    client
+}
+
+fn random() -> String {
+    format!("{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff)
+}
+
+/// A fresh database with the schema and a backlog writer procedure.
+async fn fresh_db(admin_url: &str) -> (String, String) {
+    let name = format!("bench_{}", random());
+    connect(admin_url).await.batch_execute(&format!("CREATE DATABASE {name}")).await.unwrap();
+    let url = format!("{}/{name}", admin_url.rsplit_once('/').unwrap().0);
+    let client = connect(&url).await;
+    let mut files: Vec<_> = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/sql"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "sql") && p.file_name().unwrap().to_string_lossy().starts_with(|c: char| c.is_ascii_digit()))
+        .collect();
+    files.sort();
+    for f in files {
+        client.batch_execute(&std::fs::read_to_string(f).unwrap()).await.unwrap();
+    }
+    // 10 events per transaction over 1,000 aggregates, ~200-byte payloads; commits server-side
+    client
+        .batch_execute(
+            "CREATE PROCEDURE write_backlog(total int, aggregate_type text) LANGUAGE plpgsql AS $$
+             BEGIN
+               FOR t IN 0 .. total / 10 - 1 LOOP
+                 INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+                 SELECT aggregate_type, ((t * 10 + i) % 1000)::text, 'OrderPlaced',
+                        jsonb_build_object('order_id', t * 10 + i, 'customer', 'customer-' || ((t * 10 + i) % 977),
+                          'total_cents', (t * 10 + i) % 100000, 'currency', 'EUR', 'status', 'placed',
+                          'note', repeat('x', 60), 'written_at', clock_timestamp())
+                 FROM generate_series(0, 9) i;
+                 COMMIT;
+               END LOOP;
+             END $$;",
+        )
+        .await
+        .unwrap();
+    (name, url)
+}
+
+async fn drop_db(admin_url: &str, name: &str) {
+    let admin = connect(admin_url).await;
+    let _ = admin
+        .execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1 AND NOT active", &[&name])
+        .await;
+    let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await;
+}
+
+async fn create_topic(brokers: &str, topic: &str) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new().set("bootstrap.servers", brokers).create().unwrap();
+    for r in admin.create_topics([&NewTopic::new(topic, 8, TopicReplication::Fixed(1))], &AdminOptions::new()).await.unwrap() {
+        r.unwrap();
+    }
+}
+
+struct Relay {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+/// A relay configuration in a temporary directory; returns (dir, config path, metrics port).
+fn relay_config(db_url: &str, brokers: &str, mode: &str, slot: &str) -> (tempfile::TempDir, std::path::PathBuf, u16) {
+    let cfg: tokio_postgres::Config = db_url.parse().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("relay.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[source]\nmode = \"{mode}\"\n[postgres]\nport = {}\nuser = \"postgres\"\ndatabase = \"{}\"\n\
+             [kafka]\nbrokers = [\"{brokers}\"]\n[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n\
+             [metrics]\nlisten = \"127.0.0.1:{port}\"\nsample_interval_secs = 1\n",
+            cfg.get_ports()[0],
+            cfg.get_dbname().unwrap()
+        ),
+    )
+    .unwrap();
+    (dir, config, port)
+}
+
+impl Relay {
+    fn start(db_url: &str, brokers: &str, mode: &str, slot: &str) -> Relay {
+        let (dir, config, port) = relay_config(db_url, brokers, mode, slot);
+        let child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+            .args(["--log-level", "warn", "run", "--config"])
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("relay.log")).unwrap())
+            .spawn()
+            .expect("start relay");
+        Relay { child, port, _dir: dir }
+    }
+
+    /// `outbox-relay setup`: publication and slot, before the backlog is written.
+    fn setup(db_url: &str, brokers: &str, slot: &str) {
+        let (_dir, config, _) = relay_config(db_url, brokers, "replication", slot);
+        let out = Command::new(env!("CARGO_BIN_EXE_outbox-relay")).args(["setup", "--config"]).arg(config).output().unwrap();
+        assert!(out.status.success(), "setup: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    fn published(&self) -> f64 {
+        scrape(self.port, "outbox_relay_events_published_total").unwrap_or(0.0)
+    }
+
+    /// (peak RSS in MiB, CPU seconds) from /proc.
+    fn usage(&self) -> (f64, f64) {
+        let pid = self.child.id();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let hwm_kb: f64 = status
+            .lines()
+            .find(|l| l.starts_with("VmHWM:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let fields: Vec<&str> = stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
+        let ticks: f64 = fields.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
+            + fields.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        (hwm_kb / 1024.0, ticks / 100.0)
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn scrape(port: u16, series: &str) -> Option<f64> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    body.lines()
+        .filter(|l| l.starts_with(series) && !l.starts_with('#'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .reduce(|a, b| a + b)
+}
+
+async fn wal_lsn(client: &Client) -> i64 {
+    client.query_one("SELECT (pg_current_wal_lsn() - '0/0')::bigint", &[]).await.unwrap().get(0)
+}
+
+async fn confirmed(client: &Client, slot: &str) -> i64 {
+    client
+        .query_one("SELECT coalesce((confirmed_flush_lsn - '0/0')::bigint, 0) FROM pg_replication_slots WHERE slot_name = $1", &[&slot])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[derive(Default, Clone)]
+struct Drain {
+    seconds: f64,
+    rss_mib: f64,
+    cpu_per_100k: f64,
+}
+
+/// Replication backlog drain; also pg_recvlogical on a twin slot over the same WAL.
+async fn replication_drain(admin: &str, brokers: &str, events: usize) -> (Drain, f64) {
+    let (name, url) = fresh_db(admin).await;
+    let client = connect(&url).await;
+    let aggregate_type = format!("r{}", random());
+    create_topic(brokers, &format!("outbox.event.{aggregate_type}")).await;
+    let slot = format!("s_{}", random());
+    Relay::setup(&url, brokers, &slot);
+    let twin = format!("t_{}", random());
+    client.execute("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", &[&twin]).await.unwrap();
+    client.execute("CALL write_backlog($1, $2)", &[&(events as i32), &aggregate_type]).await.unwrap();
+    let end = wal_lsn(&client).await;
+    let end_text: String = client.query_one("SELECT pg_current_wal_lsn()::text", &[]).await.unwrap().get(0);
+
+    // the limit: pg_recvlogical drains the same WAL to a file
+    let cfg: tokio_postgres::Config = url.parse().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let status = Command::new("/usr/lib/postgresql/15/bin/pg_recvlogical")
+        .args(["-h", "127.0.0.1", "-p", &cfg.get_ports()[0].to_string(), "-U", "postgres", "-d", &name])
+        .args(["--slot", &twin, "--start", "--endpos", &end_text, "--no-loop", "-f"])
+        .arg(dir.path().join("wal.out"))
+        .args(["-o", "proto_version=1", "-o", &format!("publication_names=p_{slot}")])
+        .status()
+        .expect("pg_recvlogical");
+    let recvlogical = started.elapsed().as_secs_f64();
+    assert!(status.success(), "pg_recvlogical failed");
+    client.execute("SELECT pg_drop_replication_slot($1)", &[&twin]).await.unwrap();
+
+    // the relay
+    let started = Instant::now();
+    let relay = Relay::start(&url, brokers, "replication", &slot);
+    loop {
+        if relay.published() >= events as f64 && confirmed(&client, &slot).await >= end {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(1800), "replication drain did not finish");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let (rss, cpu) = relay.usage();
+    drop(relay);
+    drop_db(admin, &name).await;
+    (Drain { seconds, rss_mib: rss, cpu_per_100k: cpu * 100_000.0 / events as f64 }, recvlogical)
+}
+
+async fn polling_drain(admin: &str, brokers: &str, events: usize) -> Drain {
+    let (name, url) = fresh_db(admin).await;
+    let client = connect(&url).await;
+    let aggregate_type = format!("p{}", random());
+    create_topic(brokers, &format!("outbox.event.{aggregate_type}")).await;
+    client.execute("CALL write_backlog($1, $2)", &[&(events as i32), &aggregate_type]).await.unwrap();
+    let started = Instant::now();
+    let relay = Relay::start(&url, brokers, "polling", "unused");
+    loop {
+        let left: i64 = client.query_one("SELECT count(*) FROM outbox_events", &[]).await.unwrap().get(0);
+        if left == 0 && relay.published() >= events as f64 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(1800), "polling drain did not finish");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let (rss, cpu) = relay.usage();
+    drop(relay);
+    drop_db(admin, &name).await;
+    Drain { seconds, rss_mib: rss, cpu_per_100k: cpu * 100_000.0 / events as f64 }
+}
+
+/// A plain idempotent acks=all producer sending records shaped like the relay's.
+async fn producer_limit(brokers: &str, events: usize) -> f64 {
+    let topic = format!("bench.producer.{}", random());
+    create_topic(brokers, &topic).await;
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("acks", "all")
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()
+        .unwrap();
+    let payload = format!(
+        "{{\"note\": \"{}\", \"status\": \"placed\", \"currency\": \"EUR\", \"customer\": \"customer-1\", \"order_id\": 1, \"written_at\": \"2026-11-29T10:00:00.000000+00:00\", \"total_cents\": 1}}",
+        "x".repeat(60)
+    );
+    let started = Instant::now();
+    let mut pending = Vec::with_capacity(events);
+    for i in 0..events {
+        let key = (i % 1000).to_string();
+        let id = i.to_string();
+        loop {
+            let headers = OwnedHeaders::new()
+                .insert(Header { key: "id", value: Some(id.as_str()) })
+                .insert(Header { key: "event_type", value: Some("OrderPlaced") })
+                .insert(Header { key: "aggregate_type", value: Some("order") });
+            match producer.send_result(FutureRecord::to(&topic).key(&key).payload(&payload).headers(headers)) {
+                Ok(f) => {
+                    pending.push(f);
+                    break;
+                }
+                Err((rdkafka::error::KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), _)) => {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                Err((e, _)) => panic!("produce: {e}"),
+            }
+        }
+    }
+    for f in pending {
+        f.await.unwrap().map_err(|(e, _)| e).unwrap();
+    }
+    started.elapsed().as_secs_f64()
+}
+
+#[derive(Clone)]
+struct Latency {
+    p50_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+    sustained: bool,
+}
+
+/// A writer at `rate` events/s (transactions of 10) against a running relay; latency from the
+/// writer's COMMIT returning to the consumer receiving the record.
+async fn steady_latency(admin: &str, brokers: &str, rate: usize, duration: Duration) -> Latency {
+    let (name, url) = fresh_db(admin).await;
+    let client = connect(&url).await;
+    let aggregate_type = format!("l{}", random());
+    let topic = format!("outbox.event.{aggregate_type}");
+    create_topic(brokers, &topic).await;
+    let slot = format!("s_{}", random());
+    let relay = Relay::start(&url, brokers, "replication", &slot);
+    while scrape(relay.port, "outbox_relay_leader") != Some(1.0) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("bench-{}", random()))
+        .set("auto.offset.reset", "earliest")
+        .set("fetch.wait.max.ms", "5")
+        .set("fetch.min.bytes", "1")
+        .create()
+        .unwrap();
+    consumer.subscribe(&[&topic]).unwrap();
+    // warm the consumer up before measuring
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let received = tokio::spawn(async move {
+        let mut at: HashMap<i64, f64> = HashMap::new();
+        while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(15), consumer.recv()).await {
+            let id: i64 = m
+                .headers()
+                .and_then(|h| h.iter().find(|h| h.key == "id").and_then(|h| std::str::from_utf8(h.value?).ok()?.parse().ok()))
+                .unwrap_or(-1);
+            at.insert(id, now_secs());
+        }
+        at
+    });
+    let txns_per_sec = (rate / 10).max(1);
+    let interval = Duration::from_secs_f64(1.0 / txns_per_sec as f64);
+    let mut committed: Vec<(i64, f64, f64)> = Vec::new(); // (first id, commit time, elapsed at commit)
+    let started = Instant::now();
+    let mut next = started;
+    while started.elapsed() < duration {
+        let row = client
+            .query_one(
+                "WITH ins AS (INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+                   SELECT $1, (g % 1000)::text, 'OrderPlaced', jsonb_build_object('note', repeat('x', 150))
+                   FROM generate_series(1, 10) g RETURNING id) SELECT min(id) FROM ins",
+                &[&aggregate_type],
+            )
+            .await
+            .unwrap();
+        committed.push((row.get(0), now_secs(), started.elapsed().as_secs_f64()));
+        next += interval;
+        if let Some(wait) = next.checked_duration_since(Instant::now()) {
+            tokio::time::sleep(wait).await;
+        }
+    }
+    let achieved = committed.len() as f64 * 10.0 / started.elapsed().as_secs_f64();
+    let at = received.await.unwrap();
+    let mut latencies = Vec::new();
+    let mut late_half = Vec::new();
+    let mut early_half = Vec::new();
+    for (first, commit, elapsed) in &committed {
+        for id in *first..*first + 10 {
+            if let Some(t) = at.get(&id) {
+                let ms = (t - commit) * 1000.0;
+                latencies.push(ms);
+                if *elapsed < duration.as_secs_f64() / 2.0 { early_half.push(ms) } else { late_half.push(ms) }
+            }
+        }
+    }
+    let expected = committed.len() * 10;
+    latencies.sort_by(f64::total_cmp);
+    let pct = |v: &[f64], p: f64| if v.is_empty() { f64::NAN } else { v[((v.len() - 1) as f64 * p) as usize] };
+    let mut early = early_half.clone();
+    early.sort_by(f64::total_cmp);
+    let mut late = late_half.clone();
+    late.sort_by(f64::total_cmp);
+    // sustained: every event arrived, the writer kept its rate, and latency did not grow
+    let sustained = latencies.len() == expected
+        && achieved >= rate as f64 * 0.95
+        && pct(&late, 0.99) <= (pct(&early, 0.99) * 2.0).max(250.0);
+    drop(relay);
+    drop_db(admin, &name).await;
+    Latency { p50_ms: pct(&latencies, 0.5), p99_ms: pct(&latencies, 0.99), max_ms: latencies.last().copied().unwrap_or(f64::NAN), sustained }
+}
+
+fn now_secs() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
+}
+
+/// "median (min-max)"
+fn stat(values: &[f64], digits: usize) -> String {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let median = v[v.len() / 2];
+    format!("{median:.digits$} ({:.digits$}-{:.digits$})", v[0], v[v.len() - 1])
+}
+
+#[tokio::main]
+async fn main() {
+    let o = options();
+    let admin = env("OUTBOX_RELAY_TEST_PG_URL");
+    let brokers = env("OUTBOX_RELAY_TEST_KAFKA");
+    let n = o.events as f64;
+    let (mut repl, mut recv, mut prod, mut poll, mut small) = (vec![], vec![], vec![], vec![], vec![]);
+    let mut lat: HashMap<usize, Vec<Latency>> = HashMap::new();
+    for run in 1..=o.runs {
+        eprintln!("[bench] run {run}/{}: replication drain of {} events (+ pg_recvlogical)", o.runs, o.events);
+        let (d, r) = replication_drain(&admin, &brokers, o.events).await;
+        eprintln!("[bench]   relay {:.1}s, pg_recvlogical {:.1}s, peak RSS {:.1} MiB", d.seconds, r, d.rss_mib);
+        repl.push(d);
+        recv.push(r);
+        eprintln!("[bench] run {run}: plain producer");
+        prod.push(producer_limit(&brokers, o.events).await);
+        eprintln!("[bench] run {run}: polling drain");
+        poll.push(polling_drain(&admin, &brokers, o.events).await);
+        eprintln!("[bench] run {run}: replication drain of {} events (memory at a tenth of the backlog)", o.events / 10);
+        small.push(replication_drain(&admin, &brokers, o.events / 10).await.0);
+        for &rate in &o.rates {
+            eprintln!("[bench] run {run}: steady state at {rate} events/s for {:?}", o.duration);
+            let l = steady_latency(&admin, &brokers, rate, o.duration).await;
+            eprintln!("[bench]   p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, sustained {}", l.p50_ms, l.p99_ms, l.max_ms, l.sustained);
+            lat.entry(rate).or_default().push(l);
+        }
+    }
+    let rate = |secs: &[f64]| secs.iter().map(|s| n / s).collect::<Vec<_>>();
+    let repl_rate = rate(&repl.iter().map(|d| d.seconds).collect::<Vec<_>>());
+    let recv_rate = rate(&recv);
+    let prod_rate = rate(&prod);
+    let poll_rate = rate(&poll.iter().map(|d| d.seconds).collect::<Vec<_>>());
+    let ratio = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x / y).collect::<Vec<_>>();
+    let mut table = String::new();
+    table += &format!("| measure ({} events, median of {} runs, min-max) | value |\n|---|---|\n", o.events, o.runs);
+    table += &format!("| replication drain, events/s | {} |\n", stat(&repl_rate, 0));
+    table += &format!("| pg_recvlogical on the same WAL, events/s | {} |\n", stat(&recv_rate, 0));
+    table += &format!("| plain rdkafka producer, same records, events/s | {} |\n", stat(&prod_rate, 0));
+    table += &format!("| polling drain, events/s | {} |\n", stat(&poll_rate, 0));
+    table += &format!("| replication / pg_recvlogical | {} |\n", stat(&ratio(&repl_rate, &recv_rate), 2));
+    table += &format!("| replication / plain producer | {} |\n", stat(&ratio(&repl_rate, &prod_rate), 2));
+    table += &format!("| polling / replication | {} |\n", stat(&ratio(&poll_rate, &repl_rate), 2));
+    table += &format!("| relay peak RSS, replication, {} events, MiB | {} |\n", o.events, stat(&repl.iter().map(|d| d.rss_mib).collect::<Vec<_>>(), 1));
+    table += &format!("| relay peak RSS, replication, {} events, MiB | {} |\n", o.events / 10, stat(&small.iter().map(|d| d.rss_mib).collect::<Vec<_>>(), 1));
+    table += &format!(
+        "| peak RSS growth, {}x backlog | {} |\n",
+        10,
+        stat(&ratio(&repl.iter().map(|d| d.rss_mib).collect::<Vec<_>>(), &small.iter().map(|d| d.rss_mib).collect::<Vec<_>>()), 2)
+    );
+    table += &format!("| relay peak RSS, polling, MiB | {} |\n", stat(&poll.iter().map(|d| d.rss_mib).collect::<Vec<_>>(), 1));
+    table += &format!("| relay CPU s per 100k events, replication | {} |\n", stat(&repl.iter().map(|d| d.cpu_per_100k).collect::<Vec<_>>(), 2));
+    table += &format!("| relay CPU s per 100k events, polling | {} |\n", stat(&poll.iter().map(|d| d.cpu_per_100k).collect::<Vec<_>>(), 2));
+    table += "\n| steady rate (events/s, replication) | p50 ms | p99 ms | max ms | sustained (runs) |\n|---|---|---|---|---|\n";
+    let mut highest = 0;
+    for &r in &o.rates {
+        let ls = &lat[&r];
+        let ok = ls.iter().filter(|l| l.sustained).count();
+        if ok * 2 > ls.len() {
+            highest = highest.max(r);
+        }
+        table += &format!(
+            "| {r} | {} | {} | {} | {ok}/{} |\n",
+            stat(&ls.iter().map(|l| l.p50_ms).collect::<Vec<_>>(), 1),
+            stat(&ls.iter().map(|l| l.p99_ms).collect::<Vec<_>>(), 1),
+            stat(&ls.iter().map(|l| l.max_ms).collect::<Vec<_>>(), 1),
+            ls.len()
+        );
+    }
+    table += &format!("\nHighest measured rate sustained without latency growth: {highest} events/s.\n");
+    println!("{table}");
+    if let Some(out) = o.out {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(&out);
+        let previous = std::fs::read_to_string(&path).unwrap_or_default();
+        let marker = "<!-- bench-results -->";
+        let head = previous.split(marker).next().unwrap_or("").to_string();
+        let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+        let stamp = format!(
+            "{marker}\n## Latest results\n\nCommand: `deploy/local/bench {}`  \nMachine: {} cores, {}; PostgreSQL 15, tansu 0.6 (in-memory), librdkafka 2.12, release build.\n\n{table}",
+            args.join(" "),
+            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+            std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|c| c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())).unwrap_or_default(),
+        );
+        std::fs::write(&path, format!("{head}{stamp}")).unwrap();
+        eprintln!("[bench] wrote {}", path.display());
+    }
+}
