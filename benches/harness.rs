@@ -34,7 +34,13 @@ struct Options {
 }
 
 fn options() -> Options {
-    let mut o = Options { events: 200_000, runs: 3, rates: vec![500, 2_000, 5_000], duration: Duration::from_secs(60), out: Some("BENCHMARKS.md".into()) };
+    let mut o = Options {
+        events: 200_000,
+        runs: 3,
+        rates: vec![500, 2_000, 5_000],
+        duration: Duration::from_secs(60),
+        out: Some("BENCHMARKS.md".into()),
+    };
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
     let mut i = 0;
     while i < args.len() {
@@ -53,7 +59,8 @@ fn options() -> Options {
 }
 
 fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run the harness through deploy/local/bench"))
+    std::env::var(name)
+        .unwrap_or_else(|_| panic!("{name} is not set: run the harness through deploy/local/bench"))
 }
 
 async fn connect(url: &str) -> Client {
@@ -75,7 +82,10 @@ async fn fresh_db(admin_url: &str) -> (String, String) {
     let mut files: Vec<_> = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/sql"))
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "sql") && p.file_name().unwrap().to_string_lossy().starts_with(|c: char| c.is_ascii_digit()))
+        .filter(|p| {
+            p.extension().is_some_and(|e| e == "sql")
+                && p.file_name().unwrap().to_string_lossy().starts_with(|c: char| c.is_ascii_digit())
+        })
         .collect();
     files.sort();
     for f in files {
@@ -111,8 +121,13 @@ async fn drop_db(admin_url: &str, name: &str) {
 }
 
 async fn create_topic(brokers: &str, topic: &str) {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new().set("bootstrap.servers", brokers).create().unwrap();
-    for r in admin.create_topics([&NewTopic::new(topic, 8, TopicReplication::Fixed(1))], &AdminOptions::new()).await.unwrap() {
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", brokers).create().unwrap();
+    for r in admin
+        .create_topics([&NewTopic::new(topic, 8, TopicReplication::Fixed(1))], &AdminOptions::new())
+        .await
+        .unwrap()
+    {
         r.unwrap();
     }
 }
@@ -124,7 +139,12 @@ struct Relay {
 }
 
 /// A relay configuration in a temporary directory; returns (dir, config path, metrics port).
-fn relay_config(db_url: &str, brokers: &str, mode: &str, slot: &str) -> (tempfile::TempDir, std::path::PathBuf, u16) {
+fn relay_config(
+    db_url: &str,
+    brokers: &str,
+    mode: &str,
+    slot: &str,
+) -> (tempfile::TempDir, std::path::PathBuf, u16) {
     let cfg: tokio_postgres::Config = db_url.parse().unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let dir = tempfile::tempdir().unwrap();
@@ -159,7 +179,11 @@ impl Relay {
     /// `outbox-relay setup`: publication and slot, before the backlog is written.
     fn setup(db_url: &str, brokers: &str, slot: &str) {
         let (_dir, config, _) = relay_config(db_url, brokers, "replication", slot);
-        let out = Command::new(env!("CARGO_BIN_EXE_outbox-relay")).args(["setup", "--config"]).arg(config).output().unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+            .args(["setup", "--config"])
+            .arg(config)
+            .output()
+            .unwrap();
         assert!(out.status.success(), "setup: {}", String::from_utf8_lossy(&out.stderr));
     }
 
@@ -178,7 +202,8 @@ impl Relay {
             .and_then(|v| v.parse().ok())
             .unwrap_or(0.0);
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let fields: Vec<&str> = stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
+        let fields: Vec<&str> =
+            stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
         let ticks: f64 = fields.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
             + fields.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
         (hwm_kb / 1024.0, ticks / 100.0)
@@ -317,12 +342,18 @@ async fn producer_limit(brokers: &str, events: usize) -> f64 {
                 .insert(Header { key: "id", value: Some(id.as_str()) })
                 .insert(Header { key: "event_type", value: Some("OrderPlaced") })
                 .insert(Header { key: "aggregate_type", value: Some("order") });
-            match producer.send_result(FutureRecord::to(&topic).key(&key).payload(&payload).headers(headers)) {
+            match producer.send_result(FutureRecord::to(&topic).key(&key).payload(&payload).headers(headers))
+            {
                 Ok(f) => {
                     pending.push(f);
                     break;
                 }
-                Err((rdkafka::error::KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), _)) => {
+                Err((
+                    rdkafka::error::KafkaError::MessageProduction(
+                        rdkafka::types::RDKafkaErrorCode::QueueFull,
+                    ),
+                    _,
+                )) => {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
                 Err((e, _)) => panic!("produce: {e}"),
@@ -337,6 +368,7 @@ async fn producer_limit(brokers: &str, events: usize) -> f64 {
 
 #[derive(Clone)]
 struct Latency {
+    relay_p99_ms: f64,
     p50_ms: f64,
     p99_ms: f64,
     max_ms: f64,
@@ -372,7 +404,11 @@ async fn steady_latency(admin: &str, brokers: &str, rate: usize, duration: Durat
         while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(15), consumer.recv()).await {
             let id: i64 = m
                 .headers()
-                .and_then(|h| h.iter().find(|h| h.key == "id").and_then(|h| std::str::from_utf8(h.value?).ok()?.parse().ok()))
+                .and_then(|h| {
+                    h.iter()
+                        .find(|h| h.key == "id")
+                        .and_then(|h| std::str::from_utf8(h.value?).ok()?.parse().ok())
+                })
                 .unwrap_or(-1);
             at.insert(id, now_secs());
         }
@@ -401,6 +437,8 @@ async fn steady_latency(admin: &str, brokers: &str, rate: usize, duration: Durat
     }
     let achieved = committed.len() as f64 * 10.0 / started.elapsed().as_secs_f64();
     let at = received.await.unwrap();
+    let relay_p99_ms =
+        histogram_quantile(relay.port, "outbox_relay_end_to_end_latency_seconds", 0.99) * 1000.0;
     let mut latencies = Vec::new();
     let mut late_half = Vec::new();
     let mut early_half = Vec::new();
@@ -415,7 +453,8 @@ async fn steady_latency(admin: &str, brokers: &str, rate: usize, duration: Durat
     }
     let expected = committed.len() * 10;
     latencies.sort_by(f64::total_cmp);
-    let pct = |v: &[f64], p: f64| if v.is_empty() { f64::NAN } else { v[((v.len() - 1) as f64 * p) as usize] };
+    let pct =
+        |v: &[f64], p: f64| if v.is_empty() { f64::NAN } else { v[((v.len() - 1) as f64 * p) as usize] };
     let mut early = early_half.clone();
     early.sort_by(f64::total_cmp);
     let mut late = late_half.clone();
@@ -426,7 +465,46 @@ async fn steady_latency(admin: &str, brokers: &str, rate: usize, duration: Durat
         && pct(&late, 0.99) <= (pct(&early, 0.99) * 2.0).max(250.0);
     drop(relay);
     drop_db(admin, &name).await;
-    Latency { p50_ms: pct(&latencies, 0.5), p99_ms: pct(&latencies, 0.99), max_ms: latencies.last().copied().unwrap_or(f64::NAN), sustained }
+    Latency {
+        relay_p99_ms,
+        p50_ms: pct(&latencies, 0.5),
+        p99_ms: pct(&latencies, 0.99),
+        max_ms: latencies.last().copied().unwrap_or(f64::NAN),
+        sustained,
+    }
+}
+
+/// `histogram_quantile` over the relay's cumulative buckets, interpolating linearly inside the
+/// bucket as Prometheus does.
+fn histogram_quantile(port: u16, name: &str, q: f64) -> f64 {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return f64::NAN };
+    let _ = write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    let prefix = format!("{name}_bucket{{le=\"");
+    let buckets: Vec<(f64, f64)> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .filter_map(|rest| {
+            let (le, count) = rest.split_once("\"} ")?;
+            let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+            Some((le, count.parse().ok()?))
+        })
+        .collect();
+    let Some(&(_, total)) = buckets.last() else { return f64::NAN };
+    let rank = q * total;
+    let (mut lower, mut below) = (0.0, 0.0);
+    for (le, count) in buckets {
+        if count >= rank {
+            if le.is_infinite() {
+                return lower;
+            }
+            return lower + (le - lower) * ((rank - below) / (count - below).max(1.0));
+        }
+        (lower, below) = (le, count);
+    }
+    lower
 }
 
 fn now_secs() -> f64 {
@@ -450,21 +528,33 @@ async fn main() {
     let (mut repl, mut recv, mut prod, mut poll, mut small) = (vec![], vec![], vec![], vec![], vec![]);
     let mut lat: HashMap<usize, Vec<Latency>> = HashMap::new();
     for run in 1..=o.runs {
-        eprintln!("[bench] run {run}/{}: replication drain of {} events (+ pg_recvlogical)", o.runs, o.events);
+        eprintln!(
+            "[bench] run {run}/{}: replication drain of {} events (+ pg_recvlogical)",
+            o.runs, o.events
+        );
         let (d, r) = replication_drain(&admin, &brokers, o.events).await;
-        eprintln!("[bench]   relay {:.1}s, pg_recvlogical {:.1}s, peak RSS {:.1} MiB", d.seconds, r, d.rss_mib);
+        eprintln!(
+            "[bench]   relay {:.1}s, pg_recvlogical {:.1}s, peak RSS {:.1} MiB",
+            d.seconds, r, d.rss_mib
+        );
         repl.push(d);
         recv.push(r);
         eprintln!("[bench] run {run}: plain producer");
         prod.push(producer_limit(&brokers, o.events).await);
         eprintln!("[bench] run {run}: polling drain");
         poll.push(polling_drain(&admin, &brokers, o.events).await);
-        eprintln!("[bench] run {run}: replication drain of {} events (memory at a tenth of the backlog)", o.events / 10);
+        eprintln!(
+            "[bench] run {run}: replication drain of {} events (memory at a tenth of the backlog)",
+            o.events / 10
+        );
         small.push(replication_drain(&admin, &brokers, o.events / 10).await.0);
         for &rate in &o.rates {
             eprintln!("[bench] run {run}: steady state at {rate} events/s for {:?}", o.duration);
             let l = steady_latency(&admin, &brokers, rate, o.duration).await;
-            eprintln!("[bench]   p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, sustained {}", l.p50_ms, l.p99_ms, l.max_ms, l.sustained);
+            eprintln!(
+                "[bench]   p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, relay-side p99 {:.1} ms, sustained {}",
+                l.p50_ms, l.p99_ms, l.max_ms, l.relay_p99_ms, l.sustained
+            );
             lat.entry(rate).or_default().push(l);
         }
     }
@@ -475,7 +565,10 @@ async fn main() {
     let poll_rate = rate(&poll.iter().map(|d| d.seconds).collect::<Vec<_>>());
     let ratio = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x / y).collect::<Vec<_>>();
     let mut table = String::new();
-    table += &format!("| measure ({} events, median of {} runs, min-max) | value |\n|---|---|\n", o.events, o.runs);
+    table += &format!(
+        "| measure ({} events, median of {} runs, min-max) | value |\n|---|---|\n",
+        o.events, o.runs
+    );
     table += &format!("| replication drain, events/s | {} |\n", stat(&repl_rate, 0));
     table += &format!("| pg_recvlogical on the same WAL, events/s | {} |\n", stat(&recv_rate, 0));
     table += &format!("| plain rdkafka producer, same records, events/s | {} |\n", stat(&prod_rate, 0));
@@ -483,17 +576,40 @@ async fn main() {
     table += &format!("| replication / pg_recvlogical | {} |\n", stat(&ratio(&repl_rate, &recv_rate), 2));
     table += &format!("| replication / plain producer | {} |\n", stat(&ratio(&repl_rate, &prod_rate), 2));
     table += &format!("| polling / replication | {} |\n", stat(&ratio(&poll_rate, &repl_rate), 2));
-    table += &format!("| relay peak RSS, replication, {} events, MiB | {} |\n", o.events, stat(&repl.iter().map(|d| d.rss_mib).collect::<Vec<_>>(), 1));
-    table += &format!("| relay peak RSS, replication, {} events, MiB | {} |\n", o.events / 10, stat(&small.iter().map(|d| d.rss_mib).collect::<Vec<_>>(), 1));
+    table += &format!(
+        "| relay peak RSS, replication, {} events, MiB | {} |\n",
+        o.events,
+        stat(&repl.iter().map(|d| d.rss_mib).collect::<Vec<_>>(), 1)
+    );
+    table += &format!(
+        "| relay peak RSS, replication, {} events, MiB | {} |\n",
+        o.events / 10,
+        stat(&small.iter().map(|d| d.rss_mib).collect::<Vec<_>>(), 1)
+    );
     table += &format!(
         "| peak RSS growth, {}x backlog | {} |\n",
         10,
-        stat(&ratio(&repl.iter().map(|d| d.rss_mib).collect::<Vec<_>>(), &small.iter().map(|d| d.rss_mib).collect::<Vec<_>>()), 2)
+        stat(
+            &ratio(
+                &repl.iter().map(|d| d.rss_mib).collect::<Vec<_>>(),
+                &small.iter().map(|d| d.rss_mib).collect::<Vec<_>>()
+            ),
+            2
+        )
     );
-    table += &format!("| relay peak RSS, polling, MiB | {} |\n", stat(&poll.iter().map(|d| d.rss_mib).collect::<Vec<_>>(), 1));
-    table += &format!("| relay CPU s per 100k events, replication | {} |\n", stat(&repl.iter().map(|d| d.cpu_per_100k).collect::<Vec<_>>(), 2));
-    table += &format!("| relay CPU s per 100k events, polling | {} |\n", stat(&poll.iter().map(|d| d.cpu_per_100k).collect::<Vec<_>>(), 2));
-    table += "\n| steady rate (events/s, replication) | p50 ms | p99 ms | max ms | sustained (runs) |\n|---|---|---|---|---|\n";
+    table += &format!(
+        "| relay peak RSS, polling, MiB | {} |\n",
+        stat(&poll.iter().map(|d| d.rss_mib).collect::<Vec<_>>(), 1)
+    );
+    table += &format!(
+        "| relay CPU s per 100k events, replication | {} |\n",
+        stat(&repl.iter().map(|d| d.cpu_per_100k).collect::<Vec<_>>(), 2)
+    );
+    table += &format!(
+        "| relay CPU s per 100k events, polling | {} |\n",
+        stat(&poll.iter().map(|d| d.cpu_per_100k).collect::<Vec<_>>(), 2)
+    );
+    table += "\n| steady rate (events/s, replication) | p50 ms | p99 ms | max ms | relay-side p99 ms (histogram) | sustained (runs) |\n|---|---|---|---|---|---|\n";
     let mut highest = 0;
     for &r in &o.rates {
         let ls = &lat[&r];
@@ -502,10 +618,11 @@ async fn main() {
             highest = highest.max(r);
         }
         table += &format!(
-            "| {r} | {} | {} | {} | {ok}/{} |\n",
+            "| {r} | {} | {} | {} | {} | {ok}/{} |\n",
             stat(&ls.iter().map(|l| l.p50_ms).collect::<Vec<_>>(), 1),
             stat(&ls.iter().map(|l| l.p99_ms).collect::<Vec<_>>(), 1),
             stat(&ls.iter().map(|l| l.max_ms).collect::<Vec<_>>(), 1),
+            stat(&ls.iter().map(|l| l.relay_p99_ms).collect::<Vec<_>>(), 1),
             ls.len()
         );
     }
@@ -521,7 +638,15 @@ async fn main() {
             "{marker}\n## Latest results\n\nCommand: `deploy/local/bench {}`  \nMachine: {} cores, {}; PostgreSQL 15, tansu 0.6 (in-memory), librdkafka 2.12, release build.\n\n{table}",
             args.join(" "),
             std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
-            std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|c| c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())).unwrap_or_default(),
+            std::fs::read_to_string("/proc/cpuinfo")
+                .ok()
+                .and_then(|c| c.lines().find(|l| l.starts_with("model name")).map(|l| l
+                    .split(':')
+                    .nth(1)
+                    .unwrap_or("")
+                    .trim()
+                    .to_string()))
+                .unwrap_or_default(),
         );
         std::fs::write(&path, format!("{head}{stamp}")).unwrap();
         eprintln!("[bench] wrote {}", path.display());

@@ -44,6 +44,7 @@ pub const DEFAULT_RETRY_MAX_MS: u64 = 30_000;
 pub const DEFAULT_SHUTDOWN_GRACE_SECS: u64 = 30;
 pub const DEFAULT_METRICS_LISTEN: &str = "0.0.0.0:9187";
 pub const DEFAULT_SAMPLE_INTERVAL_SECS: u64 = 5;
+pub const DEFAULT_FATAL_EXIT_DELAY_SECS: u64 = 30;
 pub const DEFAULT_SLOT_LAG_WARNING_BYTES: u64 = 1 << 30;
 pub const DEFAULT_SLOT_LAG_CRITICAL_BYTES: u64 = 10 << 30;
 
@@ -454,6 +455,9 @@ pub struct MetricsConfig {
     /// Exported as gauges for the alert rules, so thresholds are set per relay, here.
     pub slot_lag_warning_bytes: u64,
     pub slot_lag_critical_bytes: u64,
+    /// After a fatal error, keep serving /metrics this long before exiting non-zero, so
+    /// Prometheus scrapes `outbox_relay_fatal_error = 1`.
+    pub fatal_exit_delay_secs: u64,
 }
 
 impl Default for MetricsConfig {
@@ -463,6 +467,7 @@ impl Default for MetricsConfig {
             sample_interval_secs: DEFAULT_SAMPLE_INTERVAL_SECS,
             slot_lag_warning_bytes: DEFAULT_SLOT_LAG_WARNING_BYTES,
             slot_lag_critical_bytes: DEFAULT_SLOT_LAG_CRITICAL_BYTES,
+            fatal_exit_delay_secs: DEFAULT_FATAL_EXIT_DELAY_SECS,
         }
     }
 }

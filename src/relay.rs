@@ -19,9 +19,17 @@ use crate::source::replication::ReplicationSource;
 use crate::{http, sampler};
 
 pub async fn run(config: RelayConfig) -> Result<(), RelayError> {
+    let linger = Duration::from_secs(config.metrics.fatal_exit_delay_secs);
+    let serving = !config.metrics.listen.is_empty();
     let result = run_until_stopped(config).await;
     if let Err(e) = &result {
         metrics().fatal.with_label_values(&[e.fatal_reason()]).set(1);
+        http::health().set(http::State::Degraded(format!("fatal: {e}")));
+        if serving && !linger.is_zero() {
+            // keep /metrics up long enough for a scrape to see outbox_relay_fatal_error = 1
+            tracing::error!(error = %e, exit_in_secs = linger.as_secs(), "fatal error; serving metrics, then exiting");
+            tokio::time::sleep(linger).await;
+        }
     }
     result
 }

@@ -511,6 +511,32 @@ async fn a_vanished_slot_is_fatal_until_recreated_on_purpose() {
     assert!(stderr.contains("is missing, but this relay published from it before"), "{stderr}");
     assert!(stderr.contains("setup --recreate-slot"), "{stderr}");
 
+    // and, given time to be scraped, it reports the fatal error on /metrics and /readyz first
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut lingering = std::process::Command::new(relay_bin())
+        .args(["run", "--config", s.config().to_str().unwrap()])
+        .env("OUTBOX_RELAY__METRICS__LISTEN", format!("127.0.0.1:{port}"))
+        .env("OUTBOX_RELAY__METRICS__FATAL_EXIT_DELAY_SECS", "30")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + IDLE;
+    loop {
+        let scrape = http_get(port, "/metrics").unwrap_or_default();
+        if scrape.contains("outbox_relay_fatal_error{reason=\"slot_missing\"} 1") {
+            assert!(
+                http_get(port, "/readyz").unwrap_or_default().contains("fatal"),
+                "readyz does not say fatal"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "the fatal error never showed on /metrics:\n{scrape}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    lingering.kill().unwrap();
+    lingering.wait().unwrap();
+
     // and `setup --recreate-slot` recreates it, re-publishing what the table still holds
     let (code, stdout, stderr) =
         run_relay(&["setup", "--recreate-slot", "--config", s.config().to_str().unwrap()], EXIT_LIMIT);
@@ -521,4 +547,14 @@ async fn a_vanished_slot_is_fatal_until_recreated_on_purpose() {
     let mut relay = s.start("second");
     s.wait_streaming(&relay).await;
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+}
+
+/// The whole HTTP response (status line, headers, body) of GET `path`.
+fn http_get(port: u16, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    Some(response)
 }

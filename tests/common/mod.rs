@@ -292,7 +292,11 @@ pub fn write_config_with(dir: &Path, db: &TestDb, brokers: &str, kafka_extra: &s
     let (host, port, user) = db.pg_parts();
     // many relays run at once in the tests: each gets an ephemeral metrics port unless the
     // test asks for one
-    let metrics = if extra.contains("[metrics]") { "" } else { "[metrics]\nlisten = \"127.0.0.1:0\"\n" };
+    let metrics = if extra.contains("[metrics]") {
+        ""
+    } else {
+        "[metrics]\nlisten = \"127.0.0.1:0\"\nfatal_exit_delay_secs = 0\n"
+    };
     let extra = format!("{extra}\n{metrics}");
     let toml = format!(
         "[postgres]\nhost = \"{host}\"\nport = {port}\nuser = \"{user}\"\ndatabase = \"{}\"\n\n\
