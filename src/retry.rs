@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use rand::Rng;
+use tokio::sync::watch;
 
 use crate::config::RetryConfig;
 
@@ -38,6 +39,18 @@ impl Backoff {
 
     pub fn attempts(&self) -> u32 {
         self.attempt
+    }
+}
+
+/// How often a standby asks again to become active (the advisory lock in polling mode, the slot
+/// in replication mode): the failover time once the active instance's session has ended.
+pub const STANDBY_RETRY: Duration = Duration::from_millis(1_000);
+
+/// Sleeps `delay`, or less if shutdown is requested meanwhile.
+pub async fn wait_or_shutdown(delay: Duration, shutdown: &mut watch::Receiver<bool>) {
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => {}
+        _ = shutdown.changed() => {}
     }
 }
 

@@ -24,13 +24,9 @@ use crate::error::RelayError;
 use crate::event::{Mapping, OutboxEvent, PoisonReason};
 use crate::http::{State, health};
 use crate::metrics::metrics;
-use crate::retry::{Backoff, OutageLog};
+use crate::retry::{Backoff, OutageLog, STANDBY_RETRY, wait_or_shutdown};
 use crate::sink::kafka::{KafkaSink, PublishError};
 use crate::table::{OutboxTable, quote_ident, raw_event, select_events_sql};
-
-/// How often a standby asks for the leader lock: the failover time after the active
-/// instance's session ends.
-pub const STANDBY_RETRY: Duration = Duration::from_millis(1_000);
 
 /// The `mode` label of this source's metrics.
 const MODE: &str = "polling";
@@ -361,12 +357,5 @@ impl PollingSource {
         let (raw, created_at) = raw_event(row);
         let id = raw.id.clone().unwrap_or_default();
         (id, self.mapping.to_event(raw, created_at))
-    }
-}
-
-async fn wait_or_shutdown(delay: Duration, shutdown: &mut watch::Receiver<bool>) {
-    tokio::select! {
-        _ = tokio::time::sleep(delay) => {}
-        _ = shutdown.changed() => {}
     }
 }

@@ -31,7 +31,7 @@ use crate::event::{Mapping, OutboxEvent, RawEvent};
 use crate::http::{State, health};
 use crate::metrics::metrics;
 use crate::position::Lsn;
-use crate::retry::{Backoff, OutageLog};
+use crate::retry::{Backoff, OutageLog, STANDBY_RETRY, wait_or_shutdown};
 use crate::sink::kafka::{KafkaSink, PublishError, StallWatch};
 use crate::table::{OutboxTable, quote_ident};
 use decode::{Change, Decoder};
@@ -40,9 +40,6 @@ use transport::{WalEvent, WalStream};
 
 /// Prefix of the relay's heartbeat messages (non-transactional, empty content).
 pub const HEARTBEAT_PREFIX: &str = "outbox-relay-heartbeat";
-
-/// How often a standby retries the slot.
-pub const STANDBY_RETRY: Duration = Duration::from_millis(1_000);
 
 /// The `mode` label of this source's metrics.
 const MODE: &str = "replication";
@@ -404,11 +401,4 @@ impl ReplicationSource {
 fn confirm(stream: &WalStream, lsn: Lsn) {
     stream.confirm(lsn);
     metrics().confirmed(lsn);
-}
-
-async fn wait_or_shutdown(delay: Duration, shutdown: &mut watch::Receiver<bool>) {
-    tokio::select! {
-        _ = tokio::time::sleep(delay) => {}
-        _ = shutdown.changed() => {}
-    }
 }
