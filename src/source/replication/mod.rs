@@ -78,18 +78,7 @@ impl ReplicationSource {
         let mut consistent_point = None;
         if plan == SlotPlan::Create {
             let mut replication = transport::connect(&self.config, Lsn::ZERO).await?;
-            let mut copy_client = self.connect_client().await?;
-            consistent_point = Some(
-                slot::create_and_copy(
-                    &self.config,
-                    &mut replication,
-                    &client,
-                    &mut copy_client,
-                    &self.sink,
-                    &self.mapping,
-                )
-                .await?,
-            );
+            consistent_point = Some(self.create_slot(&mut replication, &client).await?);
         }
         Ok(SetupReport { plan, consistent_point })
     }
@@ -129,6 +118,18 @@ impl ReplicationSource {
         Ok(())
     }
 
+    /// Creates the slot on `replication` (not yet streaming) and publishes the pre-existing
+    /// rows on a connection of their own; returns the slot's consistent point.
+    async fn create_slot(
+        &self,
+        replication: &mut pgwire_replication::ReplicationClient,
+        client: &Client,
+    ) -> Result<Lsn, RelayError> {
+        let mut copy_client = self.connect_client().await?;
+        slot::create_and_copy(&self.config, replication, client, &mut copy_client, &self.sink, &self.mapping)
+            .await
+    }
+
     async fn connect_client(&self) -> Result<Client, RelayError> {
         let (client, connection) = self.config.postgres.client_config().connect(NoTls).await?;
         tokio::spawn(async move {
@@ -158,18 +159,7 @@ impl ReplicationSource {
         let mut replication = transport::connect(&self.config, confirmed).await?;
         let confirmed = match plan {
             SlotPlan::Stream => confirmed,
-            SlotPlan::Create => {
-                let mut copy_client = self.connect_client().await?;
-                slot::create_and_copy(
-                    &self.config,
-                    &mut replication,
-                    &client,
-                    &mut copy_client,
-                    &self.sink,
-                    &self.mapping,
-                )
-                .await?
-            }
+            SlotPlan::Create => self.create_slot(&mut replication, &client).await?,
         };
         let mut stream = WalStream::start(replication).await?;
         tracing::info!(slot = %slot_name, %confirmed, table = %self.table.display_name(), "active: streaming from the slot");
