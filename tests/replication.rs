@@ -558,3 +558,34 @@ fn http_get(port: u16, path: &str) -> Option<String> {
     stream.read_to_string(&mut response).ok()?;
     Some(response)
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unpublishable_pre_existing_row_is_dead_lettered_by_the_first_copy() {
+    // given rows in the table before the slot existed, one of them without an aggregate id
+    let s = Setup::new("").await;
+    let client = s.db.client().await;
+    let consumer = consumer(&[&s.topic]);
+    client.batch_execute("ALTER TABLE outbox_events ALTER COLUMN aggregate_id DROP NOT NULL").await.unwrap();
+    for aggregate_id in [Some("a"), None, Some("b")] {
+        client
+            .execute(
+                "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, 'E', '{}')",
+                &[&s.aggregate_type, &aggregate_id],
+            )
+            .await
+            .unwrap();
+    }
+
+    // when the relay creates its slot and copies the table
+    let mut relay = s.start("relay");
+    s.wait_streaming(&relay).await;
+
+    // then the good rows arrive and the bad one is in the dead-letter table with its reason
+    let mut keys: Vec<String> =
+        consume(&consumer, 2, IDLE).await.into_iter().map(|r| r.key.unwrap()).collect();
+    keys.sort();
+    assert_eq!(keys, ["a", "b"]);
+    let reason: String = client.query_one("SELECT reason FROM outbox_dead_letter", &[]).await.unwrap().get(0);
+    assert!(reason.contains("aggregate_id is NULL"), "{reason}");
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+}

@@ -333,7 +333,7 @@ impl ReplicationSource {
                 }));
                 Ok(())
             }
-            Err(reason) => self.poison(client, &id, raw.to_json(), &reason.to_string()).await,
+            Err(reason) => poison(&self.config, client, &id, raw.to_json(), &reason.to_string()).await,
         }
     }
 
@@ -352,7 +352,7 @@ impl ReplicationSource {
             metrics().publish_errors.with_label_values(&[failure.error_type()]).inc();
             match failure {
                 PublishError::Permanent(reason) => {
-                    self.poison(client, &event.id, event.to_json(), &reason).await?
+                    poison(&self.config, client, &event.id, event.to_json(), &reason).await?
                 }
                 PublishError::Transient { detail, .. } => {
                     return Err(RelayError::Kafka(format!("event {} not acknowledged: {detail}", event.id)));
@@ -362,29 +362,31 @@ impl ReplicationSource {
         tracker.acked(txn);
         Ok(())
     }
+}
 
-    /// A row that cannot be published: dead-lettered (and then settled) or blocking.
-    async fn poison(
-        &self,
-        client: &Client,
-        id: &str,
-        row: serde_json::Value,
-        reason: &str,
-    ) -> Result<(), RelayError> {
-        let table = self.table.display_name();
-        if self.config.polling.on_poison == OnPoison::Block {
-            tracing::error!(event_id = %id, %reason, %table, "blocked at an unpublishable event (on_poison = \"block\"): fix its cause (topic, size limit) or set polling.on_poison = \"dead_letter\"");
-            return Err(RelayError::Kafka(format!("blocked at event {id}: {reason}")));
-        }
-        let sql = format!(
-            "INSERT INTO {} (source_table, event_id, row_data, reason) VALUES ($1, $2, $3, $4)",
-            quote_ident(&self.config.polling.dead_letter_table)
-        );
-        client.execute(&sql, &[&table, &id, &row, &reason]).await?;
-        metrics().events_dead_lettered.with_label_values(&[MODE]).inc();
-        tracing::warn!(event_id = %id, %reason, %table, "event moved to the dead-letter table");
-        Ok(())
+/// An event that cannot be published: written to the dead-letter table with its reason (and
+/// then settled by the caller), or, with `on_poison = "block"`, an error that stops the relay
+/// at it until an operator acts.
+async fn poison(
+    config: &RelayConfig,
+    client: &Client,
+    id: &str,
+    row: serde_json::Value,
+    reason: &str,
+) -> Result<(), RelayError> {
+    let table = OutboxTable::new(&config.outbox).display_name();
+    if config.polling.on_poison == OnPoison::Block {
+        tracing::error!(event_id = %id, %reason, %table, "blocked at an unpublishable event (on_poison = \"block\"): fix its cause (topic, size limit) or set polling.on_poison = \"dead_letter\"");
+        return Err(RelayError::Kafka(format!("blocked at event {id}: {reason}")));
     }
+    let sql = format!(
+        "INSERT INTO {} (source_table, event_id, row_data, reason) VALUES ($1, $2, $3, $4)",
+        quote_ident(&config.polling.dead_letter_table)
+    );
+    client.execute(&sql, &[&table, &id, &row, &reason]).await?;
+    metrics().events_dead_lettered.with_label_values(&[MODE]).inc();
+    tracing::warn!(event_id = %id, %reason, %table, "event moved to the dead-letter table");
+    Ok(())
 }
 
 /// Confirms `lsn` to PostgreSQL and records it.

@@ -215,7 +215,7 @@ pub async fn create_and_copy(
         )
         .await?;
     tracing::info!(%slot, %consistent_point, "created the slot; publishing the rows already in the table");
-    let copied = copy_snapshot(config, copy_client, &snapshot, sink, mapping).await?;
+    let copied = copy_snapshot(config, client, copy_client, &snapshot, sink, mapping).await?;
     client
         .execute("UPDATE outbox_relay_slots SET snapshot_completed_at = now() WHERE slot_name = $1", &[slot])
         .await?;
@@ -225,6 +225,7 @@ pub async fn create_and_copy(
 
 async fn copy_snapshot(
     config: &RelayConfig,
+    dead_letters: &Client,
     client: &mut Client,
     snapshot: &str,
     sink: &KafkaSink,
@@ -247,12 +248,10 @@ async fn copy_snapshot(
         if let Some(row) = &next {
             let (raw, created_at) = raw_event(row);
             let id = raw.id.clone().unwrap_or_default();
-            match mapping.to_event(raw, created_at) {
+            match mapping.to_event(raw.clone(), created_at) {
                 Ok(event) => chunk.push(event),
                 Err(reason) => {
-                    return Err(RelayError::Fatal(format!(
-                        "row {id} of the initial copy cannot be published ({reason}): fix or delete it, then start again"
-                    )));
+                    super::poison(config, dead_letters, &id, raw.to_json(), &reason.to_string()).await?
                 }
             }
         }
@@ -261,10 +260,7 @@ async fn copy_snapshot(
                 match result {
                     Ok(_) => copied += 1,
                     Err(PublishError::Permanent(reason)) => {
-                        return Err(RelayError::Fatal(format!(
-                            "row {} of the initial copy was refused by Kafka ({reason}): fix or delete it, then start again",
-                            event.id
-                        )));
+                        super::poison(config, dead_letters, &event.id, event.to_json(), &reason).await?;
                     }
                     Err(PublishError::Transient { detail, .. }) => return Err(RelayError::Kafka(detail)),
                 }
