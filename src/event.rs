@@ -81,16 +81,46 @@ pub enum PoisonReason {
     Refused { detail: String },
 }
 
+/// A piece of the topic template, parsed once (the hot path only concatenates).
+#[derive(Debug, Clone)]
+enum TopicPart {
+    Text(String),
+    AggregateType,
+    EventType,
+}
+
 /// The row-to-record mapping built from `[outbox]`.
 #[derive(Debug, Clone)]
 pub struct Mapping {
-    topic_template: String,
+    topic_template: Vec<TopicPart>,
     columns: crate::config::ColumnsConfig,
+}
+
+/// Splits a (validated) template into text and placeholders.
+fn parse_template(template: &str) -> Vec<TopicPart> {
+    let mut parts = Vec::new();
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let close = rest[open..].find('}').map_or(rest.len(), |c| open + c);
+        if open > 0 {
+            parts.push(TopicPart::Text(rest[..open].to_string()));
+        }
+        parts.push(match &rest[open + 1..close.min(rest.len())] {
+            "aggregate_type" => TopicPart::AggregateType,
+            "event_type" => TopicPart::EventType,
+            other => TopicPart::Text(format!("{{{other}}}")),
+        });
+        rest = &rest[(close + 1).min(rest.len())..];
+    }
+    if !rest.is_empty() {
+        parts.push(TopicPart::Text(rest.to_string()));
+    }
+    parts
 }
 
 impl Mapping {
     pub fn new(outbox: &OutboxConfig) -> Self {
-        Mapping { topic_template: outbox.topic_template.clone(), columns: outbox.columns.clone() }
+        Mapping { topic_template: parse_template(&outbox.topic_template), columns: outbox.columns.clone() }
     }
 
     /// Turns a row into a record, or says which column is wrong.
@@ -122,7 +152,15 @@ impl Mapping {
     }
 
     fn render_topic(&self, aggregate_type: &str, event_type: &str) -> String {
-        self.topic_template.replace("{aggregate_type}", aggregate_type).replace("{event_type}", event_type)
+        let mut topic = String::with_capacity(64);
+        for part in &self.topic_template {
+            topic.push_str(match part {
+                TopicPart::Text(text) => text,
+                TopicPart::AggregateType => aggregate_type,
+                TopicPart::EventType => event_type,
+            });
+        }
+        topic
     }
 }
 
@@ -212,6 +250,15 @@ mod tests {
     fn row_topic_overrides_template() {
         let event = mapping().to_event(RawEvent { topic: Some("billing".into()), ..raw() }, None).unwrap();
         assert_eq!(event.topic, "billing");
+    }
+
+    #[test]
+    fn template_parts_render_in_order() {
+        let outbox =
+            OutboxConfig { topic_template: "x.{event_type}-{aggregate_type}.y".into(), ..Default::default() };
+        assert_eq!(Mapping::new(&outbox).render_topic("order", "Placed"), "x.Placed-order.y");
+        let outbox = OutboxConfig { topic_template: "plain".into(), ..Default::default() };
+        assert_eq!(Mapping::new(&outbox).render_topic("order", "Placed"), "plain");
     }
 
     #[test]

@@ -218,7 +218,11 @@ impl ReplicationSource {
                 }
                 // 4. heartbeat: a WAL record of our own, so an idle outbox in a busy database
                 //    still sees positions it may confirm (see WalEvent::Message below)
-                _ = stall_check.tick() => watch.check(tracker.in_flight_events()),
+                // (liveness is ticked here, at most every stall period, not once per event)
+                _ = stall_check.tick() => {
+                    health().tick();
+                    watch.check(tracker.in_flight_events());
+                }
                 _ = heartbeat.tick(), if heartbeat_ms > 0 => {
                     client.execute("SELECT pg_logical_emit_message(false, $1, '')", &[&HEARTBEAT_PREFIX]).await?;
                 }
@@ -227,7 +231,6 @@ impl ReplicationSource {
                 tracing::trace!(%lsn, "confirmed");
                 confirm(stream, lsn);
             }
-            health().tick();
             metrics().events_in_flight.set(tracker.in_flight_events() as i64);
             metrics().transactions_in_flight.set(tracker.open_transactions() as i64);
         }
