@@ -14,9 +14,6 @@ use common::process::RelayProcess;
 use common::workload::*;
 use common::*;
 
-const IDLE: Duration = Duration::from_secs(60);
-const EXIT_LIMIT: Duration = Duration::from_secs(40);
-
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }

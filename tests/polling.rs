@@ -9,42 +9,12 @@ use common::process::RelayProcess;
 use common::workload::*;
 use common::*;
 
-const IDLE: Duration = Duration::from_secs(60);
-const LINGER: Duration = Duration::from_secs(3);
-const EXIT_LIMIT: Duration = Duration::from_secs(40);
-
-/// A test's database, topic and relay configuration.
-struct Setup {
-    db: TestDb,
-    dir: tempfile::TempDir,
-    aggregate_type: String,
-    topic: String,
-}
-
 impl Setup {
     async fn new(extra_config: &str) -> Setup {
-        let db = TestDb::new().await;
-        let aggregate_type = format!("t{}", random_suffix());
-        let topic = format!("outbox.event.{aggregate_type}");
-        create_topic(&topic, 4).await;
-        let dir = tempfile::tempdir().unwrap();
-        let config = format!(
-            "[source]\nmode = \"polling\"\n[polling]\npoll_interval_ms = 200\nbatch_size = 200\n{extra_config}"
-        );
-        write_config(dir.path(), &db, &config);
-        Setup { db, dir, aggregate_type, topic }
-    }
-
-    fn config(&self) -> std::path::PathBuf {
-        self.dir.path().join("relay.toml")
-    }
-
-    fn start(&self, name: &str) -> RelayProcess {
-        RelayProcess::start(&self.config(), &self.dir.path().join(format!("{name}.log")))
-    }
-
-    async fn outbox_rows(&self) -> i64 {
-        self.db.client().await.query_one("SELECT count(*) FROM outbox_events", &[]).await.unwrap().get(0)
+        Setup::create(&services().kafka, "", true, |_| {
+            format!("[source]\nmode = \"polling\"\n[polling]\npoll_interval_ms = 200\nbatch_size = 200\n{extra_config}")
+        })
+        .await
     }
 }
 

@@ -12,46 +12,20 @@ use common::workload::*;
 use common::*;
 use tokio_postgres::Client;
 
-const IDLE: Duration = Duration::from_secs(60);
-const LINGER: Duration = Duration::from_secs(3);
-const EXIT_LIMIT: Duration = Duration::from_secs(40);
-
-struct Setup {
-    db: TestDb,
-    dir: tempfile::TempDir,
-    aggregate_type: String,
-    topic: String,
-    slot: String,
-}
-
 impl Setup {
     async fn new(extra_config: &str) -> Setup {
         Self::with_brokers(&services().kafka, "", extra_config, true).await
     }
 
     async fn with_brokers(brokers: &str, kafka_extra: &str, extra_config: &str, create: bool) -> Setup {
-        let db = TestDb::new().await;
-        let aggregate_type = format!("t{}", random_suffix());
-        let topic = format!("outbox.event.{aggregate_type}");
-        if create {
-            create_topic(&topic, 4).await;
-        }
-        let slot = format!("s_{}", random_suffix());
-        let dir = tempfile::tempdir().unwrap();
-        let config = format!(
-            "[source]\nmode = \"replication\"\n[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n{extra_config}"
-        );
-        write_config_with(dir.path(), &db, brokers, kafka_extra, &config);
-        create_aggregates(&db.client().await, 100).await;
-        Setup { db, dir, aggregate_type, topic, slot }
-    }
-
-    fn config(&self) -> std::path::PathBuf {
-        self.dir.path().join("relay.toml")
-    }
-
-    fn start(&self, name: &str) -> RelayProcess {
-        RelayProcess::start(&self.config(), &self.dir.path().join(format!("{name}.log")))
+        let s = Setup::create(brokers, kafka_extra, create, |slot| {
+            format!(
+                "[source]\nmode = \"replication\"\n[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n{extra_config}"
+            )
+        })
+        .await;
+        create_aggregates(&s.db.client().await, 100).await;
+        s
     }
 
     async fn confirmed_flush(&self, client: &Client) -> Option<u64> {

@@ -308,6 +308,57 @@ pub fn write_config_with(dir: &Path, db: &TestDb, brokers: &str, kafka_extra: &s
     path
 }
 
+/// How long a test waits for something that should happen (a hang guard, not a speed limit).
+pub const IDLE: Duration = Duration::from_secs(60);
+/// How long a test keeps consuming after the last expected record, to catch late duplicates.
+pub const LINGER: Duration = Duration::from_secs(3);
+/// How long the relay may take to exit after SIGTERM.
+pub const EXIT_LIMIT: Duration = Duration::from_secs(40);
+
+/// A relay test's database, topic (`outbox.event.<aggregate_type>`, 4 partitions unless the
+/// broker is not ours), slot name and relay configuration. Each test file adds its own
+/// constructor with the mode's settings.
+pub struct Setup {
+    pub db: TestDb,
+    pub dir: tempfile::TempDir,
+    pub aggregate_type: String,
+    pub topic: String,
+    pub slot: String,
+}
+
+impl Setup {
+    /// `config(slot)` gives the configuration below the `[postgres]` and `[kafka]` sections.
+    pub async fn create(
+        brokers: &str,
+        kafka_extra: &str,
+        create: bool,
+        config: impl FnOnce(&str) -> String,
+    ) -> Setup {
+        let db = TestDb::new().await;
+        let aggregate_type = format!("t{}", random_suffix());
+        let topic = format!("outbox.event.{aggregate_type}");
+        if create {
+            create_topic(&topic, 4).await;
+        }
+        let slot = format!("s_{}", random_suffix());
+        let dir = tempfile::tempdir().unwrap();
+        write_config_with(dir.path(), &db, brokers, kafka_extra, &config(&slot));
+        Setup { db, dir, aggregate_type, topic, slot }
+    }
+
+    pub fn config(&self) -> PathBuf {
+        self.dir.path().join("relay.toml")
+    }
+
+    pub fn start(&self, name: &str) -> process::RelayProcess {
+        process::RelayProcess::start(&self.config(), &self.dir.path().join(format!("{name}.log")))
+    }
+
+    pub async fn outbox_rows(&self) -> i64 {
+        self.db.client().await.query_one("SELECT count(*) FROM outbox_events", &[]).await.unwrap().get(0)
+    }
+}
+
 pub fn relay_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_outbox-relay"))
 }
