@@ -61,11 +61,7 @@ async fn kill_9_mid_run_loses_nothing_and_keeps_order() {
     // then after a restart every committed event arrives, first arrivals in order, and the
     // only duplicates are from the one batch in flight at the kill
     let mut records = early;
-    let unique_so_far = records
-        .iter()
-        .map(|r| r.header("id").unwrap().to_string())
-        .collect::<std::collections::HashSet<_>>()
-        .len();
+    let unique_so_far = unique_ids(&records).len();
     records.extend(consume_unique(&consumer, 6_000 - unique_so_far, IDLE, LINGER).await);
     let report = assert_delivered(&records, &committed);
     assert_eq!(report.unique, 6_000);
@@ -413,30 +409,15 @@ async fn postgres_session_terminated_mid_run_loses_nothing() {
     // when its PostgreSQL session is terminated, twice, while events flow
     let mut records = consume(&consumer, 300, IDLE).await;
     for _ in 0..2 {
-        let deadline = Instant::now() + IDLE;
-        loop {
-            let killed: i64 = client
-                .query_one(
-                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
-                     WHERE application_name = 'outbox-relay' AND datname = current_database()",
-                    &[],
-                )
-                .await
-                .unwrap()
-                .get(0);
-            if killed == 1 {
-                break;
-            }
-            assert!(Instant::now() < deadline, "the relay never reconnected");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let sql = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                   WHERE application_name = 'outbox-relay' AND datname = current_database()";
+        terminate_one(&client, sql, &[]).await;
         records.extend(consume(&consumer, 300, IDLE).await);
     }
     let committed = writer.await.unwrap();
 
     // then it reconnects and every committed event arrives, in order
-    let unique: std::collections::HashSet<_> =
-        records.iter().map(|r| r.header("id").unwrap().to_string()).collect();
+    let unique = unique_ids(&records);
     records.extend(consume_unique(&consumer, 3_000 - unique.len(), IDLE, LINGER).await);
     let report = assert_delivered(&records, &committed);
     assert_eq!(report.unique, 3_000);

@@ -147,7 +147,7 @@ async fn kill_9_under_load_duplicates_only_unconfirmed_transactions() {
 
     // then every committed event arrives, first arrivals in order
     let committed = committed_counts(&client).await;
-    let unique: HashSet<String> = records.iter().map(|r| r.header("id").unwrap().to_string()).collect();
+    let unique = unique_ids(&records);
     records.extend(consume_unique(&consumer, 8_000 - unique.len(), IDLE, LINGER).await);
     let report = assert_delivered(&records, &committed);
     assert_eq!(report.unique, 8_000);
@@ -271,29 +271,16 @@ async fn walsender_killed_the_relay_reconnects_and_loses_nothing() {
     // when its walsender is terminated twice
     let mut records = consume(&consumer, 300, IDLE).await;
     for _ in 0..2 {
-        let deadline = Instant::now() + IDLE;
-        loop {
-            let killed: i64 = client
-                .query_one(
-                    "SELECT count(pg_terminate_backend(active_pid)) FROM pg_replication_slots WHERE slot_name = $1 AND active",
-                    &[&s.slot],
-                )
-                .await
-                .unwrap()
-                .get(0);
-            if killed == 1 {
-                break;
-            }
-            assert!(Instant::now() < deadline, "the relay never reconnected");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let sql = "SELECT count(pg_terminate_backend(active_pid)) FROM pg_replication_slots \
+                   WHERE slot_name = $1 AND active";
+        terminate_one(&client, sql, &[&s.slot]).await;
         records.extend(consume(&consumer, 300, IDLE).await);
     }
     writer.await.unwrap();
 
     // then every committed event arrives in order
     let committed = committed_counts(&client).await;
-    let unique: HashSet<String> = records.iter().map(|r| r.header("id").unwrap().to_string()).collect();
+    let unique = unique_ids(&records);
     records.extend(consume_unique(&consumer, 4_000 - unique.len(), IDLE, LINGER).await);
     assert_eq!(assert_delivered(&records, &committed).unique, 4_000);
     assert!(relay.log_text().contains("relay recovered"), "{}", relay.log_text());
@@ -452,7 +439,7 @@ async fn a_second_instance_waits_then_takes_over() {
     eprintln!("replication takeover after {takeover:?}");
     assert!(takeover < Duration::from_secs(15), "takeover took {takeover:?}");
     let committed = committed_counts(&client).await;
-    let unique: HashSet<String> = records.iter().map(|r| r.header("id").unwrap().to_string()).collect();
+    let unique = unique_ids(&records);
     records.extend(consume_unique(&consumer, 3_000 - unique.len(), IDLE, LINGER).await);
     assert_eq!(assert_delivered(&records, &committed).unique, 3_000);
     assert_eq!(second.terminate(EXIT_LIMIT), Some(0));

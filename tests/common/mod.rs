@@ -359,6 +359,24 @@ impl Setup {
     }
 }
 
+/// Runs `sql` (which returns how many backends it terminated) until it terminated exactly one:
+/// the relay reconnects between kills, and a kill must hit a live session to mean anything.
+pub async fn terminate_one(
+    client: &Client,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) {
+    let deadline = std::time::Instant::now() + IDLE;
+    loop {
+        let killed: i64 = client.query_one(sql, params).await.unwrap().get(0);
+        if killed == 1 {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "the relay never reconnected");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 pub fn relay_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_outbox-relay"))
 }

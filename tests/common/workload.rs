@@ -178,3 +178,8 @@ pub async fn consume_unique(
     records.extend(super::consume(consumer, usize::MAX, linger).await);
     records
 }
+
+/// The distinct event ids among `records`.
+pub fn unique_ids(records: &[Consumed]) -> HashSet<String> {
+    records.iter().map(|r| r.header("id").unwrap_or_default().to_string()).collect()
+}
