@@ -94,7 +94,7 @@ async fn postgres_checks(config: &RelayConfig, client: &Client) -> Vec<Finding> 
         "postgres.connect",
         format!("connected to {}:{}/{} as {} (PostgreSQL {version})", pg.host, pg.port, pg.database, pg.user),
     )];
-    let table = OutboxTable::new(&config.outbox);
+    let table = OutboxTable::new(config);
     let table_exists = match table_check(config, client, &table).await {
         Ok(found) => {
             let exists = found.status != Status::Fail;
@@ -135,7 +135,7 @@ async fn table_check(
         return Ok(Finding::fail(
             "outbox.table",
             format!("table {} does not exist", table.display_name()),
-            "apply the migrations in sql/ (psql -f sql/001_outbox.sql ...), or set outbox.schema / outbox.table",
+            "apply the migrations in sql/ (psql -f sql/001_outbox_events.sql ...), or set outbox.schema / outbox.table",
         ));
     };
     let rows = client
@@ -184,7 +184,7 @@ async fn replication_checks(config: &RelayConfig, client: &Client) -> Vec<Findin
         Ok(_) => findings.push(Finding::fail(
             "postgres.role",
             format!("role {} lacks the REPLICATION attribute", config.postgres.user),
-            format!("ALTER ROLE {} WITH REPLICATION (see sql/004_relay_role.sql)", config.postgres.user),
+            format!("ALTER ROLE {} WITH REPLICATION (see sql/100_relay_role.sql)", config.postgres.user),
         )),
         Err(e) => findings.push(Finding::fail(
             "postgres.role",
@@ -274,7 +274,7 @@ async fn slot_check(config: &RelayConfig, client: &Client) -> Finding {
 
 async fn publication_check(config: &RelayConfig, client: &Client) -> Finding {
     let publication = &config.replication.publication;
-    let table = OutboxTable::new(&config.outbox);
+    let table = OutboxTable::new(config);
     let row = client
         .query_opt(
             "SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3) \
@@ -290,7 +290,7 @@ async fn publication_check(config: &RelayConfig, client: &Client) -> Finding {
         Ok(Some(_)) => Finding::fail(
             "replication.publication",
             format!("publication \"{publication}\" does not include {}", table.display_name()),
-            format!("ALTER PUBLICATION {publication} ADD TABLE {}", table.qualified()),
+            table.add_to_publication_sql(publication),
         ),
         Ok(None) if config.replication.create_publication => Finding::ok(
             "replication.publication",
@@ -303,10 +303,7 @@ async fn publication_check(config: &RelayConfig, client: &Client) -> Finding {
             format!(
                 "publication \"{publication}\" does not exist and replication.create_publication = false"
             ),
-            format!(
-                "CREATE PUBLICATION {publication} FOR TABLE {} WITH (publish = 'insert', publish_via_partition_root = true)",
-                table.qualified()
-            ),
+            table.create_publication_sql(publication),
         ),
         Err(e) => Finding::fail(
             "replication.publication",
@@ -330,7 +327,7 @@ async fn polling_checks(config: &RelayConfig, client: &Client, table: &OutboxTab
         AfterPublish::Delete => "DELETE",
         AfterPublish::Mark => "UPDATE",
     });
-    if polling.on_poison == OnPoison::DeadLetter {
+    if config.dead_letter.on_poison == OnPoison::DeadLetter {
         needed.push("DELETE");
     }
     needed.dedup();
@@ -362,7 +359,7 @@ async fn polling_checks(config: &RelayConfig, client: &Client, table: &OutboxTab
             "postgres.privileges",
             format!("role {} lacks {} on {}", config.postgres.user, lacking.join(", "), table.display_name()),
             format!(
-                "GRANT {} ON {} TO {} (see sql/004_relay_role.sql)",
+                "GRANT {} ON {} TO {} (see sql/100_relay_role.sql)",
                 lacking.join(", "),
                 table.qualified(),
                 config.postgres.user

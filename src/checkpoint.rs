@@ -103,6 +103,7 @@ impl Tracker {
         }
     }
 
+    #[cfg(test)]
     pub fn confirmed(&self) -> Lsn {
         self.confirmed
     }

@@ -30,7 +30,7 @@ pub const DEFAULT_TOPIC_TEMPLATE: &str = "outbox.event.{aggregate_type}";
 pub const DEFAULT_POLL_BATCH_SIZE: u32 = 5_000;
 pub const DEFAULT_POLL_INTERVAL_MS: u64 = 1_000;
 pub const DEFAULT_NOTIFY_CHANNEL: &str = "outbox_events";
-pub const DEFAULT_DEAD_LETTER_TABLE: &str = "outbox_dead_letter";
+pub const DEFAULT_DEAD_LETTER_TABLE: &str = "public.outbox_dead_letter";
 pub const DEFAULT_PUBLISHED_AT_COLUMN: &str = "published_at";
 pub const DEFAULT_LEADER_LOCK_KEY: i64 = 0x6f75_7462_6f78; // "outbox" in ASCII
 pub const DEFAULT_SLOT: &str = "outbox_relay";
@@ -129,11 +129,16 @@ pub struct RelayConfig {
     #[serde(default)]
     pub replication: ReplicationConfig,
     #[serde(default)]
+    pub dead_letter: DeadLetterConfig,
+    #[serde(default)]
     pub retry: RetryConfig,
     #[serde(default)]
     pub shutdown: ShutdownConfig,
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// Warnings about deprecated settings found while loading, logged at start-up.
+    #[serde(skip)]
+    pub deprecations: Vec<String>,
 }
 
 /// Which source feeds the relay. The mode-specific settings live in `[polling]` and
@@ -359,9 +364,12 @@ pub struct PollingConfig {
     /// `delete` the published rows, or `mark` them by setting `published_at_column`.
     pub after_publish: AfterPublish,
     pub published_at_column: String,
-    /// `dead_letter` moves an unpublishable row to `dead_letter_table`; `block` stops at it.
-    pub on_poison: OnPoison,
-    pub dead_letter_table: String,
+    /// Deprecated: `dead_letter.on_poison` (still read, with a warning).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub on_poison: Option<OnPoison>,
+    /// Deprecated: `dead_letter.table` (still read, with a warning).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dead_letter_table: Option<String>,
     /// Channel of the NOTIFY trigger shipped in `sql/`; empty disables LISTEN.
     pub notify_channel: String,
     /// Advisory lock key that elects the single active polling instance.
@@ -375,8 +383,8 @@ impl Default for PollingConfig {
             poll_interval_ms: DEFAULT_POLL_INTERVAL_MS,
             after_publish: AfterPublish::default(),
             published_at_column: DEFAULT_PUBLISHED_AT_COLUMN.into(),
-            on_poison: OnPoison::default(),
-            dead_letter_table: DEFAULT_DEAD_LETTER_TABLE.into(),
+            on_poison: None,
+            dead_letter_table: None,
             notify_channel: DEFAULT_NOTIFY_CHANNEL.into(),
             leader_lock_key: DEFAULT_LEADER_LOCK_KEY,
         }
@@ -417,6 +425,31 @@ impl Default for ReplicationConfig {
             heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
             max_in_flight_events: DEFAULT_MAX_IN_FLIGHT_EVENTS,
         }
+    }
+}
+
+/// What happens to an event that can never be published (a NULL required column, a topic
+/// Kafka refuses, a record over the size limit), in both modes and in the first copy alike.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DeadLetterConfig {
+    /// `dead_letter` moves the event with its reason to `table` and carries on; `block` holds
+    /// at it, reporting it, until an operator fixes its cause or changes this setting.
+    pub on_poison: OnPoison,
+    /// The dead-letter table, `schema.table` (or `table`, in schema `public`).
+    pub table: String,
+}
+
+impl Default for DeadLetterConfig {
+    fn default() -> Self {
+        DeadLetterConfig { on_poison: OnPoison::default(), table: DEFAULT_DEAD_LETTER_TABLE.into() }
+    }
+}
+
+impl DeadLetterConfig {
+    /// (schema, table) of [`DeadLetterConfig::table`].
+    pub fn schema_and_table(&self) -> (&str, &str) {
+        self.table.split_once('.').unwrap_or(("public", &self.table))
     }
 }
 
@@ -531,16 +564,65 @@ impl RelayConfig {
         let tree: config::Value = layered
             .try_deserialize()
             .map_err(|e| ConfigError::Load(format!("config file {}: {e}", file.display())))?;
-        let relay: RelayConfig = serde_path_to_error::deserialize(tree).map_err(|e| {
+        let mut relay: RelayConfig = serde_path_to_error::deserialize(tree).map_err(|e| {
             let path = e.path().to_string();
             describe_serde_error(&path, &e.into_inner().to_string())
         })?;
+        relay.move_deprecated()?;
         relay.validate()?;
         Ok(relay)
     }
 
+    /// Moves settings from their old place to their new one, leaving a warning in
+    /// [`RelayConfig::deprecations`]. Both places set to different values is an error.
+    fn move_deprecated(&mut self) -> Result<(), ConfigError> {
+        let defaults = DeadLetterConfig::default();
+        if let Some(on_poison) = self.polling.on_poison.take() {
+            if self.dead_letter.on_poison != defaults.on_poison && self.dead_letter.on_poison != on_poison {
+                return Err(ConfigError::invalid(
+                    "polling.on_poison",
+                    "deprecated and in conflict with dead_letter.on_poison; remove polling.on_poison",
+                ));
+            }
+            self.dead_letter.on_poison = on_poison;
+            self.deprecations
+                .push("polling.on_poison is deprecated: set dead_letter.on_poison instead".into());
+        }
+        if let Some(table) = self.polling.dead_letter_table.take() {
+            let table = if table.contains('.') { table } else { format!("public.{table}") };
+            if self.dead_letter.table != defaults.table && self.dead_letter.table != table {
+                return Err(ConfigError::invalid(
+                    "polling.dead_letter_table",
+                    "deprecated and in conflict with dead_letter.table; remove polling.dead_letter_table",
+                ));
+            }
+            self.dead_letter.table = table;
+            self.deprecations.push(
+                "polling.dead_letter_table is deprecated: set dead_letter.table (schema.table) instead"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
     /// Checks what types alone cannot. Each error names the path to fix.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_kafka()?;
+        self.validate_postgres()?;
+        self.validate_outbox()?;
+        self.validate_polling()?;
+        self.validate_replication()?;
+        self.validate_metrics()?;
+        if self.retry.initial_backoff_ms == 0 {
+            return Err(ConfigError::invalid("retry.initial_backoff_ms", "must be > 0"));
+        }
+        if self.retry.max_backoff_ms < self.retry.initial_backoff_ms {
+            return Err(ConfigError::invalid("retry.max_backoff_ms", "must be >= retry.initial_backoff_ms"));
+        }
+        Ok(())
+    }
+
+    fn validate_kafka(&self) -> Result<(), ConfigError> {
         let k = &self.kafka;
         if k.brokers.is_empty() {
             return Err(ConfigError::invalid("kafka.brokers", "must not be empty"));
@@ -585,6 +667,10 @@ impl RelayConfig {
                 ));
             }
         }
+        Ok(())
+    }
+
+    fn validate_postgres(&self) -> Result<(), ConfigError> {
         let pg = &self.postgres;
         if pg.host.is_empty() {
             return Err(ConfigError::invalid("postgres.host", "must not be empty"));
@@ -598,8 +684,10 @@ impl RelayConfig {
         if pg.database.is_empty() {
             return Err(ConfigError::invalid("postgres.database", "must not be empty"));
         }
-        self.validate_outbox()?;
-        self.validate_polling()?;
+        Ok(())
+    }
+
+    fn validate_replication(&self) -> Result<(), ConfigError> {
         let r = &self.replication;
         for (path, name) in [("replication.slot", &r.slot), ("replication.publication", &r.publication)] {
             let ok = !name.is_empty()
@@ -624,6 +712,10 @@ impl RelayConfig {
                 "must be between 1 and 1000000",
             ));
         }
+        Ok(())
+    }
+
+    fn validate_metrics(&self) -> Result<(), ConfigError> {
         let m = &self.metrics;
         if !m.listen.is_empty() && m.listen.parse::<std::net::SocketAddr>().is_err() {
             return Err(ConfigError::invalid("metrics.listen", format!("\"{}\" is not ip:port", m.listen)));
@@ -636,12 +728,6 @@ impl RelayConfig {
                 "metrics.slot_lag_warning_bytes",
                 "must be <= metrics.slot_lag_critical_bytes",
             ));
-        }
-        if self.retry.initial_backoff_ms == 0 {
-            return Err(ConfigError::invalid("retry.initial_backoff_ms", "must be > 0"));
-        }
-        if self.retry.max_backoff_ms < self.retry.initial_backoff_ms {
-            return Err(ConfigError::invalid("retry.max_backoff_ms", "must be >= retry.initial_backoff_ms"));
         }
         Ok(())
     }
@@ -679,8 +765,12 @@ impl RelayConfig {
                 "must not be empty when polling.after_publish = \"mark\"",
             ));
         }
-        if p.dead_letter_table.is_empty() {
-            return Err(ConfigError::invalid("polling.dead_letter_table", "must not be empty"));
+        let (schema, table) = self.dead_letter.schema_and_table();
+        if schema.is_empty() || table.is_empty() || table.contains('.') {
+            return Err(ConfigError::invalid(
+                "dead_letter.table",
+                format!("\"{}\" is not schema.table or table", self.dead_letter.table),
+            ));
         }
         Ok(())
     }

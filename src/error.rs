@@ -1,68 +1,172 @@
-//! The relay's error type and the ONE place that decides retry versus fatal.
+//! The relay's one error type and the ONE function that decides what happens after an error.
 //!
-//! Fatal errors are an explicit list (authentication failed, table or privilege missing,
-//! configuration invalid); the relay exits non-zero with the message. Everything else, known or
-//! not, is transient: retried with capped exponential backoff and jitter.
+//! Every failure becomes a [`RelayError`]; [`RelayError::action`] maps it to retry (capped
+//! exponential backoff with jitter), standby (another instance is active) or fatal (an operator
+//! must act; the process exits non-zero). The fatal list is explicit and closed:
+//! [`FatalReason`] is the `reason` label of `outbox_relay_fatal_error`, so alerts key on a
+//! variant, never on the wording of a message. Anything not on the list, known or not, is
+//! retried.
+//!
+//! SQLSTATEs are classified here and only here, whether they come from tokio-postgres or from
+//! the replication transport's error text ([`sqlstate_action`]).
 
 use tokio_postgres::error::SqlState;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
+    /// A PostgreSQL session (SQL) failed or answered with an error.
     #[error("postgres: {}", describe_pg(.0))]
     Postgres(#[from] tokio_postgres::Error),
+    /// The replication connection's server answered with an error (`sqlstate` when it said one).
+    #[error("postgres: {message}")]
+    Server { sqlstate: Option<String>, message: String },
+    /// The connection to PostgreSQL dropped, or the server ended the stream.
+    #[error("postgres: {0}")]
+    Disconnected(String),
+    /// Kafka did not acknowledge a record in time to keep going; retried.
     #[error("kafka: {0}")]
     Kafka(String),
-    #[error("postgres: {0}")]
-    ConnectionLost(String),
-    /// Another instance streams from the slot; this one waits as a standby.
+    /// Another instance holds the slot or the leader lock; this one waits as a standby.
     #[error("{0}")]
-    SlotInUse(String),
+    Standby(String),
+    /// The server sent what the replication protocol does not allow: retrying replays it.
+    #[error("replication protocol: {0}; please report this as a bug")]
+    Protocol(String),
+    /// Shutdown was requested while a step could not finish; nothing was confirmed past it.
+    #[error("interrupted by shutdown")]
+    Interrupted,
     /// An operator must act; the message says what to do.
-    #[error("{0}")]
-    Fatal(String),
+    #[error("{message}")]
+    Fatal { reason: FatalReason, message: String },
 }
 
-/// Fatal SQLSTATEs: retrying cannot fix them, an operator must.
-const FATAL_SQLSTATES: &[SqlState] = &[
-    SqlState::INVALID_PASSWORD,
-    SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
-    SqlState::INSUFFICIENT_PRIVILEGE,
-    SqlState::UNDEFINED_TABLE,
-    SqlState::UNDEFINED_COLUMN,
-    SqlState::INVALID_CATALOG_NAME,
-];
+/// What the supervisor does after a session ended with an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Back off, then start a new session.
+    Retry,
+    /// Wait as a standby, then try to become active again.
+    Standby,
+    /// Stop the relay and exit non-zero.
+    Fatal(FatalReason),
+}
+
+/// Why the relay stopped: the `reason` label of `outbox_relay_fatal_error`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FatalReason {
+    /// The slot was invalidated: PostgreSQL removed WAL it had not read.
+    SlotLost,
+    /// The slot the relay published from is gone.
+    SlotMissing,
+    /// The publication is missing, or does not publish the outbox.
+    Publication,
+    /// A table, column or database the configuration names does not exist.
+    Schema,
+    /// PostgreSQL refused the credentials.
+    Auth,
+    /// The role lacks a privilege it needs.
+    Privilege,
+    /// The configuration cannot work (checked at start-up).
+    Config,
+    /// The replication stream broke the protocol.
+    Protocol,
+    /// Anything else an operator must look at (e.g. the Kafka producer cannot be created).
+    Other,
+}
+
+impl FatalReason {
+    /// Every reason, for initializing the labelled series at zero.
+    pub const ALL: [FatalReason; 9] = [
+        FatalReason::SlotLost,
+        FatalReason::SlotMissing,
+        FatalReason::Publication,
+        FatalReason::Schema,
+        FatalReason::Auth,
+        FatalReason::Privilege,
+        FatalReason::Config,
+        FatalReason::Protocol,
+        FatalReason::Other,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            FatalReason::SlotLost => "slot_lost",
+            FatalReason::SlotMissing => "slot_missing",
+            FatalReason::Publication => "publication",
+            FatalReason::Schema => "schema",
+            FatalReason::Auth => "auth",
+            FatalReason::Privilege => "privilege",
+            FatalReason::Config => "config",
+            FatalReason::Protocol => "protocol",
+            FatalReason::Other => "other",
+        }
+    }
+}
 
 impl RelayError {
-    /// True when retrying cannot help.
-    pub fn is_fatal(&self) -> bool {
+    pub fn fatal(reason: FatalReason, message: impl Into<String>) -> RelayError {
+        RelayError::Fatal { reason, message: message.into() }
+    }
+
+    /// THE policy: what to do after this error.
+    pub fn action(&self) -> Action {
         match self {
-            RelayError::Fatal(_) => true,
-            RelayError::Postgres(e) => e.code().is_some_and(|code| FATAL_SQLSTATES.contains(code)),
-            RelayError::Kafka(_) | RelayError::ConnectionLost(_) | RelayError::SlotInUse(_) => false,
+            RelayError::Postgres(e) => match e.code() {
+                Some(code) => sqlstate_action(code.code()),
+                None => Action::Retry,
+            },
+            RelayError::Server { sqlstate: Some(code), .. } => sqlstate_action(code),
+            RelayError::Server { sqlstate: None, .. } => Action::Retry,
+            RelayError::Disconnected(_) | RelayError::Kafka(_) | RelayError::Interrupted => Action::Retry,
+            RelayError::Standby(_) => Action::Standby,
+            RelayError::Protocol(_) => Action::Fatal(FatalReason::Protocol),
+            RelayError::Fatal { reason, .. } => Action::Fatal(*reason),
         }
     }
 
-    /// The `reason` label of `outbox_relay_fatal_error`.
-    pub fn fatal_reason(&self) -> &'static str {
-        match self {
-            RelayError::Fatal(m) if m.contains("invalidated") => "slot_lost",
-            RelayError::Fatal(m) if m.contains("is missing") => "slot_missing",
-            RelayError::Postgres(_) => "postgres",
-            _ => "other",
-        }
-    }
-
-    /// A low-cardinality label for logs and metrics.
+    /// A low-cardinality label for logs: what kind of outage this is.
     pub fn kind(&self) -> &'static str {
         match self {
             RelayError::Postgres(e) if e.is_closed() || e.code().is_none() => "postgres_unavailable",
-            RelayError::ConnectionLost(_) => "postgres_unavailable",
-            RelayError::SlotInUse(_) => "standby",
-            RelayError::Postgres(_) => "postgres_error",
+            RelayError::Disconnected(_) => "postgres_unavailable",
+            RelayError::Postgres(_) | RelayError::Server { .. } => "postgres_error",
             RelayError::Kafka(_) => "kafka_unavailable",
-            RelayError::Fatal(_) => "fatal",
+            RelayError::Standby(_) => "standby",
+            RelayError::Interrupted => "shutdown",
+            RelayError::Protocol(_) | RelayError::Fatal { .. } => "fatal",
         }
     }
+}
+
+/// The policy for a SQLSTATE, from either client. Fatal ones cannot be fixed by retrying.
+pub fn sqlstate_action(code: &str) -> Action {
+    let state = SqlState::from_code(code);
+    let fatal = |reason| Action::Fatal(reason);
+    match state {
+        SqlState::INVALID_PASSWORD | SqlState::INVALID_AUTHORIZATION_SPECIFICATION => {
+            fatal(FatalReason::Auth)
+        }
+        SqlState::INSUFFICIENT_PRIVILEGE => fatal(FatalReason::Privilege),
+        SqlState::UNDEFINED_TABLE | SqlState::UNDEFINED_COLUMN | SqlState::INVALID_CATALOG_NAME => {
+            fatal(FatalReason::Schema)
+        }
+        // pgoutput: `publication "x" does not exist` (the slot decodes with the catalog as it was
+        // at each change, so a publication re-created later is invisible to it)
+        SqlState::UNDEFINED_OBJECT => fatal(FatalReason::Publication),
+        // `replication slot "x" is active for PID n`; `replication slot "x" already exists`
+        SqlState::OBJECT_IN_USE | SqlState::DUPLICATE_OBJECT => Action::Standby,
+        // `can no longer get changes from replication slot "x"`: invalidated
+        SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE => fatal(FatalReason::SlotLost),
+        _ => Action::Retry,
+    }
+}
+
+/// The SQLSTATE in a server error text such as pgwire-replication's
+/// `ERROR: ... (SQLSTATE 55006)`.
+pub fn sqlstate_in(message: &str) -> Option<String> {
+    let at = message.find("SQLSTATE ")? + "SQLSTATE ".len();
+    let code: String = message[at..].chars().take(5).collect();
+    (code.len() == 5 && code.chars().all(|c| c.is_ascii_alphanumeric())).then_some(code)
 }
 
 /// The server's message and hint when there is one; tokio-postgres's Display says only "db error".
@@ -73,5 +177,62 @@ fn describe_pg(e: &tokio_postgres::Error) -> String {
             None => format!("{} ({})", db.message(), db.code().code()),
         },
         None => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(code: &str) -> RelayError {
+        RelayError::Server { sqlstate: Some(code.into()), message: "x".into() }
+    }
+
+    #[test]
+    fn every_variant_has_its_action() {
+        assert_eq!(RelayError::Disconnected("reset".into()).action(), Action::Retry);
+        assert_eq!(RelayError::Kafka("down".into()).action(), Action::Retry);
+        assert_eq!(RelayError::Interrupted.action(), Action::Retry);
+        assert_eq!(RelayError::Standby("slot busy".into()).action(), Action::Standby);
+        assert_eq!(
+            RelayError::Protocol("Commit without Begin".into()).action(),
+            Action::Fatal(FatalReason::Protocol)
+        );
+        assert_eq!(RelayError::Server { sqlstate: None, message: "?".into() }.action(), Action::Retry);
+        for reason in FatalReason::ALL {
+            assert_eq!(RelayError::fatal(reason, "m").action(), Action::Fatal(reason));
+        }
+    }
+
+    #[test]
+    fn sqlstates_are_classified_once() {
+        assert_eq!(server("28P01").action(), Action::Fatal(FatalReason::Auth));
+        assert_eq!(server("28000").action(), Action::Fatal(FatalReason::Auth));
+        assert_eq!(server("42501").action(), Action::Fatal(FatalReason::Privilege));
+        assert_eq!(server("42P01").action(), Action::Fatal(FatalReason::Schema));
+        assert_eq!(server("42703").action(), Action::Fatal(FatalReason::Schema));
+        assert_eq!(server("3D000").action(), Action::Fatal(FatalReason::Schema));
+        assert_eq!(server("42704").action(), Action::Fatal(FatalReason::Publication));
+        assert_eq!(server("55006").action(), Action::Standby);
+        assert_eq!(server("42710").action(), Action::Standby);
+        assert_eq!(server("55000").action(), Action::Fatal(FatalReason::SlotLost));
+        // admin shutdown, too many connections, serialization: transient
+        for code in ["57P01", "53300", "40001", "08006"] {
+            assert_eq!(server(code).action(), Action::Retry, "{code}");
+        }
+    }
+
+    #[test]
+    fn sqlstate_is_read_from_server_text() {
+        let text = "ERROR: replication slot \"s\" is active for PID 42 (SQLSTATE 55006)";
+        assert_eq!(sqlstate_in(text).as_deref(), Some("55006"));
+        assert_eq!(sqlstate_in("no code here"), None);
+        assert_eq!(sqlstate_in("SQLSTATE 12"), None);
+    }
+
+    #[test]
+    fn fatal_labels_are_distinct() {
+        let labels: std::collections::BTreeSet<_> = FatalReason::ALL.iter().map(|r| r.label()).collect();
+        assert_eq!(labels.len(), FatalReason::ALL.len());
     }
 }

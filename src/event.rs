@@ -54,18 +54,37 @@ pub struct OutboxEvent {
 }
 
 impl OutboxEvent {
-    /// The record as JSON, for the dead-letter table's `row_data`.
-    pub fn to_json(&self) -> serde_json::Value {
-        let headers: serde_json::Map<String, serde_json::Value> =
-            self.headers.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
-        serde_json::json!({
-            "id": self.id,
-            "topic": self.topic,
-            "aggregate_id": self.key,
-            "payload": String::from_utf8_lossy(&self.payload),
-            "headers": headers,
-        })
+    /// The row this record was made from, as far as the record tells (for the dead-letter
+    /// table when Kafka refuses it): the resolved topic, the key as aggregate id, and the
+    /// row's own headers as a JSON object.
+    pub fn to_raw(&self) -> RawEvent {
+        let header = |name: &str| self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+        let own: serde_json::Map<String, serde_json::Value> = self
+            .headers
+            .iter()
+            .skip(BUILT_IN_HEADERS)
+            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+            .collect();
+        RawEvent {
+            id: Some(self.id.clone()),
+            aggregate_type: header("aggregate_type"),
+            aggregate_id: Some(self.key.clone()),
+            event_type: header("event_type"),
+            payload: Some(String::from_utf8_lossy(&self.payload).into_owned()),
+            headers: (!own.is_empty()).then(|| serde_json::Value::Object(own).to_string()),
+            topic: Some(self.topic.clone()),
+        }
     }
+}
+
+/// The headers every record starts with: `id`, `event_type`, `aggregate_type`.
+const BUILT_IN_HEADERS: usize = 3;
+
+/// A row that cannot become a record, with the row, so it can be dead-lettered as it was.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unpublishable {
+    pub reason: PoisonReason,
+    pub row: RawEvent,
 }
 
 /// Why a row cannot become a record. The row is dead-lettered or blocks, never dropped.
@@ -77,8 +96,6 @@ pub enum PoisonReason {
     BadHeaders { detail: String },
     #[error("topic \"{topic}\" is not a valid Kafka topic name ({detail})")]
     BadTopic { topic: String, detail: &'static str },
-    #[error("broker refused the record permanently: {detail}")]
-    Refused { detail: String },
 }
 
 /// A piece of the topic template, parsed once (the hot path only concatenates).
@@ -123,32 +140,49 @@ impl Mapping {
         Mapping { topic_template: parse_template(&outbox.topic_template), columns: outbox.columns.clone() }
     }
 
-    /// Turns a row into a record, or says which column is wrong.
+    /// Turns a row into a record, or says which column is wrong (handing the row back).
     pub fn to_event(
         &self,
         raw: RawEvent,
         created_at: Option<SystemTime>,
-    ) -> Result<OutboxEvent, PoisonReason> {
+    ) -> Result<OutboxEvent, Box<Unpublishable>> {
+        let (topic, own_headers) = match self.check(&raw) {
+            Ok(checked) => checked,
+            Err(reason) => return Err(Box::new(Unpublishable { reason, row: raw })),
+        };
+        // `check` proved every required column present
+        let (Some(id), Some(aggregate_type), Some(key), Some(event_type), Some(payload)) =
+            (raw.id, raw.aggregate_type, raw.aggregate_id, raw.event_type, raw.payload)
+        else {
+            unreachable!("checked above")
+        };
+        let mut headers = Vec::with_capacity(BUILT_IN_HEADERS + own_headers.len());
+        headers.push(("id".to_string(), id.clone()));
+        headers.push(("event_type".to_string(), event_type));
+        headers.push(("aggregate_type".to_string(), aggregate_type));
+        headers.extend(own_headers);
+        Ok(OutboxEvent { id, topic, key, payload: payload.into_bytes(), headers, created_at })
+    }
+
+    /// Everything that can make a row unpublishable, without taking it apart: the topic and
+    /// the row's own headers when it is fine.
+    fn check(&self, raw: &RawEvent) -> Result<(String, Vec<(String, String)>), PoisonReason> {
         let c = &self.columns;
-        let id = required(raw.id, &c.id)?;
-        let aggregate_type = required(raw.aggregate_type, &c.aggregate_type)?;
-        let key = required(raw.aggregate_id, &c.aggregate_id)?;
-        let event_type = required(raw.event_type, &c.event_type)?;
-        let payload = required(raw.payload, &c.payload)?.into_bytes();
-        let topic = match raw.topic.filter(|t| !t.is_empty()) {
-            Some(topic) => topic,
-            None => self.render_topic(&aggregate_type, &event_type),
+        required(&raw.id, &c.id)?;
+        let aggregate_type = required(&raw.aggregate_type, &c.aggregate_type)?;
+        required(&raw.aggregate_id, &c.aggregate_id)?;
+        let event_type = required(&raw.event_type, &c.event_type)?;
+        required(&raw.payload, &c.payload)?;
+        let topic = match raw.topic.as_deref().filter(|t| !t.is_empty()) {
+            Some(topic) => topic.to_string(),
+            None => self.render_topic(aggregate_type, event_type),
         };
         validate_topic(&topic)?;
-        let mut headers = vec![
-            ("id".to_string(), id.clone()),
-            ("event_type".to_string(), event_type),
-            ("aggregate_type".to_string(), aggregate_type),
-        ];
-        if let Some(text) = raw.headers {
-            headers.extend(string_headers(&text)?);
-        }
-        Ok(OutboxEvent { id, topic, key, payload, headers, created_at })
+        let headers = match &raw.headers {
+            Some(text) => string_headers(text)?,
+            None => Vec::new(),
+        };
+        Ok((topic, headers))
     }
 
     fn render_topic(&self, aggregate_type: &str, event_type: &str) -> String {
@@ -164,8 +198,8 @@ impl Mapping {
     }
 }
 
-fn required(value: Option<String>, column: &str) -> Result<String, PoisonReason> {
-    value.ok_or_else(|| PoisonReason::NullColumn { column: column.to_string() })
+fn required<'a>(value: &'a Option<String>, column: &str) -> Result<&'a str, PoisonReason> {
+    value.as_deref().ok_or_else(|| PoisonReason::NullColumn { column: column.to_string() })
 }
 
 /// The string entries of a JSON object; other value types are not headers and are skipped
@@ -271,18 +305,35 @@ mod tests {
 
     #[test]
     fn null_aggregate_id_is_poison_naming_the_column() {
-        let err = mapping().to_event(RawEvent { aggregate_id: None, ..raw() }, None).unwrap_err();
-        assert_eq!(err.to_string(), "column aggregate_id is NULL");
+        let row = RawEvent { aggregate_id: None, ..raw() };
+        let err = mapping().to_event(row.clone(), None).unwrap_err();
+        assert_eq!(err.reason.to_string(), "column aggregate_id is NULL");
+        assert_eq!(err.row, row, "the row comes back whole, for the dead-letter table");
     }
 
     #[test]
     fn bad_headers_and_topics_are_poison() {
         let err = mapping().to_event(RawEvent { headers: Some("[1]".into()), ..raw() }, None).unwrap_err();
-        assert!(matches!(err, PoisonReason::BadHeaders { .. }), "{err}");
+        assert!(matches!(err.reason, PoisonReason::BadHeaders { .. }), "{}", err.reason);
         let err = mapping().to_event(RawEvent { topic: Some("a b".into()), ..raw() }, None).unwrap_err();
-        assert!(matches!(err, PoisonReason::BadTopic { .. }), "{err}");
+        assert!(matches!(err.reason, PoisonReason::BadTopic { .. }), "{}", err.reason);
         let err =
             mapping().to_event(RawEvent { aggregate_type: Some("ü".into()), ..raw() }, None).unwrap_err();
-        assert!(matches!(err, PoisonReason::BadTopic { .. }), "{err}");
+        assert!(matches!(err.reason, PoisonReason::BadTopic { .. }), "{}", err.reason);
+    }
+
+    #[test]
+    fn a_record_gives_back_the_row_it_came_from() {
+        let event = mapping().to_event(raw(), None).unwrap();
+        let back = event.to_raw();
+        assert_eq!(back.id.as_deref(), Some("7"));
+        assert_eq!(back.aggregate_type.as_deref(), Some("order"));
+        assert_eq!(back.aggregate_id.as_deref(), Some("42"));
+        assert_eq!(back.event_type.as_deref(), Some("OrderPlaced"));
+        assert_eq!(back.payload.as_deref(), Some("{\"a\": 1}"));
+        assert_eq!(back.headers.as_deref(), Some("{\"traceparent\":\"00-abc-01\"}"));
+        assert_eq!(back.topic.as_deref(), Some("outbox.event.order"));
+        // and maps to the same record again
+        assert_eq!(mapping().to_event(back, None).unwrap(), event);
     }
 }

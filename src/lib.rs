@@ -10,27 +10,31 @@
 //!
 //! Modules:
 //! - [`config`]: the TOML + environment configuration, validated, secrets redacted;
-//! - [`table`]: the configured outbox table and the SQL built from its column names;
+//! - [`table`]: the configured outbox table and every SQL text about it;
 //! - [`check`]: the `outbox-relay check` preflight;
 //! - [`event`]: how a row becomes a Kafka record (one mapping for both modes);
+//! - [`dead_letter`]: the one path for an event that cannot be published;
 //! - [`sink`]: the Kafka producer (`acks=all`, idempotent), failures classified;
 //! - [`source`]: where events come from (polling, replication);
 //! - [`checkpoint`], [`position`]: which LSN may be confirmed; LSN arithmetic;
-//! - [`relay`]: the daemon and its graceful shutdown;
-//! - [`error`], [`retry`]: retry versus fatal, and backoff;
-//! - [`metrics`], [`http`], [`sampler`]: what SREs see: metrics, health, slot and backlog gauges.
+//! - [`error`]: the one error type and the one policy (retry, standby, fatal);
+//! - [`supervisor`]: runs a source: backoff, standby wait, health, shutdown flush;
+//! - [`relay`]: the daemon: listener, sampler, supervisor, signals;
+//! - [`health`], [`metrics`], [`http`], [`sampler`]: what SREs see.
 
 pub mod check;
-pub mod checkpoint;
+pub(crate) mod checkpoint;
 pub mod config;
+pub(crate) mod dead_letter;
 pub mod error;
-pub mod event;
-pub mod http;
+pub(crate) mod event;
+pub(crate) mod health;
+pub(crate) mod http;
 pub mod metrics;
 pub mod position;
 pub mod relay;
-pub mod retry;
-pub mod sampler;
+pub(crate) mod sampler;
 pub mod sink;
 pub mod source;
-pub mod table;
+pub(crate) mod supervisor;
+pub(crate) mod table;

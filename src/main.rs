@@ -90,6 +90,9 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    for deprecation in &config.deprecations {
+        tracing::warn!("{deprecation}");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     match cli.command {
         Command::Validate { .. } => {
@@ -140,9 +143,9 @@ async fn run_setup(config: RelayConfig, recreate_slot: bool) -> ExitCode {
         }
     };
     match ReplicationSource::new(config, sink).setup(recreate_slot).await {
-        Ok(report) => {
+        Ok(consistent_point) => {
             println!("publication \"{publication}\": present");
-            match report.consistent_point {
+            match consistent_point {
                 Some(lsn) => {
                     println!("slot \"{slot}\": created at {lsn}; rows already in the table published")
                 }

@@ -38,6 +38,50 @@ pub const BACKLOG_OLDEST_AGE: &str = "outbox_relay_backlog_oldest_age_seconds";
 pub const LEADER: &str = "outbox_relay_leader";
 pub const BUILD_INFO: &str = "outbox_relay_build_info";
 pub const FATAL: &str = "outbox_relay_fatal_error";
+pub const EVENTS_BLOCKED: &str = "outbox_relay_events_blocked";
+pub const STREAM_MESSAGES_SKIPPED: &str = "outbox_relay_stream_messages_skipped_total";
+
+/// Every metric with its help text, in the order they are documented.
+pub const ALL: &[(&str, &str)] = &[
+    (EVENTS_READ, "Events read from the source"),
+    (EVENTS_PUBLISHED, "Events acknowledged by Kafka (acks=all)"),
+    (EVENTS_DEAD_LETTERED, "Events moved to the dead-letter table"),
+    (EVENTS_BLOCKED, "1 while the relay holds at an unpublishable event (dead_letter.on_poison = block)"),
+    (PUBLISH_ERRORS, "Records Kafka did not acknowledge, by error type"),
+    (PUBLISH_LATENCY, "From handing a record to the producer to its acknowledgement"),
+    (
+        END_TO_END_LATENCY,
+        "From the transaction's commit (replication) or created_at (polling) to the acknowledgement",
+    ),
+    (EVENTS_IN_FLIGHT, "Events sent to Kafka and not yet acknowledged"),
+    (TRANSACTIONS_IN_FLIGHT, "Transactions received and not yet confirmed"),
+    (RECEIVED_LSN, "Last WAL position received from the slot, as a byte offset"),
+    (CONFIRMED_LSN, "Last WAL position confirmed to PostgreSQL, as a byte offset"),
+    (SERVER_WAL_LSN, "pg_current_wal_lsn() as a byte offset (sampled)"),
+    (LAST_CONFIRM, "Unix time of the last confirmation that moved the position"),
+    (SLOT_CONFIRMED_LAG, "pg_current_wal_lsn() - confirmed_flush_lsn of the slot"),
+    (SLOT_RETAINED_WAL, "pg_current_wal_lsn() - restart_lsn: WAL the slot keeps"),
+    (SLOT_WAL_STATUS, "1 for the slot's current wal_status (reserved, extended, unreserved, lost)"),
+    (SLOT_SAFE_WAL_SIZE, "WAL that can still be written before the slot is lost"),
+    (SLOT_ACTIVE, "1 when a walsender streams from the slot"),
+    (SLOT_LAG_WARNING, "metrics.slot_lag_warning_bytes, for alert rules"),
+    (SLOT_LAG_CRITICAL, "metrics.slot_lag_critical_bytes, for alert rules"),
+    (BACKLOG_EVENTS, "Unpublished rows in the outbox table (polling; capped at 1e6)"),
+    (BACKLOG_OLDEST_AGE, "Age of the oldest unpublished row (polling)"),
+    (LEADER, "1 when this instance is the active relay, 0 when standby"),
+    (BUILD_INFO, "Always 1; labels say the version and source mode"),
+    (
+        FATAL,
+        "1 when the relay stopped on a fatal error (reason: slot_lost, slot_missing, publication, schema, auth, privilege, config, protocol, other)",
+    ),
+    (
+        STREAM_MESSAGES_SKIPPED,
+        "Replication stream messages the relay does not act on, by kind (unknown: a kind it does not know)",
+    ),
+];
+
+/// `kind` values of the skipped stream messages counter.
+pub const SKIPPED_KINDS: &[&str] = &["foreign_message", "stopped_at", "unknown"];
 
 /// wal_status values of pg_replication_slots, exported one series each (1 = current).
 pub const WAL_STATUSES: &[&str] = &["reserved", "extended", "unreserved", "lost"];
@@ -54,9 +98,6 @@ pub const ERROR_TYPES: &[&str] = &[
     "stalled",
     "other",
 ];
-
-/// `reason` values of the fatal error gauge.
-pub const FATAL_REASONS: &[&str] = &["slot_lost", "slot_missing", "postgres", "other"];
 
 /// Buckets from 1 ms to 60 s.
 const LATENCY_BUCKETS: &[f64] =
@@ -88,152 +129,74 @@ pub struct Metrics {
     pub leader: IntGauge,
     pub build_info: GaugeVec,
     pub fatal: IntGaugeVec,
+    pub events_blocked: IntGauge,
+    pub stream_messages_skipped: IntCounterVec,
 }
 
-fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-    registry.register(Box::new(c.clone())).expect("registered once");
-    c
+fn help(name: &str) -> &'static str {
+    ALL.iter().find(|(n, _)| *n == name).map(|(_, h)| *h).expect("every metric is in ALL")
 }
 
-fn int_gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
-    let g = IntGauge::new(name, help).expect("valid metric");
-    registry.register(Box::new(g.clone())).expect("registered once");
-    g
+fn register<M: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: M) -> M {
+    registry.register(Box::new(metric.clone())).expect("registered once");
+    metric
 }
 
-fn gauge(registry: &Registry, name: &str, help: &str) -> Gauge {
-    let g = Gauge::new(name, help).expect("valid metric");
-    registry.register(Box::new(g.clone())).expect("registered once");
-    g
+fn counter(r: &Registry, name: &str, labels: &[&str]) -> IntCounterVec {
+    register(r, IntCounterVec::new(Opts::new(name, help(name)), labels).expect("valid metric"))
 }
 
-fn histogram(registry: &Registry, name: &str, help: &str) -> Histogram {
-    let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()))
-        .expect("valid metric");
-    registry.register(Box::new(h.clone())).expect("registered once");
-    h
+fn int_gauge(r: &Registry, name: &str) -> IntGauge {
+    register(r, IntGauge::new(name, help(name)).expect("valid metric"))
+}
+
+fn int_gauge_vec(r: &Registry, name: &str, labels: &[&str]) -> IntGaugeVec {
+    register(r, IntGaugeVec::new(Opts::new(name, help(name)), labels).expect("valid metric"))
+}
+
+fn gauge(r: &Registry, name: &str) -> Gauge {
+    register(r, Gauge::new(name, help(name)).expect("valid metric"))
+}
+
+fn histogram(r: &Registry, name: &str) -> Histogram {
+    let opts = HistogramOpts::new(name, help(name)).buckets(LATENCY_BUCKETS.to_vec());
+    register(r, Histogram::with_opts(opts).expect("valid metric"))
 }
 
 impl Metrics {
     fn new() -> Metrics {
         let r = Registry::new();
-        let slot_wal_status = IntGaugeVec::new(
-            Opts::new(
-                SLOT_WAL_STATUS,
-                "1 for the slot's current wal_status (reserved, extended, unreserved, lost)",
-            ),
-            &["status"],
-        )
-        .expect("valid metric");
-        r.register(Box::new(slot_wal_status.clone())).expect("registered once");
-        let build_info = GaugeVec::new(
-            Opts::new(BUILD_INFO, "Always 1; labels say the version and source mode"),
-            &["version", "mode"],
-        )
-        .expect("valid metric");
-        r.register(Box::new(build_info.clone())).expect("registered once");
-        let fatal = IntGaugeVec::new(
-            Opts::new(
-                FATAL,
-                "1 when the relay stopped on a fatal error (reason: slot_lost, slot_missing, config, other)",
-            ),
-            &["reason"],
-        )
-        .expect("valid metric");
-        r.register(Box::new(fatal.clone())).expect("registered once");
         Metrics {
-            events_read: counter(&r, EVENTS_READ, "Events read from the source", &["mode"]),
-            events_published: counter(
+            events_read: counter(&r, EVENTS_READ, &["mode"]),
+            events_published: counter(&r, EVENTS_PUBLISHED, &["mode"]),
+            events_dead_lettered: counter(&r, EVENTS_DEAD_LETTERED, &["mode"]),
+            events_blocked: int_gauge(&r, EVENTS_BLOCKED),
+            publish_errors: counter(&r, PUBLISH_ERRORS, &["error_type"]),
+            publish_latency: histogram(&r, PUBLISH_LATENCY),
+            end_to_end_latency: histogram(&r, END_TO_END_LATENCY),
+            events_in_flight: int_gauge(&r, EVENTS_IN_FLIGHT),
+            transactions_in_flight: int_gauge(&r, TRANSACTIONS_IN_FLIGHT),
+            received_lsn: gauge(&r, RECEIVED_LSN),
+            confirmed_lsn: gauge(&r, CONFIRMED_LSN),
+            server_wal_lsn: gauge(&r, SERVER_WAL_LSN),
+            last_confirm: gauge(&r, LAST_CONFIRM),
+            slot_confirmed_lag: int_gauge(&r, SLOT_CONFIRMED_LAG),
+            slot_retained_wal: int_gauge(&r, SLOT_RETAINED_WAL),
+            slot_wal_status: int_gauge_vec(&r, SLOT_WAL_STATUS, &["status"]),
+            slot_safe_wal_size: int_gauge(&r, SLOT_SAFE_WAL_SIZE),
+            slot_active: int_gauge(&r, SLOT_ACTIVE),
+            slot_lag_warning: int_gauge(&r, SLOT_LAG_WARNING),
+            slot_lag_critical: int_gauge(&r, SLOT_LAG_CRITICAL),
+            backlog_events: int_gauge(&r, BACKLOG_EVENTS),
+            backlog_oldest_age: gauge(&r, BACKLOG_OLDEST_AGE),
+            leader: int_gauge(&r, LEADER),
+            build_info: register(
                 &r,
-                EVENTS_PUBLISHED,
-                "Events acknowledged by Kafka (acks=all)",
-                &["mode"],
+                GaugeVec::new(Opts::new(BUILD_INFO, help(BUILD_INFO)), &["version", "mode"])
+                    .expect("valid metric"),
             ),
-            events_dead_lettered: counter(
-                &r,
-                EVENTS_DEAD_LETTERED,
-                "Events moved to the dead-letter table",
-                &["mode"],
-            ),
-            publish_errors: counter(
-                &r,
-                PUBLISH_ERRORS,
-                "Records Kafka did not acknowledge, by error type",
-                &["error_type"],
-            ),
-            publish_latency: histogram(
-                &r,
-                PUBLISH_LATENCY,
-                "From handing a record to the producer to its acknowledgement",
-            ),
-            end_to_end_latency: histogram(
-                &r,
-                END_TO_END_LATENCY,
-                "From the transaction's commit (replication) or created_at (polling) to the acknowledgement",
-            ),
-            events_in_flight: int_gauge(
-                &r,
-                EVENTS_IN_FLIGHT,
-                "Events sent to Kafka and not yet acknowledged",
-            ),
-            transactions_in_flight: int_gauge(
-                &r,
-                TRANSACTIONS_IN_FLIGHT,
-                "Transactions received and not yet confirmed",
-            ),
-            received_lsn: gauge(
-                &r,
-                RECEIVED_LSN,
-                "Last WAL position received from the slot, as a byte offset",
-            ),
-            confirmed_lsn: gauge(
-                &r,
-                CONFIRMED_LSN,
-                "Last WAL position confirmed to PostgreSQL, as a byte offset",
-            ),
-            last_confirm: gauge(
-                &r,
-                LAST_CONFIRM,
-                "Unix time of the last confirmation that moved the position",
-            ),
-            server_wal_lsn: gauge(&r, SERVER_WAL_LSN, "pg_current_wal_lsn() as a byte offset (sampled)"),
-            slot_confirmed_lag: int_gauge(
-                &r,
-                SLOT_CONFIRMED_LAG,
-                "pg_current_wal_lsn() - confirmed_flush_lsn of the slot",
-            ),
-            slot_retained_wal: int_gauge(
-                &r,
-                SLOT_RETAINED_WAL,
-                "pg_current_wal_lsn() - restart_lsn: WAL the slot keeps",
-            ),
-            slot_wal_status,
-            slot_safe_wal_size: int_gauge(
-                &r,
-                SLOT_SAFE_WAL_SIZE,
-                "WAL that can still be written before the slot is lost",
-            ),
-            slot_active: int_gauge(&r, SLOT_ACTIVE, "1 when a walsender streams from the slot"),
-            slot_lag_warning: int_gauge(
-                &r,
-                SLOT_LAG_WARNING,
-                "metrics.slot_lag_warning_bytes, for alert rules",
-            ),
-            slot_lag_critical: int_gauge(
-                &r,
-                SLOT_LAG_CRITICAL,
-                "metrics.slot_lag_critical_bytes, for alert rules",
-            ),
-            backlog_events: int_gauge(
-                &r,
-                BACKLOG_EVENTS,
-                "Unpublished rows in the outbox table (polling; capped at 1e6)",
-            ),
-            backlog_oldest_age: gauge(&r, BACKLOG_OLDEST_AGE, "Age of the oldest unpublished row (polling)"),
-            leader: int_gauge(&r, LEADER, "1 when this instance is the active relay, 0 when standby"),
-            build_info,
-            fatal,
+            fatal: int_gauge_vec(&r, FATAL, &["reason"]),
+            stream_messages_skipped: counter(&r, STREAM_MESSAGES_SKIPPED, &["kind"]),
             registry: r,
         }
     }
@@ -250,8 +213,11 @@ impl Metrics {
         for status in WAL_STATUSES {
             self.slot_wal_status.with_label_values(&[status]);
         }
-        for reason in FATAL_REASONS {
-            self.fatal.with_label_values(&[reason]);
+        for reason in crate::error::FatalReason::ALL {
+            self.fatal.with_label_values(&[reason.label()]);
+        }
+        for kind in SKIPPED_KINDS {
+            self.stream_messages_skipped.with_label_values(&[kind]);
         }
         self.build_info.with_label_values(&[version, mode]).set(1.0);
     }
@@ -307,6 +273,11 @@ mod tests {
             assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing");
         }
         assert!(text.contains("outbox_relay_end_to_end_latency_seconds_bucket{le=\"0.001\"}"));
+        m.initialize("replication", "0");
+        let text = m.render();
+        for (name, help) in ALL {
+            assert!(text.contains(&format!("# HELP {name} {help}")), "{name} missing after initialize");
+        }
         assert!(text.contains("outbox_relay_end_to_end_latency_seconds_bucket{le=\"60\"}"));
     }
 }

@@ -5,26 +5,33 @@
 //! exits anyway: an uncommitted batch is rolled back by PostgreSQL when the session closes, so
 //! its rows are published again by the next run (at-least-once), never lost.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
 use crate::config::{RelayConfig, SourceMode};
-use crate::error::RelayError;
+use crate::error::{Action, FatalReason, RelayError};
+use crate::health::{Health, Phase};
 use crate::metrics::metrics;
 use crate::sink::kafka::KafkaSink;
 use crate::source::polling::PollingSource;
 use crate::source::replication::ReplicationSource;
-use crate::{http, sampler};
+use crate::{http, sampler, supervisor};
 
 pub async fn run(config: RelayConfig) -> Result<(), RelayError> {
     let linger = Duration::from_secs(config.metrics.fatal_exit_delay_secs);
     let serving = !config.metrics.listen.is_empty();
-    let result = run_until_stopped(config).await;
+    let health = Arc::new(Health::new(Duration::from_millis(config.retry.max_backoff_ms)));
+    let result = run_until_stopped(config, health.clone()).await;
     if let Err(e) = &result {
-        metrics().fatal.with_label_values(&[e.fatal_reason()]).set(1);
-        http::health().set(http::State::Degraded(format!("fatal: {e}")));
+        let reason = match e.action() {
+            Action::Fatal(reason) => reason,
+            Action::Retry | Action::Standby => FatalReason::Other,
+        };
+        metrics().fatal.with_label_values(&[reason.label()]).set(1);
+        health.set_phase(Phase::Fatal(e.to_string()));
         if serving && !linger.is_zero() {
             // keep /metrics up long enough for a scrape to see outbox_relay_fatal_error = 1
             tracing::error!(error = %e, exit_in_secs = linger.as_secs(), "fatal error; serving metrics, then exiting");
@@ -34,32 +41,43 @@ pub async fn run(config: RelayConfig) -> Result<(), RelayError> {
     result
 }
 
-async fn run_until_stopped(config: RelayConfig) -> Result<(), RelayError> {
+async fn run_until_stopped(config: RelayConfig, health: Arc<Health>) -> Result<(), RelayError> {
     let m = metrics();
     let mode = config.source.mode.to_string();
     m.initialize(&mode, env!("CARGO_PKG_VERSION"));
     m.slot_lag_warning.set(config.metrics.slot_lag_warning_bytes as i64);
     m.slot_lag_critical.set(config.metrics.slot_lag_critical_bytes as i64);
-    http::configure_liveness(Duration::from_millis(config.retry.max_backoff_ms));
     if !config.metrics.listen.is_empty() {
         let listen = config.metrics.listen.parse().expect("validated");
-        http::serve(listen)
-            .await
-            .map_err(|e| RelayError::Fatal(format!("metrics.listen {listen}: cannot listen: {e}")))?;
+        http::serve(listen, health.clone()).await.map_err(|e| {
+            RelayError::fatal(FatalReason::Config, format!("metrics.listen {listen}: cannot listen: {e}"))
+        })?;
     }
     sampler::spawn(config.clone());
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let sink = KafkaSink::new(&config.kafka)
-        .map_err(|e| RelayError::Fatal(format!("cannot create the Kafka producer: {e}")))?;
+    let sink = KafkaSink::new(&config.kafka).map_err(|e| {
+        RelayError::fatal(
+            FatalReason::Config,
+            format!("cannot create the Kafka producer (check kafka.*): {e}"),
+        )
+    })?;
     let grace = Duration::from_secs(config.shutdown.grace_period_secs);
+    let retry = config.retry.clone();
     let mut source = match config.source.mode {
-        SourceMode::Polling => tokio::spawn(PollingSource::new(config, sink).run(shutdown_rx)),
-        SourceMode::Replication => tokio::spawn(ReplicationSource::new(config, sink).run(shutdown_rx)),
+        SourceMode::Polling => {
+            let source = PollingSource::new(config, sink);
+            tokio::spawn(async move { supervisor::run(source, health, &retry, shutdown_rx).await })
+        }
+        SourceMode::Replication => {
+            let source = ReplicationSource::new(config, sink);
+            tokio::spawn(async move { supervisor::run(source, health, &retry, shutdown_rx).await })
+        }
     };
-    let mut sigterm = signal(SignalKind::terminate())
-        .map_err(|e| RelayError::Fatal(format!("cannot install SIGTERM handler: {e}")))?;
-    let mut sigint = signal(SignalKind::interrupt())
-        .map_err(|e| RelayError::Fatal(format!("cannot install SIGINT handler: {e}")))?;
+    let signal_error = |e: std::io::Error| {
+        RelayError::fatal(FatalReason::Other, format!("cannot install a signal handler: {e}"))
+    };
+    let mut sigterm = signal(SignalKind::terminate()).map_err(signal_error)?;
+    let mut sigint = signal(SignalKind::interrupt()).map_err(signal_error)?;
     let signal_name = tokio::select! {
         finished = &mut source => return joined(finished),
         _ = sigterm.recv() => "SIGTERM",
@@ -80,5 +98,5 @@ async fn run_until_stopped(config: RelayConfig) -> Result<(), RelayError> {
 }
 
 fn joined(finished: Result<Result<(), RelayError>, tokio::task::JoinError>) -> Result<(), RelayError> {
-    finished.map_err(|e| RelayError::Fatal(format!("the relay task panicked: {e}")))?
+    finished.map_err(|e| RelayError::fatal(FatalReason::Other, format!("the relay task panicked: {e}")))?
 }

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use tokio_postgres::{Client, NoTls};
 
-use crate::config::{AfterPublish, RelayConfig, SourceMode};
+use crate::config::{RelayConfig, SourceMode};
 use crate::metrics::{WAL_STATUSES, metrics};
-use crate::table::{OutboxTable, quote_ident};
+use crate::table::OutboxTable;
 
 /// Rows counted at most, so sampling a huge backlog stays cheap.
 const BACKLOG_COUNT_CAP: i64 = 1_000_000;
@@ -50,8 +50,9 @@ async fn sample_slot(config: &RelayConfig, client: &Client) -> Result<(), tokio_
     let m = metrics();
     let row = client
         .query_opt(
-            "SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint, (pg_current_wal_lsn() - restart_lsn)::bigint, \
-                    wal_status, safe_wal_size, active, (pg_current_wal_lsn() - '0/0')::float8 \
+            "SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint AS confirmed_lag, \
+                    (pg_current_wal_lsn() - restart_lsn)::bigint AS retained, wal_status, safe_wal_size, active, \
+                    (pg_current_wal_lsn() - '0/0')::float8 AS wal_lsn \
              FROM pg_replication_slots WHERE slot_name = $1",
             &[&config.replication.slot],
         )
@@ -60,47 +61,26 @@ async fn sample_slot(config: &RelayConfig, client: &Client) -> Result<(), tokio_
         m.slot_active.set(0);
         return Ok(());
     };
-    m.slot_confirmed_lag.set(row.get::<_, Option<i64>>(0).unwrap_or(0));
-    m.slot_retained_wal.set(row.get::<_, Option<i64>>(1).unwrap_or(0));
-    let status: Option<String> = row.get(2);
+    m.slot_confirmed_lag.set(row.get::<_, Option<i64>>("confirmed_lag").unwrap_or(0));
+    m.slot_retained_wal.set(row.get::<_, Option<i64>>("retained").unwrap_or(0));
+    let status: Option<String> = row.get("wal_status");
     for s in WAL_STATUSES {
         m.slot_wal_status.with_label_values(&[s]).set(i64::from(status.as_deref() == Some(*s)));
     }
     // NULL safe_wal_size means max_slot_wal_keep_size = -1: no limit; export -1 to say so
-    m.slot_safe_wal_size.set(row.get::<_, Option<i64>>(3).unwrap_or(-1));
-    m.slot_active.set(i64::from(row.get::<_, bool>(4)));
-    m.server_wal_lsn.set(row.get::<_, f64>(5));
+    m.slot_safe_wal_size.set(row.get::<_, Option<i64>>("safe_wal_size").unwrap_or(-1));
+    m.slot_active.set(i64::from(row.get::<_, bool>("active")));
+    m.server_wal_lsn.set(row.get::<_, f64>("wal_lsn"));
     Ok(())
 }
 
 async fn sample_backlog(config: &RelayConfig, client: &Client) -> Result<(), tokio_postgres::Error> {
     let m = metrics();
-    let table = OutboxTable::new(&config.outbox).qualified();
-    let filter = match config.polling.after_publish {
-        AfterPublish::Delete => String::new(),
-        AfterPublish::Mark => format!("WHERE {} IS NULL", quote_ident(&config.polling.published_at_column)),
-    };
-    let count: i64 = client
-        .query_one(
-            &format!("SELECT count(*) FROM (SELECT 1 FROM {table} {filter} LIMIT {BACKLOG_COUNT_CAP}) s"),
-            &[],
-        )
-        .await?
-        .get(0);
+    let table = OutboxTable::new(config);
+    let count: i64 = client.query_one(&table.backlog_count_sql(BACKLOG_COUNT_CAP), &[]).await?.get(0);
     m.backlog_events.set(count);
-    let created_at = &config.outbox.columns.created_at;
-    if !created_at.is_empty() {
-        let id = quote_ident(&config.outbox.columns.id);
-        let age: Option<f64> = client
-            .query_opt(
-                &format!(
-                    "SELECT extract(epoch FROM now() - {})::float8 FROM {table} {filter} ORDER BY {id} LIMIT 1",
-                    quote_ident(created_at)
-                ),
-                &[],
-            )
-            .await?
-            .and_then(|r| r.get(0));
+    if let Some(sql) = table.backlog_age_sql() {
+        let age: Option<f64> = client.query_opt(&sql, &[]).await?.and_then(|r| r.get(0));
         m.backlog_oldest_age.set(age.unwrap_or(0.0).max(0.0));
     }
     Ok(())

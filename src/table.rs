@@ -1,9 +1,19 @@
-//! The configured outbox table: quoted identifiers and the SQL built from them.
+//! The configured outbox table: every SQL text about it, and how its rows are read.
 //!
-//! Every identifier that comes from configuration reaches SQL only through [`quote_ident`], so a
-//! column called `type` (Debezium's layout) or a mixed-case table name works as configured.
+//! Invariants:
+//! - every identifier that comes from configuration reaches SQL only through [`quote_ident`], so
+//!   a column called `type` (Debezium's layout) or a mixed-case table name works as configured;
+//! - the rows are read as PostgreSQL text output under fixed aliases ([`col`]), by name, so both
+//!   modes see the same [`RawEvent`] for the same row;
+//! - "unpublished" is defined once ([`OutboxTable::unpublished`]): every row in `delete` mode,
+//!   rows whose `published_at_column` is NULL in `mark` mode.
 
-use crate::config::OutboxConfig;
+use std::time::SystemTime;
+
+use tokio_postgres::Row;
+
+use crate::config::{AfterPublish, ColumnsConfig, RelayConfig};
+use crate::event::RawEvent;
 
 /// Quotes a PostgreSQL identifier: `order` becomes `"order"`, `a"b` becomes `"a""b"`.
 pub fn quote_ident(name: &str) -> String {
@@ -15,16 +25,40 @@ pub fn quote_literal(value: &str) -> String {
     format!("'{}'", value.replace('\'', "''"))
 }
 
+/// The aliases the event columns are read under.
+pub mod col {
+    pub const ID: &str = "id";
+    pub const AGGREGATE_TYPE: &str = "aggregate_type";
+    pub const AGGREGATE_ID: &str = "aggregate_id";
+    pub const EVENT_TYPE: &str = "event_type";
+    pub const PAYLOAD: &str = "payload";
+    pub const HEADERS: &str = "headers";
+    pub const TOPIC: &str = "topic";
+    pub const CREATED_AT: &str = "created_at";
+}
+
 /// The outbox table as the relay addresses it.
 #[derive(Debug, Clone)]
 pub struct OutboxTable {
     pub schema: String,
     pub name: String,
+    columns: ColumnsConfig,
+    /// `mark` mode: the column set when a row is published.
+    published_at: Option<String>,
 }
 
 impl OutboxTable {
-    pub fn new(outbox: &OutboxConfig) -> Self {
-        OutboxTable { schema: outbox.schema.clone(), name: outbox.table.clone() }
+    pub fn new(config: &RelayConfig) -> Self {
+        let outbox = &config.outbox;
+        OutboxTable {
+            schema: outbox.schema.clone(),
+            name: outbox.table.clone(),
+            columns: outbox.columns.clone(),
+            published_at: match config.polling.after_publish {
+                AfterPublish::Delete => None,
+                AfterPublish::Mark => Some(config.polling.published_at_column.clone()),
+            },
+        }
     }
 
     /// `"schema"."table"`, ready to splice into SQL.
@@ -36,11 +70,146 @@ impl OutboxTable {
     pub fn display_name(&self) -> String {
         format!("{}.{}", self.schema, self.name)
     }
+
+    /// The condition on `t` that selects rows still to publish; `TRUE` in `delete` mode.
+    pub fn unpublished(&self) -> String {
+        match &self.published_at {
+            None => "TRUE".into(),
+            Some(column) => format!("t.{} IS NULL", quote_ident(column)),
+        }
+    }
+
+    /// `SELECT <the event columns as text, aliased by [`col`]> FROM <table> t <tail>`.
+    fn select_events(&self, tail: &str) -> String {
+        let c = &self.columns;
+        let column = |name: &str, alias: &str| format!("t.{}::text AS {alias}", quote_ident(name));
+        let optional = |name: &str, ty: &str, alias: &str| {
+            if name.is_empty() {
+                format!("NULL::{ty} AS {alias}")
+            } else {
+                format!("t.{}::{ty} AS {alias}", quote_ident(name))
+            }
+        };
+        format!(
+            "SELECT {}, {}, {}, {}, {}, {}, {}, {} FROM {} t {tail}",
+            column(&c.id, col::ID),
+            column(&c.aggregate_type, col::AGGREGATE_TYPE),
+            column(&c.aggregate_id, col::AGGREGATE_ID),
+            column(&c.event_type, col::EVENT_TYPE),
+            column(&c.payload, col::PAYLOAD),
+            optional(&c.headers, "text", col::HEADERS),
+            optional(&c.topic, "text", col::TOPIC),
+            optional(&c.created_at, "timestamptz", col::CREATED_AT),
+            self.qualified(),
+        )
+    }
+
+    /// Polling: claim the next `$1` unpublished rows in id order, skipping locked ones. ORDER BY
+    /// names the table's column (t.id), not the text output column, which would sort "10"
+    /// before "9".
+    pub fn claim_sql(&self) -> String {
+        self.select_events(&format!(
+            "WHERE {} ORDER BY t.{} LIMIT $1 FOR UPDATE SKIP LOCKED",
+            self.unpublished(),
+            quote_ident(&self.columns.id)
+        ))
+    }
+
+    /// The first copy of a new slot: every row, in id order.
+    pub fn copy_sql(&self) -> String {
+        self.select_events(&format!("ORDER BY t.{}", quote_ident(&self.columns.id)))
+    }
+
+    /// `$1::text[]` compared with the id column of type `id_type`, so its index is used.
+    fn ids_match(&self, id_type: &str) -> String {
+        format!("{} = ANY($1::text[]::{id_type}[])", quote_ident(&self.columns.id))
+    }
+
+    /// Polling: release the published rows `$1` (delete, or mark).
+    pub fn release_sql(&self, id_type: &str) -> String {
+        match &self.published_at {
+            None => self.delete_sql(id_type),
+            Some(column) => format!(
+                "UPDATE {} SET {} = now() WHERE {}",
+                self.qualified(),
+                quote_ident(column),
+                self.ids_match(id_type)
+            ),
+        }
+    }
+
+    /// Removes the rows `$1` (polling: dead-lettered rows leave the outbox).
+    pub fn delete_sql(&self, id_type: &str) -> String {
+        format!("DELETE FROM {} WHERE {}", self.qualified(), self.ids_match(id_type))
+    }
+
+    /// The SQL type of the id column: `$1` the qualified table, `$2` the column.
+    pub const ID_TYPE_SQL: &'static str = "SELECT format_type(atttypid, atttypmod) FROM pg_attribute \
+         WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped";
+
+    /// The unpublished rows, counted up to `cap` so a huge backlog stays cheap to sample.
+    pub fn backlog_count_sql(&self, cap: i64) -> String {
+        format!(
+            "SELECT count(*) FROM (SELECT 1 FROM {} t WHERE {} LIMIT {cap}) s",
+            self.qualified(),
+            self.unpublished()
+        )
+    }
+
+    /// The age in seconds of the oldest unpublished row; `None` without a created_at column.
+    pub fn backlog_age_sql(&self) -> Option<String> {
+        let created_at = &self.columns.created_at;
+        (!created_at.is_empty()).then(|| {
+            format!(
+                "SELECT extract(epoch FROM now() - t.{})::float8 FROM {} t WHERE {} ORDER BY t.{} LIMIT 1",
+                quote_ident(created_at),
+                self.qualified(),
+                self.unpublished(),
+                quote_ident(&self.columns.id)
+            )
+        })
+    }
+
+    /// The publication replication mode reads.
+    pub fn create_publication_sql(&self, publication: &str) -> String {
+        format!(
+            "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert', publish_via_partition_root = true)",
+            quote_ident(publication),
+            self.qualified()
+        )
+    }
+
+    /// `ALTER PUBLICATION ... ADD TABLE`, for the message that says how to fix a publication.
+    pub fn add_to_publication_sql(&self, publication: &str) -> String {
+        format!("ALTER PUBLICATION {} ADD TABLE {}", quote_ident(publication), self.qualified())
+    }
+}
+
+/// A row of [`OutboxTable::claim_sql`] or [`OutboxTable::copy_sql`] as the mapping's input,
+/// with its `created_at`.
+pub fn raw_event(row: &Row) -> (RawEvent, Option<SystemTime>) {
+    let raw = RawEvent {
+        id: row.get(col::ID),
+        aggregate_type: row.get(col::AGGREGATE_TYPE),
+        aggregate_id: row.get(col::AGGREGATE_ID),
+        event_type: row.get(col::EVENT_TYPE),
+        payload: row.get(col::PAYLOAD),
+        headers: row.get(col::HEADERS),
+        topic: row.get(col::TOPIC),
+    };
+    (raw, row.get(col::CREATED_AT))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn config(toml_polling: AfterPublish) -> RelayConfig {
+        let mut config: RelayConfig =
+            serde_json::from_value(serde_json::json!({"kafka": {"brokers": ["k:9092"]}})).unwrap();
+        config.polling.after_publish = toml_polling;
+        config
+    }
 
     #[test]
     fn identifiers_are_quoted() {
@@ -48,40 +217,30 @@ mod tests {
         assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
         assert_eq!(quote_literal("it's"), "'it''s'");
     }
-}
 
-/// `SELECT <the event columns as text> FROM <table> t <tail>`: the rows as both modes read
-/// them (polling claims with it; replication copies pre-existing rows with it). Columns:
-/// id, aggregate_type, aggregate_id, event_type, payload, headers, topic (text), created_at.
-pub fn select_events_sql(outbox: &OutboxConfig, tail: &str) -> String {
-    let c = &outbox.columns;
-    let optional = |name: &str, ty: &str| {
-        if name.is_empty() { format!("NULL::{ty}") } else { format!("t.{}::{ty}", quote_ident(name)) }
-    };
-    format!(
-        "SELECT t.{}::text, t.{}::text, t.{}::text, t.{}::text, t.{}::text, {}, {}, {} FROM {} t {tail}",
-        quote_ident(&c.id),
-        quote_ident(&c.aggregate_type),
-        quote_ident(&c.aggregate_id),
-        quote_ident(&c.event_type),
-        quote_ident(&c.payload),
-        optional(&c.headers, "text"),
-        optional(&c.topic, "text"),
-        optional(&c.created_at, "timestamptz"),
-        OutboxTable::new(outbox).qualified(),
-    )
-}
+    #[test]
+    fn unpublished_is_one_definition_used_everywhere() {
+        let mark = OutboxTable::new(&config(AfterPublish::Mark));
+        assert_eq!(mark.unpublished(), "t.\"published_at\" IS NULL");
+        for sql in [mark.claim_sql(), mark.backlog_count_sql(10), mark.backlog_age_sql().unwrap()] {
+            assert!(sql.contains("WHERE t.\"published_at\" IS NULL"), "{sql}");
+        }
+        let delete = OutboxTable::new(&config(AfterPublish::Delete));
+        assert!(delete.claim_sql().contains("WHERE TRUE ORDER BY t.\"id\""), "{}", delete.claim_sql());
+        assert!(delete.release_sql("bigint").starts_with("DELETE FROM \"public\".\"outbox_events\""));
+        assert!(
+            mark.release_sql("bigint")
+                .starts_with("UPDATE \"public\".\"outbox_events\" SET \"published_at\"")
+        );
+    }
 
-/// A row of [`select_events_sql`] as the mapping's input, with its `created_at`.
-pub fn raw_event(row: &tokio_postgres::Row) -> (crate::event::RawEvent, Option<std::time::SystemTime>) {
-    let raw = crate::event::RawEvent {
-        id: row.get(0),
-        aggregate_type: row.get(1),
-        aggregate_id: row.get(2),
-        event_type: row.get(3),
-        payload: row.get(4),
-        headers: row.get(5),
-        topic: row.get(6),
-    };
-    (raw, row.get(7))
+    #[test]
+    fn columns_are_aliased_for_reading_by_name() {
+        let mut c = config(AfterPublish::Delete);
+        c.outbox.columns.event_type = "type".into();
+        c.outbox.columns.headers = String::new();
+        let sql = OutboxTable::new(&c).copy_sql();
+        assert!(sql.contains("t.\"type\"::text AS event_type"), "{sql}");
+        assert!(sql.contains("NULL::text AS headers"), "{sql}");
+    }
 }

@@ -414,7 +414,7 @@ async fn a_second_instance_waits_then_takes_over() {
     s.wait_streaming(&first).await;
     let mut second = s.start("second");
     let deadline = Instant::now() + IDLE;
-    while !second.log_text().contains("standby: another instance streams from the slot") {
+    while !second.log_text().contains("standby: another instance is active") {
         assert!(Instant::now() < deadline, "the second instance did not wait:\n{}", second.log_text());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -171,3 +171,36 @@ fn example_file_documents_every_option() {
         );
     }
 }
+
+#[test]
+fn dead_letter_settings_have_their_own_section() {
+    let cfg =
+        load(&format!("{MINIMAL}[dead_letter]\non_poison = \"block\"\ntable = \"ops.dead\"\n"), &[]).unwrap();
+    assert_eq!(cfg.dead_letter.on_poison, OnPoison::Block);
+    assert_eq!(cfg.dead_letter.schema_and_table(), ("ops", "dead"));
+    assert!(cfg.deprecations.is_empty());
+    let cfg = load(MINIMAL, &[]).unwrap();
+    assert_eq!(cfg.dead_letter.schema_and_table(), ("public", "outbox_dead_letter"));
+    let err = load(&format!("{MINIMAL}[dead_letter]\ntable = \"a.b.c\"\n"), &[]).unwrap_err().to_string();
+    assert!(err.starts_with("dead_letter.table: "), "{err}");
+}
+
+#[test]
+fn deprecated_polling_keys_still_load_with_a_warning() {
+    let old = format!("{MINIMAL}[polling]\non_poison = \"block\"\ndead_letter_table = \"dl\"\n");
+    let cfg = load(&old, &[]).unwrap();
+    assert_eq!(cfg.dead_letter.on_poison, OnPoison::Block);
+    assert_eq!(cfg.dead_letter.table, "public.dl");
+    assert_eq!(cfg.deprecations.len(), 2, "{:?}", cfg.deprecations);
+    assert!(cfg.deprecations[0].contains("dead_letter.on_poison"), "{:?}", cfg.deprecations);
+    // the redacted view (and so `validate`) shows the setting in its new place only
+    assert!(cfg.redacted()["polling"].get("on_poison").is_none());
+    // the environment reaches the old place too
+    let cfg = load(MINIMAL, &[("OUTBOX_RELAY__POLLING__ON_POISON", "block")]).unwrap();
+    assert_eq!(cfg.dead_letter.on_poison, OnPoison::Block);
+    // both places, disagreeing: refused, naming the old one
+    let both =
+        format!("{MINIMAL}[polling]\non_poison = \"dead_letter\"\n[dead_letter]\non_poison = \"block\"\n");
+    let err = load(&both, &[]).unwrap_err().to_string();
+    assert!(err.starts_with("polling.on_poison: deprecated and in conflict"), "{err}");
+}

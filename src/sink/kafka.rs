@@ -22,8 +22,8 @@ use rdkafka::types::RDKafkaRespErr;
 
 use crate::config::KafkaConfig;
 use crate::event::OutboxEvent;
-use crate::http::{State, health};
 use crate::metrics::metrics;
+use crate::supervisor::Pulse;
 
 /// How long a metadata request may take when classifying a timed-out record.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
@@ -31,7 +31,7 @@ const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
 const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(5);
 
 /// The librdkafka client configuration for a producer built from `kafka`.
-pub fn producer_config(kafka: &KafkaConfig) -> ClientConfig {
+pub(crate) fn producer_config(kafka: &KafkaConfig) -> ClientConfig {
     let mut cc = ClientConfig::new();
     for (key, value) in &kafka.properties {
         cc.set(key, &value.0);
@@ -51,7 +51,7 @@ pub fn producer_config(kafka: &KafkaConfig) -> ClientConfig {
 
 /// Why one record was not acknowledged.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PublishError {
+pub(crate) enum PublishError {
     /// The broker will never take this record (too large, topic missing, not authorized).
     Permanent(String),
     /// Worth retrying: broker down, timeout, leader change, back-pressure.
@@ -60,19 +60,12 @@ pub enum PublishError {
 
 impl PublishError {
     /// The `error_type` label of `outbox_relay_publish_errors_total`.
-    pub fn error_type(&self) -> &'static str {
+    pub(crate) fn error_type(&self) -> &'static str {
         match self {
             PublishError::Permanent(_) => "permanent",
             PublishError::Transient { error_type, .. } => error_type,
         }
     }
-}
-
-/// Where an acknowledged record landed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Delivered {
-    pub partition: i32,
-    pub offset: i64,
 }
 
 pub struct KafkaSink {
@@ -82,15 +75,17 @@ pub struct KafkaSink {
 
 /// Notices when records wait and Kafka acknowledges nothing for `kafka.stall_warning_ms`.
 /// Records are never failed for it (see `kafka.message_timeout_ms`): the relay only says so,
-/// once per stall, in the log, on `/readyz` and in `publish_errors_total{error_type="stalled"}`.
-pub struct StallWatch {
+/// once per stall, in the log, on `/readyz` (through the session's [`Pulse`]) and in
+/// `publish_errors_total{error_type="stalled"}`. A stall ends when something is acknowledged
+/// or nothing is waiting any more.
+pub(crate) struct StallWatch {
     after: Duration,
     last_progress: Instant,
     stalled: bool,
 }
 
 impl StallWatch {
-    pub fn new(kafka: &KafkaConfig) -> StallWatch {
+    pub(crate) fn new(kafka: &KafkaConfig) -> StallWatch {
         StallWatch {
             after: Duration::from_millis(kafka.stall_warning_ms),
             last_progress: Instant::now(),
@@ -99,24 +94,30 @@ impl StallWatch {
     }
 
     /// How often [`StallWatch::check`] should run.
-    pub fn period(&self) -> Duration {
+    pub(crate) fn period(&self) -> Duration {
         (self.after / 4).max(Duration::from_millis(25))
     }
 
     /// Something was acknowledged.
-    pub fn progressed(&mut self) {
+    pub(crate) fn progressed(&mut self, pulse: &Pulse) {
         self.last_progress = Instant::now();
+        self.unstall(pulse);
+    }
+
+    fn unstall(&mut self, pulse: &Pulse) {
         if self.stalled {
             self.stalled = false;
             tracing::info!("Kafka acknowledges records again");
-            health().set(State::Active);
+            pulse.stalled(None);
         }
     }
 
     /// Periodic check with the number of records waiting.
-    pub fn check(&mut self, waiting: usize) {
+    pub(crate) fn check(&mut self, waiting: usize, pulse: &Pulse) {
+        pulse.tick();
         if waiting == 0 {
             self.last_progress = Instant::now();
+            self.unstall(pulse);
             return;
         }
         let quiet = self.last_progress.elapsed();
@@ -128,8 +129,7 @@ impl StallWatch {
                 "Kafka has acknowledged nothing; records are retried until acknowledged"
             );
             metrics().publish_errors.with_label_values(&["stalled"]).inc();
-            health()
-                .set(State::Degraded(format!("Kafka has acknowledged nothing for {} s", quiet.as_secs())));
+            pulse.stalled(Some(format!("Kafka has acknowledged nothing for {} s", quiet.as_secs())));
         }
     }
 }
@@ -144,13 +144,17 @@ impl KafkaSink {
     /// error is unusable, and one that outlived a broker restart can retry forever with an
     /// unknown producer id; a fresh one starts clean. Records of the old one still in flight
     /// carry the same event ids, so at worst they are duplicates, never gaps.
-    pub fn reset(&mut self) -> Result<(), KafkaError> {
+    pub(crate) fn reset(&mut self) -> Result<(), KafkaError> {
         self.producer = producer_config(&self.config).create()?;
         Ok(())
     }
 
     /// Publishes `events` in order and waits for every delivery report.
-    pub async fn publish(&self, events: &[OutboxEvent]) -> Vec<Result<Delivered, PublishError>> {
+    pub(crate) async fn publish(
+        &self,
+        events: &[OutboxEvent],
+        pulse: &Pulse,
+    ) -> Vec<Result<(), PublishError>> {
         let mut pending = Vec::with_capacity(events.len());
         for event in events {
             pending.push(self.enqueue(event).await);
@@ -158,9 +162,7 @@ impl KafkaSink {
         let reports = join_all(pending.into_iter().map(|p| async move {
             match p {
                 Ok(future) => match future.await {
-                    Ok(Ok(delivery)) => {
-                        Ok(Delivered { partition: delivery.partition, offset: delivery.offset })
-                    }
+                    Ok(Ok(_)) => Ok(()),
                     Ok(Err((e, _))) => Err(e),
                     Err(_canceled) => Err(KafkaError::Canceled),
                 },
@@ -173,16 +175,16 @@ impl KafkaSink {
         let reports = loop {
             tokio::select! {
                 reports = &mut reports => break reports,
-                _ = check.tick() => watch.check(events.len()),
+                _ = check.tick() => watch.check(events.len(), pulse),
             }
         };
         if reports.iter().any(Result::is_ok) {
-            watch.progressed();
+            watch.progressed(pulse);
         }
         let mut results = Vec::with_capacity(reports.len());
         for (event, report) in events.iter().zip(reports) {
             results.push(match report {
-                Ok(delivered) => Ok(delivered),
+                Ok(()) => Ok(()),
                 Err(e) => Err(self.classify(&event.topic, &e).await),
             });
         }
@@ -191,7 +193,7 @@ impl KafkaSink {
 
     /// Enqueues one record, waiting out a full local queue; the future resolves with its
     /// delivery report. Callers that enqueue in order keep per-partition order.
-    pub async fn enqueue(
+    pub(crate) async fn enqueue(
         &self,
         event: &OutboxEvent,
     ) -> Result<rdkafka::producer::DeliveryFuture, KafkaError> {
@@ -214,7 +216,7 @@ impl KafkaSink {
 
     /// Classifies one failure. A timeout is checked against the topic's metadata: a topic the
     /// broker does not know (auto-create off) is permanent, anything else transient.
-    pub async fn classify(&self, topic: &str, error: &KafkaError) -> PublishError {
+    pub(crate) async fn classify(&self, topic: &str, error: &KafkaError) -> PublishError {
         let code = error.rdkafka_error_code();
         match code {
             Some(RDKafkaErrorCode::UnknownTopic | RDKafkaErrorCode::UnknownTopicOrPartition) => {
@@ -238,21 +240,29 @@ impl KafkaSink {
         }
     }
 
+    /// Asks the broker (off the runtime's threads: the request blocks) whether `topic` exists.
     async fn topic_is_unknown(&self, topic: &str) -> bool {
-        let client = self.producer.client();
-        let metadata = tokio::task::block_in_place(|| client.fetch_metadata(Some(topic), METADATA_TIMEOUT));
-        match metadata {
-            Ok(md) => md.topics().iter().any(|t| {
-                t.name() == topic
-                    && t.error() == Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART)
-            }),
-            Err(_) => false,
-        }
+        let producer = self.producer.clone();
+        let name = topic.to_string();
+        let unknown = tokio::task::spawn_blocking(move || {
+            producer.client().fetch_metadata(Some(&name), METADATA_TIMEOUT).is_ok_and(|md| {
+                md.topics().iter().any(|t| {
+                    t.name() == name
+                        && t.error() == Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART)
+                })
+            })
+        });
+        unknown.await.unwrap_or(false)
     }
 
-    /// Waits for everything enqueued to be delivered or to fail (shutdown).
-    pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
-        self.producer.flush(timeout)
+    /// Waits up to `timeout` for everything enqueued to be delivered or to fail (shutdown),
+    /// off the runtime's threads.
+    pub(crate) async fn flush(&self, timeout: Duration) {
+        let producer = self.producer.clone();
+        let flushed = tokio::task::spawn_blocking(move || producer.flush(timeout)).await;
+        if let Ok(Err(e)) = flushed {
+            tracing::warn!(error = %e, "records still unacknowledged at shutdown are published again at the next start");
+        }
     }
 }
 
@@ -275,13 +285,13 @@ fn error_type(code: Option<RDKafkaErrorCode>) -> &'static str {
 
 /// Broker metadata, as the preflight reports it.
 #[derive(Debug)]
-pub struct ClusterInfo {
-    pub brokers: usize,
-    pub topics: usize,
+pub(crate) struct ClusterInfo {
+    pub(crate) brokers: usize,
+    pub(crate) topics: usize,
 }
 
 /// Fetches cluster metadata through the bootstrap brokers; blocking, so run it off the runtime.
-pub fn fetch_cluster_info(kafka: &KafkaConfig, timeout: Duration) -> Result<ClusterInfo, String> {
+pub(crate) fn fetch_cluster_info(kafka: &KafkaConfig, timeout: Duration) -> Result<ClusterInfo, String> {
     let mut cc = ClientConfig::new();
     for (key, value) in &kafka.properties {
         cc.set(key, &value.0);

@@ -1,4 +1,4 @@
 //! Sources: where committed outbox events come from.
 
-pub mod polling;
+pub(crate) mod polling;
 pub mod replication;

@@ -145,7 +145,7 @@ fn tuple(r: &mut Reader<'_>) -> Result<Vec<Option<String>>, DecodeError> {
 }
 
 /// The outbox event carried by a logical decoding message emitted by `outbox_emit()` (see
-/// `sql/005_emit_function.sql`): a JSON object whose `payload` is the payload's text, so the
+/// `sql/005_outbox_emit.sql`): a JSON object whose `payload` is the payload's text, so the
 /// record value is byte-identical to the same event written to the table.
 pub fn message_event(content: &[u8]) -> Result<RawEvent, String> {
     let value: serde_json::Value =

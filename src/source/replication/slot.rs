@@ -9,22 +9,37 @@
 //!   published once across the handover: rows committed before the point come from the
 //!   snapshot, rows committed after it from the stream;
 //! - the copy is recorded as finished only after Kafka acknowledged it; an interrupted copy
-//!   is redone from scratch with a new slot.
+//!   is redone from scratch with a new slot;
+//! - an unpublishable row in the copy takes the one dead-letter path: dead-lettered, or held at
+//!   (inside the copy, without giving up the slot, so nothing before it is published again).
 
 use std::str::FromStr;
 
 use futures::{StreamExt, pin_mut};
+use tokio::sync::watch;
 use tokio_postgres::Client;
 
+use super::ReplicationSource;
 use crate::config::RelayConfig;
-use crate::error::RelayError;
-use crate::event::Mapping;
+use crate::dead_letter::DeadLetter;
+use crate::error::{FatalReason, RelayError};
+use crate::event::OutboxEvent;
 use crate::position::Lsn;
-use crate::sink::kafka::{KafkaSink, PublishError};
-use crate::table::{OutboxTable, quote_ident, quote_literal, raw_event, select_events_sql};
+use crate::sink::kafka::PublishError;
+use crate::supervisor::Pulse;
+use crate::table::{OutboxTable, quote_ident, quote_literal, raw_event};
 
 /// Rows of the initial copy published (and awaited) together.
 const COPY_CHUNK: usize = 2_000;
+
+/// The relay's own memory of its slots (sql/006_relay_slots.sql).
+const REMEMBERED_SQL: &str =
+    "SELECT snapshot_completed_at IS NOT NULL AS copied FROM outbox_relay_slots WHERE slot_name = $1";
+const FORGET_SQL: &str = "DELETE FROM outbox_relay_slots WHERE slot_name = $1";
+const REMEMBER_SQL: &str =
+    "INSERT INTO outbox_relay_slots (slot_name, created_lsn) VALUES ($1, $2::text::pg_lsn)";
+const COPIED_SQL: &str = "UPDATE outbox_relay_slots SET snapshot_completed_at = now() WHERE slot_name = $1";
+const DROP_SLOT_SQL: &str = "SELECT pg_drop_replication_slot($1)";
 
 /// What the relay must do with the slot before streaming.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,15 +61,15 @@ pub struct SlotInfo {
 pub async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>, RelayError> {
     let row = client
         .query_opt(
-            "SELECT wal_status, confirmed_flush_lsn::text, active_pid FROM pg_replication_slots \
-             WHERE slot_name = $1 AND database = current_database()",
+            "SELECT wal_status, confirmed_flush_lsn::text AS confirmed_flush, active_pid \
+             FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()",
             &[&slot],
         )
         .await?;
     Ok(row.map(|r| SlotInfo {
-        wal_status: r.get(0),
-        confirmed_flush: r.get::<_, Option<String>>(1).and_then(|s| Lsn::from_str(&s).ok()),
-        active_pid: r.get(2),
+        wal_status: r.get("wal_status"),
+        confirmed_flush: r.get::<_, Option<String>>("confirmed_flush").and_then(|s| Lsn::from_str(&s).ok()),
+        active_pid: r.get("active_pid"),
     }))
 }
 
@@ -70,52 +85,78 @@ pub async fn prepare(config: &RelayConfig, client: &Client, recreate: bool) -> R
         .await?
         .get(0);
     if !locked {
-        return Err(RelayError::SlotInUse(format!("slot \"{slot}\" is managed by another relay instance")));
+        return Err(RelayError::Standby(format!("slot \"{slot}\" is managed by another relay instance")));
     }
     ensure_publication(config, client).await?;
     let remembered = remembered(client, slot).await?;
     let info = slot_info(client, slot).await?;
     if recreate {
-        if let Some(info) = &info {
-            if let Some(pid) = info.active_pid {
-                return Err(RelayError::Fatal(format!(
-                    "slot \"{slot}\" is in use by process {pid}: stop the other relay instances before --recreate-slot"
-                )));
-            }
-            client.execute("SELECT pg_drop_replication_slot($1)", &[slot]).await?;
-            tracing::warn!(%slot, "dropped the slot (--recreate-slot)");
-        }
-        client.execute("DELETE FROM outbox_relay_slots WHERE slot_name = $1", &[slot]).await?;
-        return Ok(SlotPlan::Create);
+        return recreate_slot(client, slot, info).await;
     }
+    decide(config, client, info, remembered).await
+}
+
+async fn recreate_slot(client: &Client, slot: &str, info: Option<SlotInfo>) -> Result<SlotPlan, RelayError> {
+    if let Some(info) = &info {
+        if let Some(pid) = info.active_pid {
+            return Err(RelayError::fatal(
+                FatalReason::Other,
+                format!(
+                    "slot \"{slot}\" is in use by process {pid}: stop the other relay instances before --recreate-slot"
+                ),
+            ));
+        }
+        client.execute(DROP_SLOT_SQL, &[&slot]).await?;
+        tracing::warn!(%slot, "dropped the slot (--recreate-slot)");
+    }
+    client.execute(FORGET_SQL, &[&slot]).await?;
+    Ok(SlotPlan::Create)
+}
+
+async fn decide(
+    config: &RelayConfig,
+    client: &Client,
+    info: Option<SlotInfo>,
+    remembered: Option<bool>,
+) -> Result<SlotPlan, RelayError> {
+    let slot = &config.replication.slot;
     match (info, remembered) {
-        (Some(info), _) if info.wal_status.as_deref() == Some("lost") => Err(RelayError::Fatal(format!(
-            "slot \"{slot}\" was invalidated (wal_status=lost): PostgreSQL removed WAL the relay had not \
-             read, so events written while it was behind are gone from the stream; raise \
-             max_slot_wal_keep_size, then run `outbox-relay setup --recreate-slot` to recreate the slot and \
-             re-publish what the table still holds"
-        ))),
-        (Some(_), Some(false)) => {
+        (Some(info), _) if info.wal_status.as_deref() == Some("lost") => Err(RelayError::fatal(
+            FatalReason::SlotLost,
+            format!(
+                "slot \"{slot}\" was invalidated (wal_status=lost): PostgreSQL removed WAL the relay had not \
+                 read, so events written while it was behind are gone from the stream; raise \
+                 max_slot_wal_keep_size, then run `outbox-relay setup --recreate-slot` to recreate the slot and \
+                 re-publish what the table still holds"
+            ),
+        )),
+        (Some(info), Some(false)) => {
             tracing::warn!(%slot, "the first copy of pre-existing rows did not finish: recreating the slot and copying again");
-            if let Some(pid) = slot_info(client, slot).await?.and_then(|i| i.active_pid) {
-                return Err(RelayError::SlotInUse(format!("slot \"{slot}\" is active for PID {pid}")));
+            if let Some(pid) = info.active_pid {
+                return Err(RelayError::Standby(format!("slot \"{slot}\" is active for PID {pid}")));
             }
-            client.execute("SELECT pg_drop_replication_slot($1)", &[slot]).await?;
-            client.execute("DELETE FROM outbox_relay_slots WHERE slot_name = $1", &[slot]).await?;
+            client.execute(DROP_SLOT_SQL, &[slot]).await?;
+            client.execute(FORGET_SQL, &[slot]).await?;
             Ok(SlotPlan::Create)
         }
         (Some(_), _) => Ok(SlotPlan::Stream),
-        (None, Some(true)) => Err(RelayError::Fatal(format!(
-            "slot \"{slot}\" is missing, but this relay published from it before: events committed since it \
-             disappeared may never have been published; run `outbox-relay setup --recreate-slot` to create it \
-             again and re-publish what the table still holds"
-        ))),
-        (None, _) if !config.replication.create_slot => Err(RelayError::Fatal(format!(
-            "slot \"{slot}\" does not exist and replication.create_slot = false: create it with \
-             `outbox-relay setup` or set replication.create_slot = true"
-        ))),
+        (None, Some(true)) => Err(RelayError::fatal(
+            FatalReason::SlotMissing,
+            format!(
+                "slot \"{slot}\" is missing, but this relay published from it before: events committed since it \
+                 disappeared may never have been published; run `outbox-relay setup --recreate-slot` to create it \
+                 again and re-publish what the table still holds"
+            ),
+        )),
+        (None, _) if !config.replication.create_slot => Err(RelayError::fatal(
+            FatalReason::SlotMissing,
+            format!(
+                "slot \"{slot}\" does not exist and replication.create_slot = false: create it with \
+                 `outbox-relay setup` or set replication.create_slot = true"
+            ),
+        )),
         (None, Some(false)) => {
-            client.execute("DELETE FROM outbox_relay_slots WHERE slot_name = $1", &[slot]).await?;
+            client.execute(FORGET_SQL, &[slot]).await?;
             Ok(SlotPlan::Create)
         }
         (None, None) => Ok(SlotPlan::Create),
@@ -124,43 +165,39 @@ pub async fn prepare(config: &RelayConfig, client: &Client, recreate: bool) -> R
 
 /// `Some(copy finished)` when the relay created this slot before, `None` when it never did.
 async fn remembered(client: &Client, slot: &str) -> Result<Option<bool>, RelayError> {
-    let row = client
-        .query_opt("SELECT snapshot_completed_at IS NOT NULL FROM outbox_relay_slots WHERE slot_name = $1", &[&slot])
-        .await
-        .map_err(|e| match e.code() {
-            Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => RelayError::Fatal(
-                "table outbox_relay_slots does not exist: apply sql/006_relay_slots.sql (and grant it, sql/100_relay_role.sql)"
-                    .into(),
-            ),
-            _ => RelayError::Postgres(e),
-        })?;
-    Ok(row.map(|r| r.get(0)))
+    let row = client.query_opt(REMEMBERED_SQL, &[&slot]).await.map_err(|e| match e.code() {
+        Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => RelayError::fatal(
+            FatalReason::Schema,
+            "table outbox_relay_slots does not exist: apply sql/006_relay_slots.sql (and grant it, sql/100_relay_role.sql)",
+        ),
+        _ => RelayError::Postgres(e),
+    })?;
+    Ok(row.map(|r| r.get("copied")))
 }
 
 async fn ensure_publication(config: &RelayConfig, client: &Client) -> Result<(), RelayError> {
     let publication = &config.replication.publication;
-    let table = OutboxTable::new(&config.outbox);
+    let table = OutboxTable::new(config);
+    let create = table.create_publication_sql(publication);
     let exists = client.query_opt("SELECT 1 FROM pg_publication WHERE pubname = $1", &[publication]).await?;
     if exists.is_none() {
         if !config.replication.create_publication {
-            return Err(RelayError::Fatal(format!(
-                "publication \"{publication}\" does not exist and replication.create_publication = false: \
-                 CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert', publish_via_partition_root = true)",
-                quote_ident(publication),
-                table.qualified()
-            )));
+            return Err(RelayError::fatal(
+                FatalReason::Publication,
+                format!(
+                    "publication \"{publication}\" does not exist and replication.create_publication = false: {create}"
+                ),
+            ));
         }
-        let sql = format!(
-            "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert', publish_via_partition_root = true)",
-            quote_ident(publication),
-            table.qualified()
-        );
-        client.batch_execute(&sql).await.map_err(|e| match e.code() {
-            Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) => RelayError::Fatal(format!(
-                "cannot create publication \"{publication}\": only the owner of {} may; run `{sql}` as the owner \
-                 (or `outbox-relay setup` with the owner's credentials)",
-                table.display_name()
-            )),
+        client.batch_execute(&create).await.map_err(|e| match e.code() {
+            Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) => RelayError::fatal(
+                FatalReason::Privilege,
+                format!(
+                    "cannot create publication \"{publication}\": only the owner of {} may; run `{create}` as the \
+                     owner (or `outbox-relay setup` with the owner's credentials)",
+                    table.display_name()
+                ),
+            ),
             _ => RelayError::Postgres(e),
         })?;
         tracing::info!(%publication, table = %table.display_name(), "created the publication");
@@ -172,27 +209,28 @@ async fn ensure_publication(config: &RelayConfig, client: &Client) -> Result<(),
         )
         .await?;
     if published.is_none() {
-        return Err(RelayError::Fatal(format!(
-            "publication \"{publication}\" does not include {}: ALTER PUBLICATION {} ADD TABLE {}",
-            table.display_name(),
-            quote_ident(publication),
-            table.qualified()
-        )));
+        return Err(RelayError::fatal(
+            FatalReason::Publication,
+            format!(
+                "publication \"{publication}\" does not include {}: {}",
+                table.display_name(),
+                table.add_to_publication_sql(publication)
+            ),
+        ));
     }
     Ok(())
 }
 
 /// Creates the slot on the (not yet streaming) replication session, remembers it, and
 /// publishes the rows visible in its exported snapshot. Returns the slot's consistent point.
-pub async fn create_and_copy(
-    config: &RelayConfig,
+pub(super) async fn create_and_copy(
+    source: &ReplicationSource,
     replication: &mut pgwire_replication::ReplicationClient,
     client: &Client,
-    copy_client: &mut Client,
-    sink: &KafkaSink,
-    mapping: &Mapping,
+    pulse: &Pulse,
+    shutdown: &mut watch::Receiver<bool>,
 ) -> Result<Lsn, RelayError> {
-    let slot = &config.replication.slot;
+    let slot = &source.config.replication.slot;
     let rows = replication
         .simple_query(&format!(
             "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput EXPORT_SNAPSHOT",
@@ -201,76 +239,119 @@ pub async fn create_and_copy(
         .await
         .map_err(super::transport::classify)?;
     let row =
-        rows.first().ok_or_else(|| RelayError::Fatal("CREATE_REPLICATION_SLOT returned no row".into()))?;
+        rows.first().ok_or_else(|| RelayError::Protocol("CREATE_REPLICATION_SLOT returned no row".into()))?;
     let text = |i: usize| row.get(i).cloned().flatten().map(|b| String::from_utf8_lossy(&b).into_owned());
     let consistent_point: Lsn = text(1)
         .and_then(|s| s.parse().ok())
-        .ok_or_else(|| RelayError::Fatal("CREATE_REPLICATION_SLOT returned no consistent point".into()))?;
+        .ok_or_else(|| RelayError::Protocol("CREATE_REPLICATION_SLOT returned no consistent point".into()))?;
     let snapshot =
-        text(2).ok_or_else(|| RelayError::Fatal("CREATE_REPLICATION_SLOT exported no snapshot".into()))?;
-    client
-        .execute(
-            "INSERT INTO outbox_relay_slots (slot_name, created_lsn) VALUES ($1, $2::text::pg_lsn)",
-            &[slot, &consistent_point.to_string()],
-        )
-        .await?;
+        text(2).ok_or_else(|| RelayError::Protocol("CREATE_REPLICATION_SLOT exported no snapshot".into()))?;
+    client.execute(REMEMBER_SQL, &[slot, &consistent_point.to_string()]).await?;
     tracing::info!(%slot, %consistent_point, "created the slot; publishing the rows already in the table");
-    let copied = copy_snapshot(config, client, copy_client, &snapshot, sink, mapping).await?;
-    client
-        .execute("UPDATE outbox_relay_slots SET snapshot_completed_at = now() WHERE slot_name = $1", &[slot])
-        .await?;
+    let copied = Copy { source, dead_letters: client, pulse }.run(&snapshot, shutdown).await?;
+    client.execute(COPIED_SQL, &[slot]).await?;
     tracing::info!(%slot, rows = copied, "pre-existing rows published; streaming from the slot");
     Ok(consistent_point)
 }
 
-async fn copy_snapshot(
-    config: &RelayConfig,
-    dead_letters: &Client,
-    client: &mut Client,
-    snapshot: &str,
-    sink: &KafkaSink,
-    mapping: &Mapping,
-) -> Result<u64, RelayError> {
-    let tx = client
-        .build_transaction()
-        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-        .read_only(true)
-        .start()
-        .await?;
-    tx.batch_execute(&format!("SET TRANSACTION SNAPSHOT {}", quote_literal(snapshot))).await?;
-    let order = format!("ORDER BY t.{}", quote_ident(&config.outbox.columns.id));
-    let rows = tx.query_raw(&select_events_sql(&config.outbox, &order), std::iter::empty::<i32>()).await?;
-    pin_mut!(rows);
-    let mut copied = 0u64;
-    let mut chunk = Vec::with_capacity(COPY_CHUNK);
-    loop {
-        let next = rows.next().await.transpose()?;
-        if let Some(row) = &next {
-            let (raw, created_at) = raw_event(row);
-            let id = raw.id.clone().unwrap_or_default();
-            match mapping.to_event(raw.clone(), created_at) {
-                Ok(event) => chunk.push(event),
-                Err(reason) => {
-                    super::poison(config, dead_letters, &id, raw.to_json(), &reason.to_string()).await?
-                }
-            }
-        }
-        if chunk.len() == COPY_CHUNK || (next.is_none() && !chunk.is_empty()) {
-            for (event, result) in chunk.iter().zip(sink.publish(&chunk).await) {
-                match result {
-                    Ok(_) => copied += 1,
-                    Err(PublishError::Permanent(reason)) => {
-                        super::poison(config, dead_letters, &event.id, event.to_json(), &reason).await?;
+/// The first copy: the rows of the slot's snapshot, published in id order.
+struct Copy<'a> {
+    source: &'a ReplicationSource,
+    /// Where dead letters are written (the copy's own session is read-only).
+    dead_letters: &'a Client,
+    pulse: &'a Pulse,
+}
+
+impl Copy<'_> {
+    async fn run(&self, snapshot: &str, shutdown: &mut watch::Receiver<bool>) -> Result<u64, RelayError> {
+        let mut client = self.source.connect_client().await?;
+        let tx = client
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await?;
+        tx.batch_execute(&format!("SET TRANSACTION SNAPSHOT {}", quote_literal(snapshot))).await?;
+        let rows = tx.query_raw(&self.source.table.copy_sql(), std::iter::empty::<i32>()).await?;
+        pin_mut!(rows);
+        let mut copied = 0u64;
+        let mut chunk = Vec::with_capacity(COPY_CHUNK);
+        loop {
+            let next = rows.next().await.transpose()?;
+            if let Some(row) = &next {
+                let (raw, created_at) = raw_event(row);
+                match self.source.mapping.to_event(raw, created_at) {
+                    Ok(event) => chunk.push(event),
+                    Err(unpublishable) => {
+                        // what precedes the row goes first
+                        copied += self.publish(&mut chunk, shutdown).await?;
+                        self.unpublishable(DeadLetter::unmapped(*unpublishable), None, shutdown).await?;
                     }
-                    Err(PublishError::Transient { detail, .. }) => return Err(RelayError::Kafka(detail)),
                 }
             }
-            chunk.clear();
+            if chunk.len() == COPY_CHUNK || next.is_none() {
+                copied += self.publish(&mut chunk, shutdown).await?;
+            }
+            if next.is_none() {
+                break;
+            }
         }
-        if next.is_none() {
-            break;
+        tx.commit().await?;
+        Ok(copied)
+    }
+
+    /// Publishes and empties `chunk`; returns how many Kafka acknowledged.
+    async fn publish(
+        &self,
+        chunk: &mut Vec<OutboxEvent>,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<u64, RelayError> {
+        if chunk.is_empty() {
+            return Ok(0);
+        }
+        let mut acknowledged = 0;
+        let results = self.source.sink.publish(chunk, self.pulse).await;
+        for (event, result) in chunk.iter().zip(results) {
+            match result {
+                Ok(()) => acknowledged += 1,
+                Err(PublishError::Permanent(reason)) => {
+                    let letter = DeadLetter::refused(event, reason);
+                    acknowledged += self.unpublishable(letter, Some(event), shutdown).await?;
+                }
+                Err(PublishError::Transient { detail, .. }) => return Err(RelayError::Kafka(detail)),
+            }
+        }
+        chunk.clear();
+        Ok(acknowledged)
+    }
+
+    /// Dead-letters `letter`, or holds at it: retrying `refused` (a record Kafka refused) until
+    /// accepted, or, for a row that cannot map, until shutdown. Returns 1 when it got through.
+    async fn unpublishable(
+        &self,
+        letter: DeadLetter,
+        refused: Option<&OutboxEvent>,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<u64, RelayError> {
+        let dead_letters = &self.source.dead_letters;
+        if !dead_letters.blocks() {
+            dead_letters.write(self.dead_letters, std::slice::from_ref(&letter)).await?;
+            return Ok(0);
+        }
+        let mut hold = dead_letters.hold(letter, self.pulse);
+        loop {
+            if !hold.wait(self.pulse, shutdown).await {
+                return Err(RelayError::Interrupted);
+            }
+            let Some(event) = refused else { continue };
+            match self.source.sink.publish(std::slice::from_ref(event), self.pulse).await.remove(0) {
+                Ok(()) => {
+                    hold.release(self.pulse);
+                    return Ok(1);
+                }
+                Err(PublishError::Permanent(_)) => continue,
+                Err(PublishError::Transient { detail, .. }) => return Err(RelayError::Kafka(detail)),
+            }
         }
     }
-    tx.commit().await?;
-    Ok(copied)
 }

@@ -11,7 +11,8 @@ use bytes::Bytes;
 use pgwire_replication::{PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent};
 
 use crate::config::RelayConfig;
-use crate::error::RelayError;
+use crate::error::{FatalReason, RelayError, sqlstate_in};
+use crate::metrics::metrics;
 use crate::position::Lsn;
 
 /// Microseconds from the Unix epoch to PostgreSQL's (2000-01-01).
@@ -59,6 +60,9 @@ pub async fn connect(config: &RelayConfig, ack: Lsn) -> Result<ReplicationClient
     ReplicationClient::connect_gated(cfg).await.map_err(classify)
 }
 
+/// SQLSTATE undefined_object.
+const UNDEFINED_OBJECT: &str = "42704";
+
 /// The started stream.
 pub struct WalStream {
     client: ReplicationClient,
@@ -66,16 +70,27 @@ pub struct WalStream {
 
 impl WalStream {
     /// Sends START_REPLICATION on the gated session and waits until the server accepted it.
-    pub async fn start(mut client: ReplicationClient) -> Result<WalStream, RelayError> {
-        client.start().await.map_err(classify)?;
-        client.wait_started().await.map_err(classify)?;
+    pub async fn start(mut client: ReplicationClient, slot: &str) -> Result<WalStream, RelayError> {
+        let started = match client.start().await {
+            Ok(()) => client.wait_started().await,
+            Err(e) => Err(e),
+        };
+        // START_REPLICATION's undefined object is the slot (the publication is looked up later,
+        // while decoding)
+        started.map_err(|e| match classify(e) {
+            RelayError::Server { sqlstate: Some(code), message } if code == UNDEFINED_OBJECT => RelayError::fatal(
+                FatalReason::SlotMissing,
+                format!("{message}: slot \"{slot}\" disappeared; run `outbox-relay setup --recreate-slot` to create it again and re-publish what the table still holds"),
+            ),
+            other => other,
+        })?;
         Ok(WalStream { client })
     }
 
     /// The next event; `Ok(None)` when the server ended the stream.
     pub async fn recv(&mut self) -> Result<Option<WalEvent>, RelayError> {
         loop {
-            let event = match self.client.recv().await.map_err(classify)? {
+            let event = match self.client.recv().await.map_err(classify_streaming)? {
                 None => return Ok(None),
                 Some(event) => event,
             };
@@ -91,9 +106,16 @@ impl WalStream {
                 ReplicationEvent::KeepAlive { wal_end, .. } => {
                     WalEvent::KeepAlive { wal_end: Lsn(wal_end.0) }
                 }
-                ReplicationEvent::StoppedAt { .. } => continue,
+                ReplicationEvent::StoppedAt { .. } => {
+                    metrics().stream_messages_skipped.with_label_values(&["stopped_at"]).inc();
+                    continue;
+                }
                 #[allow(unreachable_patterns)]
-                _ => continue,
+                other => {
+                    metrics().stream_messages_skipped.with_label_values(&["unknown"]).inc();
+                    tracing::warn!(event = ?other, "skipping a replication event this version does not know");
+                    continue;
+                }
             }));
         }
     }
@@ -115,18 +137,36 @@ fn pg_time(micros: i64) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_micros(unix)
 }
 
-/// Maps a transport error to the relay's retry policy.
+/// A transport error as a [`RelayError`]; [`RelayError::action`] decides what follows.
 pub fn classify(e: PgWireError) -> RelayError {
-    match &e {
-        PgWireError::Server(message) if message.contains("is active for PID") => {
-            RelayError::SlotInUse(message.clone())
+    match e {
+        PgWireError::Server(message) => RelayError::Server { sqlstate: sqlstate_in(&message), message },
+        PgWireError::Auth(message) => RelayError::fatal(
+            FatalReason::Auth,
+            format!(
+                "replication connection refused: {message}; check postgres.user / postgres.password and that \
+                 pg_hba.conf allows replication connections"
+            ),
+        ),
+        PgWireError::Protocol(message) => RelayError::Protocol(message),
+        other => RelayError::Disconnected(format!("replication stream: {other}")),
+    }
+}
+
+/// As [`classify`], for errors while streaming: pgoutput's undefined object is the publication.
+fn classify_streaming(e: PgWireError) -> RelayError {
+    match classify(e) {
+        RelayError::Server { sqlstate: Some(code), message } if code == UNDEFINED_OBJECT => {
+            RelayError::fatal(
+                FatalReason::Publication,
+                format!(
+                    "{message}: the slot reads the catalog as it was at each change, so a publication dropped \
+                 behind the slot's position stays missing for it even when created again; run \
+                 `outbox-relay setup --recreate-slot` (it creates the publication when missing, and the slot \
+                 again, re-publishing what the table still holds)"
+                ),
+            )
         }
-        PgWireError::Server(message) if message.contains("already exists") => {
-            RelayError::SlotInUse(message.clone())
-        }
-        PgWireError::Auth(message) => RelayError::Fatal(format!(
-            "replication connection refused: {message}; check postgres.user / postgres.password and that pg_hba.conf allows replication connections"
-        )),
-        _ => RelayError::ConnectionLost(format!("replication stream: {e}")),
+        other => other,
     }
 }

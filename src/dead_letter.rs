@@ -1,0 +1,158 @@
+//! The one dead-letter path: polling, the replication stream and the first copy of a new slot
+//! all hand an unpublishable event here, and `dead_letter.on_poison` decides the same way for
+//! all three.
+//!
+//! Invariants:
+//! - an event is unpublishable when its row cannot become a record (a NULL required column,
+//!   headers that are not a JSON object, an invalid topic) or when Kafka refuses the record
+//!   permanently (unknown topic, too large, not authorized); nothing else is;
+//! - `dead_letter`: the event is written to the dead-letter table with one statement
+//!   ([`DeadLetters::write`]) in one row shape: `row_data` holds the row's event columns as
+//!   text, keyed by the default column names (`id`, `aggregate_type`, `aggregate_id`,
+//!   `event_type`, `payload`, `headers`, `topic`), whatever the table's own names are. Only
+//!   then is the event's position released (polling: in the transaction that removes the row);
+//! - `block`: the relay holds at the event ([`Hold`]): it reports it (error log, `/readyz`,
+//!   `outbox_relay_events_blocked`), retries a refused record with backoff, releases nothing
+//!   past it, and never publishes again what Kafka already acknowledged.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_postgres::GenericClient;
+
+use crate::config::{OnPoison, RelayConfig, RetryConfig};
+use crate::error::RelayError;
+use crate::event::{OutboxEvent, RawEvent, Unpublishable};
+use crate::metrics::metrics;
+use crate::supervisor::{Backoff, Pulse, wait_or_shutdown};
+use crate::table::{OutboxTable, quote_ident};
+
+/// An event that cannot be published, with the row it came from and why.
+#[derive(Debug, Clone)]
+pub struct DeadLetter {
+    pub id: String,
+    pub row: RawEvent,
+    pub reason: String,
+}
+
+impl DeadLetter {
+    /// A row the mapping refused.
+    pub fn unmapped(unpublishable: Unpublishable) -> DeadLetter {
+        DeadLetter {
+            id: unpublishable.row.id.clone().unwrap_or_default(),
+            reason: unpublishable.reason.to_string(),
+            row: unpublishable.row,
+        }
+    }
+
+    /// A record Kafka refused permanently.
+    pub fn refused(event: &OutboxEvent, reason: String) -> DeadLetter {
+        DeadLetter { id: event.id.clone(), row: event.to_raw(), reason }
+    }
+}
+
+/// The dead-letter policy and table of one relay.
+#[derive(Debug, Clone)]
+pub struct DeadLetters {
+    insert_sql: String,
+    source_table: String,
+    policy: OnPoison,
+    mode: &'static str,
+    retry: RetryConfig,
+}
+
+impl DeadLetters {
+    /// `mode`: the `mode` label of the metrics.
+    pub fn new(config: &RelayConfig, mode: &'static str) -> DeadLetters {
+        let (schema, table) = config.dead_letter.schema_and_table();
+        DeadLetters {
+            insert_sql: format!(
+                "INSERT INTO {}.{} (source_table, event_id, row_data, reason) \
+                 SELECT $1, u.event_id, u.row_data, u.reason \
+                 FROM unnest($2::text[], $3::jsonb[], $4::text[]) AS u(event_id, row_data, reason)",
+                quote_ident(schema),
+                quote_ident(table)
+            ),
+            source_table: OutboxTable::new(config).display_name(),
+            policy: config.dead_letter.on_poison,
+            mode,
+            retry: config.retry.clone(),
+        }
+    }
+
+    /// True when `on_poison = "block"`.
+    pub fn blocks(&self) -> bool {
+        self.policy == OnPoison::Block
+    }
+
+    /// Writes `letters` to the dead-letter table in one statement on `client` (polling passes
+    /// its claim transaction), then counts and logs each. Returns how many were written.
+    pub async fn write(
+        &self,
+        client: &(impl GenericClient + Sync),
+        letters: &[DeadLetter],
+    ) -> Result<u64, RelayError> {
+        if letters.is_empty() {
+            return Ok(0);
+        }
+        let ids: Vec<&str> = letters.iter().map(|l| l.id.as_str()).collect();
+        let rows: Vec<serde_json::Value> = letters.iter().map(|l| l.row.to_json()).collect();
+        let reasons: Vec<&str> = letters.iter().map(|l| l.reason.as_str()).collect();
+        let written = client.execute(&self.insert_sql, &[&self.source_table, &ids, &rows, &reasons]).await?;
+        metrics().events_dead_lettered.with_label_values(&[self.mode]).inc_by(written);
+        for letter in letters {
+            tracing::warn!(event_id = %letter.id, reason = %letter.reason, table = %self.source_table, "event moved to the dead-letter table");
+        }
+        Ok(written)
+    }
+
+    /// Starts holding at `letter` (`on_poison = "block"`), reporting it at once.
+    pub fn hold(&self, letter: DeadLetter, pulse: &Pulse) -> Hold {
+        let hold = Hold { letter, backoff: Backoff::new(&self.retry), table: self.source_table.clone() };
+        hold.report(pulse);
+        hold
+    }
+}
+
+/// The relay holding at one unpublishable event.
+#[derive(Debug)]
+pub struct Hold {
+    pub letter: DeadLetter,
+    backoff: Backoff,
+    table: String,
+}
+
+impl Hold {
+    fn report(&self, pulse: &Pulse) {
+        let DeadLetter { id, reason, .. } = &self.letter;
+        tracing::error!(
+            event_id = %id, %reason, table = %self.table,
+            "blocked at an unpublishable event (dead_letter.on_poison = \"block\"): fix its cause \
+             (the row, the topic, the broker's size limit) or set dead_letter.on_poison = \"dead_letter\""
+        );
+        pulse.blocked(Some(format!("blocked at event {id}: {reason}")));
+    }
+
+    /// The next retry's delay (capped backoff).
+    pub fn next_delay(&mut self) -> Duration {
+        self.backoff.next_delay()
+    }
+
+    /// Waits for the next retry, reporting the event again; `false` when shutdown came first.
+    pub async fn wait(&mut self, pulse: &Pulse, shutdown: &mut watch::Receiver<bool>) -> bool {
+        let delay = self.next_delay();
+        wait_or_shutdown(delay, shutdown).await;
+        pulse.tick();
+        if *shutdown.borrow() {
+            return false;
+        }
+        self.report(pulse);
+        true
+    }
+
+    /// The event was published after all.
+    pub fn release(self, pulse: &Pulse) {
+        tracing::info!(event_id = %self.letter.id, "the held event was published; carrying on");
+        pulse.blocked(None);
+    }
+}

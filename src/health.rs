@@ -1,0 +1,140 @@
+//! What `/healthz`, `/readyz` and the leader gauge say, kept in one place.
+//!
+//! Invariants:
+//! - only the supervisor sets the [`Phase`] (starting, active, standby, retrying, fatal);
+//!   sources report facts through its [`crate::supervisor::Pulse`] (alive, Kafka stalled, held
+//!   at an unpublishable event), and readiness is derived from all of them when asked, so it
+//!   always reflects the present;
+//! - `outbox_relay_leader` is 1 exactly while the phase is `Active`: it means leadership, not
+//!   health (a stalled or blocked leader is still the leader);
+//! - liveness allows for the longest deliberate wait: twice the retry cap, at least a minute.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::metrics::metrics;
+
+/// Where the supervisor is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Phase {
+    Starting,
+    /// This instance relays.
+    Active,
+    /// Another instance relays; this one waits to take over.
+    Standby,
+    /// A session failed; backing off before the next one (the error).
+    Retrying(String),
+    /// Stopped on a fatal error (the error).
+    Fatal(String),
+}
+
+/// What readiness is made of.
+#[derive(Debug)]
+struct Facts {
+    phase: Phase,
+    /// Kafka acknowledged nothing for a while with records waiting.
+    stalled: Option<String>,
+    /// Held at an unpublishable event (`on_poison = "block"`).
+    blocked: Option<String>,
+}
+
+/// The process's health; shared by the supervisor (writer) and the HTTP listener (reader).
+#[derive(Debug)]
+pub struct Health {
+    last_tick_ms: AtomicU64,
+    stale_after_ms: AtomicU64,
+    facts: Mutex<Facts>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64
+}
+
+impl Health {
+    /// `max_backoff`: the longest deliberate wait of the loop.
+    pub fn new(max_backoff: Duration) -> Health {
+        Health {
+            last_tick_ms: AtomicU64::new(now_ms()),
+            stale_after_ms: AtomicU64::new((max_backoff * 2).max(Duration::from_secs(60)).as_millis() as u64),
+            facts: Mutex::new(Facts { phase: Phase::Starting, stalled: None, blocked: None }),
+        }
+    }
+
+    /// The loop is alive: called every iteration, including deliberate waits.
+    pub fn tick(&self) {
+        self.last_tick_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_phase(&self, phase: Phase) {
+        self.tick();
+        metrics().leader.set(i64::from(phase == Phase::Active));
+        let mut facts = self.facts.lock().unwrap();
+        if phase != Phase::Active {
+            // a new session starts with neither
+            facts.stalled = None;
+            facts.blocked = None;
+        }
+        facts.phase = phase;
+    }
+
+    pub(crate) fn set_stalled(&self, stalled: Option<String>) {
+        self.facts.lock().unwrap().stalled = stalled;
+    }
+
+    pub(crate) fn set_blocked(&self, blocked: Option<String>) {
+        metrics().events_blocked.set(i64::from(blocked.is_some()));
+        self.facts.lock().unwrap().blocked = blocked;
+    }
+
+    #[cfg(test)]
+    pub fn phase(&self) -> Phase {
+        self.facts.lock().unwrap().phase.clone()
+    }
+
+    pub fn live(&self) -> bool {
+        now_ms().saturating_sub(self.last_tick_ms.load(Ordering::Relaxed))
+            < self.stale_after_ms.load(Ordering::Relaxed)
+    }
+
+    /// `Ok(body)` when ready, `Err(why)` when not.
+    pub fn readiness(&self) -> Result<String, String> {
+        let facts = self.facts.lock().unwrap();
+        match &facts.phase {
+            Phase::Starting => Err("starting".into()),
+            Phase::Fatal(e) => Err(format!("degraded: fatal: {e}")),
+            Phase::Retrying(e) => Err(format!("degraded: {e}")),
+            Phase::Standby => Ok("standby: another instance is active".into()),
+            Phase::Active => match (&facts.blocked, &facts.stalled) {
+                (Some(blocked), _) => Err(format!("degraded: {blocked}")),
+                (None, Some(stalled)) => Err(format!("degraded: {stalled}")),
+                (None, None) => Ok("active".into()),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readiness_follows_the_present() {
+        let h = Health::new(Duration::from_secs(1));
+        assert_eq!(h.readiness(), Err("starting".into()));
+        h.set_phase(Phase::Active);
+        assert_eq!(h.readiness(), Ok("active".into()));
+        h.set_stalled(Some("Kafka has acknowledged nothing for 12 s".into()));
+        assert!(h.readiness().unwrap_err().contains("acknowledged nothing"));
+        h.set_stalled(None);
+        assert_eq!(h.readiness(), Ok("active".into()));
+        h.set_blocked(Some("blocked at event 7: column aggregate_id is NULL".into()));
+        assert!(h.readiness().unwrap_err().contains("blocked at event 7"));
+        h.set_phase(Phase::Retrying("postgres: connection reset".into()));
+        assert!(h.readiness().unwrap_err().starts_with("degraded: postgres"));
+        h.set_phase(Phase::Active);
+        assert_eq!(h.readiness(), Ok("active".into()), "a new session starts unblocked");
+        h.set_phase(Phase::Standby);
+        assert!(h.readiness().unwrap().starts_with("standby"));
+    }
+}

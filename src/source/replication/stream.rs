@@ -1,0 +1,370 @@
+//! One streaming session: read the slot, publish, confirm what Kafka acknowledged.
+//!
+//! The loop is one biased `select!` with its branches numbered by priority: shutdown, then
+//! acknowledgements (they free room and move the confirmed position), then the stream (only
+//! while in-flight records are under the bound and nothing is held), then the timers.
+//!
+//! Holding (`dead_letter.on_poison = "block"`): reading stops at the unpublishable event. Records
+//! already handed to Kafka still settle and their transactions are confirmed; the held
+//! transaction and everything after it are not. A refused record is sent again at backoff until
+//! Kafka takes it; a row that cannot map is reported at backoff until the relay is restarted with
+//! another policy. The session is never ended for it, so nothing acknowledged is sent again.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::time::{Duration, Instant, SystemTime};
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use rdkafka::error::KafkaError;
+use tokio::sync::watch;
+use tokio_postgres::Client;
+
+use super::decode::{self, Change, Decoder};
+use super::transport::{WalEvent, WalStream};
+use super::{HEARTBEAT_PREFIX, MODE, ReplicationSource};
+use crate::checkpoint::{Tracker, TxnId};
+use crate::dead_letter::{DeadLetter, Hold};
+use crate::error::RelayError;
+use crate::event::{OutboxEvent, RawEvent};
+use crate::metrics::metrics;
+use crate::position::Lsn;
+use crate::sink::kafka::{PublishError, StallWatch};
+use crate::supervisor::Pulse;
+
+/// One record's delivery report.
+struct Delivered {
+    txn: TxnId,
+    event: OutboxEvent,
+    sent: Instant,
+    outcome: Result<(), KafkaError>,
+}
+
+type Delivery = Pin<Box<dyn Future<Output = Delivered> + Send>>;
+
+/// The transaction being read (between Begin and Commit).
+#[derive(Debug, Clone, Copy)]
+struct OpenTxn {
+    id: TxnId,
+    commit_time: SystemTime,
+}
+
+/// Held at an unpublishable event.
+struct Held {
+    /// Reports the first unpublishable event and paces the retries.
+    hold: Hold,
+    /// Records Kafka refused, in the order they were sent; the first is sent again first.
+    refused: VecDeque<(TxnId, OutboxEvent)>,
+    /// A row that can never map was read: only a restart with another policy moves past it.
+    unmapped: bool,
+    /// A resend of `refused[0]` is in flight.
+    resending: bool,
+    next_try: tokio::time::Instant,
+}
+
+pub(super) struct StreamSession<'a> {
+    source: &'a ReplicationSource,
+    client: &'a Client,
+    pulse: &'a Pulse,
+    wal: WalStream,
+    tracker: Tracker,
+    decoder: Decoder,
+    deliveries: FuturesUnordered<Delivery>,
+    open: Option<OpenTxn>,
+    stall: StallWatch,
+    held: Option<Held>,
+}
+
+impl<'a> StreamSession<'a> {
+    pub(super) fn new(
+        source: &'a ReplicationSource,
+        client: &'a Client,
+        pulse: &'a Pulse,
+        wal: WalStream,
+        confirmed: Lsn,
+    ) -> StreamSession<'a> {
+        StreamSession {
+            source,
+            client,
+            pulse,
+            wal,
+            tracker: Tracker::new(confirmed),
+            decoder: Decoder::new(&source.config.outbox),
+            deliveries: FuturesUnordered::new(),
+            open: None,
+            stall: StallWatch::new(&source.config.kafka),
+            held: None,
+        }
+    }
+
+    /// Streams until shutdown (`Ok`) or an error; ends the stream either way.
+    pub(super) async fn run(mut self, shutdown: &mut watch::Receiver<bool>) -> Result<(), RelayError> {
+        let result = self.stream(shutdown).await;
+        self.wal.stop().await;
+        result
+    }
+
+    async fn stream(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<(), RelayError> {
+        let config = &self.source.config.replication;
+        let max_in_flight = config.max_in_flight_events;
+        let heartbeat_ms = config.heartbeat_interval_ms;
+        let mut stall_check = tokio::time::interval(self.stall.period());
+        let mut heartbeat = tokio::time::interval(Duration::from_millis(heartbeat_ms.max(1)));
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let reading = self.held.is_none() && self.tracker.in_flight_events() < max_in_flight;
+            let retry_at = self.held.as_ref().filter(|h| !h.resending).map(|h| h.next_try);
+            tokio::select! {
+                biased;
+                // 1. shutdown: stop reading, settle what is in flight, confirm it
+                _ = shutdown.changed() => return self.drain().await,
+                // 2. acknowledgements
+                Some(done) = self.deliveries.next(), if !self.deliveries.is_empty() => self.settle(done).await?,
+                // 3. the stream
+                event = self.wal.recv(), if reading => {
+                    let event = event?.ok_or_else(|| {
+                        RelayError::Disconnected("the server ended the replication stream".into())
+                    })?;
+                    self.handle(event).await?;
+                }
+                // 4. liveness and the stall watch, at most every stall period (not per event)
+                _ = stall_check.tick() => self.stall.check(self.tracker.in_flight_events(), self.pulse),
+                // 5. heartbeat: a WAL record of our own, so an idle outbox in a busy database
+                //    still sees positions it may confirm (see `message` below)
+                _ = heartbeat.tick(), if heartbeat_ms > 0 => {
+                    self.client.execute("SELECT pg_logical_emit_message(false, $1, '')", &[&HEARTBEAT_PREFIX]).await?;
+                }
+                // 6. held: try the refused record again, or report the held row again
+                _ = tokio::time::sleep_until(retry_at.unwrap_or_else(far_future)), if retry_at.is_some() => {
+                    self.retry_held().await;
+                }
+            }
+            self.confirm_acknowledged();
+        }
+    }
+
+    /// Shutdown: settle what is in flight, confirm it, give the status update time to leave.
+    async fn drain(&mut self) -> Result<(), RelayError> {
+        while let Some(done) = self.deliveries.next().await {
+            self.settle(done).await?;
+        }
+        self.confirm_acknowledged();
+        tokio::time::sleep(Duration::from_millis(self.source.config.replication.status_interval_ms)).await;
+        Ok(())
+    }
+
+    fn confirm_acknowledged(&mut self) {
+        if let Some(lsn) = self.tracker.advance() {
+            tracing::trace!(%lsn, "confirmed");
+            self.confirm(lsn);
+        }
+        let m = metrics();
+        m.events_in_flight.set(self.tracker.in_flight_events() as i64);
+        m.transactions_in_flight.set(self.tracker.open_transactions() as i64);
+    }
+
+    /// Confirms `lsn` to PostgreSQL and records it.
+    fn confirm(&self, lsn: Lsn) {
+        self.wal.confirm(lsn);
+        metrics().confirmed(lsn);
+        self.pulse.progressed();
+    }
+
+    async fn handle(&mut self, event: WalEvent) -> Result<(), RelayError> {
+        match event {
+            WalEvent::Begin { commit_time } => {
+                self.open = Some(OpenTxn { id: self.tracker.begin(), commit_time });
+            }
+            WalEvent::Commit { end_lsn } => {
+                let txn =
+                    self.open.take().ok_or_else(|| RelayError::Protocol("Commit without Begin".into()))?;
+                self.tracker.commit(txn.id, end_lsn);
+                metrics().received_lsn.set(end_lsn.0 as f64);
+            }
+            WalEvent::Data(data) => {
+                if let Change::Insert(raw) =
+                    self.decoder.decode(&data).map_err(|e| RelayError::Protocol(e.to_string()))?
+                {
+                    let txn = self
+                        .open
+                        .ok_or_else(|| RelayError::Protocol("Insert outside a transaction".into()))?;
+                    self.publish(raw, txn).await?;
+                }
+            }
+            WalEvent::Message { transactional, lsn, prefix, content } => {
+                self.message(transactional, lsn, &prefix, &content).await?;
+            }
+            WalEvent::KeepAlive { wal_end } => {
+                metrics().received_lsn.set(wal_end.0 as f64);
+                if self.open.is_none()
+                    && let Some(lsn) = self.tracker.idle_advance(wal_end)
+                {
+                    self.confirm(lsn);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A logical decoding message: the relay's heartbeat, an outbox event, or someone else's.
+    async fn message(
+        &mut self,
+        transactional: bool,
+        lsn: Lsn,
+        prefix: &str,
+        content: &[u8],
+    ) -> Result<(), RelayError> {
+        if prefix == HEARTBEAT_PREFIX && !transactional && self.open.is_none() {
+            // Every transaction that committed before this record was streamed before it; with
+            // none in flight, nothing before `lsn` is left to publish.
+            metrics().received_lsn.set(lsn.0 as f64);
+            if let Some(lsn) = self.tracker.idle_advance(lsn) {
+                self.confirm(lsn);
+            }
+            return Ok(());
+        }
+        if prefix != self.source.config.replication.message_prefix {
+            metrics().stream_messages_skipped.with_label_values(&["foreign_message"]).inc();
+            return Ok(());
+        }
+        let raw = decode::message_event(content).unwrap_or_else(|reason| {
+            tracing::warn!(%lsn, %reason, "an outbox message is not an event object");
+            RawEvent::default()
+        });
+        match (self.open, transactional) {
+            (Some(txn), true) => self.publish(raw, txn).await,
+            _ => {
+                // non-transactional: published at once, confirmed as its own unit
+                let txn = OpenTxn { id: self.tracker.begin(), commit_time: SystemTime::now() };
+                self.publish(raw, txn).await?;
+                self.tracker.commit(txn.id, lsn);
+                Ok(())
+            }
+        }
+    }
+
+    async fn publish(&mut self, raw: RawEvent, txn: OpenTxn) -> Result<(), RelayError> {
+        metrics().events_read.with_label_values(&[MODE]).inc();
+        match self.source.mapping.to_event(raw, Some(txn.commit_time)) {
+            Ok(event) => {
+                self.tracker.sent(txn.id);
+                self.send(txn.id, event).await;
+                Ok(())
+            }
+            Err(unpublishable) => {
+                let letter = DeadLetter::unmapped(*unpublishable);
+                if self.source.dead_letters.blocks() {
+                    self.hold(letter, None);
+                    Ok(())
+                } else {
+                    self.source.dead_letters.write(self.client, &[letter]).await.map(drop)
+                }
+            }
+        }
+    }
+
+    /// Hands `event` to the producer; its report arrives in `deliveries`.
+    async fn send(&mut self, txn: TxnId, event: OutboxEvent) {
+        let sent = Instant::now();
+        let future = self.source.sink.enqueue(&event).await;
+        self.deliveries.push(Box::pin(async move {
+            let outcome = match future {
+                Ok(f) => match f.await {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err((e, _))) => Err(e),
+                    Err(_) => Err(KafkaError::Canceled),
+                },
+                Err(e) => Err(e),
+            };
+            Delivered { txn, event, sent, outcome }
+        }));
+    }
+
+    /// An acknowledgement, or a failure: permanent ones are unpublishable, transient ones end
+    /// the session.
+    async fn settle(&mut self, done: Delivered) -> Result<(), RelayError> {
+        let Delivered { txn, event, sent, outcome } = done;
+        let resent = self.held.as_ref().is_some_and(|h| {
+            h.resending && h.refused.front().is_some_and(|(t, e)| *t == txn && e.id == event.id)
+        });
+        let Err(e) = outcome else {
+            self.stall.progressed(self.pulse);
+            metrics().acknowledged(MODE, sent, event.created_at);
+            self.tracker.acked(txn);
+            if resent {
+                self.resent_accepted();
+            }
+            return Ok(());
+        };
+        let failure = self.source.sink.classify(&event.topic, &e).await;
+        metrics().publish_errors.with_label_values(&[failure.error_type()]).inc();
+        match failure {
+            PublishError::Transient { detail, .. } => {
+                Err(RelayError::Kafka(format!("event {} not acknowledged: {detail}", event.id)))
+            }
+            PublishError::Permanent(_) if resent => {
+                self.held.as_mut().expect("held").resending = false;
+                Ok(())
+            }
+            PublishError::Permanent(reason) if self.source.dead_letters.blocks() => {
+                self.hold(DeadLetter::refused(&event, reason), Some((txn, event)));
+                Ok(())
+            }
+            PublishError::Permanent(reason) => {
+                self.source.dead_letters.write(self.client, &[DeadLetter::refused(&event, reason)]).await?;
+                self.tracker.acked(txn);
+                Ok(())
+            }
+        }
+    }
+
+    /// Starts holding (or adds a refused record to the hold).
+    fn hold(&mut self, letter: DeadLetter, refused: Option<(TxnId, OutboxEvent)>) {
+        let unmapped = refused.is_none();
+        let held = self.held.get_or_insert_with(|| Held {
+            hold: self.source.dead_letters.hold(letter, self.pulse),
+            refused: VecDeque::new(),
+            unmapped: false,
+            resending: false,
+            next_try: tokio::time::Instant::now(),
+        });
+        held.unmapped |= unmapped;
+        held.refused.extend(refused);
+        if held.refused.len() + usize::from(held.unmapped) == 1 {
+            held.next_try = tokio::time::Instant::now() + held.hold.next_delay();
+        }
+    }
+
+    /// The retry timer: send the first refused record again, or report the held row again.
+    async fn retry_held(&mut self) {
+        let held = self.held.as_mut().expect("held");
+        held.next_try = tokio::time::Instant::now() + held.hold.next_delay();
+        match held.refused.front().cloned() {
+            Some((txn, event)) => {
+                held.resending = true;
+                tracing::info!(event_id = %event.id, "sending the held record again");
+                self.send(txn, event).await;
+            }
+            None => {
+                let id = &held.hold.letter.id;
+                tracing::error!(event_id = %id, reason = %held.hold.letter.reason, "still blocked at an unpublishable event (dead_letter.on_poison = \"block\")");
+            }
+        }
+    }
+
+    /// The first refused record was taken: move on to the next, or stop holding.
+    fn resent_accepted(&mut self) {
+        let held = self.held.as_mut().expect("held");
+        held.refused.pop_front();
+        held.resending = false;
+        if held.refused.is_empty() && !held.unmapped {
+            let held = self.held.take().expect("held");
+            held.hold.release(self.pulse);
+        }
+    }
+}
+
+/// A deadline that never comes (for a disabled `select!` branch's placeholder).
+fn far_future() -> tokio::time::Instant {
+    tokio::time::Instant::now() + Duration::from_secs(86_400 * 365)
+}

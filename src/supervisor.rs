@@ -1,0 +1,312 @@
+//! Runs a source, one session at a time: the error policy applied, backoff, the standby wait,
+//! health, and the flush at shutdown.
+//!
+//! Invariants:
+//! - a source knows nothing of backoff, health states or exit codes: a session returns `Ok`
+//!   at shutdown or an error, and reports facts through its [`Pulse`];
+//! - what follows an error is decided by [`RelayError::action`] alone;
+//! - the backoff resets only when a session made progress (a batch committed, a position
+//!   confirmed), not when it merely connected: a session that fails right after starting keeps
+//!   backing off instead of reconnecting several times a second;
+//! - an outage is logged once when it starts and once when progress resumes, not per retry.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use rand::Rng;
+use tokio::sync::watch;
+
+use crate::config::RetryConfig;
+use crate::error::{Action, RelayError};
+use crate::health::{Health, Phase};
+
+/// How often a standby asks again to become active (the advisory lock in polling mode, the slot
+/// in replication mode): the failover time once the active instance's session has ended.
+pub const STANDBY_RETRY: Duration = Duration::from_millis(1_000);
+
+/// A source of events, driven by [`run`].
+pub trait Source {
+    /// One session: connect, become active (or return [`RelayError::Standby`]), relay until
+    /// `shutdown` turns true (`Ok`) or an error.
+    fn session(
+        &mut self,
+        pulse: &Pulse,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> impl Future<Output = Result<(), RelayError>> + Send;
+
+    /// Prepares for the next session after a failed one (e.g. a fresh Kafka producer).
+    fn recover(&mut self);
+
+    /// Waits for what was handed to Kafka, at shutdown.
+    fn flush(&self) -> impl Future<Output = ()> + Send;
+}
+
+/// What a session reports to the supervisor.
+#[derive(Debug, Clone)]
+pub struct Pulse {
+    health: Arc<Health>,
+    progressed: Arc<AtomicBool>,
+    outage: Arc<Mutex<OutageLog>>,
+}
+
+impl Pulse {
+    fn new(health: Arc<Health>) -> Pulse {
+        Pulse { health, progressed: Arc::new(AtomicBool::new(false)), outage: Arc::default() }
+    }
+
+    /// A pulse nobody reads, for one-shot commands (`outbox-relay setup`).
+    pub fn detached() -> Pulse {
+        Pulse::new(Arc::new(Health::new(Duration::ZERO)))
+    }
+
+    /// The session is alive (call at least every stall period, including while waiting).
+    pub fn tick(&self) {
+        self.health.tick();
+    }
+
+    /// This session is now the active instance.
+    pub fn active(&self) {
+        self.health.set_phase(Phase::Active);
+    }
+
+    /// Events flowed or a position was confirmed: the outage, if any, is over.
+    pub fn progressed(&self) {
+        if !self.progressed.swap(true, Ordering::Relaxed) {
+            self.outage.lock().unwrap().recovered();
+        }
+    }
+
+    /// Kafka acknowledges nothing (`Some(why)`), or does again (`None`).
+    pub fn stalled(&self, why: Option<String>) {
+        self.health.set_stalled(why);
+    }
+
+    /// Held at an unpublishable event (`Some(why)`), or released (`None`).
+    pub fn blocked(&self, why: Option<String>) {
+        self.health.set_blocked(why);
+    }
+
+    fn take_progress(&self) -> bool {
+        self.progressed.swap(false, Ordering::Relaxed)
+    }
+}
+
+/// Runs `source` until shutdown (flushing it) or a fatal error.
+pub async fn run<S: Source>(
+    mut source: S,
+    health: Arc<Health>,
+    retry: &RetryConfig,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), RelayError> {
+    let pulse = Pulse::new(health.clone());
+    let mut backoff = Backoff::new(retry);
+    let mut standby_logged = false;
+    while !*shutdown.borrow() {
+        let result = source.session(&pulse, &mut shutdown).await;
+        if pulse.take_progress() {
+            backoff.reset();
+        }
+        let Err(e) = result else { break };
+        match e.action() {
+            Action::Fatal(_) => return Err(e),
+            Action::Standby => {
+                if !standby_logged {
+                    tracing::info!(reason = %e, "standby: another instance is active");
+                    standby_logged = true;
+                }
+                pulse.outage.lock().unwrap().recovered();
+                health.set_phase(Phase::Standby);
+                wait_or_shutdown(STANDBY_RETRY, &mut shutdown).await;
+            }
+            Action::Retry => {
+                standby_logged = false;
+                let delay = backoff.next_delay();
+                if !*shutdown.borrow() {
+                    pulse.outage.lock().unwrap().failed(e.kind(), &e, delay);
+                    health.set_phase(Phase::Retrying(e.to_string()));
+                }
+                source.recover();
+                wait_or_shutdown(delay, &mut shutdown).await;
+            }
+        }
+    }
+    tracing::info!("stopping; waiting for Kafka to acknowledge what was sent");
+    source.flush().await;
+    Ok(())
+}
+
+/// Capped exponential backoff with full jitter.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    initial: Duration,
+    max: Duration,
+    attempt: u32,
+}
+
+impl Backoff {
+    pub fn new(config: &RetryConfig) -> Self {
+        Backoff {
+            initial: Duration::from_millis(config.initial_backoff_ms),
+            max: Duration::from_millis(config.max_backoff_ms),
+            attempt: 0,
+        }
+    }
+
+    /// The next delay: uniformly random in [cap/2, cap], cap = min(max, initial * 2^attempt).
+    /// Half of the cap is kept fixed so a retry never fires immediately.
+    pub fn next_delay(&mut self) -> Duration {
+        let factor = 1u32.checked_shl(self.attempt.min(30)).unwrap_or(u32::MAX);
+        let cap = self.initial.saturating_mul(factor).min(self.max);
+        self.attempt = self.attempt.saturating_add(1);
+        let half = cap / 2;
+        half + rand::rng().random_range(Duration::ZERO..=cap - half)
+    }
+
+    pub fn reset(&mut self) {
+        self.attempt = 0;
+    }
+}
+
+/// Sleeps `delay`, or less if shutdown is requested meanwhile.
+pub async fn wait_or_shutdown(delay: Duration, shutdown: &mut watch::Receiver<bool>) {
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => {}
+        _ = shutdown.changed() => {}
+    }
+}
+
+/// Remembers the current failure kind so a persisting outage is logged once, not every retry.
+#[derive(Debug, Default)]
+struct OutageLog {
+    current: Option<String>,
+}
+
+impl OutageLog {
+    /// Logs `error` at WARN if its kind differs from the last one logged.
+    fn failed(&mut self, kind: &str, error: &dyn std::fmt::Display, retry_in: Duration) {
+        if self.current.as_deref() != Some(kind) {
+            tracing::warn!(kind, %error, retry_in_ms = retry_in.as_millis() as u64, "relay degraded, retrying");
+            self.current = Some(kind.to_string());
+        } else {
+            tracing::debug!(kind, %error, retry_in_ms = retry_in.as_millis() as u64, "still failing");
+        }
+    }
+
+    /// Logs the recovery once.
+    fn recovered(&mut self) {
+        if let Some(kind) = self.current.take() {
+            tracing::info!(previous = %kind, "relay recovered");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::FatalReason;
+
+    #[test]
+    fn delays_grow_and_are_capped() {
+        let mut b = Backoff::new(&RetryConfig { initial_backoff_ms: 100, max_backoff_ms: 1_000 });
+        let first = b.next_delay();
+        assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100), "{first:?}");
+        for _ in 0..40 {
+            let d = b.next_delay();
+            assert!(d <= Duration::from_millis(1_000) && d >= Duration::from_millis(25), "{d:?}");
+        }
+        let late = b.next_delay();
+        assert!(late >= Duration::from_millis(500), "{late:?}");
+        b.reset();
+        assert!(b.next_delay() <= Duration::from_millis(100));
+    }
+
+    /// A source whose sessions return the scripted results, recording what the supervisor did.
+    #[derive(Default, Clone)]
+    struct Record {
+        phases: Arc<Mutex<Vec<Phase>>>,
+        recovered: Arc<Mutex<usize>>,
+        flushed: Arc<Mutex<bool>>,
+    }
+
+    struct Scripted {
+        /// `Ok(progress)`: the session becomes active (and makes progress), then ends on a
+        /// cut connection, or at shutdown when it is the last one.
+        results: Vec<Result<bool, RelayError>>,
+        health: Arc<Health>,
+        record: Record,
+    }
+
+    impl Source for Scripted {
+        async fn session(&mut self, pulse: &Pulse, _: &mut watch::Receiver<bool>) -> Result<(), RelayError> {
+            self.record.phases.lock().unwrap().push(self.health.phase());
+            match self.results.remove(0) {
+                Ok(progress) => {
+                    pulse.active();
+                    if progress {
+                        pulse.progressed();
+                    }
+                    if self.results.is_empty() { Ok(()) } else { Err(RelayError::Disconnected("cut".into())) }
+                }
+                Err(e) => Err(e),
+            }
+        }
+        fn recover(&mut self) {
+            *self.record.recovered.lock().unwrap() += 1;
+        }
+        async fn flush(&self) {
+            *self.record.flushed.lock().unwrap() = true;
+        }
+    }
+
+    fn retry() -> RetryConfig {
+        RetryConfig { initial_backoff_ms: 1, max_backoff_ms: 2 }
+    }
+
+    async fn supervise(results: Vec<Result<bool, RelayError>>) -> (Result<(), RelayError>, Record) {
+        let health = Arc::new(Health::new(Duration::from_secs(1)));
+        let record = Record::default();
+        let source = Scripted { results, health: health.clone(), record: record.clone() };
+        let (_tx, rx) = watch::channel(false);
+        (run(source, health, &retry(), rx).await, record)
+    }
+
+    #[tokio::test]
+    async fn the_policy_decides_between_sessions() {
+        let (result, record) = supervise(vec![
+            Err(RelayError::Kafka("down".into())),
+            Err(RelayError::Standby("slot busy".into())),
+            Ok(true),
+            Ok(false),
+        ])
+        .await;
+        result.unwrap();
+        let phases = record.phases.lock().unwrap().clone();
+        assert_eq!(phases[0], Phase::Starting);
+        assert_eq!(phases[1], Phase::Retrying("kafka: down".into()), "a retry is degraded, saying why");
+        assert_eq!(phases[2], Phase::Standby);
+        assert_eq!(phases[3], Phase::Retrying("postgres: cut".into()));
+        // the Kafka failure and the cut connection recover the source; standby does not
+        assert_eq!(*record.recovered.lock().unwrap(), 2);
+        assert!(*record.flushed.lock().unwrap(), "shutdown flushes the source");
+    }
+
+    #[tokio::test]
+    async fn a_fatal_error_stops_at_once_without_recovering() {
+        let (result, record) =
+            supervise(vec![Err(RelayError::fatal(FatalReason::SlotLost, "lost")), Ok(true)]).await;
+        assert_eq!(result.unwrap_err().action(), Action::Fatal(FatalReason::SlotLost));
+        assert_eq!(record.phases.lock().unwrap().len(), 1);
+        assert_eq!(*record.recovered.lock().unwrap(), 0);
+    }
+
+    #[test]
+    fn progress_is_taken_once() {
+        let pulse = Pulse::new(Arc::new(Health::new(Duration::from_secs(1))));
+        assert!(!pulse.take_progress());
+        pulse.progressed();
+        assert!(pulse.take_progress());
+        assert!(!pulse.take_progress());
+    }
+}

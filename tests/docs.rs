@@ -1,0 +1,63 @@
+//! What the code and the manual tell operators to open must exist.
+
+use std::path::{Path, PathBuf};
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn files_under(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files_under(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// Every `sql/...` path in `text` (up to the first character that cannot be in a file name).
+fn sql_paths(text: &str) -> Vec<String> {
+    let mut paths = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("sql/") {
+        let preceded_by_word =
+            rest[..at].chars().last().is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+        let tail = &rest[at..];
+        let end =
+            tail.find(|c: char| !(c.is_ascii_alphanumeric() || "_./-".contains(c))).unwrap_or(tail.len());
+        let path = tail[..end].trim_end_matches('.');
+        if !preceded_by_word && path.len() > "sql/".len() {
+            paths.push(path.to_string());
+        }
+        rest = &tail[end.max(1)..];
+    }
+    paths
+}
+
+#[test]
+fn every_sql_path_named_in_src_and_readme_exists() {
+    let root = repo_root();
+    let mut files = vec![root.join("README.md"), root.join("deploy/relay.example.toml")];
+    files_under(&root.join("src"), &mut files);
+    let mut checked = 0;
+    let mut missing = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for path in sql_paths(&text) {
+            checked += 1;
+            if !root.join(&path).exists() {
+                missing.push(format!("{}: {path}", file.strip_prefix(&root).unwrap().display()));
+            }
+        }
+    }
+    assert!(checked > 10, "found only {checked} sql/ paths: the scan is broken");
+    assert!(missing.is_empty(), "paths that do not exist:\n{}", missing.join("\n"));
+}
+
+#[test]
+fn the_scan_finds_paths_and_skips_lookalikes() {
+    let text = "apply sql/001_outbox_events.sql, then sql/100_relay_role.sql. see mysql/x and sql/";
+    assert_eq!(sql_paths(text), ["sql/001_outbox_events.sql", "sql/100_relay_role.sql"]);
+}
