@@ -100,16 +100,15 @@ impl Health {
     /// `Ok(body)` when ready, `Err(why)` when not.
     pub fn readiness(&self) -> Result<String, String> {
         let facts = self.facts.lock().unwrap();
-        match &facts.phase {
-            Phase::Starting => Err("starting".into()),
-            Phase::Fatal(e) => Err(format!("degraded: fatal: {e}")),
-            Phase::Retrying(e) => Err(format!("degraded: {e}")),
-            Phase::Standby => Ok("standby: another instance is active".into()),
-            Phase::Active => match (&facts.blocked, &facts.stalled) {
-                (Some(blocked), _) => Err(format!("degraded: {blocked}")),
-                (None, Some(stalled)) => Err(format!("degraded: {stalled}")),
-                (None, None) => Ok("active".into()),
-            },
+        match (&facts.phase, &facts.blocked, &facts.stalled) {
+            (Phase::Fatal(e), _, _) => Err(format!("degraded: fatal: {e}")),
+            // blocked is reported from the session that holds (stream, polling or first copy)
+            (_, Some(blocked), _) => Err(format!("degraded: {blocked}")),
+            (Phase::Starting, None, _) => Err("starting".into()),
+            (Phase::Retrying(e), None, _) => Err(format!("degraded: {e}")),
+            (Phase::Standby, None, _) => Ok("standby: another instance is active".into()),
+            (Phase::Active, None, Some(stalled)) => Err(format!("degraded: {stalled}")),
+            (Phase::Active, None, None) => Ok("active".into()),
         }
     }
 }
@@ -136,5 +135,8 @@ mod tests {
         assert_eq!(h.readiness(), Ok("active".into()), "a new session starts unblocked");
         h.set_phase(Phase::Standby);
         assert!(h.readiness().unwrap().starts_with("standby"));
+        h.set_phase(Phase::Starting);
+        h.set_blocked(Some("blocked at event 3: column id is NULL".into()));
+        assert!(h.readiness().unwrap_err().contains("blocked at event 3"), "a first copy that holds says so");
     }
 }

@@ -11,8 +11,8 @@
 //! - an outage is logged once when it starts and once when progress resumes, not per retry.
 
 use std::future::Future;
-use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::Rng;

@@ -1,0 +1,292 @@
+//! The one dead-letter path: `dead_letter.on_poison = "block"` behaves the same in the
+//! replication stream and the first copy as in polling mode (it holds at the event, reports it,
+//! and publishes nothing acknowledged again while it holds), and a dead-lettered row looks the
+//! same whichever mode wrote it.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use common::process::RelayProcess;
+use common::*;
+use tokio_postgres::Client;
+
+const INSERT: &str = "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, topic) \
+                      VALUES ($1, $2, 'E', '{\"n\": 1}', $3)";
+
+/// A relay test with a metrics listener of its own, so /readyz and /metrics can be read.
+struct Held {
+    s: Setup,
+    port: u16,
+    client: Client,
+}
+
+impl Held {
+    async fn new(mode: &str, dead_letter: &str, kafka_extra: &str) -> Held {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let s = Setup::create(&services().kafka, kafka_extra, true, |slot| {
+            format!(
+                "[source]\nmode = \"{mode}\"\n[polling]\npoll_interval_ms = 200\n\
+                 [replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n\
+                 [retry]\ninitial_backoff_ms = 200\nmax_backoff_ms = 1000\n\
+                 [dead_letter]\non_poison = \"{dead_letter}\"\n\
+                 [metrics]\nlisten = \"127.0.0.1:{port}\"\nfatal_exit_delay_secs = 0\n"
+            )
+        })
+        .await;
+        let client = s.db.client().await;
+        client
+            .batch_execute("ALTER TABLE outbox_events ALTER COLUMN aggregate_id DROP NOT NULL")
+            .await
+            .unwrap();
+        Held { s, port, client }
+    }
+
+    /// One transaction with an event per key; `None` is a row without an aggregate id.
+    async fn write(&mut self, keys: &[Option<&str>], topic: Option<&str>) {
+        let tx = self.client.transaction().await.unwrap();
+        for key in keys {
+            tx.execute(INSERT, &[&self.s.aggregate_type, key, &topic]).await.unwrap();
+        }
+        tx.commit().await.unwrap();
+    }
+
+    fn readyz(&self) -> (u16, String) {
+        http_get(self.port, "/readyz").unwrap_or((0, String::new()))
+    }
+
+    fn metric(&self, series: &str) -> Option<f64> {
+        let (_, body) = http_get(self.port, "/metrics")?;
+        body.lines().find(|l| l.starts_with(series)).and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    }
+
+    async fn wait_readyz(&self, what: &str, ok: impl Fn(u16, &str) -> bool) {
+        let deadline = Instant::now() + IDLE;
+        loop {
+            let (status, body) = self.readyz();
+            if ok(status, &body) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "/readyz never said {what}; last: {status} {body}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn wait_blocked(&self) {
+        self.wait_readyz("blocked", |status, body| status == 503 && body.contains("blocked at event")).await;
+        assert_eq!(self.metric("outbox_relay_events_blocked"), Some(1.0));
+    }
+
+    fn restart_with(&self, relay: &mut RelayProcess, dead_letter: &str, name: &str) -> RelayProcess {
+        assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
+        let config = std::fs::read_to_string(self.s.config()).unwrap();
+        let config = config.replace("on_poison = \"block\"", &format!("on_poison = \"{dead_letter}\""));
+        std::fs::write(self.s.config(), config).unwrap();
+        self.s.start(name)
+    }
+}
+
+/// GET `path`; (status, body).
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()))
+}
+
+fn counts(records: &[Consumed]) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for r in records {
+        *counts.entry(r.key.clone().unwrap_or_default()).or_default() += 1;
+    }
+    counts
+}
+
+async fn confirmed_flush(client: &Client, slot: &str) -> i64 {
+    client
+        .query_one(
+            "SELECT (confirmed_flush_lsn - '0/0')::bigint FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+async fn wal_lsn(client: &Client) -> i64 {
+    client.query_one("SELECT (pg_current_wal_lsn() - '0/0')::bigint", &[]).await.unwrap().get(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_stream_holds_at_an_unmappable_row_without_publishing_anything_twice() {
+    // given a streaming relay with on_poison = "block"
+    let mut h = Held::new("replication", "block", "").await;
+    let consumer = consumer(&[&h.s.topic]);
+    let mut relay = h.s.start("relay");
+    h.wait_readyz("active", |status, body| status == 200 && body.starts_with("active")).await;
+
+    // when a transaction holds a good event, then a row without an aggregate id
+    h.write(&[Some("first")], None).await;
+    let before_poison = wal_lsn(&h.client).await;
+    h.write(&[Some("same-txn"), None, Some("same-txn-after")], None).await;
+    h.write(&[Some("later")], None).await;
+
+    // then it reports the row and holds: what precedes it arrives once, while the relay retries
+    // (the old behaviour ended the session and sent "same-txn" again at every retry)
+    h.wait_blocked().await;
+    let mut held = consume(&consumer, 2, IDLE).await;
+    held.extend(consume(&consumer, 10, Duration::from_secs(5)).await);
+    let seen = counts(&held);
+    assert_eq!(seen.get("first"), Some(&1), "{seen:?}");
+    assert_eq!(seen.get("same-txn"), Some(&1), "published again while holding: {seen:?}");
+    assert!(!seen.contains_key("later"), "published past the held row: {seen:?}");
+    assert!(!seen.contains_key("same-txn-after"), "published past the held row: {seen:?}");
+    assert!(relay.exited().is_none(), "the relay gave up: {}", relay.log_text());
+    // and the slot is not confirmed past the held transaction
+    assert!(
+        confirmed_flush(&h.client, &h.s.slot).await <= before_poison,
+        "confirmed past the held transaction"
+    );
+    let (_, body) = h.readyz();
+    assert!(body.contains("column aggregate_id is NULL"), "{body}");
+
+    // when the operator switches to dead_letter, then the row is dead-lettered and the rest flows
+    let mut relay = h.restart_with(&mut relay, "dead_letter", "second");
+    let rest = counts(&consume(&consumer, 3, IDLE).await);
+    for key in ["same-txn-after", "later"] {
+        assert_eq!(rest.get(key), Some(&1), "{rest:?}");
+    }
+    let dead: i64 = h.client.query_one("SELECT count(*) FROM outbox_dead_letter", &[]).await.unwrap().get(0);
+    assert_eq!(dead, 1);
+    h.wait_readyz("active", |status, body| status == 200 && body.starts_with("active")).await;
+    assert_eq!(h.metric("outbox_relay_events_blocked"), Some(0.0));
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_stream_holds_at_a_refused_record_until_kafka_takes_it() {
+    // given a streaming relay with on_poison = "block" and a broker that does not create topics
+    let kafka = "properties = { \"allow.auto.create.topics\" = \"false\", \"topic.metadata.propagation.max.ms\" = \"2000\", \"topic.metadata.refresh.interval.ms\" = \"1000\" }";
+    let mut h = Held::new("replication", "block", kafka).await;
+    let missing = random_topic("missing");
+    let consumer = consumer(&[&h.s.topic]);
+    let mut relay = h.s.start("relay");
+    h.wait_readyz("active", |status, body| status == 200 && body.starts_with("active")).await;
+
+    // when an event names a topic that does not exist
+    h.write(&[Some("first")], None).await;
+    h.write(&[Some("refused")], Some(&missing)).await;
+    h.wait_blocked().await;
+    h.write(&[Some("later")], None).await;
+
+    // then the relay holds there: nothing after it, nothing twice
+    let mut held = consume(&consumer, 1, IDLE).await;
+    held.extend(consume(&consumer, 10, Duration::from_secs(4)).await);
+    let held = counts(&held);
+    assert_eq!(held.get("first"), Some(&1), "{held:?}");
+    assert!(!held.contains_key("later"), "published past the held record: {held:?}");
+
+    // when the topic is created, then the held record goes through and the rest follows
+    create_topic(&missing, 1).await;
+    let refused = consume(&consumer_of(&missing), 1, IDLE).await;
+    assert_eq!(refused.len(), 1, "the held record never reached its topic");
+    let rest = counts(&consume(&consumer, 1, IDLE).await);
+    assert_eq!(rest.get("later"), Some(&1), "{rest:?}");
+    h.wait_readyz("active", |status, body| status == 200 && body.starts_with("active")).await;
+    let again = counts(&consume(&consumer, 10, LINGER).await);
+    assert!(again.is_empty(), "published twice: {again:?}");
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+}
+
+fn consumer_of(topic: &str) -> rdkafka::consumer::StreamConsumer {
+    consumer(&[topic])
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_first_copy_holds_at_an_unmappable_row_without_giving_up_the_slot() {
+    // given rows in the table before the slot exists, one without an aggregate id
+    let mut h = Held::new("replication", "block", "").await;
+    h.write(&[Some("a"), None, Some("b")], None).await;
+    let consumer = consumer(&[&h.s.topic]);
+
+    // when the relay creates the slot and copies the table with on_poison = "block"
+    let mut relay = h.s.start("relay");
+
+    // then it holds inside the copy: the row before it arrives once, the slot stays
+    h.wait_blocked().await;
+    let mut held = consume(&consumer, 1, IDLE).await;
+    held.extend(consume(&consumer, 10, Duration::from_secs(5)).await);
+    let held = counts(&held);
+    assert_eq!(held.get("a"), Some(&1), "{held:?}");
+    assert!(!held.contains_key("b"), "copied past the held row: {held:?}");
+    let slots: i64 = h
+        .client
+        .query_one("SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", &[&h.s.slot])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(slots, 1, "the slot was given up while holding");
+
+    // when restarted with dead_letter, then the copy is made again and completes
+    let mut relay = h.restart_with(&mut relay, "dead_letter", "second");
+    let rest = counts(&consume(&consumer, 2, IDLE).await);
+    assert_eq!(rest.get("b"), Some(&1), "{rest:?}");
+    h.wait_readyz("active", |status, body| status == 200 && body.starts_with("active")).await;
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dead_lettered_row_looks_the_same_from_either_mode() {
+    let mut rows = Vec::new();
+    for mode in ["polling", "replication"] {
+        // given a row without an aggregate id, with headers and an explicit topic
+        let mut h = Held::new(mode, "dead_letter", "").await;
+        let topic = h.s.topic.clone();
+        let mut relay = h.s.start("relay");
+        h.wait_readyz("active", |status, body| status == 200 && body.starts_with("active")).await;
+        let tx = h.client.transaction().await.unwrap();
+        tx.execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, headers, topic) \
+             VALUES ('order', NULL, 'Placed', '{\"n\": 1}', '{\"traceparent\": \"t\"}', $1)",
+            &[&topic],
+        )
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+
+        // when the relay dead-letters it
+        let deadline = Instant::now() + IDLE;
+        let row = loop {
+            let row = h
+                .client
+                .query_opt("SELECT row_data, source_table FROM outbox_dead_letter", &[])
+                .await
+                .unwrap();
+            if let Some(row) = row {
+                break row;
+            }
+            assert!(Instant::now() < deadline, "{mode}: nothing dead-lettered: {}", relay.log_text());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let mut data: serde_json::Value = row.get(0);
+        assert_eq!(row.get::<_, String>(1), "public.outbox_events");
+        data["id"] = serde_json::Value::Null; // ids differ between the two databases
+        data["topic"] = serde_json::Value::Null; // topics are random per test
+        rows.push((mode, data, topic));
+        assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+    }
+
+    // then both rows have the same shape and the same values
+    let expected = serde_json::json!({
+        "id": null, "aggregate_type": "order", "aggregate_id": null, "event_type": "Placed",
+        "payload": "{\"n\": 1}", "headers": "{\"traceparent\": \"t\"}", "topic": null,
+    });
+    for (mode, data, _) in &rows {
+        assert_eq!(data, &expected, "{mode}");
+    }
+}
