@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio_postgres::Client;
 
 use crate::config::{AfterPublish, OnPoison, RelayConfig, SourceMode};
+use crate::error::{FatalReason, RelayError};
 use crate::sink::kafka;
 use crate::table::OutboxTable;
 
@@ -70,20 +71,47 @@ pub async fn run(config: &RelayConfig) -> Vec<Finding> {
 async fn connect(config: &RelayConfig) -> Result<Client, Finding> {
     let pg = &config.postgres;
     let target = format!("{}:{}/{} as {}", pg.host, pg.port, pg.database, pg.user);
-    match pg.client_config().connect(tokio_postgres::NoTls).await {
-        Ok((client, connection)) => {
-            tokio::spawn(connection);
-            Ok(client)
-        }
-        Err(e) => {
-            let cause = e.as_db_error().map(|d| d.message().to_string()).unwrap_or_else(|| e.to_string());
-            let fix = if e.as_db_error().is_some() {
-                "check postgres.user, postgres.password (OUTBOX_RELAY__POSTGRES__PASSWORD) and postgres.database, and pg_hba.conf"
-            } else {
-                "check postgres.host and postgres.port, and that PostgreSQL is running and reachable"
-            };
-            Err(Finding::fail("postgres.connect", format!("cannot connect to {target}: {cause}"), fix))
-        }
+    crate::postgres::connect(pg).await.map_err(|e| {
+        let fix = match &e {
+            RelayError::Fatal { reason: FatalReason::Tls, .. } => {
+                "check postgres.sslmode, postgres.sslrootcert and postgres.host against the server's certificate"
+            }
+            RelayError::Fatal { .. } => "fix the setting the message names",
+            RelayError::Postgres(pg) if pg.as_db_error().is_some() => {
+                "check postgres.user, postgres.password (OUTBOX_RELAY__POSTGRES__PASSWORD or postgres.password_file) \
+                 and postgres.database, and pg_hba.conf"
+            }
+            _ => "check postgres.host and postgres.port, and that PostgreSQL is running and reachable",
+        };
+        Finding::fail("postgres.connect", format!("cannot connect to {target}: {e}"), fix)
+    })
+}
+
+/// Whether this session is encrypted (`pg_stat_ssl`), and how.
+async fn tls_check(config: &RelayConfig, client: &Client) -> Finding {
+    let row =
+        client.query_one("SELECT ssl, version FROM pg_stat_ssl WHERE pid = pg_backend_pid()", &[]).await;
+    let sslmode = config.postgres.sslmode;
+    match row {
+        Ok(row) if row.get::<_, bool>("ssl") => Finding::ok(
+            "postgres.tls",
+            format!(
+                "session encrypted ({}), sslmode = {sslmode}",
+                row.get::<_, Option<String>>("version").unwrap_or_default()
+            ),
+        ),
+        Ok(_) => Finding::warn(
+            "postgres.tls",
+            format!(
+                "session NOT encrypted (sslmode = {sslmode}): the password and every event cross the network in clear"
+            ),
+            "enable ssl on the server and set postgres.sslmode = verify-full with postgres.sslrootcert",
+        ),
+        Err(e) => Finding::warn(
+            "postgres.tls",
+            format!("cannot read pg_stat_ssl: {e}"),
+            "PostgreSQL 9.5 or newer is required",
+        ),
     }
 }
 
@@ -94,6 +122,7 @@ async fn postgres_checks(config: &RelayConfig, client: &Client) -> Vec<Finding> 
         "postgres.connect",
         format!("connected to {}:{}/{} as {} (PostgreSQL {version})", pg.host, pg.port, pg.database, pg.user),
     )];
+    findings.push(tls_check(config, client).await);
     let table = OutboxTable::new(config);
     let table_exists = match table_check(config, client, &table).await {
         Ok(found) => {

@@ -176,10 +176,44 @@ pub struct PostgresConfig {
     pub port: u16,
     pub user: String,
     pub password: Option<Secret>,
+    /// A file whose first line is the password (a mounted Kubernetes Secret); read at each
+    /// connect. Used when `password` is not set.
+    pub password_file: String,
     pub database: String,
     pub connect_timeout_secs: u64,
     /// Shown in `pg_stat_activity`; give each instance its own to tell them apart.
     pub application_name: String,
+    /// `disable`, `prefer` (default), `require`, `verify-ca` or `verify-full`, as libpq.
+    pub sslmode: SslMode,
+    /// PEM file of the CA certificates to trust; empty: the Mozilla roots.
+    pub sslrootcert: String,
+    /// PEM client certificate and key, for certificate authentication; both or neither.
+    pub sslcert: String,
+    pub sslkey: String,
+}
+
+/// `postgres.sslmode`, with libpq's meanings (see [`crate::postgres`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum SslMode {
+    Disable,
+    #[default]
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+impl fmt::Display for SslMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SslMode::Disable => "disable",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        })
+    }
 }
 
 impl Default for PostgresConfig {
@@ -189,27 +223,15 @@ impl Default for PostgresConfig {
             port: DEFAULT_PG_PORT,
             user: DEFAULT_PG_USER.into(),
             password: None,
+            password_file: String::new(),
             database: DEFAULT_PG_DATABASE.into(),
             connect_timeout_secs: DEFAULT_PG_CONNECT_TIMEOUT_SECS,
             application_name: DEFAULT_PG_APPLICATION_NAME.into(),
+            sslmode: SslMode::default(),
+            sslrootcert: String::new(),
+            sslcert: String::new(),
+            sslkey: String::new(),
         }
-    }
-}
-
-impl PostgresConfig {
-    /// A tokio-postgres configuration for an ordinary (non-replication) session.
-    pub fn client_config(&self) -> tokio_postgres::Config {
-        let mut pg = tokio_postgres::Config::new();
-        pg.host(&self.host)
-            .port(self.port)
-            .user(&self.user)
-            .dbname(&self.database)
-            .application_name(&self.application_name)
-            .connect_timeout(std::time::Duration::from_secs(self.connect_timeout_secs));
-        if let Some(password) = &self.password {
-            pg.password(password.expose());
-        }
-        pg
     }
 }
 
@@ -683,6 +705,27 @@ impl RelayConfig {
         }
         if pg.database.is_empty() {
             return Err(ConfigError::invalid("postgres.database", "must not be empty"));
+        }
+        if pg.password.is_some() && !pg.password_file.is_empty() {
+            return Err(ConfigError::invalid(
+                "postgres.password_file",
+                "set postgres.password or postgres.password_file, not both",
+            ));
+        }
+        if pg.sslcert.is_empty() != pg.sslkey.is_empty() {
+            return Err(ConfigError::invalid(
+                "postgres.sslkey",
+                "postgres.sslcert and postgres.sslkey go together: set both or neither",
+            ));
+        }
+        for (path, file) in [
+            ("postgres.sslrootcert", &pg.sslrootcert),
+            ("postgres.sslcert", &pg.sslcert),
+            ("postgres.sslkey", &pg.sslkey),
+        ] {
+            if !file.is_empty() && !Path::new(file).is_file() {
+                return Err(ConfigError::invalid(path, format!("{file}: no such file")));
+            }
         }
         Ok(())
     }

@@ -64,6 +64,8 @@ pub enum FatalReason {
     Schema,
     /// PostgreSQL refused the credentials.
     Auth,
+    /// TLS cannot be set up, or the server's certificate cannot be trusted.
+    Tls,
     /// The role lacks a privilege it needs.
     Privilege,
     /// The configuration cannot work (checked at start-up).
@@ -76,12 +78,13 @@ pub enum FatalReason {
 
 impl FatalReason {
     /// Every reason, for initializing the labelled series at zero.
-    pub const ALL: [FatalReason; 9] = [
+    pub const ALL: [FatalReason; 10] = [
         FatalReason::SlotLost,
         FatalReason::SlotMissing,
         FatalReason::Publication,
         FatalReason::Schema,
         FatalReason::Auth,
+        FatalReason::Tls,
         FatalReason::Privilege,
         FatalReason::Config,
         FatalReason::Protocol,
@@ -95,6 +98,7 @@ impl FatalReason {
             FatalReason::Publication => "publication",
             FatalReason::Schema => "schema",
             FatalReason::Auth => "auth",
+            FatalReason::Tls => "tls",
             FatalReason::Privilege => "privilege",
             FatalReason::Config => "config",
             FatalReason::Protocol => "protocol",

@@ -17,6 +17,7 @@
 //! - [`sink`]: the Kafka producer (`acks=all`, idempotent), failures classified;
 //! - [`source`]: where events come from (polling, replication);
 //! - [`checkpoint`], [`position`]: which LSN may be confirmed; LSN arithmetic;
+//! - [`postgres`]: connecting, with `sslmode`, certificates and password files;
 //! - [`error`]: the one error type and the one policy (retry, standby, fatal);
 //! - [`supervisor`]: runs a source: backoff, standby wait, health, shutdown flush;
 //! - [`relay`]: the daemon: listener, sampler, supervisor, signals;
@@ -32,6 +33,7 @@ pub(crate) mod health;
 pub(crate) mod http;
 pub mod metrics;
 pub mod position;
+pub(crate) mod postgres;
 pub mod relay;
 pub(crate) mod sampler;
 pub mod sink;

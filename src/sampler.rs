@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 use crate::config::{RelayConfig, SourceMode};
 use crate::metrics::{WAL_STATUSES, metrics};
@@ -21,11 +21,8 @@ pub fn spawn(config: RelayConfig) {
         let mut client: Option<Client> = None;
         loop {
             if client.as_ref().is_none_or(Client::is_closed) {
-                client = match config.postgres.client_config().connect(NoTls).await {
-                    Ok((c, connection)) => {
-                        tokio::spawn(connection);
-                        Some(c)
-                    }
+                client = match crate::postgres::connect(&config.postgres).await {
+                    Ok(c) => Some(c),
                     Err(e) => {
                         tracing::debug!(error = %e, "metrics sampler cannot connect");
                         None

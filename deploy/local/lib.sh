@@ -131,16 +131,43 @@ as_postgres() {
     if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
 }
 
+# make_tls DIR: a throwaway CA, a server certificate for DNS:localhost signed by it, and a
+# second, unrelated CA (for "wrong CA" tests), with openssl.
+make_tls() {
+    local dir=$1
+    mkdir -p "$dir"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=outbox-relay test CA" \
+        -keyout "$dir/ca.key" -out "$dir/ca.crt" >/dev/null 2>&1 || die "openssl: cannot make the test CA"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=unrelated CA" \
+        -keyout "$dir/other-ca.key" -out "$dir/other-ca.crt" >/dev/null 2>&1 || die "openssl: cannot make the other CA"
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" -keyout "$dir/server.key" -out "$dir/server.csr" \
+        >/dev/null 2>&1 || die "openssl: cannot make the server key"
+    printf 'subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n' >"$dir/server.ext"
+    openssl x509 -req -in "$dir/server.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" -CAcreateserial -days 2 \
+        -extfile "$dir/server.ext" -out "$dir/server.crt" >/dev/null 2>&1 || die "openssl: cannot sign the server certificate"
+    chmod 600 "$dir/server.key"
+}
+
 # start_postgres: initdb a throwaway cluster under $OUTBOX_LOCAL_STATE/pg and start it.
+# OUTBOX_PG_TLS=1: ssl = on with a test CA, and pg_hba.conf accepting TCP only over TLS.
 start_postgres() {
-    local dir=$OUTBOX_LOCAL_STATE/pg port
+    local dir=$OUTBOX_LOCAL_STATE/pg port tls_opts=""
     mkdir -p "$dir"
     [ "$(id -u)" = 0 ] && chown postgres: "$dir"
     as_postgres "$PG_BIN/initdb" -D "$dir/data" --auth=trust --no-sync -U postgres -E UTF8 >"$dir/initdb.log" 2>&1 ||
         die "initdb failed: see $dir/initdb.log"
+    if [ -n "${OUTBOX_PG_TLS:-}" ]; then
+        make_tls "$dir/tls"
+        [ "$(id -u)" = 0 ] && chown -R postgres: "$dir/tls"
+        chmod 755 "$dir/tls" && chmod 644 "$dir/tls/ca.crt" "$dir/tls/other-ca.crt"
+        printf 'local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostssl replication all 127.0.0.1/32 trust\n' \
+            >"$dir/data/pg_hba.conf"
+        tls_opts="-c ssl=on -c ssl_cert_file=$dir/tls/server.crt -c ssl_key_file=$dir/tls/server.key -c ssl_ca_file=$dir/tls/ca.crt"
+        PG_TLS_DIR=$dir/tls
+    fi
     port=$(free_port)
     as_postgres "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start -o "\
-        -c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories=$dir \
+        $tls_opts -c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories=$dir \
         -c wal_level=${OUTBOX_WAL_LEVEL:-logical} -c max_replication_slots=32 -c max_wal_senders=32 \
         -c max_slot_wal_keep_size=4GB -c wal_sender_timeout=60s \
         -c fsync=off -c full_page_writes=off \
@@ -148,6 +175,8 @@ start_postgres() {
     head -1 "$dir/data/postmaster.pid" >"$OUTBOX_LOCAL_STATE/postgres.pid"
     echo "$port" >"$OUTBOX_LOCAL_STATE/postgres.port"
     PG_URL="postgres://postgres@127.0.0.1:$port/postgres"
+    # over the Unix socket: works whatever pg_hba.conf says of TCP (the TLS-only server)
+    PG_SOCKET_URL="postgresql://postgres@$(python3 -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1], safe=""))' "$dir"):$port/postgres"
     PG_PORT=$port
 }
 
@@ -195,6 +224,9 @@ start_postgres_only() {
     start_postgres
     echo "OUTBOX_LOCAL_STATE=$OUTBOX_LOCAL_STATE" >"$OUTBOX_LOCAL_STATE/env"
     echo "OUTBOX_RELAY_TEST_PG_URL=$PG_URL" >>"$OUTBOX_LOCAL_STATE/env"
+    echo "OUTBOX_RELAY_TEST_PG_SOCKET_URL=$PG_SOCKET_URL" >>"$OUTBOX_LOCAL_STATE/env"
+    echo "OUTBOX_RELAY_TEST_PG_PORT=$PG_PORT" >>"$OUTBOX_LOCAL_STATE/env"
+    if [ -n "${PG_TLS_DIR:-}" ]; then echo "OUTBOX_RELAY_TEST_PG_TLS_DIR=$PG_TLS_DIR" >>"$OUTBOX_LOCAL_STATE/env"; fi
 }
 
 # start_services: installs what is missing, starts both services in a new state directory

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
-use tokio_postgres::{AsyncMessage, Client, NoTls, Transaction};
+use tokio_postgres::{AsyncMessage, Client, Transaction};
 
 use crate::config::RelayConfig;
 use crate::dead_letter::{DeadLetter, DeadLetters, Hold};
@@ -107,7 +107,7 @@ impl PollingSource {
     }
 
     async fn connect(&mut self) -> Result<Session, RelayError> {
-        let (client, mut connection) = self.config.postgres.client_config().connect(NoTls).await?;
+        let (client, mut connection) = crate::postgres::connect_raw(&self.config.postgres).await?;
         let (tx, notified) = mpsc::unbounded_channel();
         tokio::spawn(async move {
             let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));

@@ -24,7 +24,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 use crate::config::RelayConfig;
 use crate::dead_letter::DeadLetters;
@@ -101,13 +101,7 @@ impl ReplicationSource {
     }
 
     async fn connect_client(&self) -> Result<Client, RelayError> {
-        let (client, connection) = self.config.postgres.client_config().connect(NoTls).await?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "postgres connection ended");
-            }
-        });
-        Ok(client)
+        crate::postgres::connect(&self.config.postgres).await
     }
 
     /// One replication session: prepare the slot, (copy,) stream until shutdown or an error.

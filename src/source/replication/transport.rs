@@ -47,10 +47,11 @@ pub enum WalEvent {
 pub async fn connect(config: &RelayConfig, ack: Lsn) -> Result<ReplicationClient, RelayError> {
     let pg = &config.postgres;
     let r = &config.replication;
-    let password = pg.password.as_ref().map(|p| p.expose().to_string()).unwrap_or_default();
+    let password = pg.password()?.unwrap_or_default();
     let cfg =
         ReplicationConfig::new(&pg.host, &pg.user, password, &pg.database, &r.slot, r.publication.as_str())
             .with_port(pg.port)
+            .with_tls(crate::postgres::replication_tls(pg))
             .with_start_lsn(pgwire_replication::Lsn::ZERO) // 0/0: resume at the slot's confirmed position
             .with_ack_lsn(pgwire_replication::Lsn(ack.0))
             .with_status_interval(Duration::from_millis(r.status_interval_ms))
@@ -149,6 +150,13 @@ pub fn classify(e: PgWireError) -> RelayError {
             ),
         ),
         PgWireError::Protocol(message) => RelayError::Protocol(message),
+        PgWireError::Tls(message) => RelayError::fatal(
+            FatalReason::Tls,
+            format!(
+                "replication connection: TLS failed: {message}; check postgres.sslmode, postgres.sslrootcert and \
+                 postgres.host against the server's certificate"
+            ),
+        ),
         other => RelayError::Disconnected(format!("replication stream: {other}")),
     }
 }

@@ -1,0 +1,310 @@
+//! Connecting to PostgreSQL. Every session the relay opens (claims, slot management, the
+//! sampler, `check`, and the replication stream) is configured here, so `sslmode`, the
+//! certificates and the credentials are the same everywhere.
+//!
+//! Invariants:
+//! - `postgres.sslmode` means what it means to libpq: `disable` never encrypts; `prefer`
+//!   encrypts when the server offers it, without verifying the certificate; `require` always
+//!   encrypts (and verifies the chain, like `verify-ca`, when `sslrootcert` is set, as libpq
+//!   does); `verify-ca` verifies the chain; `verify-full` verifies the chain and the host name;
+//! - one TLS stack (rustls with the ring provider) for both the SQL client and the replication
+//!   transport;
+//! - a certificate the relay cannot trust is a fatal error naming the settings to fix, never a
+//!   retry loop; the password never appears in an error.
+
+use std::sync::Arc;
+
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use tokio_postgres::Client;
+use tokio_postgres::config::SslMode as PgSslMode;
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+use crate::config::{PostgresConfig, SslMode};
+use crate::error::{FatalReason, RelayError};
+
+/// The connection task's type, for callers that read its messages (polling's LISTEN).
+pub(crate) type Connection = tokio_postgres::Connection<
+    tokio_postgres::Socket,
+    <MakeRustlsConnect as tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>>::Stream,
+>;
+
+/// Opens a session and spawns its connection task.
+pub(crate) async fn connect(pg: &PostgresConfig) -> Result<Client, RelayError> {
+    let (client, connection) = connect_raw(pg).await?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "postgres connection ended");
+        }
+    });
+    Ok(client)
+}
+
+/// Opens a session; the caller drives the connection.
+pub(crate) async fn connect_raw(pg: &PostgresConfig) -> Result<(Client, Connection), RelayError> {
+    let tls = MakeRustlsConnect::new(client_tls(pg)?);
+    pg.client_config()?.connect(tls).await.map_err(|e| classify_connect(pg, e))
+}
+
+/// The replication transport's TLS settings, from the same configuration.
+pub(crate) fn replication_tls(pg: &PostgresConfig) -> pgwire_replication::TlsConfig {
+    use pgwire_replication::SslMode as R;
+    let root = (!pg.sslrootcert.is_empty()).then(|| pg.sslrootcert.clone().into());
+    let mut tls = pgwire_replication::TlsConfig::disabled();
+    tls.mode = match (pg.sslmode, root.is_some()) {
+        (SslMode::Disable, _) => R::Disable,
+        (SslMode::Prefer, _) => R::Prefer,
+        (SslMode::Require, false) => R::Require,
+        (SslMode::Require, true) | (SslMode::VerifyCa, _) => R::VerifyCa,
+        (SslMode::VerifyFull, _) => R::VerifyFull,
+    };
+    tls.ca_pem_path = root;
+    if !pg.sslcert.is_empty() {
+        tls.client_cert_pem_path = Some(pg.sslcert.clone().into());
+        tls.client_key_pem_path = Some(pg.sslkey.clone().into());
+    }
+    tls
+}
+
+/// What the server's certificate must prove under `sslmode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verify {
+    Nothing,
+    Chain,
+    ChainAndName,
+}
+
+fn verify(pg: &PostgresConfig) -> Verify {
+    match pg.sslmode {
+        SslMode::Disable | SslMode::Prefer => Verify::Nothing,
+        SslMode::Require if pg.sslrootcert.is_empty() => Verify::Nothing,
+        SslMode::Require | SslMode::VerifyCa => Verify::Chain,
+        SslMode::VerifyFull => Verify::ChainAndName,
+    }
+}
+
+/// The rustls configuration of the SQL client.
+fn client_tls(pg: &PostgresConfig) -> Result<ClientConfig, RelayError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| tls_setup(format!("cannot set up TLS: {e}")))?;
+    let roots = Arc::new(root_store(pg)?);
+    let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
+        .build()
+        .map_err(|e| tls_setup(format!("postgres.sslrootcert: {e}")))?;
+    let verifier = Arc::new(Verifier { verify: verify(pg), webpki });
+    let builder = builder.dangerous().with_custom_certificate_verifier(verifier);
+    if pg.sslcert.is_empty() {
+        return Ok(builder.with_no_client_auth());
+    }
+    let certs = CertificateDer::pem_file_iter(&pg.sslcert)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| tls_setup(format!("postgres.sslcert {}: {e}", pg.sslcert)))?;
+    let key = PrivateKeyDer::from_pem_file(&pg.sslkey)
+        .map_err(|e| tls_setup(format!("postgres.sslkey {}: {e}", pg.sslkey)))?;
+    builder
+        .with_client_auth_cert(certs, key)
+        .map_err(|e| tls_setup(format!("postgres.sslcert / postgres.sslkey: {e}")))
+}
+
+/// `sslrootcert` when set, else the Mozilla roots (webpki-roots), as trust anchors.
+fn root_store(pg: &PostgresConfig) -> Result<RootCertStore, RelayError> {
+    let mut roots = RootCertStore::empty();
+    if pg.sslrootcert.is_empty() {
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        return Ok(roots);
+    }
+    let certs = CertificateDer::pem_file_iter(&pg.sslrootcert)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| tls_setup(format!("postgres.sslrootcert {}: {e}", pg.sslrootcert)))?;
+    let (added, _) = roots.add_parsable_certificates(certs);
+    if added == 0 {
+        return Err(tls_setup(format!(
+            "postgres.sslrootcert {}: no usable certificate in it",
+            pg.sslrootcert
+        )));
+    }
+    Ok(roots)
+}
+
+fn tls_setup(message: String) -> RelayError {
+    RelayError::fatal(FatalReason::Tls, message)
+}
+
+/// Checks the server certificate as `sslmode` asks.
+#[derive(Debug)]
+struct Verifier {
+    verify: Verify,
+    webpki: Arc<WebPkiServerVerifier>,
+}
+
+impl ServerCertVerifier for Verifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        if self.verify == Verify::Nothing {
+            return Ok(ServerCertVerified::assertion());
+        }
+        match self.webpki.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) if self.verify == Verify::Chain => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.webpki.supported_verify_schemes()
+    }
+}
+
+/// A connection failure as a [`RelayError`]: an untrusted certificate is fatal and names the
+/// settings; a server that refuses an unencrypted session says to raise `sslmode`.
+fn classify_connect(pg: &PostgresConfig, e: tokio_postgres::Error) -> RelayError {
+    if let Some(tls) = rustls_error(&e) {
+        return RelayError::fatal(
+            FatalReason::Tls,
+            format!(
+                "postgres {}:{}: TLS handshake failed: {tls}; check postgres.sslmode ({}), postgres.sslrootcert \
+                 and postgres.host against the server's certificate",
+                pg.host, pg.port, pg.sslmode
+            ),
+        );
+    }
+    let refused_plaintext = e.as_db_error().is_some_and(|db| db.message().contains("no encryption"));
+    if refused_plaintext && pg.sslmode == SslMode::Disable {
+        return RelayError::fatal(
+            FatalReason::Tls,
+            format!(
+                "postgres {}:{} accepts only encrypted sessions and postgres.sslmode = disable: set postgres.sslmode \
+                 = verify-full (with postgres.sslrootcert) or require",
+                pg.host, pg.port
+            ),
+        );
+    }
+    RelayError::Postgres(e)
+}
+
+fn rustls_error(e: &tokio_postgres::Error) -> Option<String> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(err) = source {
+        if let Some(tls) = err.downcast_ref::<rustls::Error>() {
+            return Some(tls.to_string());
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && let Some(tls) = io.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        {
+            return Some(tls.to_string());
+        }
+        source = err.source();
+    }
+    None
+}
+
+impl PostgresConfig {
+    /// A tokio-postgres configuration for an ordinary (non-replication) session.
+    pub(crate) fn client_config(&self) -> Result<tokio_postgres::Config, RelayError> {
+        let mut pg = tokio_postgres::Config::new();
+        pg.host(&self.host)
+            .port(self.port)
+            .user(&self.user)
+            .dbname(&self.database)
+            .application_name(&self.application_name)
+            .connect_timeout(std::time::Duration::from_secs(self.connect_timeout_secs))
+            .ssl_mode(match self.sslmode {
+                SslMode::Disable => PgSslMode::Disable,
+                SslMode::Prefer => PgSslMode::Prefer,
+                SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => PgSslMode::Require,
+            });
+        if let Some(password) = self.password()? {
+            pg.password(password);
+        }
+        Ok(pg)
+    }
+
+    /// The password: `password`, or the first line of `password_file` (read at each connect,
+    /// so a rotated Secret is picked up).
+    pub(crate) fn password(&self) -> Result<Option<String>, RelayError> {
+        if let Some(password) = &self.password {
+            return Ok(Some(password.expose().to_string()));
+        }
+        if self.password_file.is_empty() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(&self.password_file).map_err(|e| {
+            RelayError::fatal(
+                FatalReason::Config,
+                format!("postgres.password_file {}: {e}", self.password_file),
+            )
+        })?;
+        Ok(Some(text.lines().next().unwrap_or_default().to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pg(sslmode: SslMode, sslrootcert: &str) -> PostgresConfig {
+        PostgresConfig { sslmode, sslrootcert: sslrootcert.into(), ..Default::default() }
+    }
+
+    #[test]
+    fn sslmode_decides_what_is_verified_as_libpq_does() {
+        assert_eq!(verify(&pg(SslMode::Disable, "")), Verify::Nothing);
+        assert_eq!(verify(&pg(SslMode::Prefer, "ca.pem")), Verify::Nothing);
+        assert_eq!(verify(&pg(SslMode::Require, "")), Verify::Nothing);
+        assert_eq!(verify(&pg(SslMode::Require, "ca.pem")), Verify::Chain);
+        assert_eq!(verify(&pg(SslMode::VerifyCa, "")), Verify::Chain);
+        assert_eq!(verify(&pg(SslMode::VerifyFull, "")), Verify::ChainAndName);
+        use pgwire_replication::SslMode as R;
+        assert_eq!(replication_tls(&pg(SslMode::Require, "ca.pem")).mode, R::VerifyCa);
+        assert_eq!(replication_tls(&pg(SslMode::VerifyFull, "")).mode, R::VerifyFull);
+        assert_eq!(replication_tls(&pg(SslMode::Disable, "")).mode, R::Disable);
+    }
+
+    #[test]
+    fn a_missing_root_certificate_is_fatal_and_names_the_setting() {
+        let err = client_tls(&pg(SslMode::VerifyFull, "/nonexistent/ca.pem")).unwrap_err();
+        assert!(err.to_string().starts_with("postgres.sslrootcert /nonexistent/ca.pem"), "{err}");
+        assert_eq!(err.action(), crate::error::Action::Fatal(FatalReason::Tls));
+    }
+
+    #[test]
+    fn the_password_comes_from_the_file_when_not_set() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pw");
+        std::fs::write(&file, "s3cret\n").unwrap();
+        let config = PostgresConfig { password_file: file.display().to_string(), ..Default::default() };
+        assert_eq!(config.password().unwrap().as_deref(), Some("s3cret"));
+        let missing = PostgresConfig { password_file: "/nonexistent/pw".into(), ..Default::default() };
+        assert!(missing.password().unwrap_err().to_string().starts_with("postgres.password_file"));
+    }
+}
