@@ -10,6 +10,15 @@
 --
 -- Polling mode cannot see these events: use it only with source.mode = "replication".
 -- `prefix` must match the relay's replication.message_prefix (default 'outbox').
+--
+-- Who may emit: the relay publishes a transactional message with its prefix to the topic the
+-- message names, so emitting is a privilege. outbox_emit() runs as its owner (SECURITY
+-- DEFINER); EXECUTE on it is revoked from PUBLIC and granted to the NOLOGIN role outbox_writer,
+-- which you grant to the application's role:  GRANT outbox_writer TO app;
+-- EXECUTE on pg_logical_emit_message is revoked from PUBLIC too (a superuser must run this file
+-- for that part; otherwise a WARNING says so and `outbox-relay check` warns until it is done).
+-- Non-transactional messages with the prefix are never published (they are written even when
+-- their transaction rolls back); the relay dead-letters them.
 CREATE OR REPLACE FUNCTION outbox_emit(
     aggregate_type text,
     aggregate_id   text,
@@ -19,7 +28,7 @@ CREATE OR REPLACE FUNCTION outbox_emit(
     topic          text  DEFAULT NULL,
     prefix         text  DEFAULT 'outbox'
 ) RETURNS uuid
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     event_id uuid := gen_random_uuid();
 BEGIN
@@ -37,5 +46,28 @@ BEGIN
         'headers', headers::text,
         'topic', topic)::text);
     RETURN event_id;
+END
+$$;
+
+DO $$
+BEGIN
+    CREATE ROLE outbox_writer NOLOGIN;
+EXCEPTION
+    WHEN duplicate_object OR unique_violation THEN NULL;
+END
+$$;
+REVOKE EXECUTE ON FUNCTION outbox_emit(text, text, text, jsonb, jsonb, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox_emit(text, text, text, jsonb, jsonb, text, text) TO outbox_writer;
+
+DO $$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOR f IN SELECT oid::regprocedure FROM pg_proc WHERE proname = 'pg_logical_emit_message' LOOP
+        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
+    END LOOP;
+EXCEPTION
+    WHEN insufficient_privilege THEN
+        RAISE WARNING 'cannot revoke EXECUTE on pg_logical_emit_message from PUBLIC (needs a superuser): any login can emit outbox messages until it is done';
 END
 $$;

@@ -28,3 +28,16 @@ GRANT SELECT, DELETE ON outbox_events TO outbox_relay;
 GRANT UPDATE (published_at) ON outbox_events TO outbox_relay;
 GRANT SELECT, INSERT ON outbox_dead_letter TO outbox_relay;
 GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_relay_slots TO outbox_relay;
+-- the relay's heartbeat (replication.heartbeat_interval_ms) is a logical decoding message
+DO $$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOR f IN SELECT oid::regprocedure FROM pg_proc WHERE proname = 'pg_logical_emit_message' LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO outbox_relay', f);
+    END LOOP;
+EXCEPTION
+    WHEN insufficient_privilege THEN
+        RAISE WARNING 'cannot grant EXECUTE on pg_logical_emit_message to outbox_relay: set replication.heartbeat_interval_ms = 0 or grant it as a superuser';
+END
+$$;

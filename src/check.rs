@@ -238,6 +238,7 @@ async fn replication_checks(config: &RelayConfig, client: &Client) -> Vec<Findin
     }
     findings.push(slot_check(config, client).await);
     findings.push(publication_check(config, client).await);
+    findings.push(emit_check(client).await);
     match query_setting(client, "max_slot_wal_keep_size").await {
         Ok(size) if size == "-1" => findings.push(Finding::warn(
             "postgres.max_slot_wal_keep_size",
@@ -338,6 +339,32 @@ async fn publication_check(config: &RelayConfig, client: &Client) -> Finding {
             "replication.publication",
             format!("cannot read pg_publication: {e}"),
             "check the role's privileges",
+        ),
+    }
+}
+
+/// Who can emit outbox messages: a transactional message with the outbox prefix is published
+/// to the topic it names, so PUBLIC must not be able to call `pg_logical_emit_message`.
+async fn emit_check(client: &Client) -> Finding {
+    let row = client
+        .query_one(
+            "SELECT coalesce(bool_or(has_function_privilege('public', oid, 'EXECUTE')), false) AS public \
+             FROM pg_proc WHERE proname = 'pg_logical_emit_message'",
+            &[],
+        )
+        .await;
+    match row {
+        Ok(row) if row.get::<_, bool>("public") => Finding::warn(
+            "replication.emit",
+            "any database login can call pg_logical_emit_message and so put an event on any topic",
+            "as a superuser: REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) FROM PUBLIC \
+             (and the other signatures; sql/005_outbox_emit.sql does it), then GRANT outbox_writer TO the application role",
+        ),
+        Ok(_) => Finding::ok("replication.emit", "pg_logical_emit_message is not executable by PUBLIC"),
+        Err(e) => Finding::warn(
+            "replication.emit",
+            format!("cannot check pg_logical_emit_message: {e}"),
+            "check the role can read pg_proc",
         ),
     }
 }

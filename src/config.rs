@@ -12,6 +12,9 @@ use std::path::Path;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+mod kafka;
+pub use kafka::{KafkaConfig, KafkaProperty, built_in_features, is_secret_kafka_property};
+
 pub const ENV_PREFIX: &str = "OUTBOX_RELAY";
 pub const DEFAULT_PG_HOST: &str = "127.0.0.1";
 pub const DEFAULT_PG_PORT: u16 = 5432;
@@ -50,23 +53,6 @@ pub const DEFAULT_SLOT_LAG_CRITICAL_BYTES: u64 = 10 << 30;
 
 /// Placeholders a topic template may use.
 pub const TOPIC_PLACEHOLDERS: &[&str] = &["aggregate_type", "event_type"];
-
-/// librdkafka settings the relay owns: overriding them would break the delivery guarantee or
-/// duplicate a first-class option.
-const RESERVED_KAFKA_PROPERTIES: &[(&str, &str)] = &[
-    ("acks", "the relay always uses acks=all"),
-    ("request.required.acks", "the relay always uses acks=all"),
-    ("enable.idempotence", "the relay always enables the idempotent producer"),
-    ("bootstrap.servers", "set kafka.brokers instead"),
-    ("metadata.broker.list", "set kafka.brokers instead"),
-    ("client.id", "set kafka.client_id instead"),
-    ("message.timeout.ms", "set kafka.message_timeout_ms instead"),
-    ("delivery.timeout.ms", "set kafka.message_timeout_ms instead"),
-    ("linger.ms", "set kafka.linger_ms instead"),
-    ("queue.buffering.max.ms", "set kafka.linger_ms instead"),
-    ("compression.type", "set kafka.compression instead"),
-    ("compression.codec", "set kafka.compression instead"),
-];
 
 /// A configuration problem, naming the setting it is about.
 #[derive(Debug, thiserror::Error)]
@@ -233,59 +219,6 @@ impl Default for PostgresConfig {
             sslkey: String::new(),
         }
     }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct KafkaConfig {
-    /// Bootstrap brokers, `host:port`. A comma-separated string is accepted too, which is what
-    /// `OUTBOX_RELAY__KAFKA__BROKERS=a:9092,b:9092` gives.
-    #[serde(deserialize_with = "string_or_list")]
-    pub brokers: Vec<String>,
-    #[serde(default = "default_client_id")]
-    pub client_id: String,
-    /// 0 (default): a record is retried until Kafka acknowledges it. A finite timeout fails
-    /// records after it, and librdkafka may then have written later records of the same
-    /// partition (a gap), so per-aggregate order is not kept across such a failure.
-    #[serde(default = "default_message_timeout_ms")]
-    pub message_timeout_ms: u64,
-    /// Warn (log, `/readyz` degraded, `publish_errors_total{error_type="stalled"}`) when records
-    /// are waiting and Kafka has acknowledged nothing for this long.
-    #[serde(default = "default_stall_warning_ms")]
-    pub stall_warning_ms: u64,
-    #[serde(default = "default_linger_ms")]
-    pub linger_ms: u64,
-    #[serde(default = "default_compression")]
-    pub compression: String,
-    /// Further librdkafka settings, passed through as they are (SASL, TLS, batch sizes).
-    #[serde(default)]
-    pub properties: BTreeMap<String, KafkaProperty>,
-}
-
-/// A librdkafka property value; printed redacted when its key looks like a secret.
-#[derive(Clone, Deserialize)]
-#[serde(transparent)]
-pub struct KafkaProperty(pub String);
-
-/// `Debug` cannot see the key, so it hides every value; `redacted()` shows the harmless ones.
-impl fmt::Debug for KafkaProperty {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("\"<hidden>\"")
-    }
-}
-
-impl Serialize for KafkaProperty {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.0)
-    }
-}
-
-/// True for librdkafka keys whose values are credentials.
-pub fn is_secret_kafka_property(key: &str) -> bool {
-    let key = key.to_ascii_lowercase();
-    ["password", "secret", "sasl.oauthbearer.config", "ssl.key.pem", "ssl_key"]
-        .iter()
-        .any(|needle| key.contains(needle))
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -527,37 +460,6 @@ impl Default for MetricsConfig {
     }
 }
 
-fn default_client_id() -> String {
-    DEFAULT_KAFKA_CLIENT_ID.into()
-}
-fn default_message_timeout_ms() -> u64 {
-    DEFAULT_KAFKA_MESSAGE_TIMEOUT_MS
-}
-fn default_stall_warning_ms() -> u64 {
-    DEFAULT_KAFKA_STALL_WARNING_MS
-}
-fn default_linger_ms() -> u64 {
-    DEFAULT_KAFKA_LINGER_MS
-}
-fn default_compression() -> String {
-    DEFAULT_KAFKA_COMPRESSION.into()
-}
-
-fn string_or_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum OneOrMany {
-        One(String),
-        Many(Vec<String>),
-    }
-    Ok(match OneOrMany::deserialize(d)? {
-        OneOrMany::One(s) => {
-            s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect()
-        }
-        OneOrMany::Many(v) => v,
-    })
-}
-
 impl RelayConfig {
     /// Loads `file`, applies `OUTBOX_RELAY__*` environment overrides, and validates.
     pub fn load(file: &Path) -> Result<RelayConfig, ConfigError> {
@@ -567,6 +469,11 @@ impl RelayConfig {
 
     /// As [`RelayConfig::load`], with the environment given (tests do not touch the process's).
     pub fn load_with_env(file: &Path, env: config::Map<String, String>) -> Result<RelayConfig, ConfigError> {
+        let secret_env: BTreeMap<String, String> = env
+            .iter()
+            .filter(|(name, _)| name.starts_with(kafka::SECRET_ENV_PREFIX))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         if !file.is_file() {
             return Err(ConfigError::Load(format!(
                 "config file {}: not found (see deploy/relay.example.toml for a documented example)",
@@ -582,15 +489,26 @@ impl RelayConfig {
                     .source(Some(env)),
             )
             .build()
-            .map_err(|e| ConfigError::Load(format!("config file {}: {e}", file.display())))?;
-        let tree: config::Value = layered
-            .try_deserialize()
-            .map_err(|e| ConfigError::Load(format!("config file {}: {e}", file.display())))?;
+            .map_err(|e| {
+                ConfigError::Load(format!(
+                    "config file {}: {}",
+                    file.display(),
+                    without_source_lines(&e.to_string())
+                ))
+            })?;
+        let tree: config::Value = layered.try_deserialize().map_err(|e| {
+            ConfigError::Load(format!(
+                "config file {}: {}",
+                file.display(),
+                without_source_lines(&e.to_string())
+            ))
+        })?;
         let mut relay: RelayConfig = serde_path_to_error::deserialize(tree).map_err(|e| {
             let path = e.path().to_string();
             describe_serde_error(&path, &e.into_inner().to_string())
         })?;
         relay.move_deprecated()?;
+        relay.kafka.load_secrets(&secret_env)?;
         relay.validate()?;
         Ok(relay)
     }
@@ -629,7 +547,7 @@ impl RelayConfig {
 
     /// Checks what types alone cannot. Each error names the path to fix.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.validate_kafka()?;
+        self.kafka.validate()?;
         self.validate_postgres()?;
         self.validate_outbox()?;
         self.validate_polling()?;
@@ -640,54 +558,6 @@ impl RelayConfig {
         }
         if self.retry.max_backoff_ms < self.retry.initial_backoff_ms {
             return Err(ConfigError::invalid("retry.max_backoff_ms", "must be >= retry.initial_backoff_ms"));
-        }
-        Ok(())
-    }
-
-    fn validate_kafka(&self) -> Result<(), ConfigError> {
-        let k = &self.kafka;
-        if k.brokers.is_empty() {
-            return Err(ConfigError::invalid("kafka.brokers", "must not be empty"));
-        }
-        for (i, broker) in k.brokers.iter().enumerate() {
-            let ok = broker
-                .rsplit_once(':')
-                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0));
-            if !ok {
-                return Err(ConfigError::invalid(
-                    format!("kafka.brokers[{i}]"),
-                    format!("\"{broker}\" is not host:port"),
-                ));
-            }
-        }
-        if k.client_id.is_empty() {
-            return Err(ConfigError::invalid("kafka.client_id", "must not be empty"));
-        }
-        if k.message_timeout_ms > 3_600_000 {
-            return Err(ConfigError::invalid(
-                "kafka.message_timeout_ms",
-                "must be between 0 (never) and 3600000",
-            ));
-        }
-        if !(100..=3_600_000).contains(&k.stall_warning_ms) {
-            return Err(ConfigError::invalid("kafka.stall_warning_ms", "must be between 100 and 3600000"));
-        }
-        if k.linger_ms > 60_000 {
-            return Err(ConfigError::invalid("kafka.linger_ms", "must be <= 60000"));
-        }
-        if !["none", "gzip", "snappy", "lz4", "zstd"].contains(&k.compression.as_str()) {
-            return Err(ConfigError::invalid(
-                "kafka.compression",
-                format!("\"{}\" is not one of none, gzip, snappy, lz4, zstd", k.compression),
-            ));
-        }
-        for key in k.properties.keys() {
-            if let Some((_, why)) = RESERVED_KAFKA_PROPERTIES.iter().find(|(r, _)| *r == key.as_str()) {
-                return Err(ConfigError::invalid(
-                    format!("kafka.properties.\"{key}\""),
-                    format!("may not be set: {why}"),
-                ));
-            }
         }
         Ok(())
     }
@@ -854,9 +724,36 @@ fn validate_topic_template(template: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// A parse error without the lines of the file it quotes: the offending line may hold a secret
+/// (`password = "...` with the closing quote missing). Line and column stay.
+fn without_source_lines(message: &str) -> String {
+    message
+        .lines()
+        .filter(|line| {
+            let t = line.trim_start();
+            let gutter = t.trim_start_matches(|c: char| c.is_ascii_digit()).trim_start();
+            !(gutter.starts_with('|') || t.starts_with('^'))
+        })
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .collect::<Vec<_>>()
+        .join(": ")
+}
+
+/// Paths whose values are secrets: their values never appear in an error.
+fn is_secret_path(path: &str) -> bool {
+    path == "postgres.password"
+        || path
+            .strip_prefix("kafka.properties.")
+            .is_some_and(|k| is_secret_kafka_property(k.trim_matches('"')))
+}
+
 /// Turns serde's wording into a path and advice. serde_path_to_error puts an unknown field in
 /// the path already; a missing one is reported at its parent, so its name is moved into the path.
 fn describe_serde_error(path: &str, inner: &str) -> ConfigError {
+    if is_secret_path(path) {
+        return ConfigError::invalid(path, "invalid value (not shown: it is a secret); it must be a string");
+    }
     if inner.starts_with("unknown field") {
         return ConfigError::invalid(
             path,

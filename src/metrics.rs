@@ -81,7 +81,7 @@ pub const ALL: &[(&str, &str)] = &[
 ];
 
 /// `kind` values of the skipped stream messages counter.
-pub const SKIPPED_KINDS: &[&str] = &["foreign_message", "stopped_at", "unknown"];
+pub const SKIPPED_KINDS: &[&str] = &["foreign_message", "untrusted_message", "stopped_at", "unknown"];
 
 /// wal_status values of pg_replication_slots, exported one series each (1 = current).
 pub const WAL_STATUSES: &[&str] = &["reserved", "extended", "unreserved", "lost"];

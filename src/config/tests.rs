@@ -204,3 +204,64 @@ fn deprecated_polling_keys_still_load_with_a_warning() {
     let err = load(&both, &[]).unwrap_err().to_string();
     assert!(err.starts_with("polling.on_poison: deprecated and in conflict"), "{err}");
 }
+
+#[test]
+fn kafka_secrets_come_from_a_file_and_the_environment_and_are_never_shown() {
+    let dir = tempfile::tempdir().unwrap();
+    let secrets = dir.path().join("kafka.properties");
+    std::fs::write(
+        &secrets,
+        "# from a Secret\nsasl.password = SENTINEL-FILE\nssl.key.password=SENTINEL-KEY\n",
+    )
+    .unwrap();
+    let toml = format!("{MINIMAL}secret_properties_file = \"{}\"\n", secrets.display());
+    let cfg = load(&toml, &[("OUTBOX_RELAY_KAFKA_SASL_USERNAME", "relay")]).unwrap();
+    let props: std::collections::BTreeMap<&str, &str> = cfg.kafka.client_properties().collect();
+    assert_eq!(props["sasl.password"], "SENTINEL-FILE");
+    assert_eq!(props["ssl.key.password"], "SENTINEL-KEY");
+    assert_eq!(props["sasl.username"], "relay");
+    let shown = cfg.redacted().to_string();
+    assert!(!shown.contains("SENTINEL"), "{shown}");
+    assert!(shown.contains("sasl.password"), "the key is shown, the value is not: {shown}");
+    // a bad line is refused without quoting it
+    std::fs::write(&secrets, "SENTINEL-NO-EQUALS\n").unwrap();
+    let err = load(&toml, &[]).unwrap_err().to_string();
+    assert!(err.starts_with("kafka.secret_properties_file: line 1") && !err.contains("SENTINEL"), "{err}");
+    // and the relay's own settings cannot be overridden from there
+    let err = load(MINIMAL, &[("OUTBOX_RELAY_KAFKA_ACKS", "1")]).unwrap_err().to_string();
+    assert!(err.contains("\"acks\"") && err.contains("may not be set"), "{err}");
+}
+
+#[test]
+fn errors_never_quote_a_secret() {
+    // a TOML syntax error on the password's line
+    let err = load("[postgres]\npassword = \"SENTINEL-PW\n[kafka]\nbrokers = [\"a:1\"]\n", &[])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("line 2") && !err.contains("SENTINEL"), "{err}");
+    // a secret of the wrong type
+    let err = load(&format!("{MINIMAL}[kafka.properties]\n\"sasl.password\" = [\"SENTINEL\"]\n"), &[])
+        .unwrap_err()
+        .to_string();
+    assert!(!err.contains("SENTINEL"), "{err}");
+    let err =
+        load(&format!("{MINIMAL}[postgres]\npassword = [\"SENTINEL\"]\n"), &[]).unwrap_err().to_string();
+    assert!(err.starts_with("postgres.password: ") && !err.contains("SENTINEL"), "{err}");
+}
+
+#[test]
+fn what_the_binary_was_not_built_for_is_refused_naming_the_setting() {
+    let err = load(&format!("{MINIMAL}[kafka.properties]\n\"security.protocol\" = \"SASL_SSLX\"\n"), &[])
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("kafka.properties.\"security.protocol\""), "{err}");
+    let err = load(&format!("{MINIMAL}[kafka.properties]\n\"sasl.mechanisms\" = \"GSSAPI\"\n"), &[])
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("kafka.properties.\"sasl.mechanisms\"") && err.contains("gssapi"), "{err}");
+    for ok in ["SASL_SSL", "SSL", "SASL_PLAINTEXT"] {
+        load(&format!("{MINIMAL}[kafka.properties]\n\"security.protocol\" = \"{ok}\"\n\"sasl.mechanisms\" = \"SCRAM-SHA-512\"\n"), &[])
+            .unwrap_or_else(|e| panic!("{ok}: {e}"));
+    }
+    load(&MINIMAL.replace("brokers", "compression = \"zstd\"\nbrokers"), &[]).unwrap();
+}

@@ -33,8 +33,8 @@ const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(5);
 /// The librdkafka client configuration for a producer built from `kafka`.
 pub(crate) fn producer_config(kafka: &KafkaConfig) -> ClientConfig {
     let mut cc = ClientConfig::new();
-    for (key, value) in &kafka.properties {
-        cc.set(key, &value.0);
+    for (key, value) in kafka.client_properties() {
+        cc.set(key, value);
     }
     cc.set("bootstrap.servers", kafka.brokers.join(","))
         .set("client.id", &kafka.client_id)
@@ -293,8 +293,8 @@ pub(crate) struct ClusterInfo {
 /// Fetches cluster metadata through the bootstrap brokers; blocking, so run it off the runtime.
 pub(crate) fn fetch_cluster_info(kafka: &KafkaConfig, timeout: Duration) -> Result<ClusterInfo, String> {
     let mut cc = ClientConfig::new();
-    for (key, value) in &kafka.properties {
-        cc.set(key, &value.0);
+    for (key, value) in kafka.client_properties() {
+        cc.set(key, value);
     }
     cc.set("bootstrap.servers", kafka.brokers.join(",")).set("client.id", &kafka.client_id);
     let consumer: BaseConsumer = cc.create().map_err(|e| format!("cannot create a Kafka client: {e}"))?;

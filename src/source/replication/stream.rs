@@ -231,16 +231,35 @@ impl<'a> StreamSession<'a> {
             tracing::warn!(%lsn, %reason, "an outbox message is not an event object");
             RawEvent::default()
         });
-        match (self.open, transactional) {
-            (Some(txn), true) => self.publish(raw, txn).await,
-            _ => {
-                // non-transactional: published at once, confirmed as its own unit
-                let txn = OpenTxn { id: self.tracker.begin(), commit_time: SystemTime::now() };
-                self.publish(raw, txn).await?;
-                self.tracker.commit(txn.id, lsn);
-                Ok(())
-            }
+        match self.open {
+            Some(txn) if transactional => self.publish(raw, txn).await,
+            _ => self.untrusted(raw, lsn).await,
         }
+    }
+
+    /// A non-transactional message with the outbox prefix: written even when its transaction
+    /// rolls back, and by anyone who may call `pg_logical_emit_message`, so never published.
+    /// It takes the dead-letter path, as its own unit of the position.
+    async fn untrusted(&mut self, raw: RawEvent, lsn: Lsn) -> Result<(), RelayError> {
+        metrics().stream_messages_skipped.with_label_values(&["untrusted_message"]).inc();
+        tracing::warn!(%lsn, event_id = ?raw.id, "a non-transactional outbox message is not published");
+        let letter = DeadLetter {
+            id: raw.id.clone().unwrap_or_default(),
+            row: raw,
+            reason:
+                "non-transactional outbox message: not published (it is written even when its transaction \
+                     rolls back); emit events with outbox_emit() or pg_logical_emit_message(true, ...)"
+                    .into(),
+        };
+        if self.source.dead_letters.blocks() {
+            // held like a row that cannot map: nothing after it is read, nothing past it confirmed
+            self.hold(letter, None);
+            return Ok(());
+        }
+        self.source.dead_letters.write(self.client, &[letter]).await?;
+        let txn = self.tracker.begin();
+        self.tracker.commit(txn, lsn);
+        Ok(())
     }
 
     async fn publish(&mut self, raw: RawEvent, txn: OpenTxn) -> Result<(), RelayError> {

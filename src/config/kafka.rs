@@ -1,0 +1,305 @@
+//! `[kafka]`: the brokers, the settings the relay owns, librdkafka pass-through properties, and
+//! secret properties kept out of the configuration file.
+//!
+//! Invariants:
+//! - a secret librdkafka property (`sasl.password`, `ssl.key.password`, ...) can come from a file
+//!   (`kafka.secret_properties_file`, e.g. a mounted Kubernetes Secret) or from an environment
+//!   variable `OUTBOX_RELAY_KAFKA_<KEY>` (the key upper-cased, dots as underscores:
+//!   `OUTBOX_RELAY_KAFKA_SASL_PASSWORD` is `sasl.password`), so it never has to be in a
+//!   ConfigMap; those values are always redacted;
+//! - a value the binary's librdkafka was not built for (`security.protocol = SASL_SSL` without
+//!   SSL, `compression = zstd` without zstd) is refused at load, naming the setting.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use super::{
+    ConfigError, DEFAULT_KAFKA_CLIENT_ID, DEFAULT_KAFKA_COMPRESSION, DEFAULT_KAFKA_LINGER_MS,
+    DEFAULT_KAFKA_MESSAGE_TIMEOUT_MS, DEFAULT_KAFKA_STALL_WARNING_MS, Secret,
+};
+
+/// Environment variables with this prefix are secret librdkafka properties.
+pub const SECRET_ENV_PREFIX: &str = "OUTBOX_RELAY_KAFKA_";
+
+/// librdkafka settings the relay owns: overriding them would break the delivery guarantee or
+/// duplicate a first-class option.
+const RESERVED_KAFKA_PROPERTIES: &[(&str, &str)] = &[
+    ("acks", "the relay always uses acks=all"),
+    ("request.required.acks", "the relay always uses acks=all"),
+    ("enable.idempotence", "the relay always enables the idempotent producer"),
+    ("enable.gapless.guarantee", "the relay always keeps per-partition order"),
+    ("bootstrap.servers", "set kafka.brokers instead"),
+    ("metadata.broker.list", "set kafka.brokers instead"),
+    ("client.id", "set kafka.client_id instead"),
+    ("message.timeout.ms", "set kafka.message_timeout_ms instead"),
+    ("delivery.timeout.ms", "set kafka.message_timeout_ms instead"),
+    ("linger.ms", "set kafka.linger_ms instead"),
+    ("queue.buffering.max.ms", "set kafka.linger_ms instead"),
+    ("compression.type", "set kafka.compression instead"),
+    ("compression.codec", "set kafka.compression instead"),
+];
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// Bootstrap brokers, `host:port`. A comma-separated string is accepted too, which is what
+    /// `OUTBOX_RELAY__KAFKA__BROKERS=a:9092,b:9092` gives.
+    #[serde(deserialize_with = "string_or_list")]
+    pub brokers: Vec<String>,
+    #[serde(default = "default_client_id")]
+    pub client_id: String,
+    /// 0 (default): a record is retried until Kafka acknowledges it. A finite timeout fails
+    /// records after it, and librdkafka may then have written later records of the same
+    /// partition (a gap), so per-aggregate order is not kept across such a failure.
+    #[serde(default = "default_message_timeout_ms")]
+    pub message_timeout_ms: u64,
+    /// Warn (log, `/readyz` degraded, `publish_errors_total{error_type="stalled"}`) when records
+    /// are waiting and Kafka has acknowledged nothing for this long.
+    #[serde(default = "default_stall_warning_ms")]
+    pub stall_warning_ms: u64,
+    #[serde(default = "default_linger_ms")]
+    pub linger_ms: u64,
+    #[serde(default = "default_compression")]
+    pub compression: String,
+    /// Further librdkafka settings, passed through as they are (SASL, TLS, batch sizes).
+    #[serde(default)]
+    pub properties: BTreeMap<String, KafkaProperty>,
+    /// A file of secret librdkafka properties, one `key=value` per line (`#` comments).
+    #[serde(default)]
+    pub secret_properties_file: String,
+    /// Secret properties from `secret_properties_file` and `OUTBOX_RELAY_KAFKA_*`, read at load.
+    #[serde(skip_deserializing)]
+    pub secret_properties: BTreeMap<String, Secret>,
+}
+
+/// A librdkafka property value; printed redacted when its key looks like a secret.
+#[derive(Clone, Deserialize)]
+#[serde(transparent)]
+pub struct KafkaProperty(pub String);
+
+/// `Debug` cannot see the key, so it hides every value; `redacted()` shows the harmless ones.
+impl fmt::Debug for KafkaProperty {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("\"<hidden>\"")
+    }
+}
+
+impl Serialize for KafkaProperty {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+/// True for librdkafka keys whose values are credentials.
+pub fn is_secret_kafka_property(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    ["password", "secret", "sasl.oauthbearer.config", "ssl.key.pem", "ssl_key"]
+        .iter()
+        .any(|needle| key.contains(needle))
+}
+
+impl KafkaConfig {
+    /// Every librdkafka property to set: the pass-through ones, then the secret ones.
+    pub fn client_properties(&self) -> impl Iterator<Item = (&str, &str)> {
+        let plain = self.properties.iter().map(|(k, v)| (k.as_str(), v.0.as_str()));
+        plain.chain(self.secret_properties.iter().map(|(k, v)| (k.as_str(), v.expose())))
+    }
+
+    /// Reads `secret_properties_file` and the `OUTBOX_RELAY_KAFKA_*` variables of `env`.
+    pub(super) fn load_secrets(&mut self, env: &BTreeMap<String, String>) -> Result<(), ConfigError> {
+        if !self.secret_properties_file.is_empty() {
+            let path = "kafka.secret_properties_file";
+            let text = std::fs::read_to_string(&self.secret_properties_file)
+                .map_err(|e| ConfigError::invalid(path, format!("{}: {e}", self.secret_properties_file)))?;
+            for (n, line) in text.lines().enumerate() {
+                let line = line.trim();
+                if line.is_empty() || line.starts_with('#') {
+                    continue;
+                }
+                let (key, value) = line.split_once('=').ok_or_else(|| {
+                    ConfigError::invalid(
+                        path,
+                        format!("line {} is not key=value (the line is not shown)", n + 1),
+                    )
+                })?;
+                self.secret_properties.insert(key.trim().to_string(), Secret::new(value.trim()));
+            }
+        }
+        for (name, value) in env {
+            if let Some(key) = name.strip_prefix(SECRET_ENV_PREFIX) {
+                self.secret_properties
+                    .insert(key.to_ascii_lowercase().replace('_', "."), Secret::new(value.as_str()));
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        if self.brokers.is_empty() {
+            return Err(ConfigError::invalid("kafka.brokers", "must not be empty"));
+        }
+        for (i, broker) in self.brokers.iter().enumerate() {
+            let ok = broker
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0));
+            if !ok {
+                return Err(ConfigError::invalid(
+                    format!("kafka.brokers[{i}]"),
+                    format!("\"{broker}\" is not host:port"),
+                ));
+            }
+        }
+        if self.client_id.is_empty() {
+            return Err(ConfigError::invalid("kafka.client_id", "must not be empty"));
+        }
+        if self.message_timeout_ms > 3_600_000 {
+            return Err(ConfigError::invalid(
+                "kafka.message_timeout_ms",
+                "must be between 0 (never) and 3600000",
+            ));
+        }
+        if !(100..=3_600_000).contains(&self.stall_warning_ms) {
+            return Err(ConfigError::invalid("kafka.stall_warning_ms", "must be between 100 and 3600000"));
+        }
+        if self.linger_ms > 60_000 {
+            return Err(ConfigError::invalid("kafka.linger_ms", "must be <= 60000"));
+        }
+        if !["none", "gzip", "snappy", "lz4", "zstd"].contains(&self.compression.as_str()) {
+            return Err(ConfigError::invalid(
+                "kafka.compression",
+                format!("\"{}\" is not one of none, gzip, snappy, lz4, zstd", self.compression),
+            ));
+        }
+        self.validate_properties()?;
+        self.validate_built_in()
+    }
+
+    fn validate_properties(&self) -> Result<(), ConfigError> {
+        let keys = self.properties.keys().map(|k| (k, "kafka.properties")).chain(
+            self.secret_properties
+                .keys()
+                .map(|k| (k, "kafka secret properties (file or OUTBOX_RELAY_KAFKA_*)")),
+        );
+        for (key, place) in keys {
+            if let Some((_, why)) = RESERVED_KAFKA_PROPERTIES.iter().find(|(r, _)| *r == key.as_str()) {
+                return Err(ConfigError::invalid(
+                    format!("{place}.\"{key}\""),
+                    format!("may not be set: {why}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses what this binary's librdkafka cannot do, naming the setting.
+    fn validate_built_in(&self) -> Result<(), ConfigError> {
+        let features = built_in_features();
+        let has = |feature: &str| features.iter().any(|f| f == feature);
+        if self.compression != "none" && !has(&self.compression) {
+            return Err(ConfigError::invalid(
+                "kafka.compression",
+                format!(
+                    "\"{}\" is not built into this binary (librdkafka has: {})",
+                    self.compression,
+                    features.join(",")
+                ),
+            ));
+        }
+        let property = |key: &str| {
+            self.client_properties().find(|(k, _)| *k == key).map(|(_, v)| v.to_ascii_lowercase())
+        };
+        if let Some(protocol) = property("security.protocol") {
+            let ok = match protocol.as_str() {
+                "plaintext" => true,
+                "ssl" | "sasl_ssl" => has("ssl"),
+                "sasl_plaintext" => has("sasl"),
+                _ => false,
+            };
+            if !ok {
+                return Err(ConfigError::invalid(
+                    "kafka.properties.\"security.protocol\"",
+                    format!(
+                        "\"{protocol}\" is not supported by this binary (librdkafka has: {})",
+                        features.join(",")
+                    ),
+                ));
+            }
+        }
+        if let Some(mechanisms) = property("sasl.mechanisms").or_else(|| property("sasl.mechanism")) {
+            for mechanism in mechanisms.split(',').map(str::trim) {
+                let needed = match mechanism {
+                    "plain" => "sasl_plain",
+                    "scram-sha-256" | "scram-sha-512" => "sasl_scram",
+                    "oauthbearer" => "sasl_oauthbearer",
+                    "gssapi" => "sasl_gssapi",
+                    _ => "unknown mechanism",
+                };
+                if !has(needed) {
+                    return Err(ConfigError::invalid(
+                        "kafka.properties.\"sasl.mechanisms\"",
+                        format!(
+                            "\"{mechanism}\" is not supported by this binary (librdkafka has: {})",
+                            features.join(",")
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// librdkafka's `builtin.features` (e.g. `gzip,snappy,ssl,sasl,...,zstd`).
+pub fn built_in_features() -> Vec<String> {
+    rdkafka::ClientConfig::new()
+        .create_native_config()
+        .and_then(|native| native.get("builtin.features"))
+        .map(|features| features.split(',').map(String::from).collect())
+        .unwrap_or_default()
+}
+
+fn default_client_id() -> String {
+    DEFAULT_KAFKA_CLIENT_ID.into()
+}
+fn default_message_timeout_ms() -> u64 {
+    DEFAULT_KAFKA_MESSAGE_TIMEOUT_MS
+}
+fn default_stall_warning_ms() -> u64 {
+    DEFAULT_KAFKA_STALL_WARNING_MS
+}
+fn default_linger_ms() -> u64 {
+    DEFAULT_KAFKA_LINGER_MS
+}
+fn default_compression() -> String {
+    DEFAULT_KAFKA_COMPRESSION.into()
+}
+
+fn string_or_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) => {
+            s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect()
+        }
+        OneOrMany::Many(v) => v,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_binary_has_tls_sasl_and_zstd() {
+        let features = built_in_features();
+        for feature in ["ssl", "sasl_plain", "sasl_scram", "zstd"] {
+            assert!(features.iter().any(|f| f == feature), "{feature} missing from {features:?}");
+        }
+    }
+}
