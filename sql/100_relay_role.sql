@@ -1,15 +1,24 @@
--- A least-privilege role for outbox-relay. Run as the owner of the outbox table (or a
--- superuser) after the other migrations; safe to run again after new migrations.
--- Then give it a password out of band, e.g. in psql:  \password outbox_relay
+-- Least-privilege roles for outbox-relay, one per source mode. Run as the owner of the outbox
+-- table (or a superuser) after the other migrations; safe to run again after new migrations.
+-- Then give the role you use a password out of band, e.g. in psql:  \password outbox_relay
 --
--- What the role may do, and why:
---   LOGIN, REPLICATION   connect and, in replication mode, stream from its slot
---   SELECT on outbox     polling reads rows; replication copies the rows that predate the slot
---   DELETE on outbox     polling with after_publish = "delete", and moving rows to dead letter
---   UPDATE (published_at) polling with after_publish = "mark"
---   INSERT dead letter   unpublishable rows are moved there with their reason
---   outbox_relay_slots   the replication relay's memory of its slot (006_relay_slots.sql)
--- It is not a superuser and cannot read or write any other table.
+-- outbox_relay (replication mode, the default postgres.user):
+--   LOGIN, REPLICATION        connect and stream from its slot
+--   SELECT on outbox          the first copy of the rows that predate the slot
+--   INSERT dead letter        unpublishable events, with their reason
+--   outbox_relay_slots        the relay's memory of its slot (006_relay_slots.sql)
+--   pg_logical_emit_message   its heartbeat (replication.heartbeat_interval_ms)
+--   No DELETE or UPDATE on the outbox: replication mode never changes it.
+--   REPLICATION lets a role read, through a slot of its own, the changes of every table in any
+--   publication of the database: keep publications to the tables they are for.
+--
+-- outbox_relay_polling (polling mode; set postgres.user = "outbox_relay_polling"):
+--   LOGIN                     no REPLICATION: it cannot read any other table's changes
+--   SELECT, DELETE on outbox  claim and delete published rows (after_publish = "delete")
+--   UPDATE (published_at)     after_publish = "mark"; no other column
+--   INSERT dead letter        unpublishable rows are moved there with their reason
+--
+-- Neither is a superuser, and neither can read or write any other table.
 -- Replication mode also needs a publication, and creating one needs ownership of the table.
 -- Either run `outbox-relay setup` once with the owner's credentials, or create it here:
 --   CREATE PUBLICATION outbox_relay FOR TABLE outbox_events
@@ -22,13 +31,21 @@ EXCEPTION
     WHEN duplicate_object OR unique_violation THEN NULL;
 END
 $$;
+DO $$
+BEGIN
+    CREATE ROLE outbox_relay_polling LOGIN;
+EXCEPTION
+    WHEN duplicate_object OR unique_violation THEN NULL;
+END
+$$;
 
-GRANT USAGE ON SCHEMA public TO outbox_relay;
-GRANT SELECT, DELETE ON outbox_events TO outbox_relay;
-GRANT UPDATE (published_at) ON outbox_events TO outbox_relay;
+GRANT USAGE ON SCHEMA public TO outbox_relay, outbox_relay_polling;
+
+-- replication (older versions of this file granted it DELETE and UPDATE: taken back)
+REVOKE DELETE, UPDATE ON outbox_events FROM outbox_relay;
+GRANT SELECT ON outbox_events TO outbox_relay;
 GRANT SELECT, INSERT ON outbox_dead_letter TO outbox_relay;
 GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_relay_slots TO outbox_relay;
--- the relay's heartbeat (replication.heartbeat_interval_ms) is a logical decoding message
 DO $$
 DECLARE
     f regprocedure;
@@ -41,3 +58,8 @@ EXCEPTION
         RAISE WARNING 'cannot grant EXECUTE on pg_logical_emit_message to outbox_relay: set replication.heartbeat_interval_ms = 0 or grant it as a superuser';
 END
 $$;
+
+-- polling
+GRANT SELECT, DELETE ON outbox_events TO outbox_relay_polling;
+GRANT UPDATE (published_at) ON outbox_events TO outbox_relay_polling;
+GRANT SELECT, INSERT ON outbox_dead_letter TO outbox_relay_polling;

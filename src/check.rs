@@ -8,10 +8,12 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
-use crate::config::{AfterPublish, OnPoison, RelayConfig, SourceMode};
+use crate::config::{RelayConfig, SourceMode};
 use crate::error::{FatalReason, RelayError};
 use crate::sink::kafka;
 use crate::table::OutboxTable;
+
+mod privileges;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Status {
@@ -141,8 +143,10 @@ async fn postgres_checks(config: &RelayConfig, client: &Client) -> Vec<Finding> 
     };
     match config.source.mode {
         SourceMode::Replication => findings.extend(replication_checks(config, client).await),
-        SourceMode::Polling if table_exists => findings.extend(polling_checks(config, client, &table).await),
         SourceMode::Polling => {}
+    }
+    if table_exists {
+        findings.push(privileges::check(config, client).await);
     }
     findings
 }
@@ -374,55 +378,6 @@ fn setting_check_name(name: &str) -> &'static str {
         "max_replication_slots" => "postgres.max_replication_slots",
         _ => "postgres.max_wal_senders",
     }
-}
-
-async fn polling_checks(config: &RelayConfig, client: &Client, table: &OutboxTable) -> Vec<Finding> {
-    let polling = &config.polling;
-    let mut needed = vec!["SELECT"];
-    needed.push(match polling.after_publish {
-        AfterPublish::Delete => "DELETE",
-        AfterPublish::Mark => "UPDATE",
-    });
-    if config.dead_letter.on_poison == OnPoison::DeadLetter {
-        needed.push("DELETE");
-    }
-    needed.dedup();
-    let mut findings = Vec::new();
-    let mut lacking = Vec::new();
-    for privilege in &needed {
-        let row =
-            client.query_one("SELECT has_table_privilege($1, $2)", &[&table.qualified(), privilege]).await;
-        match row {
-            Ok(row) if row.get::<_, bool>(0) => {}
-            Ok(_) => lacking.push(*privilege),
-            Err(e) => {
-                findings.push(Finding::fail(
-                    "postgres.privileges",
-                    format!("cannot check privileges: {e}"),
-                    "check the role can use has_table_privilege",
-                ));
-                return findings;
-            }
-        }
-    }
-    if lacking.is_empty() {
-        findings.push(Finding::ok(
-            "postgres.privileges",
-            format!("role {} has {} on {}", config.postgres.user, needed.join(", "), table.display_name()),
-        ));
-    } else {
-        findings.push(Finding::fail(
-            "postgres.privileges",
-            format!("role {} lacks {} on {}", config.postgres.user, lacking.join(", "), table.display_name()),
-            format!(
-                "GRANT {} ON {} TO {} (see sql/100_relay_role.sql)",
-                lacking.join(", "),
-                table.qualified(),
-                config.postgres.user
-            ),
-        ));
-    }
-    findings
 }
 
 async fn kafka_check(config: &RelayConfig) -> Finding {

@@ -69,30 +69,6 @@ async fn schema_applies_and_partitions_are_maintained() {
 }
 
 #[tokio::test]
-async fn relay_role_is_least_privilege() {
-    // given the migrations, including the relay role
-    let db = TestDb::new().await;
-    let client = db.client().await;
-
-    // then the role can read and delete outbox rows and write dead letters, and nothing else
-    let row = client
-        .query_one(
-            "SELECT has_table_privilege('outbox_relay', 'outbox_events', 'SELECT'),
-                    has_table_privilege('outbox_relay', 'outbox_events', 'DELETE'),
-                    has_table_privilege('outbox_relay', 'outbox_events', 'INSERT'),
-                    has_column_privilege('outbox_relay', 'outbox_events', 'published_at', 'UPDATE'),
-                    has_column_privilege('outbox_relay', 'outbox_events', 'payload', 'UPDATE'),
-                    has_table_privilege('outbox_relay', 'outbox_dead_letter', 'INSERT'),
-                    (SELECT rolreplication AND NOT rolsuper FROM pg_roles WHERE rolname = 'outbox_relay')",
-            &[],
-        )
-        .await
-        .unwrap();
-    let got: Vec<bool> = (0..7).map(|i| row.get(i)).collect();
-    assert_eq!(got, vec![true, true, false, true, false, true, true]);
-}
-
-#[tokio::test]
 async fn broker_round_trip_with_acks_all() {
     // given a topic on the real broker
     let topic = random_topic("foundation");
