@@ -1,0 +1,121 @@
+//! The metrics and health listener faces whatever can reach the pod: 2,000 connections that send
+//! half a request and wait must not stop `/healthz` from answering, nor the relay from
+//! reconnecting to PostgreSQL and relaying, and the server closes them itself.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::workload::*;
+use common::*;
+
+fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_thousand_slow_connections_do_not_stop_health_or_relaying() {
+    // given a relaying polling relay with a metrics port
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let s = Setup::create(&services().kafka, "", true, |_| {
+        format!(
+            "[source]\nmode = \"polling\"\n[polling]\npoll_interval_ms = 200\n\
+             [retry]\ninitial_backoff_ms = 100\nmax_backoff_ms = 1000\n\
+             [metrics]\nlisten = \"127.0.0.1:{port}\"\nfatal_exit_delay_secs = 0\n"
+        )
+    })
+    .await;
+    let client = s.db.client().await;
+    create_aggregates(&client, 1).await;
+    let consumer = consumer(&[&s.topic]);
+    let mut relay = s.start("relay");
+    let deadline = Instant::now() + IDLE;
+    while get(port, "/readyz").is_none_or(|(status, _)| status != 200) {
+        assert!(Instant::now() < deadline, "never ready: {}", relay.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // when 2,000 connections each send half a request and wait
+    let slow: Vec<TcpStream> = (0..2_000)
+        .map(|_| {
+            let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+            stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").unwrap();
+            stream
+        })
+        .collect();
+
+    // then /healthz still answers, at once
+    let (status, body) = get(port, "/healthz").expect("/healthz did not answer");
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+
+    // and the relay survives losing its PostgreSQL session: it reconnects and relays
+    // (the session holding the leader lock is the one that claims)
+    terminate_one(
+        &client,
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_locks \
+         WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        &[],
+    )
+    .await;
+    let mut writer = s.db.client().await;
+    write_events(&mut writer, &s.aggregate_type, "agg-0", 5, true).await;
+    assert_eq!(consume(&consumer, 5, IDLE).await.len(), 5, "{}", relay.log_text());
+
+    // and the server closes the slow connections itself
+    let mut first = slow.into_iter().next().unwrap();
+    first.set_read_timeout(Some(IDLE)).unwrap();
+    let mut buf = Vec::new();
+    let started = Instant::now();
+    let _ = first.read_to_end(&mut buf);
+    assert!(started.elapsed() < IDLE, "a half-sent request held its connection open");
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_trickled_a_byte_at_a_time_is_cut_off() {
+    // given a relay's listener
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let s = Setup::create(&services().kafka, "", true, |_| {
+        format!("[source]\nmode = \"polling\"\n[metrics]\nlisten = \"127.0.0.1:{port}\"\nfatal_exit_delay_secs = 0\n")
+    })
+    .await;
+    let mut relay = s.start("relay");
+    let deadline = Instant::now() + IDLE;
+    while get(port, "/healthz").is_none() {
+        assert!(Instant::now() < deadline, "never listened: {}", relay.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // when a client sends its request headers one byte per second, forever
+    let trickled = std::thread::spawn(move || {
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream.write_all(b"GET /metrics HTTP/1.1\r\nX-Slow: ").unwrap();
+        for sent in 0..60 {
+            std::thread::sleep(Duration::from_secs(1));
+            if stream.write_all(b"a").is_err() {
+                return sent;
+            }
+            let mut probe = [0u8; 1];
+            stream.set_nonblocking(true).unwrap();
+            let closed = matches!(stream.read(&mut probe), Ok(0));
+            stream.set_nonblocking(false).unwrap();
+            if closed {
+                return sent;
+            }
+        }
+        60
+    });
+
+    // then the server closes it (the header deadline counts from the first byte, not the last)
+    let sent = trickled.join().unwrap();
+    assert!(sent < 20, "the server kept a trickling request open for {sent} s");
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+}
