@@ -226,11 +226,14 @@ fn assert_roles_kept(relays: &[(&str, RelayProcess)], leader: usize, standby: us
 
 #[tokio::test(flavor = "multi_thread")]
 async fn poison_rows_are_dead_lettered_and_the_rest_flows() {
-    // given a relay with a short message timeout, and rows that cannot be published among good ones
+    // given a relay with a short metadata wait that does not ask the broker to create topics
+    // (tansu creates any topic a producer's metadata request allows it to), and rows that
+    // cannot be published among good ones
     let s = Setup::new("").await;
-    let text = std::fs::read_to_string(s.config())
-        .unwrap()
-        .replace("[kafka]\n", "[kafka]\nproperties = { \"topic.metadata.propagation.max.ms\" = \"3000\" }\n");
+    let text = std::fs::read_to_string(s.config()).unwrap().replace(
+        "[kafka]\n",
+        "[kafka]\nproperties = { \"topic.metadata.propagation.max.ms\" = \"3000\", \"allow.auto.create.topics\" = \"false\" }\n",
+    );
     std::fs::write(s.config(), text).unwrap();
     let client = s.db.client().await;
     client.batch_execute("ALTER TABLE outbox_events ALTER COLUMN aggregate_id DROP NOT NULL").await.unwrap();
