@@ -10,20 +10,31 @@
 //!   consumer receiving the record, an upper bound of commit-to-acknowledgement;
 //! - the relay's peak RSS and CPU seconds, and peak RSS at a tenth of the backlog.
 //!
-//! Each figure is the median of `--runs` runs (default 3) with min and max. Results are printed
-//! and written to BENCHMARKS.md (`--out`).
+//! Each figure is the median of `--runs` runs (default 3) with min and max. [`run`] measures,
+//! [`render`] turns the results into the table that is printed and written to BENCHMARKS.md
+//! (`--out`). The databases, topics and relay processes come from the test harness
+//! (`tests/common`).
+
+#[path = "../tests/common/mod.rs"]
+mod common;
 
 use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use common::process::RelayProcess;
+use common::{TestDb, connect, create_topic, random_suffix, run_relay, services, wait_until_within};
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
+
+/// Partitions of every topic the harness creates.
+const PARTITIONS: i32 = 8;
+/// How long one backlog drain may take before the harness gives up.
+const DRAIN_LIMIT: Duration = Duration::from_secs(1800);
 
 struct Options {
     events: usize,
@@ -58,41 +69,29 @@ fn options() -> Options {
     o
 }
 
-fn env(name: &str) -> String {
-    std::env::var(name)
-        .unwrap_or_else(|_| panic!("{name} is not set: run the harness through deploy/local/bench"))
-}
-
-async fn connect(url: &str) -> Client {
-    let (client, conn) = tokio_postgres::connect(url, NoTls).await.expect("connect");
-    tokio::spawn(conn);
-    client
-}
-
-fn random() -> String {
-    format!("{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff)
+/// `pg_recvlogical` from `$PG_BIN` (deploy/local/lib.sh sets it, deploy/local/bench exports
+/// it), else from PATH.
+fn pg_recvlogical() -> PathBuf {
+    const HINT: &str = "set PG_BIN to PostgreSQL's bin directory (e.g. /usr/lib/postgresql/15/bin), \
+                        as deploy/local/bench does, or put pg_recvlogical on PATH";
+    if let Some(dir) = std::env::var_os("PG_BIN") {
+        let path = Path::new(&dir).join("pg_recvlogical");
+        assert!(path.is_file(), "{} does not exist: {HINT}", path.display());
+        return path;
+    }
+    std::env::var_os("PATH")
+        .and_then(|paths| {
+            std::env::split_paths(&paths).map(|d| d.join("pg_recvlogical")).find(|p| p.is_file())
+        })
+        .unwrap_or_else(|| panic!("pg_recvlogical not found: {HINT}"))
 }
 
 /// A fresh database with the schema and a backlog writer procedure.
-async fn fresh_db(admin_url: &str) -> (String, String) {
-    let name = format!("bench_{}", random());
-    connect(admin_url).await.batch_execute(&format!("CREATE DATABASE {name}")).await.unwrap();
-    let url = format!("{}/{name}", admin_url.rsplit_once('/').unwrap().0);
-    let client = connect(&url).await;
-    let mut files: Vec<_> = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/sql"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| {
-            p.extension().is_some_and(|e| e == "sql")
-                && p.file_name().unwrap().to_string_lossy().starts_with(|c: char| c.is_ascii_digit())
-        })
-        .collect();
-    files.sort();
-    for f in files {
-        client.batch_execute(&std::fs::read_to_string(f).unwrap()).await.unwrap();
-    }
+async fn backlog_db() -> TestDb {
+    let db = TestDb::new().await;
     // 10 events per transaction over 1,000 aggregates, ~200-byte payloads; commits server-side
-    client
+    db.client()
+        .await
         .batch_execute(
             "CREATE PROCEDURE write_backlog(total int, aggregate_type text) LANGUAGE plpgsql AS $$
              BEGIN
@@ -109,91 +108,56 @@ async fn fresh_db(admin_url: &str) -> (String, String) {
         )
         .await
         .unwrap();
-    (name, url)
+    db
 }
 
-async fn drop_db(admin_url: &str, name: &str) {
-    let admin = connect(admin_url).await;
-    let _ = admin
-        .execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1 AND NOT active", &[&name])
-        .await;
-    let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await;
-}
-
-async fn create_topic(brokers: &str, topic: &str) {
-    let admin: AdminClient<DefaultClientContext> =
-        ClientConfig::new().set("bootstrap.servers", brokers).create().unwrap();
-    for r in admin
-        .create_topics([&NewTopic::new(topic, 8, TopicReplication::Fixed(1))], &AdminOptions::new())
-        .await
-        .unwrap()
-    {
-        r.unwrap();
-    }
-}
-
+/// A relay process on `db`, logging warnings only, with its configuration in a directory of
+/// its own.
 struct Relay {
-    child: Child,
-    port: u16,
+    process: RelayProcess,
+    mode: &'static str,
     _dir: tempfile::TempDir,
 }
 
-/// A relay configuration in a temporary directory; returns (dir, config path, metrics port).
-fn relay_config(
-    db_url: &str,
-    brokers: &str,
-    mode: &str,
-    slot: &str,
-) -> (tempfile::TempDir, std::path::PathBuf, u16) {
-    let cfg: tokio_postgres::Config = db_url.parse().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+/// A relay configuration in a temporary directory; returns (dir, config path).
+fn relay_config(db: &TestDb, mode: &str, slot: &str) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("relay.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[source]\nmode = \"{mode}\"\n[postgres]\nport = {}\nuser = \"postgres\"\ndatabase = \"{}\"\n\
-             [kafka]\nbrokers = [\"{brokers}\"]\n[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n\
-             [metrics]\nlisten = \"127.0.0.1:{port}\"\nsample_interval_secs = 1\n",
-            cfg.get_ports()[0],
-            cfg.get_dbname().unwrap()
+    let config = common::write_config_with(
+        dir.path(),
+        db,
+        &services().kafka,
+        "",
+        &format!(
+            "[source]\nmode = \"{mode}\"\n[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n\
+             [metrics]\nsample_interval_secs = 1\n"
         ),
-    )
-    .unwrap();
-    (dir, config, port)
+    );
+    (dir, config)
 }
 
 impl Relay {
-    fn start(db_url: &str, brokers: &str, mode: &str, slot: &str) -> Relay {
-        let (dir, config, port) = relay_config(db_url, brokers, mode, slot);
-        let child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-            .args(["--log-level", "warn", "run", "--config"])
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.path().join("relay.log")).unwrap())
-            .spawn()
-            .expect("start relay");
-        Relay { child, port, _dir: dir }
+    fn start(db: &TestDb, mode: &'static str, slot: &str) -> Relay {
+        let (dir, config) = relay_config(db, mode, slot);
+        let process = RelayProcess::spawn(&config, &dir.path().join("relay.log"), "warn", &[]);
+        Relay { process, mode, _dir: dir }
     }
 
     /// `outbox-relay setup`: publication and slot, before the backlog is written.
-    fn setup(db_url: &str, brokers: &str, slot: &str) {
-        let (_dir, config, _) = relay_config(db_url, brokers, "replication", slot);
-        let out = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-            .args(["setup", "--config"])
-            .arg(config)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "setup: {}", String::from_utf8_lossy(&out.stderr));
+    fn setup(db: &TestDb, slot: &str) {
+        let (_dir, config) = relay_config(db, "replication", slot);
+        let (code, _, stderr) =
+            run_relay(&["setup", "--config", config.to_str().unwrap()], Duration::from_secs(120));
+        assert_eq!(code, 0, "setup: {stderr}");
     }
 
     fn published(&self) -> f64 {
-        scrape(self.port, "outbox_relay_events_published_total").unwrap_or(0.0)
+        let series = format!("outbox_relay_events_published_total{{mode=\"{}\"}}", self.mode);
+        self.process.metric(&series).unwrap_or(0.0)
     }
 
     /// (peak RSS in MiB, CPU seconds) from /proc.
     fn usage(&self) -> (f64, f64) {
-        let pid = self.child.id();
+        let pid = self.process.pid();
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
         let hwm_kb: f64 = status
             .lines()
@@ -208,25 +172,6 @@ impl Relay {
             + fields.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
         (hwm_kb / 1024.0, ticks / 100.0)
     }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn scrape(port: u16, series: &str) -> Option<f64> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    body.lines()
-        .filter(|l| l.starts_with(series) && !l.starts_with('#'))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .reduce(|a, b| a + b)
 }
 
 async fn wal_lsn(client: &Client) -> i64 {
@@ -249,25 +194,25 @@ struct Drain {
 }
 
 /// Replication backlog drain; also pg_recvlogical on a twin slot over the same WAL.
-async fn replication_drain(admin: &str, brokers: &str, events: usize) -> (Drain, f64) {
-    let (name, url) = fresh_db(admin).await;
-    let client = connect(&url).await;
-    let aggregate_type = format!("r{}", random());
-    create_topic(brokers, &format!("outbox.event.{aggregate_type}")).await;
-    let slot = format!("s_{}", random());
-    Relay::setup(&url, brokers, &slot);
-    let twin = format!("t_{}", random());
+async fn replication_drain(events: usize) -> (Drain, f64) {
+    let db = backlog_db().await;
+    let client = db.client().await;
+    let aggregate_type = format!("r{}", random_suffix());
+    create_topic(&format!("outbox.event.{aggregate_type}"), PARTITIONS).await;
+    let slot = format!("s_{}", random_suffix());
+    Relay::setup(&db, &slot);
+    let twin = format!("t_{}", random_suffix());
     client.execute("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", &[&twin]).await.unwrap();
     client.execute("CALL write_backlog($1, $2)", &[&(events as i32), &aggregate_type]).await.unwrap();
     let end = wal_lsn(&client).await;
     let end_text: String = client.query_one("SELECT pg_current_wal_lsn()::text", &[]).await.unwrap().get(0);
 
     // the limit: pg_recvlogical drains the same WAL to a file
-    let cfg: tokio_postgres::Config = url.parse().unwrap();
+    let (host, port, user) = db.pg_parts();
     let dir = tempfile::tempdir().unwrap();
     let started = Instant::now();
-    let status = Command::new("/usr/lib/postgresql/15/bin/pg_recvlogical")
-        .args(["-h", "127.0.0.1", "-p", &cfg.get_ports()[0].to_string(), "-U", "postgres", "-d", &name])
+    let status = Command::new(pg_recvlogical())
+        .args(["-h", &host, "-p", &port.to_string(), "-U", &user, "-d", &db.name])
         .args(["--slot", &twin, "--start", "--endpos", &end_text, "--no-loop", "-f"])
         .arg(dir.path().join("wal.out"))
         .args(["-o", "proto_version=1", "-o", &format!("publication_names=p_{slot}")])
@@ -279,50 +224,44 @@ async fn replication_drain(admin: &str, brokers: &str, events: usize) -> (Drain,
 
     // the relay
     let started = Instant::now();
-    let relay = Relay::start(&url, brokers, "replication", &slot);
-    loop {
-        if relay.published() >= events as f64 && confirmed(&client, &slot).await >= end {
-            break;
-        }
-        assert!(started.elapsed() < Duration::from_secs(1800), "replication drain did not finish");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let relay = Relay::start(&db, "replication", &slot);
+    wait_until_within(DRAIN_LIMIT, "the replication drain", async || {
+        relay.published() >= events as f64 && confirmed(&client, &slot).await >= end
+    })
+    .await;
     let seconds = started.elapsed().as_secs_f64();
     let (rss, cpu) = relay.usage();
     drop(relay);
-    drop_db(admin, &name).await;
+    drop(db);
     (Drain { seconds, rss_mib: rss, cpu_per_100k: cpu * 100_000.0 / events as f64 }, recvlogical)
 }
 
-async fn polling_drain(admin: &str, brokers: &str, events: usize) -> Drain {
-    let (name, url) = fresh_db(admin).await;
-    let client = connect(&url).await;
-    let aggregate_type = format!("p{}", random());
-    create_topic(brokers, &format!("outbox.event.{aggregate_type}")).await;
+async fn polling_drain(events: usize) -> Drain {
+    let db = backlog_db().await;
+    let client = db.client().await;
+    let aggregate_type = format!("p{}", random_suffix());
+    create_topic(&format!("outbox.event.{aggregate_type}"), PARTITIONS).await;
     client.execute("CALL write_backlog($1, $2)", &[&(events as i32), &aggregate_type]).await.unwrap();
     let started = Instant::now();
-    let relay = Relay::start(&url, brokers, "polling", "unused");
-    loop {
+    let relay = Relay::start(&db, "polling", "unused");
+    wait_until_within(DRAIN_LIMIT, "the polling drain", async || {
         let left: i64 = client.query_one("SELECT count(*) FROM outbox_events", &[]).await.unwrap().get(0);
-        if left == 0 && relay.published() >= events as f64 {
-            break;
-        }
-        assert!(started.elapsed() < Duration::from_secs(1800), "polling drain did not finish");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        left == 0 && relay.published() >= events as f64
+    })
+    .await;
     let seconds = started.elapsed().as_secs_f64();
     let (rss, cpu) = relay.usage();
     drop(relay);
-    drop_db(admin, &name).await;
+    drop(db);
     Drain { seconds, rss_mib: rss, cpu_per_100k: cpu * 100_000.0 / events as f64 }
 }
 
 /// A plain idempotent acks=all producer sending records shaped like the relay's.
-async fn producer_limit(brokers: &str, events: usize) -> f64 {
-    let topic = format!("bench.producer.{}", random());
-    create_topic(brokers, &topic).await;
+async fn producer_limit(events: usize) -> f64 {
+    let topic = format!("bench.producer.{}", random_suffix());
+    create_topic(&topic, PARTITIONS).await;
     let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
+        .set("bootstrap.servers", &services().kafka)
         .set("acks", "all")
         .set("enable.idempotence", "true")
         .set("linger.ms", "5")
@@ -377,23 +316,21 @@ struct Latency {
 
 /// A writer at `rate` events/s (transactions of 10) against a running relay; latency from the
 /// writer's COMMIT returning to the consumer receiving the record.
-async fn steady_latency(admin: &str, brokers: &str, rate: usize, duration: Duration) -> Latency {
+async fn steady_latency(rate: usize, duration: Duration) -> Latency {
     // start from a quiet server: flush what the backlog runs before wrote, so a checkpoint
     // triggered by their WAL does not land inside the latency window
-    connect(admin).await.batch_execute("CHECKPOINT").await.unwrap();
-    let (name, url) = fresh_db(admin).await;
-    let client = connect(&url).await;
-    let aggregate_type = format!("l{}", random());
+    connect(&services().pg_url).await.batch_execute("CHECKPOINT").await.unwrap();
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let aggregate_type = format!("l{}", random_suffix());
     let topic = format!("outbox.event.{aggregate_type}");
-    create_topic(brokers, &topic).await;
-    let slot = format!("s_{}", random());
-    let relay = Relay::start(&url, brokers, "replication", &slot);
-    while scrape(relay.port, "outbox_relay_leader") != Some(1.0) {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    create_topic(&topic, PARTITIONS).await;
+    let slot = format!("s_{}", random_suffix());
+    let relay = Relay::start(&db, "replication", &slot);
+    relay.process.wait_ready("active").await;
     let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", format!("bench-{}", random()))
+        .set("bootstrap.servers", &services().kafka)
+        .set("group.id", format!("bench-{}", random_suffix()))
         .set("auto.offset.reset", "earliest")
         .set("fetch.wait.max.ms", "5")
         .set("fetch.min.bytes", "1")
@@ -440,8 +377,10 @@ async fn steady_latency(admin: &str, brokers: &str, rate: usize, duration: Durat
     }
     let achieved = committed.len() as f64 * 10.0 / started.elapsed().as_secs_f64();
     let at = received.await.unwrap();
+    let scrape = common::http::get(relay.process.metrics_port(), "/metrics").map(|(_, body)| body);
     let relay_p99_ms =
-        histogram_quantile(relay.port, "outbox_relay_end_to_end_latency_seconds", 0.99) * 1000.0;
+        histogram_quantile(&scrape.unwrap_or_default(), "outbox_relay_end_to_end_latency_seconds", 0.99)
+            * 1000.0;
     let mut latencies = Vec::new();
     let mut late_half = Vec::new();
     let mut early_half = Vec::new();
@@ -467,7 +406,7 @@ async fn steady_latency(admin: &str, brokers: &str, rate: usize, duration: Durat
         && achieved >= rate as f64 * 0.95
         && pct(&late, 0.99) <= (pct(&early, 0.99) * 2.0).max(250.0);
     drop(relay);
-    drop_db(admin, &name).await;
+    drop(db);
     Latency {
         relay_p99_ms,
         p50_ms: pct(&latencies, 0.5),
@@ -477,16 +416,11 @@ async fn steady_latency(admin: &str, brokers: &str, rate: usize, duration: Durat
     }
 }
 
-/// `histogram_quantile` over the relay's cumulative buckets, interpolating linearly inside the
-/// bucket as Prometheus does.
-fn histogram_quantile(port: u16, name: &str, q: f64) -> f64 {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return f64::NAN };
-    let _ = write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
-    let mut body = String::new();
-    let _ = s.read_to_string(&mut body);
+/// `histogram_quantile` over the cumulative buckets of `name` in a scrape, interpolating
+/// linearly inside the bucket as Prometheus does.
+fn histogram_quantile(scrape: &str, name: &str, q: f64) -> f64 {
     let prefix = format!("{name}_bucket{{le=\"");
-    let buckets: Vec<(f64, f64)> = body
+    let buckets: Vec<(f64, f64)> = scrape
         .lines()
         .filter_map(|l| l.strip_prefix(&prefix))
         .filter_map(|rest| {
@@ -522,49 +456,67 @@ fn stat(values: &[f64], digits: usize) -> String {
     format!("{median:.digits$} ({:.digits$}-{:.digits$})", v[0], v[v.len() - 1])
 }
 
-#[tokio::main]
-async fn main() {
-    let o = options();
-    let admin = env("OUTBOX_RELAY_TEST_PG_URL");
-    let brokers = env("OUTBOX_RELAY_TEST_KAFKA");
-    let n = o.events as f64;
-    let (mut repl, mut recv, mut prod, mut poll, mut small) = (vec![], vec![], vec![], vec![], vec![]);
-    let mut lat: HashMap<usize, Vec<Latency>> = HashMap::new();
+/// Every run's measurements.
+#[derive(Default)]
+struct Results {
+    /// Replication drains of the whole backlog.
+    replication: Vec<Drain>,
+    /// pg_recvlogical's drain of the same WAL, seconds.
+    recvlogical: Vec<f64>,
+    /// The plain producer sending the same records, seconds.
+    producer: Vec<f64>,
+    polling: Vec<Drain>,
+    /// Replication drains of a tenth of the backlog (for memory growth).
+    small: Vec<Drain>,
+    latency: HashMap<usize, Vec<Latency>>,
+}
+
+/// Runs every measurement `o.runs` times.
+async fn run(o: &Options) -> Results {
+    let mut results = Results::default();
     for run in 1..=o.runs {
         eprintln!(
             "[bench] run {run}/{}: replication drain of {} events (+ pg_recvlogical)",
             o.runs, o.events
         );
-        let (d, r) = replication_drain(&admin, &brokers, o.events).await;
+        let (d, r) = replication_drain(o.events).await;
         eprintln!(
             "[bench]   relay {:.1}s, pg_recvlogical {:.1}s, peak RSS {:.1} MiB",
             d.seconds, r, d.rss_mib
         );
-        repl.push(d);
-        recv.push(r);
+        results.replication.push(d);
+        results.recvlogical.push(r);
         eprintln!("[bench] run {run}: plain producer");
-        prod.push(producer_limit(&brokers, o.events).await);
+        results.producer.push(producer_limit(o.events).await);
         eprintln!("[bench] run {run}: polling drain");
-        poll.push(polling_drain(&admin, &brokers, o.events).await);
+        results.polling.push(polling_drain(o.events).await);
         eprintln!(
             "[bench] run {run}: replication drain of {} events (memory at a tenth of the backlog)",
             o.events / 10
         );
-        small.push(replication_drain(&admin, &brokers, o.events / 10).await.0);
+        results.small.push(replication_drain(o.events / 10).await.0);
         for &rate in &o.rates {
             eprintln!("[bench] run {run}: steady state at {rate} events/s for {:?}", o.duration);
-            let l = steady_latency(&admin, &brokers, rate, o.duration).await;
+            let l = steady_latency(rate, o.duration).await;
             eprintln!(
                 "[bench]   p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, relay-side p99 {:.1} ms, sustained {}",
                 l.p50_ms, l.p99_ms, l.max_ms, l.relay_p99_ms, l.sustained
             );
-            lat.entry(rate).or_default().push(l);
+            results.latency.entry(rate).or_default().push(l);
         }
     }
+    results
+}
+
+/// The results table (markdown), as printed and written to BENCHMARKS.md.
+fn render(o: &Options, results: &Results) -> String {
+    let Results { replication: repl, recvlogical: recv, producer: prod, polling: poll, small, latency: lat } =
+        results;
+    let n = o.events as f64;
     let rate = |secs: &[f64]| secs.iter().map(|s| n / s).collect::<Vec<_>>();
     let repl_rate = rate(&repl.iter().map(|d| d.seconds).collect::<Vec<_>>());
-    let recv_rate = rate(&recv);
-    let prod_rate = rate(&prod);
+    let recv_rate = rate(recv);
+    let prod_rate = rate(prod);
     let poll_rate = rate(&poll.iter().map(|d| d.seconds).collect::<Vec<_>>());
     let ratio = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x / y).collect::<Vec<_>>();
     let mut table = String::new();
@@ -630,28 +582,42 @@ async fn main() {
         );
     }
     table += &format!("\nHighest measured rate sustained without latency growth: {highest} events/s.\n");
+    table
+}
+
+/// Replaces the results section (from the `<!-- bench-results -->` marker on) of the file
+/// `out` with `table`, the command and the machine.
+fn write_report(out: &str, table: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(out);
+    let previous = std::fs::read_to_string(&path).unwrap_or_default();
+    let marker = "<!-- bench-results -->";
+    let head = previous.split(marker).next().unwrap_or("").to_string();
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let stamp = format!(
+        "{marker}\n## Latest results\n\nCommand: `deploy/local/bench {}`  \nMachine: {} cores, {}; PostgreSQL 15, tansu 0.6 (in-memory), librdkafka 2.12, release build.\n\n{table}",
+        args.join(" "),
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|c| c.lines().find(|l| l.starts_with("model name")).map(|l| l
+                .split(':')
+                .nth(1)
+                .unwrap_or("")
+                .trim()
+                .to_string()))
+            .unwrap_or_default(),
+    );
+    std::fs::write(&path, format!("{head}{stamp}")).unwrap();
+    eprintln!("[bench] wrote {}", path.display());
+}
+
+#[tokio::main]
+async fn main() {
+    let o = options();
+    let results = run(&o).await;
+    let table = render(&o, &results);
     println!("{table}");
-    if let Some(out) = o.out {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(&out);
-        let previous = std::fs::read_to_string(&path).unwrap_or_default();
-        let marker = "<!-- bench-results -->";
-        let head = previous.split(marker).next().unwrap_or("").to_string();
-        let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
-        let stamp = format!(
-            "{marker}\n## Latest results\n\nCommand: `deploy/local/bench {}`  \nMachine: {} cores, {}; PostgreSQL 15, tansu 0.6 (in-memory), librdkafka 2.12, release build.\n\n{table}",
-            args.join(" "),
-            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
-            std::fs::read_to_string("/proc/cpuinfo")
-                .ok()
-                .and_then(|c| c.lines().find(|l| l.starts_with("model name")).map(|l| l
-                    .split(':')
-                    .nth(1)
-                    .unwrap_or("")
-                    .trim()
-                    .to_string()))
-                .unwrap_or_default(),
-        );
-        std::fs::write(&path, format!("{head}{stamp}")).unwrap();
-        eprintln!("[bench] wrote {}", path.display());
+    if let Some(out) = &o.out {
+        write_report(out, &table);
     }
 }

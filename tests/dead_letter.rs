@@ -6,8 +6,7 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::process::RelayProcess;
 use common::*;
@@ -16,23 +15,20 @@ use tokio_postgres::Client;
 const INSERT: &str = "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, topic) \
                       VALUES ($1, $2, 'E', '{\"n\": 1}', $3)";
 
-/// A relay test with a metrics listener of its own, so /readyz and /metrics can be read.
+/// A relay test whose outbox accepts rows without an aggregate id.
 struct Held {
     s: Setup,
-    port: u16,
     client: Client,
 }
 
 impl Held {
     async fn new(mode: &str, dead_letter: &str, kafka_extra: &str) -> Held {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let s = Setup::create(&services().kafka, kafka_extra, true, |slot| {
             format!(
                 "[source]\nmode = \"{mode}\"\n[polling]\npoll_interval_ms = 200\n\
                  [replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n\
                  [retry]\ninitial_backoff_ms = 200\nmax_backoff_ms = 1000\n\
-                 [dead_letter]\non_poison = \"{dead_letter}\"\n\
-                 [metrics]\nlisten = \"127.0.0.1:{port}\"\nfatal_exit_delay_secs = 0\n"
+                 [dead_letter]\non_poison = \"{dead_letter}\"\n"
             )
         })
         .await;
@@ -41,7 +37,7 @@ impl Held {
             .batch_execute("ALTER TABLE outbox_events ALTER COLUMN aggregate_id DROP NOT NULL")
             .await
             .unwrap();
-        Held { s, port, client }
+        Held { s, client }
     }
 
     /// One transaction with an event per key; `None` is a row without an aggregate id.
@@ -53,30 +49,12 @@ impl Held {
         tx.commit().await.unwrap();
     }
 
-    fn readyz(&self) -> (u16, String) {
-        http_get(self.port, "/readyz").unwrap_or((0, String::new()))
-    }
-
-    fn metric(&self, series: &str) -> Option<f64> {
-        let (_, body) = http_get(self.port, "/metrics")?;
-        body.lines().find(|l| l.starts_with(series)).and_then(|l| l.rsplit(' ').next()?.parse().ok())
-    }
-
-    async fn wait_readyz(&self, what: &str, ok: impl Fn(u16, &str) -> bool) {
-        let deadline = Instant::now() + IDLE;
-        loop {
-            let (status, body) = self.readyz();
-            if ok(status, &body) {
-                return;
-            }
-            assert!(Instant::now() < deadline, "/readyz never said {what}; last: {status} {body}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    async fn wait_blocked(&self) {
-        self.wait_readyz("blocked", |status, body| status == 503 && body.contains("blocked at event")).await;
-        assert_eq!(self.metric("outbox_relay_events_blocked"), Some(1.0));
+    async fn wait_blocked(&self, relay: &RelayProcess) {
+        wait_until(relay.context("/readyz to say blocked".into()), async || {
+            relay.readyz().is_some_and(|(status, body)| status == 503 && body.contains("blocked at event"))
+        })
+        .await;
+        assert_eq!(relay.metric("outbox_relay_events_blocked"), Some(1.0));
     }
 
     fn restart_with(&self, relay: &mut RelayProcess, dead_letter: &str, name: &str) -> RelayProcess {
@@ -86,17 +64,6 @@ impl Held {
         std::fs::write(self.s.config(), config).unwrap();
         self.s.start(name)
     }
-}
-
-/// GET `path`; (status, body).
-fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let status = response.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()))
 }
 
 fn counts(records: &[Consumed]) -> HashMap<String, usize> {
@@ -128,7 +95,7 @@ async fn the_stream_holds_at_an_unmappable_row_without_publishing_anything_twice
     let mut h = Held::new("replication", "block", "").await;
     let consumer = consumer(&[&h.s.topic]);
     let mut relay = h.s.start("relay");
-    h.wait_readyz("active", |status, body| status == 200 && body.starts_with("active")).await;
+    relay.wait_ready("active").await;
 
     // when a transaction holds a good event, then a row without an aggregate id
     h.write(&[Some("first")], None).await;
@@ -138,7 +105,7 @@ async fn the_stream_holds_at_an_unmappable_row_without_publishing_anything_twice
 
     // then it reports the row and holds: what precedes it arrives once, while the relay retries
     // (the old behaviour ended the session and sent "same-txn" again at every retry)
-    h.wait_blocked().await;
+    h.wait_blocked(&relay).await;
     let mut held = consume(&consumer, 2, IDLE).await;
     held.extend(consume(&consumer, 10, Duration::from_secs(5)).await);
     let seen = counts(&held);
@@ -152,7 +119,7 @@ async fn the_stream_holds_at_an_unmappable_row_without_publishing_anything_twice
         confirmed_flush(&h.client, &h.s.slot).await <= before_poison,
         "confirmed past the held transaction"
     );
-    let (_, body) = h.readyz();
+    let (_, body) = relay.readyz().unwrap_or_default();
     assert!(body.contains("column aggregate_id is NULL"), "{body}");
 
     // when the operator switches to dead_letter, then the row is dead-lettered and the rest flows
@@ -163,8 +130,8 @@ async fn the_stream_holds_at_an_unmappable_row_without_publishing_anything_twice
     }
     let dead: i64 = h.client.query_one("SELECT count(*) FROM outbox_dead_letter", &[]).await.unwrap().get(0);
     assert_eq!(dead, 1);
-    h.wait_readyz("active", |status, body| status == 200 && body.starts_with("active")).await;
-    assert_eq!(h.metric("outbox_relay_events_blocked"), Some(0.0));
+    relay.wait_ready("active").await;
+    assert_eq!(relay.metric("outbox_relay_events_blocked"), Some(0.0));
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
 }
 
@@ -176,12 +143,12 @@ async fn the_stream_holds_at_a_refused_record_until_kafka_takes_it() {
     let missing = random_topic("missing");
     let consumer = consumer(&[&h.s.topic]);
     let mut relay = h.s.start("relay");
-    h.wait_readyz("active", |status, body| status == 200 && body.starts_with("active")).await;
+    relay.wait_ready("active").await;
 
     // when an event names a topic that does not exist
     h.write(&[Some("first")], None).await;
     h.write(&[Some("refused")], Some(&missing)).await;
-    h.wait_blocked().await;
+    h.wait_blocked(&relay).await;
     h.write(&[Some("later")], None).await;
 
     // then the relay holds there: nothing after it, nothing twice
@@ -197,7 +164,7 @@ async fn the_stream_holds_at_a_refused_record_until_kafka_takes_it() {
     assert_eq!(refused.len(), 1, "the held record never reached its topic");
     let rest = counts(&consume(&consumer, 1, IDLE).await);
     assert_eq!(rest.get("later"), Some(&1), "{rest:?}");
-    h.wait_readyz("active", |status, body| status == 200 && body.starts_with("active")).await;
+    relay.wait_ready("active").await;
     let again = counts(&consume(&consumer, 10, LINGER).await);
     assert!(again.is_empty(), "published twice: {again:?}");
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
@@ -218,7 +185,7 @@ async fn the_first_copy_holds_at_an_unmappable_row_without_giving_up_the_slot() 
     let mut relay = h.s.start("relay");
 
     // then it holds inside the copy: the row before it arrives once, the slot stays
-    h.wait_blocked().await;
+    h.wait_blocked(&relay).await;
     let mut held = consume(&consumer, 1, IDLE).await;
     held.extend(consume(&consumer, 10, Duration::from_secs(5)).await);
     let held = counts(&held);
@@ -236,7 +203,7 @@ async fn the_first_copy_holds_at_an_unmappable_row_without_giving_up_the_slot() 
     let mut relay = h.restart_with(&mut relay, "dead_letter", "second");
     let rest = counts(&consume(&consumer, 2, IDLE).await);
     assert_eq!(rest.get("b"), Some(&1), "{rest:?}");
-    h.wait_readyz("active", |status, body| status == 200 && body.starts_with("active")).await;
+    relay.wait_ready("active").await;
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
 }
 
@@ -248,7 +215,7 @@ async fn a_dead_lettered_row_looks_the_same_from_either_mode() {
         let mut h = Held::new(mode, "dead_letter", "").await;
         let topic = h.s.topic.clone();
         let mut relay = h.s.start("relay");
-        h.wait_readyz("active", |status, body| status == 200 && body.starts_with("active")).await;
+        relay.wait_ready("active").await;
         let tx = h.client.transaction().await.unwrap();
         tx.execute(
             "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, headers, topic) \
@@ -260,19 +227,11 @@ async fn a_dead_lettered_row_looks_the_same_from_either_mode() {
         tx.commit().await.unwrap();
 
         // when the relay dead-letters it
-        let deadline = Instant::now() + IDLE;
-        let row = loop {
-            let row = h
-                .client
-                .query_opt("SELECT row_data, source_table FROM outbox_dead_letter", &[])
-                .await
-                .unwrap();
-            if let Some(row) = row {
-                break row;
-            }
-            assert!(Instant::now() < deadline, "{mode}: nothing dead-lettered: {}", relay.log_text());
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
+        relay
+            .wait_metric(&format!("outbox_relay_events_dead_lettered_total{{mode=\"{mode}\"}}"), |v| v >= 1.0)
+            .await;
+        let row =
+            h.client.query_one("SELECT row_data, source_table FROM outbox_dead_letter", &[]).await.unwrap();
         let mut data: serde_json::Value = row.get(0);
         assert_eq!(row.get::<_, String>(1), "public.outbox_events");
         data["id"] = serde_json::Value::Null; // ids differ between the two databases

@@ -25,6 +25,7 @@ async fn a_role_with_only_connect_gets_nothing_onto_any_topic() {
     create_topic(&forged_topic, 1).await;
     let consumer = consumer(&[&s.topic, &forged_topic]);
     let mut relay = s.start("relay");
+    relay.wait_ready("active").await;
 
     // when it tries every way in
     let (_, port, _) = s.db.pg_parts();

@@ -8,40 +8,25 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use common::http::get;
 use common::workload::*;
 use common::*;
 
-fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let status = response.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()))
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn two_thousand_slow_connections_do_not_stop_health_or_relaying() {
-    // given a relaying polling relay with a metrics port
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    // given a relaying polling relay
     let s = Setup::create(&services().kafka, "", true, |_| {
-        format!(
-            "[source]\nmode = \"polling\"\n[polling]\npoll_interval_ms = 200\n\
-             [retry]\ninitial_backoff_ms = 100\nmax_backoff_ms = 1000\n\
-             [metrics]\nlisten = \"127.0.0.1:{port}\"\nfatal_exit_delay_secs = 0\n"
-        )
+        "[source]\nmode = \"polling\"\n[polling]\npoll_interval_ms = 200\n\
+         [retry]\ninitial_backoff_ms = 100\nmax_backoff_ms = 1000\n"
+            .to_string()
     })
     .await;
     let client = s.db.client().await;
     create_aggregates(&client, 1).await;
     let consumer = consumer(&[&s.topic]);
     let mut relay = s.start("relay");
-    let deadline = Instant::now() + IDLE;
-    while get(port, "/readyz").is_none_or(|(status, _)| status != 200) {
-        assert!(Instant::now() < deadline, "never ready: {}", relay.log_text());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    relay.wait_ready("active").await;
+    let port = relay.metrics_port();
 
     // when 2,000 connections each send half a request and wait
     let slow: Vec<TcpStream> = (0..2_000)
@@ -82,17 +67,11 @@ async fn two_thousand_slow_connections_do_not_stop_health_or_relaying() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_request_trickled_a_byte_at_a_time_is_cut_off() {
     // given a relay's listener
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let s = Setup::create(&services().kafka, "", true, |_| {
-        format!("[source]\nmode = \"polling\"\n[metrics]\nlisten = \"127.0.0.1:{port}\"\nfatal_exit_delay_secs = 0\n")
-    })
-    .await;
+    let s =
+        Setup::create(&services().kafka, "", true, |_| "[source]\nmode = \"polling\"\n".to_string()).await;
     let mut relay = s.start("relay");
-    let deadline = Instant::now() + IDLE;
-    while get(port, "/healthz").is_none() {
-        assert!(Instant::now() < deadline, "never listened: {}", relay.log_text());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    relay.wait_ready("active").await;
+    let port = relay.metrics_port();
 
     // when a client sends its request headers one byte per second, forever
     let trickled = std::thread::spawn(move || {

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 
+use common::http::free_port;
 use common::*;
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -25,10 +26,6 @@ fn make_tls(dir: &Path) {
     let script = format!("source deploy/local/lib.sh && make_tls {}", dir.display());
     let status = Command::new("bash").arg("-c").arg(script).current_dir(repo_root()).status().unwrap();
     assert!(status.success(), "make_tls failed");
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 fn tansu_bin() -> PathBuf {
@@ -118,17 +115,13 @@ async fn the_relay_publishes_over_tls_with_zstd() {
     let broker = TlsBroker::start().await;
     let topic = random_topic("tls");
     let admin: AdminClient<DefaultClientContext> = broker.client().create().unwrap();
-    let deadline = std::time::Instant::now() + IDLE;
-    loop {
+    wait_until("the TLS broker to create a topic", async || {
         let created = admin
             .create_topics([&NewTopic::new(&topic, 1, TopicReplication::Fixed(1))], &AdminOptions::new())
             .await;
-        if matches!(created.as_deref(), Ok([Ok(_)])) {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "the TLS broker never answered: {created:?}");
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+        matches!(created.as_deref(), Ok([Ok(_)]))
+    })
+    .await;
 
     // and a relay configured for TLS (verifying the broker against the test CA) and zstd
     let db = TestDb::new().await;

@@ -4,41 +4,14 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::process::RelayProcess;
+use common::http::{free_port, get, sample};
+use common::mock::MockKafka;
 use common::workload::*;
 use common::*;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// GET `path` from 127.0.0.1:`port`; returns (status code, body).
-fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let status = response.split_whitespace().nth(1)?.parse().ok()?;
-    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    Some((status, body))
-}
-
-/// The value of the first sample whose line starts with `series`.
-fn sample(scrape: &str, series: &str) -> Option<f64> {
-    scrape
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .find(|l| l.starts_with(series) && l[series.len()..].starts_with([' ', '{']))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-}
 
 fn metric_names(scrape: &str) -> BTreeSet<String> {
     scrape
@@ -73,50 +46,28 @@ fn names_used_by_dashboards_and_alerts() -> BTreeSet<String> {
     names
 }
 
-async fn wait_for(what: &str, mut ok: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + IDLE;
-    while !ok().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_real_scrape_lists_every_metric_with_sane_values() {
     // given a replication relay with its metrics listener, and 200 events relayed
-    let db = TestDb::new().await;
-    let aggregate_type = format!("t{}", random_suffix());
-    create_topic(&format!("outbox.event.{aggregate_type}"), 2).await;
-    let port = free_port();
-    let dir = tempfile::tempdir().unwrap();
-    let slot = format!("s_{}", random_suffix());
-    let config = write_config(
-        dir.path(),
-        &db,
-        &format!(
+    let s = Setup::create(&services().kafka, "", true, |slot| {
+        format!(
             "[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n\
-             [metrics]\nlisten = \"127.0.0.1:{port}\"\nsample_interval_secs = 1\n"
-        ),
-    );
-    let client = db.client().await;
-    create_aggregates(&client, 10).await;
-    let mut relay = RelayProcess::start(&config, &dir.path().join("relay.log"));
-    wait_for("readiness", async || get(port, "/readyz").is_some_and(|(s, _)| s == 200)).await;
-    let mut writer = db.client().await;
+             [metrics]\nsample_interval_secs = 1\n"
+        )
+    })
+    .await;
+    create_aggregates(&s.db.client().await, 10).await;
+    let mut relay = s.start("relay");
+    relay.wait_ready("active").await;
+    let mut writer = s.db.client().await;
     for i in 0..40 {
-        write_events(&mut writer, &aggregate_type, &format!("agg-{}", i % 10), 5, true).await;
+        write_events(&mut writer, &s.aggregate_type, &format!("agg-{}", i % 10), 5, true).await;
     }
 
     // when the events are acknowledged and the slot sampled
-    wait_for("200 acknowledged events", async || {
-        get(port, "/metrics")
-            .and_then(|(_, body)| sample(&body, "outbox_relay_events_published_total"))
-            .is_some_and(|v| v >= 200.0)
-    })
-    .await;
+    relay.wait_metric("outbox_relay_events_published_total", |v| v >= 200.0).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let (status, scrape) = get(port, "/metrics").unwrap();
-    assert_eq!(status, 200);
+    let scrape = relay.scrape();
 
     // then every metric the relay defines is in the scrape
     let names = metric_names(&scrape);
@@ -184,27 +135,19 @@ async fn a_real_scrape_lists_every_metric_with_sane_values() {
     assert!(missing.is_empty(), "used by dashboards/alerts but not exported: {missing:?}");
 
     // and the health endpoints answer
-    assert_eq!(get(port, "/healthz").unwrap().0, 200);
-    assert_eq!(get(port, "/readyz").unwrap(), (200, "active\n".to_string()));
+    assert_eq!(get(relay.metrics_port(), "/healthz").unwrap().0, 200);
+    assert_eq!(relay.readyz().unwrap(), (200, "active\n".to_string()));
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn polling_backlog_and_degraded_readiness_while_kafka_is_down() {
     // given a polling relay whose Kafka is unreachable, and rows written
-    let db = TestDb::new().await;
-    let port = free_port();
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_config_with(
-        dir.path(),
-        &db,
-        "127.0.0.1:1",
-        "stall_warning_ms = 1000",
-        &format!(
-            "[source]\nmode = \"polling\"\n[metrics]\nlisten = \"127.0.0.1:{port}\"\nsample_interval_secs = 1\n"
-        ),
-    );
-    let client = db.client().await;
+    let s = Setup::create("127.0.0.1:1", "stall_warning_ms = 1000", false, |_| {
+        "[source]\nmode = \"polling\"\n[metrics]\nsample_interval_secs = 1\n".to_string()
+    })
+    .await;
+    let client = s.db.client().await;
     client
         .batch_execute(
             "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, created_at) \
@@ -212,23 +155,22 @@ async fn polling_backlog_and_degraded_readiness_while_kafka_is_down() {
         )
         .await
         .unwrap();
-    let mut relay = RelayProcess::start(&config, &dir.path().join("relay.log"));
+    let mut relay = s.start("relay");
 
     // then the backlog and its age are reported, and readiness says degraded
-    wait_for("the backlog gauge", async || {
-        get(port, "/metrics")
-            .and_then(|(_, b)| sample(&b, "outbox_relay_backlog_events"))
-            .is_some_and(|v| v == 25.0)
-    })
-    .await;
-    let scrape = get(port, "/metrics").unwrap().1;
+    relay.wait_metric("outbox_relay_backlog_events", |v| v == 25.0).await;
+    let scrape = relay.scrape();
     assert!(sample(&scrape, "outbox_relay_backlog_oldest_age_seconds").unwrap() >= 30.0, "{scrape}");
-    wait_for("a degraded /readyz", async || {
-        get(port, "/readyz").is_some_and(|(s, b)| s == 503 && b.contains("degraded"))
+    wait_until("a degraded /readyz", async || {
+        relay.readyz().is_some_and(|(s, b)| s == 503 && b.contains("degraded"))
     })
     .await;
-    assert_eq!(get(port, "/healthz").unwrap().0, 200, "waiting for Kafka is progress, not a hang");
-    let scrape = get(port, "/metrics").unwrap().1;
+    assert_eq!(
+        get(relay.metrics_port(), "/healthz").unwrap().0,
+        200,
+        "waiting for Kafka is progress, not a hang"
+    );
+    let scrape = relay.scrape();
     assert_eq!(sample(&scrape, "outbox_relay_publish_errors_total{error_type=\"stalled\"}"), Some(1.0));
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
 }
@@ -277,30 +219,20 @@ fn alert_state(port: u16, alert: &str) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_real_prometheus_fires_the_slot_lag_alert_while_kafka_is_down() {
-    use rdkafka::mocking::MockCluster;
-
     // given a replication relay on librdkafka's mock cluster, with low lag thresholds
-    let mock = MockCluster::new(1).unwrap();
-    let db = TestDb::new().await;
-    let aggregate_type = format!("t{}", random_suffix());
-    mock.create_topic(&format!("outbox.event.{aggregate_type}"), 1, 1).unwrap();
-    let relay_port = free_port();
-    let dir = tempfile::tempdir().unwrap();
-    let slot = format!("s_{}", random_suffix());
-    let config = write_config_with(
-        dir.path(),
-        &db,
-        &mock.bootstrap_servers(),
-        "[kafka.properties]\n\"reconnect.backoff.max.ms\" = \"500\"",
-        &format!(
-            "[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n[metrics]\nlisten = \"127.0.0.1:{relay_port}\"\n\
+    let mock = MockKafka::start();
+    let s = Setup::on_mock(&mock, 1, |slot| {
+        format!(
+            "[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n[metrics]\n\
              sample_interval_secs = 1\nslot_lag_warning_bytes = 65536\nslot_lag_critical_bytes = 262144\n"
-        ),
-    );
-    let client = db.client().await;
-    create_aggregates(&client, 10).await;
-    let mut relay = RelayProcess::start(&config, &dir.path().join("relay.log"));
-    wait_for("the relay streaming", async || get(relay_port, "/readyz").is_some_and(|(s, _)| s == 200)).await;
+        )
+    })
+    .await;
+    create_aggregates(&s.db.client().await, 10).await;
+    let mut relay = s.start("relay");
+    relay.wait_ready("active").await;
+    let relay_port = relay.metrics_port();
+    let dir = &s.dir;
 
     // and a real Prometheus scraping it every second with the shipped rules ("for" shortened)
     let prom_port = free_port();
@@ -337,23 +269,26 @@ async fn a_real_prometheus_fires_the_slot_lag_alert_while_kafka_is_down() {
     );
 
     // when Kafka goes down while events keep coming
-    mock.broker_down(1).unwrap();
+    mock.broker_down();
     let writing = Instant::now();
-    let mut writer = db.client().await;
-    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut writer = s.db.client().await;
     let mut i = 0;
-    while alert_state(prom_port, "OutboxRelaySlotLagCritical").as_deref() != Some("firing") {
-        assert!(Instant::now() < deadline, "the alert never fired; relay log:\n{}", relay.log_text());
-        write_events(&mut writer, &aggregate_type, &format!("agg-{}", i % 10), 20, true).await;
+    let fired = relay.context("the slot-lag alert to fire".into());
+    wait_until_within(Duration::from_secs(120), fired, async || {
+        write_events(&mut writer, &s.aggregate_type, &format!("agg-{}", i % 10), 20, true).await;
         i += 1;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        alert_state(prom_port, "OutboxRelaySlotLagCritical").as_deref() == Some("firing")
+    })
+    .await;
 
     // then the slot-lag alert fired in Prometheus, and resolves once Kafka is back
     eprintln!("slot-lag alert firing {:?} after Kafka went down", writing.elapsed());
-    mock.broker_up(1).unwrap();
-    wait_for("the alert to resolve", async || alert_state(prom_port, "OutboxRelaySlotLagCritical").is_none())
-        .await;
+    mock.broker_up();
+    wait_until("the alert to resolve", async || {
+        alert_state(prom_port, "OutboxRelaySlotLagCritical").is_none()
+    })
+    .await;
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
 }
 

@@ -5,16 +5,20 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::mock::MockKafka;
 use common::process::RelayProcess;
 use common::workload::*;
 use common::*;
 
+fn polling_config(extra_config: &str) -> String {
+    format!(
+        "[source]\nmode = \"polling\"\n[polling]\npoll_interval_ms = 200\nbatch_size = 200\n{extra_config}"
+    )
+}
+
 impl Setup {
     async fn new(extra_config: &str) -> Setup {
-        Setup::create(&services().kafka, "", true, |_| {
-            format!("[source]\nmode = \"polling\"\n[polling]\npoll_interval_ms = 200\nbatch_size = 200\n{extra_config}")
-        })
-        .await
+        Setup::create(&services().kafka, "", true, |_| polling_config(extra_config)).await
     }
 }
 
@@ -50,28 +54,18 @@ async fn kill_9_mid_run_loses_nothing_and_keeps_order() {
     let writer =
         tokio::spawn(write_concurrently_owned(s.db.url.clone(), s.aggregate_type.clone(), 100, 6_000));
 
-    // when the relay is killed with SIGKILL once events are flowing (500 published: written,
-    // and gone from the outbox), not once the consumer saw them, which may be after the end
-    let client = s.db.client().await;
-    let published = "SELECT (SELECT coalesce(sum(seq), 0) FROM test_aggregates)::bigint \
-                     - (SELECT count(*) FROM outbox_events)";
-    let deadline = Instant::now() + IDLE;
-    while client.query_one(published, &[]).await.unwrap().get::<_, i64>(0) < 500 {
-        assert!(Instant::now() < deadline, "events did not start flowing");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    // when the relay is killed with SIGKILL once events are flowing: 500 acknowledged, as its
+    // metrics say (the consumer may still be joining its group, and the writers done, by the
+    // time it has read 500)
+    relay.wait_metric("outbox_relay_events_published_total{mode=\"polling\"}", |v| v >= 500.0).await;
     relay.kill9();
-    let early = consume(&consumer, 500, IDLE).await;
-    assert_eq!(early.len(), 500, "events did not start flowing");
     let committed = writer.await.unwrap();
     let backlog = s.outbox_rows().await;
     let mut relay = s.start("second");
 
     // then after a restart every committed event arrives, first arrivals in order, and the
     // only duplicates are from the one batch in flight at the kill
-    let mut records = early;
-    let unique_so_far = unique_ids(&records).len();
-    records.extend(consume_unique(&consumer, 6_000 - unique_so_far, IDLE, LINGER).await);
+    let records = consume_unique(&consumer, 6_000, IDLE, LINGER).await;
     let report = assert_delivered(&records, &committed);
     assert_eq!(report.unique, 6_000);
     assert!(report.duplicates <= 200, "{} duplicates, more than one batch (200)", report.duplicates);
@@ -90,62 +84,38 @@ async fn write_concurrently_owned(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn rows_stay_until_the_broker_acknowledges() {
-    use rdkafka::mocking::MockCluster;
-    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
-
     // given a relay whose broker (librdkafka's mock cluster) refuses every produce request
-    let mock = MockCluster::new(1).unwrap();
-    let db = TestDb::new().await;
-    let aggregate_type = format!("t{}", random_suffix());
-    let topic = format!("outbox.event.{aggregate_type}");
-    mock.create_topic(&topic, 2, 1).unwrap();
-    mock.request_errors(
-        RDKafkaApiKey::Produce,
-        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 100_000],
-    );
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_config_with(
-        dir.path(),
-        &db,
-        &mock.bootstrap_servers(),
-        "stall_warning_ms = 2000\n[kafka.properties]\n\"reconnect.backoff.max.ms\" = \"500\"\n\"retry.backoff.ms\" = \"50\"",
-        "[source]\nmode = \"polling\"\n",
-    );
-    let client = db.client().await;
+    let mock = MockKafka::start();
+    let s = Setup::on_mock(&mock, 2, |_| polling_config("")).await;
+    mock.refuse_produce();
+    let client = s.db.client().await;
     create_aggregates(&client, 10).await;
-    let mut writer = db.client().await;
+    let mut writer = s.db.client().await;
     for i in 0..50 {
-        write_events(&mut writer, &aggregate_type, &format!("agg-{}", i % 10), 1, true).await;
+        write_events(&mut writer, &s.aggregate_type, &format!("agg-{}", i % 10), 1, true).await;
     }
-    let mut relay = RelayProcess::start(&config, &dir.path().join("relay.log"));
+    let mut relay = s.start("relay");
 
     // when the relay tries for several message timeouts
     tokio::time::sleep(Duration::from_secs(8)).await;
 
-    // then no row was deleted, and the relay says why it is retrying
-    let rows: i64 = client.query_one("SELECT count(*) FROM outbox_events", &[]).await.unwrap().get(0);
-    assert_eq!(rows, 50, "rows were released without an acknowledgement");
-    assert!(relay.log_text().contains("Kafka has acknowledged nothing"), "{}", relay.log_text());
+    // then no row was deleted, and the relay says why it is retrying: the stall is counted
+    // and /readyz is degraded
+    assert_eq!(s.outbox_rows().await, 50, "rows were released without an acknowledgement");
+    relay.wait_metric("outbox_relay_publish_errors_total{error_type=\"stalled\"}", |v| v >= 1.0).await;
+    let degraded = relay.context("/readyz to answer 503 degraded".into());
+    wait_until(degraded, async || relay.readyz().is_some_and(|(s, b)| s == 503 && b.starts_with("degraded")))
+        .await;
     assert!(relay.exited().is_none(), "the relay gave up: {}", relay.log_text());
 
-    // when the broker accepts again, then everything is published once acknowledged
-    mock.clear_request_errors(RDKafkaApiKey::Produce);
+    // when the broker accepts again, then everything is published once acknowledged, the rows
+    // are released, and the relay is ready again
+    mock.accept_produce();
     let committed = committed_counts(&client).await;
-    let mock_consumer: rdkafka::consumer::StreamConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", mock.bootstrap_servers())
-        .set("group.id", "refusal-test")
-        .set("auto.offset.reset", "earliest")
-        .create()
-        .unwrap();
-    rdkafka::consumer::Consumer::subscribe(&mock_consumer, &[&topic]).unwrap();
-    let records = consume_unique(&mock_consumer, 50, IDLE, LINGER).await;
+    let records = consume_unique(&mock.consumer(&[&s.topic]), 50, IDLE, LINGER).await;
     assert_delivered(&records, &committed);
-    let deadline = Instant::now() + IDLE;
-    while client.query_one("SELECT count(*) FROM outbox_events", &[]).await.unwrap().get::<_, i64>(0) > 0 {
-        assert!(Instant::now() < deadline, "rows were never released after acknowledgement");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert!(relay.log_text().contains("Kafka acknowledges records again"), "{}", relay.log_text());
+    wait_until("the rows to be released after acknowledgement", async || s.outbox_rows().await == 0).await;
+    relay.wait_ready("active").await;
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
 }
 
@@ -180,31 +150,38 @@ async fn two_instances_keep_order_and_fail_over() {
         .unwrap();
         relays.push((name, RelayProcess::start(&path, &s.dir.path().join(format!("{name}.log")))));
     }
+    let (leader, standby) = roles(&relays).await;
 
     // when writers load the outbox for 30 s
     let load_until = Instant::now() + Duration::from_secs(30);
     let mut writer = s.db.client().await;
     let mut written = 0;
+    let mut checked = Instant::now();
     while Instant::now() < load_until {
         let aggregate = format!("agg-{}", rand::random_range(0..50));
         written +=
             write_events(&mut writer, &s.aggregate_type, &aggregate, rand::random_range(1..=5), true).await;
+        if checked.elapsed() >= Duration::from_millis(100) {
+            assert_roles_kept(&relays, leader, standby);
+            checked = Instant::now();
+        }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 
-    // then everything arrives once, in per-aggregate order: one instance was active
+    // then everything arrives once, in per-aggregate order: one instance was active throughout,
+    // the one holding the lock, and the other stood by
     let committed = committed_counts(&client).await;
     let records = consume_unique(&consumer, written, IDLE, LINGER).await;
     let report = assert_delivered(&records, &committed);
     assert_eq!(report.duplicates, 0, "an event was published twice in steady state");
-    let logs: String = relays.iter().map(|(_, r)| r.log_text()).collect();
-    assert_eq!(logs.matches("active: this instance now relays the outbox").count(), 1, "{logs}");
-    assert!(logs.contains("standby: another instance is active"), "{logs}");
+    assert_roles_kept(&relays, leader, standby);
+    assert_eq!(relays[leader].1.metric("outbox_relay_leader"), Some(1.0));
+    assert_eq!(relays[standby].1.metric("outbox_relay_leader"), Some(0.0));
+    let active = active_instance(&client).await.expect("one instance holds the lock");
+    assert_eq!(active, relays[leader].0, "/readyz and the lock disagree on the active instance");
 
     // when the active instance is killed
-    let active = active_instance(&client).await.expect("one instance holds the lock");
-    let index = relays.iter().position(|(name, _)| *name == active).unwrap();
-    relays[index].1.kill9();
+    relays[leader].1.kill9();
     let killed_at = Instant::now();
     let more = 200;
     for i in 0..more {
@@ -218,25 +195,54 @@ async fn two_instances_keep_order_and_fail_over() {
     let failover = killed_at.elapsed();
     assert_delivered(&all, &committed);
     let survivor = active_instance(&client).await.expect("the standby took the lock");
-    assert_ne!(survivor, active);
+    assert_eq!(survivor, relays[standby].0);
+    relays[standby].1.wait_ready("active").await;
     eprintln!("failover: events written after the kill arrived {failover:?} after it");
     assert!(failover < Duration::from_secs(15), "failover took {failover:?}");
 }
 
+/// Waits until one relay's /readyz says active and another's standby; returns their indexes.
+async fn roles(relays: &[(&str, RelayProcess)]) -> (usize, usize) {
+    let mut found = None;
+    wait_until("one active and one standby instance on /readyz", async || {
+        let bodies: Vec<String> =
+            relays.iter().map(|(_, r)| r.readyz().map(|(_, body)| body).unwrap_or_default()).collect();
+        let active = bodies.iter().position(|b| b.starts_with("active"));
+        let standby = bodies.iter().position(|b| b.starts_with("standby"));
+        found = active.zip(standby);
+        found.is_some()
+    })
+    .await;
+    found.unwrap()
+}
+
+/// The active instance never says standby and the standby never says active.
+fn assert_roles_kept(relays: &[(&str, RelayProcess)], leader: usize, standby: usize) {
+    let body = |i: usize| relays[i].1.readyz().map(|(_, body)| body).unwrap_or_default();
+    let (leader_says, standby_says) = (body(leader), body(standby));
+    assert!(!leader_says.starts_with("standby"), "{} lost the lead: {leader_says}", relays[leader].0);
+    assert!(!standby_says.starts_with("active"), "{} became active too: {standby_says}", relays[standby].0);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn poison_rows_are_dead_lettered_and_the_rest_flows() {
-    // given a relay with a short message timeout, and rows that cannot be published among good ones
+    // given a relay with a short metadata wait that does not ask the broker to create topics
+    // (tansu creates any topic a producer's metadata request allows it to), and rows that
+    // cannot be published among good ones
     let s = Setup::new("").await;
-    let text = std::fs::read_to_string(s.config())
-        .unwrap()
-        .replace("[kafka]\n", "[kafka]\nproperties = { \"topic.metadata.propagation.max.ms\" = \"3000\", \"allow.auto.create.topics\" = \"false\" }\n");
+    let text = std::fs::read_to_string(s.config()).unwrap().replace(
+        "[kafka]\n",
+        "[kafka]\nproperties = { \"topic.metadata.propagation.max.ms\" = \"3000\", \"allow.auto.create.topics\" = \"false\" }\n",
+    );
     std::fs::write(s.config(), text).unwrap();
     let client = s.db.client().await;
     client.batch_execute("ALTER TABLE outbox_events ALTER COLUMN aggregate_id DROP NOT NULL").await.unwrap();
     let insert = "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, headers, topic) \
                   VALUES ($1, $2, 'E', $3::text::jsonb, $4::text::jsonb, $5)";
     let big = format!("{{\"blob\": \"{}\"}}", "x".repeat(2_000_000));
-    let rows: Vec<(Option<&str>, String, Option<&str>, Option<&str>)> = vec![
+    // (aggregate_id, payload, headers, topic)
+    type Row<'a> = (Option<&'a str>, String, Option<&'a str>, Option<&'a str>);
+    let rows: Vec<Row> = vec![
         (
             Some("good-1"),
             "{\"seq\": 1}".into(),
@@ -271,26 +277,24 @@ async fn poison_rows_are_dead_lettered_and_the_rest_flows() {
     assert_eq!(good1.header("aggregate_type"), Some(s.aggregate_type.as_str()));
 
     // and the three poison rows are in the dead-letter table with their reasons, none left behind
-    let deadline = Instant::now() + IDLE;
-    let reasons: Vec<(Option<String>, String)> = loop {
-        let dead = client
-            .query("SELECT row_data->>'aggregate_id', reason FROM outbox_dead_letter ORDER BY id", &[])
-            .await
-            .unwrap();
-        if dead.len() >= 3 || Instant::now() > deadline {
-            break dead.iter().map(|r| (r.get(0), r.get(1))).collect();
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    assert_eq!(reasons.len(), 3, "{reasons:?} {}", relay.log_text());
+    let dead_lettered =
+        relay.wait_metric("outbox_relay_events_dead_lettered_total{mode=\"polling\"}", |v| v >= 3.0).await;
+    assert_eq!(dead_lettered, 3.0);
+    let reasons: Vec<(Option<String>, String)> = client
+        .query("SELECT row_data->>'aggregate_id', reason FROM outbox_dead_letter ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(reasons.len(), 3, "{reasons:?}");
     let reason_of =
         |id: Option<&str>| reasons.iter().find(|(a, _)| a.as_deref() == id).map(|(_, r)| r.clone()).unwrap();
     assert!(reason_of(None).contains("aggregate_id is NULL"), "{reasons:?}");
     assert!(reason_of(Some("big")).to_lowercase().contains("size"), "{reasons:?}");
     assert!(reason_of(Some("lost")).contains("does not exist"), "{reasons:?}");
     assert_eq!(s.outbox_rows().await, 0);
-    let log = relay.log_text();
-    assert!(log.contains("event moved to the dead-letter table"), "{log}");
+    assert_eq!(relay.metric("outbox_relay_events_published_total{mode=\"polling\"}"), Some(4.0));
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
 }
 
@@ -318,7 +322,11 @@ async fn block_policy_stops_at_the_poison_row_until_it_is_fixed() {
     let nothing = consume(&consumer, 1, Duration::from_secs(4)).await;
     assert!(nothing.is_empty(), "published past the blocking row: {nothing:?}");
     assert_eq!(s.outbox_rows().await, 2);
-    assert!(relay.log_text().contains("blocked at an unpublishable event"), "{}", relay.log_text());
+    assert_eq!(relay.metric("outbox_relay_events_published_total{mode=\"polling\"}"), Some(1.0));
+    assert_eq!(relay.metric("outbox_relay_events_dead_lettered_total{mode=\"polling\"}"), Some(0.0));
+    let (status, body) = relay.readyz().unwrap_or_default();
+    assert!(status == 503 && body.contains("blocked at event"), "{status} {body}");
+    assert_eq!(relay.metric("outbox_relay_events_blocked"), Some(1.0));
 
     // when the operator fixes the row, then the rest flows
     client
@@ -416,11 +424,13 @@ async fn postgres_session_terminated_mid_run_loses_nothing() {
         tokio::spawn(write_concurrently_owned(s.db.url.clone(), s.aggregate_type.clone(), 20, 3_000));
 
     // when its PostgreSQL session is terminated, twice, while events flow
+    let relay_sessions = "application_name = 'outbox-relay' AND datname = current_database()";
     let mut records = consume(&consumer, 300, IDLE).await;
+    let mut last_kill = std::time::SystemTime::UNIX_EPOCH;
     for _ in 0..2 {
-        let sql = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
-                   WHERE application_name = 'outbox-relay' AND datname = current_database()";
-        terminate_one(&client, sql, &[]).await;
+        let sql =
+            format!("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE {relay_sessions}");
+        last_kill = terminate_one(&client, &sql, &[]).await;
         records.extend(consume(&consumer, 300, IDLE).await);
     }
     let committed = writer.await.unwrap();
@@ -430,6 +440,7 @@ async fn postgres_session_terminated_mid_run_loses_nothing() {
     records.extend(consume_unique(&consumer, 3_000 - unique.len(), IDLE, LINGER).await);
     let report = assert_delivered(&records, &committed);
     assert_eq!(report.unique, 3_000);
-    assert!(relay.log_text().contains("relay recovered"), "{}", relay.log_text());
+    wait_reconnected(&client, relay_sessions, last_kill).await;
+    relay.wait_ready("active").await;
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
 }

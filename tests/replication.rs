@@ -7,23 +7,26 @@ mod common;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use common::process::RelayProcess;
+use common::mock::MockKafka;
 use common::workload::*;
 use common::*;
 use tokio_postgres::Client;
 
+fn replication_config(slot: &str) -> String {
+    format!(
+        "[source]\nmode = \"replication\"\n[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n"
+    )
+}
+
 impl Setup {
-    async fn new(extra_config: &str) -> Setup {
-        Self::with_brokers(&services().kafka, "", extra_config, true).await
+    async fn new() -> Setup {
+        let s = Setup::create(&services().kafka, "", true, replication_config).await;
+        create_aggregates(&s.db.client().await, 100).await;
+        s
     }
 
-    async fn with_brokers(brokers: &str, kafka_extra: &str, extra_config: &str, create: bool) -> Setup {
-        let s = Setup::create(brokers, kafka_extra, create, |slot| {
-            format!(
-                "[source]\nmode = \"replication\"\n[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n{extra_config}"
-            )
-        })
-        .await;
+    async fn mocked(mock: &MockKafka) -> Setup {
+        let s = Setup::on_mock(mock, 2, replication_config).await;
         create_aggregates(&s.db.client().await, 100).await;
         s
     }
@@ -39,13 +42,12 @@ impl Setup {
         row.and_then(|r| r.get::<_, Option<i64>>(0)).map(|v| v as u64)
     }
 
-    /// Waits until the relay logs that it streams.
-    async fn wait_streaming(&self, relay: &RelayProcess) {
-        let deadline = Instant::now() + IDLE;
-        while !relay.log_text().contains("active: streaming from the slot") {
-            assert!(Instant::now() < deadline, "the relay never started streaming:\n{}", relay.log_text());
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+    /// Waits until the slot's confirmed position reached `lsn`.
+    async fn wait_confirmed(&self, client: &Client, lsn: u64) {
+        wait_until(format!("the slot to confirm {lsn}"), async || {
+            self.confirmed_flush(client).await.unwrap() >= lsn
+        })
+        .await;
     }
 }
 
@@ -99,10 +101,10 @@ async fn write_transactions(url: &str, aggregate_type: &str, total: usize, write
 #[tokio::test(flavor = "multi_thread")]
 async fn exactly_the_committed_events_arrive_in_order() {
     // given a streaming relay
-    let s = Setup::new("").await;
+    let s = Setup::new().await;
     let consumer = consumer(&[&s.topic]);
     let mut relay = s.start("relay");
-    s.wait_streaming(&relay).await;
+    relay.wait_ready("active").await;
 
     // when 4 writers commit 10,000 events in transactions of 1-50, rolling back every tenth
     write_transactions(&s.db.url, &s.aggregate_type, 10_000, 4).await;
@@ -116,23 +118,18 @@ async fn exactly_the_committed_events_arrive_in_order() {
 
     // and the slot catches up with the WAL
     let client = s.db.client().await;
-    let target = wal_lsn(&client).await;
-    let deadline = Instant::now() + IDLE;
-    while s.confirmed_flush(&client).await.unwrap() < target {
-        assert!(Instant::now() < deadline, "the slot never caught up");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    s.wait_confirmed(&client, wal_lsn(&client).await).await;
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_9_under_load_duplicates_only_unconfirmed_transactions() {
     // given a relay streaming while writers write
-    let s = Setup::new("").await;
+    let s = Setup::new().await;
     let client = s.db.client().await;
     let consumer = consumer(&[&s.topic]);
     let mut relay = s.start("first");
-    s.wait_streaming(&relay).await;
+    relay.wait_ready("active").await;
     let writer = tokio::spawn({
         let (url, t) = (s.db.url.clone(), s.aggregate_type.clone());
         async move { write_transactions(&url, &t, 8_000, 4).await }
@@ -175,23 +172,15 @@ async fn kill_9_under_load_duplicates_only_unconfirmed_transactions() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn slot_is_never_confirmed_past_an_unacknowledged_event() {
-    use rdkafka::mocking::MockCluster;
-    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
-
     // given a relay streaming to librdkafka's mock cluster
-    let mock = MockCluster::new(1).unwrap();
-    let kafka_extra = "stall_warning_ms = 2000\n[kafka.properties]\n\"reconnect.backoff.max.ms\" = \"500\"\n\"retry.backoff.ms\" = \"50\"";
-    let s = Setup::with_brokers(&mock.bootstrap_servers(), kafka_extra, "", false).await;
-    mock.create_topic(&s.topic, 2, 1).unwrap();
+    let mock = MockKafka::start();
+    let s = Setup::mocked(&mock).await;
     let client = s.db.client().await;
     let mut relay = s.start("relay");
-    s.wait_streaming(&relay).await;
+    relay.wait_ready("active").await;
 
     // when the broker refuses every produce request and events are committed
-    mock.request_errors(
-        RDKafkaApiKey::Produce,
-        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 100_000],
-    );
+    mock.refuse_produce();
     let mut writer = s.db.client().await;
     for i in 0..40 {
         write_events(&mut writer, &s.aggregate_type, &format!("agg-{}", i % 10), 3, true).await;
@@ -208,61 +197,48 @@ async fn slot_is_never_confirmed_past_an_unacknowledged_event() {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    assert!(relay.log_text().contains("Kafka has acknowledged nothing"), "{}", relay.log_text());
+    relay.wait_metric("outbox_relay_publish_errors_total{error_type=\"stalled\"}", |v| v >= 1.0).await;
+    assert!(s.confirmed_flush(&client).await.unwrap() < last_commit);
 
     // and, the relay killed in the middle of the outage, the slot still holds every one of the
     // 120 unacknowledged events: the confirmed position never passed an unacknowledged commit
     relay.kill9();
-    let deadline = Instant::now() + IDLE;
-    let pending: i64 = loop {
-        let peek = client
+    let mut peeked = Err(String::new());
+    // the killed relay's walsender may hold the slot for a moment
+    wait_until("the slot to be free to peek", async || {
+        peeked = client
             .query_one(
                 "SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL, \
                  'proto_version', '1', 'publication_names', $2) WHERE substr(data, 1, 1) = 'I'::bytea",
                 &[&s.slot, &format!("p_{}", s.slot)],
             )
-            .await;
-        match peek {
-            Ok(row) => break row.get(0),
-            // the killed relay's walsender may hold the slot for a moment
-            Err(e) if Instant::now() < deadline => {
-                let _ = e;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => panic!("peek: {e}"),
-        }
-    };
-    assert_eq!(pending, 120, "unacknowledged events are missing from the slot");
+            .await
+            .map(|row| row.get::<_, i64>(0))
+            .map_err(|e| e.to_string());
+        peeked.is_ok()
+    })
+    .await;
+    assert_eq!(peeked, Ok(120), "unacknowledged events are missing from the slot");
 
     // when the broker accepts again and the relay restarts, then everything arrives once
-    // acknowledged, in order, and the slot catches up
-    mock.clear_request_errors(RDKafkaApiKey::Produce);
+    // acknowledged, in order, the slot catches up, and the relay is ready
+    mock.accept_produce();
     let mut relay = s.start("second");
-    let mock_consumer: rdkafka::consumer::StreamConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", mock.bootstrap_servers())
-        .set("group.id", "refusal")
-        .set("auto.offset.reset", "earliest")
-        .create()
-        .unwrap();
-    rdkafka::consumer::Consumer::subscribe(&mock_consumer, &[&s.topic]).unwrap();
-    let records = consume_unique(&mock_consumer, 120, IDLE, LINGER).await;
+    let records = consume_unique(&mock.consumer(&[&s.topic]), 120, IDLE, LINGER).await;
     assert_delivered(&records, &committed_counts(&client).await);
-    let deadline = Instant::now() + IDLE;
-    while s.confirmed_flush(&client).await.unwrap() < last_commit {
-        assert!(Instant::now() < deadline, "the slot never caught up after the broker returned");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    s.wait_confirmed(&client, last_commit).await;
+    relay.wait_ready("active").await;
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn walsender_killed_the_relay_reconnects_and_loses_nothing() {
     // given a relay streaming while a writer writes
-    let s = Setup::new("").await;
+    let s = Setup::new().await;
     let client = s.db.client().await;
     let consumer = consumer(&[&s.topic]);
     let mut relay = s.start("relay");
-    s.wait_streaming(&relay).await;
+    relay.wait_ready("active").await;
     let writer = tokio::spawn({
         let (url, t) = (s.db.url.clone(), s.aggregate_type.clone());
         async move { write_transactions(&url, &t, 4_000, 2).await }
@@ -270,31 +246,35 @@ async fn walsender_killed_the_relay_reconnects_and_loses_nothing() {
 
     // when its walsender is terminated twice
     let mut records = consume(&consumer, 300, IDLE).await;
+    let mut last_kill = std::time::SystemTime::UNIX_EPOCH;
     for _ in 0..2 {
         let sql = "SELECT count(pg_terminate_backend(active_pid)) FROM pg_replication_slots \
                    WHERE slot_name = $1 AND active";
-        terminate_one(&client, sql, &[&s.slot]).await;
+        last_kill = terminate_one(&client, sql, &[&s.slot]).await;
         records.extend(consume(&consumer, 300, IDLE).await);
     }
     writer.await.unwrap();
 
-    // then every committed event arrives in order
+    // then every committed event arrives in order, and the relay streams from the slot again
     let committed = committed_counts(&client).await;
     let unique = unique_ids(&records);
     records.extend(consume_unique(&consumer, 4_000 - unique.len(), IDLE, LINGER).await);
     assert_eq!(assert_delivered(&records, &committed).unique, 4_000);
-    assert!(relay.log_text().contains("relay recovered"), "{}", relay.log_text());
+    let walsender =
+        format!("a.pid IN (SELECT active_pid FROM pg_replication_slots WHERE slot_name = '{}')", s.slot);
+    wait_reconnected(&client, &walsender, last_kill).await;
+    relay.wait_ready("active").await;
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn idle_outbox_in_a_busy_database_does_not_pin_wal() {
     // given a streaming relay and a table outside the publication
-    let s = Setup::new("").await;
+    let s = Setup::new().await;
     let client = s.db.client().await;
     client.batch_execute("CREATE TABLE busy (id bigserial PRIMARY KEY, filler text)").await.unwrap();
     let mut relay = s.start("relay");
-    s.wait_streaming(&relay).await;
+    relay.wait_ready("active").await;
 
     // when 200 MB of WAL is written to the other table at 20 MB/s (1.7 TB a day: a very busy
     // database; unpaced, this 2-core machine writes faster than any confirmation loop turns,
@@ -332,11 +312,11 @@ async fn idle_outbox_in_a_busy_database_does_not_pin_wal() {
 #[tokio::test(flavor = "multi_thread")]
 async fn emitted_messages_arrive_like_table_events() {
     // given a streaming relay
-    let s = Setup::new("").await;
+    let s = Setup::new().await;
     let client = s.db.client().await;
     let consumer = consumer(&[&s.topic]);
     let mut relay = s.start("relay");
-    s.wait_streaming(&relay).await;
+    relay.wait_ready("active").await;
 
     // when the same event is written to the table and emitted with outbox_emit(), and an
     // emitted event is rolled back
@@ -374,7 +354,7 @@ async fn emitted_messages_arrive_like_table_events() {
 async fn rows_from_before_the_slot_arrive_once_and_first() {
     // given rows in the table before the relay (and its slot) existed, and a writer that keeps
     // writing across the slot's creation
-    let s = Setup::new("").await;
+    let s = Setup::new().await;
     let consumer = consumer(&[&s.topic]);
     write_transactions(&s.db.url, &s.aggregate_type, 3_000, 2).await;
     let writer = tokio::spawn({
@@ -391,6 +371,7 @@ async fn rows_from_before_the_slot_arrive_once_and_first() {
     let records = consume_unique(&consumer, 6_000, IDLE, LINGER).await;
     let report = assert_delivered(&records, &committed);
     assert_eq!((report.unique, report.duplicates), (6_000, 0));
+    // no metric says how many rows the first copy published: the figure is the relay's report
     let log = relay.log_text();
     assert!(log.contains("pre-existing rows published"), "{log}");
     let copied: usize = log
@@ -400,24 +381,20 @@ async fn rows_from_before_the_slot_arrive_once_and_first() {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
         .unwrap();
-    assert!(copied >= 3_000 && copied < 6_000, "copied {copied}: the handover was not exercised");
+    assert!((3_000..6_000).contains(&copied), "copied {copied}: the handover was not exercised");
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_second_instance_waits_then_takes_over() {
     // given two relays on the same slot
-    let s = Setup::new("").await;
+    let s = Setup::new().await;
     let client = s.db.client().await;
     let consumer = consumer(&[&s.topic]);
     let mut first = s.start("first");
-    s.wait_streaming(&first).await;
+    first.wait_ready("active").await;
     let mut second = s.start("second");
-    let deadline = Instant::now() + IDLE;
-    while !second.log_text().contains("standby: another instance is active") {
-        assert!(Instant::now() < deadline, "the second instance did not wait:\n{}", second.log_text());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    second.wait_ready("standby").await;
     let writer = tokio::spawn({
         let (url, t) = (s.db.url.clone(), s.aggregate_type.clone());
         async move { write_transactions(&url, &t, 3_000, 2).await }
@@ -427,11 +404,7 @@ async fn a_second_instance_waits_then_takes_over() {
     let mut records = consume(&consumer, 500, IDLE).await;
     first.kill9();
     let killed_at = Instant::now();
-    let deadline = killed_at + IDLE;
-    while !second.log_text().contains("active: streaming from the slot") {
-        assert!(Instant::now() < deadline, "the standby never took over:\n{}", second.log_text());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    second.wait_ready("active").await;
     let takeover = killed_at.elapsed();
     writer.await.unwrap();
 
@@ -448,11 +421,11 @@ async fn a_second_instance_waits_then_takes_over() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_vanished_slot_is_fatal_until_recreated_on_purpose() {
     // given a relay that published from its slot, then stopped
-    let s = Setup::new("").await;
+    let s = Setup::new().await;
     let client = s.db.client().await;
     let consumer = consumer(&[&s.topic]);
     let mut relay = s.start("first");
-    s.wait_streaming(&relay).await;
+    relay.wait_ready("active").await;
     client
         .execute(
             "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ($1, 'k', 'E', '{}')",
@@ -473,30 +446,15 @@ async fn a_vanished_slot_is_fatal_until_recreated_on_purpose() {
     assert!(stderr.contains("setup --recreate-slot"), "{stderr}");
 
     // and, given time to be scraped, it reports the fatal error on /metrics and /readyz first
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut lingering = std::process::Command::new(relay_bin())
-        .args(["run", "--config", s.config().to_str().unwrap()])
-        .env("OUTBOX_RELAY__METRICS__LISTEN", format!("127.0.0.1:{port}"))
-        .env("OUTBOX_RELAY__METRICS__FATAL_EXIT_DELAY_SECS", "30")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + IDLE;
-    loop {
-        let scrape = http_get(port, "/metrics").unwrap_or_default();
-        if scrape.contains("outbox_relay_fatal_error{reason=\"slot_missing\"} 1") {
-            assert!(
-                http_get(port, "/readyz").unwrap_or_default().contains("fatal"),
-                "readyz does not say fatal"
-            );
-            break;
-        }
-        assert!(Instant::now() < deadline, "the fatal error never showed on /metrics:\n{scrape}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    lingering.kill().unwrap();
-    lingering.wait().unwrap();
+    let mut lingering =
+        s.start_with_env("lingering", &[("OUTBOX_RELAY__METRICS__FATAL_EXIT_DELAY_SECS", "30")]);
+    lingering.wait_metric("outbox_relay_fatal_error{reason=\"slot_missing\"}", |v| v == 1.0).await;
+    let fatal = lingering.context("/readyz to answer 503 \"degraded: fatal: ...\"".into());
+    wait_until(fatal, async || {
+        lingering.readyz().is_some_and(|(status, body)| status == 503 && body.starts_with("degraded: fatal:"))
+    })
+    .await;
+    lingering.kill9();
 
     // and `setup --recreate-slot` recreates it, re-publishing what the table still holds
     let (code, stdout, stderr) =
@@ -506,24 +464,14 @@ async fn a_vanished_slot_is_fatal_until_recreated_on_purpose() {
     let again = consume(&consumer, 1, IDLE).await;
     assert_eq!(again.len(), 1, "the row still in the table was not re-published");
     let mut relay = s.start("second");
-    s.wait_streaming(&relay).await;
+    relay.wait_ready("active").await;
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
-}
-
-/// The whole HTTP response (status line, headers, body) of GET `path`.
-fn http_get(port: u16, path: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    Some(response)
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unpublishable_pre_existing_row_is_dead_lettered_by_the_first_copy() {
     // given rows in the table before the slot existed, one of them without an aggregate id
-    let s = Setup::new("").await;
+    let s = Setup::new().await;
     let client = s.db.client().await;
     let consumer = consumer(&[&s.topic]);
     client.batch_execute("ALTER TABLE outbox_events ALTER COLUMN aggregate_id DROP NOT NULL").await.unwrap();
@@ -539,7 +487,7 @@ async fn an_unpublishable_pre_existing_row_is_dead_lettered_by_the_first_copy() 
 
     // when the relay creates its slot and copies the table
     let mut relay = s.start("relay");
-    s.wait_streaming(&relay).await;
+    relay.wait_ready("active").await;
 
     // then the good rows arrive and the bad one is in the dead-letter table with its reason
     let mut keys: Vec<String> =

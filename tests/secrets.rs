@@ -6,22 +6,14 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 use common::*;
 
 const SENTINEL: &str = "SENTINEL-7f3a";
 
 fn get(port: u16, path: &str) -> String {
-    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else { return String::new() };
-    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let _ = write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-    let mut response = String::new();
-    let _ = stream.read_to_string(&mut response);
-    response
+    common::http::get(port, path).map(|(status, body)| format!("{status} {body}")).unwrap_or_default()
 }
 
 /// Runs `outbox-relay ARGS` with the secret environment; stdout + stderr.
@@ -41,11 +33,9 @@ fn assert_clean(what: &str, text: &str) {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sentinel_password_appears_nowhere() {
     // given a secret in every place one can be given
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let s = Setup::create(&services().kafka, "", true, |slot| {
         format!(
-            "[source]\nmode = \"replication\"\n[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n\
-             [metrics]\nlisten = \"127.0.0.1:{port}\"\nfatal_exit_delay_secs = 0\n"
+            "[source]\nmode = \"replication\"\n[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n"
         )
     })
     .await;
@@ -69,12 +59,10 @@ async fn a_sentinel_password_appears_nowhere() {
     assert_clean("check", &relay_output(&["check", "--config", &path], &env));
 
     // and a running relay, at debug level, in its log and on every endpoint
-    let mut relay = RelayProcess_spawn(&s, &env);
-    let deadline = Instant::now() + IDLE;
-    while !get(port, "/readyz").contains("active") {
-        assert!(Instant::now() < deadline, "never active: {}", relay.log_text());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let relay_env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut relay = s.start_with_env("relay", &relay_env);
+    relay.wait_ready("active").await;
+    let port = relay.metrics_port();
     let client = s.db.client().await;
     client
         .execute(
@@ -92,20 +80,13 @@ async fn a_sentinel_password_appears_nowhere() {
 
     // and errors: a fatal one (a database that does not exist), and a TOML syntax error on the
     // password's own line
-    let missing_db = config.replacen(&format!("database = \"{}\"", s.db.name), "database = \"no_such_db\"", 1);
+    let missing_db =
+        config.replacen(&format!("database = \"{}\"", s.db.name), "database = \"no_such_db\"", 1);
     std::fs::write(s.config(), missing_db).unwrap();
     assert_clean("a fatal error", &relay_output(&["--log-level", "debug", "run", "--config", &path], &env));
-    std::fs::write(s.config(), config.replacen(&format!("{SENTINEL}-pg\""), &format!("{SENTINEL}-pg"), 1)).unwrap();
+    std::fs::write(s.config(), config.replacen(&format!("{SENTINEL}-pg\""), &format!("{SENTINEL}-pg"), 1))
+        .unwrap();
     let broken = relay_output(&["validate", "--config", &path], &env);
     assert!(broken.contains("line"), "{broken}");
     assert_clean("a TOML syntax error", &broken);
-}
-
-#[allow(non_snake_case)]
-fn RelayProcess_spawn(s: &Setup, env: &[(&str, String)]) -> common::process::RelayProcess {
-    for (k, v) in env {
-        // SAFETY: the test sets these before spawning and no other thread reads the environment
-        unsafe { std::env::set_var(k, v) };
-    }
-    s.start("relay")
 }

@@ -4,16 +4,23 @@
 //! does) they are reused; otherwise `deploy/local/services hold` starts both for this test binary
 //! and stops them when the binary exits (its stdin pipe closes). Each test gets a fresh database
 //! with the schema applied and random topic names.
+//!
+//! Tests wait for what an operator would watch (`/readyz`, `/metrics`, the database, the
+//! records in Kafka) with [`wait_until`], never for log lines. `benches/harness.rs` includes this
+//! module too.
 #![allow(dead_code)]
 
+pub mod http;
+pub mod mock;
 pub mod process;
 pub mod workload;
 
+use std::fmt::Display;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -235,9 +242,15 @@ impl Consumed {
     }
 }
 
+/// A consumer of `topics` on the test broker, from the earliest offset, in a group of its own.
 pub fn consumer(topics: &[&str]) -> StreamConsumer {
+    consumer_on(&services().kafka, topics)
+}
+
+/// As [`consumer`], on `brokers`.
+pub fn consumer_on(brokers: &str, topics: &[&str]) -> StreamConsumer {
     let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &services().kafka)
+        .set("bootstrap.servers", brokers)
         .set("group.id", format!("test-{}", random_suffix()))
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")
@@ -314,6 +327,23 @@ pub const IDLE: Duration = Duration::from_secs(60);
 pub const LINGER: Duration = Duration::from_secs(3);
 /// How long the relay may take to exit after SIGTERM.
 pub const EXIT_LIMIT: Duration = Duration::from_secs(40);
+/// How often [`wait_until`] looks again.
+pub const POLL: Duration = Duration::from_millis(50);
+
+/// Polls `ok` until it holds; panics naming `what` after [`IDLE`]. The one way a test waits for
+/// something that should happen.
+pub async fn wait_until(what: impl Display, ok: impl AsyncFnMut() -> bool) {
+    wait_until_within(IDLE, what, ok).await
+}
+
+/// As [`wait_until`], giving up after `limit`.
+pub async fn wait_until_within(limit: Duration, what: impl Display, mut ok: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !ok().await {
+        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
+        tokio::time::sleep(POLL).await;
+    }
+}
 
 /// A relay test's database, topic (`outbox.event.<aggregate_type>`, 4 partitions unless the
 /// broker is not ours), slot name and relay configuration. Each test file adds its own
@@ -350,8 +380,28 @@ impl Setup {
         self.dir.path().join("relay.toml")
     }
 
+    /// As [`Setup::create`], on librdkafka's mock cluster with [`mock::MOCK_KAFKA_SETTINGS`];
+    /// the topic is created there with `partitions`.
+    pub async fn on_mock(
+        mock: &mock::MockKafka,
+        partitions: i32,
+        config: impl FnOnce(&str) -> String,
+    ) -> Setup {
+        let s = Self::create(&mock.brokers(), mock::MOCK_KAFKA_SETTINGS, false, config).await;
+        mock.create_topic(&s.topic, partitions);
+        s
+    }
+
+    /// Starts a relay on this setup's configuration, logging to `NAME.log`, with a metrics
+    /// listener of its own.
     pub fn start(&self, name: &str) -> process::RelayProcess {
-        process::RelayProcess::start(&self.config(), &self.dir.path().join(format!("{name}.log")))
+        self.start_with_env(name, &[])
+    }
+
+    /// As [`Setup::start`], with `env` added to the relay's environment.
+    pub fn start_with_env(&self, name: &str, env: &[(&str, &str)]) -> process::RelayProcess {
+        let log = self.dir.path().join(format!("{name}.log"));
+        process::RelayProcess::spawn(&self.config(), &log, process::TEST_LOG_LEVEL, env)
     }
 
     pub async fn outbox_rows(&self) -> i64 {
@@ -361,20 +411,31 @@ impl Setup {
 
 /// Runs `sql` (which returns how many backends it terminated) until it terminated exactly one:
 /// the relay reconnects between kills, and a kill must hit a live session to mean anything.
+/// Returns the server's clock just before the kill: a session that started later is a
+/// reconnection.
 pub async fn terminate_one(
     client: &Client,
     sql: &str,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-) {
-    let deadline = std::time::Instant::now() + IDLE;
-    loop {
+) -> SystemTime {
+    let mut before = SystemTime::UNIX_EPOCH;
+    wait_until("a live relay session to terminate", async || {
+        before = client.query_one("SELECT clock_timestamp()", &[]).await.unwrap().get(0);
         let killed: i64 = client.query_one(sql, params).await.unwrap().get(0);
-        if killed == 1 {
-            return;
-        }
-        assert!(std::time::Instant::now() < deadline, "the relay never reconnected");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        killed == 1
+    })
+    .await;
+    before
+}
+
+/// Waits until a session matching `condition` (on `pg_stat_activity a`, with `$1` the time)
+/// started after `since`: the relay reconnected.
+pub async fn wait_reconnected(client: &Client, condition: &str, since: SystemTime) {
+    let sql = format!("SELECT count(*) FROM pg_stat_activity a WHERE a.backend_start > $1 AND {condition}");
+    wait_until("the relay to reconnect after the kill", async || {
+        client.query_one(&sql, &[&since]).await.unwrap().get::<_, i64>(0) > 0
+    })
+    .await;
 }
 
 pub fn relay_bin() -> PathBuf {

@@ -1,31 +1,97 @@
-//! The relay as a child process, as users run it: started, signalled, killed with SIGKILL.
+//! The relay as a child process, as users run it: started, signalled, killed with SIGKILL, and
+//! watched as an operator watches it: `/readyz` and `/metrics` on a listener of its own.
 
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::http::{free_port, get, sample};
+
+/// The log level of the relays tests start: the debug lines explain a failed test.
+pub const TEST_LOG_LEVEL: &str = "info,outbox_relay=debug";
+
 pub struct RelayProcess {
     child: Option<Child>,
     pub log: PathBuf,
+    metrics_port: u16,
 }
 
 impl RelayProcess {
     /// Starts `outbox-relay run --config CONFIG`, its stderr going to `log`.
     pub fn start(config: &Path, log: &Path) -> RelayProcess {
+        Self::spawn(config, log, TEST_LOG_LEVEL, &[])
+    }
+
+    /// Starts `outbox-relay --log-level LOG_LEVEL run --config CONFIG` with `env` added, its
+    /// stderr going to `log`. Its metrics listener gets a free port of its own: the
+    /// environment overrides the config file's `[metrics] listen`.
+    pub fn spawn(config: &Path, log: &Path, log_level: &str, env: &[(&str, &str)]) -> RelayProcess {
+        let metrics_port = free_port();
         let log_file = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
         let child = Command::new(super::relay_bin())
-            .args(["--log-level", "info,outbox_relay=debug", "run", "--config"])
+            .args(["--log-level", log_level, "run", "--config"])
             .arg(config)
             .env_remove("OUTBOX_RELAY_CONFIG")
+            .env("OUTBOX_RELAY__METRICS__LISTEN", format!("127.0.0.1:{metrics_port}"))
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log_file)
             .spawn()
             .expect("start outbox-relay");
-        RelayProcess { child: Some(child), log: log.to_path_buf() }
+        RelayProcess { child: Some(child), log: log.to_path_buf(), metrics_port }
     }
 
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("running").id()
+    }
+
+    pub fn metrics_port(&self) -> u16 {
+        self.metrics_port
+    }
+
+    /// GET /readyz: (status, body), or None while nothing listens.
+    pub fn readyz(&self) -> Option<(u16, String)> {
+        get(self.metrics_port, "/readyz")
+    }
+
+    /// Waits until /readyz's body starts with `body_prefix` ("active", "standby", "degraded").
+    pub async fn wait_ready(&self, body_prefix: &str) {
+        let what = self.context(format!("/readyz to say {body_prefix:?}"));
+        super::wait_until(what, async || {
+            self.readyz().is_some_and(|(_, body)| body.starts_with(body_prefix))
+        })
+        .await;
+    }
+
+    /// GET /metrics: the Prometheus text.
+    pub fn scrape(&self) -> String {
+        match get(self.metrics_port, "/metrics") {
+            Some((200, body)) => body,
+            other => panic!("GET /metrics answered {other:?}; relay log:\n{}", self.log_text()),
+        }
+    }
+
+    /// The current value of `series` (see [`super::http::sample`]), None while unscrapable.
+    pub fn metric(&self, series: &str) -> Option<f64> {
+        get(self.metrics_port, "/metrics").and_then(|(_, body)| sample(&body, series))
+    }
+
+    /// Waits until `series` has a value `ok` accepts; returns it.
+    pub async fn wait_metric(&self, series: &str, ok: impl Fn(f64) -> bool) -> f64 {
+        let mut last = None;
+        let what = self.context(format!("{series} to reach the expected value"));
+        super::wait_until(what, async || {
+            last = self.metric(series);
+            last.is_some_and(&ok)
+        })
+        .await;
+        last.unwrap()
+    }
+
+    /// `what`, followed by this relay's log when displayed (when a wait gives up).
+    pub fn context(&self, what: String) -> impl fmt::Display + '_ {
+        WithLog { what, relay: self }
     }
 
     /// SIGKILL: no shutdown code runs.
@@ -68,5 +134,17 @@ impl RelayProcess {
 impl Drop for RelayProcess {
     fn drop(&mut self) {
         self.kill9();
+    }
+}
+
+/// Reads the relay's log only when displayed: when a wait gives up, not on every poll.
+struct WithLog<'a> {
+    what: String,
+    relay: &'a RelayProcess,
+}
+
+impl fmt::Display for WithLog<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}; relay log ({}):\n{}", self.what, self.relay.log.display(), self.relay.log_text())
     }
 }

@@ -1,0 +1,35 @@
+//! Plain HTTP/1.1 GETs against the relay's listener (`/metrics`, `/healthz`, `/readyz`) and
+//! Prometheus's API, and reading samples out of a Prometheus text scrape.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::Duration;
+
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// GET `path` from 127.0.0.1:`port`; returns (status code, body), or None when nothing answers.
+pub fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Some((status, body))
+}
+
+/// The value of the first sample of `series` in a Prometheus text scrape. `series` is a metric
+/// name, optionally with its labels as exported (`outbox_relay_leader`,
+/// `outbox_relay_events_read_total{mode="polling"}`).
+pub fn sample(scrape: &str, series: &str) -> Option<f64> {
+    scrape
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with([' ', '{']))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
