@@ -65,8 +65,19 @@ impl Tracker {
     }
 
     /// The Commit of `id` was received; its `end_lsn` is where a restart would resume after it.
+    ///
+    /// A transaction with nothing left in flight, behind a committed one still waiting, adds only
+    /// its end: it is folded into that one (which is then confirmed through the later end), so
+    /// a Kafka stall does not grow the queue by one entry per transaction that had no outbox
+    /// event (PostgreSQL 14 streams such empty transactions to pgoutput).
     pub fn commit(&mut self, id: TxnId, end_lsn: Lsn) {
         self.txn(id).commit_end = Some(end_lsn);
+        let last = self.txns.len() - 1;
+        let is_last = id.0 - self.first_id == last as u64;
+        if is_last && last > 0 && self.txns[last].pending == 0 && self.txns[last - 1].commit_end.is_some() {
+            self.txns.pop_back();
+            self.txns[last - 1].commit_end = Some(end_lsn);
+        }
     }
 
     /// Pops the fully acknowledged committed prefix; returns the new confirmed position if it
@@ -120,6 +131,42 @@ impl Tracker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn empty_transactions_behind_a_waiting_one_do_not_grow_the_queue() {
+        let mut t = Tracker::new(Lsn(10));
+        let waiting = t.begin();
+        t.sent(waiting);
+        t.commit(waiting, Lsn(100));
+        // a Kafka stall: the first transaction's event is not acknowledged, while 100,000
+        // transactions without outbox events stream by
+        for n in 0..100_000u64 {
+            let empty = t.begin();
+            t.commit(empty, Lsn(200 + n));
+            assert_eq!(t.advance(), None, "confirmed past an unacknowledged event");
+        }
+        assert_eq!(t.open_transactions(), 1);
+        // and once it is acknowledged, everything they covered is confirmed
+        t.acked(waiting);
+        assert_eq!(t.advance(), Some(Lsn(200 + 99_999)));
+        assert_eq!(t.open_transactions(), 0);
+    }
+
+    #[test]
+    fn a_transaction_with_events_in_flight_is_not_folded() {
+        let mut t = Tracker::new(Lsn(10));
+        let a = t.begin();
+        t.sent(a);
+        t.commit(a, Lsn(100));
+        let b = t.begin();
+        t.sent(b);
+        t.commit(b, Lsn(200));
+        assert_eq!(t.open_transactions(), 2);
+        t.acked(b);
+        assert_eq!(t.advance(), None, "b acknowledged first must not confirm past a");
+        t.acked(a);
+        assert_eq!(t.advance(), Some(Lsn(200)));
+    }
 
     #[test]
     fn confirms_only_the_acknowledged_committed_prefix() {

@@ -35,6 +35,7 @@ pub const DEFAULT_POLL_INTERVAL_MS: u64 = 1_000;
 pub const DEFAULT_NOTIFY_CHANNEL: &str = "outbox_events";
 pub const DEFAULT_DEAD_LETTER_TABLE: &str = "public.outbox_dead_letter";
 pub const DEFAULT_PUBLISHED_AT_COLUMN: &str = "published_at";
+pub const DEFAULT_CLAIM_TIMEOUT_MS: u64 = 30_000;
 pub const DEFAULT_LEADER_LOCK_KEY: i64 = 0x6f75_7462_6f78; // "outbox" in ASCII
 pub const DEFAULT_SLOT: &str = "outbox_relay";
 pub const DEFAULT_PUBLICATION: &str = "outbox_relay";
@@ -329,6 +330,9 @@ pub struct PollingConfig {
     pub notify_channel: String,
     /// Advisory lock key that elects the single active polling instance.
     pub leader_lock_key: i64,
+    /// How long the claim transaction waits for Kafka's acknowledgements before it rolls back:
+    /// while it waits it holds the rows' locks and the database's xmin horizon (vacuum).
+    pub claim_timeout_ms: u64,
 }
 
 impl Default for PollingConfig {
@@ -342,6 +346,7 @@ impl Default for PollingConfig {
             dead_letter_table: None,
             notify_channel: DEFAULT_NOTIFY_CHANNEL.into(),
             leader_lock_key: DEFAULT_LEADER_LOCK_KEY,
+            claim_timeout_ms: DEFAULT_CLAIM_TIMEOUT_MS,
         }
     }
 }
@@ -671,6 +676,9 @@ impl RelayConfig {
         }
         if p.poll_interval_ms == 0 {
             return Err(ConfigError::invalid("polling.poll_interval_ms", "must be > 0"));
+        }
+        if !(100..=600_000).contains(&p.claim_timeout_ms) {
+            return Err(ConfigError::invalid("polling.claim_timeout_ms", "must be between 100 and 600000"));
         }
         if p.after_publish == AfterPublish::Mark && p.published_at_column.is_empty() {
             return Err(ConfigError::invalid(

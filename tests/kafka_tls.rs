@@ -7,9 +7,10 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 
+use common::broker::OwnBroker;
 use common::http::free_port;
 use common::*;
 use rdkafka::ClientConfig;
@@ -28,44 +29,21 @@ fn make_tls(dir: &Path) {
     assert!(status.success(), "make_tls failed");
 }
 
-fn tansu_bin() -> PathBuf {
-    let out = Command::new("bash")
-        .arg("-c")
-        .arg("source deploy/local/lib.sh && tansu_bin")
-        .current_dir(repo_root())
-        .output()
-        .unwrap();
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
-
 /// A broker whose only advertised listener is a TLS proxy in front of it.
 struct TlsBroker {
-    broker: Child,
+    _broker: OwnBroker,
     proxy_port: u16,
     _dir: tempfile::TempDir,
     ca: PathBuf,
-}
-
-impl Drop for TlsBroker {
-    fn drop(&mut self) {
-        let _ = self.broker.kill();
-        let _ = self.broker.wait();
-    }
 }
 
 impl TlsBroker {
     async fn start() -> TlsBroker {
         let dir = tempfile::tempdir().unwrap();
         make_tls(dir.path());
-        let (broker_port, proxy_port) = (free_port(), free_port());
-        let broker = Command::new(tansu_bin())
-            .args(["broker", "--listener-url", &format!("tcp://127.0.0.1:{broker_port}")])
-            .args(["--advertised-listener-url", &format!("tcp://localhost:{proxy_port}")])
-            .args(["--storage-engine", "memory://tansu/"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start tansu");
+        let proxy_port = free_port();
+        let broker = OwnBroker::start(Some(&format!("localhost:{proxy_port}")));
+        let broker_port = broker.port;
         let certs = CertificateDer::pem_file_iter(dir.path().join("server.crt"))
             .unwrap()
             .map(|c| c.unwrap())
@@ -93,7 +71,7 @@ impl TlsBroker {
             }
         });
         let ca = dir.path().join("ca.crt");
-        TlsBroker { broker, proxy_port, _dir: dir, ca }
+        TlsBroker { _broker: broker, proxy_port, _dir: dir, ca }
     }
 
     fn brokers(&self) -> String {

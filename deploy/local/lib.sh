@@ -23,16 +23,40 @@ apt_install() {
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "$@" >&2 || die "apt-get install $* failed"
 }
 
+# missing_packages [test]: the Debian packages the local scripts need that are not installed,
+# so one apt-get call installs them all. With "test", also what only the test suite needs.
+missing_packages() {
+    local missing=()
+    [ -x "$PG_BIN/initdb" ] || missing+=("postgresql-$PG_MAJOR")
+    command -v psql >/dev/null || missing+=(postgresql-client)
+    # librdkafka's TLS and SASL/SCRAM are built against OpenSSL
+    [ -f /usr/include/openssl/ssl.h ] || missing+=(libssl-dev)
+    command -v openssl >/dev/null || missing+=(openssl)
+    if [ "${1:-}" = test ]; then
+        { command -v promtool >/dev/null && command -v prometheus >/dev/null; } || missing+=(prometheus)
+    fi
+    echo "${missing[@]}"
+}
+
+# ensure_packages [test]: installs what missing_packages lists, in one apt-get call.
+ensure_packages() {
+    local missing
+    missing=$(missing_packages "${1:-}")
+    if [ -n "$missing" ]; then
+        # shellcheck disable=SC2086
+        apt_install $missing
+    fi
+}
+
 ensure_postgres() {
-    [ -x "$PG_BIN/initdb" ] || apt_install "postgresql-$PG_MAJOR"
+    ensure_packages
     [ -x "$PG_BIN/initdb" ] || die "PostgreSQL $PG_MAJOR binaries not found in $PG_BIN"
-    command -v psql >/dev/null || apt_install postgresql-client
 }
 
 # ensure_test_tools: promtool/prometheus (alert rule tests, the real-Prometheus alert test) and
 # the offline validators of the deployment files.
 ensure_test_tools() {
-    command -v promtool >/dev/null && command -v prometheus >/dev/null || apt_install prometheus
+    ensure_packages test
     # the Debian package starts a system Prometheus on :9090; the tests start their own
     if command -v systemctl >/dev/null && systemctl is-active --quiet prometheus 2>/dev/null; then
         as_root systemctl stop prometheus >/dev/null 2>&1 || true

@@ -145,7 +145,10 @@ impl KafkaSink {
     /// unknown producer id; a fresh one starts clean. Records of the old one still in flight
     /// carry the same event ids, so at worst they are duplicates, never gaps.
     pub(crate) fn reset(&mut self) -> Result<(), KafkaError> {
-        self.producer = producer_config(&self.config).create()?;
+        let old = std::mem::replace(&mut self.producer, producer_config(&self.config).create()?);
+        // destroying a producer waits for its threads, which a frozen broker can hold up: not
+        // on a runtime thread
+        tokio::task::spawn_blocking(move || drop(old));
         Ok(())
     }
 

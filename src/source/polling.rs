@@ -267,26 +267,39 @@ impl PollingSource {
         }
         let m = metrics();
         m.events_read.with_label_values(&[MODE]).inc_by(rows.len() as u64);
-        let delivered = self.publish(&events, pulse, &mut letters, &mut outcome).await;
+        // the claim transaction holds row locks and the database's xmin horizon: it waits for
+        // Kafka at most polling.claim_timeout_ms, then rolls back (dropping `tx`)
+        let delivered = self.publish(&events, pulse, &mut letters, &mut outcome).await?;
         self.release(&tx, statements, &delivered, &letters, &mut outcome).await?;
         tx.commit().await?;
         Ok(outcome)
     }
 
     /// Publishes `events`; returns the ids Kafka acknowledged. Refused records become
-    /// `letters` (or the held row), transient failures `outcome.failed`.
+    /// `letters` (or the held row), transient failures `outcome.failed`. Kafka taking longer
+    /// than `polling.claim_timeout_ms` is an error: the claim is rolled back.
     async fn publish(
         &self,
         events: &[OutboxEvent],
         pulse: &Pulse,
         letters: &mut Vec<DeadLetter>,
         outcome: &mut BatchOutcome,
-    ) -> Vec<String> {
+    ) -> Result<Vec<String>, RelayError> {
         let m = metrics();
         m.events_in_flight.set(events.len() as i64);
         let sent = Instant::now();
-        let results = self.sink.publish(events, pulse).await;
+        let bound = Duration::from_millis(self.config.polling.claim_timeout_ms);
+        let results = tokio::time::timeout(bound, self.sink.publish(events, pulse)).await;
         m.events_in_flight.set(0);
+        let Ok(results) = results else {
+            m.publish_errors.with_label_values(&["timeout"]).inc_by(events.len() as u64);
+            return Err(RelayError::Kafka(format!(
+                "{} record(s) not acknowledged within polling.claim_timeout_ms ({} ms): the claim was rolled \
+                 back so it does not hold row locks and the xmin horizon; the batch is published again",
+                events.len(),
+                bound.as_millis()
+            )));
+        };
         let mut delivered = Vec::with_capacity(events.len());
         let mut refused_held = false;
         for (event, result) in events.iter().zip(results) {
@@ -314,7 +327,7 @@ impl PollingSource {
                 }
             }
         }
-        delivered
+        Ok(delivered)
     }
 
     /// Releases the delivered rows and moves `letters` to the dead-letter table, in `tx`.

@@ -10,6 +10,7 @@
 //! module too.
 #![allow(dead_code)]
 
+pub mod broker;
 pub mod http;
 pub mod mock;
 pub mod process;
@@ -216,8 +217,13 @@ pub fn random_topic(prefix: &str) -> String {
 }
 
 pub async fn create_topic(topic: &str, partitions: i32) {
+    create_topic_on(&services().kafka, topic, partitions).await
+}
+
+/// As [`create_topic`], on the broker at `brokers`.
+pub async fn create_topic_on(brokers: &str, topic: &str, partitions: i32) {
     let admin: AdminClient<DefaultClientContext> =
-        ClientConfig::new().set("bootstrap.servers", &services().kafka).create().unwrap();
+        ClientConfig::new().set("bootstrap.servers", brokers).create().unwrap();
     let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
     let results = admin.create_topics([&new], &AdminOptions::new()).await.unwrap();
     for r in results {

@@ -1,0 +1,71 @@
+//! A Kafka outage must not hurt the whole database: in polling mode the claim transaction holds
+//! row locks and the xmin horizon (vacuum) only while it waits for acknowledgements, so that
+//! wait is bounded by `polling.claim_timeout_ms`. With the broker frozen (SIGSTOP), the relay's
+//! session is never in a transaction older than the bound, and once the broker is back every
+//! event arrives, in per-aggregate order.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::broker::OwnBroker;
+use common::workload::*;
+use common::*;
+
+/// How long the broker stays frozen.
+const FROZEN: Duration = Duration::from_secs(30);
+const CLAIM_TIMEOUT_MS: u64 = 3_000;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_frozen_broker_never_pins_the_xmin_horizon_past_the_claim_bound() {
+    // given a polling relay publishing to a broker of its own
+    let broker = OwnBroker::start(None);
+    let s = Setup::create(&broker.brokers(), "", false, |_| {
+        format!(
+            "[source]\nmode = \"polling\"\n[polling]\npoll_interval_ms = 200\nbatch_size = 200\n\
+             claim_timeout_ms = {CLAIM_TIMEOUT_MS}\n[retry]\ninitial_backoff_ms = 200\nmax_backoff_ms = 2000\n"
+        )
+    })
+    .await;
+    wait_until("the test's broker to start", async || {
+        std::net::TcpStream::connect(("127.0.0.1", broker.port)).is_ok()
+    })
+    .await;
+    create_topic_on(&broker.brokers(), &s.topic, 4).await;
+    let client = s.db.client().await;
+    create_aggregates(&client, 20).await;
+    let consumer = consumer_on(&broker.brokers(), &[&s.topic]);
+    let mut relay = s.start("relay");
+    relay.wait_ready("active").await;
+
+    // when the broker freezes while 1,000 events are written
+    broker.freeze();
+    let committed = write_concurrently(&s.db.url, &s.aggregate_type, 20, 1_000, 4).await;
+
+    // then for as long as it stays frozen, no relay session is in a transaction older than the
+    // bound (plus a margin for the rollback and a sampling interval)
+    let limit = Duration::from_millis(CLAIM_TIMEOUT_MS) + Duration::from_secs(3);
+    let oldest_sql = "SELECT coalesce(max(extract(epoch FROM now() - xact_start)), 0)::float8 FROM pg_stat_activity \
+                      WHERE application_name = 'outbox-relay' AND datname = current_database() \
+                      AND xact_start IS NOT NULL AND backend_xmin IS NOT NULL";
+    let started = Instant::now();
+    let mut oldest_seen = 0.0f64;
+    while started.elapsed() < FROZEN {
+        let oldest: f64 = client.query_one(oldest_sql, &[]).await.unwrap().get(0);
+        oldest_seen = oldest_seen.max(oldest);
+        assert!(oldest < limit.as_secs_f64(), "a relay transaction held the xmin horizon for {oldest:.1} s");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // (it did claim and give up, rather than never claim)
+    assert!(oldest_seen > 0.5, "the relay never held a claim while the broker was frozen");
+    let timeouts = relay.metric("outbox_relay_publish_errors_total{error_type=\"timeout\"}").unwrap_or(0.0);
+    assert!(timeouts > 0.0, "no claim timed out: {}", relay.log_text());
+
+    // and once the broker is back, every committed event arrives, first arrivals in order
+    broker.thaw();
+    let records = consume_unique(&consumer, 1_000, IDLE, LINGER).await;
+    let report = assert_delivered(&records, &committed);
+    assert_eq!(report.unique, 1_000);
+    assert_eq!(s.outbox_rows().await, 0);
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+}
