@@ -60,6 +60,8 @@ pub enum FatalReason {
     SlotMissing,
     /// The publication is missing, or does not publish the outbox.
     Publication,
+    /// The outbox table was renamed or moved while the relay streamed.
+    OutboxChanged,
     /// A table, column or database the configuration names does not exist.
     Schema,
     /// PostgreSQL refused the credentials.
@@ -78,10 +80,11 @@ pub enum FatalReason {
 
 impl FatalReason {
     /// Every reason, for initializing the labelled series at zero.
-    pub const ALL: [FatalReason; 10] = [
+    pub const ALL: [FatalReason; 11] = [
         FatalReason::SlotLost,
         FatalReason::SlotMissing,
         FatalReason::Publication,
+        FatalReason::OutboxChanged,
         FatalReason::Schema,
         FatalReason::Auth,
         FatalReason::Tls,
@@ -96,6 +99,7 @@ impl FatalReason {
             FatalReason::SlotLost => "slot_lost",
             FatalReason::SlotMissing => "slot_missing",
             FatalReason::Publication => "publication",
+            FatalReason::OutboxChanged => "outbox_changed",
             FatalReason::Schema => "schema",
             FatalReason::Auth => "auth",
             FatalReason::Tls => "tls",

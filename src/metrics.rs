@@ -72,7 +72,7 @@ pub const ALL: &[(&str, &str)] = &[
     (BUILD_INFO, "Always 1; labels say the version and source mode"),
     (
         FATAL,
-        "1 when the relay stopped on a fatal error (reason: slot_lost, slot_missing, publication, schema, auth, tls, privilege, config, protocol, other)",
+        "1 when the relay stopped on a fatal error (reason: slot_lost, slot_missing, publication, outbox_changed, schema, auth, tls, privilege, config, protocol, other)",
     ),
     (
         STREAM_MESSAGES_SKIPPED,
@@ -81,7 +81,18 @@ pub const ALL: &[(&str, &str)] = &[
 ];
 
 /// `kind` values of the skipped stream messages counter.
-pub const SKIPPED_KINDS: &[&str] = &["foreign_message", "untrusted_message", "stopped_at", "unknown"];
+pub const SKIPPED_KINDS: &[&str] = &[
+    "outbox_update",
+    "outbox_delete",
+    "outbox_truncate",
+    "other_table",
+    "type",
+    "origin",
+    "foreign_message",
+    "untrusted_message",
+    "stopped_at",
+    "unknown",
+];
 
 /// wal_status values of pg_replication_slots, exported one series each (1 = current).
 pub const WAL_STATUSES: &[&str] = &["reserved", "extended", "unreserved", "lost"];

@@ -24,8 +24,14 @@ pub enum Change {
     Insert(RawEvent),
     /// A relation description was (re)learnt; nothing to publish.
     Relation,
-    /// Anything else: another table, a type, an origin, an update or delete, a truncate.
-    Ignored,
+    /// Deliberately not an event, by kind (the `kind` label of
+    /// `outbox_relay_stream_messages_skipped_total`): `outbox_update`, `outbox_delete` and
+    /// `outbox_truncate` (an outbox row is an event when it is inserted, and only then),
+    /// `other_table`, `type`, `origin`.
+    Skipped(&'static str),
+    /// The outbox table was renamed or moved to another schema: its inserts would no longer be
+    /// recognised, so the relay must stop rather than confirm past them.
+    OutboxRenamed { now: String },
 }
 
 /// Where the configured columns sit in the outbox relation's tuple.
@@ -63,8 +69,36 @@ impl Decoder {
         match r.u8()? {
             b'R' => self.relation(&mut r),
             b'I' => self.insert(&mut r),
-            _ => Ok(Change::Ignored),
+            b'U' => Ok(self.skipped(r.u32()?, "outbox_update")),
+            b'D' => Ok(self.skipped(r.u32()?, "outbox_delete")),
+            b'T' => {
+                let count = r.u32()?;
+                let _options = r.u8()?;
+                let mut kind = "other_table";
+                for _ in 0..count {
+                    if self.relations.contains_key(&r.u32()?) {
+                        kind = "outbox_truncate";
+                    }
+                }
+                Ok(Change::Skipped(kind))
+            }
+            b'Y' => Ok(Change::Skipped("type")),
+            b'O' => Ok(Change::Skipped("origin")),
+            // streamed transactions and two-phase commit: the relay never asks for them
+            kind @ (b'S' | b'E' | b'c' | b'A' | b'b' | b'P' | b'K' | b'r' | b'p') => {
+                Err(DecodeError(format!(
+                    "message type {:?} (streaming or two-phase commit), which the relay never asks for",
+                    kind as char
+                )))
+            }
+            other => {
+                Err(DecodeError(format!("unknown message type {:?} in protocol version 1", other as char)))
+            }
         }
+    }
+
+    fn skipped(&self, relation: u32, outbox_kind: &'static str) -> Change {
+        Change::Skipped(if self.relations.contains_key(&relation) { outbox_kind } else { "other_table" })
     }
 
     fn relation(&mut self, r: &mut Reader<'_>) -> Result<Change, DecodeError> {
@@ -81,7 +115,9 @@ impl Decoder {
             let _typmod = r.u32()?;
         }
         if namespace != self.schema || name != self.table {
-            self.relations.remove(&oid);
+            if self.relations.contains_key(&oid) {
+                return Ok(Change::OutboxRenamed { now: format!("{namespace}.{name}") });
+            }
             return Ok(Change::Relation);
         }
         let find =
@@ -103,7 +139,7 @@ impl Decoder {
     fn insert(&mut self, r: &mut Reader<'_>) -> Result<Change, DecodeError> {
         let oid = r.u32()?;
         let Some(layout) = self.relations.get(&oid) else {
-            return Ok(Change::Ignored);
+            return Ok(Change::Skipped("other_table"));
         };
         if r.u8()? != b'N' {
             return Err(DecodeError(format!("insert into relation {oid} without a new tuple")));
@@ -260,8 +296,40 @@ mod tests {
     fn other_tables_are_ignored() {
         let mut d = Decoder::new(&OutboxConfig::default());
         d.decode(&relation(8, "public", "orders", &["id"])).unwrap();
-        assert_eq!(d.decode(&insert(8, &[Some("1")])).unwrap(), Change::Ignored);
-        assert_eq!(d.decode(b"Y\0\0\0\x01").unwrap(), Change::Ignored);
+        assert_eq!(d.decode(&insert(8, &[Some("1")])).unwrap(), Change::Skipped("other_table"));
+        assert_eq!(d.decode(b"Y\0\0\0\x01").unwrap(), Change::Skipped("type"));
+    }
+
+    #[test]
+    fn a_renamed_outbox_is_reported_not_forgotten() {
+        let mut d = Decoder::new(&OutboxConfig::default());
+        d.decode(&relation(7, "public", "outbox_events", COLUMNS)).unwrap();
+        let change = d.decode(&relation(7, "public", "outbox_old", COLUMNS)).unwrap();
+        assert_eq!(change, Change::OutboxRenamed { now: "public.outbox_old".into() });
+        let change = d.decode(&relation(7, "archive", "outbox_events", COLUMNS)).unwrap();
+        assert_eq!(change, Change::OutboxRenamed { now: "archive.outbox_events".into() });
+    }
+
+    #[test]
+    fn outbox_updates_deletes_and_truncates_are_counted_not_published() {
+        let mut d = Decoder::new(&OutboxConfig::default());
+        d.decode(&relation(7, "public", "outbox_events", COLUMNS)).unwrap();
+        assert_eq!(d.decode(b"U\0\0\0\x07N").unwrap(), Change::Skipped("outbox_update"));
+        assert_eq!(d.decode(b"D\0\0\0\x07K").unwrap(), Change::Skipped("outbox_delete"));
+        assert_eq!(d.decode(b"D\0\0\0\x09K").unwrap(), Change::Skipped("other_table"));
+        assert_eq!(
+            d.decode(b"T\0\0\0\x02\0\0\0\0\x09\0\0\0\x07").unwrap(),
+            Change::Skipped("outbox_truncate")
+        );
+    }
+
+    #[test]
+    fn streaming_and_two_phase_messages_are_protocol_errors() {
+        let mut d = Decoder::new(&OutboxConfig::default());
+        for kind in [b'S', b'E', b'c', b'A', b'b', b'P', b'K', b'r', b'p', b'Z'] {
+            let err = d.decode(&[kind, 0, 0, 0, 0]).unwrap_err();
+            assert!(err.to_string().contains("message type"), "{err}");
+        }
     }
 
     #[test]

@@ -25,7 +25,7 @@ use super::transport::{WalEvent, WalStream};
 use super::{HEARTBEAT_PREFIX, MODE, ReplicationSource};
 use crate::checkpoint::{Tracker, TxnId};
 use crate::dead_letter::{DeadLetter, Hold};
-use crate::error::RelayError;
+use crate::error::{FatalReason, RelayError};
 use crate::event::{OutboxEvent, RawEvent};
 use crate::metrics::metrics;
 use crate::position::Lsn;
@@ -182,13 +182,18 @@ impl<'a> StreamSession<'a> {
                 metrics().received_lsn.set(end_lsn.0 as f64);
             }
             WalEvent::Data(data) => {
-                if let Change::Insert(raw) =
-                    self.decoder.decode(&data).map_err(|e| RelayError::Protocol(e.to_string()))?
-                {
-                    let txn = self
-                        .open
-                        .ok_or_else(|| RelayError::Protocol("Insert outside a transaction".into()))?;
-                    self.publish(raw, txn).await?;
+                match self.decoder.decode(&data).map_err(|e| RelayError::Protocol(e.to_string()))? {
+                    Change::Insert(raw) => {
+                        let txn = self
+                            .open
+                            .ok_or_else(|| RelayError::Protocol("Insert outside a transaction".into()))?;
+                        self.publish(raw, txn).await?;
+                    }
+                    Change::Relation => {}
+                    Change::Skipped(kind) => {
+                        metrics().stream_messages_skipped.with_label_values(&[kind]).inc()
+                    }
+                    Change::OutboxRenamed { now } => return Err(self.outbox_renamed(&now)),
                 }
             }
             WalEvent::Message { transactional, lsn, prefix, content } => {
@@ -204,6 +209,18 @@ impl<'a> StreamSession<'a> {
             }
         }
         Ok(())
+    }
+
+    fn outbox_renamed(&self, now: &str) -> RelayError {
+        let table = self.source.table.display_name();
+        RelayError::fatal(
+            FatalReason::OutboxChanged,
+            format!(
+                "the outbox table {table} is now {now} (renamed or moved while the relay streamed): its inserts \
+                 would no longer be recognised, so the relay stops without confirming past them; rename it back, \
+                 or set outbox.schema / outbox.table to the new name and restart"
+            ),
+        )
     }
 
     /// A logical decoding message: the relay's heartbeat, an outbox event, or someone else's.
