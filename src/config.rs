@@ -696,6 +696,32 @@ impl RelayConfig {
         Ok(())
     }
 
+    /// One readable line for the start-up log: what the relay reads, where it writes.
+    pub fn summary(&self) -> String {
+        let pg = &self.postgres;
+        let source = match self.source.mode {
+            SourceMode::Replication => format!(
+                "replication from slot \"{}\" (publication \"{}\")",
+                self.replication.slot, self.replication.publication
+            ),
+            SourceMode::Polling => format!("polling every {} ms", self.polling.poll_interval_ms),
+        };
+        let metrics =
+            if self.metrics.listen.is_empty() { "off".to_string() } else { self.metrics.listen.clone() };
+        format!(
+            "{source} of {}.{} on {}:{}/{} as {} (sslmode {}), to Kafka {}, topics {}, metrics {metrics}",
+            self.outbox.schema,
+            self.outbox.table,
+            pg.host,
+            pg.port,
+            pg.database,
+            pg.user,
+            pg.sslmode,
+            self.kafka.brokers.join(","),
+            self.outbox.topic_template,
+        )
+    }
+
     /// The configuration as JSON with every secret replaced, for the start-up log line.
     pub fn redacted(&self) -> serde_json::Value {
         let mut value = serde_json::to_value(self).expect("config serializes");

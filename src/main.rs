@@ -102,7 +102,12 @@ fn main() -> ExitCode {
         Command::Check { .. } => runtime.block_on(run_check(&config)),
         Command::Setup { recreate_slot, .. } => runtime.block_on(run_setup(config, recreate_slot)),
         Command::Run { .. } => {
-            tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %config.redacted(), "starting outbox-relay");
+            tracing::info!(
+                version = env!("CARGO_PKG_VERSION"),
+                "starting outbox-relay: {}",
+                config.summary()
+            );
+            tracing::debug!(config = %config.redacted(), "effective configuration (secrets redacted)");
             match runtime.block_on(outbox_relay::relay::run(config)) {
                 Ok(()) => {
                     tracing::info!("stopped");
