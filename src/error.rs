@@ -68,6 +68,8 @@ pub enum FatalReason {
     Auth,
     /// TLS cannot be set up, or the server's certificate cannot be trusted.
     Tls,
+    /// The server cannot send text as UTF-8 (a SQL_ASCII database holding other bytes).
+    Encoding,
     /// The role lacks a privilege it needs.
     Privilege,
     /// The configuration cannot work (checked at start-up).
@@ -80,7 +82,7 @@ pub enum FatalReason {
 
 impl FatalReason {
     /// Every reason, for initializing the labelled series at zero.
-    pub const ALL: [FatalReason; 11] = [
+    pub const ALL: [FatalReason; 12] = [
         FatalReason::SlotLost,
         FatalReason::SlotMissing,
         FatalReason::Publication,
@@ -88,6 +90,7 @@ impl FatalReason {
         FatalReason::Schema,
         FatalReason::Auth,
         FatalReason::Tls,
+        FatalReason::Encoding,
         FatalReason::Privilege,
         FatalReason::Config,
         FatalReason::Protocol,
@@ -103,6 +106,7 @@ impl FatalReason {
             FatalReason::Schema => "schema",
             FatalReason::Auth => "auth",
             FatalReason::Tls => "tls",
+            FatalReason::Encoding => "encoding",
             FatalReason::Privilege => "privilege",
             FatalReason::Config => "config",
             FatalReason::Protocol => "protocol",
@@ -165,6 +169,10 @@ pub fn sqlstate_action(code: &str) -> Action {
         SqlState::OBJECT_IN_USE | SqlState::DUPLICATE_OBJECT => Action::Standby,
         // `can no longer get changes from replication slot "x"`: invalidated
         SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE => fatal(FatalReason::SlotLost),
+        // `invalid byte sequence for encoding "UTF8"`: the same row fails every time
+        SqlState::CHARACTER_NOT_IN_REPERTOIRE | SqlState::UNTRANSLATABLE_CHARACTER => {
+            fatal(FatalReason::Encoding)
+        }
         _ => Action::Retry,
     }
 }
@@ -224,6 +232,7 @@ mod tests {
         assert_eq!(server("55006").action(), Action::Standby);
         assert_eq!(server("42710").action(), Action::Standby);
         assert_eq!(server("55000").action(), Action::Fatal(FatalReason::SlotLost));
+        assert_eq!(server("22021").action(), Action::Fatal(FatalReason::Encoding));
         // admin shutdown, too many connections, serialization: transient
         for code in ["57P01", "53300", "40001", "08006"] {
             assert_eq!(server(code).action(), Action::Retry, "{code}");

@@ -22,6 +22,9 @@ pub struct RawEvent {
     pub payload: Option<String>,
     pub headers: Option<String>,
     pub topic: Option<String>,
+    /// A column whose text could not be read as UTF-8 (e.g. in a SQL_ASCII database); its
+    /// value above holds the text with the bad bytes replaced.
+    pub unreadable: Option<String>,
 }
 
 impl RawEvent {
@@ -73,6 +76,7 @@ impl OutboxEvent {
             payload: Some(String::from_utf8_lossy(&self.payload).into_owned()),
             headers: (!own.is_empty()).then(|| serde_json::Value::Object(own).to_string()),
             topic: Some(self.topic.clone()),
+            unreadable: None,
         }
     }
 }
@@ -96,6 +100,8 @@ pub enum PoisonReason {
     BadHeaders { detail: String },
     #[error("topic \"{topic}\" is not a valid Kafka topic name ({detail})")]
     BadTopic { topic: String, detail: &'static str },
+    #[error("column {column} is not valid UTF-8 text")]
+    NotUtf8 { column: String },
 }
 
 /// A piece of the topic template, parsed once (the hot path only concatenates).
@@ -167,6 +173,9 @@ impl Mapping {
     /// Everything that can make a row unpublishable, without taking it apart: the topic and
     /// the row's own headers when it is fine.
     fn check(&self, raw: &RawEvent) -> Result<(String, Vec<(String, String)>), PoisonReason> {
+        if let Some(column) = &raw.unreadable {
+            return Err(PoisonReason::NotUtf8 { column: column.clone() });
+        }
         let c = &self.columns;
         required(&raw.id, &c.id)?;
         let aggregate_type = required(&raw.aggregate_type, &c.aggregate_type)?;
@@ -262,6 +271,7 @@ mod tests {
             payload: Some("{\"a\": 1}".into()),
             headers: Some("{\"traceparent\": \"00-abc-01\", \"n\": 3}".into()),
             topic: None,
+            unreadable: None,
         }
     }
 
@@ -320,6 +330,14 @@ mod tests {
         let err =
             mapping().to_event(RawEvent { aggregate_type: Some("ü".into()), ..raw() }, None).unwrap_err();
         assert!(matches!(err.reason, PoisonReason::BadTopic { .. }), "{}", err.reason);
+    }
+
+    #[test]
+    fn unreadable_text_is_poison_naming_the_column() {
+        let row =
+            RawEvent { payload: Some("caf\u{fffd}".into()), unreadable: Some("payload".into()), ..raw() };
+        let err = mapping().to_event(row, None).unwrap_err();
+        assert_eq!(err.reason.to_string(), "column payload is not valid UTF-8 text");
     }
 
     #[test]

@@ -45,6 +45,9 @@ pub struct OutboxTable {
     columns: ColumnsConfig,
     /// `mark` mode: the column set when a row is published.
     published_at: Option<String>,
+    /// The database's encoding is SQL_ASCII: text is read as its raw bytes (`convert_to(.., 'SQL_ASCII')`), since
+    /// the server refuses to convert bytes that are not UTF-8 for a UTF-8 client.
+    raw_text: bool,
 }
 
 impl OutboxTable {
@@ -58,8 +61,18 @@ impl OutboxTable {
                 AfterPublish::Delete => None,
                 AfterPublish::Mark => Some(config.polling.published_at_column.clone()),
             },
+            raw_text: false,
         }
     }
+
+    /// Adapts the row-reading SQL to the database's `server_encoding`.
+    pub fn for_server_encoding(mut self, encoding: &str) -> Self {
+        self.raw_text = encoding.eq_ignore_ascii_case("SQL_ASCII");
+        self
+    }
+
+    /// `SHOW server_encoding`, for [`OutboxTable::for_server_encoding`].
+    pub const SERVER_ENCODING_SQL: &'static str = "SELECT current_setting('server_encoding')";
 
     /// `"schema"."table"`, ready to splice into SQL.
     pub fn qualified(&self) -> String {
@@ -82,13 +95,15 @@ impl OutboxTable {
     /// `SELECT <the event columns as text, aliased by [`col`]> FROM <table> t <tail>`.
     fn select_events(&self, tail: &str) -> String {
         let c = &self.columns;
-        let column = |name: &str, alias: &str| format!("t.{}::text AS {alias}", quote_ident(name));
-        let optional = |name: &str, ty: &str, alias: &str| {
-            if name.is_empty() {
-                format!("NULL::{ty} AS {alias}")
-            } else {
-                format!("t.{}::{ty} AS {alias}", quote_ident(name))
-            }
+        let text = |name: &str| match self.raw_text {
+            true => format!("convert_to(t.{}::text, 'SQL_ASCII')", quote_ident(name)),
+            false => format!("t.{}::text", quote_ident(name)),
+        };
+        let column = |name: &str, alias: &str| format!("{} AS {alias}", text(name));
+        let optional = |name: &str, ty: &str, alias: &str| match (name.is_empty(), ty) {
+            (true, _) => format!("NULL::{ty} AS {alias}"),
+            (false, "text") => format!("{} AS {alias}", text(name)),
+            (false, _) => format!("t.{}::{ty} AS {alias}", quote_ident(name)),
         };
         format!(
             "SELECT {}, {}, {}, {}, {}, {}, {}, {} FROM {} t {tail}",
@@ -186,18 +201,49 @@ impl OutboxTable {
 }
 
 /// A row of [`OutboxTable::claim_sql`] or [`OutboxTable::copy_sql`] as the mapping's input,
-/// with its `created_at`.
+/// with its `created_at`. Text that is not UTF-8 (a SQL_ASCII database) never panics: the value
+/// is kept with the bad bytes replaced, the column is marked unreadable, and the mapping makes
+/// the row unpublishable.
 pub fn raw_event(row: &Row) -> (RawEvent, Option<SystemTime>) {
-    let raw = RawEvent {
-        id: row.get(col::ID),
-        aggregate_type: row.get(col::AGGREGATE_TYPE),
-        aggregate_id: row.get(col::AGGREGATE_ID),
-        event_type: row.get(col::EVENT_TYPE),
-        payload: row.get(col::PAYLOAD),
-        headers: row.get(col::HEADERS),
-        topic: row.get(col::TOPIC),
+    let mut unreadable = None;
+    let mut text = |column: &'static str| {
+        let bytes: Option<TextBytes<'_>> = row.try_get(column).ok().flatten();
+        bytes.map(|b| match std::str::from_utf8(b.0) {
+            Ok(text) => text.to_string(),
+            Err(_) => {
+                unreadable.get_or_insert_with(|| column.to_string());
+                String::from_utf8_lossy(b.0).into_owned()
+            }
+        })
     };
-    (raw, row.get(col::CREATED_AT))
+    let raw = RawEvent {
+        id: text(col::ID),
+        aggregate_type: text(col::AGGREGATE_TYPE),
+        aggregate_id: text(col::AGGREGATE_ID),
+        event_type: text(col::EVENT_TYPE),
+        payload: text(col::PAYLOAD),
+        headers: text(col::HEADERS),
+        topic: text(col::TOPIC),
+        unreadable: None,
+    };
+    let created_at = row.try_get(col::CREATED_AT).ok().flatten();
+    (RawEvent { unreadable, ..raw }, created_at)
+}
+
+/// A text (or `convert_to` bytea) value as its bytes, before any UTF-8 check.
+struct TextBytes<'a>(&'a [u8]);
+
+impl<'a> tokio_postgres::types::FromSql<'a> for TextBytes<'a> {
+    fn from_sql(
+        _: &tokio_postgres::types::Type,
+        raw: &'a [u8],
+    ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(TextBytes(raw))
+    }
+
+    fn accepts(ty: &tokio_postgres::types::Type) -> bool {
+        *ty == tokio_postgres::types::Type::BYTEA || <&str as tokio_postgres::types::FromSql>::accepts(ty)
+    }
 }
 
 #[cfg(test)]

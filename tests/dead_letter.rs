@@ -249,3 +249,56 @@ async fn a_dead_lettered_row_looks_the_same_from_either_mode() {
         assert_eq!(data, &expected, "{mode}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn text_that_is_not_utf8_is_dead_lettered_or_stops_the_stream_loudly() {
+    for mode in ["polling", "replication"] {
+        // given a SQL_ASCII database, which stores any bytes, and a payload that is not UTF-8
+        let db = TestDb::with_encoding("SQL_ASCII").await;
+        let s = Setup::create_on(db, &services().kafka, "", true, |slot| {
+            format!(
+                "[source]\nmode = \"{mode}\"\n[polling]\npoll_interval_ms = 200\n\
+                 [replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n"
+            )
+        })
+        .await;
+        let client = s.db.client().await;
+        let consumer = consumer(&[&s.topic]);
+        // (a fatal error is kept on /metrics for a while before the relay exits)
+        let mut relay = s.start_with_env("relay", &[("OUTBOX_RELAY__METRICS__FATAL_EXIT_DELAY_SECS", "30")]);
+        relay.wait_ready("active").await;
+        let insert = |key: &str, hex: &str| {
+            format!(
+                "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES \
+                 ('{}', '{key}', 'E', convert_from('\\x{hex}'::bytea, 'SQL_ASCII')::jsonb)",
+                s.aggregate_type
+            )
+        };
+        client.batch_execute(&insert("good", "7b2261223a2022227d")).await.unwrap();
+        let records = consume(&consumer, 1, IDLE).await;
+        assert_eq!(records.len(), 1, "{mode}: {}", relay.log_text());
+        assert_eq!(records[0].key.as_deref(), Some("good"), "{mode}");
+        client.batch_execute(&insert("bad", "7b2261223a2022ff227d")).await.unwrap();
+
+        if mode == "polling" {
+            // then polling reads the row's bytes and dead-letters it, naming the column
+            relay
+                .wait_metric("outbox_relay_events_dead_lettered_total{mode=\"polling\"}", |v| v >= 1.0)
+                .await;
+            let reason: String =
+                client.query_one("SELECT reason FROM outbox_dead_letter", &[]).await.unwrap().get(0);
+            assert_eq!(reason, "column payload is not valid UTF-8 text");
+            assert!(relay.exited().is_none(), "{}", relay.log_text());
+            assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+        } else {
+            // then the server refuses to stream it: the relay stops loudly (no retry loop), the
+            // slot not confirmed past it, and says what to do
+            relay.wait_metric("outbox_relay_fatal_error{reason=\"encoding\"}", |v| v == 1.0).await;
+            let log = relay.log_text();
+            assert!(log.contains("setup --recreate-slot") && log.contains("polling mode"), "{log}");
+            let (_, body) = relay.readyz().unwrap_or_default();
+            assert!(body.starts_with("degraded: fatal:"), "{body}");
+            relay.kill9();
+        }
+    }
+}

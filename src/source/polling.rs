@@ -125,6 +125,8 @@ impl PollingSource {
             }
         });
         if self.statements.is_none() {
+            let encoding: String = client.query_one(OutboxTable::SERVER_ENCODING_SQL, &[]).await?.get(0);
+            self.table = self.table.clone().for_server_encoding(&encoding);
             let id_type = self.id_type(&client).await?;
             self.statements = Some(Statements {
                 claim: self.table.claim_sql(),

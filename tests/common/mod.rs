@@ -101,10 +101,20 @@ impl TestDb {
     }
 
     pub async fn with_schema(apply: bool) -> TestDb {
+        Self::create("", apply).await
+    }
+
+    /// A database whose server encoding is `encoding` (e.g. SQL_ASCII), with the schema.
+    pub async fn with_encoding(encoding: &str) -> TestDb {
+        let options = format!(" ENCODING '{encoding}' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0");
+        Self::create(&options, true).await
+    }
+
+    async fn create(options: &str, apply: bool) -> TestDb {
         let admin_url = services().pg_url.clone();
         let name = format!("test_{}", random_suffix());
         let admin = connect(&admin_url).await;
-        admin.batch_execute(&format!("CREATE DATABASE {name}")).await.unwrap();
+        admin.batch_execute(&format!("CREATE DATABASE {name}{options}")).await.unwrap();
         let url = replace_database(&admin_url, &name);
         let db = TestDb { name, url, admin_url };
         if apply {
@@ -370,7 +380,17 @@ impl Setup {
         create: bool,
         config: impl FnOnce(&str) -> String,
     ) -> Setup {
-        let db = TestDb::new().await;
+        Self::create_on(TestDb::new().await, brokers, kafka_extra, create, config).await
+    }
+
+    /// As [`Setup::create`], on the database `db`.
+    pub async fn create_on(
+        db: TestDb,
+        brokers: &str,
+        kafka_extra: &str,
+        create: bool,
+        config: impl FnOnce(&str) -> String,
+    ) -> Setup {
         let aggregate_type = format!("t{}", random_suffix());
         let topic = format!("outbox.event.{aggregate_type}");
         if create {

@@ -144,8 +144,21 @@ impl Decoder {
         if r.u8()? != b'N' {
             return Err(DecodeError(format!("insert into relation {oid} without a new tuple")));
         }
-        let values = tuple(r)?;
+        let (values, unreadable) = tuple(r)?;
         let take = |index: Option<usize>| index.and_then(|i| values.get(i).cloned().flatten());
+        let c = &self.columns;
+        let used = [
+            (layout.id, &c.id),
+            (layout.aggregate_type, &c.aggregate_type),
+            (layout.aggregate_id, &c.aggregate_id),
+            (layout.event_type, &c.event_type),
+            (layout.payload, &c.payload),
+            (layout.headers, &c.headers),
+            (layout.topic, &c.topic),
+        ];
+        // a column the relay does not read may hold anything
+        let unreadable = unreadable
+            .and_then(|i| used.iter().find(|(index, _)| *index == Some(i)).map(|(_, name)| name.to_string()));
         Ok(Change::Insert(RawEvent {
             id: take(layout.id),
             aggregate_type: take(layout.aggregate_type),
@@ -154,30 +167,37 @@ impl Decoder {
             payload: take(layout.payload),
             headers: take(layout.headers),
             topic: take(layout.topic),
+            unreadable,
         }))
     }
 }
 
 /// TupleData: Int16 column count, then per column 'n' (NULL), 'u' (unchanged TOAST, never in
-/// an insert) or 't' + Int32 length + text.
-fn tuple(r: &mut Reader<'_>) -> Result<Vec<Option<String>>, DecodeError> {
+/// an insert) or 't' + Int32 length + text. Text that is not UTF-8 (a SQL_ASCII database) is
+/// kept with the bad bytes replaced and its index returned, so the row becomes unpublishable
+/// instead of stopping the stream.
+fn tuple(r: &mut Reader<'_>) -> Result<(Vec<Option<String>>, Option<usize>), DecodeError> {
     let count = r.u16()? as usize;
     let mut values = Vec::with_capacity(count);
-    for _ in 0..count {
+    let mut unreadable = None;
+    for index in 0..count {
         values.push(match r.u8()? {
             b'n' | b'u' => None,
             b't' => {
                 let len = r.u32()? as usize;
                 let bytes = r.bytes(len)?;
-                Some(
-                    String::from_utf8(bytes.to_vec())
-                        .map_err(|_| DecodeError("a text value is not UTF-8".into()))?,
-                )
+                Some(match std::str::from_utf8(bytes) {
+                    Ok(text) => text.to_string(),
+                    Err(_) => {
+                        unreadable.get_or_insert(index);
+                        String::from_utf8_lossy(bytes).into_owned()
+                    }
+                })
             }
             other => return Err(DecodeError(format!("unknown tuple value kind {:?}", other as char))),
         });
     }
-    Ok(values)
+    Ok((values, unreadable))
 }
 
 /// The outbox event carried by a logical decoding message emitted by `outbox_emit()` (see
@@ -196,6 +216,7 @@ pub fn message_event(content: &[u8]) -> Result<RawEvent, String> {
         payload: text("payload"),
         headers: text("headers"),
         topic: text("topic"),
+        unreadable: None,
     })
 }
 
@@ -298,6 +319,19 @@ mod tests {
         d.decode(&relation(8, "public", "orders", &["id"])).unwrap();
         assert_eq!(d.decode(&insert(8, &[Some("1")])).unwrap(), Change::Skipped("other_table"));
         assert_eq!(d.decode(b"Y\0\0\0\x01").unwrap(), Change::Skipped("type"));
+    }
+
+    #[test]
+    fn text_that_is_not_utf8_marks_its_column_instead_of_failing() {
+        let mut d = Decoder::new(&OutboxConfig::default());
+        d.decode(&relation(7, "public", "outbox_events", COLUMNS)).unwrap();
+        let mut row = insert(7, &[Some("1"), Some("a"), Some("b"), Some("c"), Some("{}"), None, None, None]);
+        // the payload's text, "{}", becomes "{\xff"
+        let at = row.windows(2).position(|w| w == b"{}").unwrap();
+        row[at + 1] = 0xff;
+        let Change::Insert(raw) = d.decode(&row).unwrap() else { panic!("not an insert") };
+        assert_eq!(raw.unreadable.as_deref(), Some("payload"));
+        assert_eq!(raw.payload.as_deref(), Some("{\u{fffd}"));
     }
 
     #[test]

@@ -272,7 +272,9 @@ impl Copy<'_> {
             .start()
             .await?;
         tx.batch_execute(&format!("SET TRANSACTION SNAPSHOT {}", quote_literal(snapshot))).await?;
-        let rows = tx.query_raw(&self.source.table.copy_sql(), std::iter::empty::<i32>()).await?;
+        let encoding: String = tx.query_one(OutboxTable::SERVER_ENCODING_SQL, &[]).await?.get(0);
+        let table = self.source.table.clone().for_server_encoding(&encoding);
+        let rows = tx.query_raw(&table.copy_sql(), std::iter::empty::<i32>()).await?;
         pin_mut!(rows);
         let mut copied = 0u64;
         let mut chunk = Vec::with_capacity(COPY_CHUNK);

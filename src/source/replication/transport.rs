@@ -63,6 +63,8 @@ pub async fn connect(config: &RelayConfig, ack: Lsn) -> Result<ReplicationClient
 
 /// SQLSTATE undefined_object.
 const UNDEFINED_OBJECT: &str = "42704";
+/// SQLSTATE character_not_in_repertoire.
+const CHARACTER_NOT_IN_REPERTOIRE: &str = "22021";
 
 /// The started stream.
 pub struct WalStream {
@@ -172,6 +174,18 @@ fn classify_streaming(e: PgWireError) -> RelayError {
                  behind the slot's position stays missing for it even when created again; run \
                  `outbox-relay setup --recreate-slot` (it creates the publication when missing, and the slot \
                  again, re-publishing what the table still holds)"
+                ),
+            )
+        }
+        RelayError::Server { sqlstate: Some(code), message } if code == CHARACTER_NOT_IN_REPERTOIRE => {
+            RelayError::fatal(
+                FatalReason::Encoding,
+                format!(
+                    "{message}: the database (SQL_ASCII) holds outbox text that is not UTF-8, which the \
+                     server refuses to stream (the insert stays in the slot and fails again at every start); \
+                     nothing past it was confirmed. Run `outbox-relay setup --recreate-slot`: its copy reads \
+                     the table itself, dead-letters such rows and re-publishes the rest; or relay this outbox \
+                     in polling mode, which dead-letters them"
                 ),
             )
         }
