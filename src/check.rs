@@ -309,35 +309,37 @@ async fn slot_check(config: &RelayConfig, client: &Client) -> Finding {
 async fn publication_check(config: &RelayConfig, client: &Client) -> Finding {
     let publication = &config.replication.publication;
     let table = OutboxTable::new(config);
-    let row = client
-        .query_opt(
-            "SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3) \
-             FROM pg_publication WHERE pubname = $1",
-            &[publication, &table.schema, &table.name],
-        )
-        .await;
-    match row {
-        Ok(Some(r)) if r.get::<_, bool>(0) => Finding::ok(
+    let exists = client.query_opt("SELECT 1 FROM pg_publication WHERE pubname = $1", &[publication]).await;
+    let problem = match exists {
+        Ok(Some(_)) => crate::source::replication::publication::problem(config, client).await,
+        Ok(None) if config.replication.create_publication => {
+            return Finding::ok(
+                "replication.publication",
+                format!(
+                    "publication \"{publication}\" does not exist yet; the relay creates it (as the table owner)"
+                ),
+            );
+        }
+        Ok(None) => {
+            return Finding::fail(
+                "replication.publication",
+                format!(
+                    "publication \"{publication}\" does not exist and replication.create_publication = false"
+                ),
+                table.create_publication_sql(publication),
+            );
+        }
+        Err(e) => Err(e),
+    };
+    match problem {
+        Ok(None) => Finding::ok(
             "replication.publication",
-            format!("publication \"{publication}\" includes {}", table.display_name()),
+            format!("publication \"{publication}\" delivers every insert of {}", table.display_name()),
         ),
-        Ok(Some(_)) => Finding::fail(
+        Ok(Some(problem)) => Finding::fail(
             "replication.publication",
-            format!("publication \"{publication}\" does not include {}", table.display_name()),
-            table.add_to_publication_sql(publication),
-        ),
-        Ok(None) if config.replication.create_publication => Finding::ok(
-            "replication.publication",
-            format!(
-                "publication \"{publication}\" does not exist yet; the relay creates it (as the table owner)"
-            ),
-        ),
-        Ok(None) => Finding::fail(
-            "replication.publication",
-            format!(
-                "publication \"{publication}\" does not exist and replication.create_publication = false"
-            ),
-            table.create_publication_sql(publication),
+            problem,
+            "the publication must publish inserts of every row and every column the relay reads (README, replication mode)",
         ),
         Err(e) => Finding::fail(
             "replication.publication",

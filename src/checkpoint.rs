@@ -114,7 +114,7 @@ impl Tracker {
         }
     }
 
-    #[cfg(test)]
+    /// The position the tracker would confirm (what PostgreSQL was told may lag behind it).
     pub fn confirmed(&self) -> Lsn {
         self.confirmed
     }

@@ -202,21 +202,8 @@ async fn ensure_publication(config: &RelayConfig, client: &Client) -> Result<(),
         })?;
         tracing::info!(%publication, table = %table.display_name(), "created the publication");
     }
-    let published = client
-        .query_opt(
-            "SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
-            &[publication, &table.schema, &table.name],
-        )
-        .await?;
-    if published.is_none() {
-        return Err(RelayError::fatal(
-            FatalReason::Publication,
-            format!(
-                "publication \"{publication}\" does not include {}: {}",
-                table.display_name(),
-                table.add_to_publication_sql(publication)
-            ),
-        ));
+    if let Some(problem) = super::publication::problem(config, client).await? {
+        return Err(RelayError::fatal(FatalReason::Publication, problem));
     }
     Ok(())
 }

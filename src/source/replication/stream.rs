@@ -22,7 +22,7 @@ use tokio_postgres::Client;
 
 use super::decode::{self, Change, Decoder};
 use super::transport::{WalEvent, WalStream};
-use super::{HEARTBEAT_PREFIX, MODE, ReplicationSource};
+use super::{HEARTBEAT_PREFIX, MODE, ReplicationSource, publication};
 use crate::checkpoint::{Tracker, TxnId};
 use crate::dead_letter::{DeadLetter, Hold};
 use crate::error::{FatalReason, RelayError};
@@ -73,6 +73,10 @@ pub(super) struct StreamSession<'a> {
     open: Option<OpenTxn>,
     stall: StallWatch,
     held: Option<Held>,
+    /// The publication was verified to deliver every insert committed before this position.
+    verified: Lsn,
+    /// The last position confirmed to PostgreSQL: never past `verified`.
+    confirmed: Lsn,
 }
 
 impl<'a> StreamSession<'a> {
@@ -94,6 +98,8 @@ impl<'a> StreamSession<'a> {
             open: None,
             stall: StallWatch::new(&source.config.kafka),
             held: None,
+            verified: confirmed,
+            confirmed,
         }
     }
 
@@ -105,6 +111,9 @@ impl<'a> StreamSession<'a> {
     }
 
     async fn stream(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<(), RelayError> {
+        self.verified = publication::verify(&self.source.config, self.client).await?;
+        let mut verify = tokio::time::interval(publication::CHECK_INTERVAL);
+        verify.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let config = &self.source.config.replication;
         let max_in_flight = config.max_in_flight_events;
         let heartbeat_ms = config.heartbeat_interval_ms;
@@ -134,7 +143,12 @@ impl<'a> StreamSession<'a> {
                 _ = heartbeat.tick(), if heartbeat_ms > 0 => {
                     self.client.execute("SELECT pg_logical_emit_message(false, $1, '')", &[&HEARTBEAT_PREFIX]).await?;
                 }
-                // 6. held: try the refused record again, or report the held row again
+                // 6. the publication still delivers every insert: confirmations may go that far
+                _ = verify.tick() => {
+                    self.verified = publication::verify(&self.source.config, self.client).await?;
+                    self.confirm(self.tracker.confirmed());
+                }
+                // 7. held: try the refused record again, or report the held row again
                 _ = tokio::time::sleep_until(retry_at.unwrap_or_else(far_future)), if retry_at.is_some() => {
                     self.retry_held().await;
                 }
@@ -148,6 +162,7 @@ impl<'a> StreamSession<'a> {
         while let Some(done) = self.deliveries.next().await {
             self.settle(done).await?;
         }
+        self.verified = publication::verify(&self.source.config, self.client).await?;
         self.confirm_acknowledged();
         tokio::time::sleep(Duration::from_millis(self.source.config.replication.status_interval_ms)).await;
         Ok(())
@@ -163,8 +178,13 @@ impl<'a> StreamSession<'a> {
         m.transactions_in_flight.set(self.tracker.open_transactions() as i64);
     }
 
-    /// Confirms `lsn` to PostgreSQL and records it.
-    fn confirm(&self, lsn: Lsn) {
+    /// Confirms `lsn` to PostgreSQL, as far as the publication was verified, and records it.
+    fn confirm(&mut self, lsn: Lsn) {
+        let lsn = lsn.min(self.verified);
+        if lsn <= self.confirmed {
+            return;
+        }
+        self.confirmed = lsn;
         self.wal.confirm(lsn);
         metrics().confirmed(lsn);
         self.pulse.progressed();

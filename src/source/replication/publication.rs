@@ -1,0 +1,101 @@
+//! Whether the publication delivers every insert of the outbox, now.
+//!
+//! pgoutput says nothing when the outbox leaves the stream: after `ALTER PUBLICATION ... DROP
+//! TABLE`, `SET (publish = 'update')`, a row filter, or a column list without a column the relay
+//! reads, its inserts are simply not sent, and a relay that kept confirming would confirm past
+//! them: silent loss. So the stream verifies the publication every
+//! [`CHECK_INTERVAL`] and confirms no position past the last one verified.
+//!
+//! Invariant: [`verify`] reads the WAL position *before* it looks at the catalog, in a separate
+//! statement. A publication change that committed before that position is therefore visible to
+//! the check; when the check passes, every insert committed before the position was streamed.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use tokio_postgres::Client;
+
+use crate::config::RelayConfig;
+use crate::error::{FatalReason, RelayError};
+use crate::position::Lsn;
+use crate::table::OutboxTable;
+
+/// How often the streaming session verifies the publication; confirmations wait for it.
+pub const CHECK_INTERVAL: Duration = Duration::from_millis(1_000);
+
+/// Why the publication would not deliver every insert of the outbox, or `None` when it does.
+/// Works on PostgreSQL 13 to 18 (row filters and column lists exist from 15; the row is read
+/// as JSON so the query does not depend on the version's columns).
+pub async fn problem(config: &RelayConfig, client: &Client) -> Result<Option<String>, tokio_postgres::Error> {
+    let publication = &config.replication.publication;
+    let table = OutboxTable::new(config);
+    let row = client
+        .query_opt(
+            "SELECT p.pubinsert AS inserts, \
+                    (SELECT to_jsonb(t) FROM pg_publication_tables t \
+                     WHERE t.pubname = p.pubname AND t.schemaname = $2 AND t.tablename = $3) AS entry \
+             FROM pg_publication p WHERE p.pubname = $1",
+            &[publication, &table.schema, &table.name],
+        )
+        .await?;
+    let Some(row) = row else {
+        return Ok(Some(format!("publication \"{publication}\" does not exist")));
+    };
+    if !row.get::<_, bool>("inserts") {
+        return Ok(Some(format!(
+            "publication \"{publication}\" does not publish inserts: ALTER PUBLICATION {publication} SET (publish = 'insert')"
+        )));
+    }
+    let Some(entry) = row.get::<_, Option<serde_json::Value>>("entry") else {
+        return Ok(Some(format!(
+            "publication \"{publication}\" does not include {}: {}",
+            table.display_name(),
+            table.add_to_publication_sql(publication)
+        )));
+    };
+    if let Some(filter) = entry.get("rowfilter").and_then(|f| f.as_str()) {
+        return Ok(Some(format!(
+            "publication \"{publication}\" has a row filter on {} (WHERE {filter}): rows it excludes would never \
+             be published; remove it (ALTER PUBLICATION {publication} SET TABLE {})",
+            table.display_name(),
+            table.qualified()
+        )));
+    }
+    if let Some(columns) = entry.get("attnames").and_then(|a| a.as_array()) {
+        let listed: Vec<&str> = columns.iter().filter_map(|c| c.as_str()).collect();
+        let c = &config.outbox.columns;
+        let read =
+            c.required().into_iter().chain(c.optional()).filter(|(_, name)| *name != c.created_at.as_str());
+        let missing: Vec<&str> = read.map(|(_, name)| name).filter(|name| !listed.contains(name)).collect();
+        if !missing.is_empty() {
+            return Ok(Some(format!(
+                "publication \"{publication}\" publishes only some columns of {}, not {}: remove the column list \
+                 (ALTER PUBLICATION {publication} SET TABLE {})",
+                table.display_name(),
+                missing.join(", "),
+                table.qualified()
+            )));
+        }
+    }
+    Ok(None)
+}
+
+/// The WAL position through which the publication is verified, or the fatal error that stops
+/// the relay before it confirms past an insert it was never sent.
+pub async fn verify(config: &RelayConfig, client: &Client) -> Result<Lsn, RelayError> {
+    let lsn: String = client.query_one("SELECT pg_current_wal_lsn()::text", &[]).await?.get(0);
+    let lsn =
+        Lsn::from_str(&lsn).map_err(|_| RelayError::Protocol(format!("pg_current_wal_lsn() = {lsn}")))?;
+    match problem(config, client).await? {
+        None => Ok(lsn),
+        Some(problem) => Err(RelayError::fatal(
+            FatalReason::Publication,
+            format!(
+                "{problem}. The outbox left the replication stream while the relay ran, so its inserts are no \
+                 longer sent; the relay stops without confirming past them. Fix the publication, then restart \
+                 (inserts committed while it was changed are not in the slot: run `outbox-relay setup \
+                 --recreate-slot` to re-publish what the table holds)"
+            ),
+        )),
+    }
+}

@@ -1,0 +1,147 @@
+//! The outbox leaving the replication stream while the relay runs (removed from the
+//! publication, renamed, the publication narrowed) stops the relay loudly, and it never confirms
+//! past an insert it was not sent. `check` fails a publication that would not deliver every
+//! insert.
+
+mod common;
+
+use common::*;
+use tokio_postgres::Client;
+
+async fn setup() -> Setup {
+    Setup::create(&services().kafka, "", true, |slot| {
+        format!(
+            "[source]\nmode = \"replication\"\n[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n"
+        )
+    })
+    .await
+}
+
+async fn insert(client: &Client, s: &Setup, table: &str, key: &str) {
+    client
+        .execute(
+            &format!(
+                "INSERT INTO {table} (aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, 'E', '{{}}')"
+            ),
+            &[&s.aggregate_type, &key],
+        )
+        .await
+        .unwrap();
+}
+
+async fn wal_lsn(client: &Client) -> i64 {
+    client.query_one("SELECT (pg_current_wal_lsn() - '0/0')::bigint", &[]).await.unwrap().get(0)
+}
+
+async fn confirmed_flush(client: &Client, slot: &str) -> i64 {
+    client
+        .query_one(
+            "SELECT (confirmed_flush_lsn - '0/0')::bigint FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Starts a relay that lingers after a fatal error, so its metrics can be read.
+fn start(s: &Setup) -> process::RelayProcess {
+    s.start_with_env("relay", &[("OUTBOX_RELAY__METRICS__FATAL_EXIT_DELAY_SECS", "60")])
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_outbox_removed_from_the_publication_stops_the_relay_before_it_confirms_past_it() {
+    // given a streaming relay that has published an event
+    let s = setup().await;
+    let client = s.db.client().await;
+    let consumer = consumer(&[&s.topic]);
+    let mut relay = start(&s);
+    relay.wait_ready("active").await;
+    insert(&client, &s, "outbox_events", "before").await;
+    assert_eq!(consume(&consumer, 1, IDLE).await.len(), 1);
+
+    // when the outbox is removed from the publication, and inserts go on
+    client.batch_execute(&format!("ALTER PUBLICATION p_{} DROP TABLE outbox_events", s.slot)).await.unwrap();
+    let after_alter = wal_lsn(&client).await;
+    for n in 0..5 {
+        insert(&client, &s, "outbox_events", &format!("after-{n}")).await;
+    }
+
+    // then the relay stops loudly, naming the problem, without confirming past the change
+    relay.wait_metric("outbox_relay_fatal_error{reason=\"publication\"}", |v| v == 1.0).await;
+    let (_, body) = relay.readyz().unwrap_or_default();
+    assert!(body.contains("does not include public.outbox_events"), "{body}");
+    assert!(
+        confirmed_flush(&client, &s.slot).await <= after_alter,
+        "confirmed past inserts it was never sent"
+    );
+    relay.kill9();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_renamed_outbox_stops_the_relay() {
+    let s = setup().await;
+    let client = s.db.client().await;
+    let mut relay = start(&s);
+    relay.wait_ready("active").await;
+
+    // when the outbox is renamed while the relay streams, and written to under its new name
+    client.batch_execute("ALTER TABLE outbox_events RENAME TO outbox_old").await.unwrap();
+    let after_rename = wal_lsn(&client).await;
+    insert(&client, &s, "outbox_old", "renamed").await;
+
+    // then the relay stops (the publication check or the renamed relation, whichever is first)
+    wait_until(relay.context("a fatal error".into()), async || {
+        ["publication", "outbox_changed"].iter().any(|reason| {
+            relay.metric(&format!("outbox_relay_fatal_error{{reason=\"{reason}\"}}")) == Some(1.0)
+        })
+    })
+    .await;
+    assert!(confirmed_flush(&client, &s.slot).await <= after_rename);
+    relay.kill9();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn check_fails_a_publication_that_would_not_deliver_every_insert() {
+    let s = setup().await;
+    let client = s.db.client().await;
+    let publication = format!("p_{}", s.slot);
+    client
+        .batch_execute(&format!(
+            "CREATE PUBLICATION {publication} FOR TABLE outbox_events WITH (publish = 'insert', publish_via_partition_root = true)"
+        ))
+        .await
+        .unwrap();
+    let check = || {
+        let (code, stdout, _) = run_relay(&["check", "--config", s.config().to_str().unwrap()], IDLE);
+        let line =
+            stdout.lines().find(|l| l.contains("replication.publication")).unwrap_or_default().to_string();
+        (code, line)
+    };
+    let (code, line) = check();
+    assert!(code == 0 && line.starts_with("OK"), "{line}");
+
+    for (alter, says) in [
+        (format!("ALTER PUBLICATION {publication} SET (publish = 'update')"), "does not publish inserts"),
+        (
+            format!(
+                "ALTER PUBLICATION {publication} SET (publish = 'insert'); ALTER PUBLICATION {publication} SET TABLE outbox_events WHERE (aggregate_id <> 'x')"
+            ),
+            "row filter",
+        ),
+        (
+            format!(
+                "ALTER PUBLICATION {publication} SET TABLE outbox_events (id, aggregate_type, aggregate_id, event_type)"
+            ),
+            "not payload",
+        ),
+        (
+            format!("ALTER PUBLICATION {publication} SET TABLE outbox_dead_letter"),
+            "does not include public.outbox_events",
+        ),
+    ] {
+        client.batch_execute(&alter).await.unwrap();
+        let (code, line) = check();
+        assert!(code == 1 && line.starts_with("FAIL") && line.contains(says), "{alter}: {line}");
+    }
+}
