@@ -21,7 +21,7 @@ use crate::position::Lsn;
 use crate::table::OutboxTable;
 
 /// How often the streaming session verifies the publication; confirmations wait for it.
-pub const CHECK_INTERVAL: Duration = Duration::from_millis(1_000);
+pub const CHECK_INTERVAL: Duration = Duration::from_millis(200);
 
 /// Why the publication would not deliver every insert of the outbox, or `None` when it does.
 /// Works on PostgreSQL 13 to 18 (row filters and column lists exist from 15; the row is read
