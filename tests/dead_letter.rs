@@ -74,21 +74,6 @@ fn counts(records: &[Consumed]) -> HashMap<String, usize> {
     counts
 }
 
-async fn confirmed_flush(client: &Client, slot: &str) -> i64 {
-    client
-        .query_one(
-            "SELECT (confirmed_flush_lsn - '0/0')::bigint FROM pg_replication_slots WHERE slot_name = $1",
-            &[&slot],
-        )
-        .await
-        .unwrap()
-        .get(0)
-}
-
-async fn wal_lsn(client: &Client) -> i64 {
-    client.query_one("SELECT (pg_current_wal_lsn() - '0/0')::bigint", &[]).await.unwrap().get(0)
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn the_stream_holds_at_an_unmappable_row_without_publishing_anything_twice() {
     // given a streaming relay with on_poison = "block"
@@ -116,7 +101,7 @@ async fn the_stream_holds_at_an_unmappable_row_without_publishing_anything_twice
     assert!(relay.exited().is_none(), "the relay gave up: {}", relay.log_text());
     // and the slot is not confirmed past the held transaction
     assert!(
-        confirmed_flush(&h.client, &h.s.slot).await <= before_poison,
+        slot_confirmed_flush(&h.client, &h.s.slot).await <= before_poison,
         "confirmed past the held transaction"
     );
     let (_, body) = relay.readyz().unwrap_or_default();

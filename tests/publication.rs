@@ -29,21 +29,6 @@ async fn insert(client: &Client, s: &Setup, table: &str, key: &str) {
         .unwrap();
 }
 
-async fn wal_lsn(client: &Client) -> i64 {
-    client.query_one("SELECT (pg_current_wal_lsn() - '0/0')::bigint", &[]).await.unwrap().get(0)
-}
-
-async fn confirmed_flush(client: &Client, slot: &str) -> i64 {
-    client
-        .query_one(
-            "SELECT (confirmed_flush_lsn - '0/0')::bigint FROM pg_replication_slots WHERE slot_name = $1",
-            &[&slot],
-        )
-        .await
-        .unwrap()
-        .get(0)
-}
-
 /// Starts a relay that lingers after a fatal error, so its metrics can be read.
 fn start(s: &Setup) -> process::RelayProcess {
     s.start_with_env("relay", &[("OUTBOX_RELAY__METRICS__FATAL_EXIT_DELAY_SECS", "60")])
@@ -72,7 +57,7 @@ async fn the_outbox_removed_from_the_publication_stops_the_relay_before_it_confi
     let (_, body) = relay.readyz().unwrap_or_default();
     assert!(body.contains("does not include public.outbox_events"), "{body}");
     assert!(
-        confirmed_flush(&client, &s.slot).await <= after_alter,
+        slot_confirmed_flush(&client, &s.slot).await <= after_alter,
         "confirmed past inserts it was never sent"
     );
     relay.kill9();
@@ -97,7 +82,7 @@ async fn a_renamed_outbox_stops_the_relay() {
         })
     })
     .await;
-    assert!(confirmed_flush(&client, &s.slot).await <= after_rename);
+    assert!(slot_confirmed_flush(&client, &s.slot).await <= after_rename);
     relay.kill9();
 }
 

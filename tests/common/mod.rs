@@ -241,6 +241,23 @@ pub async fn create_topic_on(brokers: &str, topic: &str, partitions: i32) {
     }
 }
 
+/// The server's current WAL position, as a byte offset.
+pub async fn wal_lsn(client: &Client) -> i64 {
+    client.query_one("SELECT (pg_current_wal_lsn() - '0/0')::bigint", &[]).await.unwrap().get(0)
+}
+
+/// `slot`'s confirmed_flush_lsn, as a byte offset.
+pub async fn slot_confirmed_flush(client: &Client, slot: &str) -> i64 {
+    client
+        .query_one(
+            "SELECT (confirmed_flush_lsn - '0/0')::bigint FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
 /// A record as the consumer saw it.
 #[derive(Debug, Clone)]
 pub struct Consumed {
