@@ -43,6 +43,7 @@ pub const DEFAULT_STATUS_INTERVAL_MS: u64 = 200;
 pub const DEFAULT_MESSAGE_PREFIX: &str = "outbox";
 pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 200;
 pub const DEFAULT_MAX_IN_FLIGHT_EVENTS: usize = 20_000;
+pub const DEFAULT_MAX_IN_FLIGHT_BYTES: usize = 64 << 20;
 pub const DEFAULT_RETRY_INITIAL_MS: u64 = 100;
 pub const DEFAULT_RETRY_MAX_MS: u64 = 30_000;
 pub const DEFAULT_SHUTDOWN_GRACE_SECS: u64 = 30;
@@ -371,6 +372,9 @@ pub struct ReplicationConfig {
     pub heartbeat_interval_ms: u64,
     /// Events sent to Kafka but not yet acknowledged; reading the slot pauses at this bound.
     pub max_in_flight_events: usize,
+    /// Bytes of those events (payload, key, topic, headers); reading pauses at this bound too,
+    /// so memory stays bounded whatever the rows' size.
+    pub max_in_flight_bytes: usize,
 }
 
 impl Default for ReplicationConfig {
@@ -384,6 +388,7 @@ impl Default for ReplicationConfig {
             message_prefix: DEFAULT_MESSAGE_PREFIX.into(),
             heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
             max_in_flight_events: DEFAULT_MAX_IN_FLIGHT_EVENTS,
+            max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
         }
     }
 }
@@ -628,6 +633,12 @@ impl RelayConfig {
             return Err(ConfigError::invalid(
                 "replication.max_in_flight_events",
                 "must be between 1 and 1000000",
+            ));
+        }
+        if !((1 << 20)..=(4 << 30)).contains(&r.max_in_flight_bytes) {
+            return Err(ConfigError::invalid(
+                "replication.max_in_flight_bytes",
+                "must be between 1048576 (1 MiB) and 4294967296 (4 GiB)",
             ));
         }
         Ok(())

@@ -57,6 +57,12 @@ pub struct OutboxEvent {
 }
 
 impl OutboxEvent {
+    /// The bytes this record holds (payload, key, topic, headers), for in-flight byte budgets.
+    pub fn size(&self) -> usize {
+        let headers: usize = self.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+        self.payload.len() + self.key.len() + self.topic.len() + self.id.len() + headers
+    }
+
     /// The row this record was made from, as far as the record tells (for the dead-letter
     /// table when Kafka refuses it): the resolved topic, the key as aggregate id, and the
     /// row's own headers as a JSON object.

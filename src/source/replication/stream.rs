@@ -77,6 +77,8 @@ pub(super) struct StreamSession<'a> {
     verified: Lsn,
     /// The last position confirmed to PostgreSQL: never past `verified`.
     confirmed: Lsn,
+    /// Bytes of the records handed to Kafka and not yet settled.
+    in_flight_bytes: usize,
 }
 
 impl<'a> StreamSession<'a> {
@@ -100,6 +102,7 @@ impl<'a> StreamSession<'a> {
             held: None,
             verified: confirmed,
             confirmed,
+            in_flight_bytes: 0,
         }
     }
 
@@ -116,12 +119,16 @@ impl<'a> StreamSession<'a> {
         verify.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let config = &self.source.config.replication;
         let max_in_flight = config.max_in_flight_events;
+        let max_in_flight_bytes = config.max_in_flight_bytes;
         let heartbeat_ms = config.heartbeat_interval_ms;
         let mut stall_check = tokio::time::interval(self.stall.period());
         let mut heartbeat = tokio::time::interval(Duration::from_millis(heartbeat_ms.max(1)));
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let reading = self.held.is_none() && self.tracker.in_flight_events() < max_in_flight;
+            // the bounds: a record may take the bytes over the budget, the next waits
+            let reading = self.held.is_none()
+                && self.tracker.in_flight_events() < max_in_flight
+                && self.in_flight_bytes < max_in_flight_bytes;
             let retry_at = self.held.as_ref().filter(|h| !h.resending).map(|h| h.next_try);
             tokio::select! {
                 biased;
@@ -321,6 +328,7 @@ impl<'a> StreamSession<'a> {
 
     /// Hands `event` to the producer; its report arrives in `deliveries`.
     async fn send(&mut self, txn: TxnId, event: OutboxEvent) {
+        self.in_flight_bytes += event.size();
         let sent = Instant::now();
         let future = self.source.sink.enqueue(&event).await;
         self.deliveries.push(Box::pin(async move {
@@ -340,6 +348,7 @@ impl<'a> StreamSession<'a> {
     /// the session.
     async fn settle(&mut self, done: Delivered) -> Result<(), RelayError> {
         let Delivered { txn, event, sent, outcome } = done;
+        self.in_flight_bytes = self.in_flight_bytes.saturating_sub(event.size());
         let resent = self.held.as_ref().is_some_and(|h| {
             h.resending && h.refused.front().is_some_and(|(t, e)| *t == txn && e.id == event.id)
         });

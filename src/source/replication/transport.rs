@@ -52,6 +52,9 @@ pub async fn connect(config: &RelayConfig, ack: Lsn) -> Result<ReplicationClient
         ReplicationConfig::new(&pg.host, &pg.user, password, &pg.database, &r.slot, r.publication.as_str())
             .with_port(pg.port)
             .with_tls(crate::postgres::replication_tls(pg))
+            // the transport reads ahead of the relay into a channel of this many messages: with
+            // its default (8,192) and 10 KB rows that alone is 80 MB, past any in-flight bound
+            .with_buffer_size(STREAM_BUFFER_MESSAGES)
             .with_start_lsn(pgwire_replication::Lsn::ZERO) // 0/0: resume at the slot's confirmed position
             .with_ack_lsn(pgwire_replication::Lsn(ack.0))
             .with_status_interval(Duration::from_millis(r.status_interval_ms))
@@ -60,6 +63,9 @@ pub async fn connect(config: &RelayConfig, ack: Lsn) -> Result<ReplicationClient
     // connect_gated spawns the session task; connection errors surface on the first call.
     ReplicationClient::connect_gated(cfg).await.map_err(classify)
 }
+
+/// Messages the transport may read ahead of the relay.
+const STREAM_BUFFER_MESSAGES: usize = 1_024;
 
 /// SQLSTATE undefined_object.
 const UNDEFINED_OBJECT: &str = "42704";
