@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::broker::OwnBroker;
 use common::*;
 
 const ROWS: i64 = 50_000;
@@ -19,13 +20,20 @@ fn peak_rss(pid: u32) -> u64 {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn fifty_thousand_ten_kilobyte_rows_stream_in_bounded_memory() {
-    // given a streaming relay
-    let s = Setup::create(&services().kafka, "", true, |slot| {
+    // given a streaming relay, on a broker of this test's own (500 MB would slow the shared one
+    // for every other test)
+    let broker = OwnBroker::start(None);
+    let s = Setup::create(&broker.brokers(), "", false, |slot| {
         format!(
             "[source]\nmode = \"replication\"\n[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n"
         )
     })
     .await;
+    wait_until("the test's broker to listen", async || {
+        std::net::TcpStream::connect(("127.0.0.1", broker.port)).is_ok()
+    })
+    .await;
+    create_topic_on(&broker.brokers(), &s.topic, 4).await;
     let client = s.db.client().await;
     let mut relay = s.start("relay");
     relay.wait_ready("active").await;

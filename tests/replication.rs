@@ -433,7 +433,7 @@ async fn a_vanished_slot_is_fatal_until_recreated_on_purpose() {
         )
         .await
         .unwrap();
-    assert_eq!(consume(&consumer, 1, IDLE).await.len(), 1);
+    assert_eq!(consume(&consumer, 1, IDLE).await.len(), 1, "{}", relay.log_text());
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
 
     // when its slot disappears
