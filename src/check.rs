@@ -145,10 +145,60 @@ async fn postgres_checks(config: &RelayConfig, client: &Client) -> Vec<Finding> 
         SourceMode::Replication => findings.extend(replication_checks(config, client).await),
         SourceMode::Polling => {}
     }
+    if config.dead_letter.on_poison == crate::config::OnPoison::DeadLetter {
+        findings.push(dead_letter_check(config, client).await);
+    }
     if table_exists {
         findings.push(privileges::check(config, client).await);
     }
     findings
+}
+
+/// The dead-letter table exists with the columns the relay writes.
+async fn dead_letter_check(config: &RelayConfig, client: &Client) -> Finding {
+    const COLUMNS: [(&str, &str); 4] =
+        [("source_table", "text"), ("event_id", "text"), ("row_data", "jsonb"), ("reason", "text")];
+    let (schema, table) = config.dead_letter.schema_and_table();
+    let rows = client
+        .query(
+            "SELECT a.attname::text AS name, format_type(a.atttypid, a.atttypmod) AS type \
+             FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped",
+            &[&schema, &table],
+        )
+        .await;
+    let name = &config.dead_letter.table;
+    let present: Vec<(String, String)> = match rows {
+        Ok(rows) => rows.iter().map(|r| (r.get("name"), r.get("type"))).collect(),
+        Err(e) => {
+            return Finding::fail(
+                "dead_letter.table",
+                format!("cannot inspect {name}: {e}"),
+                "check the role's privileges",
+            );
+        }
+    };
+    if present.is_empty() {
+        return Finding::fail(
+            "dead_letter.table",
+            format!("dead-letter table {name} does not exist"),
+            "apply sql/004_dead_letter.sql, or set dead_letter.table",
+        );
+    }
+    let wrong: Vec<String> = COLUMNS
+        .iter()
+        .filter(|(column, ty)| !present.iter().any(|(n, t)| n == column && t == ty))
+        .map(|(column, ty)| format!("{column} {ty}"))
+        .collect();
+    if wrong.is_empty() {
+        Finding::ok("dead_letter.table", format!("dead-letter table {name} has the columns the relay writes"))
+    } else {
+        Finding::fail(
+            "dead_letter.table",
+            format!("dead-letter table {name} lacks {}", wrong.join(", ")),
+            "create it as sql/004_dead_letter.sql does",
+        )
+    }
 }
 
 async fn query_setting(client: &Client, name: &str) -> Result<String, tokio_postgres::Error> {

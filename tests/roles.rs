@@ -138,3 +138,21 @@ async fn check_names_the_missing_privilege_and_its_grant() {
         "{line}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn check_fails_a_dead_letter_table_the_relay_cannot_write() {
+    let s = setup_as("outbox_relay_polling", "[source]\nmode = \"polling\"\n").await;
+    let (code, out) = check(&s);
+    assert!(code == 0 && out.contains("OK   dead_letter.table"), "{out}");
+
+    let admin = s.db.client().await;
+    admin.batch_execute("ALTER TABLE outbox_dead_letter DROP COLUMN row_data").await.unwrap();
+    let (code, out) = check(&s);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("FAIL dead_letter.table") && out.contains("lacks row_data jsonb"), "{out}");
+
+    admin.batch_execute("DROP TABLE outbox_dead_letter").await.unwrap();
+    let (code, out) = check(&s);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("does not exist") && out.contains("sql/004_dead_letter.sql"), "{out}");
+}

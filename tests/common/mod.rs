@@ -280,7 +280,9 @@ pub fn consumer(topics: &[&str]) -> StreamConsumer {
     consumer_on(&services().kafka, topics)
 }
 
-/// As [`consumer`], on `brokers`.
+/// As [`consumer`], on `brokers`. The consumer is assigned every partition of `topics` from the
+/// beginning, without a consumer group: a group join can take the broker seconds, and a test
+/// wants every record anyway. A topic that does not exist yet is subscribed to instead.
 pub fn consumer_on(brokers: &str, topics: &[&str]) -> StreamConsumer {
     let consumer: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
@@ -290,7 +292,26 @@ pub fn consumer_on(brokers: &str, topics: &[&str]) -> StreamConsumer {
         .set("topic.metadata.refresh.interval.ms", "500")
         .create()
         .unwrap();
-    consumer.subscribe(topics).unwrap();
+    let mut assignment = rdkafka::TopicPartitionList::new();
+    let mut missing = Vec::new();
+    for topic in topics {
+        let partitions = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .ok()
+            .and_then(|md| md.topics().iter().find(|t| t.name() == *topic).map(|t| t.partitions().len()))
+            .unwrap_or(0);
+        if partitions == 0 {
+            missing.push(*topic);
+        }
+        for partition in 0..partitions as i32 {
+            assignment.add_partition_offset(topic, partition, rdkafka::Offset::Beginning).unwrap();
+        }
+    }
+    if missing.is_empty() {
+        consumer.assign(&assignment).unwrap();
+    } else {
+        consumer.subscribe(topics).unwrap();
+    }
     consumer
 }
 
