@@ -336,7 +336,13 @@ async fn steady_latency(rate: usize, duration: Duration) -> Latency {
         .set("fetch.min.bytes", "1")
         .create()
         .unwrap();
-    consumer.subscribe(&[&topic]).unwrap();
+    // every partition assigned, no consumer group: the local broker takes ~20 s to complete a
+    // group join, longer than the first receive waits (the NaN rows of earlier short runs)
+    let mut assignment = rdkafka::TopicPartitionList::new();
+    for partition in 0..PARTITIONS {
+        assignment.add_partition_offset(&topic, partition, rdkafka::Offset::Beginning).unwrap();
+    }
+    consumer.assign(&assignment).unwrap();
     // warm the consumer up before measuring
     tokio::time::sleep(Duration::from_secs(3)).await;
     let received = tokio::spawn(async move {
