@@ -123,7 +123,8 @@ pub struct Hold {
 }
 
 impl Hold {
-    fn report(&self, pulse: &Pulse) {
+    /// Logs the held event and puts it on `/readyz` (again, at each retry).
+    pub fn report(&self, pulse: &Pulse) {
         let DeadLetter { id, reason, .. } = &self.letter;
         tracing::error!(
             event_id = %id, %reason, table = %self.table,

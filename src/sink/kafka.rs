@@ -27,6 +27,8 @@ use crate::supervisor::Pulse;
 
 /// How long a metadata request may take when classifying a timed-out record.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long shutdown waits for records handed to the producer.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pause before re-enqueueing after librdkafka's local queue was full.
 const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(5);
 
@@ -144,6 +146,14 @@ impl KafkaSink {
     /// error is unusable, and one that outlived a broker restart can retry forever with an
     /// unknown producer id; a fresh one starts clean. Records of the old one still in flight
     /// carry the same event ids, so at worst they are duplicates, never gaps.
+    /// After a failed session: a fresh producer (see [`KafkaSink::reset`]); a failure to make
+    /// one is logged, and the next session fails on the old one and tries again.
+    pub(crate) fn recover(&mut self) {
+        if let Err(e) = self.reset() {
+            tracing::warn!(error = %e, "cannot recreate the Kafka producer");
+        }
+    }
+
     pub(crate) fn reset(&mut self) -> Result<(), KafkaError> {
         let old = std::mem::replace(&mut self.producer, producer_config(&self.config).create()?);
         // destroying a producer waits for its threads, which a frozen broker can hold up: not
@@ -258,9 +268,10 @@ impl KafkaSink {
         unknown.await.unwrap_or(false)
     }
 
-    /// Waits up to `timeout` for everything enqueued to be delivered or to fail (shutdown),
-    /// off the runtime's threads.
-    pub(crate) async fn flush(&self, timeout: Duration) {
+    /// Waits up to [`FLUSH_TIMEOUT`] for everything enqueued to be delivered or to fail
+    /// (shutdown), off the runtime's threads.
+    pub(crate) async fn flush(&self) {
+        let timeout = FLUSH_TIMEOUT;
         let producer = self.producer.clone();
         let flushed = tokio::task::spawn_blocking(move || producer.flush(timeout)).await;
         if let Ok(Err(e)) = flushed {

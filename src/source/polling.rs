@@ -32,8 +32,6 @@ use crate::table::{OutboxTable, quote_ident, raw_event};
 
 /// The `mode` label of this source's metrics.
 const MODE: &str = "polling";
-/// How long shutdown waits for records handed to Kafka.
-const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The statements of one configured outbox table (they need the id column's type).
 struct Statements {
@@ -83,13 +81,11 @@ impl Source for PollingSource {
     }
 
     fn recover(&mut self) {
-        if let Err(e) = self.sink.reset() {
-            tracing::warn!(error = %e, "cannot recreate the Kafka producer");
-        }
+        self.sink.recover()
     }
 
     fn flush(&self) -> impl Future<Output = ()> + Send {
-        self.sink.flush(FLUSH_TIMEOUT)
+        self.sink.flush()
     }
 }
 

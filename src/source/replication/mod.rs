@@ -22,7 +22,6 @@ mod stream;
 mod transport;
 
 use std::future::Future;
-use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio_postgres::Client;
@@ -43,8 +42,6 @@ pub const HEARTBEAT_PREFIX: &str = "outbox-relay-heartbeat";
 
 /// The `mode` label of this source's metrics.
 const MODE: &str = "replication";
-/// How long shutdown waits for records handed to Kafka.
-const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct ReplicationSource {
     config: RelayConfig,
@@ -64,13 +61,11 @@ impl Source for ReplicationSource {
     }
 
     fn recover(&mut self) {
-        if let Err(e) = self.sink.reset() {
-            tracing::warn!(error = %e, "cannot recreate the Kafka producer");
-        }
+        self.sink.recover()
     }
 
     fn flush(&self) -> impl Future<Output = ()> + Send {
-        self.sink.flush(FLUSH_TIMEOUT)
+        self.sink.flush()
     }
 }
 

@@ -37,6 +37,8 @@ struct Delivered {
     txn: TxnId,
     event: OutboxEvent,
     sent: Instant,
+    /// What the record counts against `replication.max_in_flight_bytes`.
+    bytes: usize,
     outcome: Result<(), KafkaError>,
 }
 
@@ -328,7 +330,8 @@ impl<'a> StreamSession<'a> {
 
     /// Hands `event` to the producer; its report arrives in `deliveries`.
     async fn send(&mut self, txn: TxnId, event: OutboxEvent) {
-        self.in_flight_bytes += event.size();
+        let bytes = event.size();
+        self.in_flight_bytes += bytes;
         let sent = Instant::now();
         let future = self.source.sink.enqueue(&event).await;
         self.deliveries.push(Box::pin(async move {
@@ -340,15 +343,15 @@ impl<'a> StreamSession<'a> {
                 },
                 Err(e) => Err(e),
             };
-            Delivered { txn, event, sent, outcome }
+            Delivered { txn, event, sent, bytes, outcome }
         }));
     }
 
     /// An acknowledgement, or a failure: permanent ones are unpublishable, transient ones end
     /// the session.
     async fn settle(&mut self, done: Delivered) -> Result<(), RelayError> {
-        let Delivered { txn, event, sent, outcome } = done;
-        self.in_flight_bytes = self.in_flight_bytes.saturating_sub(event.size());
+        let Delivered { txn, event, sent, bytes, outcome } = done;
+        self.in_flight_bytes -= bytes;
         let resent = self.held.as_ref().is_some_and(|h| {
             h.resending && h.refused.front().is_some_and(|(t, e)| *t == txn && e.id == event.id)
         });
@@ -410,10 +413,7 @@ impl<'a> StreamSession<'a> {
                 tracing::info!(event_id = %event.id, "sending the held record again");
                 self.send(txn, event).await;
             }
-            None => {
-                let id = &held.hold.letter.id;
-                tracing::error!(event_id = %id, reason = %held.hold.letter.reason, "still blocked at an unpublishable event (dead_letter.on_poison = \"block\")");
-            }
+            None => held.hold.report(self.pulse),
         }
     }
 
