@@ -36,6 +36,7 @@ pub const DEFAULT_NOTIFY_CHANNEL: &str = "outbox_events";
 pub const DEFAULT_DEAD_LETTER_TABLE: &str = "public.outbox_dead_letter";
 pub const DEFAULT_PUBLISHED_AT_COLUMN: &str = "published_at";
 pub const DEFAULT_CLAIM_TIMEOUT_MS: u64 = 30_000;
+pub const DEFAULT_MAX_BATCH_BYTES: usize = 16 << 20;
 pub const DEFAULT_LEADER_LOCK_KEY: i64 = 0x6f75_7462_6f78; // "outbox" in ASCII
 pub const DEFAULT_SLOT: &str = "outbox_relay";
 pub const DEFAULT_PUBLICATION: &str = "outbox_relay";
@@ -44,6 +45,7 @@ pub const DEFAULT_MESSAGE_PREFIX: &str = "outbox";
 pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 200;
 pub const DEFAULT_MAX_IN_FLIGHT_EVENTS: usize = 20_000;
 pub const DEFAULT_MAX_IN_FLIGHT_BYTES: usize = 32 << 20;
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 50 << 20;
 pub const DEFAULT_RETRY_INITIAL_MS: u64 = 100;
 pub const DEFAULT_RETRY_MAX_MS: u64 = 30_000;
 pub const DEFAULT_SHUTDOWN_GRACE_SECS: u64 = 30;
@@ -334,6 +336,9 @@ pub struct PollingConfig {
     /// How long the claim transaction waits for Kafka's acknowledgements before it rolls back:
     /// while it waits it holds the rows' locks and the database's xmin horizon (vacuum).
     pub claim_timeout_ms: u64,
+    /// A claim ends once its rows hold this many bytes (of the event columns), so memory stays
+    /// bounded whatever the rows' size; a row larger than this is claimed alone.
+    pub max_batch_bytes: usize,
 }
 
 impl Default for PollingConfig {
@@ -348,6 +353,7 @@ impl Default for PollingConfig {
             notify_channel: DEFAULT_NOTIFY_CHANNEL.into(),
             leader_lock_key: DEFAULT_LEADER_LOCK_KEY,
             claim_timeout_ms: DEFAULT_CLAIM_TIMEOUT_MS,
+            max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
         }
     }
 }
@@ -375,6 +381,9 @@ pub struct ReplicationConfig {
     /// Bytes of those events (payload, key, topic, headers); reading pauses at this bound too,
     /// so memory stays bounded whatever the rows' size.
     pub max_in_flight_bytes: usize,
+    /// The largest single change the stream reads (a row's Insert message); a larger one stops
+    /// the relay (fatal `too_large`) instead of exhausting memory.
+    pub max_message_bytes: usize,
 }
 
 impl Default for ReplicationConfig {
@@ -389,6 +398,7 @@ impl Default for ReplicationConfig {
             heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
             max_in_flight_events: DEFAULT_MAX_IN_FLIGHT_EVENTS,
             max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
         }
     }
 }
@@ -641,6 +651,12 @@ impl RelayConfig {
                 "must be between 1048576 (1 MiB) and 4294967296 (4 GiB)",
             ));
         }
+        if !((1 << 20)..=(1 << 30)).contains(&r.max_message_bytes) {
+            return Err(ConfigError::invalid(
+                "replication.max_message_bytes",
+                "must be between 1048576 (1 MiB) and 1073741824 (1 GiB)",
+            ));
+        }
         Ok(())
     }
 
@@ -690,6 +706,12 @@ impl RelayConfig {
         }
         if !(100..=600_000).contains(&p.claim_timeout_ms) {
             return Err(ConfigError::invalid("polling.claim_timeout_ms", "must be between 100 and 600000"));
+        }
+        if !((64 << 10)..=(1 << 30)).contains(&p.max_batch_bytes) {
+            return Err(ConfigError::invalid(
+                "polling.max_batch_bytes",
+                "must be between 65536 (64 KiB) and 1073741824 (1 GiB)",
+            ));
         }
         if p.after_publish == AfterPublish::Mark && p.published_at_column.is_empty() {
             return Err(ConfigError::invalid(

@@ -22,6 +22,9 @@ use tokio_postgres::GenericClient;
 
 use crate::config::{OnPoison, RelayConfig, RetryConfig};
 use crate::error::RelayError;
+use bytes::{BufMut, BytesMut};
+use tokio_postgres::types::{IsNull, ToSql, Type, accepts, to_sql_checked};
+
 use crate::event::{OutboxEvent, RawEvent, Unpublishable};
 use crate::metrics::metrics;
 use crate::supervisor::{Backoff, Pulse, wait_or_shutdown};
@@ -31,8 +34,34 @@ use crate::table::{OutboxTable, quote_ident};
 #[derive(Debug, Clone)]
 pub struct DeadLetter {
     pub id: String,
-    pub row: RawEvent,
+    pub row: LetterRow,
     pub reason: String,
+}
+
+/// What a dead letter keeps of its event, to write as `row_data`: the row as read, or the
+/// record Kafka refused. It is serialized as JSON straight into the INSERT's parameters, so a
+/// large payload is not copied once more on its way there.
+#[derive(Debug, Clone)]
+pub enum LetterRow {
+    Row(RawEvent),
+    Record(OutboxEvent),
+}
+
+impl ToSql for LetterRow {
+    fn to_sql(
+        &self,
+        _: &Type,
+        out: &mut BytesMut,
+    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        match self {
+            LetterRow::Row(raw) => serde_json::to_writer(out.writer(), &raw.row_data())?,
+            LetterRow::Record(event) => serde_json::to_writer(out.writer(), &event.row_data())?,
+        }
+        Ok(IsNull::No)
+    }
+
+    accepts!(TEXT);
+    to_sql_checked!();
 }
 
 impl DeadLetter {
@@ -41,13 +70,13 @@ impl DeadLetter {
         DeadLetter {
             id: unpublishable.row.id.clone().unwrap_or_default(),
             reason: unpublishable.reason.to_string(),
-            row: unpublishable.row,
+            row: LetterRow::Row(unpublishable.row),
         }
     }
 
     /// A record Kafka refused permanently.
-    pub fn refused(event: &OutboxEvent, reason: String) -> DeadLetter {
-        DeadLetter { id: event.id.clone(), row: event.to_raw(), reason }
+    pub fn refused(event: OutboxEvent, reason: String) -> DeadLetter {
+        DeadLetter { id: event.id.clone(), row: LetterRow::Record(event), reason }
     }
 }
 
@@ -68,8 +97,8 @@ impl DeadLetters {
         DeadLetters {
             insert_sql: format!(
                 "INSERT INTO {}.{} (source_table, event_id, row_data, reason) \
-                 SELECT $1, u.event_id, u.row_data, u.reason \
-                 FROM unnest($2::text[], $3::jsonb[], $4::text[]) AS u(event_id, row_data, reason)",
+                 SELECT $1, u.event_id, u.row_data::jsonb, u.reason \
+                 FROM unnest($2::text[], $3::text[], $4::text[]) AS u(event_id, row_data, reason)",
                 quote_ident(schema),
                 quote_ident(table)
             ),
@@ -96,7 +125,7 @@ impl DeadLetters {
             return Ok(0);
         }
         let ids: Vec<&str> = letters.iter().map(|l| l.id.as_str()).collect();
-        let rows: Vec<serde_json::Value> = letters.iter().map(|l| l.row.to_json()).collect();
+        let rows: Vec<&LetterRow> = letters.iter().map(|l| &l.row).collect();
         let reasons: Vec<&str> = letters.iter().map(|l| l.reason.as_str()).collect();
         let written = client.execute(&self.insert_sql, &[&self.source_table, &ids, &rows, &reasons]).await?;
         metrics().events_dead_lettered.with_label_values(&[self.mode]).inc_by(written);

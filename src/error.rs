@@ -70,6 +70,8 @@ pub enum FatalReason {
     Tls,
     /// The server cannot send text as UTF-8 (a SQL_ASCII database holding other bytes).
     Encoding,
+    /// A change in the stream is larger than `replication.max_message_bytes`.
+    TooLarge,
     /// The role lacks a privilege it needs.
     Privilege,
     /// The configuration cannot work (checked at start-up).
@@ -82,7 +84,7 @@ pub enum FatalReason {
 
 impl FatalReason {
     /// Every reason, for initializing the labelled series at zero.
-    pub const ALL: [FatalReason; 12] = [
+    pub const ALL: [FatalReason; 13] = [
         FatalReason::SlotLost,
         FatalReason::SlotMissing,
         FatalReason::Publication,
@@ -91,6 +93,7 @@ impl FatalReason {
         FatalReason::Auth,
         FatalReason::Tls,
         FatalReason::Encoding,
+        FatalReason::TooLarge,
         FatalReason::Privilege,
         FatalReason::Config,
         FatalReason::Protocol,
@@ -107,6 +110,7 @@ impl FatalReason {
             FatalReason::Auth => "auth",
             FatalReason::Tls => "tls",
             FatalReason::Encoding => "encoding",
+            FatalReason::TooLarge => "too_large",
             FatalReason::Privilege => "privilege",
             FatalReason::Config => "config",
             FatalReason::Protocol => "protocol",

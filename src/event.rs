@@ -8,6 +8,7 @@
 //! value = the payload as stored, headers `id`, `event_type`, `aggregate_type` and every string
 //! entry of the row's `headers` JSON object.
 
+use std::borrow::Cow;
 use std::time::SystemTime;
 
 use crate::config::OutboxConfig;
@@ -28,19 +29,48 @@ pub struct RawEvent {
 }
 
 impl RawEvent {
-    /// The row as JSON, for the dead-letter table's `row_data` (column names as configured
-    /// are not known here, so the fields are named as in the default layout).
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "id": self.id,
-            "aggregate_type": self.aggregate_type,
-            "aggregate_id": self.aggregate_id,
-            "event_type": self.event_type,
-            "payload": self.payload,
-            "headers": self.headers,
-            "topic": self.topic,
-        })
+    /// The bytes of its text, as the claim budget counts them.
+    pub fn size(&self) -> usize {
+        [
+            &self.id,
+            &self.aggregate_type,
+            &self.aggregate_id,
+            &self.event_type,
+            &self.payload,
+            &self.headers,
+            &self.topic,
+        ]
+        .iter()
+        .map(|f| f.as_ref().map_or(0, String::len))
+        .sum()
     }
+
+    /// The dead-letter table's `row_data` for this row.
+    pub fn row_data(&self) -> RowData<'_> {
+        RowData {
+            id: self.id.as_deref(),
+            aggregate_type: self.aggregate_type.as_deref(),
+            aggregate_id: self.aggregate_id.as_deref(),
+            event_type: self.event_type.as_deref(),
+            payload: self.payload.as_deref().map(Cow::Borrowed),
+            headers: self.headers.as_deref().map(Cow::Borrowed),
+            topic: self.topic.as_deref(),
+        }
+    }
+}
+
+/// A row as the dead-letter table's `row_data` holds it: the event columns as text, keyed by the
+/// default column names (the configured names are not known there). Borrowed, so a large payload
+/// is not copied on its way to JSON.
+#[derive(Debug, serde::Serialize)]
+pub struct RowData<'a> {
+    id: Option<&'a str>,
+    aggregate_type: Option<&'a str>,
+    aggregate_id: Option<&'a str>,
+    event_type: Option<&'a str>,
+    payload: Option<Cow<'a, str>>,
+    headers: Option<Cow<'a, str>>,
+    topic: Option<&'a str>,
 }
 
 /// A record ready for the sink.
@@ -63,26 +93,25 @@ impl OutboxEvent {
         self.payload.len() + self.key.len() + self.topic.len() + self.id.len() + headers
     }
 
-    /// The row this record was made from, as far as the record tells (for the dead-letter
-    /// table when Kafka refuses it): the resolved topic, the key as aggregate id, and the
-    /// row's own headers as a JSON object.
-    pub fn to_raw(&self) -> RawEvent {
-        let header = |name: &str| self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+    /// The `row_data` of the row this record was made from, as far as the record tells (for the
+    /// dead-letter table when Kafka refuses it): the resolved topic, the key as aggregate id,
+    /// and the row's own headers as a JSON object.
+    pub fn row_data(&self) -> RowData<'_> {
+        let header = |name: &str| self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
         let own: serde_json::Map<String, serde_json::Value> = self
             .headers
             .iter()
             .skip(BUILT_IN_HEADERS)
             .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
             .collect();
-        RawEvent {
-            id: Some(self.id.clone()),
+        RowData {
+            id: Some(&self.id),
             aggregate_type: header("aggregate_type"),
-            aggregate_id: Some(self.key.clone()),
+            aggregate_id: Some(&self.key),
             event_type: header("event_type"),
-            payload: Some(String::from_utf8_lossy(&self.payload).into_owned()),
-            headers: (!own.is_empty()).then(|| serde_json::Value::Object(own).to_string()),
-            topic: Some(self.topic.clone()),
-            unreadable: None,
+            payload: Some(String::from_utf8_lossy(&self.payload)),
+            headers: (!own.is_empty()).then(|| Cow::Owned(serde_json::Value::Object(own).to_string())),
+            topic: Some(&self.topic),
         }
     }
 }
@@ -349,7 +378,18 @@ mod tests {
     #[test]
     fn a_record_gives_back_the_row_it_came_from() {
         let event = mapping().to_event(raw(), None).unwrap();
-        let back = event.to_raw();
+        let json = serde_json::to_value(event.row_data()).unwrap();
+        let text = |key: &str| json[key].as_str().map(String::from);
+        let back = RawEvent {
+            id: text("id"),
+            aggregate_type: text("aggregate_type"),
+            aggregate_id: text("aggregate_id"),
+            event_type: text("event_type"),
+            payload: text("payload"),
+            headers: text("headers"),
+            topic: text("topic"),
+            unreadable: None,
+        };
         assert_eq!(back.id.as_deref(), Some("7"));
         assert_eq!(back.aggregate_type.as_deref(), Some("order"));
         assert_eq!(back.aggregate_id.as_deref(), Some("42"));

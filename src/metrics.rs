@@ -72,7 +72,7 @@ pub const ALL: &[(&str, &str)] = &[
     (BUILD_INFO, "Always 1; labels say the version and source mode"),
     (
         FATAL,
-        "1 when the relay stopped on a fatal error (reason: slot_lost, slot_missing, publication, outbox_changed, schema, auth, tls, encoding, privilege, config, protocol, other)",
+        "1 when the relay stopped on a fatal error (reason: slot_lost, slot_missing, publication, outbox_changed, schema, auth, tls, encoding, too_large, privilege, config, protocol, other)",
     ),
     (
         STREAM_MESSAGES_SKIPPED,

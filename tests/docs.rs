@@ -61,3 +61,14 @@ fn the_scan_finds_paths_and_skips_lookalikes() {
     let text = "apply sql/001_outbox_events.sql, then sql/100_relay_role.sql. see mysql/x and sql/";
     assert_eq!(sql_paths(text), ["sql/001_outbox_events.sql", "sql/100_relay_role.sql"]);
 }
+
+#[test]
+fn the_runbook_explains_every_fatal_reason() {
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    let runbook = readme.split("#### OutboxRelayFatal").nth(1).expect("an OutboxRelayFatal runbook section");
+    let runbook = runbook.split("\n#### ").next().unwrap();
+    for reason in outbox_relay::error::FatalReason::ALL {
+        let label = format!("`{}`", reason.label());
+        assert!(runbook.contains(&label), "the OutboxRelayFatal runbook does not explain reason {label}");
+    }
+}

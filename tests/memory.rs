@@ -1,15 +1,24 @@
-//! Memory is bounded in bytes, not only in events: 50,000 outbox rows of 10 KB stream through a
-//! relay whose peak RSS stays under the 256 MiB the StatefulSet allows
-//! (`replication.max_in_flight_bytes`, 64 MiB by default, pauses reading at that many bytes in
-//! flight). The figure is recorded in BENCHMARKS.md.
+//! Memory is bounded in bytes, not only in events: the relay's peak RSS stays under the 256 MiB
+//! the StatefulSet allows with 50,000 rows of 10 KB in either mode, with one row of 50 MB (more
+//! than Kafka takes: it is dead-lettered whole), and with one transaction of 200,000 events
+//! (it arrives whole). `replication.max_in_flight_bytes` pauses reading at that many bytes in
+//! flight; `polling.max_batch_bytes` ends a claim at that many bytes. The figures are recorded
+//! in BENCHMARKS.md.
 
 mod common;
 
-use common::broker::OwnBroker;
-use common::*;
+use std::collections::HashSet;
+use std::time::Duration;
 
-const ROWS: i64 = 50_000;
+use common::broker::OwnBroker;
+use common::process::RelayProcess;
+use common::*;
+use rdkafka::Message;
+use rdkafka::message::Headers;
+
 const LIMIT_BYTES: u64 = 256 << 20;
+/// How long a test may take to relay its half gigabyte.
+const RELAY_LIMIT: Duration = Duration::from_secs(600);
 
 /// The peak resident set of process `pid` (VmHWM), in bytes.
 fn peak_rss(pid: u32) -> u64 {
@@ -18,28 +27,79 @@ fn peak_rss(pid: u32) -> u64 {
     line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn fifty_thousand_ten_kilobyte_rows_stream_in_bounded_memory() {
-    // given a streaming relay, on a broker of this test's own (500 MB would slow the shared one
-    // for every other test)
-    let broker = OwnBroker::start(None);
-    let s = Setup::create(&broker.brokers(), "", false, |slot| {
-        format!(
-            "[source]\nmode = \"replication\"\n[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n"
-        )
-    })
-    .await;
-    wait_until("the test's broker to listen", async || {
-        std::net::TcpStream::connect(("127.0.0.1", broker.port)).is_ok()
-    })
-    .await;
-    create_topic_on(&broker.brokers(), &s.topic, 4).await;
-    let client = s.db.client().await;
-    let mut relay = s.start("relay");
-    relay.wait_ready("active").await;
+/// A running relay in `mode` on a broker of the test's own (hundreds of megabytes would slow
+/// the shared one for every other test).
+struct Run {
+    broker: OwnBroker,
+    s: Setup,
+    relay: RelayProcess,
+}
 
-    // when 50,000 rows of 10 KB (500 MB) are committed, in transactions of 1,000
-    for batch in 0..ROWS / 1_000 {
+impl Run {
+    async fn start(mode: &str) -> Run {
+        Self::start_with_env(mode, &[]).await
+    }
+
+    async fn start_with_env(mode: &str, env: &[(&str, &str)]) -> Run {
+        let broker = OwnBroker::start(None);
+        let s = Setup::create(&broker.brokers(), "", false, |slot| {
+            format!(
+                "[source]\nmode = \"{mode}\"\n[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n"
+            )
+        })
+        .await;
+        broker.wait_listening().await;
+        create_topic_on(&broker.brokers(), &s.topic, 4).await;
+        let relay = s.start_with_env("relay", env);
+        relay.wait_ready("active").await;
+        Run { broker, s, relay }
+    }
+
+    async fn wait_published(&self, mode: &str, events: i64) {
+        let series = format!("outbox_relay_events_published_total{{mode=\"{mode}\"}}");
+        let what = self.relay.context(format!("{events} events acknowledged"));
+        wait_until_within(RELAY_LIMIT, what, async || {
+            self.relay.metric(&series).is_some_and(|v| v >= events as f64)
+        })
+        .await;
+    }
+
+    /// The distinct event ids (the `id` header) of the records the topic holds, read until
+    /// `expected` distinct ones arrived or nothing more comes for [`IDLE`], and how many records
+    /// held them. (The broker's high watermarks lag the log, so the records are counted.)
+    /// Payloads are not kept: they may be gigabytes.
+    async fn ids_in_kafka(&self, expected: usize) -> (HashSet<String>, usize) {
+        let consumer = consumer_on(&self.broker.brokers(), &[&self.s.topic]);
+        let (mut ids, mut records) = (HashSet::new(), 0);
+        while ids.len() < expected {
+            let Ok(message) = tokio::time::timeout(IDLE, consumer.recv()).await else { break };
+            let message = message.expect("consume");
+            let id = message.headers().and_then(|hs| hs.iter().find(|h| h.key == "id").and_then(|h| h.value));
+            ids.insert(String::from_utf8_lossy(id.expect("an id header")).into_owned());
+            records += 1;
+        }
+        (ids, records)
+    }
+
+    /// Asserts the topic holds exactly `expected` records, each once.
+    async fn assert_in_kafka_once(&self, expected: usize) {
+        let (ids, records) = self.ids_in_kafka(expected).await;
+        assert_eq!((ids.len(), records), (expected, expected), "(distinct events, records) in Kafka");
+    }
+
+    /// Asserts the peak RSS stayed under the StatefulSet's limit, and stops the relay.
+    fn finish(mut self, what: &str) {
+        let peak = peak_rss(self.relay.pid());
+        eprintln!("peak RSS with {what}: {} MiB", peak >> 20);
+        assert!(peak < LIMIT_BYTES, "peak RSS {} MiB with {what} reached the 256 MiB limit", peak >> 20);
+        assert_eq!(self.relay.terminate(EXIT_LIMIT), Some(0));
+    }
+}
+
+/// Commits `rows` rows of 10 KB, in transactions of 1,000.
+async fn write_ten_kilobyte_rows(s: &Setup, rows: i64) {
+    let client = s.db.client().await;
+    for batch in 0..rows / 1_000 {
         client
             .execute(
                 "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
@@ -50,17 +110,147 @@ async fn fifty_thousand_ten_kilobyte_rows_stream_in_bounded_memory() {
             .await
             .unwrap();
     }
+}
 
-    // then Kafka acknowledged every one, and the relay's peak RSS stayed under the limit
-    let series = "outbox_relay_events_published_total{mode=\"replication\"}";
-    wait_until_within(
-        std::time::Duration::from_secs(600),
-        relay.context("every row acknowledged".into()),
-        async || relay.metric(series).is_some_and(|v| v >= ROWS as f64),
-    )
-    .await;
-    let peak = peak_rss(relay.pid());
-    eprintln!("peak RSS after {ROWS} rows of 10 KB: {} MiB", peak >> 20);
-    assert!(peak < LIMIT_BYTES, "peak RSS {} MiB reached the StatefulSet's 256 MiB", peak >> 20);
-    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+async fn fifty_thousand_ten_kilobyte_rows(mode: &str) {
+    const ROWS: i64 = 50_000;
+    let run = Run::start(mode).await;
+    write_ten_kilobyte_rows(&run.s, ROWS).await;
+    run.wait_published(mode, ROWS).await;
+    run.assert_in_kafka_once(ROWS as usize).await;
+    run.finish(&format!("{ROWS} rows of 10 KB ({mode})"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fifty_thousand_ten_kilobyte_rows_stream_in_bounded_memory() {
+    fifty_thousand_ten_kilobyte_rows("replication").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fifty_thousand_ten_kilobyte_rows_are_polled_in_bounded_memory() {
+    fifty_thousand_ten_kilobyte_rows("polling").await;
+}
+
+/// The largest claim a polling relay logged ("batch committed claimed=N").
+fn largest_claim(log: &std::path::Path) -> usize {
+    let log = std::fs::read_to_string(log).unwrap();
+    let claims = log.lines().filter(|l| l.contains("batch committed")).filter_map(|l| {
+        let (_, rest) = l.split_once("claimed=")?;
+        rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    });
+    claims.max().unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_polling_claim_ends_at_its_byte_budget() {
+    // given a polling relay claiming up to 5,000 rows, or 1 MiB of them
+    let env = [
+        ("OUTBOX_RELAY__POLLING__BATCH_SIZE", "5000"),
+        ("OUTBOX_RELAY__POLLING__MAX_BATCH_BYTES", "1048576"),
+    ];
+    let run = Run::start_with_env("polling", &env).await;
+
+    // when 5,000 rows of 10 KB wait in the table
+    write_ten_kilobyte_rows(&run.s, 5_000).await;
+    run.wait_published("polling", 5_000).await;
+
+    // then every claim stayed near 1 MiB (about 100 rows, never the 5,000 the count allows)
+    let largest = largest_claim(&run.relay.log);
+    assert!((50..=110).contains(&largest), "the largest claim held {largest} rows of 10 KB");
+    run.assert_in_kafka_once(5_000).await;
+    run.finish("5,000 rows of 10 KB in claims of 1 MiB");
+}
+
+/// One 50 MB row between two small ones of the same aggregate: Kafka takes at most 1 MB, so
+/// the row is dead-lettered whole, with its reason, and the small ones are published.
+async fn a_fifty_megabyte_row(mode: &str) {
+    const BLOB: i32 = 50_000_000;
+    let run = Run::start(mode).await;
+    let client = run.s.db.client().await;
+    let insert = "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+                  VALUES ($1, 'agg', 'E', jsonb_build_object('blob', repeat('x', $2)))";
+    for size in [1, BLOB, 1] {
+        client.execute(insert, &[&run.s.aggregate_type, &size]).await.unwrap();
+    }
+    run.wait_published(mode, 2).await;
+    let dead: Vec<(String, i32)> = client
+        .query("SELECT reason, length(row_data->>'payload') FROM outbox_dead_letter", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert!(dead[0].0.to_lowercase().contains("too large"), "reason: {}", dead[0].0);
+    assert!(dead[0].1 > BLOB, "the dead-lettered payload is cut: {} bytes", dead[0].1);
+    run.assert_in_kafka_once(2).await;
+    run.finish(&format!("a 50 MB row ({mode})"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fifty_megabyte_row_is_dead_lettered_whole_from_the_stream() {
+    a_fifty_megabyte_row("replication").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fifty_megabyte_row_is_dead_lettered_whole_by_polling() {
+    a_fifty_megabyte_row("polling").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_transaction_of_two_hundred_thousand_events_arrives_whole() {
+    const EVENTS: i64 = 200_000;
+    let run = Run::start("replication").await;
+    run.s
+        .db
+        .client()
+        .await
+        .execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+             SELECT $1, 'agg-' || (g % 1000), 'E', jsonb_build_object('n', g) FROM generate_series(1, $2::bigint) g",
+            &[&run.s.aggregate_type, &EVENTS],
+        )
+        .await
+        .unwrap();
+    run.wait_published("replication", EVENTS).await;
+    run.assert_in_kafka_once(EVENTS as usize).await;
+    run.finish(&format!("one transaction of {EVENTS} events"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_change_over_the_stream_limit_stops_the_relay_until_the_limit_is_raised() {
+    // given a streaming relay that reads changes of at most 1 MiB
+    let limit = [
+        ("OUTBOX_RELAY__REPLICATION__MAX_MESSAGE_BYTES", "1048576"),
+        ("OUTBOX_RELAY__METRICS__FATAL_EXIT_DELAY_SECS", "60"),
+    ];
+    let mut run = Run::start_with_env("replication", &limit).await;
+    let client = run.s.db.client().await;
+    let insert = "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+                  VALUES ($1, 'agg', 'E', jsonb_build_object('blob', repeat('x', $2)))";
+    client.execute(insert, &[&run.s.aggregate_type, &1]).await.unwrap();
+    run.wait_published("replication", 1).await;
+
+    // when a 2 MB row is committed, and a small one after it
+    let before_big = wal_lsn(&client).await;
+    for size in [2_000_000, 1] {
+        client.execute(insert, &[&run.s.aggregate_type, &size]).await.unwrap();
+    }
+
+    // then the relay stops naming the setting, without confirming past the big row
+    run.relay.wait_metric("outbox_relay_fatal_error{reason=\"too_large\"}", |v| v == 1.0).await;
+    let (_, body) = run.relay.readyz().unwrap_or_default();
+    assert!(body.contains("replication.max_message_bytes"), "{body}");
+    assert!(slot_confirmed_flush(&client, &run.s.slot).await <= before_big, "confirmed past the big row");
+    run.relay.kill9();
+
+    // and once the limit is raised (the default), the big row is dead-lettered (Kafka takes
+    // 1 MB) and the small one published: nothing is lost
+    run.relay = run.s.start("relay-raised");
+    run.wait_published("replication", 1).await;
+    let dead: i64 = client.query_one("SELECT count(*) FROM outbox_dead_letter", &[]).await.unwrap().get(0);
+    assert_eq!(dead, 1);
+    // (the first event may come twice: the relay was killed before it confirmed it)
+    assert_eq!(run.ids_in_kafka(2).await.0.len(), 2);
+    run.finish("a 2 MB row after raising the stream limit");
 }

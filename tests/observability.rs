@@ -8,8 +8,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::broker::OwnBroker;
 use common::http::{free_port, get, sample};
-use common::mock::MockKafka;
 use common::workload::*;
 use common::*;
 
@@ -218,16 +218,18 @@ fn alert_state(port: u16, alert: &str) -> Option<String> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_real_prometheus_fires_the_slot_lag_alert_while_kafka_is_down() {
-    // given a replication relay on librdkafka's mock cluster, with low lag thresholds
-    let mock = MockKafka::start();
-    let s = Setup::on_mock(&mock, 1, |slot| {
+async fn a_real_prometheus_fires_the_slot_lag_alert_while_kafka_is_frozen() {
+    // given a replication relay on a broker of its own, with low lag thresholds
+    let broker = OwnBroker::start(None);
+    let s = Setup::create(&broker.brokers(), QUICK_KAFKA_SETTINGS, false, |slot| {
         format!(
             "[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n[metrics]\n\
              sample_interval_secs = 1\nslot_lag_warning_bytes = 65536\nslot_lag_critical_bytes = 262144\n"
         )
     })
     .await;
+    broker.wait_listening().await;
+    create_topic_on(&broker.brokers(), &s.topic, 1).await;
     create_aggregates(&s.db.client().await, 10).await;
     let mut relay = s.start("relay");
     relay.wait_ready("active").await;
@@ -268,8 +270,8 @@ async fn a_real_prometheus_fires_the_slot_lag_alert_while_kafka_is_down() {
             .expect("prometheus is missing: deploy/local/test installs it (apt-get install prometheus)"),
     );
 
-    // when Kafka goes down while events keep coming
-    mock.broker_down();
+    // when Kafka stops answering while events keep coming
+    broker.freeze();
     let writing = Instant::now();
     let mut writer = s.db.client().await;
     let mut i = 0;
@@ -284,7 +286,7 @@ async fn a_real_prometheus_fires_the_slot_lag_alert_while_kafka_is_down() {
 
     // then the slot-lag alert fired in Prometheus, and resolves once Kafka is back
     eprintln!("slot-lag alert firing {:?} after Kafka went down", writing.elapsed());
-    mock.broker_up();
+    broker.thaw();
     wait_until("the alert to resolve", async || {
         alert_state(prom_port, "OutboxRelaySlotLagCritical").is_none()
     })

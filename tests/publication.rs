@@ -1,5 +1,5 @@
 //! The outbox leaving the replication stream while the relay runs (removed from the
-//! publication, renamed, the publication narrowed) stops the relay loudly, and it never confirms
+//! publication, the publication narrowed, renamed, moved, dropped) stops the relay loudly, and it never confirms
 //! past an insert it was not sent. `check` fails a publication that would not deliver every
 //! insert.
 
@@ -34,56 +34,67 @@ fn start(s: &Setup) -> process::RelayProcess {
     s.start_with_env("relay", &[("OUTBOX_RELAY__METRICS__FATAL_EXIT_DELAY_SECS", "60")])
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn the_outbox_removed_from_the_publication_stops_the_relay_before_it_confirms_past_it() {
-    // given a streaming relay that has published an event
-    let s = setup().await;
-    let client = s.db.client().await;
-    let consumer = consumer(&[&s.topic]);
-    let mut relay = start(&s);
-    relay.wait_ready("active").await;
-    insert(&client, &s, "outbox_events", "before").await;
-    assert_eq!(consume(&consumer, 1, IDLE).await.len(), 1);
-
-    // when the outbox is removed from the publication, and inserts go on
-    client.batch_execute(&format!("ALTER PUBLICATION p_{} DROP TABLE outbox_events", s.slot)).await.unwrap();
-    let after_alter = wal_lsn(&client).await;
-    for n in 0..5 {
-        insert(&client, &s, "outbox_events", &format!("after-{n}")).await;
-    }
-
-    // then the relay stops loudly, naming the problem, without confirming past the change
-    relay.wait_metric("outbox_relay_fatal_error{reason=\"publication\"}", |v| v == 1.0).await;
-    let (_, body) = relay.readyz().unwrap_or_default();
-    assert!(body.contains("does not include public.outbox_events"), "{body}");
-    assert!(
-        slot_confirmed_flush(&client, &s.slot).await <= after_alter,
-        "confirmed past inserts it was never sent"
-    );
-    relay.kill9();
-}
+/// Every way the outbox can leave the stream while the relay runs: the SQL (with `{p}` the
+/// publication), the table later inserts go to (None when there is none), and the message the
+/// relay stops with.
+const LEAVES_THE_STREAM: &[(&str, Option<&str>, &str)] = &[
+    (
+        "ALTER PUBLICATION {p} DROP TABLE outbox_events",
+        Some("outbox_events"),
+        "does not include public.outbox_events",
+    ),
+    ("ALTER PUBLICATION {p} SET (publish = 'update')", Some("outbox_events"), "does not publish inserts"),
+    (
+        "ALTER PUBLICATION {p} SET TABLE outbox_events WHERE (aggregate_id <> 'x')",
+        Some("outbox_events"),
+        "row filter",
+    ),
+    ("ALTER TABLE outbox_events RENAME TO outbox_old", Some("outbox_old"), "public.outbox_events"),
+    (
+        "CREATE SCHEMA archive; ALTER TABLE outbox_events SET SCHEMA archive",
+        Some("archive.outbox_events"),
+        "public.outbox_events",
+    ),
+    ("DROP TABLE outbox_events CASCADE", None, "does not include public.outbox_events"),
+];
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_renamed_outbox_stops_the_relay() {
-    let s = setup().await;
-    let client = s.db.client().await;
-    let mut relay = start(&s);
-    relay.wait_ready("active").await;
+async fn the_outbox_leaving_the_stream_stops_the_relay_before_it_confirms_past_it() {
+    for (alter, table, says) in LEAVES_THE_STREAM {
+        // given a streaming relay that has published an event
+        let s = setup().await;
+        let client = s.db.client().await;
+        let consumer = consumer(&[&s.topic]);
+        let mut relay = start(&s);
+        relay.wait_ready("active").await;
+        insert(&client, &s, "outbox_events", "before").await;
+        assert_eq!(consume(&consumer, 1, IDLE).await.len(), 1, "{alter}");
 
-    // when the outbox is renamed while the relay streams, and written to under its new name
-    client.batch_execute("ALTER TABLE outbox_events RENAME TO outbox_old").await.unwrap();
-    let after_rename = wal_lsn(&client).await;
-    insert(&client, &s, "outbox_old", "renamed").await;
+        // when the outbox leaves the stream, and inserts go on
+        let alter = alter.replace("{p}", &format!("p_{}", s.slot));
+        client.batch_execute(&alter).await.unwrap();
+        let after_alter = wal_lsn(&client).await;
+        if let Some(table) = table {
+            for n in 0..5 {
+                insert(&client, &s, table, &format!("after-{n}")).await;
+            }
+        }
 
-    // then the relay stops (the publication check or the renamed relation, whichever is first)
-    wait_until(relay.context("a fatal error".into()), async || {
-        ["publication", "outbox_changed"].iter().any(|reason| {
-            relay.metric(&format!("outbox_relay_fatal_error{{reason=\"{reason}\"}}")) == Some(1.0)
+        // then the relay stops loudly, naming the problem, without confirming past the change
+        wait_until(relay.context(format!("a fatal error after {alter}")), async || {
+            ["publication", "outbox_changed"].iter().any(|reason| {
+                relay.metric(&format!("outbox_relay_fatal_error{{reason=\"{reason}\"}}")) == Some(1.0)
+            })
         })
-    })
-    .await;
-    assert!(slot_confirmed_flush(&client, &s.slot).await <= after_rename);
-    relay.kill9();
+        .await;
+        let (_, body) = relay.readyz().unwrap_or_default();
+        assert!(body.contains(says), "{alter}: {body}");
+        assert!(
+            slot_confirmed_flush(&client, &s.slot).await <= after_alter,
+            "{alter}: confirmed past inserts it was never sent"
+        );
+        relay.kill9();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -15,7 +15,7 @@
 //!   it is published and nothing acknowledged is published again.
 
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
@@ -24,7 +24,7 @@ use tokio_postgres::{AsyncMessage, Client, Transaction};
 use crate::config::RelayConfig;
 use crate::dead_letter::{DeadLetter, DeadLetters, Hold};
 use crate::error::{FatalReason, RelayError};
-use crate::event::{Mapping, OutboxEvent};
+use crate::event::{Mapping, OutboxEvent, RawEvent};
 use crate::metrics::metrics;
 use crate::sink::kafka::{KafkaSink, PublishError};
 use crate::supervisor::{Pulse, Source};
@@ -50,6 +50,8 @@ struct Session {
 #[derive(Debug, Default)]
 struct BatchOutcome {
     claimed: usize,
+    /// The claim ended at `polling.batch_size` or `polling.max_batch_bytes`: more rows may wait.
+    full: bool,
     published: usize,
     dead_lettered: u64,
     /// The first record that failed transiently; its row (and every row not acknowledged)
@@ -200,7 +202,7 @@ impl PollingSource {
                 hold.wait(pulse, shutdown).await;
                 continue;
             }
-            if outcome.claimed < self.config.polling.batch_size as usize {
+            if !outcome.full {
                 self.wait_for_work(session, shutdown).await?;
             }
         }
@@ -243,16 +245,17 @@ impl PollingSource {
         let tx = client.transaction().await?;
         // while holding at a row, only that row (the first in id order) is claimed
         let limit = if self.hold.is_some() { 1 } else { i64::from(self.config.polling.batch_size) };
-        let rows = tx.query(&statements.claim, &[&limit]).await?;
-        let mut outcome = BatchOutcome { claimed: rows.len(), ..Default::default() };
+        let (rows, full) = self.claim(&tx, statements, limit).await?;
+        let mut outcome = BatchOutcome { claimed: rows.len(), full, ..Default::default() };
         if rows.is_empty() {
             tx.commit().await?;
             return Ok(outcome);
         }
         let mut letters = Vec::new();
         let mut events = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let (raw, created_at) = raw_event(row);
+        let m = metrics();
+        m.events_read.with_label_values(&[MODE]).inc_by(rows.len() as u64);
+        for (raw, created_at) in rows {
             match self.mapping.to_event(raw, created_at) {
                 Ok(event) => events.push(event),
                 Err(unpublishable) if self.dead_letters.blocks() => {
@@ -263,22 +266,58 @@ impl PollingSource {
                 Err(unpublishable) => letters.push(DeadLetter::unmapped(*unpublishable)),
             }
         }
-        let m = metrics();
-        m.events_read.with_label_values(&[MODE]).inc_by(rows.len() as u64);
         // the claim transaction holds row locks and the database's xmin horizon: it waits for
         // Kafka at most polling.claim_timeout_ms, then rolls back (dropping `tx`)
-        let delivered = self.publish(&events, pulse, &mut letters, &mut outcome).await?;
+        let delivered = self.publish(events, pulse, &mut letters, &mut outcome).await?;
         self.release(&tx, statements, &delivered, &letters, &mut outcome).await?;
         tx.commit().await?;
         Ok(outcome)
     }
 
+    /// Claims up to `limit` rows in id order through a portal, in chunks, and stops fetching
+    /// once they hold `polling.max_batch_bytes`: rows not fetched are not locked. The first
+    /// chunk is one row; each next one is sized from the largest row seen so far (and at most
+    /// doubles), so a batch overshoots the budget by at most one chunk of rows like those seen.
+    /// Returns the rows, and whether the claim ended at the limit or the budget.
+    async fn claim(
+        &self,
+        tx: &Transaction<'_>,
+        statements: &Statements,
+        limit: i64,
+    ) -> Result<(Vec<(RawEvent, Option<SystemTime>)>, bool), RelayError> {
+        let budget = self.config.polling.max_batch_bytes;
+        let limit = limit as usize;
+        let portal = tx.bind(statements.claim.as_str(), &[&(limit as i64)]).await?;
+        let mut claimed = Vec::new();
+        let (mut bytes, mut largest, mut chunk) = (0usize, 0usize, 1usize);
+        loop {
+            let rows = tx.query_portal(&portal, chunk as i32).await?;
+            let fetched = rows.len();
+            for row in rows {
+                let (raw, created_at) = raw_event(&row);
+                bytes += raw.size();
+                largest = largest.max(raw.size());
+                claimed.push((raw, created_at));
+            }
+            let left = limit - claimed.len();
+            if fetched < chunk {
+                return Ok((claimed, false));
+            }
+            if left == 0 || bytes >= budget {
+                return Ok((claimed, true));
+            }
+            chunk = ((budget - bytes) / largest.max(1)).clamp(1, left.min(chunk * 2));
+        }
+    }
+
     /// Publishes `events`; returns the ids Kafka acknowledged. Refused records become
     /// `letters` (or the held row), transient failures `outcome.failed`. Kafka taking longer
     /// than `polling.claim_timeout_ms` is an error: the claim is rolled back.
+    /// Each event is dropped once its report is handled: a refused large record is not held
+    /// twice while it is dead-lettered.
     async fn publish(
         &self,
-        events: &[OutboxEvent],
+        events: Vec<OutboxEvent>,
         pulse: &Pulse,
         letters: &mut Vec<DeadLetter>,
         outcome: &mut BatchOutcome,
@@ -287,7 +326,7 @@ impl PollingSource {
         m.events_in_flight.set(events.len() as i64);
         let sent = Instant::now();
         let bound = Duration::from_millis(self.config.polling.claim_timeout_ms);
-        let results = tokio::time::timeout(bound, self.sink.publish(events, pulse)).await;
+        let results = tokio::time::timeout(bound, self.sink.publish(&events, pulse)).await;
         m.events_in_flight.set(0);
         let Ok(results) = results else {
             m.publish_errors.with_label_values(&["timeout"]).inc_by(events.len() as u64);
@@ -300,11 +339,11 @@ impl PollingSource {
         };
         let mut delivered = Vec::with_capacity(events.len());
         let mut refused_held = false;
-        for (event, result) in events.iter().zip(results) {
+        for (event, result) in events.into_iter().zip(results) {
             match result {
                 Ok(()) => {
                     m.acknowledged(MODE, sent, event.created_at);
-                    delivered.push(event.id.clone());
+                    delivered.push(event.id);
                 }
                 Err(e) => {
                     m.publish_errors.with_label_values(&[e.error_type()]).inc();

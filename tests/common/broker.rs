@@ -44,6 +44,14 @@ impl OwnBroker {
         format!("127.0.0.1:{}", self.port)
     }
 
+    /// Waits until the broker accepts connections.
+    pub async fn wait_listening(&self) {
+        super::wait_until("the test's broker to listen", async || {
+            std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+        })
+        .await;
+    }
+
     /// SIGSTOP: the broker keeps its connections and answers nothing.
     pub fn freeze(&self) {
         signal(self.child.id(), "-STOP");

@@ -377,6 +377,11 @@ pub fn write_config_with(dir: &Path, db: &TestDb, brokers: &str, kafka_extra: &s
 
 /// How long a test waits for something that should happen (a hang guard, not a speed limit).
 pub const IDLE: Duration = Duration::from_secs(60);
+/// The `[kafka]` lines of a relay whose broker a test breaks: a short stall warning, and quick
+/// reconnects and retries so the relay notices a recovered broker within a second.
+pub const QUICK_KAFKA_SETTINGS: &str = "stall_warning_ms = 2000\n[kafka.properties]\n\
+     \"reconnect.backoff.max.ms\" = \"500\"\n\"retry.backoff.ms\" = \"50\"";
+
 /// How long a test keeps consuming after the last expected record, to catch late duplicates.
 pub const LINGER: Duration = Duration::from_secs(3);
 /// How long the relay may take to exit after SIGTERM.
@@ -444,14 +449,14 @@ impl Setup {
         self.dir.path().join("relay.toml")
     }
 
-    /// As [`Setup::create`], on librdkafka's mock cluster with [`mock::MOCK_KAFKA_SETTINGS`];
+    /// As [`Setup::create`], on librdkafka's mock cluster with [`QUICK_KAFKA_SETTINGS`];
     /// the topic is created there with `partitions`.
     pub async fn on_mock(
         mock: &mock::MockKafka,
         partitions: i32,
         config: impl FnOnce(&str) -> String,
     ) -> Setup {
-        let s = Self::create(&mock.brokers(), mock::MOCK_KAFKA_SETTINGS, false, config).await;
+        let s = Self::create(&mock.brokers(), QUICK_KAFKA_SETTINGS, false, config).await;
         mock.create_topic(&s.topic, partitions);
         s
     }

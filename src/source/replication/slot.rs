@@ -300,17 +300,18 @@ impl Copy<'_> {
         }
         let mut acknowledged = 0;
         let results = self.source.sink.publish(chunk, self.pulse).await;
-        for (event, result) in chunk.iter().zip(results) {
+        for (event, result) in std::mem::take(chunk).into_iter().zip(results) {
             match result {
                 Ok(()) => acknowledged += 1,
                 Err(PublishError::Permanent(reason)) => {
+                    // the record is kept for retries only when the policy holds at it
+                    let retry = self.source.dead_letters.blocks().then(|| event.clone());
                     let letter = DeadLetter::refused(event, reason);
-                    acknowledged += self.unpublishable(letter, Some(event), shutdown).await?;
+                    acknowledged += self.unpublishable(letter, retry.as_ref(), shutdown).await?;
                 }
                 Err(PublishError::Transient { detail, .. }) => return Err(RelayError::Kafka(detail)),
             }
         }
-        chunk.clear();
         Ok(acknowledged)
     }
 

@@ -24,7 +24,7 @@ use super::decode::{self, Change, Decoder};
 use super::transport::{WalEvent, WalStream};
 use super::{HEARTBEAT_PREFIX, MODE, ReplicationSource, publication};
 use crate::checkpoint::{Tracker, TxnId};
-use crate::dead_letter::{DeadLetter, Hold};
+use crate::dead_letter::{DeadLetter, Hold, LetterRow};
 use crate::error::{FatalReason, RelayError};
 use crate::event::{OutboxEvent, RawEvent};
 use crate::metrics::metrics;
@@ -291,7 +291,7 @@ impl<'a> StreamSession<'a> {
         tracing::warn!(%lsn, event_id = ?raw.id, "a non-transactional outbox message is not published");
         let letter = DeadLetter {
             id: raw.id.clone().unwrap_or_default(),
-            row: raw,
+            row: LetterRow::Row(raw),
             reason:
                 "non-transactional outbox message: not published (it is written even when its transaction \
                      rolls back); emit events with outbox_emit() or pg_logical_emit_message(true, ...)"
@@ -375,11 +375,11 @@ impl<'a> StreamSession<'a> {
                 Ok(())
             }
             PublishError::Permanent(reason) if self.source.dead_letters.blocks() => {
-                self.hold(DeadLetter::refused(&event, reason), Some((txn, event)));
+                self.hold(DeadLetter::refused(event.clone(), reason), Some((txn, event)));
                 Ok(())
             }
             PublishError::Permanent(reason) => {
-                self.source.dead_letters.write(self.client, &[DeadLetter::refused(&event, reason)]).await?;
+                self.source.dead_letters.write(self.client, &[DeadLetter::refused(event, reason)]).await?;
                 self.tracker.acked(txn);
                 Ok(())
             }

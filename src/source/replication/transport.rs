@@ -55,6 +55,9 @@ pub async fn connect(config: &RelayConfig, ack: Lsn) -> Result<ReplicationClient
             // the transport reads ahead of the relay into a channel of this many messages: with
             // its default (8,192) and 10 KB rows that alone is 80 MB, past any in-flight bound
             .with_buffer_size(STREAM_BUFFER_MESSAGES)
+            // one message (one change) is read whole: bound it, so a huge row stops the relay
+            // with a reason instead of an out-of-memory kill
+            .with_max_message_size(r.max_message_bytes)
             .with_start_lsn(pgwire_replication::Lsn::ZERO) // 0/0: resume at the slot's confirmed position
             .with_ack_lsn(pgwire_replication::Lsn(ack.0))
             .with_status_interval(Duration::from_millis(r.status_interval_ms))
@@ -163,6 +166,15 @@ pub fn classify(e: PgWireError) -> RelayError {
             format!(
                 "replication connection: TLS failed: {message}; check postgres.sslmode, postgres.sslrootcert and \
                  postgres.host against the server's certificate"
+            ),
+        ),
+        PgWireError::MessageTooLarge { payload_bytes, limit_bytes } => RelayError::fatal(
+            FatalReason::TooLarge,
+            format!(
+                "the stream holds a change of {payload_bytes} bytes, more than replication.max_message_bytes \
+                 ({limit_bytes}); the relay stops rather than run out of memory (it holds a row about four times \
+                 while it handles it), and nothing past it was confirmed. Raise replication.max_message_bytes, and \
+                 the memory limit with it, then restart"
             ),
         ),
         other => RelayError::Disconnected(format!("replication stream: {other}")),
