@@ -244,7 +244,7 @@ impl PollingSource {
         let statements = self.statements.as_ref().expect("statements are prepared at connect");
         let tx = client.transaction().await?;
         // while holding at a row, only that row (the first in id order) is claimed
-        let limit = if self.hold.is_some() { 1 } else { i64::from(self.config.polling.batch_size) };
+        let limit = if self.hold.is_some() { 1 } else { self.config.polling.batch_size as usize };
         let (rows, full) = self.claim(&tx, statements, limit).await?;
         let mut outcome = BatchOutcome { claimed: rows.len(), full, ..Default::default() };
         if rows.is_empty() {
@@ -283,10 +283,9 @@ impl PollingSource {
         &self,
         tx: &Transaction<'_>,
         statements: &Statements,
-        limit: i64,
+        limit: usize,
     ) -> Result<(Vec<(RawEvent, Option<SystemTime>)>, bool), RelayError> {
         let budget = self.config.polling.max_batch_bytes;
-        let limit = limit as usize;
         let portal = tx.bind(statements.claim.as_str(), &[&(limit as i64)]).await?;
         let mut claimed = Vec::new();
         let (mut bytes, mut largest, mut chunk) = (0usize, 0usize, 1usize);
@@ -295,8 +294,8 @@ impl PollingSource {
             let fetched = rows.len();
             for row in rows {
                 let (raw, created_at) = raw_event(&row);
-                bytes += raw.size();
-                largest = largest.max(raw.size());
+                let size = raw.size();
+                (bytes, largest) = (bytes + size, largest.max(size));
                 claimed.push((raw, created_at));
             }
             let left = limit - claimed.len();
