@@ -180,9 +180,9 @@ impl Hold {
         true
     }
 
-    /// The event was published after all.
+    /// The event was published after all, or its row left the outbox.
     pub fn release(self, pulse: &Pulse) {
-        tracing::info!(event_id = %self.letter.id, "the held event was published; carrying on");
+        tracing::info!(event_id = %self.letter.id, "the held event was published or removed; carrying on");
         pulse.blocked(None);
     }
 }

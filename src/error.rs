@@ -7,8 +7,11 @@
 //! variant, never on the wording of a message. Anything not on the list, known or not, is
 //! retried.
 //!
-//! SQLSTATEs are classified here and only here, whether they come from tokio-postgres or from
-//! the replication transport's error text ([`sqlstate_action`]).
+//! SQLSTATEs get their general meaning here and only here, whether they come from tokio-postgres
+//! or from the replication transport's error text ([`sqlstate_action`]). The codes whose object
+//! only the raising replication command knows (the slot or the publication: undefined, in use,
+//! invalidated) are turned into their fatal reason or standby by the transport
+//! (`source::replication::transport::in_context`) before this policy sees them.
 
 use tokio_postgres::error::SqlState;
 
@@ -166,13 +169,12 @@ pub fn sqlstate_action(code: &str) -> Action {
         SqlState::UNDEFINED_TABLE | SqlState::UNDEFINED_COLUMN | SqlState::INVALID_CATALOG_NAME => {
             fatal(FatalReason::Schema)
         }
-        // pgoutput: `publication "x" does not exist` (the slot decodes with the catalog as it was
-        // at each change, so a publication re-created later is invisible to it)
-        SqlState::UNDEFINED_OBJECT => fatal(FatalReason::Publication),
-        // `replication slot "x" is active for PID n`; `replication slot "x" already exists`
-        SqlState::OBJECT_IN_USE | SqlState::DUPLICATE_OBJECT => Action::Standby,
-        // `can no longer get changes from replication slot "x"`: invalidated
-        SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE => fatal(FatalReason::SlotLost),
+        // an object the configuration names; which one (slot, publication) only the command that
+        // raised it knows: the replication transport says so (`transport::in_context`)
+        SqlState::UNDEFINED_OBJECT => fatal(FatalReason::Schema),
+        // e.g. `logical decoding requires wal_level >= logical`; an invalidated slot is told apart
+        // by the replication transport
+        SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE => fatal(FatalReason::Config),
         // `invalid byte sequence for encoding "UTF8"`: the same row fails every time
         SqlState::CHARACTER_NOT_IN_REPERTOIRE | SqlState::UNTRANSLATABLE_CHARACTER => {
             fatal(FatalReason::Encoding)
@@ -232,13 +234,11 @@ mod tests {
         assert_eq!(server("42P01").action(), Action::Fatal(FatalReason::Schema));
         assert_eq!(server("42703").action(), Action::Fatal(FatalReason::Schema));
         assert_eq!(server("3D000").action(), Action::Fatal(FatalReason::Schema));
-        assert_eq!(server("42704").action(), Action::Fatal(FatalReason::Publication));
-        assert_eq!(server("55006").action(), Action::Standby);
-        assert_eq!(server("42710").action(), Action::Standby);
-        assert_eq!(server("55000").action(), Action::Fatal(FatalReason::SlotLost));
+        assert_eq!(server("42704").action(), Action::Fatal(FatalReason::Schema));
+        assert_eq!(server("55000").action(), Action::Fatal(FatalReason::Config));
         assert_eq!(server("22021").action(), Action::Fatal(FatalReason::Encoding));
-        // admin shutdown, too many connections, serialization: transient
-        for code in ["57P01", "53300", "40001", "08006"] {
+        // admin shutdown, too many connections, serialization, an object in use: transient
+        for code in ["57P01", "53300", "40001", "08006", "55006", "42710"] {
             assert_eq!(server(code).action(), Action::Retry, "{code}");
         }
     }

@@ -57,6 +57,22 @@ impl RawEvent {
             topic: self.topic.as_deref(),
         }
     }
+
+    /// A row from a JSON object of the [`RowData`] shape (the default column names, text values):
+    /// how `outbox_emit()` messages carry an event, and what `row_data` reads back as.
+    pub fn from_json(object: &serde_json::Map<String, serde_json::Value>) -> RawEvent {
+        let text = |key: &str| object.get(key).and_then(|v| v.as_str()).map(String::from);
+        RawEvent {
+            id: text("id"),
+            aggregate_type: text("aggregate_type"),
+            aggregate_id: text("aggregate_id"),
+            event_type: text("event_type"),
+            payload: text("payload"),
+            headers: text("headers"),
+            topic: text("topic"),
+            unreadable: None,
+        }
+    }
 }
 
 /// A row as the dead-letter table's `row_data` holds it: the event columns as text, keyed by the
@@ -379,17 +395,7 @@ mod tests {
     fn a_record_gives_back_the_row_it_came_from() {
         let event = mapping().to_event(raw(), None).unwrap();
         let json = serde_json::to_value(event.row_data()).unwrap();
-        let text = |key: &str| json[key].as_str().map(String::from);
-        let back = RawEvent {
-            id: text("id"),
-            aggregate_type: text("aggregate_type"),
-            aggregate_id: text("aggregate_id"),
-            event_type: text("event_type"),
-            payload: text("payload"),
-            headers: text("headers"),
-            topic: text("topic"),
-            unreadable: None,
-        };
+        let back = RawEvent::from_json(json.as_object().unwrap());
         assert_eq!(back.id.as_deref(), Some("7"));
         assert_eq!(back.aggregate_type.as_deref(), Some("order"));
         assert_eq!(back.aggregate_id.as_deref(), Some("42"));

@@ -1,10 +1,10 @@
 //! What `/healthz`, `/readyz` and the leader gauge say, kept in one place.
 //!
 //! Invariants:
-//! - only the supervisor sets the [`Phase`] (starting, active, standby, retrying, fatal);
-//!   sources report facts through its [`crate::supervisor::Pulse`] (alive, Kafka stalled, held
-//!   at an unpublishable event), and readiness is derived from all of them when asked, so it
-//!   always reflects the present;
+//! - the [`Phase`] (starting, active, standby, retrying, fatal) and the facts sources report
+//!   (alive, Kafka stalled, held at an unpublishable event) arrive through the supervisor's
+//!   [`crate::supervisor::Pulse`]; readiness is derived from all of them when asked, and
+//!   `outbox_relay_events_blocked` follows the blocked fact wherever it changes;
 //! - `outbox_relay_leader` is 1 exactly while the phase is `Active`: it means leadership, not
 //!   health (a stalled or blocked leader is still the leader);
 //! - liveness allows for the longest deliberate wait: twice the retry cap, at least a minute.
@@ -43,7 +43,7 @@ struct Facts {
 #[derive(Debug)]
 pub struct Health {
     last_tick_ms: AtomicU64,
-    stale_after_ms: AtomicU64,
+    stale_after_ms: u64,
     facts: Mutex<Facts>,
 }
 
@@ -56,7 +56,7 @@ impl Health {
     pub fn new(max_backoff: Duration) -> Health {
         Health {
             last_tick_ms: AtomicU64::new(now_ms()),
-            stale_after_ms: AtomicU64::new((max_backoff * 2).max(Duration::from_secs(60)).as_millis() as u64),
+            stale_after_ms: (max_backoff * 2).max(Duration::from_secs(60)).as_millis() as u64,
             facts: Mutex::new(Facts { phase: Phase::Starting, stalled: None, blocked: None }),
         }
     }
@@ -71,9 +71,10 @@ impl Health {
         metrics().leader.set(i64::from(phase == Phase::Active));
         let mut facts = self.facts.lock().unwrap();
         if phase != Phase::Active {
-            // a new session starts with neither
+            // a new session starts with neither (a source still holding reports it again)
             facts.stalled = None;
             facts.blocked = None;
+            metrics().events_blocked.set(0);
         }
         facts.phase = phase;
     }
@@ -93,8 +94,7 @@ impl Health {
     }
 
     pub fn live(&self) -> bool {
-        now_ms().saturating_sub(self.last_tick_ms.load(Ordering::Relaxed))
-            < self.stale_after_ms.load(Ordering::Relaxed)
+        now_ms().saturating_sub(self.last_tick_ms.load(Ordering::Relaxed)) < self.stale_after_ms
     }
 
     /// `Ok(body)` when ready, `Err(why)` when not.
@@ -129,8 +129,10 @@ mod tests {
         assert_eq!(h.readiness(), Ok("active".into()));
         h.set_blocked(Some("blocked at event 7: column aggregate_id is NULL".into()));
         assert!(h.readiness().unwrap_err().contains("blocked at event 7"));
+        assert_eq!(metrics().events_blocked.get(), 1);
         h.set_phase(Phase::Retrying("postgres: connection reset".into()));
         assert!(h.readiness().unwrap_err().starts_with("degraded: postgres"));
+        assert_eq!(metrics().events_blocked.get(), 0, "the gauge follows the blocked fact");
         h.set_phase(Phase::Active);
         assert_eq!(h.readiness(), Ok("active".into()), "a new session starts unblocked");
         h.set_phase(Phase::Standby);

@@ -153,6 +153,16 @@ impl OutboxTable {
         }
     }
 
+    /// Polling: how many of the rows `$1` are still unpublished, locked or not.
+    pub fn unpublished_count_sql(&self, id_type: &str) -> String {
+        format!(
+            "SELECT count(*) FROM {} t WHERE {} AND {}",
+            self.qualified(),
+            self.ids_match(id_type),
+            self.unpublished()
+        )
+    }
+
     /// Removes the rows `$1` (polling: dead-lettered rows leave the outbox).
     pub fn delete_sql(&self, id_type: &str) -> String {
         format!("DELETE FROM {} WHERE {}", self.qualified(), self.ids_match(id_type))

@@ -305,13 +305,7 @@ async fn block_policy_stops_at_the_poison_row_until_it_is_fixed() {
     let client = s.db.client().await;
     client.batch_execute("ALTER TABLE outbox_events ALTER COLUMN aggregate_id DROP NOT NULL").await.unwrap();
     for aggregate_id in [Some("before"), None, Some("after")] {
-        client
-            .execute(
-                "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, 'E', '{}')",
-                &[&s.aggregate_type, &aggregate_id],
-            )
-            .await
-            .unwrap();
+        insert_event(&client, &s.aggregate_type, aggregate_id).await;
     }
     let consumer = consumer(&[&s.topic]);
     let mut relay = s.start("relay");
@@ -328,11 +322,18 @@ async fn block_policy_stops_at_the_poison_row_until_it_is_fixed() {
     assert!(status == 503 && body.contains("blocked at event"), "{status} {body}");
     assert_eq!(relay.metric("outbox_relay_events_blocked"), Some(1.0));
 
-    // when the operator fixes the row, then the rest flows
-    client
-        .execute("UPDATE outbox_events SET aggregate_id = 'fixed' WHERE aggregate_id IS NULL", &[])
+    // when the operator fixes the row in a transaction, nothing past it is published while that
+    // transaction locks it (the claim skips locked rows: it must not skip the held one)
+    let mut operator = s.db.client().await;
+    let fix = operator.transaction().await.unwrap();
+    fix.execute("UPDATE outbox_events SET aggregate_id = 'fixed' WHERE aggregate_id IS NULL", &[])
         .await
         .unwrap();
+    let nothing = consume(&consumer, 1, Duration::from_secs(4)).await;
+    assert!(nothing.is_empty(), "published past the held row while it was locked: {nothing:?}");
+
+    // then once the fix commits, the rest flows
+    fix.commit().await.unwrap();
     let mut rest: Vec<_> = consume(&consumer, 2, IDLE).await.into_iter().map(|r| r.key.unwrap()).collect();
     rest.sort(); // different keys, different partitions: no order between them
     assert_eq!(rest, ["after", "fixed"]);

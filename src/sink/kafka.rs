@@ -191,9 +191,8 @@ impl KafkaSink {
                 _ = check.tick() => watch.check(events.len(), pulse),
             }
         };
-        if reports.iter().any(Result::is_ok) {
-            watch.progressed(pulse);
-        }
+        // every record has its report: nothing waits any more, whatever the reports say
+        watch.unstall(pulse);
         let mut results = Vec::with_capacity(reports.len());
         for (event, report) in events.iter().zip(reports) {
             results.push(match report {

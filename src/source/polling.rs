@@ -36,6 +36,7 @@ const MODE: &str = "polling";
 /// The statements of one configured outbox table (they need the id column's type).
 struct Statements {
     claim: String,
+    unpublished_count: String,
     release: String,
     delete: String,
 }
@@ -59,6 +60,19 @@ struct BatchOutcome {
     failed: Option<PublishError>,
     /// `on_poison = "block"`: the row the relay holds at.
     held: Option<DeadLetter>,
+    /// The row held at before this batch left the outbox (fixed by deleting or marking it).
+    held_row_gone: bool,
+}
+
+/// Where the row the relay holds at stands in a claim.
+#[derive(Debug, PartialEq, Eq)]
+enum HeldRow {
+    /// Not holding, or the held row came first.
+    Claimed,
+    /// Still unpublished but passed over: another session locks it (while fixing it, say).
+    Skipped,
+    /// No longer in the outbox.
+    Gone,
 }
 
 pub struct PollingSource {
@@ -128,6 +142,7 @@ impl PollingSource {
             let id_type = self.id_type(&client).await?;
             self.statements = Some(Statements {
                 claim: self.table.claim_sql(),
+                unpublished_count: self.table.unpublished_count_sql(&id_type),
                 release: self.table.release_sql(&id_type),
                 delete: self.table.delete_sql(&id_type),
             });
@@ -176,6 +191,9 @@ impl PollingSource {
         }
         tracing::info!(table = %self.table.display_name(), "active: this instance now relays the outbox");
         pulse.active();
+        if let Some(hold) = &self.hold {
+            hold.report(pulse); // still held from the last session
+        }
         while !*shutdown.borrow() {
             pulse.tick();
             while session.notified.try_recv().is_ok() {}
@@ -197,7 +215,7 @@ impl PollingSource {
             if outcome.published > 0 || outcome.claimed == 0 {
                 pulse.progressed();
             }
-            if self.held(outcome.held, outcome.claimed, pulse) {
+            if self.held(outcome.held, outcome.claimed > 0 || outcome.held_row_gone, pulse) {
                 let hold = self.hold.as_mut().expect("held");
                 hold.wait(pulse, shutdown).await;
                 continue;
@@ -209,12 +227,13 @@ impl PollingSource {
         Ok(())
     }
 
-    /// Updates the hold after a batch; true while holding.
-    fn held(&mut self, held: Option<DeadLetter>, claimed: usize, pulse: &Pulse) -> bool {
+    /// Updates the hold after a batch (`moved_on`: the held row was published or is gone); true
+    /// while holding.
+    fn held(&mut self, held: Option<DeadLetter>, moved_on: bool, pulse: &Pulse) -> bool {
         match (held, self.hold.take()) {
             (Some(letter), None) => self.hold = Some(self.dead_letters.hold(letter, pulse)),
             (Some(_), Some(hold)) => self.hold = Some(hold),
-            (None, Some(hold)) if claimed > 0 => hold.release(pulse),
+            (None, Some(hold)) if moved_on => hold.release(pulse),
             (None, hold) => self.hold = hold,
         }
         self.hold.is_some()
@@ -246,7 +265,14 @@ impl PollingSource {
         // while holding at a row, only that row (the first in id order) is claimed
         let limit = if self.hold.is_some() { 1 } else { self.config.polling.batch_size as usize };
         let (rows, full) = self.claim(&tx, statements, limit).await?;
-        let mut outcome = BatchOutcome { claimed: rows.len(), full, ..Default::default() };
+        let held_row = self.held_row(&tx, statements, &rows).await?;
+        if held_row == HeldRow::Skipped {
+            // nothing past the held row is published while it waits
+            tx.rollback().await?;
+            return Ok(BatchOutcome::default());
+        }
+        let held_row_gone = held_row == HeldRow::Gone;
+        let mut outcome = BatchOutcome { claimed: rows.len(), full, held_row_gone, ..Default::default() };
         if rows.is_empty() {
             tx.commit().await?;
             return Ok(outcome);
@@ -307,6 +333,24 @@ impl PollingSource {
             }
             chunk = ((budget - bytes) / largest.max(1)).clamp(1, left.min(chunk * 2));
         }
+    }
+
+    /// While holding: whether the claim (one row, SKIP LOCKED) got the held row, passed over it,
+    /// or found it gone.
+    async fn held_row(
+        &self,
+        tx: &Transaction<'_>,
+        statements: &Statements,
+        rows: &[(RawEvent, Option<SystemTime>)],
+    ) -> Result<HeldRow, RelayError> {
+        let Some(hold) = &self.hold else { return Ok(HeldRow::Claimed) };
+        let id = hold.letter.id.as_str();
+        // (a row without an id cannot be looked up: it is only ever the first row claimed)
+        if id.is_empty() || rows.first().is_some_and(|(raw, _)| raw.id.as_deref() == Some(id)) {
+            return Ok(HeldRow::Claimed);
+        }
+        let waiting: i64 = tx.query_one(&statements.unpublished_count, &[&vec![id]]).await?.get(0);
+        Ok(if waiting > 0 { HeldRow::Skipped } else { HeldRow::Gone })
     }
 
     /// Publishes `events`; returns the ids Kafka acknowledged. Refused records become

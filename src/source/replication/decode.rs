@@ -144,8 +144,7 @@ impl Decoder {
         if r.u8()? != b'N' {
             return Err(DecodeError(format!("insert into relation {oid} without a new tuple")));
         }
-        let (values, unreadable) = tuple(r)?;
-        let take = |index: Option<usize>| index.and_then(|i| values.get(i).cloned().flatten());
+        let (mut values, unreadable) = tuple(r)?;
         let c = &self.columns;
         let used = [
             (layout.id, &c.id),
@@ -159,6 +158,14 @@ impl Decoder {
         // a column the relay does not read may hold anything
         let unreadable = unreadable
             .and_then(|i| used.iter().find(|(index, _)| *index == Some(i)).map(|(_, name)| name.to_string()));
+        // each value is moved out, not copied (the payload may be large); a column configured
+        // for two fields is copied
+        let mut take = |index: Option<usize>| {
+            let i = index?;
+            let uses = used.iter().filter(|(index, _)| *index == Some(i)).count();
+            let value = values.get_mut(i)?;
+            if uses > 1 { value.clone() } else { value.take() }
+        };
         Ok(Change::Insert(RawEvent {
             id: take(layout.id),
             aggregate_type: take(layout.aggregate_type),
@@ -207,17 +214,7 @@ pub fn message_event(content: &[u8]) -> Result<RawEvent, String> {
     let value: serde_json::Value =
         serde_json::from_slice(content).map_err(|e| format!("message content is not JSON: {e}"))?;
     let object = value.as_object().ok_or("message content is not a JSON object")?;
-    let text = |key: &str| object.get(key).and_then(|v| v.as_str()).map(String::from);
-    Ok(RawEvent {
-        id: text("id"),
-        aggregate_type: text("aggregate_type"),
-        aggregate_id: text("aggregate_id"),
-        event_type: text("event_type"),
-        payload: text("payload"),
-        headers: text("headers"),
-        topic: text("topic"),
-        unreadable: None,
-    })
+    Ok(RawEvent::from_json(object))
 }
 
 struct Reader<'a> {

@@ -20,6 +20,7 @@ use tokio::sync::watch;
 use tokio_postgres::Client;
 
 use super::ReplicationSource;
+use super::transport::{self, Command};
 use crate::config::RelayConfig;
 use crate::dead_letter::DeadLetter;
 use crate::error::{FatalReason, RelayError};
@@ -224,7 +225,7 @@ pub(super) async fn create_and_copy(
             quote_ident(slot)
         ))
         .await
-        .map_err(super::transport::classify)?;
+        .map_err(|e| transport::in_context(transport::classify(e), Command::Create, slot))?;
     let row =
         rows.first().ok_or_else(|| RelayError::Protocol("CREATE_REPLICATION_SLOT returned no row".into()))?;
     let text = |i: usize| row.get(i).cloned().flatten().map(|b| String::from_utf8_lossy(&b).into_owned());

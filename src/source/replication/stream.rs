@@ -145,8 +145,9 @@ impl<'a> StreamSession<'a> {
                     })?;
                     self.handle(event).await?;
                 }
-                // 4. liveness and the stall watch, at most every stall period (not per event)
-                _ = stall_check.tick() => self.stall.check(self.tracker.in_flight_events(), self.pulse),
+                // 4. liveness and the stall watch, at most every stall period (not per event); what
+                //    waits is the records sent, not held ones
+                _ = stall_check.tick() => self.stall.check(self.deliveries.len(), self.pulse),
                 // 5. heartbeat: a WAL record of our own, so an idle outbox in a busy database
                 //    still sees positions it may confirm (see `message` below)
                 _ = heartbeat.tick(), if heartbeat_ms > 0 => {

@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use pgwire_replication::{PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent};
+use tokio_postgres::error::SqlState;
 
 use crate::config::RelayConfig;
 use crate::error::{FatalReason, RelayError, sqlstate_in};
@@ -70,14 +71,10 @@ pub async fn connect(config: &RelayConfig, ack: Lsn) -> Result<ReplicationClient
 /// Messages the transport may read ahead of the relay.
 const STREAM_BUFFER_MESSAGES: usize = 1_024;
 
-/// SQLSTATE undefined_object.
-const UNDEFINED_OBJECT: &str = "42704";
-/// SQLSTATE character_not_in_repertoire.
-const CHARACTER_NOT_IN_REPERTOIRE: &str = "22021";
-
 /// The started stream.
 pub struct WalStream {
     client: ReplicationClient,
+    slot: String,
 }
 
 impl WalStream {
@@ -87,22 +84,19 @@ impl WalStream {
             Ok(()) => client.wait_started().await,
             Err(e) => Err(e),
         };
-        // START_REPLICATION's undefined object is the slot (the publication is looked up later,
-        // while decoding)
-        started.map_err(|e| match classify(e) {
-            RelayError::Server { sqlstate: Some(code), message } if code == UNDEFINED_OBJECT => RelayError::fatal(
-                FatalReason::SlotMissing,
-                format!("{message}: slot \"{slot}\" disappeared; run `outbox-relay setup --recreate-slot` to create it again and re-publish what the table still holds"),
-            ),
-            other => other,
-        })?;
-        Ok(WalStream { client })
+        started.map_err(|e| in_context(classify(e), Command::Start, slot))?;
+        Ok(WalStream { client, slot: slot.to_string() })
     }
 
     /// The next event; `Ok(None)` when the server ended the stream.
     pub async fn recv(&mut self) -> Result<Option<WalEvent>, RelayError> {
         loop {
-            let event = match self.client.recv().await.map_err(classify_streaming)? {
+            let event = match self
+                .client
+                .recv()
+                .await
+                .map_err(|e| in_context(classify(e), Command::Stream, &self.slot))?
+            {
                 None => return Ok(None),
                 Some(event) => event,
             };
@@ -181,32 +175,57 @@ pub fn classify(e: PgWireError) -> RelayError {
     }
 }
 
-/// As [`classify`], for errors while streaming: pgoutput's undefined object is the publication.
-fn classify_streaming(e: PgWireError) -> RelayError {
-    match classify(e) {
-        RelayError::Server { sqlstate: Some(code), message } if code == UNDEFINED_OBJECT => {
-            RelayError::fatal(
-                FatalReason::Publication,
-                format!(
-                    "{message}: the slot reads the catalog as it was at each change, so a publication dropped \
-                 behind the slot's position stays missing for it even when created again; run \
-                 `outbox-relay setup --recreate-slot` (it creates the publication when missing, and the slot \
-                 again, re-publishing what the table still holds)"
-                ),
-            )
+/// The replication command an error came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    /// CREATE_REPLICATION_SLOT.
+    Create,
+    /// START_REPLICATION.
+    Start,
+    /// Streaming, after START_REPLICATION.
+    Stream,
+}
+
+/// What a server error means in the replication command that raised it. The general SQLSTATE
+/// policy ([`crate::error::sqlstate_action`]) cannot know which object an "undefined object" or
+/// "object in use" is; here it is the slot or the publication.
+pub fn in_context(e: RelayError, command: Command, slot: &str) -> RelayError {
+    let RelayError::Server { sqlstate: Some(code), message } = e else { return e };
+    let fatal = |reason, fix: &str| RelayError::fatal(reason, format!("{message}: {fix}"));
+    match (SqlState::from_code(&code), command) {
+        // `replication slot "x" is active for PID n`; `replication slot "x" already exists`
+        (SqlState::OBJECT_IN_USE | SqlState::DUPLICATE_OBJECT, Command::Create | Command::Start) => {
+            RelayError::Standby(message)
         }
-        RelayError::Server { sqlstate: Some(code), message } if code == CHARACTER_NOT_IN_REPERTOIRE => {
-            RelayError::fatal(
-                FatalReason::Encoding,
-                format!(
-                    "{message}: the database (SQL_ASCII) holds outbox text that is not UTF-8, which the \
-                     server refuses to stream (the insert stays in the slot and fails again at every start); \
-                     nothing past it was confirmed. Run `outbox-relay setup --recreate-slot`: its copy reads \
-                     the table itself, dead-letters such rows and re-publishes the rest; or relay this outbox \
-                     in polling mode, which dead-letters them"
-                ),
-            )
-        }
-        other => other,
+        (SqlState::UNDEFINED_OBJECT, Command::Start) => fatal(
+            FatalReason::SlotMissing,
+            &format!(
+                "slot \"{slot}\" disappeared; run `outbox-relay setup --recreate-slot` to create it again and \
+                 re-publish what the table still holds"
+            ),
+        ),
+        // pgoutput looks the publication up while decoding
+        (SqlState::UNDEFINED_OBJECT, Command::Stream) => fatal(
+            FatalReason::Publication,
+            "the slot reads the catalog as it was at each change, so a publication dropped behind the slot's \
+             position stays missing for it even when created again; run `outbox-relay setup --recreate-slot` \
+             (it creates the publication when missing, and the slot again, re-publishing what the table still \
+             holds)",
+        ),
+        // `can no longer get changes from replication slot "x"`: invalidated
+        (SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE, Command::Start | Command::Stream) => fatal(
+            FatalReason::SlotLost,
+            "the slot was invalidated: PostgreSQL removed WAL the relay had not read; raise \
+             max_slot_wal_keep_size, then run `outbox-relay setup --recreate-slot` to recreate the slot and \
+             re-publish what the table still holds",
+        ),
+        (SqlState::CHARACTER_NOT_IN_REPERTOIRE, Command::Stream) => fatal(
+            FatalReason::Encoding,
+            "the database (SQL_ASCII) holds outbox text that is not UTF-8, which the server refuses to stream \
+             (the insert stays in the slot and fails again at every start); nothing past it was confirmed. Run \
+             `outbox-relay setup --recreate-slot`: its copy reads the table itself, dead-letters such rows and \
+             re-publishes the rest; or relay this outbox in polling mode, which dead-letters them",
+        ),
+        _ => RelayError::Server { sqlstate: Some(code), message },
     }
 }
