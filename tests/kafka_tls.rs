@@ -166,19 +166,11 @@ async fn sasl_against_a_broker_without_it_fails_clearly_in_check() {
     let kafka = "properties = { \"security.protocol\" = \"SASL_PLAINTEXT\", \"sasl.mechanisms\" = \"SCRAM-SHA-512\", \"sasl.username\" = \"relay\" }";
     let config =
         write_config_with(dir.path(), &db, &services().kafka, kafka, "[source]\nmode = \"polling\"\n");
-    let (code, stdout, stderr) = std::thread::spawn(move || {
-        let mut cmd = Command::new(relay_bin());
-        cmd.args(["check", "--config", config.to_str().unwrap()])
-            .env("OUTBOX_RELAY_KAFKA_SASL_PASSWORD", "SENTINEL-SASL-PASSWORD");
-        let out = cmd.output().unwrap();
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    })
-    .join()
-    .unwrap();
+    let (code, stdout, stderr) = run_relay_with_env(
+        &["check", "--config", config.to_str().unwrap()],
+        &[("OUTBOX_RELAY_KAFKA_SASL_PASSWORD", "SENTINEL-SASL-PASSWORD")],
+        IDLE,
+    );
 
     // then check fails on Kafka, saying where to look, without showing the password
     assert_eq!(code, 1, "{stdout}{stderr}");

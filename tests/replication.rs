@@ -426,13 +426,7 @@ async fn a_vanished_slot_is_fatal_until_recreated_on_purpose() {
     let consumer = consumer(&[&s.topic]);
     let mut relay = s.start("first");
     relay.wait_ready("active").await;
-    client
-        .execute(
-            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ($1, 'k', 'E', '{}')",
-            &[&s.aggregate_type],
-        )
-        .await
-        .unwrap();
+    insert_event(&client, &s.aggregate_type, Some("k")).await;
     assert_eq!(consume(&consumer, 1, IDLE).await.len(), 1, "{}", relay.log_text());
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
 
@@ -476,13 +470,7 @@ async fn an_unpublishable_pre_existing_row_is_dead_lettered_by_the_first_copy() 
     let consumer = consumer(&[&s.topic]);
     client.batch_execute("ALTER TABLE outbox_events ALTER COLUMN aggregate_id DROP NOT NULL").await.unwrap();
     for aggregate_id in [Some("a"), None, Some("b")] {
-        client
-            .execute(
-                "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, 'E', '{}')",
-                &[&s.aggregate_type, &aggregate_id],
-            )
-            .await
-            .unwrap();
+        insert_event(&client, &s.aggregate_type, aggregate_id).await;
     }
 
     // when the relay creates its slot and copies the table
@@ -497,4 +485,44 @@ async fn an_unpublishable_pre_existing_row_is_dead_lettered_by_the_first_copy() 
     let reason: String = client.query_one("SELECT reason FROM outbox_dead_letter", &[]).await.unwrap().get(0);
     assert!(reason.contains("aggregate_id is NULL"), "{reason}");
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn changes_that_are_not_inserts_publish_nothing_and_are_counted() {
+    // given a publication that sends every kind of change, of the outbox and of another table
+    let s = Setup::new().await;
+    let client = s.db.client().await;
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE other (id int PRIMARY KEY); \
+             CREATE PUBLICATION p_{} FOR TABLE outbox_events, other WITH (publish_via_partition_root = true)",
+            s.slot
+        ))
+        .await
+        .unwrap();
+    let consumer = consumer(&[&s.topic]);
+    let relay = s.start("relay");
+    relay.wait_ready("active").await;
+
+    // when an event is inserted, updated, deleted, the outbox truncated, another table written,
+    // and a last event inserted
+    insert_event(&client, &s.aggregate_type, Some("first")).await;
+    client
+        .batch_execute(
+            "UPDATE outbox_events SET event_type = 'Changed'; DELETE FROM outbox_events; \
+             TRUNCATE outbox_events; INSERT INTO other VALUES (1)",
+        )
+        .await
+        .unwrap();
+    insert_event(&client, &s.aggregate_type, Some("last")).await;
+
+    // then exactly the two inserts arrive, and each other change is counted by its kind
+    let records = consume(&consumer, 3, LINGER).await;
+    let mut keys: Vec<_> = records.iter().map(|r| r.key.as_deref().unwrap_or_default()).collect();
+    keys.sort(); // two keys, maybe two partitions: no order between them
+    assert_eq!(keys, ["first", "last"], "{}", relay.log_text());
+    for kind in ["outbox_update", "outbox_delete", "outbox_truncate", "other_table"] {
+        let series = format!("outbox_relay_stream_messages_skipped_total{{kind=\"{kind}\"}}");
+        relay.wait_metric(&series, |v| v >= 1.0).await;
+    }
 }

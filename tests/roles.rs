@@ -3,6 +3,7 @@
 
 mod common;
 
+use common::workload::insert_event;
 use common::*;
 
 /// A relay test whose relay logs in as `role`.
@@ -20,13 +21,7 @@ async fn setup_as(role: &str, config: &str) -> Setup {
 async fn insert(s: &Setup, keys: &[&str]) {
     let client = s.db.client().await;
     for key in keys {
-        client
-            .execute(
-                "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, 'E', '{}')",
-                &[&s.aggregate_type, key],
-            )
-            .await
-            .unwrap();
+        insert_event(&client, &s.aggregate_type, Some(key)).await;
     }
 }
 

@@ -513,9 +513,15 @@ pub fn relay_bin() -> PathBuf {
 
 /// Runs `outbox-relay ARGS` to completion; returns (exit code, stdout, stderr).
 pub fn run_relay(args: &[&str], timeout: Duration) -> (i32, String, String) {
+    run_relay_with_env(args, &[], timeout)
+}
+
+/// As [`run_relay`], with `env` added to the relay's environment.
+pub fn run_relay_with_env(args: &[&str], env: &[(&str, &str)], timeout: Duration) -> (i32, String, String) {
     let child = Command::new(relay_bin())
         .args(args)
         .env_remove("OUTBOX_RELAY_CONFIG")
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

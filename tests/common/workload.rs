@@ -14,6 +14,18 @@ use super::Consumed;
 pub const AGGREGATE_SQL: &str =
     "CREATE TABLE IF NOT EXISTS test_aggregates (id text PRIMARY KEY, seq bigint NOT NULL DEFAULT 0)";
 
+/// Inserts one outbox row of event type `E` and payload `{}` for `aggregate_id` (None: a NULL
+/// aggregate id, for poison tests whose table allows it).
+pub async fn insert_event(client: &Client, aggregate_type: &str, aggregate_id: Option<&str>) {
+    client
+        .execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, 'E', '{}')",
+            &[&aggregate_type, &aggregate_id],
+        )
+        .await
+        .unwrap();
+}
+
 /// Creates `count` aggregates named `agg-0` .. `agg-{count-1}`.
 pub async fn create_aggregates(client: &Client, count: usize) {
     client.batch_execute(AGGREGATE_SQL).await.unwrap();
@@ -124,16 +136,19 @@ pub fn seq_of(record: &Consumed) -> i64 {
     payload["seq"].as_i64().unwrap()
 }
 
-/// Asserts: every committed event arrived, nothing else arrived, and per key the first
-/// arrivals are 1..=N in order. Returns the duplicate count.
+/// Asserts: every committed event arrived, nothing else arrived, each key stayed on one
+/// partition, and per key the first arrivals are 1..=N in order. Returns the duplicate count.
 pub fn assert_delivered(records: &[Consumed], committed: &HashMap<String, i64>) -> DeliveryReport {
     let mut seen: HashSet<String> = HashSet::new();
     let mut next: HashMap<String, i64> = HashMap::new();
+    let mut partition_of: HashMap<String, (String, i32)> = HashMap::new();
     let mut duplicates = 0;
     for r in records {
         let id = r.header("id").expect("id header").to_string();
         let key = r.key.clone().expect("key");
         let seq = seq_of(r);
+        let partition = partition_of.entry(key.clone()).or_insert((r.topic.clone(), r.partition));
+        assert_eq!(*partition, (r.topic.clone(), r.partition), "aggregate {key} arrived on two partitions");
         if !seen.insert(id) {
             duplicates += 1;
             continue;
