@@ -572,6 +572,7 @@ impl RelayConfig {
         self.validate_outbox()?;
         self.validate_polling()?;
         self.validate_replication()?;
+        self.validate_dead_letter()?;
         self.validate_metrics()?;
         if self.retry.initial_backoff_ms == 0 {
             return Err(ConfigError::invalid("retry.initial_backoff_ms", "must be > 0"));
@@ -719,6 +720,10 @@ impl RelayConfig {
                 "must not be empty when polling.after_publish = \"mark\"",
             ));
         }
+        Ok(())
+    }
+
+    fn validate_dead_letter(&self) -> Result<(), ConfigError> {
         let (schema, table) = self.dead_letter.schema_and_table();
         if schema.is_empty() || table.is_empty() || table.contains('.') {
             return Err(ConfigError::invalid(
@@ -755,7 +760,8 @@ impl RelayConfig {
         )
     }
 
-    /// The configuration as JSON with every secret replaced, for the start-up log line.
+    /// The configuration as JSON with every secret replaced: `validate` prints it, and the
+    /// start-up log has it at debug level (the info line is [`RelayConfig::summary`]).
     pub fn redacted(&self) -> serde_json::Value {
         let mut value = serde_json::to_value(self).expect("config serializes");
         if let Some(props) = value.pointer_mut("/kafka/properties").and_then(|p| p.as_object_mut()) {

@@ -5,7 +5,9 @@
 //! Invariants:
 //! - an event is unpublishable when its row cannot become a record (a NULL required column,
 //!   headers that are not a JSON object, an invalid topic) or when Kafka refuses the record
-//!   permanently (unknown topic, too large, not authorized); nothing else is;
+//!   permanently (unknown topic, too large, not authorized), or, in the stream, when it comes as
+//!   a non-transactional outbox message (anyone may write one, even in a rolled-back
+//!   transaction); nothing else is;
 //! - `dead_letter`: the event is written to the dead-letter table with one statement
 //!   ([`DeadLetters::write`]) in one row shape: `row_data` holds the row's event columns as
 //!   text, keyed by the default column names (`id`, `aggregate_type`, `aggregate_id`,
@@ -28,7 +30,7 @@ use tokio_postgres::types::{IsNull, ToSql, Type, accepts, to_sql_checked};
 use crate::event::{OutboxEvent, RawEvent, Unpublishable};
 use crate::metrics::metrics;
 use crate::supervisor::{Backoff, Pulse, wait_or_shutdown};
-use crate::table::{OutboxTable, quote_ident};
+use crate::table::{OutboxTable, qualified_name};
 
 /// An event that cannot be published, with the row it came from and why.
 #[derive(Debug, Clone)]
@@ -67,11 +69,12 @@ impl ToSql for LetterRow {
 impl DeadLetter {
     /// A row the mapping refused.
     pub fn unmapped(unpublishable: Unpublishable) -> DeadLetter {
-        DeadLetter {
-            id: unpublishable.row.id.clone().unwrap_or_default(),
-            reason: unpublishable.reason.to_string(),
-            row: LetterRow::Row(unpublishable.row),
-        }
+        DeadLetter::row(unpublishable.row, unpublishable.reason.to_string())
+    }
+
+    /// A row that is not published, for `reason`.
+    pub fn row(row: RawEvent, reason: String) -> DeadLetter {
+        DeadLetter { id: row.id.clone().unwrap_or_default(), row: LetterRow::Row(row), reason }
     }
 
     /// A record Kafka refused permanently.
@@ -96,11 +99,10 @@ impl DeadLetters {
         let (schema, table) = config.dead_letter.schema_and_table();
         DeadLetters {
             insert_sql: format!(
-                "INSERT INTO {}.{} (source_table, event_id, row_data, reason) \
+                "INSERT INTO {} (source_table, event_id, row_data, reason) \
                  SELECT $1, u.event_id, u.row_data::jsonb, u.reason \
                  FROM unnest($2::text[], $3::text[], $4::text[]) AS u(event_id, row_data, reason)",
-                quote_ident(schema),
-                quote_ident(table)
+                qualified_name(schema, table)
             ),
             source_table: OutboxTable::new(config).display_name(),
             policy: config.dead_letter.on_poison,

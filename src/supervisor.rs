@@ -44,16 +44,16 @@ pub trait Source {
 }
 
 /// What a session reports to the supervisor.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Pulse {
     health: Arc<Health>,
-    progressed: Arc<AtomicBool>,
-    outage: Arc<Mutex<OutageLog>>,
+    progressed: AtomicBool,
+    outage: Mutex<OutageLog>,
 }
 
 impl Pulse {
     fn new(health: Arc<Health>) -> Pulse {
-        Pulse { health, progressed: Arc::new(AtomicBool::new(false)), outage: Arc::default() }
+        Pulse { health, progressed: AtomicBool::new(false), outage: Mutex::default() }
     }
 
     /// A pulse nobody reads, for one-shot commands (`outbox-relay setup`).

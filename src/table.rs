@@ -25,6 +25,11 @@ pub fn quote_literal(value: &str) -> String {
     format!("'{}'", value.replace('\'', "''"))
 }
 
+/// `"schema"."name"`, quoted for SQL.
+pub fn qualified_name(schema: &str, name: &str) -> String {
+    format!("{}.{}", quote_ident(schema), quote_ident(name))
+}
+
 /// The aliases the event columns are read under.
 pub mod col {
     pub const ID: &str = "id";
@@ -76,7 +81,7 @@ impl OutboxTable {
 
     /// `"schema"."table"`, ready to splice into SQL.
     pub fn qualified(&self) -> String {
-        format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.name))
+        qualified_name(&self.schema, &self.name)
     }
 
     /// `schema.table` for messages.
@@ -213,31 +218,32 @@ impl OutboxTable {
 /// A row of [`OutboxTable::claim_sql`] or [`OutboxTable::copy_sql`] as the mapping's input,
 /// with its `created_at`. Text that is not UTF-8 (a SQL_ASCII database) never panics: the value
 /// is kept with the bad bytes replaced, the column is marked unreadable, and the mapping makes
-/// the row unpublishable.
-pub fn raw_event(row: &Row) -> (RawEvent, Option<SystemTime>) {
+/// the row unpublishable. A column the query did not return as text is the relay's own bug, an
+/// error: it is never mistaken for a NULL in the row.
+pub fn raw_event(row: &Row) -> Result<(RawEvent, Option<SystemTime>), tokio_postgres::Error> {
     let mut unreadable = None;
-    let mut text = |column: &'static str| {
-        let bytes: Option<TextBytes<'_>> = row.try_get(column).ok().flatten();
-        bytes.map(|b| match std::str::from_utf8(b.0) {
+    let mut text = |column: &'static str| -> Result<Option<String>, tokio_postgres::Error> {
+        let bytes: Option<TextBytes<'_>> = row.try_get(column)?;
+        Ok(bytes.map(|b| match std::str::from_utf8(b.0) {
             Ok(text) => text.to_string(),
             Err(_) => {
                 unreadable.get_or_insert_with(|| column.to_string());
                 String::from_utf8_lossy(b.0).into_owned()
             }
-        })
+        }))
     };
     let raw = RawEvent {
-        id: text(col::ID),
-        aggregate_type: text(col::AGGREGATE_TYPE),
-        aggregate_id: text(col::AGGREGATE_ID),
-        event_type: text(col::EVENT_TYPE),
-        payload: text(col::PAYLOAD),
-        headers: text(col::HEADERS),
-        topic: text(col::TOPIC),
+        id: text(col::ID)?,
+        aggregate_type: text(col::AGGREGATE_TYPE)?,
+        aggregate_id: text(col::AGGREGATE_ID)?,
+        event_type: text(col::EVENT_TYPE)?,
+        payload: text(col::PAYLOAD)?,
+        headers: text(col::HEADERS)?,
+        topic: text(col::TOPIC)?,
         unreadable: None,
     };
-    let created_at = row.try_get(col::CREATED_AT).ok().flatten();
-    (RawEvent { unreadable, ..raw }, created_at)
+    let created_at = row.try_get(col::CREATED_AT)?;
+    Ok((RawEvent { unreadable, ..raw }, created_at))
 }
 
 /// A text (or `convert_to` bytea) value as its bytes, before any UTF-8 check.

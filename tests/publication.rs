@@ -34,14 +34,17 @@ fn start(s: &Setup) -> process::RelayProcess {
     s.start_with_env("relay", &[("OUTBOX_RELAY__METRICS__FATAL_EXIT_DELAY_SECS", "60")])
 }
 
+/// A fatal reason and a part of the message that must come with it.
+type Verdict = (&'static str, &'static str);
+
 /// The publication check's verdict on an outbox no longer in the publication.
-const NOT_INCLUDED: (&str, &str) = ("publication", "does not include public.outbox_events");
+const NOT_INCLUDED: Verdict = ("publication", "does not include public.outbox_events");
 
 /// Every way the outbox can leave the stream while the relay runs: the SQL (with `{p}` the
 /// publication), the table later inserts go to (None when there is none), and the (reason,
 /// message) the relay may stop with: a renamed or moved table is caught by whichever comes
 /// first, the publication check or the insert's relation message.
-const LEAVES_THE_STREAM: &[(&str, Option<&str>, &[(&str, &str)])] = &[
+const LEAVES_THE_STREAM: &[(&str, Option<&str>, &[Verdict])] = &[
     ("ALTER PUBLICATION {p} DROP TABLE outbox_events", Some("outbox_events"), &[NOT_INCLUDED]),
     (
         "ALTER PUBLICATION {p} SET (publish = 'update')",

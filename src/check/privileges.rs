@@ -5,7 +5,7 @@ use tokio_postgres::Client;
 
 use super::Finding;
 use crate::config::{AfterPublish, OnPoison, RelayConfig, SourceMode};
-use crate::table::{OutboxTable, quote_ident};
+use crate::table::{OutboxTable, qualified_name, quote_ident, quote_literal};
 
 /// One privilege the relay needs.
 struct Needed {
@@ -20,7 +20,7 @@ struct Needed {
 fn table_privilege(privilege: &str, table: &str, display: &str, role: &str) -> Needed {
     Needed {
         what: format!("{privilege} on {display}"),
-        test: format!("SELECT has_table_privilege('{}', '{privilege}')", table.replace('\'', "''")),
+        test: format!("SELECT has_table_privilege({}, '{privilege}')", quote_literal(table)),
         grant: format!("GRANT {privilege} ON {table} TO {}", quote_ident(role)),
     }
 }
@@ -31,7 +31,7 @@ fn needed(config: &RelayConfig) -> Vec<Needed> {
     let outbox = OutboxTable::new(config);
     let (table, display) = (outbox.qualified(), outbox.display_name());
     let (dl_schema, dl_table) = config.dead_letter.schema_and_table();
-    let dead_letter = format!("{}.{}", quote_ident(dl_schema), quote_ident(dl_table));
+    let dead_letter = qualified_name(dl_schema, dl_table);
     let dead_letters = config.dead_letter.on_poison == OnPoison::DeadLetter;
     let mut needed = vec![table_privilege("SELECT", &table, &display, role)];
     if dead_letters {
@@ -47,9 +47,9 @@ fn needed(config: &RelayConfig) -> Vec<Needed> {
                 needed.push(Needed {
                     what: format!("UPDATE ({column}) on {display}"),
                     test: format!(
-                        "SELECT has_column_privilege('{}', '{}', 'UPDATE')",
-                        table.replace('\'', "''"),
-                        column.replace('\'', "''")
+                        "SELECT has_column_privilege({}, {}, 'UPDATE')",
+                        quote_literal(&table),
+                        quote_literal(column)
                     ),
                     grant: format!(
                         "GRANT UPDATE ({}) ON {table} TO {}",

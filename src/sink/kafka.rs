@@ -142,10 +142,6 @@ impl KafkaSink {
         Ok(KafkaSink { config: config.clone(), producer })
     }
 
-    /// Replaces the producer after a failed batch. A producer that hit a fatal idempotence
-    /// error is unusable, and one that outlived a broker restart can retry forever with an
-    /// unknown producer id; a fresh one starts clean. Records of the old one still in flight
-    /// carry the same event ids, so at worst they are duplicates, never gaps.
     /// After a failed session: a fresh producer (see [`KafkaSink::reset`]); a failure to make
     /// one is logged, and the next session fails on the old one and tries again.
     pub(crate) fn recover(&mut self) {
@@ -154,7 +150,11 @@ impl KafkaSink {
         }
     }
 
-    pub(crate) fn reset(&mut self) -> Result<(), KafkaError> {
+    /// Replaces the producer. A producer that hit a fatal idempotence error is unusable, and
+    /// one that outlived a broker restart can retry forever with an unknown producer id; a
+    /// fresh one starts clean. Records of the old one still in flight carry the same event ids,
+    /// so at worst they are duplicates, never gaps.
+    fn reset(&mut self) -> Result<(), KafkaError> {
         let old = std::mem::replace(&mut self.producer, producer_config(&self.config).create()?);
         // destroying a producer waits for its threads, which a frozen broker can hold up: not
         // on a runtime thread
@@ -172,16 +172,7 @@ impl KafkaSink {
         for event in events {
             pending.push(self.enqueue(event).await);
         }
-        let reports = join_all(pending.into_iter().map(|p| async move {
-            match p {
-                Ok(future) => match future.await {
-                    Ok(Ok(_)) => Ok(()),
-                    Ok(Err((e, _))) => Err(e),
-                    Err(_canceled) => Err(KafkaError::Canceled),
-                },
-                Err(e) => Err(e),
-            }
-        }));
+        let reports = join_all(pending);
         let mut watch = StallWatch::new(&self.config);
         let mut check = tokio::time::interval(watch.period());
         tokio::pin!(reports);
@@ -203,12 +194,25 @@ impl KafkaSink {
         results
     }
 
-    /// Enqueues one record, waiting out a full local queue; the future resolves with its
-    /// delivery report. Callers that enqueue in order keep per-partition order.
+    /// Enqueues one record, waiting out a full local queue; the returned future resolves with
+    /// its delivery report (a record refused at once resolves with that error). Callers that
+    /// enqueue in order keep per-partition order.
     pub(crate) async fn enqueue(
         &self,
         event: &OutboxEvent,
-    ) -> Result<rdkafka::producer::DeliveryFuture, KafkaError> {
+    ) -> impl Future<Output = Result<(), KafkaError>> + Send + 'static {
+        let enqueued = self.send(event).await;
+        async move {
+            match enqueued?.await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err((e, _))) => Err(e),
+                Err(_canceled) => Err(KafkaError::Canceled),
+            }
+        }
+    }
+
+    /// Hands one record to the producer, waiting out a full local queue.
+    async fn send(&self, event: &OutboxEvent) -> Result<rdkafka::producer::DeliveryFuture, KafkaError> {
         loop {
             let mut headers = OwnedHeaders::new_with_capacity(event.headers.len());
             for (key, value) in &event.headers {

@@ -319,7 +319,7 @@ impl PollingSource {
             let rows = tx.query_portal(&portal, chunk as i32).await?;
             let fetched = rows.len();
             for row in rows {
-                let (raw, created_at) = raw_event(&row);
+                let (raw, created_at) = raw_event(&row)?;
                 let size = raw.size();
                 (bytes, largest) = (bytes + size, largest.max(size));
                 claimed.push((raw, created_at));

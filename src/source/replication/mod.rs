@@ -85,7 +85,7 @@ impl ReplicationSource {
     pub async fn setup(&self, recreate: bool) -> Result<Option<Lsn>, RelayError> {
         let client = self.connect_client().await?;
         let plan = slot::prepare(&self.config, &client, recreate).await?;
-        if plan == SlotPlan::Stream {
+        if let SlotPlan::Stream { .. } = plan {
             return Ok(None);
         }
         // a command, not a daemon: no supervisor, no shutdown but Ctrl-C ending the process
@@ -109,17 +109,12 @@ impl ReplicationSource {
         let client = self.connect_client().await?;
         let plan = slot::prepare(&self.config, &client, false).await?;
         let slot_name = &self.config.replication.slot;
-        let confirmed = match plan {
-            SlotPlan::Stream => {
-                slot::slot_info(&client, slot_name).await?.and_then(|i| i.confirmed_flush).unwrap_or_default()
-            }
-            SlotPlan::Create => Lsn::ZERO,
-        };
-        let mut replication = transport::connect(&self.config, confirmed).await?;
-        let confirmed = match plan {
-            SlotPlan::Stream => confirmed,
+        let (replication, confirmed) = match plan {
+            SlotPlan::Stream { confirmed } => (transport::connect(&self.config, confirmed).await?, confirmed),
             SlotPlan::Create => {
-                slot::create_and_copy(self, &mut replication, &client, pulse, shutdown).await?
+                let mut replication = transport::connect(&self.config, Lsn::ZERO).await?;
+                let point = slot::create_and_copy(self, &mut replication, &client, pulse, shutdown).await?;
+                (replication, point)
             }
         };
         let wal = WalStream::start(replication, slot_name).await?;

@@ -46,7 +46,7 @@ const DROP_SLOT_SQL: &str = "SELECT pg_drop_replication_slot($1)";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SlotPlan {
     /// The slot exists and is healthy: stream from its confirmed position.
-    Stream,
+    Stream { confirmed: Lsn },
     /// Create the slot and publish the rows already in the table first.
     Create,
 }
@@ -59,7 +59,7 @@ pub struct SlotInfo {
     pub active_pid: Option<i32>,
 }
 
-pub async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>, RelayError> {
+async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>, RelayError> {
     let row = client
         .query_opt(
             "SELECT wal_status, confirmed_flush_lsn::text AS confirmed_flush, active_pid \
@@ -140,7 +140,7 @@ async fn decide(
             client.execute(FORGET_SQL, &[slot]).await?;
             Ok(SlotPlan::Create)
         }
-        (Some(_), _) => Ok(SlotPlan::Stream),
+        (Some(info), _) => Ok(SlotPlan::Stream { confirmed: info.confirmed_flush.unwrap_or_default() }),
         (None, Some(true)) => Err(RelayError::fatal(
             FatalReason::SlotMissing,
             format!(
@@ -269,7 +269,7 @@ impl Copy<'_> {
         loop {
             let next = rows.next().await.transpose()?;
             if let Some(row) = &next {
-                let (raw, created_at) = raw_event(row);
+                let (raw, created_at) = raw_event(row)?;
                 match self.source.mapping.to_event(raw, created_at) {
                     Ok(event) => chunk.push(event),
                     Err(unpublishable) => {

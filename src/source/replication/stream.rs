@@ -24,7 +24,7 @@ use super::decode::{self, Change, Decoder};
 use super::transport::{WalEvent, WalStream};
 use super::{HEARTBEAT_PREFIX, MODE, ReplicationSource, publication};
 use crate::checkpoint::{Tracker, TxnId};
-use crate::dead_letter::{DeadLetter, Hold, LetterRow};
+use crate::dead_letter::{DeadLetter, Hold};
 use crate::error::{FatalReason, RelayError};
 use crate::event::{OutboxEvent, RawEvent};
 use crate::metrics::metrics;
@@ -117,7 +117,8 @@ impl<'a> StreamSession<'a> {
 
     async fn stream(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<(), RelayError> {
         self.verified = publication::verify(&self.source.config, self.client).await?;
-        let mut verify = tokio::time::interval(publication::CHECK_INTERVAL);
+        let first = tokio::time::Instant::now() + publication::CHECK_INTERVAL;
+        let mut verify = tokio::time::interval_at(first, publication::CHECK_INTERVAL);
         verify.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let config = &self.source.config.replication;
         let max_in_flight = config.max_in_flight_events;
@@ -290,14 +291,12 @@ impl<'a> StreamSession<'a> {
     async fn untrusted(&mut self, raw: RawEvent, lsn: Lsn) -> Result<(), RelayError> {
         metrics().stream_messages_skipped.with_label_values(&["untrusted_message"]).inc();
         tracing::warn!(%lsn, event_id = ?raw.id, "a non-transactional outbox message is not published");
-        let letter = DeadLetter {
-            id: raw.id.clone().unwrap_or_default(),
-            row: LetterRow::Row(raw),
-            reason:
-                "non-transactional outbox message: not published (it is written even when its transaction \
+        let letter = DeadLetter::row(
+            raw,
+            "non-transactional outbox message: not published (it is written even when its transaction \
                      rolls back); emit events with outbox_emit() or pg_logical_emit_message(true, ...)"
-                    .into(),
-        };
+                .into(),
+        );
         if self.source.dead_letters.blocks() {
             // held like a row that cannot map: nothing after it is read, nothing past it confirmed
             self.hold(letter, None);
@@ -334,16 +333,9 @@ impl<'a> StreamSession<'a> {
         let bytes = event.size();
         self.in_flight_bytes += bytes;
         let sent = Instant::now();
-        let future = self.source.sink.enqueue(&event).await;
+        let delivery = self.source.sink.enqueue(&event).await;
         self.deliveries.push(Box::pin(async move {
-            let outcome = match future {
-                Ok(f) => match f.await {
-                    Ok(Ok(_)) => Ok(()),
-                    Ok(Err((e, _))) => Err(e),
-                    Err(_) => Err(KafkaError::Canceled),
-                },
-                Err(e) => Err(e),
-            };
+            let outcome = delivery.await;
             Delivered { txn, event, sent, bytes, outcome }
         }));
     }
