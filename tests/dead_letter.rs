@@ -84,8 +84,9 @@ async fn the_stream_holds_at_an_unmappable_row_without_publishing_anything_twice
 
     // when a transaction holds a good event, then a row without an aggregate id
     h.write(&[Some("first")], None).await;
-    let before_poison = wal_lsn(&h.client).await;
     h.write(&[Some("same-txn"), None, Some("same-txn-after")], None).await;
+    // (the held transaction's COMMIT starts before this; keepalives may lawfully confirm up to it)
+    let after_held = wal_lsn(&h.client).await;
     h.write(&[Some("later")], None).await;
 
     // then it reports the row and holds: what precedes it arrives once, while the relay retries
@@ -101,7 +102,7 @@ async fn the_stream_holds_at_an_unmappable_row_without_publishing_anything_twice
     assert!(relay.exited().is_none(), "the relay gave up: {}", relay.log_text());
     // and the slot is not confirmed past the held transaction
     assert!(
-        slot_confirmed_flush(&h.client, &h.s.slot).await <= before_poison,
+        slot_confirmed_flush(&h.client, &h.s.slot).await < after_held,
         "confirmed past the held transaction"
     );
     let (_, body) = relay.readyz().unwrap_or_default();
@@ -263,7 +264,6 @@ async fn text_that_is_not_utf8_is_dead_lettered_or_stops_the_stream_loudly() {
         let records = consume(&consumer, 1, IDLE).await;
         assert_eq!(records.len(), 1, "{mode}: {}", relay.log_text());
         assert_eq!(records[0].key.as_deref(), Some("good"), "{mode}");
-        let before_bad = wal_lsn(&client).await;
         client.batch_execute(&insert("bad", "7b2261223a2022ff227d")).await.unwrap();
 
         if mode == "polling" {
@@ -284,10 +284,37 @@ async fn text_that_is_not_utf8_is_dead_lettered_or_stops_the_stream_loudly() {
             assert!(log.contains("setup --recreate-slot") && log.contains("polling mode"), "{log}");
             let (_, body) = relay.readyz().unwrap_or_default();
             assert!(body.starts_with("degraded: fatal:"), "{body}");
-            assert!(slot_confirmed_flush(&client, &s.slot).await <= before_bad, "confirmed past the row");
             // (no retry loop: the error was fatal at once)
             assert!(!relay.log_text().contains("relay degraded, retrying"), "{}", relay.log_text());
             relay.kill9();
+            // and the bad transaction is still ahead of the slot: decoding it again, here in SQL,
+            // hits the same byte. (The confirmed position alone can lawfully pass the INSERT's
+            // WAL record, when other databases' WAL lies between it and the COMMIT.)
+            assert_still_in_slot_undecodable(&client, &s.slot).await;
         }
+    }
+}
+
+/// Peeks `slot` through pgoutput in SQL once the relay has let go of it, and expects the decode
+/// to fail on invalid UTF-8: proof that the slot was not confirmed past the bad transaction.
+async fn assert_still_in_slot_undecodable(client: &Client, slot: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let peek = format!(
+        "SELECT count(*) FROM pg_logical_slot_peek_binary_changes('{slot}', NULL, NULL, \
+         'proto_version', '1', 'publication_names', 'p_{slot}')"
+    );
+    loop {
+        let err = match client.query_one(&peek, &[]).await {
+            Ok(row) => panic!("the slot decoded past the bad row ({} changes)", row.get::<_, i64>(0)),
+            Err(e) => e,
+        };
+        let code = err.code().map(|c| c.code().to_owned()).unwrap_or_default();
+        // 55006: the killed relay's walsender has not let go of the slot yet
+        if code == "55006" && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        assert_eq!(code, "22021", "{err:?}");
+        return;
     }
 }
