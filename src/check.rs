@@ -413,8 +413,8 @@ async fn emit_check(client: &Client) -> Finding {
         Ok(row) if row.get::<_, bool>("public") => Finding::warn(
             "replication.emit",
             "any database login can call pg_logical_emit_message and so put an event on any topic",
-            "as a superuser: REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) FROM PUBLIC \
-             (and the other signatures; sql/005_outbox_emit.sql does it), then GRANT outbox_writer TO the application role",
+            "as a superuser: REVOKE EXECUTE ON every signature of pg_logical_emit_message FROM PUBLIC \
+             (sql/005_outbox_emit.sql does it), then GRANT outbox_writer TO the application role",
         ),
         Ok(_) => Finding::ok("replication.emit", "pg_logical_emit_message is not executable by PUBLIC"),
         Err(e) => Finding::warn(

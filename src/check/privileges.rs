@@ -66,10 +66,14 @@ fn needed(config: &RelayConfig) -> Vec<Needed> {
             if config.replication.heartbeat_interval_ms > 0 {
                 needed.push(Needed {
                     what: "EXECUTE on pg_logical_emit_message (the heartbeat)".into(),
-                    test: "SELECT has_function_privilege('pg_logical_emit_message(boolean, text, text)', 'EXECUTE')".into(),
+                    // the text overload, whose signature PostgreSQL 17 extended with `flush`
+                    test: "SELECT coalesce(bool_and(has_function_privilege(oid, 'EXECUTE')), false) FROM pg_proc \
+                           WHERE proname = 'pg_logical_emit_message' AND proargtypes[2] = 'text'::regtype"
+                        .into(),
                     grant: format!(
-                        "GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO {} \
-                         (or set replication.heartbeat_interval_ms = 0)",
+                        "GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO {} (PostgreSQL \
+                         17+: pg_logical_emit_message(boolean, text, text, boolean)), or set \
+                         replication.heartbeat_interval_ms = 0",
                         quote_ident(role)
                     ),
                 });
