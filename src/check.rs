@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
-use crate::config::{RelayConfig, SourceMode};
+use crate::config::{Endpoint, RelayConfig, SourceMode};
 use crate::error::{FatalReason, RelayError};
 use crate::sink::kafka;
 use crate::table::OutboxTable;
@@ -63,17 +63,17 @@ impl fmt::Display for Finding {
 pub async fn run(config: &RelayConfig) -> Vec<Finding> {
     let mut findings = Vec::new();
     match connect(config).await {
-        Ok(client) => findings.extend(postgres_checks(config, &client).await),
+        Ok((client, server)) => findings.extend(postgres_checks(config, &client, &server).await),
         Err(finding) => findings.push(finding),
     }
     findings.push(kafka_check(config).await);
     findings
 }
 
-async fn connect(config: &RelayConfig) -> Result<Client, Finding> {
+async fn connect(config: &RelayConfig) -> Result<(Client, Endpoint), Finding> {
     let pg = &config.postgres;
-    let target = format!("{}:{}/{} as {}", pg.host, pg.port, pg.database, pg.user);
-    crate::postgres::connect(pg).await.map_err(|e| {
+    let target = format!("{}/{} as {}", pg.host, pg.database, pg.user);
+    crate::postgres::connect_primary(pg).await.map_err(|e| {
         let fix = match &e {
             RelayError::Fatal { reason: FatalReason::Tls, .. } => {
                 "check postgres.sslmode, postgres.sslrootcert and postgres.host against the server's certificate"
@@ -117,12 +117,12 @@ async fn tls_check(config: &RelayConfig, client: &Client) -> Finding {
     }
 }
 
-async fn postgres_checks(config: &RelayConfig, client: &Client) -> Vec<Finding> {
+async fn postgres_checks(config: &RelayConfig, client: &Client, server: &Endpoint) -> Vec<Finding> {
     let pg = &config.postgres;
     let version: String = query_setting(client, "server_version").await.unwrap_or_default();
     let mut findings = vec![Finding::ok(
         "postgres.connect",
-        format!("connected to {}:{}/{} as {} (PostgreSQL {version})", pg.host, pg.port, pg.database, pg.user),
+        format!("connected to {server}/{} as {} (PostgreSQL {version})", pg.database, pg.user),
     )];
     findings.push(tls_check(config, client).await);
     let table = OutboxTable::new(config);

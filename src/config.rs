@@ -162,7 +162,10 @@ impl fmt::Display for SourceMode {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PostgresConfig {
+    /// One server, or a comma-separated list tried in order for the one that accepts writes
+    /// (libpq's `target_session_attrs=read-write`); each `host` or `host:port`.
     pub host: String,
+    /// The port of the servers in `host` that do not name their own.
     pub port: u16,
     pub user: String,
     pub password: Option<Secret>,
@@ -180,6 +183,41 @@ pub struct PostgresConfig {
     /// PEM client certificate and key, for certificate authentication; both or neither.
     pub sslcert: String,
     pub sslkey: String,
+}
+
+/// One server of `postgres.host`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub host: String,
+    pub port: u16,
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.host, self.port)
+    }
+}
+
+impl PostgresConfig {
+    /// The servers of `host`, in order (validated: every entry parses).
+    pub fn endpoints(&self) -> Vec<Endpoint> {
+        self.parse_endpoints().unwrap_or_default()
+    }
+
+    fn parse_endpoints(&self) -> Result<Vec<Endpoint>, String> {
+        self.host
+            .split(',')
+            .map(str::trim)
+            .map(|entry| match entry.rsplit_once(':') {
+                _ if entry.is_empty() => Err("has an empty entry".to_string()),
+                Some((host, port)) if !host.contains(':') => match port.parse::<u16>() {
+                    Ok(port) if port > 0 && !host.is_empty() => Ok(Endpoint { host: host.into(), port }),
+                    _ => Err(format!("entry \"{entry}\" is not host or host:port (port 1-65535)")),
+                },
+                _ => Ok(Endpoint { host: entry.into(), port: self.port }),
+            })
+            .collect()
+    }
 }
 
 /// `postgres.sslmode`, with libpq's meanings (see [`crate::postgres`]).
@@ -367,6 +405,10 @@ pub struct ReplicationConfig {
     pub create_publication: bool,
     /// Create the slot when it is missing, publishing the rows already in the table first.
     pub create_slot: bool,
+    /// Make the slot a failover slot (PostgreSQL 17+): standbys with `sync_replication_slots`
+    /// keep a copy, so the relay goes on from it after a promotion. Set the primary's
+    /// `synchronized_standby_slots` too, or a promoted standby may lack what was published.
+    pub failover: bool,
     /// How often the confirmed position is reported to PostgreSQL (well inside
     /// `wal_sender_timeout`); the server's reply requests are answered at once.
     pub status_interval_ms: u64,
@@ -393,6 +435,7 @@ impl Default for ReplicationConfig {
             publication: DEFAULT_PUBLICATION.into(),
             create_publication: true,
             create_slot: true,
+            failover: false,
             status_interval_ms: DEFAULT_STATUS_INTERVAL_MS,
             message_prefix: DEFAULT_MESSAGE_PREFIX.into(),
             heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
@@ -588,6 +631,12 @@ impl RelayConfig {
         if pg.host.is_empty() {
             return Err(ConfigError::invalid("postgres.host", "must not be empty"));
         }
+        if let Err(problem) = pg.parse_endpoints() {
+            return Err(ConfigError::invalid(
+                "postgres.host",
+                format!("{problem}: give one server or a comma-separated list, e.g. \"pg-0:5432,pg-1:5432\""),
+            ));
+        }
         if pg.port == 0 {
             return Err(ConfigError::invalid("postgres.port", "must be between 1 and 65535"));
         }
@@ -747,11 +796,10 @@ impl RelayConfig {
         let metrics =
             if self.metrics.listen.is_empty() { "off".to_string() } else { self.metrics.listen.clone() };
         format!(
-            "{source} of {}.{} on {}:{}/{} as {} (sslmode {}), to Kafka {}, topics {}, metrics {metrics}",
+            "{source} of {}.{} on {}/{} as {} (sslmode {}), to Kafka {}, topics {}, metrics {metrics}",
             self.outbox.schema,
             self.outbox.table,
-            pg.host,
-            pg.port,
+            pg.endpoints().iter().map(Endpoint::to_string).collect::<Vec<_>>().join(","),
             pg.database,
             pg.user,
             pg.sslmode,

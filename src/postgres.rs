@@ -23,8 +23,8 @@ use tokio_postgres::Client;
 use tokio_postgres::config::SslMode as PgSslMode;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use crate::config::{PostgresConfig, SslMode};
-use crate::error::{FatalReason, RelayError};
+use crate::config::{Endpoint, PostgresConfig, SslMode};
+use crate::error::{Action, FatalReason, RelayError};
 
 /// The connection task's type, for callers that read its messages (polling's LISTEN).
 pub(crate) type Connection = tokio_postgres::Connection<
@@ -32,21 +32,65 @@ pub(crate) type Connection = tokio_postgres::Connection<
     <MakeRustlsConnect as tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>>::Stream,
 >;
 
-/// Opens a session and spawns its connection task.
+/// Opens a session on the primary and spawns its connection task.
 pub(crate) async fn connect(pg: &PostgresConfig) -> Result<Client, RelayError> {
-    let (client, connection) = connect_raw(pg).await?;
+    connect_primary(pg).await.map(|(client, _)| client)
+}
+
+/// Opens a session on the primary, spawns its connection task, and says which server of
+/// `postgres.host` it is (the replication connection must go to the same one).
+pub(crate) async fn connect_primary(pg: &PostgresConfig) -> Result<(Client, Endpoint), RelayError> {
+    let (client, connection, endpoint) = connect_raw(pg).await?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!(error = %e, "postgres connection ended");
         }
     });
-    Ok(client)
+    Ok((client, endpoint))
 }
 
-/// Opens a session; the caller drives the connection.
-pub(crate) async fn connect_raw(pg: &PostgresConfig) -> Result<(Client, Connection), RelayError> {
+/// Opens a session on the first server of `postgres.host` that accepts writes, in order, as
+/// libpq does with `target_session_attrs=read-write`; the caller drives the connection. A
+/// standby is passed over, so after a promotion the relay finds the new primary by itself.
+pub(crate) async fn connect_raw(pg: &PostgresConfig) -> Result<(Client, Connection, Endpoint), RelayError> {
     let tls = MakeRustlsConnect::new(client_tls(pg)?);
-    pg.client_config()?.connect(tls).await.map_err(|e| classify_connect(pg, e))
+    let mut failures = Vec::new();
+    for endpoint in pg.endpoints() {
+        match pg.client_config(&endpoint)?.connect(tls.clone()).await {
+            Ok((client, connection)) => return Ok((client, connection, endpoint)),
+            Err(e) => failures.push((endpoint, e)),
+        }
+    }
+    Err(no_primary(pg, failures))
+}
+
+/// Why no server of `postgres.host` gave a read-write session. With one server, its error as
+/// it is. With several, an error an operator must fix (credentials, TLS) on any of them is that
+/// error; otherwise a standby or an unreachable server is retried: a failover is under way.
+fn no_primary(pg: &PostgresConfig, failures: Vec<(Endpoint, tokio_postgres::Error)>) -> RelayError {
+    let mut described = Vec::new();
+    let mut fatal = None;
+    let single = failures.len() == 1;
+    for (endpoint, e) in failures {
+        if e.to_string().contains("does not allow writes") {
+            described.push(format!("{endpoint} is read-only (a standby, or default_transaction_read_only)"));
+            continue;
+        }
+        let error = classify_connect(pg, &endpoint, e);
+        if single {
+            return error;
+        }
+        described.push(format!("{endpoint}: {error}"));
+        if fatal.is_none() && matches!(error.action(), Action::Fatal(_)) {
+            fatal = Some(error);
+        }
+    }
+    fatal.unwrap_or_else(|| {
+        RelayError::Disconnected(format!(
+            "no server of postgres.host accepts writes (waiting for a primary): {}",
+            described.join("; ")
+        ))
+    })
 }
 
 /// The replication transport's TLS settings, from the same configuration.
@@ -187,14 +231,14 @@ impl ServerCertVerifier for Verifier {
 
 /// A connection failure as a [`RelayError`]: an untrusted certificate is fatal and names the
 /// settings; a server that refuses an unencrypted session says to raise `sslmode`.
-fn classify_connect(pg: &PostgresConfig, e: tokio_postgres::Error) -> RelayError {
+fn classify_connect(pg: &PostgresConfig, endpoint: &Endpoint, e: tokio_postgres::Error) -> RelayError {
     if let Some(tls) = rustls_error(&e) {
         return RelayError::fatal(
             FatalReason::Tls,
             format!(
-                "postgres {}:{}: TLS handshake failed: {tls}; check postgres.sslmode ({}), postgres.sslrootcert \
-                 and postgres.host against the server's certificate",
-                pg.host, pg.port, pg.sslmode
+                "postgres {endpoint}: TLS handshake failed: {tls}; check postgres.sslmode ({}), \
+                 postgres.sslrootcert and postgres.host against the server's certificate",
+                pg.sslmode
             ),
         );
     }
@@ -203,9 +247,8 @@ fn classify_connect(pg: &PostgresConfig, e: tokio_postgres::Error) -> RelayError
         return RelayError::fatal(
             FatalReason::Tls,
             format!(
-                "postgres {}:{} accepts only encrypted sessions and postgres.sslmode = disable: set postgres.sslmode \
-                 = verify-full (with postgres.sslrootcert) or require",
-                pg.host, pg.port
+                "postgres {endpoint} accepts only encrypted sessions and postgres.sslmode = disable: set \
+                 postgres.sslmode = verify-full (with postgres.sslrootcert) or require"
             ),
         );
     }
@@ -229,11 +272,13 @@ fn rustls_error(e: &tokio_postgres::Error) -> Option<String> {
 }
 
 impl PostgresConfig {
-    /// A tokio-postgres configuration for an ordinary (non-replication) session.
-    pub(crate) fn client_config(&self) -> Result<tokio_postgres::Config, RelayError> {
+    /// A tokio-postgres configuration for an ordinary (non-replication) session on `endpoint`,
+    /// refused by a server that does not accept writes.
+    pub(crate) fn client_config(&self, endpoint: &Endpoint) -> Result<tokio_postgres::Config, RelayError> {
         let mut pg = tokio_postgres::Config::new();
-        pg.host(&self.host)
-            .port(self.port)
+        pg.host(&endpoint.host)
+            .port(endpoint.port)
+            .target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite)
             .user(&self.user)
             .dbname(&self.database)
             .application_name(&self.application_name)

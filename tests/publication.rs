@@ -29,6 +29,12 @@ async fn insert(client: &Client, s: &Setup, table: &str, key: &str) {
         .unwrap();
 }
 
+/// Row filters and column lists are PostgreSQL 15+ syntax: before 15, a publication cannot
+/// narrow a table that way, so there is nothing to test.
+fn needs_15(alter: &str) -> bool {
+    alter.contains("WHERE") || alter.contains("event_type)")
+}
+
 /// Starts a relay that lingers after a fatal error, so its metrics can be read.
 fn start(s: &Setup) -> process::RelayProcess {
     s.start_with_env("relay", &[("OUTBOX_RELAY__METRICS__FATAL_EXIT_DELAY_SECS", "60")])
@@ -80,6 +86,9 @@ async fn the_outbox_leaving_the_stream_stops_the_relay_before_it_confirms_past_i
         // given a streaming relay that has published an event
         let s = setup().await;
         let client = s.db.client().await;
+        if needs_15(alter) && server_version(&client).await < 150_000 {
+            continue;
+        }
         let consumer = consumer(&[&s.topic]);
         let mut relay = start(&s);
         relay.wait_ready("active").await;
@@ -151,10 +160,15 @@ async fn check_fails_a_publication_that_would_not_deliver_every_insert() {
             "not payload",
         ),
         (
-            format!("ALTER PUBLICATION {publication} SET TABLE outbox_dead_letter"),
+            format!(
+                "ALTER PUBLICATION {publication} SET (publish = 'insert'); ALTER PUBLICATION {publication} SET TABLE outbox_dead_letter"
+            ),
             "does not include public.outbox_events",
         ),
     ] {
+        if needs_15(&alter) && server_version(&client).await < 150_000 {
+            continue;
+        }
         client.batch_execute(&alter).await.unwrap();
         let (code, line) = check();
         assert!(code == 1 && line.starts_with("FAIL") && line.contains(says), "{alter}: {line}");

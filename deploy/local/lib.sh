@@ -232,7 +232,7 @@ make_tls() {
 # start_postgres: initdb a throwaway cluster under $OUTBOX_LOCAL_STATE/pg and start it.
 # OUTBOX_PG_TLS=1: ssl = on with a test CA, and pg_hba.conf accepting TCP only over TLS.
 start_postgres() {
-    local dir=$OUTBOX_LOCAL_STATE/pg port tls_opts=""
+    local dir=$OUTBOX_LOCAL_STATE/pg tls_opts=""
     mkdir -p "$dir"
     [ "$(id -u)" = 0 ] && chown postgres: "$dir"
     as_postgres "$PG_BIN/initdb" -D "$dir/data" --auth=trust --no-sync -U postgres -E UTF8 >"$dir/initdb.log" 2>&1 ||
@@ -246,19 +246,68 @@ start_postgres() {
         tls_opts="-c ssl=on -c ssl_cert_file=$dir/tls/server.crt -c ssl_key_file=$dir/tls/server.key -c ssl_ca_file=$dir/tls/ca.crt"
         PG_TLS_DIR=$dir/tls
     fi
-    port=$(free_port)
+    PG_PORT=$(free_port)
+    launch_postgres "$dir" "$PG_PORT" "$tls_opts"
+    head -1 "$dir/data/postmaster.pid" >"$OUTBOX_LOCAL_STATE/postgres.pid"
+    echo "$PG_PORT" >"$OUTBOX_LOCAL_STATE/postgres.port"
+    PG_URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres"
+    # over the Unix socket: works whatever pg_hba.conf says of TCP (the TLS-only server)
+    PG_SOCKET_URL="postgresql://postgres@$(python3 -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1], safe=""))' "$dir"):$PG_PORT/postgres"
+}
+
+# launch_postgres DIR PORT [OPTIONS]: pg_ctl start of DIR/data on 127.0.0.1:PORT, the socket in DIR.
+launch_postgres() {
+    local dir=$1 port=$2
     as_postgres "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start -o "\
-        $tls_opts -c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories=$dir \
+        ${3:-} -c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories=$dir \
         -c wal_level=${OUTBOX_WAL_LEVEL:-logical} -c max_replication_slots=32 -c max_wal_senders=32 \
         -c max_slot_wal_keep_size=4GB -c wal_sender_timeout=60s \
         -c fsync=off -c full_page_writes=off \
         -c max_connections=200" >/dev/null || die "PostgreSQL did not start: see $dir/server.log"
-    head -1 "$dir/data/postmaster.pid" >"$OUTBOX_LOCAL_STATE/postgres.pid"
-    echo "$port" >"$OUTBOX_LOCAL_STATE/postgres.port"
-    PG_URL="postgres://postgres@127.0.0.1:$port/postgres"
-    # over the Unix socket: works whatever pg_hba.conf says of TCP (the TLS-only server)
-    PG_SOCKET_URL="postgresql://postgres@$(python3 -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1], safe=""))' "$dir"):$port/postgres"
-    PG_PORT=$port
+}
+
+# start_standby: a physical standby of the running primary, in $OUTBOX_LOCAL_STATE/standby. Its
+# base backup is taken with the low-level backup API and cp (the npm build has no pg_basebackup);
+# it streams through the physical slot "standby" with hot_standby_feedback and, on 17+, slot
+# synchronization, while the primary holds back logical decoding until the standby has the WAL
+# (synchronized_standby_slots). Sets STANDBY_PORT and STANDBY_DIR.
+start_standby() {
+    local primary=$OUTBOX_LOCAL_STATE/pg dir=$OUTBOX_LOCAL_STATE/standby begin end sync=""
+    STANDBY_DIR=$dir
+    STANDBY_PORT=$(free_port)
+    mkdir -p "$dir/data"
+    if [ "$PG_MAJOR" -ge 15 ]; then
+        begin="pg_backup_start('standby', true)"; end="pg_backup_stop(false)"
+    else
+        begin="pg_start_backup('standby', true, false)"; end="pg_stop_backup(false, false)"
+    fi
+    psql -X -q -v ON_ERROR_STOP=1 -d "$PG_SOCKET_URL" >/dev/null \
+        -c "SELECT pg_create_physical_replication_slot('standby', true)" || die "cannot create the standby's slot"
+    psql -X -q -At -v ON_ERROR_STOP=1 -d "$PG_SOCKET_URL" >/dev/null <<SQL || die "the base backup failed"
+SELECT $begin;
+\\! cp -a "$primary/data/." "$dir/data/"
+\\o $dir/backup_label
+SELECT labelfile FROM $end;
+SQL
+    mv "$dir/backup_label" "$dir/data/backup_label"
+    # as pg_basebackup: no server state, no slots, no WAL (the standby streams it)
+    rm -rf "$dir/data/postmaster.pid" "$dir/data/postmaster.opts" "$dir/data"/pg_replslot/* "$dir/data"/pg_wal/0*
+    touch "$dir/data/standby.signal"
+    [ "$PG_MAJOR" -ge 17 ] && sync="sync_replication_slots = on"
+    cat >>"$dir/data/postgresql.auto.conf" <<CONF
+primary_conninfo = 'host=$primary port=$PG_PORT user=postgres dbname=postgres application_name=standby'
+primary_slot_name = 'standby'
+hot_standby_feedback = on
+$sync
+CONF
+    [ "$(id -u)" = 0 ] && chown -R postgres: "$dir"
+    chmod 700 "$dir/data"
+    launch_postgres "$dir" "$STANDBY_PORT"
+    if [ "$PG_MAJOR" -ge 17 ]; then
+        psql -X -q -v ON_ERROR_STOP=1 -d "$PG_SOCKET_URL" >/dev/null \
+            -c "ALTER SYSTEM SET synchronized_standby_slots = 'standby'" -c "SELECT pg_reload_conf()" ||
+            die "cannot set synchronized_standby_slots"
+    fi
 }
 
 start_broker() {
@@ -281,7 +330,7 @@ start_broker() {
 # stop_services DIR: stops what DIR records, by PID, and removes DIR. Never fails: it runs
 # from EXIT traps under `set -e`.
 stop_services() {
-    local state=$1 pid
+    local state=$1 pid data
     [ -d "$state" ] || return 0
     if [ -f "$state/broker.pid" ]; then
         pid=$(cat "$state/broker.pid")
@@ -289,10 +338,12 @@ stop_services() {
         for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
         kill -9 "$pid" 2>/dev/null || true
     fi
-    if [ -f "$state/postgres.pid" ] && [ -d "$state/pg/data" ]; then
-        as_postgres "$PG_BIN/pg_ctl" -D "$state/pg/data" -m immediate -w stop >/dev/null 2>&1 ||
-            kill -9 "$(cat "$state/postgres.pid")" 2>/dev/null || true
-    fi
+    for data in "$state/pg/data" "$state/standby/data"; do
+        # a server a test already stopped has no postmaster.pid
+        [ -f "$data/postmaster.pid" ] || continue
+        pid=$(head -1 "$data/postmaster.pid")
+        as_postgres "$PG_BIN/pg_ctl" -D "$data" -m immediate -w stop >/dev/null 2>&1 || kill -9 "$pid" 2>/dev/null || true
+    done
     rm -rf "$state" || true
 }
 

@@ -119,7 +119,7 @@ impl PollingSource {
     }
 
     async fn connect(&mut self) -> Result<Session, RelayError> {
-        let (client, mut connection) = crate::postgres::connect_raw(&self.config.postgres).await?;
+        let (client, mut connection, _) = crate::postgres::connect_raw(&self.config.postgres).await?;
         let (tx, notified) = mpsc::unbounded_channel();
         tokio::spawn(async move {
             let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));

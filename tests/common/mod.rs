@@ -246,6 +246,11 @@ pub async fn wal_lsn(client: &Client) -> i64 {
     client.query_one("SELECT (pg_current_wal_lsn() - '0/0')::bigint", &[]).await.unwrap().get(0)
 }
 
+/// The server's `server_version_num` (e.g. 170010).
+pub async fn server_version(client: &Client) -> i32 {
+    client.query_one("SELECT current_setting('server_version_num')::int", &[]).await.unwrap().get(0)
+}
+
 /// `slot`'s confirmed_flush_lsn, as a byte offset.
 pub async fn slot_confirmed_flush(client: &Client, slot: &str) -> i64 {
     client

@@ -83,7 +83,7 @@ impl ReplicationSource {
     /// `outbox-relay setup`: the publication, and the slot with its first copy when missing.
     /// Returns the new slot's consistent point, or `None` when the slot was there.
     pub async fn setup(&self, recreate: bool) -> Result<Option<Lsn>, RelayError> {
-        let client = self.connect_client().await?;
+        let (client, server) = crate::postgres::connect_primary(&self.config.postgres).await?;
         let plan = slot::prepare(&self.config, &client, recreate).await?;
         if let SlotPlan::Stream { .. } = plan {
             return Ok(None);
@@ -91,11 +91,12 @@ impl ReplicationSource {
         // a command, not a daemon: no supervisor, no shutdown but Ctrl-C ending the process
         let pulse = Pulse::detached();
         let (_never, mut shutdown) = watch::channel(false);
-        let mut replication = transport::connect(&self.config, Lsn::ZERO).await?;
+        let mut replication = transport::connect(&self.config, &server, Lsn::ZERO).await?;
         let point = slot::create_and_copy(self, &mut replication, &client, &pulse, &mut shutdown).await?;
         Ok(Some(point))
     }
 
+    /// A SQL session on the primary (the first copy's reads).
     async fn connect_client(&self) -> Result<Client, RelayError> {
         crate::postgres::connect(&self.config.postgres).await
     }
@@ -106,13 +107,19 @@ impl ReplicationSource {
         pulse: &Pulse,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), RelayError> {
-        let client = self.connect_client().await?;
+        let (client, server) = crate::postgres::connect_primary(&self.config.postgres).await?;
         let plan = slot::prepare(&self.config, &client, false).await?;
         let slot_name = &self.config.replication.slot;
         let (replication, confirmed) = match plan {
-            SlotPlan::Stream { confirmed } => (transport::connect(&self.config, confirmed).await?, confirmed),
+            SlotPlan::Stream { confirmed, make_failover } => {
+                let mut replication = transport::connect(&self.config, &server, confirmed).await?;
+                if make_failover {
+                    slot::make_failover(&mut replication, slot_name).await?;
+                }
+                (replication, confirmed)
+            }
             SlotPlan::Create => {
-                let mut replication = transport::connect(&self.config, Lsn::ZERO).await?;
+                let mut replication = transport::connect(&self.config, &server, Lsn::ZERO).await?;
                 let point = slot::create_and_copy(self, &mut replication, &client, pulse, shutdown).await?;
                 (replication, point)
             }

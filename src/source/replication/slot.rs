@@ -45,8 +45,9 @@ const DROP_SLOT_SQL: &str = "SELECT pg_drop_replication_slot($1)";
 /// What the relay must do with the slot before streaming.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SlotPlan {
-    /// The slot exists and is healthy: stream from its confirmed position.
-    Stream { confirmed: Lsn },
+    /// The slot exists and is healthy: stream from its confirmed position (first making it a
+    /// failover slot when `replication.failover` asks for it and it is not one).
+    Stream { confirmed: Lsn, make_failover: bool },
     /// Create the slot and publish the rows already in the table first.
     Create,
 }
@@ -57,13 +58,16 @@ pub struct SlotInfo {
     pub wal_status: Option<String>,
     pub confirmed_flush: Option<Lsn>,
     pub active_pid: Option<i32>,
+    /// `failover` (PostgreSQL 17+; `None` before).
+    pub failover: Option<bool>,
 }
 
 async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>, RelayError> {
     let row = client
         .query_opt(
-            "SELECT wal_status, confirmed_flush_lsn::text AS confirmed_flush, active_pid \
-             FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()",
+            "SELECT wal_status, confirmed_flush_lsn::text AS confirmed_flush, active_pid, \
+                    (to_jsonb(s) ->> 'failover')::boolean AS failover \
+             FROM pg_replication_slots s WHERE slot_name = $1 AND database = current_database()",
             &[&slot],
         )
         .await?;
@@ -71,6 +75,7 @@ async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>, Rela
         wal_status: r.get("wal_status"),
         confirmed_flush: r.get::<_, Option<String>>("confirmed_flush").and_then(|s| Lsn::from_str(&s).ok()),
         active_pid: r.get("active_pid"),
+        failover: r.get("failover"),
     }))
 }
 
@@ -89,6 +94,9 @@ pub async fn prepare(config: &RelayConfig, client: &Client, recreate: bool) -> R
         return Err(RelayError::Standby(format!("slot \"{slot}\" is managed by another relay instance")));
     }
     ensure_publication(config, client).await?;
+    if config.replication.failover {
+        failover_supported(client).await?;
+    }
     let remembered = remembered(client, slot).await?;
     let info = slot_info(client, slot).await?;
     if recreate {
@@ -140,7 +148,10 @@ async fn decide(
             client.execute(FORGET_SQL, &[slot]).await?;
             Ok(SlotPlan::Create)
         }
-        (Some(info), _) => Ok(SlotPlan::Stream { confirmed: info.confirmed_flush.unwrap_or_default() }),
+        (Some(info), _) => Ok(SlotPlan::Stream {
+            confirmed: info.confirmed_flush.unwrap_or_default(),
+            make_failover: config.replication.failover && info.failover == Some(false),
+        }),
         (None, Some(true)) => Err(RelayError::fatal(
             FatalReason::SlotMissing,
             format!(
@@ -162,6 +173,37 @@ async fn decide(
         }
         (None, None) => Ok(SlotPlan::Create),
     }
+}
+
+/// `replication.failover` needs failover slots: PostgreSQL 17 or newer.
+async fn failover_supported(client: &Client) -> Result<(), RelayError> {
+    let version: i32 = client.query_one("SELECT current_setting('server_version_num')::int", &[]).await?.get(0);
+    if version < 170_000 {
+        return Err(RelayError::fatal(
+            FatalReason::Config,
+            format!(
+                "replication.failover = true needs failover slots, which PostgreSQL has from version 17 (the \
+                 server is {}.{}): set replication.failover = false, and read the README's PostgreSQL section \
+                 on what a failover means without them",
+                version / 10_000,
+                version % 10_000
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Makes an existing slot a failover slot, on the replication session before it streams.
+pub(super) async fn make_failover(
+    replication: &mut pgwire_replication::ReplicationClient,
+    slot: &str,
+) -> Result<(), RelayError> {
+    replication
+        .simple_query(&format!("ALTER_REPLICATION_SLOT {} (FAILOVER)", quote_ident(slot)))
+        .await
+        .map_err(|e| transport::in_context(transport::classify(e), Command::Create, slot))?;
+    tracing::info!(%slot, "made the slot a failover slot (replication.failover = true)");
+    Ok(())
 }
 
 /// `Some(copy finished)` when the relay created this slot before, `None` when it never did.
@@ -219,11 +261,10 @@ pub(super) async fn create_and_copy(
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<Lsn, RelayError> {
     let slot = &source.config.replication.slot;
+    // the option list is PostgreSQL 15+ syntax, FAILOVER 17+; the older form works everywhere
+    let options = if source.config.replication.failover { "(SNAPSHOT 'export', FAILOVER)" } else { "EXPORT_SNAPSHOT" };
     let rows = replication
-        .simple_query(&format!(
-            "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput EXPORT_SNAPSHOT",
-            quote_ident(slot)
-        ))
+        .simple_query(&format!("CREATE_REPLICATION_SLOT {} LOGICAL pgoutput {options}", quote_ident(slot)))
         .await
         .map_err(|e| transport::in_context(transport::classify(e), Command::Create, slot))?;
     let row =

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use pgwire_replication::{PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent};
 use tokio_postgres::error::SqlState;
 
-use crate::config::RelayConfig;
+use crate::config::{Endpoint, RelayConfig};
 use crate::error::{FatalReason, RelayError, sqlstate_in};
 use crate::metrics::metrics;
 use crate::position::Lsn;
@@ -45,13 +45,14 @@ pub enum WalEvent {
 
 /// Opens an authenticated replication session that has not started streaming, so the slot
 /// can be created (with an exported snapshot) on it first.
-pub async fn connect(config: &RelayConfig, ack: Lsn) -> Result<ReplicationClient, RelayError> {
+/// `server` is the primary the SQL session found (see [`crate::postgres::connect_primary`]).
+pub async fn connect(config: &RelayConfig, server: &Endpoint, ack: Lsn) -> Result<ReplicationClient, RelayError> {
     let pg = &config.postgres;
     let r = &config.replication;
     let password = pg.password()?.unwrap_or_default();
     let cfg =
-        ReplicationConfig::new(&pg.host, &pg.user, password, &pg.database, &r.slot, r.publication.as_str())
-            .with_port(pg.port)
+        ReplicationConfig::new(&server.host, &pg.user, password, &pg.database, &r.slot, r.publication.as_str())
+            .with_port(server.port)
             .with_tls(crate::postgres::replication_tls(pg))
             // the transport reads ahead of the relay into a channel of this many messages: with
             // its default (8,192) and 10 KB rows that alone is 80 MB, past any in-flight bound
