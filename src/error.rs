@@ -61,6 +61,8 @@ pub enum FatalReason {
     SlotLost,
     /// The slot the relay published from is gone.
     SlotMissing,
+    /// The server was promoted from a standby that had no copy of the slot.
+    FailoverWithoutSlot,
     /// The publication is missing, or does not publish the outbox.
     Publication,
     /// The outbox table was renamed or moved while the relay streamed.
@@ -87,9 +89,10 @@ pub enum FatalReason {
 
 impl FatalReason {
     /// Every reason, for initializing the labelled series at zero.
-    pub const ALL: [FatalReason; 13] = [
+    pub const ALL: [FatalReason; 14] = [
         FatalReason::SlotLost,
         FatalReason::SlotMissing,
+        FatalReason::FailoverWithoutSlot,
         FatalReason::Publication,
         FatalReason::OutboxChanged,
         FatalReason::Schema,
@@ -107,6 +110,7 @@ impl FatalReason {
         match self {
             FatalReason::SlotLost => "slot_lost",
             FatalReason::SlotMissing => "slot_missing",
+            FatalReason::FailoverWithoutSlot => "failover_without_slot",
             FatalReason::Publication => "publication",
             FatalReason::OutboxChanged => "outbox_changed",
             FatalReason::Schema => "schema",

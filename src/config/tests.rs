@@ -265,3 +265,17 @@ fn what_the_binary_was_not_built_for_is_refused_naming_the_setting() {
     }
     load(&MINIMAL.replace("brokers", "compression = \"zstd\"\nbrokers"), &[]).unwrap();
 }
+
+#[test]
+fn postgres_host_takes_a_list_of_servers_in_order() {
+    let cfg = load(&format!("{MINIMAL}[postgres]\nhost = \"pg-0:5433, pg-1\"\nport = 6000\n"), &[]).unwrap();
+    let endpoints: Vec<String> = cfg.postgres.endpoints().iter().map(Endpoint::to_string).collect();
+    assert_eq!(endpoints, ["pg-0:5433", "pg-1:6000"]);
+    let env = [("OUTBOX_RELAY__POSTGRES__HOST", "a,b:1")];
+    let cfg = load(MINIMAL, &env).unwrap();
+    assert_eq!(cfg.postgres.endpoints().len(), 2);
+    for bad in ["pg-0,", "pg-0:x", "pg-0:0", ":5432"] {
+        let err = load(&format!("{MINIMAL}[postgres]\nhost = \"{bad}\"\n"), &[]).unwrap_err().to_string();
+        assert!(err.starts_with("postgres.host: ") && err.contains("comma-separated"), "{bad}: {err}");
+    }
+}

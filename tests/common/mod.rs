@@ -111,7 +111,12 @@ impl TestDb {
     }
 
     async fn create(options: &str, apply: bool) -> TestDb {
-        let admin_url = services().pg_url.clone();
+        Self::create_at(&services().pg_url, options, apply).await
+    }
+
+    /// A database with `options` on the server `admin_url` names (a test's own server).
+    pub async fn create_at(admin_url: &str, options: &str, apply: bool) -> TestDb {
+        let admin_url = admin_url.to_string();
         let name = format!("test_{}", random_suffix());
         let admin = connect(&admin_url).await;
         admin.batch_execute(&format!("CREATE DATABASE {name}{options}")).await.unwrap();

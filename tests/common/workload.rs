@@ -58,29 +58,38 @@ pub async fn write_txn(
     events: usize,
     commit: bool,
 ) -> Vec<i64> {
-    let tx = client.transaction().await.unwrap();
+    try_write_txn(client, aggregate_type, aggregate, events, commit).await.unwrap()
+}
+
+/// As [`write_txn`], returning the server's error (a server that died mid-run).
+pub async fn try_write_txn(
+    client: &mut Client,
+    aggregate_type: &str,
+    aggregate: &str,
+    events: usize,
+    commit: bool,
+) -> Result<Vec<i64>, tokio_postgres::Error> {
+    let tx = client.transaction().await?;
     let mut seqs = Vec::with_capacity(events);
     for _ in 0..events {
         let seq: i64 = tx
             .query_one("UPDATE test_aggregates SET seq = seq + 1 WHERE id = $1 RETURNING seq", &[&aggregate])
-            .await
-            .unwrap()
+            .await?
             .get(0);
         tx.execute(
             "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
              VALUES ($1, $2, 'SeqEvent', jsonb_build_object('seq', $3::bigint))",
             &[&aggregate_type, &aggregate, &seq],
         )
-        .await
-        .unwrap();
+        .await?;
         seqs.push(seq);
     }
     if commit {
-        tx.commit().await.unwrap();
-        seqs
+        tx.commit().await?;
+        Ok(seqs)
     } else {
-        tx.rollback().await.unwrap();
-        Vec::new()
+        tx.rollback().await?;
+        Ok(Vec::new())
     }
 }
 

@@ -33,12 +33,16 @@ use crate::table::{OutboxTable, quote_ident, quote_literal, raw_event};
 /// Rows of the initial copy published (and awaited) together.
 const COPY_CHUNK: usize = 2_000;
 
-/// The relay's own memory of its slots (sql/006_relay_slots.sql).
+/// The relay's own memory of its slots (sql/006_relay_slots.sql, sql/007_relay_slots_timeline.sql).
 const REMEMBERED_SQL: &str =
     "SELECT snapshot_completed_at IS NOT NULL AS copied FROM outbox_relay_slots WHERE slot_name = $1";
 const FORGET_SQL: &str = "DELETE FROM outbox_relay_slots WHERE slot_name = $1";
-const REMEMBER_SQL: &str =
-    "INSERT INTO outbox_relay_slots (slot_name, created_lsn) VALUES ($1, $2::text::pg_lsn)";
+const REMEMBER_SQL: &str = "INSERT INTO outbox_relay_slots (slot_name, created_lsn, created_timeline) \
+     VALUES ($1, $2::text::pg_lsn, (SELECT timeline FROM current_timeline))";
+/// The server's timeline, from the name of its current WAL file (pg_control_checkpoint() needs
+/// more privilege than the relay has).
+const CURRENT_TIMELINE_CTE: &str =
+    "WITH current_timeline AS (SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int AS timeline) ";
 const COPIED_SQL: &str = "UPDATE outbox_relay_slots SET snapshot_completed_at = now() WHERE slot_name = $1";
 const DROP_SLOT_SQL: &str = "SELECT pg_drop_replication_slot($1)";
 
@@ -152,6 +156,17 @@ async fn decide(
             confirmed: info.confirmed_flush.unwrap_or_default(),
             make_failover: config.replication.failover && info.failover == Some(false),
         }),
+        (None, Some(true)) if let Some((created, now)) = promoted_since(client, slot).await? => Err(RelayError::fatal(
+            FatalReason::FailoverWithoutSlot,
+            format!(
+                "failover without a failover slot: slot \"{slot}\" is missing because this server is a promoted \
+                 standby (timeline {now}; the slot was created on timeline {created}) that had no copy of it. Events \
+                 committed before the promotion may not all have been published, and events the relay published \
+                 may be missing here. Recover: run `outbox-relay setup --recreate-slot` (it re-publishes what the \
+                 table holds; consumers must deduplicate by id), and use failover slots (PostgreSQL 17+, \
+                 replication.failover = true, README \"Failover\") so the next promotion keeps the slot"
+            ),
+        )),
         (None, Some(true)) => Err(RelayError::fatal(
             FatalReason::SlotMissing,
             format!(
@@ -173,6 +188,24 @@ async fn decide(
         }
         (None, None) => Ok(SlotPlan::Create),
     }
+}
+
+/// `Some((timeline the slot was created on, the server's timeline now))` when the server has
+/// moved to a later timeline since: it was promoted (or restored) after the slot was made.
+async fn promoted_since(client: &Client, slot: &str) -> Result<Option<(i32, i32)>, RelayError> {
+    let row = client
+        .query_opt(
+            &format!(
+                "{CURRENT_TIMELINE_CTE}SELECT created_timeline, (SELECT timeline FROM current_timeline) AS now \
+                 FROM outbox_relay_slots WHERE slot_name = $1"
+            ),
+            &[&slot],
+        )
+        .await?;
+    Ok(row.and_then(|r| match (r.get::<_, Option<i32>>(0), r.get::<_, i32>(1)) {
+        (Some(created), now) if now > created => Some((created, now)),
+        _ => None,
+    }))
 }
 
 /// `replication.failover` needs failover slots: PostgreSQL 17 or newer.
@@ -275,7 +308,7 @@ pub(super) async fn create_and_copy(
         .ok_or_else(|| RelayError::Protocol("CREATE_REPLICATION_SLOT returned no consistent point".into()))?;
     let snapshot =
         text(2).ok_or_else(|| RelayError::Protocol("CREATE_REPLICATION_SLOT exported no snapshot".into()))?;
-    client.execute(REMEMBER_SQL, &[slot, &consistent_point.to_string()]).await?;
+    client.execute(&format!("{CURRENT_TIMELINE_CTE}{REMEMBER_SQL}"), &[slot, &consistent_point.to_string()]).await?;
     tracing::info!(%slot, %consistent_point, "created the slot; publishing the rows already in the table");
     let copied = Copy { source, dead_letters: client, pulse }.run(&snapshot, shutdown).await?;
     client.execute(COPIED_SQL, &[slot]).await?;

@@ -1,0 +1,228 @@
+//! Surviving a primary failover. Each test has a primary and a physical standby of its own
+//! (`deploy/local/services hold-pair`: a streaming standby with hot_standby_feedback and, from
+//! 17, slot synchronization, the primary holding logical decoding back with
+//! synchronized_standby_slots). The primary is stopped hard (immediate) under a committing
+//! workload and the standby promoted; the relay is given both servers in `postgres.host`.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::workload::{assert_delivered, committed_counts, create_aggregates, try_write_txn, write_txn};
+use common::*;
+
+/// A primary and its standby, for one test.
+struct Pair {
+    env: HashMap<String, String>,
+}
+
+impl Pair {
+    fn start() -> Pair {
+        Pair { env: hold("hold-pair", &[]) }
+    }
+
+    fn var(&self, name: &str) -> &str {
+        self.env.get(name).unwrap_or_else(|| panic!("services hold-pair did not print {name}"))
+    }
+
+    fn major(&self) -> u32 {
+        self.var("OUTBOX_RELAY_TEST_PG_MAJOR").parse().unwrap()
+    }
+
+    fn primary_url(&self) -> &str {
+        self.var("OUTBOX_RELAY_TEST_PG_URL")
+    }
+
+    /// `url` (a database on the primary) on the standby.
+    fn on_standby(&self, url: &str) -> String {
+        url.replace(
+            &format!(":{}/", self.var("OUTBOX_RELAY_TEST_PG_PORT")),
+            &format!(":{}/", self.var("OUTBOX_RELAY_TEST_STANDBY_PORT")),
+        )
+    }
+
+    /// `postgres.host` naming both servers, the primary first.
+    fn hosts(&self) -> String {
+        format!(
+            "127.0.0.1:{},127.0.0.1:{}",
+            self.var("OUTBOX_RELAY_TEST_PG_PORT"),
+            self.var("OUTBOX_RELAY_TEST_STANDBY_PORT")
+        )
+    }
+
+    fn pg_ctl(&self, args: &[&str]) {
+        let pg_ctl = format!("{}/pg_ctl", self.var("OUTBOX_RELAY_TEST_PG_BIN"));
+        let root = Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+        let mut command = if root { Command::new("runuser") } else { Command::new(&pg_ctl) };
+        if root {
+            command.args(["-u", "postgres", "--", &pg_ctl]);
+        }
+        let status = command.args(args).stdout(std::process::Stdio::null()).status().unwrap();
+        assert!(status.success(), "pg_ctl {args:?}: {status}");
+    }
+
+    fn stop_primary_hard(&self) {
+        self.pg_ctl(&["-D", self.var("OUTBOX_RELAY_TEST_PG_DATA"), "-m", "immediate", "-w", "stop"]);
+    }
+
+    fn promote(&self) {
+        self.pg_ctl(&["-D", self.var("OUTBOX_RELAY_TEST_STANDBY_DATA"), "-w", "-t", "60", "promote"]);
+    }
+}
+
+/// A streaming relay on a fresh database of `pair`'s primary; `failover` sets
+/// `replication.failover`.
+async fn setup(pair: &Pair, failover: bool) -> Setup {
+    let db = TestDb::create_at(pair.primary_url(), "", true).await;
+    create_aggregates(&db.client().await, 8).await;
+    Setup::create_on(db, &services().kafka, "", true, |slot| {
+        format!(
+            "[source]\nmode = \"replication\"\n\
+             [replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\nfailover = {failover}\n\
+             [retry]\ninitial_backoff_ms = 100\nmax_backoff_ms = 500\n"
+        )
+    })
+    .await
+}
+
+/// Commits transactions of 1-3 events on random aggregates until the server dies.
+async fn write_until_the_server_dies(url: String, aggregate_type: String) -> usize {
+    let mut client = connect(&url).await;
+    let mut committed = 0;
+    loop {
+        let aggregate = format!("agg-{}", rand::random_range(0..8));
+        match try_write_txn(&mut client, &aggregate_type, &aggregate, rand::random_range(1..=3), true).await {
+            Ok(seqs) => committed += seqs.len(),
+            Err(_) => return committed,
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Waits until the standby has replayed everything the primary has written.
+async fn wait_standby_caught_up(primary: &tokio_postgres::Client, standby: &tokio_postgres::Client) {
+    let lsn: String = primary.query_one("SELECT pg_current_wal_lsn()::text", &[]).await.unwrap().get(0);
+    wait_until_within(Duration::from_secs(60), "the standby to replay the primary's WAL", async || {
+        let row = standby.query_one("SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn", &[&lsn]).await.unwrap();
+        row.get::<_, Option<bool>>(0) == Some(true)
+    })
+    .await;
+}
+
+async fn outbox_ids(client: &tokio_postgres::Client) -> HashSet<String> {
+    client.query("SELECT id::text FROM outbox_events", &[]).await.unwrap().iter().map(|r| r.get(0)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn after_a_promotion_the_relay_goes_on_from_the_failover_slot_losing_and_inventing_nothing() {
+    let pair = Pair::start();
+    if pair.major() < 17 {
+        eprintln!("PostgreSQL {} has no failover slots: the test below covers it", pair.major());
+        return;
+    }
+    // given a relay streaming from a failover slot, whose copy the standby has synced
+    let s = setup(&pair, true).await;
+    let consumer = consumer(&[&s.topic]);
+    let mut relay = s.start_with_env("relay", &[("OUTBOX_RELAY__POSTGRES__HOST", &pair.hosts())]);
+    relay.wait_ready("active").await;
+    let standby = connect(&pair.on_standby(&s.db.url)).await;
+    let primary = s.db.client().await;
+    // (a copy is usable once persisted, "sync-ready": until the primary's slot has moved past the
+    // standby's catalog horizon it stays temporary, and a promotion drops it; a logged snapshot
+    // of running transactions lets the slot move on without waiting for the next checkpoint)
+    wait_until_within(Duration::from_secs(60), "the standby's copy of the slot to be sync-ready", async || {
+        primary.execute("SELECT pg_log_standby_snapshot()", &[]).await.unwrap();
+        let row = standby
+            .query_opt(
+                "SELECT synced AND NOT temporary AND NOT conflicting FROM pg_replication_slots WHERE slot_name = $1",
+                &[&s.slot],
+            )
+            .await
+            .unwrap();
+        row.is_some_and(|r| r.get::<_, bool>(0))
+    })
+    .await;
+    drop(primary);
+
+    // when the primary is stopped hard under a committing workload, and the standby promoted
+    let writer = tokio::spawn(write_until_the_server_dies(s.db.url.clone(), s.aggregate_type.clone()));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let died = Instant::now();
+    pair.stop_primary_hard();
+    let acknowledged = writer.await.unwrap();
+    pair.promote();
+    drop(standby);
+    let mut new_primary = connect(&pair.on_standby(&s.db.url)).await;
+    new_primary.batch_execute("INSERT INTO test_aggregates (id) VALUES ('agg-after')").await.unwrap();
+    for _ in 0..5 {
+        write_txn(&mut new_primary, &s.aggregate_type, "agg-after", 1, true).await;
+    }
+
+    // then every event of the new primary's history arrives, and nothing else, in order per
+    // aggregate; the first event written on the new primary arrives once the relay found it
+    let expected = outbox_ids(&new_primary).await;
+    let mut records = Vec::new();
+    let mut first_from_new_primary = None;
+    let mut seen = HashSet::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !expected.is_subset(&seen) && Instant::now() < deadline {
+        for r in consume(&consumer, 10_000, Duration::from_millis(500)).await {
+            if r.key.as_deref() == Some("agg-after") && first_from_new_primary.is_none() {
+                first_from_new_primary = Some(died.elapsed());
+            }
+            seen.insert(r.header("id").unwrap().to_string());
+            records.push(r);
+        }
+    }
+    let lost: Vec<_> = expected.difference(&seen).collect();
+    assert!(lost.is_empty(), "{} events of the new primary never arrived: {}", lost.len(), relay.log_text());
+    let invented: Vec<_> = seen.difference(&expected).collect();
+    assert!(invented.is_empty(), "{} events arrived that the new primary does not have", invented.len());
+    let report = assert_delivered(&records, &committed_counts(&new_primary).await);
+    assert!(relay.exited().is_none(), "the relay stopped: {}", relay.log_text());
+    relay.wait_ready("active").await;
+    eprintln!(
+        "failover: {acknowledged} events acknowledged by the old primary, {} on the new primary's history, \
+         {} duplicates; first event from the new primary {:?} after the primary died",
+        expected.len(),
+        report.duplicates,
+        first_from_new_primary.unwrap()
+    );
+    // duplicates are what the synced copy had not yet confirmed: never more than was sent
+    assert!(report.duplicates <= report.unique, "{report:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_promotion_without_a_failover_slot_stops_the_relay_saying_so() {
+    // given a relay streaming from a slot the standby has no copy of
+    let pair = Pair::start();
+    let s = setup(&pair, false).await;
+    let client = s.db.client().await;
+    let consumer = consumer(&[&s.topic]);
+    let env = [
+        ("OUTBOX_RELAY__POSTGRES__HOST", pair.hosts()),
+        // (a fatal error is kept on /metrics for a while before the relay exits)
+        ("OUTBOX_RELAY__METRICS__FATAL_EXIT_DELAY_SECS", "60".to_string()),
+    ];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut relay = s.start_with_env("relay", &env);
+    relay.wait_ready("active").await;
+    workload::insert_event(&client, &s.aggregate_type, Some("before")).await;
+    assert_eq!(consume(&consumer, 1, IDLE).await.len(), 1);
+    let standby = connect(&pair.on_standby(&s.db.url)).await;
+    wait_standby_caught_up(&client, &standby).await;
+    drop((client, standby));
+
+    // when the primary dies and the standby is promoted
+    pair.stop_primary_hard();
+    pair.promote();
+
+    // then the relay finds the new primary, sees the slot lost to the failover, and stops with
+    // a reason that says so and what to do
+    relay.wait_metric("outbox_relay_fatal_error{reason=\"failover_without_slot\"}", |v| v == 1.0).await;
+    let (_, body) = relay.readyz().unwrap_or_default();
+    assert!(body.contains("failover without a failover slot") && body.contains("--recreate-slot"), "{body}");
+    relay.kill9();
+}
