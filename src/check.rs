@@ -13,6 +13,7 @@ use crate::error::{FatalReason, RelayError};
 use crate::sink::kafka;
 use crate::table::OutboxTable;
 
+mod failover;
 mod privileges;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -142,7 +143,10 @@ async fn postgres_checks(config: &RelayConfig, client: &Client, server: &Endpoin
         }
     };
     match config.source.mode {
-        SourceMode::Replication => findings.extend(replication_checks(config, client).await),
+        SourceMode::Replication => {
+            findings.extend(replication_checks(config, client).await);
+            findings.extend(failover::findings(config, client, server).await);
+        }
         SourceMode::Polling => {}
     }
     if config.dead_letter.on_poison == crate::config::OnPoison::DeadLetter {

@@ -31,6 +31,10 @@ pub const SLOT_RETAINED_WAL: &str = "outbox_relay_slot_retained_wal_bytes";
 pub const SLOT_WAL_STATUS: &str = "outbox_relay_slot_wal_status";
 pub const SLOT_SAFE_WAL_SIZE: &str = "outbox_relay_slot_safe_wal_size_bytes";
 pub const SLOT_ACTIVE: &str = "outbox_relay_slot_active";
+pub const SLOT_FAILOVER: &str = "outbox_relay_slot_failover";
+pub const FAILOVER_STANDBYS_READY: &str = "outbox_relay_failover_standbys_ready";
+pub const SLOT_INACTIVE: &str = "outbox_relay_slot_inactive_seconds";
+pub const SLOT_IDLE_TIMEOUT_REMAINING: &str = "outbox_relay_slot_idle_timeout_remaining_seconds";
 pub const SLOT_LAG_WARNING: &str = "outbox_relay_slot_lag_warning_threshold_bytes";
 pub const SLOT_LAG_CRITICAL: &str = "outbox_relay_slot_lag_critical_threshold_bytes";
 pub const BACKLOG_EVENTS: &str = "outbox_relay_backlog_events";
@@ -64,6 +68,16 @@ pub const ALL: &[(&str, &str)] = &[
     (SLOT_WAL_STATUS, "1 for the slot's current wal_status (reserved, extended, unreserved, lost)"),
     (SLOT_SAFE_WAL_SIZE, "WAL that can still be written before the slot is lost"),
     (SLOT_ACTIVE, "1 when a walsender streams from the slot"),
+    (SLOT_FAILOVER, "1 when the slot is a failover slot (PostgreSQL 17+)"),
+    (
+        FAILOVER_STANDBYS_READY,
+        "Servers of postgres.host other than the primary whose copy of the slot a promotion keeps",
+    ),
+    (SLOT_INACTIVE, "Seconds since the slot was last streamed from (0 while active; PostgreSQL 17+)"),
+    (
+        SLOT_IDLE_TIMEOUT_REMAINING,
+        "Seconds before idle_replication_slot_timeout invalidates the idle slot (-1: no timeout; PostgreSQL 18+)",
+    ),
     (SLOT_LAG_WARNING, "metrics.slot_lag_warning_bytes, for alert rules"),
     (SLOT_LAG_CRITICAL, "metrics.slot_lag_critical_bytes, for alert rules"),
     (BACKLOG_EVENTS, "Unpublished rows in the outbox table (polling; capped at 1e6)"),
@@ -72,7 +86,7 @@ pub const ALL: &[(&str, &str)] = &[
     (BUILD_INFO, "Always 1; labels say the version and source mode"),
     (
         FATAL,
-        "1 when the relay stopped on a fatal error (reason: slot_lost, slot_missing, publication, outbox_changed, schema, auth, tls, encoding, too_large, privilege, config, protocol, other)",
+        "1 when the relay stopped on a fatal error (reason: slot_lost, slot_missing, failover_without_slot, publication, outbox_changed, schema, auth, tls, encoding, too_large, privilege, config, protocol, other)",
     ),
     (
         STREAM_MESSAGES_SKIPPED,
@@ -133,6 +147,10 @@ pub struct Metrics {
     pub slot_wal_status: IntGaugeVec,
     pub slot_safe_wal_size: IntGauge,
     pub slot_active: IntGauge,
+    pub slot_failover: IntGauge,
+    pub failover_standbys_ready: IntGauge,
+    pub slot_inactive: Gauge,
+    pub slot_idle_timeout_remaining: Gauge,
     pub slot_lag_warning: IntGauge,
     pub slot_lag_critical: IntGauge,
     pub backlog_events: IntGauge,
@@ -196,6 +214,10 @@ impl Metrics {
             slot_wal_status: int_gauge_vec(&r, SLOT_WAL_STATUS, &["status"]),
             slot_safe_wal_size: int_gauge(&r, SLOT_SAFE_WAL_SIZE),
             slot_active: int_gauge(&r, SLOT_ACTIVE),
+            slot_failover: int_gauge(&r, SLOT_FAILOVER),
+            failover_standbys_ready: int_gauge(&r, FAILOVER_STANDBYS_READY),
+            slot_inactive: gauge(&r, SLOT_INACTIVE),
+            slot_idle_timeout_remaining: gauge(&r, SLOT_IDLE_TIMEOUT_REMAINING),
             slot_lag_warning: int_gauge(&r, SLOT_LAG_WARNING),
             slot_lag_critical: int_gauge(&r, SLOT_LAG_CRITICAL),
             backlog_events: int_gauge(&r, BACKLOG_EVENTS),
@@ -231,6 +253,7 @@ impl Metrics {
             self.stream_messages_skipped.with_label_values(&[kind]);
         }
         self.build_info.with_label_values(&[version, mode]).set(1.0);
+        self.slot_idle_timeout_remaining.set(-1.0);
     }
 
     /// A record was acknowledged: count it and observe both latencies.

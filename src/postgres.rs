@@ -20,7 +20,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 use tokio_postgres::Client;
-use tokio_postgres::config::SslMode as PgSslMode;
+use tokio_postgres::config::{SslMode as PgSslMode, TargetSessionAttrs};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::config::{Endpoint, PostgresConfig, SslMode};
@@ -56,12 +56,29 @@ pub(crate) async fn connect_raw(pg: &PostgresConfig) -> Result<(Client, Connecti
     let tls = MakeRustlsConnect::new(client_tls(pg)?);
     let mut failures = Vec::new();
     for endpoint in pg.endpoints() {
-        match pg.client_config(&endpoint)?.connect(tls.clone()).await {
+        match pg.client_config(&endpoint, TargetSessionAttrs::ReadWrite)?.connect(tls.clone()).await {
             Ok((client, connection)) => return Ok((client, connection, endpoint)),
             Err(e) => failures.push((endpoint, e)),
         }
     }
     Err(no_primary(pg, failures))
+}
+
+/// Opens a session on `endpoint`, primary or standby, and spawns its connection task (to read a
+/// standby's copy of the slot).
+pub(crate) async fn connect_to(pg: &PostgresConfig, endpoint: &Endpoint) -> Result<Client, RelayError> {
+    let tls = MakeRustlsConnect::new(client_tls(pg)?);
+    let (client, connection) = pg
+        .client_config(endpoint, TargetSessionAttrs::Any)?
+        .connect(tls)
+        .await
+        .map_err(|e| classify_connect(pg, endpoint, e))?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "postgres connection ended");
+        }
+    });
+    Ok(client)
 }
 
 /// Why no server of `postgres.host` gave a read-write session. With one server, its error as
@@ -272,13 +289,17 @@ fn rustls_error(e: &tokio_postgres::Error) -> Option<String> {
 }
 
 impl PostgresConfig {
-    /// A tokio-postgres configuration for an ordinary (non-replication) session on `endpoint`,
-    /// refused by a server that does not accept writes.
-    pub(crate) fn client_config(&self, endpoint: &Endpoint) -> Result<tokio_postgres::Config, RelayError> {
+    /// A tokio-postgres configuration for an ordinary (non-replication) session on `endpoint`;
+    /// with `attrs` ReadWrite, a server that does not accept writes refuses it.
+    pub(crate) fn client_config(
+        &self,
+        endpoint: &Endpoint,
+        attrs: TargetSessionAttrs,
+    ) -> Result<tokio_postgres::Config, RelayError> {
         let mut pg = tokio_postgres::Config::new();
         pg.host(&endpoint.host)
             .port(endpoint.port)
-            .target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite)
+            .target_session_attrs(attrs)
             .user(&self.user)
             .dbname(&self.database)
             .application_name(&self.application_name)

@@ -8,8 +8,10 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
-use crate::config::{RelayConfig, SourceMode};
+use crate::config::{Endpoint, RelayConfig, SourceMode};
+use crate::error::RelayError;
 use crate::metrics::{WAL_STATUSES, metrics};
+use crate::source::replication::failover;
 use crate::table::OutboxTable;
 
 /// Rows counted at most, so sampling a huge backlog stays cheap.
@@ -18,10 +20,10 @@ const BACKLOG_COUNT_CAP: i64 = 1_000_000;
 pub fn spawn(config: RelayConfig) {
     let interval = Duration::from_secs(config.metrics.sample_interval_secs);
     tokio::spawn(async move {
-        let mut client: Option<Client> = None;
+        let mut client: Option<(Client, Endpoint)> = None;
         loop {
-            if client.as_ref().is_none_or(Client::is_closed) {
-                client = match crate::postgres::connect(&config.postgres).await {
+            if client.as_ref().is_none_or(|(c, _)| c.is_closed()) {
+                client = match crate::postgres::connect_primary(&config.postgres).await {
                     Ok(c) => Some(c),
                     Err(e) => {
                         tracing::debug!(error = %e, "metrics sampler cannot connect");
@@ -29,10 +31,10 @@ pub fn spawn(config: RelayConfig) {
                     }
                 };
             }
-            if let Some(c) = &client {
+            if let Some((c, primary)) = &client {
                 let sampled = match config.source.mode {
-                    SourceMode::Replication => sample_slot(&config, c).await,
-                    SourceMode::Polling => sample_backlog(&config, c).await,
+                    SourceMode::Replication => sample_slot(&config, c, primary).await,
+                    SourceMode::Polling => sample_backlog(&config, c).await.map_err(RelayError::from),
                 };
                 if let Err(e) = sampled {
                     tracing::debug!(error = %e, "metrics sampling failed");
@@ -43,14 +45,16 @@ pub fn spawn(config: RelayConfig) {
     });
 }
 
-async fn sample_slot(config: &RelayConfig, client: &Client) -> Result<(), tokio_postgres::Error> {
+async fn sample_slot(config: &RelayConfig, client: &Client, primary: &Endpoint) -> Result<(), RelayError> {
     let m = metrics();
+    let slot = &config.replication.slot;
     let row = client
         .query_opt(
             "SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint AS confirmed_lag, \
                     (pg_current_wal_lsn() - restart_lsn)::bigint AS retained, wal_status, safe_wal_size, active, \
-                    (pg_current_wal_lsn() - '0/0')::float8 AS wal_lsn \
-             FROM pg_replication_slots WHERE slot_name = $1",
+                    (pg_current_wal_lsn() - '0/0')::float8 AS wal_lsn, \
+                    coalesce((to_jsonb(s) ->> 'failover')::boolean, false) AS failover \
+             FROM pg_replication_slots s WHERE slot_name = $1",
             &[&config.replication.slot],
         )
         .await?;
@@ -68,6 +72,20 @@ async fn sample_slot(config: &RelayConfig, client: &Client) -> Result<(), tokio_
     m.slot_safe_wal_size.set(row.get::<_, Option<i64>>("safe_wal_size").unwrap_or(-1));
     m.slot_active.set(i64::from(row.get::<_, bool>("active")));
     m.server_wal_lsn.set(row.get::<_, f64>("wal_lsn"));
+    m.slot_failover.set(i64::from(row.get::<_, bool>("failover")));
+    if let Some(idle) = failover::idle(client, slot).await? {
+        m.slot_inactive.set(idle.inactive_secs);
+        m.slot_idle_timeout_remaining.set(idle.remaining_secs().unwrap_or(-1.0));
+    }
+    if config.replication.failover {
+        let mut ready = 0;
+        for standby in failover::standbys(&config.postgres, primary) {
+            let copy = failover::standby_copy(&config.postgres, &standby, slot).await;
+            tracing::debug!(%standby, %copy, "the standby's copy of the slot");
+            ready += i64::from(copy.is_ready());
+        }
+        m.failover_standbys_ready.set(ready);
+    }
     Ok(())
 }
 

@@ -105,10 +105,34 @@ async fn write_until_the_server_dies(url: String, aggregate_type: String) -> usi
 async fn wait_standby_caught_up(primary: &tokio_postgres::Client, standby: &tokio_postgres::Client) {
     let lsn: String = primary.query_one("SELECT pg_current_wal_lsn()::text", &[]).await.unwrap().get(0);
     wait_until_within(Duration::from_secs(60), "the standby to replay the primary's WAL", async || {
-        let row = standby.query_one("SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn", &[&lsn]).await.unwrap();
+        let row =
+            standby.query_one("SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn", &[&lsn]).await.unwrap();
         row.get::<_, Option<bool>>(0) == Some(true)
     })
     .await;
+}
+
+/// PostgreSQL 18: a short idle_replication_slot_timeout is a `check` warning, and the time
+/// left is exported (all of it while the relay streams).
+async fn idle_timeout_is_checked_and_exported(
+    s: &Setup,
+    client: &tokio_postgres::Client,
+    relay: &process::RelayProcess,
+    env: &[(&str, &str)],
+) {
+    client.batch_execute("ALTER SYSTEM SET idle_replication_slot_timeout = '2h'").await.unwrap();
+    client.batch_execute("SELECT pg_reload_conf()").await.unwrap();
+    relay.wait_metric("outbox_relay_slot_idle_timeout_remaining_seconds", |v| v == 7200.0).await;
+    assert_eq!(relay.metric("outbox_relay_slot_inactive_seconds"), Some(0.0));
+    let config = s.config().display().to_string();
+    let (code, out, _) = run_relay_with_env(&["check", "--config", &config], env, Duration::from_secs(60));
+    assert!(
+        out.contains("WARN postgres.idle_replication_slot_timeout idle_replication_slot_timeout = 7200 s"),
+        "{out}"
+    );
+    assert_eq!(code, 0, "{out}");
+    client.batch_execute("ALTER SYSTEM RESET idle_replication_slot_timeout").await.unwrap();
+    client.batch_execute("SELECT pg_reload_conf()").await.unwrap();
 }
 
 async fn outbox_ids(client: &tokio_postgres::Client) -> HashSet<String> {
@@ -117,15 +141,21 @@ async fn outbox_ids(client: &tokio_postgres::Client) -> HashSet<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn after_a_promotion_the_relay_goes_on_from_the_failover_slot_losing_and_inventing_nothing() {
-    let pair = Pair::start();
-    if pair.major() < 17 {
-        eprintln!("PostgreSQL {} has no failover slots: the test below covers it", pair.major());
+    let version = server_version(&connect(&services().pg_url).await).await;
+    if version < 170_000 {
+        eprintln!("PostgreSQL {version} has no failover slots: the test below covers it");
         return;
     }
+    let pair = Pair::start();
     // given a relay streaming from a failover slot, whose copy the standby has synced
     let s = setup(&pair, true).await;
     let consumer = consumer(&[&s.topic]);
-    let mut relay = s.start_with_env("relay", &[("OUTBOX_RELAY__POSTGRES__HOST", &pair.hosts())]);
+    let hosts = pair.hosts();
+    let env = [
+        ("OUTBOX_RELAY__POSTGRES__HOST", hosts.as_str()),
+        ("OUTBOX_RELAY__METRICS__SAMPLE_INTERVAL_SECS", "1"),
+    ];
+    let mut relay = s.start_with_env("relay", &env);
     relay.wait_ready("active").await;
     let standby = connect(&pair.on_standby(&s.db.url)).await;
     let primary = s.db.client().await;
@@ -145,6 +175,19 @@ async fn after_a_promotion_the_relay_goes_on_from_the_failover_slot_losing_and_i
     })
     .await;
     drop(primary);
+    // and the relay sees it: in its metrics, and in `check`
+    relay.wait_metric("outbox_relay_failover_standbys_ready", |v| v == 1.0).await;
+    assert_eq!(relay.metric("outbox_relay_slot_failover"), Some(1.0));
+    let config = s.config().display().to_string();
+    let (code, out, _) = run_relay_with_env(&["check", "--config", &config], &env, Duration::from_secs(60));
+    let standby_port = pair.var("OUTBOX_RELAY_TEST_STANDBY_PORT");
+    for line in [
+        "OK   postgres.synchronized_standby_slots".to_string(),
+        format!("127.0.0.1:{standby_port} has a synced copy a promotion keeps"),
+    ] {
+        assert!(out.contains(&line), "{line}: {out}");
+    }
+    assert_eq!(code, 0, "{out}");
 
     // when the primary is stopped hard under a committing workload, and the standby promoted
     let writer = tokio::spawn(write_until_the_server_dies(s.db.url.clone(), s.aggregate_type.clone()));
@@ -183,6 +226,8 @@ async fn after_a_promotion_the_relay_goes_on_from_the_failover_slot_losing_and_i
     let report = assert_delivered(&records, &committed_counts(&new_primary).await);
     assert!(relay.exited().is_none(), "the relay stopped: {}", relay.log_text());
     relay.wait_ready("active").await;
+    // and now no standby holds a copy (the old primary is gone): the alert's condition
+    relay.wait_metric("outbox_relay_failover_standbys_ready", |v| v == 0.0).await;
     eprintln!(
         "failover: {acknowledged} events acknowledged by the old primary, {} on the new primary's history, \
          {} duplicates; first event from the new primary {:?} after the primary died",
@@ -205,10 +250,14 @@ async fn a_promotion_without_a_failover_slot_stops_the_relay_saying_so() {
         ("OUTBOX_RELAY__POSTGRES__HOST", pair.hosts()),
         // (a fatal error is kept on /metrics for a while before the relay exits)
         ("OUTBOX_RELAY__METRICS__FATAL_EXIT_DELAY_SECS", "60".to_string()),
+        ("OUTBOX_RELAY__METRICS__SAMPLE_INTERVAL_SECS", "1".to_string()),
     ];
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let mut relay = s.start_with_env("relay", &env);
     relay.wait_ready("active").await;
+    if pair.major() >= 18 {
+        idle_timeout_is_checked_and_exported(&s, &client, &relay, &env).await;
+    }
     workload::insert_event(&client, &s.aggregate_type, Some("before")).await;
     assert_eq!(consume(&consumer, 1, IDLE).await.len(), 1);
     let standby = connect(&pair.on_standby(&s.db.url)).await;
@@ -225,4 +274,30 @@ async fn a_promotion_without_a_failover_slot_stops_the_relay_saying_so() {
     let (_, body) = relay.readyz().unwrap_or_default();
     assert!(body.contains("failover without a failover slot") && body.contains("--recreate-slot"), "{body}");
     relay.kill9();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn check_says_what_failover_needs_on_each_version() {
+    // given a relay configured for failover slots against a lone server
+    let s = Setup::create(&services().kafka, "", true, |slot| {
+        format!("[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\nfailover = true\n")
+    })
+    .await;
+    let version = server_version(&s.db.client().await).await;
+    let config = s.config().display().to_string();
+
+    // when it is checked
+    let (code, out, _) = run_relay(&["check", "--config", &config], Duration::from_secs(60));
+
+    // then before 17 it fails naming the setting; from 17 it warns of what a promotion would
+    // cost: no synchronized_standby_slots (phantoms) and no standby to find or to hold a copy
+    if version < 170_000 {
+        assert_eq!(code, 1, "{out}");
+        assert!(out.contains("FAIL replication.failover") && out.contains("from 17"), "{out}");
+    } else {
+        assert_eq!(code, 0, "{out}");
+        for line in ["WARN postgres.synchronized_standby_slots", "WARN replication.failover.standby"] {
+            assert!(out.contains(line), "{line}: {out}");
+        }
+    }
 }

@@ -16,6 +16,7 @@
 //! [`decode`] (pgoutput), [`transport`] (the replication connection, behind our own seam).
 
 mod decode;
+pub(crate) mod failover;
 pub(crate) mod publication;
 mod slot;
 mod stream;

@@ -41,8 +41,7 @@ const REMEMBER_SQL: &str = "INSERT INTO outbox_relay_slots (slot_name, created_l
      VALUES ($1, $2::text::pg_lsn, (SELECT timeline FROM current_timeline))";
 /// The server's timeline, from the name of its current WAL file (pg_control_checkpoint() needs
 /// more privilege than the relay has).
-const CURRENT_TIMELINE_CTE: &str =
-    "WITH current_timeline AS (SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int AS timeline) ";
+const CURRENT_TIMELINE_CTE: &str = "WITH current_timeline AS (SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int AS timeline) ";
 const COPIED_SQL: &str = "UPDATE outbox_relay_slots SET snapshot_completed_at = now() WHERE slot_name = $1";
 const DROP_SLOT_SQL: &str = "SELECT pg_drop_replication_slot($1)";
 
@@ -156,17 +155,19 @@ async fn decide(
             confirmed: info.confirmed_flush.unwrap_or_default(),
             make_failover: config.replication.failover && info.failover == Some(false),
         }),
-        (None, Some(true)) if let Some((created, now)) = promoted_since(client, slot).await? => Err(RelayError::fatal(
-            FatalReason::FailoverWithoutSlot,
-            format!(
-                "failover without a failover slot: slot \"{slot}\" is missing because this server is a promoted \
+        (None, Some(true)) if let Some((created, now)) = promoted_since(client, slot).await? => {
+            Err(RelayError::fatal(
+                FatalReason::FailoverWithoutSlot,
+                format!(
+                    "failover without a failover slot: slot \"{slot}\" is missing because this server is a promoted \
                  standby (timeline {now}; the slot was created on timeline {created}) that had no copy of it. Events \
                  committed before the promotion may not all have been published, and events the relay published \
                  may be missing here. Recover: run `outbox-relay setup --recreate-slot` (it re-publishes what the \
                  table holds; consumers must deduplicate by id), and use failover slots (PostgreSQL 17+, \
                  replication.failover = true, README \"Failover\") so the next promotion keeps the slot"
-            ),
-        )),
+                ),
+            ))
+        }
         (None, Some(true)) => Err(RelayError::fatal(
             FatalReason::SlotMissing,
             format!(
@@ -210,7 +211,8 @@ async fn promoted_since(client: &Client, slot: &str) -> Result<Option<(i32, i32)
 
 /// `replication.failover` needs failover slots: PostgreSQL 17 or newer.
 async fn failover_supported(client: &Client) -> Result<(), RelayError> {
-    let version: i32 = client.query_one("SELECT current_setting('server_version_num')::int", &[]).await?.get(0);
+    let version: i32 =
+        client.query_one("SELECT current_setting('server_version_num')::int", &[]).await?.get(0);
     if version < 170_000 {
         return Err(RelayError::fatal(
             FatalReason::Config,
@@ -295,7 +297,8 @@ pub(super) async fn create_and_copy(
 ) -> Result<Lsn, RelayError> {
     let slot = &source.config.replication.slot;
     // the option list is PostgreSQL 15+ syntax, FAILOVER 17+; the older form works everywhere
-    let options = if source.config.replication.failover { "(SNAPSHOT 'export', FAILOVER)" } else { "EXPORT_SNAPSHOT" };
+    let options =
+        if source.config.replication.failover { "(SNAPSHOT 'export', FAILOVER)" } else { "EXPORT_SNAPSHOT" };
     let rows = replication
         .simple_query(&format!("CREATE_REPLICATION_SLOT {} LOGICAL pgoutput {options}", quote_ident(slot)))
         .await
@@ -308,7 +311,9 @@ pub(super) async fn create_and_copy(
         .ok_or_else(|| RelayError::Protocol("CREATE_REPLICATION_SLOT returned no consistent point".into()))?;
     let snapshot =
         text(2).ok_or_else(|| RelayError::Protocol("CREATE_REPLICATION_SLOT exported no snapshot".into()))?;
-    client.execute(&format!("{CURRENT_TIMELINE_CTE}{REMEMBER_SQL}"), &[slot, &consistent_point.to_string()]).await?;
+    client
+        .execute(&format!("{CURRENT_TIMELINE_CTE}{REMEMBER_SQL}"), &[slot, &consistent_point.to_string()])
+        .await?;
     tracing::info!(%slot, %consistent_point, "created the slot; publishing the rows already in the table");
     let copied = Copy { source, dead_letters: client, pulse }.run(&snapshot, shutdown).await?;
     client.execute(COPIED_SQL, &[slot]).await?;

@@ -46,25 +46,35 @@ pub enum WalEvent {
 /// Opens an authenticated replication session that has not started streaming, so the slot
 /// can be created (with an exported snapshot) on it first.
 /// `server` is the primary the SQL session found (see [`crate::postgres::connect_primary`]).
-pub async fn connect(config: &RelayConfig, server: &Endpoint, ack: Lsn) -> Result<ReplicationClient, RelayError> {
+pub async fn connect(
+    config: &RelayConfig,
+    server: &Endpoint,
+    ack: Lsn,
+) -> Result<ReplicationClient, RelayError> {
     let pg = &config.postgres;
     let r = &config.replication;
     let password = pg.password()?.unwrap_or_default();
-    let cfg =
-        ReplicationConfig::new(&server.host, &pg.user, password, &pg.database, &r.slot, r.publication.as_str())
-            .with_port(server.port)
-            .with_tls(crate::postgres::replication_tls(pg))
-            // the transport reads ahead of the relay into a channel of this many messages: with
-            // its default (8,192) and 10 KB rows that alone is 80 MB, past any in-flight bound
-            .with_buffer_size(STREAM_BUFFER_MESSAGES)
-            // one message (one change) is read whole: bound it, so a huge row stops the relay
-            // with a reason instead of an out-of-memory kill
-            .with_max_message_size(r.max_message_bytes)
-            .with_start_lsn(pgwire_replication::Lsn::ZERO) // 0/0: resume at the slot's confirmed position
-            .with_ack_lsn(pgwire_replication::Lsn(ack.0))
-            .with_status_interval(Duration::from_millis(r.status_interval_ms))
-            .with_wakeup_interval(Duration::from_millis(r.status_interval_ms))
-            .with_application_name(pg.application_name.clone());
+    let cfg = ReplicationConfig::new(
+        &server.host,
+        &pg.user,
+        password,
+        &pg.database,
+        &r.slot,
+        r.publication.as_str(),
+    )
+    .with_port(server.port)
+    .with_tls(crate::postgres::replication_tls(pg))
+    // the transport reads ahead of the relay into a channel of this many messages: with
+    // its default (8,192) and 10 KB rows that alone is 80 MB, past any in-flight bound
+    .with_buffer_size(STREAM_BUFFER_MESSAGES)
+    // one message (one change) is read whole: bound it, so a huge row stops the relay
+    // with a reason instead of an out-of-memory kill
+    .with_max_message_size(r.max_message_bytes)
+    .with_start_lsn(pgwire_replication::Lsn::ZERO) // 0/0: resume at the slot's confirmed position
+    .with_ack_lsn(pgwire_replication::Lsn(ack.0))
+    .with_status_interval(Duration::from_millis(r.status_interval_ms))
+    .with_wakeup_interval(Duration::from_millis(r.status_interval_ms))
+    .with_application_name(pg.application_name.clone());
     // connect_gated spawns the session task; connection errors surface on the first call.
     ReplicationClient::connect_gated(cfg).await.map_err(classify)
 }

@@ -1,0 +1,134 @@
+//! What a promotion or a long outage would do to the slot (replication mode): failover slots
+//! and the standbys' copies (PostgreSQL 17+), and `idle_replication_slot_timeout` (18+).
+
+use tokio_postgres::Client;
+
+use super::{Finding, query_setting};
+use crate::config::{Endpoint, RelayConfig};
+use crate::source::replication::failover::{self, CopyState};
+
+/// Below this, `idle_replication_slot_timeout` can invalidate the slot during an outage an
+/// on-call engineer plausibly takes to fix (a weekend night, a node drain gone wrong).
+const IDLE_TIMEOUT_WARN_SECS: f64 = 24.0 * 3600.0;
+
+pub(super) async fn findings(config: &RelayConfig, client: &Client, primary: &Endpoint) -> Vec<Finding> {
+    let version: i32 =
+        query_setting(client, "server_version_num").await.ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let mut findings = Vec::new();
+    if !config.replication.failover {
+        findings.push(Finding::ok(
+            "replication.failover",
+            "off: a promotion of a standby loses the slot, and the relay then stops with failover_without_slot \
+             (README, Failover)",
+        ));
+    } else if version < 170_000 {
+        findings.push(Finding::fail(
+            "replication.failover",
+            format!("replication.failover = true needs failover slots, which PostgreSQL has from 17 (server_version_num {version})"),
+            "set replication.failover = false (README, Failover: what a promotion then means)",
+        ));
+    } else {
+        findings.push(synchronized_standby_slots(client).await);
+        findings.extend(standby_copies(config, primary).await);
+    }
+    if let Some(finding) = idle_timeout(client).await {
+        findings.push(finding);
+    }
+    findings
+}
+
+/// Without `synchronized_standby_slots` the primary sends the relay transactions a standby may
+/// not have yet: after a promotion they are gone from the database but were published.
+async fn synchronized_standby_slots(client: &Client) -> Finding {
+    match query_setting(client, "synchronized_standby_slots").await {
+        Ok(slots) if !slots.trim().is_empty() => Finding::ok(
+            "postgres.synchronized_standby_slots",
+            format!(
+                "synchronized_standby_slots = '{slots}': the relay receives only what those standbys have"
+            ),
+        ),
+        Ok(_) => Finding::warn(
+            "postgres.synchronized_standby_slots",
+            "synchronized_standby_slots is empty: the relay may publish a transaction the standby never received, \
+             which a promotion then loses (a phantom event)",
+            "on the primary, set synchronized_standby_slots to the physical slot of each failover-candidate standby \
+             and reload",
+        ),
+        Err(e) => Finding::warn(
+            "postgres.synchronized_standby_slots",
+            format!("cannot read synchronized_standby_slots: {e}"),
+            "check the role can run SHOW",
+        ),
+    }
+}
+
+/// Each standby of `postgres.host`: does it hold a copy a promotion keeps?
+async fn standby_copies(config: &RelayConfig, primary: &Endpoint) -> Vec<Finding> {
+    let slot = &config.replication.slot;
+    let standbys = failover::standbys(&config.postgres, primary);
+    if standbys.is_empty() {
+        return vec![Finding::warn(
+            "replication.failover.standby",
+            "postgres.host names no standby: the relay cannot find the new primary after a promotion, nor see whether \
+             a standby holds a copy of the slot",
+            "list the failover-candidate standbys in postgres.host (\"primary:5432,standby:5432\")",
+        )];
+    }
+    let mut findings = Vec::new();
+    for standby in standbys {
+        let copy = failover::standby_copy(&config.postgres, &standby, slot).await;
+        let detail = format!("{standby} {copy}");
+        findings.push(match copy {
+            CopyState::Ready => Finding::ok("replication.failover.standby", detail),
+            CopyState::Missing | CopyState::Unsynced => Finding::warn(
+                "replication.failover.standby",
+                detail,
+                "on the standby: sync_replication_slots = on, hot_standby_feedback = on, primary_slot_name set and \
+                 dbname in primary_conninfo; the slot must exist with failover (the relay creates it so)",
+            ),
+            CopyState::Temporary => Finding::warn(
+                "replication.failover.standby",
+                detail,
+                "wait: the copy persists once the primary's slot moves past the standby's catalog horizon (the relay \
+                 streaming and a checkpoint, or pg_log_standby_snapshot(), move it)",
+            ),
+            CopyState::Invalidated(_) | CopyState::Unreachable(_) => Finding::warn(
+                "replication.failover.standby",
+                detail,
+                "a promotion of this standby now would lose the slot: repair the standby (its log says why)",
+            ),
+        });
+    }
+    findings
+}
+
+/// PostgreSQL 18 invalidates a slot left idle longer than `idle_replication_slot_timeout`.
+async fn idle_timeout(client: &Client) -> Option<Finding> {
+    let row = client
+        .query_opt(
+            "SELECT setting::float8 * CASE unit WHEN 'min' THEN 60 WHEN 'h' THEN 3600 ELSE 1 END \
+             FROM pg_settings WHERE name = 'idle_replication_slot_timeout'",
+            &[],
+        )
+        .await
+        .ok()??;
+    let secs: f64 = row.get(0);
+    Some(if secs <= 0.0 {
+        Finding::ok("postgres.idle_replication_slot_timeout", "idle_replication_slot_timeout = 0: off")
+    } else if secs < IDLE_TIMEOUT_WARN_SECS {
+        Finding::warn(
+            "postgres.idle_replication_slot_timeout",
+            format!(
+                "idle_replication_slot_timeout = {secs} s: a relay down longer than that has its slot invalidated, \
+                 and events written meanwhile never reach Kafka"
+            ),
+            "raise it above the longest relay outage you accept (at least a day), or set it to 0; watch \
+             outbox_relay_slot_idle_timeout_remaining_seconds",
+        )
+    } else {
+        Finding::ok(
+            "postgres.idle_replication_slot_timeout",
+            format!("idle_replication_slot_timeout = {secs} s"),
+        )
+    })
+}
