@@ -63,13 +63,16 @@ pub struct SlotInfo {
     pub active_pid: Option<i32>,
     /// `failover` (PostgreSQL 17+; `None` before).
     pub failover: Option<bool>,
+    /// `invalidation_reason` (PostgreSQL 17+): `wal_removed`, `idle_timeout`, ...
+    pub invalidation_reason: Option<String>,
 }
 
 async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>, RelayError> {
     let row = client
         .query_opt(
             "SELECT wal_status, confirmed_flush_lsn::text AS confirmed_flush, active_pid, \
-                    (to_jsonb(s) ->> 'failover')::boolean AS failover \
+                    (to_jsonb(s) ->> 'failover')::boolean AS failover, \
+                    to_jsonb(s) ->> 'invalidation_reason' AS invalidation_reason \
              FROM pg_replication_slots s WHERE slot_name = $1 AND database = current_database()",
             &[&slot],
         )
@@ -79,6 +82,7 @@ async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>, Rela
         confirmed_flush: r.get::<_, Option<String>>("confirmed_flush").and_then(|s| Lsn::from_str(&s).ok()),
         active_pid: r.get("active_pid"),
         failover: r.get("failover"),
+        invalidation_reason: r.get("invalidation_reason"),
     }))
 }
 
@@ -133,15 +137,7 @@ async fn decide(
 ) -> Result<SlotPlan, RelayError> {
     let slot = &config.replication.slot;
     match (info, remembered) {
-        (Some(info), _) if info.wal_status.as_deref() == Some("lost") => Err(RelayError::fatal(
-            FatalReason::SlotLost,
-            format!(
-                "slot \"{slot}\" was invalidated (wal_status=lost): PostgreSQL removed WAL the relay had not \
-                 read, so events written while it was behind are gone from the stream; raise \
-                 max_slot_wal_keep_size, then run `outbox-relay setup --recreate-slot` to recreate the slot and \
-                 re-publish what the table still holds"
-            ),
-        )),
+        (Some(info), _) if info.wal_status.as_deref() == Some("lost") => Err(lost(slot, &info)),
         (Some(info), Some(false)) => {
             tracing::warn!(%slot, "the first copy of pre-existing rows did not finish: recreating the slot and copying again");
             if let Some(pid) = info.active_pid {
@@ -189,6 +185,26 @@ async fn decide(
         }
         (None, None) => Ok(SlotPlan::Create),
     }
+}
+
+/// The fatal error of an invalidated slot, with what PostgreSQL says caused it.
+fn lost(slot: &str, info: &SlotInfo) -> RelayError {
+    let (cause, fix) = match info.invalidation_reason.as_deref() {
+        Some("idle_timeout") => (
+            "it was idle longer than idle_replication_slot_timeout, so PostgreSQL gave up its WAL",
+            "raise idle_replication_slot_timeout (or set it to 0)",
+        ),
+        _ => ("PostgreSQL removed WAL the relay had not read", "raise max_slot_wal_keep_size"),
+    };
+    RelayError::fatal(
+        FatalReason::SlotLost,
+        format!(
+            "slot \"{slot}\" was invalidated (wal_status=lost, invalidation_reason={}): {cause}; events written \
+             while it was behind are gone from the stream. {fix}, then run `outbox-relay setup --recreate-slot` \
+             to recreate the slot and re-publish what the table still holds",
+            info.invalidation_reason.as_deref().unwrap_or("not reported before PostgreSQL 17")
+        ),
+    )
 }
 
 /// `Some((timeline the slot was created on, the server's timeline now))` when the server has
