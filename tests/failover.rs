@@ -43,12 +43,13 @@ impl Pair {
         )
     }
 
-    /// `postgres.host` naming both servers, the primary first.
+    /// `postgres.host` naming both servers, the standby first: the relay must pass over it to
+    /// the server that accepts writes.
     fn hosts(&self) -> String {
         format!(
             "127.0.0.1:{},127.0.0.1:{}",
-            self.var("OUTBOX_RELAY_TEST_PG_PORT"),
-            self.var("OUTBOX_RELAY_TEST_STANDBY_PORT")
+            self.var("OUTBOX_RELAY_TEST_STANDBY_PORT"),
+            self.var("OUTBOX_RELAY_TEST_PG_PORT")
         )
     }
 

@@ -80,11 +80,17 @@ async fn standby_copies(config: &RelayConfig, primary: &Endpoint) -> Vec<Finding
         let detail = format!("{standby} {copy}");
         findings.push(match copy {
             CopyState::Ready => Finding::ok("replication.failover.standby", detail),
-            CopyState::Missing | CopyState::Unsynced => Finding::warn(
+            CopyState::Missing => Finding::warn(
                 "replication.failover.standby",
                 detail,
                 "on the standby: sync_replication_slots = on, hot_standby_feedback = on, primary_slot_name set and \
                  dbname in primary_conninfo; the slot must exist with failover (the relay creates it so)",
+            ),
+            CopyState::Unsynced => Finding::warn(
+                "replication.failover.standby",
+                detail,
+                "a slot of that name the standby does not synchronize (left there before a switchover made this \
+                 server a standby?) blocks synchronization: drop it on the standby with pg_drop_replication_slot",
             ),
             CopyState::Temporary => Finding::warn(
                 "replication.failover.standby",
