@@ -73,7 +73,8 @@ pub async fn run(config: &RelayConfig) -> Vec<Finding> {
 
 async fn connect(config: &RelayConfig) -> Result<(Client, Endpoint), Finding> {
     let pg = &config.postgres;
-    let target = format!("{}/{} as {}", pg.host, pg.database, pg.user);
+    let servers: Vec<String> = pg.endpoints().iter().map(Endpoint::to_string).collect();
+    let target = format!("{}/{} as {}", servers.join(","), pg.database, pg.user);
     crate::postgres::connect_primary(pg).await.map_err(|e| {
         let fix = match &e {
             RelayError::Fatal { reason: FatalReason::Tls, .. } => {

@@ -194,7 +194,11 @@ pub struct Endpoint {
 
 impl fmt::Display for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.host, self.port)
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
     }
 }
 
@@ -205,18 +209,34 @@ impl PostgresConfig {
     }
 
     fn parse_endpoints(&self) -> Result<Vec<Endpoint>, String> {
-        self.host
-            .split(',')
-            .map(str::trim)
-            .map(|entry| match entry.rsplit_once(':') {
-                _ if entry.is_empty() => Err("has an empty entry".to_string()),
-                Some((host, port)) if !host.contains(':') => match port.parse::<u16>() {
-                    Ok(port) if port > 0 && !host.is_empty() => Ok(Endpoint { host: host.into(), port }),
-                    _ => Err(format!("entry \"{entry}\" is not host or host:port (port 1-65535)")),
-                },
-                _ => Ok(Endpoint { host: entry.into(), port: self.port }),
-            })
-            .collect()
+        self.host.split(',').map(str::trim).map(|entry| self.parse_endpoint(entry)).collect()
+    }
+
+    /// `host`, `host:port`, `[v6]` or `[v6]:port` (a bare IPv6 address takes `port`).
+    fn parse_endpoint(&self, entry: &str) -> Result<Endpoint, String> {
+        let bad = || format!("entry \"{entry}\" is not host, host:port or [ipv6]:port (port 1-65535)");
+        let (host, port) = match entry.strip_prefix('[') {
+            Some(rest) => match rest.split_once(']') {
+                Some((host, "")) => (host, None),
+                Some((host, port)) => (host, Some(port.strip_prefix(':').ok_or_else(bad)?)),
+                None => return Err(bad()),
+            },
+            None if entry.matches(':').count() == 1 => {
+                entry.split_once(':').map(|(h, p)| (h, Some(p))).unwrap()
+            }
+            None => (entry, None),
+        };
+        if entry.is_empty() {
+            return Err("has an empty entry".to_string());
+        }
+        let port = match port {
+            None => self.port,
+            Some(port) => port.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(bad)?,
+        };
+        if host.is_empty() {
+            return Err(bad());
+        }
+        Ok(Endpoint { host: host.into(), port })
     }
 }
 

@@ -41,11 +41,7 @@ pub(crate) async fn connect(pg: &PostgresConfig) -> Result<Client, RelayError> {
 /// `postgres.host` it is (the replication connection must go to the same one).
 pub(crate) async fn connect_primary(pg: &PostgresConfig) -> Result<(Client, Endpoint), RelayError> {
     let (client, connection, endpoint) = connect_raw(pg).await?;
-    tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!(error = %e, "postgres connection ended");
-        }
-    });
+    spawn_connection(connection);
     Ok((client, endpoint))
 }
 
@@ -73,24 +69,22 @@ pub(crate) async fn connect_to(pg: &PostgresConfig, endpoint: &Endpoint) -> Resu
         .connect(tls)
         .await
         .map_err(|e| classify_connect(pg, endpoint, e))?;
-    tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!(error = %e, "postgres connection ended");
-        }
-    });
+    spawn_connection(connection);
     Ok(client)
 }
 
 /// Why no server of `postgres.host` gave a read-write session. With one server, its error as
-/// it is. With several, an error an operator must fix (credentials, TLS) on any of them is that
-/// error; otherwise a standby or an unreachable server is retried: a failover is under way.
+/// it is. With several, retried while any of them is a standby or unreachable (a failover is
+/// under way); fatal only when every one failed in a way an operator must fix (credentials, TLS).
 fn no_primary(pg: &PostgresConfig, failures: Vec<(Endpoint, tokio_postgres::Error)>) -> RelayError {
+    let single = failures.len() == 1;
     let mut described = Vec::new();
     let mut fatal = None;
-    let single = failures.len() == 1;
+    let mut waiting = false;
     for (endpoint, e) in failures {
-        if e.to_string().contains("does not allow writes") {
+        if is_read_only(&e) {
             described.push(format!("{endpoint} is read-only (a standby, or default_transaction_read_only)"));
+            waiting = true;
             continue;
         }
         let error = classify_connect(pg, &endpoint, e);
@@ -98,16 +92,35 @@ fn no_primary(pg: &PostgresConfig, failures: Vec<(Endpoint, tokio_postgres::Erro
             return error;
         }
         described.push(format!("{endpoint}: {error}"));
-        if fatal.is_none() && matches!(error.action(), Action::Fatal(_)) {
-            fatal = Some(error);
+        match error.action() {
+            Action::Fatal(_) => fatal = fatal.or(Some(error)),
+            _ => waiting = true,
         }
     }
-    fatal.unwrap_or_else(|| {
-        RelayError::Disconnected(format!(
+    match fatal {
+        Some(error) if !waiting => error,
+        _ => RelayError::Disconnected(format!(
             "no server of postgres.host accepts writes (waiting for a primary): {}",
             described.join("; ")
-        ))
-    })
+        )),
+    }
+}
+
+/// tokio-postgres refused the session because the server does not accept writes
+/// (`target_session_attrs = read-write`).
+fn is_read_only(e: &tokio_postgres::Error) -> bool {
+    std::error::Error::source(e).and_then(|source| source.downcast_ref::<std::io::Error>()).is_some_and(
+        |io| io.kind() == std::io::ErrorKind::PermissionDenied && io.to_string().contains("writes"),
+    )
+}
+
+/// Drives a session's connection until it ends.
+fn spawn_connection(connection: Connection) {
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "postgres connection ended");
+        }
+    });
 }
 
 /// The replication transport's TLS settings, from the same configuration.

@@ -72,15 +72,16 @@ async fn sample_slot(config: &RelayConfig, client: &Client, primary: &Endpoint) 
     m.slot_safe_wal_size.set(row.get::<_, Option<i64>>("safe_wal_size").unwrap_or(-1));
     m.slot_active.set(i64::from(row.get::<_, bool>("active")));
     m.server_wal_lsn.set(row.get::<_, f64>("wal_lsn"));
-    m.slot_failover.set(i64::from(row.get::<_, bool>("failover")));
+    let failover = row.get::<_, bool>("failover");
+    m.slot_failover.set(i64::from(failover));
     if let Some(idle) = failover::idle(client, slot).await? {
         m.slot_inactive.set(idle.inactive_secs);
         m.slot_idle_timeout_remaining.set(idle.remaining_secs().unwrap_or(-1.0));
     }
-    if config.replication.failover {
+    // (a slot made a failover slot stays one when the setting is turned off: its alert needs this)
+    if failover {
         let mut ready = 0;
-        for standby in failover::standbys(&config.postgres, primary) {
-            let copy = failover::standby_copy(&config.postgres, &standby, slot).await;
+        for (standby, copy) in failover::standby_copies(&config.postgres, primary, slot).await {
             tracing::debug!(%standby, %copy, "the standby's copy of the slot");
             ready += i64::from(copy.is_ready());
         }

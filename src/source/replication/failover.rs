@@ -7,7 +7,8 @@
 //!   (PostgreSQL keeps a new copy temporary until the primary's slot has moved past the
 //!   standby's catalog horizon, and a promotion drops temporary copies), not conflicting and
 //!   not invalidated;
-//! - the standbys are the servers of `postgres.host` other than the primary the relay uses.
+//! - the standbys are the servers of `postgres.host` other than the primary the relay uses;
+//!   one that is not in recovery is reported as such, never advised to drop a slot.
 
 use std::fmt;
 
@@ -18,7 +19,7 @@ use crate::error::RelayError;
 
 /// A standby's copy of the slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CopyState {
+pub(crate) enum CopyState {
     /// A promotion keeps it, and the relay goes on from it.
     Ready,
     /// The standby has no copy (no `sync_replication_slots`, or not a failover slot).
@@ -29,12 +30,14 @@ pub enum CopyState {
     Unsynced,
     /// Conflicting with recovery, or invalidated (the reason PostgreSQL gives).
     Invalidated(String),
+    /// The server is not in recovery: not a standby (another name of the primary?).
+    NotStandby,
     /// The server could not be asked (down, or refusing the relay's role).
     Unreachable(String),
 }
 
 impl CopyState {
-    pub fn is_ready(&self) -> bool {
+    pub(crate) fn is_ready(&self) -> bool {
         *self == CopyState::Ready
     }
 }
@@ -49,46 +52,83 @@ impl fmt::Display for CopyState {
             }
             CopyState::Unsynced => f.write_str("has a copy that is not synchronized from the primary"),
             CopyState::Invalidated(reason) => write!(f, "has an invalidated copy ({reason})"),
+            CopyState::NotStandby => {
+                f.write_str("is not a standby (not in recovery): another name of the primary?")
+            }
             CopyState::Unreachable(error) => write!(f, "cannot be asked: {error}"),
         }
     }
 }
 
+/// Each standby of `postgres.host` (every server but `primary`) with its copy of `slot`.
+pub(crate) async fn standby_copies(
+    pg: &PostgresConfig,
+    primary: &Endpoint,
+    slot: &str,
+) -> Vec<(Endpoint, CopyState)> {
+    let mut copies = Vec::new();
+    for standby in pg.endpoints().into_iter().filter(|e| e != primary) {
+        let copy = standby_copy(pg, &standby, slot).await;
+        copies.push((standby, copy));
+    }
+    copies
+}
+
 /// The copy of `slot` on `standby`, asked over a session of its own (a standby is read-only).
-pub async fn standby_copy(pg: &PostgresConfig, standby: &Endpoint, slot: &str) -> CopyState {
+async fn standby_copy(pg: &PostgresConfig, standby: &Endpoint, slot: &str) -> CopyState {
     let client = match crate::postgres::connect_to(pg, standby).await {
         Ok(client) => client,
         Err(e) => return CopyState::Unreachable(e.to_string()),
     };
     let row = client
-        .query_opt(
-            "SELECT synced, temporary, conflicting, invalidation_reason \
-             FROM pg_replication_slots WHERE slot_name = $1",
+        .query_one(
+            "SELECT pg_is_in_recovery(), \
+                    (SELECT to_jsonb(s) FROM pg_replication_slots s WHERE slot_name = $1)::text",
             &[&slot],
         )
         .await;
-    match row {
-        Err(e) => CopyState::Unreachable(e.to_string()),
-        Ok(None) => CopyState::Missing,
-        Ok(Some(r)) => match (r.get(0), r.get(1), r.get::<_, Option<bool>>(2), r.get::<_, Option<String>>(3))
-        {
-            (_, _, _, Some(reason)) => CopyState::Invalidated(reason),
-            (_, _, Some(true), None) => CopyState::Invalidated("conflicting with recovery".into()),
-            (false, _, _, None) => CopyState::Unsynced,
-            (true, true, _, None) => CopyState::Temporary,
-            (true, false, _, None) => CopyState::Ready,
-        },
+    let (in_recovery, copy): (bool, Option<String>) = match row {
+        Ok(r) => (r.get(0), r.get(1)),
+        Err(e) => return CopyState::Unreachable(e.to_string()),
+    };
+    match copy.and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok()) {
+        _ if !in_recovery => CopyState::NotStandby,
+        None => CopyState::Missing,
+        Some(copy) => copy_state(&copy),
     }
 }
 
-/// The servers of `postgres.host` other than `primary`.
-pub fn standbys(pg: &PostgresConfig, primary: &Endpoint) -> Vec<Endpoint> {
-    pg.endpoints().into_iter().filter(|e| e != primary).collect()
+/// What a standby's `pg_replication_slots` row (as JSON) says of its copy.
+fn copy_state(copy: &serde_json::Value) -> CopyState {
+    let flag = |name: &str| copy[name].as_bool();
+    let reason = copy["invalidation_reason"].as_str().map(str::to_string);
+    match (flag("synced"), flag("temporary"), flag("conflicting"), reason) {
+        (_, _, _, Some(reason)) => CopyState::Invalidated(reason),
+        (_, _, Some(true), None) => CopyState::Invalidated("conflicting with recovery".into()),
+        (Some(true), Some(true), _, None) => CopyState::Temporary,
+        (Some(true), Some(false), _, None) => CopyState::Ready,
+        // not synced, or a server before 17 (no `synced`): nothing keeps it in step
+        _ => CopyState::Unsynced,
+    }
+}
+
+/// Why this server cannot have failover slots (before PostgreSQL 17), or `None`.
+pub(crate) async fn unsupported(client: &Client) -> Result<Option<String>, RelayError> {
+    let version: i32 =
+        client.query_one("SELECT current_setting('server_version_num')::int", &[]).await?.get(0);
+    Ok((version < 170_000).then(|| {
+        format!(
+            "replication.failover = true needs failover slots, which PostgreSQL has from version 17 (the server \
+             is {}.{})",
+            version / 10_000,
+            version % 10_000
+        )
+    }))
 }
 
 /// The slot's idle time and PostgreSQL 18's `idle_replication_slot_timeout`.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Idle {
+pub(crate) struct Idle {
     /// Seconds since the slot was last streamed from (0 while active; 0 before 17).
     pub inactive_secs: f64,
     /// The timeout in seconds; `None` when off (0) or before 18.
@@ -97,31 +137,62 @@ pub struct Idle {
 
 impl Idle {
     /// Seconds left before PostgreSQL invalidates the idle slot (at its next checkpoint).
-    pub fn remaining_secs(&self) -> Option<f64> {
+    pub(crate) fn remaining_secs(&self) -> Option<f64> {
         self.timeout_secs.map(|timeout| (timeout - self.inactive_secs).max(0.0))
     }
 }
 
-/// The slot's [`Idle`] state; `None` when the slot does not exist.
-pub async fn idle(client: &Client, slot: &str) -> Result<Option<Idle>, RelayError> {
+/// `idle_replication_slot_timeout` in seconds (0: off); `None` before PostgreSQL 18.
+pub(crate) async fn idle_timeout_secs(client: &Client) -> Result<Option<f64>, RelayError> {
     let row = client
         .query_opt(
-            "SELECT coalesce(extract(epoch FROM now() - (to_jsonb(s) ->> 'inactive_since')::timestamptz), 0)::float8, \
-                    (SELECT setting::float8 * CASE unit WHEN 'min' THEN 60 WHEN 'h' THEN 3600 ELSE 1 END \
-                     FROM pg_settings WHERE name = 'idle_replication_slot_timeout') \
+            "SELECT setting::float8 * CASE unit WHEN 'min' THEN 60 WHEN 'h' THEN 3600 ELSE 1 END \
+             FROM pg_settings WHERE name = 'idle_replication_slot_timeout'",
+            &[],
+        )
+        .await?;
+    Ok(row.map(|r| r.get(0)))
+}
+
+/// The slot's [`Idle`] state; `None` when the slot does not exist.
+pub(crate) async fn idle(client: &Client, slot: &str) -> Result<Option<Idle>, RelayError> {
+    let row = client
+        .query_opt(
+            "SELECT coalesce(extract(epoch FROM now() - (to_jsonb(s) ->> 'inactive_since')::timestamptz), 0)::float8 \
              FROM pg_replication_slots s WHERE slot_name = $1",
             &[&slot],
         )
         .await?;
-    Ok(row.map(|r| Idle {
-        inactive_secs: r.get::<_, f64>(0).max(0.0),
-        timeout_secs: r.get::<_, Option<f64>>(1).filter(|t| *t > 0.0),
-    }))
+    let Some(row) = row else { return Ok(None) };
+    let timeout = idle_timeout_secs(client).await?.filter(|t| *t > 0.0);
+    Ok(Some(Idle { inactive_secs: row.get::<_, f64>(0).max(0.0), timeout_secs: timeout }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn copy(json: &str) -> CopyState {
+        copy_state(&serde_json::from_str(json).unwrap())
+    }
+
+    #[test]
+    fn a_copy_is_ready_only_when_synced_persisted_and_valid() {
+        let row = |synced: bool, temporary: bool, conflicting: bool, reason: &str| {
+            format!(
+                r#"{{"synced": {synced}, "temporary": {temporary}, "conflicting": {conflicting}, "invalidation_reason": {reason}}}"#
+            )
+        };
+        assert_eq!(copy(&row(true, false, false, "null")), CopyState::Ready);
+        assert_eq!(copy(&row(true, true, false, "null")), CopyState::Temporary);
+        assert_eq!(copy(&row(false, false, false, "null")), CopyState::Unsynced);
+        assert_eq!(
+            copy(&row(true, false, false, "\"rows_removed\"")),
+            CopyState::Invalidated("rows_removed".into())
+        );
+        assert!(matches!(copy(&row(true, false, true, "null")), CopyState::Invalidated(_)));
+        assert_eq!(copy(r#"{"slot_name": "s"}"#), CopyState::Unsynced);
+    }
 
     #[test]
     fn the_time_left_never_goes_below_zero_and_is_none_without_a_timeout() {

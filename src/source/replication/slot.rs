@@ -34,8 +34,8 @@ use crate::table::{OutboxTable, quote_ident, quote_literal, raw_event};
 const COPY_CHUNK: usize = 2_000;
 
 /// The relay's own memory of its slots (sql/006_relay_slots.sql, sql/007_relay_slots_timeline.sql).
-const REMEMBERED_SQL: &str =
-    "SELECT snapshot_completed_at IS NOT NULL AS copied FROM outbox_relay_slots WHERE slot_name = $1";
+const REMEMBERED_SQL: &str = "SELECT snapshot_completed_at IS NOT NULL AS copied, created_timeline \
+                              FROM outbox_relay_slots WHERE slot_name = $1";
 const FORGET_SQL: &str = "DELETE FROM outbox_relay_slots WHERE slot_name = $1";
 const REMEMBER_SQL: &str = "INSERT INTO outbox_relay_slots (slot_name, created_lsn, created_timeline) \
      VALUES ($1, $2::text::pg_lsn, (SELECT timeline FROM current_timeline))";
@@ -137,7 +137,7 @@ async fn decide(
 ) -> Result<SlotPlan, RelayError> {
     let slot = &config.replication.slot;
     match (info, remembered) {
-        (Some(info), _) if info.wal_status.as_deref() == Some("lost") => Err(lost(slot, &info)),
+        (Some(info), _) if info.wal_status.as_deref() == Some("lost") => Err(lost_slot_error(slot, &info)),
         (Some(info), Some(false)) => {
             tracing::warn!(%slot, "the first copy of pre-existing rows did not finish: recreating the slot and copying again");
             if let Some(pid) = info.active_pid {
@@ -151,27 +151,10 @@ async fn decide(
             confirmed: info.confirmed_flush.unwrap_or_default(),
             make_failover: config.replication.failover && info.failover == Some(false),
         }),
-        (None, Some(true)) if let Some((created, now)) = promoted_since(client, slot).await? => {
-            Err(RelayError::fatal(
-                FatalReason::FailoverWithoutSlot,
-                format!(
-                    "failover without a failover slot: slot \"{slot}\" is missing because this server is a promoted \
-                 standby (timeline {now}; the slot was created on timeline {created}) that had no copy of it. Events \
-                 committed before the promotion may not all have been published, and events the relay published \
-                 may be missing here. Recover: run `outbox-relay setup --recreate-slot` (it re-publishes what the \
-                 table holds; consumers must deduplicate by id), and use failover slots (PostgreSQL 17+, \
-                 replication.failover = true, README \"Failover\") so the next promotion keeps the slot"
-                ),
-            ))
-        }
-        (None, Some(true)) => Err(RelayError::fatal(
-            FatalReason::SlotMissing,
-            format!(
-                "slot \"{slot}\" is missing, but this relay published from it before: events committed since it \
-                 disappeared may never have been published; run `outbox-relay setup --recreate-slot` to create it \
-                 again and re-publish what the table still holds"
-            ),
-        )),
+        (None, Some(true)) => Err(match promoted_since(client, slot).await? {
+            Some((created, now)) => failover_without_slot(slot, created, now),
+            None => missing_slot(slot),
+        }),
         (None, _) if !config.replication.create_slot => Err(RelayError::fatal(
             FatalReason::SlotMissing,
             format!(
@@ -187,21 +170,52 @@ async fn decide(
     }
 }
 
+/// The slot this relay published from is gone, on the timeline it was created on.
+fn missing_slot(slot: &str) -> RelayError {
+    RelayError::fatal(
+        FatalReason::SlotMissing,
+        format!(
+            "slot \"{slot}\" is missing, but this relay published from it before: events committed since it \
+             disappeared may never have been published; run `outbox-relay setup --recreate-slot` to create it \
+             again and re-publish what the table still holds"
+        ),
+    )
+}
+
+/// The slot is gone because the server is a standby promoted without a copy of it.
+fn failover_without_slot(slot: &str, created: i32, now: i32) -> RelayError {
+    RelayError::fatal(
+        FatalReason::FailoverWithoutSlot,
+        format!(
+            "failover without a failover slot: slot \"{slot}\" is missing because this server is a promoted standby \
+             (timeline {now}, the slot was created on timeline {created}) that had no copy of it; events committed \
+             before the promotion may not all have been published, and events published may be missing here; \
+             run `outbox-relay setup --recreate-slot` (it re-publishes what the table holds: consumers deduplicate \
+             by id), and use failover slots (PostgreSQL 17+, replication.failover = true, README \"Failover\") so \
+             the next promotion keeps the slot"
+        ),
+    )
+}
+
 /// The fatal error of an invalidated slot, with what PostgreSQL says caused it.
-fn lost(slot: &str, info: &SlotInfo) -> RelayError {
+fn lost_slot_error(slot: &str, info: &SlotInfo) -> RelayError {
     let (cause, fix) = match info.invalidation_reason.as_deref() {
         Some("idle_timeout") => (
-            "it was idle longer than idle_replication_slot_timeout, so PostgreSQL gave up its WAL",
+            "it was idle longer than idle_replication_slot_timeout",
             "raise idle_replication_slot_timeout (or set it to 0)",
+        ),
+        Some("rows_removed") => (
+            "rows it needed were vacuumed away on the primary while this server was a standby",
+            "set hot_standby_feedback = on and primary_slot_name on the standbys",
         ),
         _ => ("PostgreSQL removed WAL the relay had not read", "raise max_slot_wal_keep_size"),
     };
     RelayError::fatal(
         FatalReason::SlotLost,
         format!(
-            "slot \"{slot}\" was invalidated (wal_status=lost, invalidation_reason={}): {cause}; events written \
-             while it was behind are gone from the stream. {fix}, then run `outbox-relay setup --recreate-slot` \
-             to recreate the slot and re-publish what the table still holds",
+            "slot \"{slot}\" was invalidated (wal_status = lost, invalidation_reason = {}): {cause}, so events \
+             written while it was behind are gone from the stream; {fix}, then run `outbox-relay setup \
+             --recreate-slot` to recreate the slot and re-publish what the table still holds",
             info.invalidation_reason.as_deref().unwrap_or("not reported before PostgreSQL 17")
         ),
     )
@@ -227,21 +241,15 @@ async fn promoted_since(client: &Client, slot: &str) -> Result<Option<(i32, i32)
 
 /// `replication.failover` needs failover slots: PostgreSQL 17 or newer.
 async fn failover_supported(client: &Client) -> Result<(), RelayError> {
-    let version: i32 =
-        client.query_one("SELECT current_setting('server_version_num')::int", &[]).await?.get(0);
-    if version < 170_000 {
-        return Err(RelayError::fatal(
+    match super::failover::unsupported(client).await? {
+        Some(why) => Err(RelayError::fatal(
             FatalReason::Config,
             format!(
-                "replication.failover = true needs failover slots, which PostgreSQL has from version 17 (the \
-                 server is {}.{}): set replication.failover = false, and read the README's PostgreSQL section \
-                 on what a failover means without them",
-                version / 10_000,
-                version % 10_000
+                "{why}: set replication.failover = false (README, Failover: what a promotion then means)"
             ),
-        ));
+        )),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Makes an existing slot a failover slot, on the replication session before it streams.
@@ -252,7 +260,7 @@ pub(super) async fn make_failover(
     replication
         .simple_query(&format!("ALTER_REPLICATION_SLOT {} (FAILOVER)", quote_ident(slot)))
         .await
-        .map_err(|e| transport::in_context(transport::classify(e), Command::Create, slot))?;
+        .map_err(|e| transport::in_context(transport::classify(e), Command::Alter, slot))?;
     tracing::info!(%slot, "made the slot a failover slot (replication.failover = true)");
     Ok(())
 }
@@ -260,6 +268,10 @@ pub(super) async fn make_failover(
 /// `Some(copy finished)` when the relay created this slot before, `None` when it never did.
 async fn remembered(client: &Client, slot: &str) -> Result<Option<bool>, RelayError> {
     let row = client.query_opt(REMEMBERED_SQL, &[&slot]).await.map_err(|e| match e.code() {
+        Some(&tokio_postgres::error::SqlState::UNDEFINED_COLUMN) => RelayError::fatal(
+            FatalReason::Schema,
+            "table outbox_relay_slots lacks created_timeline: apply sql/007_relay_slots_timeline.sql",
+        ),
         Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => RelayError::fatal(
             FatalReason::Schema,
             "table outbox_relay_slots does not exist: apply sql/006_relay_slots.sql (and grant it, sql/100_relay_role.sql)",

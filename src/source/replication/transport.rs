@@ -191,6 +191,8 @@ pub fn classify(e: PgWireError) -> RelayError {
 pub enum Command {
     /// CREATE_REPLICATION_SLOT.
     Create,
+    /// ALTER_REPLICATION_SLOT.
+    Alter,
     /// START_REPLICATION.
     Start,
     /// Streaming, after START_REPLICATION.
