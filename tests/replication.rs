@@ -386,6 +386,41 @@ async fn rows_from_before_the_slot_arrive_once_and_first() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_session_that_fails_right_after_creating_the_slot_still_copies_the_table() {
+    // given rows from before the relay, and a fault injected into the moment after the slot is
+    // created: the relay's first write of the slot's position fails, once
+    let s = Setup::new().await;
+    let consumer = consumer(&[&s.topic]);
+    write_transactions(&s.db.url, &s.aggregate_type, 50, 2).await;
+    s.db.client()
+        .await
+        .batch_execute(
+            "CREATE SEQUENCE fault_once; \
+             CREATE FUNCTION fault_once() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+               IF NEW.created_lsn <> '0/0' AND nextval('fault_once') = 1 THEN \
+                 RAISE EXCEPTION 'injected fault after CREATE_REPLICATION_SLOT'; \
+               END IF; RETURN NEW; END $$; \
+             CREATE TRIGGER fault_once BEFORE UPDATE ON outbox_relay_slots FOR EACH ROW EXECUTE FUNCTION fault_once();",
+        )
+        .await
+        .unwrap();
+
+    // when the relay starts: its first session fails with the slot created, the next goes on
+    let mut relay = s.start("relay");
+    relay.wait_ready("active").await;
+
+    // then the rows from before are published (the slot was recreated and the table copied)
+    // rather than lost to a stream starting at the slot's consistent point
+    let committed = committed_counts(&s.db.client().await).await;
+    let records = consume_unique(&consumer, 50, IDLE, LINGER).await;
+    let report = assert_delivered(&records, &committed);
+    assert_eq!((report.unique, report.duplicates), (50, 0));
+    let log = relay.log_text();
+    assert!(log.contains("injected fault") && log.contains("recreating the slot and copying again"), "{log}");
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_second_instance_waits_then_takes_over() {
     // given two relays on the same slot
     let s = Setup::new().await;

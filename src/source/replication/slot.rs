@@ -37,8 +37,13 @@ const COPY_CHUNK: usize = 2_000;
 const REMEMBERED_SQL: &str = "SELECT snapshot_completed_at IS NOT NULL AS copied, created_timeline \
                               FROM outbox_relay_slots WHERE slot_name = $1";
 const FORGET_SQL: &str = "DELETE FROM outbox_relay_slots WHERE slot_name = $1";
+/// Written *before* the slot is created, copy unfinished: a slot that exists without its memory
+/// would be streamed from its consistent point, and the rows the first copy owes never published.
 const REMEMBER_SQL: &str = "INSERT INTO outbox_relay_slots (slot_name, created_lsn, created_timeline) \
-     VALUES ($1, $2::text::pg_lsn, (SELECT timeline FROM current_timeline))";
+     VALUES ($1, '0/0', (SELECT timeline FROM current_timeline)) \
+     ON CONFLICT (slot_name) DO UPDATE SET created_lsn = '0/0', snapshot_completed_at = NULL, \
+     created_timeline = EXCLUDED.created_timeline";
+const CREATED_SQL: &str = "UPDATE outbox_relay_slots SET created_lsn = $2::text::pg_lsn WHERE slot_name = $1";
 /// The server's timeline, from the name of its current WAL file (pg_control_checkpoint() needs
 /// more privilege than the relay has).
 const CURRENT_TIMELINE_CTE: &str = "WITH current_timeline AS (SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int AS timeline) ";
@@ -324,6 +329,7 @@ pub(super) async fn create_and_copy(
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<Lsn, RelayError> {
     let slot = &source.config.replication.slot;
+    client.execute(&format!("{CURRENT_TIMELINE_CTE}{REMEMBER_SQL}"), &[slot]).await?;
     // the option list is PostgreSQL 15+ syntax, FAILOVER 17+; the older form works everywhere
     let options =
         if source.config.replication.failover { "(SNAPSHOT 'export', FAILOVER)" } else { "EXPORT_SNAPSHOT" };
@@ -339,9 +345,7 @@ pub(super) async fn create_and_copy(
         .ok_or_else(|| RelayError::Protocol("CREATE_REPLICATION_SLOT returned no consistent point".into()))?;
     let snapshot =
         text(2).ok_or_else(|| RelayError::Protocol("CREATE_REPLICATION_SLOT exported no snapshot".into()))?;
-    client
-        .execute(&format!("{CURRENT_TIMELINE_CTE}{REMEMBER_SQL}"), &[slot, &consistent_point.to_string()])
-        .await?;
+    client.execute(CREATED_SQL, &[slot, &consistent_point.to_string()]).await?;
     tracing::info!(%slot, %consistent_point, "created the slot; publishing the rows already in the table");
     let copied = Copy { source, dead_letters: client, pulse }.run(&snapshot, shutdown).await?;
     client.execute(COPIED_SQL, &[slot]).await?;
