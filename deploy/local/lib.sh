@@ -262,6 +262,7 @@ start_postgres() {
 }
 
 # launch_postgres DIR PORT [OPTIONS]: pg_ctl start of DIR/data on 127.0.0.1:PORT, the socket in DIR.
+# OUTBOX_PG_EXTRA_OPTS (e.g. "-c max_slot_wal_keep_size=1MB") come last, so they win.
 launch_postgres() {
     local dir=$1 port=$2
     as_postgres "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start -o "\
@@ -269,7 +270,7 @@ launch_postgres() {
         -c wal_level=${OUTBOX_WAL_LEVEL:-logical} -c max_replication_slots=32 -c max_wal_senders=32 \
         -c max_slot_wal_keep_size=4GB -c wal_sender_timeout=60s \
         -c fsync=off -c full_page_writes=off \
-        -c max_connections=200" >/dev/null || die "PostgreSQL did not start: see $dir/server.log"
+        -c max_connections=200 ${OUTBOX_PG_EXTRA_OPTS:-}" >/dev/null || die "PostgreSQL did not start: see $dir/server.log"
 }
 
 # start_standby: a physical standby of the running primary, in $OUTBOX_LOCAL_STATE/standby. Its

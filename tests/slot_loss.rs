@@ -1,0 +1,111 @@
+//! A slot PostgreSQL invalidates, on a server of each test's own (the settings are server-wide):
+//! by removing WAL past `max_slot_wal_keep_size` (every major), and on 18 by
+//! `idle_replication_slot_timeout`. The relay refuses to stream from it, naming the cause and
+//! its fix, and `setup --recreate-slot` re-publishes what the table still holds.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::workload::insert_event;
+use common::*;
+use tokio_postgres::Client;
+
+/// A streaming setup on a fresh server started with `env`; the relay has published one event
+/// and stopped, and a second event was written after it.
+async fn published_then_stopped(env: &[(&str, &str)]) -> (HashMap<String, String>, Setup, Client) {
+    let server = hold("hold-postgres", env);
+    let db = TestDb::create_at(&server["OUTBOX_RELAY_TEST_PG_URL"], "", true).await;
+    let s = Setup::create_on(db, &services().kafka, "", true, |slot| {
+        format!("[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n")
+    })
+    .await;
+    let client = s.db.client().await;
+    let consumer = consumer(&[&s.topic]);
+    let mut relay = s.start("relay");
+    relay.wait_ready("active").await;
+    insert_event(&client, &s.aggregate_type, Some("before")).await;
+    assert_eq!(consume(&consumer, 1, IDLE).await.len(), 1, "{}", relay.log_text());
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+    insert_event(&client, &s.aggregate_type, Some("while-stopped")).await;
+    (server, s, client)
+}
+
+/// Checkpoints until `slot` reports `wal_status = lost`, `more_wal` moving the server on.
+async fn checkpoint_until_lost(client: &Client, slot: &str, more_wal: &str) {
+    wait_until_within(Duration::from_secs(60), format!("slot {slot} to be invalidated"), async || {
+        client.batch_execute(more_wal).await.unwrap();
+        client.batch_execute("CHECKPOINT").await.unwrap();
+        let status: Option<String> = client
+            .query_one("SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1", &[&slot])
+            .await
+            .unwrap()
+            .get(0);
+        status.as_deref() == Some("lost")
+    })
+    .await;
+}
+
+/// The relay refuses the lost slot with `says`; `setup --recreate-slot` then re-publishes both
+/// rows the table holds.
+async fn refused_then_recreated(s: &Setup, says: &[&str]) {
+    let config = s.config().display().to_string();
+    let (code, _, stderr) = run_relay(&["run", "--config", &config], EXIT_LIMIT);
+    assert_eq!(code, 1, "{stderr}");
+    for part in says {
+        assert!(stderr.contains(part), "{part}: {stderr}");
+    }
+    let consumer = consumer(&[&s.topic]);
+    let (code, stdout, stderr) = run_relay(&["setup", "--recreate-slot", "--config", &config], EXIT_LIMIT);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let keys: Vec<String> = consume(&consumer, 3, IDLE).await.into_iter().filter_map(|r| r.key).collect();
+    assert!(keys.contains(&"while-stopped".to_string()), "{keys:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slot_invalidated_for_removed_wal_is_refused_naming_the_setting() {
+    // given a relay stopped behind its slot on a server that keeps at most 1 MB of WAL for slots
+    let (_server, s, client) =
+        published_then_stopped(&[("OUTBOX_PG_EXTRA_OPTS", "-c max_slot_wal_keep_size=1MB")]).await;
+    let version = server_version(&client).await;
+
+    // when the server writes and recycles WAL past that
+    checkpoint_until_lost(
+        &client,
+        &s.slot,
+        "SELECT pg_switch_wal(); CREATE TEMP TABLE IF NOT EXISTS w (x int); INSERT INTO w VALUES (1)",
+    )
+    .await;
+
+    // then the relay stops, naming the cause (17+ says it) and the setting; recreate recovers
+    let reason = if version >= 170_000 {
+        "invalidation_reason = wal_removed"
+    } else {
+        "not reported before PostgreSQL 17"
+    };
+    refused_then_recreated(&s, &[reason, "raise max_slot_wal_keep_size", "setup --recreate-slot"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slot_invalidated_for_idling_is_refused_naming_the_timeout() {
+    let version = server_version(&connect(&services().pg_url).await).await;
+    if version < 180_000 {
+        eprintln!("PostgreSQL {version} has no idle_replication_slot_timeout");
+        return;
+    }
+    // given a relay stopped, its slot idle, on a server whose slots may idle 1 s
+    let (_server, s, client) = published_then_stopped(&[]).await;
+    client.batch_execute("ALTER SYSTEM SET idle_replication_slot_timeout = '1s'").await.unwrap();
+    client.batch_execute("SELECT pg_reload_conf()").await.unwrap();
+
+    // when a checkpoint finds it idle past that
+    checkpoint_until_lost(&client, &s.slot, "SELECT pg_sleep(1.1)").await;
+
+    // then the relay stops naming the timeout; recreate recovers
+    refused_then_recreated(
+        &s,
+        &["invalidation_reason = idle_timeout", "raise idle_replication_slot_timeout"],
+    )
+    .await;
+}
