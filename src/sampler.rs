@@ -21,6 +21,7 @@ pub fn spawn(config: RelayConfig) {
     let interval = Duration::from_secs(config.metrics.sample_interval_secs);
     tokio::spawn(async move {
         let mut client: Option<(Client, Endpoint)> = None;
+        let mut standbys = failover::Standbys::default();
         loop {
             if client.as_ref().is_none_or(|(c, _)| c.is_closed()) {
                 client = match crate::postgres::connect_primary(&config.postgres).await {
@@ -33,7 +34,7 @@ pub fn spawn(config: RelayConfig) {
             }
             if let Some((c, primary)) = &client {
                 let sampled = match config.source.mode {
-                    SourceMode::Replication => sample_slot(&config, c, primary).await,
+                    SourceMode::Replication => sample_slot(&config, c, primary, &mut standbys).await,
                     SourceMode::Polling => sample_backlog(&config, c).await.map_err(RelayError::from),
                 };
                 if let Err(e) = sampled {
@@ -45,7 +46,12 @@ pub fn spawn(config: RelayConfig) {
     });
 }
 
-async fn sample_slot(config: &RelayConfig, client: &Client, primary: &Endpoint) -> Result<(), RelayError> {
+async fn sample_slot(
+    config: &RelayConfig,
+    client: &Client,
+    primary: &Endpoint,
+    standbys: &mut failover::Standbys,
+) -> Result<(), RelayError> {
     let m = metrics();
     let slot = &config.replication.slot;
     let row = client
@@ -81,7 +87,7 @@ async fn sample_slot(config: &RelayConfig, client: &Client, primary: &Endpoint) 
     // (a slot made a failover slot stays one when the setting is turned off: its alert needs this)
     if failover {
         let mut ready = 0;
-        for (standby, copy) in failover::standby_copies(&config.postgres, primary, slot).await {
+        for (standby, copy) in standbys.copies(&config.postgres, primary, slot).await {
             tracing::debug!(%standby, %copy, "the standby's copy of the slot");
             ready += i64::from(copy.is_ready());
         }

@@ -83,7 +83,8 @@ async fn synchronized_standby_slots(client: &Client) -> Finding {
 
 /// Each standby of `postgres.host`: does it hold a copy a promotion keeps?
 async fn standby_copies(config: &RelayConfig, primary: &Endpoint) -> Vec<Finding> {
-    let copies = failover::standby_copies(&config.postgres, primary, &config.replication.slot).await;
+    let copies =
+        failover::Standbys::default().copies(&config.postgres, primary, &config.replication.slot).await;
     if copies.is_empty() {
         return vec![Finding::warn(
             "replication.failover.standby",

@@ -10,6 +10,7 @@
 //! - the standbys are the servers of `postgres.host` other than the primary the relay uses;
 //!   one that is not in recovery is reported as such, never advised to drop a slot.
 
+use std::collections::HashMap;
 use std::fmt;
 
 use tokio_postgres::Client;
@@ -60,41 +61,57 @@ impl fmt::Display for CopyState {
     }
 }
 
-/// Each standby of `postgres.host` (every server but `primary`) with its copy of `slot`.
-pub(crate) async fn standby_copies(
-    pg: &PostgresConfig,
-    primary: &Endpoint,
-    slot: &str,
-) -> Vec<(Endpoint, CopyState)> {
-    let mut copies = Vec::new();
-    for standby in pg.endpoints().into_iter().filter(|e| e != primary) {
-        let copy = standby_copy(pg, &standby, slot).await;
-        copies.push((standby, copy));
-    }
-    copies
+/// Sessions to the standbys of `postgres.host`, kept from one look to the next (the sampler
+/// looks every few seconds); a session that fails is dropped and opened again next time.
+#[derive(Default)]
+pub(crate) struct Standbys {
+    sessions: HashMap<String, Client>,
 }
 
-/// The copy of `slot` on `standby`, asked over a session of its own (a standby is read-only).
-async fn standby_copy(pg: &PostgresConfig, standby: &Endpoint, slot: &str) -> CopyState {
-    let client = match crate::postgres::connect_to(pg, standby).await {
-        Ok(client) => client,
-        Err(e) => return CopyState::Unreachable(e.to_string()),
-    };
-    let row = client
-        .query_one(
-            "SELECT pg_is_in_recovery(), \
-                    (SELECT to_jsonb(s) FROM pg_replication_slots s WHERE slot_name = $1)::text",
-            &[&slot],
-        )
-        .await;
-    let (in_recovery, copy): (bool, Option<String>) = match row {
-        Ok(r) => (r.get(0), r.get(1)),
-        Err(e) => return CopyState::Unreachable(e.to_string()),
-    };
-    match copy.and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok()) {
-        _ if !in_recovery => CopyState::NotStandby,
-        None => CopyState::Missing,
-        Some(copy) => copy_state(&copy),
+impl Standbys {
+    /// Each standby (every server of `postgres.host` but `primary`) with its copy of `slot`.
+    pub(crate) async fn copies(
+        &mut self,
+        pg: &PostgresConfig,
+        primary: &Endpoint,
+        slot: &str,
+    ) -> Vec<(Endpoint, CopyState)> {
+        let mut copies = Vec::new();
+        for standby in pg.endpoints().into_iter().filter(|e| e != primary) {
+            let copy = self.copy(pg, &standby, slot).await;
+            copies.push((standby, copy));
+        }
+        copies
+    }
+
+    /// The copy of `slot` on `standby`.
+    async fn copy(&mut self, pg: &PostgresConfig, standby: &Endpoint, slot: &str) -> CopyState {
+        let key = standby.to_string();
+        if self.sessions.get(&key).is_none_or(Client::is_closed) {
+            match crate::postgres::connect_to(pg, standby).await {
+                Ok(client) => self.sessions.insert(key.clone(), client),
+                Err(e) => return CopyState::Unreachable(e.to_string()),
+            };
+        }
+        let row = self.sessions[&key]
+            .query_one(
+                "SELECT pg_is_in_recovery(), \
+                        (SELECT to_jsonb(s) FROM pg_replication_slots s WHERE slot_name = $1)::text",
+                &[&slot],
+            )
+            .await;
+        let (in_recovery, copy): (bool, Option<String>) = match row {
+            Ok(r) => (r.get(0), r.get(1)),
+            Err(e) => {
+                self.sessions.remove(&key);
+                return CopyState::Unreachable(e.to_string());
+            }
+        };
+        match copy.and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok()) {
+            _ if !in_recovery => CopyState::NotStandby,
+            None => CopyState::Missing,
+            Some(copy) => copy_state(&copy),
+        }
     }
 }
 

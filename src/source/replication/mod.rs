@@ -25,7 +25,6 @@ mod transport;
 use std::future::Future;
 
 use tokio::sync::watch;
-use tokio_postgres::Client;
 
 use crate::config::RelayConfig;
 use crate::dead_letter::DeadLetters;
@@ -93,13 +92,9 @@ impl ReplicationSource {
         let pulse = Pulse::detached();
         let (_never, mut shutdown) = watch::channel(false);
         let mut replication = transport::connect(&self.config, &server, Lsn::ZERO).await?;
-        let point = slot::create_and_copy(self, &mut replication, &client, &pulse, &mut shutdown).await?;
+        let point =
+            slot::create_and_copy(self, &server, &mut replication, &client, &pulse, &mut shutdown).await?;
         Ok(Some(point))
-    }
-
-    /// A SQL session on the primary (the first copy's reads).
-    async fn connect_client(&self) -> Result<Client, RelayError> {
-        crate::postgres::connect(&self.config.postgres).await
     }
 
     /// One replication session: prepare the slot, (copy,) stream until shutdown or an error.
@@ -121,7 +116,8 @@ impl ReplicationSource {
             }
             SlotPlan::Create => {
                 let mut replication = transport::connect(&self.config, &server, Lsn::ZERO).await?;
-                let point = slot::create_and_copy(self, &mut replication, &client, pulse, shutdown).await?;
+                let point =
+                    slot::create_and_copy(self, &server, &mut replication, &client, pulse, shutdown).await?;
                 (replication, point)
             }
         };

@@ -21,7 +21,7 @@ use tokio_postgres::Client;
 
 use super::ReplicationSource;
 use super::transport::{self, Command};
-use crate::config::RelayConfig;
+use crate::config::{Endpoint, RelayConfig};
 use crate::dead_letter::DeadLetter;
 use crate::error::{FatalReason, RelayError};
 use crate::event::OutboxEvent;
@@ -323,6 +323,7 @@ async fn ensure_publication(config: &RelayConfig, client: &Client) -> Result<(),
 /// publishes the rows visible in its exported snapshot. Returns the slot's consistent point.
 pub(super) async fn create_and_copy(
     source: &ReplicationSource,
+    server: &Endpoint,
     replication: &mut pgwire_replication::ReplicationClient,
     client: &Client,
     pulse: &Pulse,
@@ -347,7 +348,7 @@ pub(super) async fn create_and_copy(
         text(2).ok_or_else(|| RelayError::Protocol("CREATE_REPLICATION_SLOT exported no snapshot".into()))?;
     client.execute(CREATED_SQL, &[slot, &consistent_point.to_string()]).await?;
     tracing::info!(%slot, %consistent_point, "created the slot; publishing the rows already in the table");
-    let copied = Copy { source, dead_letters: client, pulse }.run(&snapshot, shutdown).await?;
+    let copied = Copy { source, server, dead_letters: client, pulse }.run(&snapshot, shutdown).await?;
     client.execute(COPIED_SQL, &[slot]).await?;
     tracing::info!(%slot, rows = copied, "pre-existing rows published; streaming from the slot");
     Ok(consistent_point)
@@ -356,6 +357,8 @@ pub(super) async fn create_and_copy(
 /// The first copy: the rows of the slot's snapshot, published in id order.
 struct Copy<'a> {
     source: &'a ReplicationSource,
+    /// The server whose replication session exported the snapshot: only it knows the snapshot.
+    server: &'a Endpoint,
     /// Where dead letters are written (the copy's own session is read-only).
     dead_letters: &'a Client,
     pulse: &'a Pulse,
@@ -363,7 +366,7 @@ struct Copy<'a> {
 
 impl Copy<'_> {
     async fn run(&self, snapshot: &str, shutdown: &mut watch::Receiver<bool>) -> Result<u64, RelayError> {
-        let mut client = self.source.connect_client().await?;
+        let mut client = crate::postgres::connect_to(&self.source.config.postgres, self.server).await?;
         let tx = client
             .build_transaction()
             .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
