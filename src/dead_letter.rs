@@ -116,8 +116,9 @@ impl DeadLetters {
         self.policy == OnPoison::Block
     }
 
-    /// Writes `letters` to the dead-letter table in one statement on `client` (polling passes
-    /// its claim transaction), then counts and logs each. Returns how many were written.
+    /// Writes `letters` to the dead-letter table in one statement on `client`. Polling passes
+    /// its claim transaction and [`DeadLetters::report`]s them once it commits; sessions that
+    /// commit each statement use [`DeadLetters::write_committed`]. Returns how many were written.
     pub async fn write(
         &self,
         client: &(impl GenericClient + Sync),
@@ -129,11 +130,26 @@ impl DeadLetters {
         let ids: Vec<&str> = letters.iter().map(|l| l.id.as_str()).collect();
         let rows: Vec<&LetterRow> = letters.iter().map(|l| &l.row).collect();
         let reasons: Vec<&str> = letters.iter().map(|l| l.reason.as_str()).collect();
-        let written = client.execute(&self.insert_sql, &[&self.source_table, &ids, &rows, &reasons]).await?;
-        metrics().events_dead_lettered.with_label_values(&[self.mode]).inc_by(written);
+        Ok(client.execute(&self.insert_sql, &[&self.source_table, &ids, &rows, &reasons]).await?)
+    }
+
+    /// Counts and logs `letters`, once they are committed: a claim that rolls back and is
+    /// dead-lettered again later is counted once.
+    pub fn report(&self, letters: &[DeadLetter]) {
+        metrics().events_dead_lettered.with_label_values(&[self.mode]).inc_by(letters.len() as u64);
         for letter in letters {
             tracing::warn!(event_id = %letter.id, reason = %letter.reason, table = %self.source_table, "event moved to the dead-letter table");
         }
+    }
+
+    /// [`DeadLetters::write`] on a session that commits each statement, then [`DeadLetters::report`].
+    pub async fn write_committed(
+        &self,
+        client: &(impl GenericClient + Sync),
+        letters: &[DeadLetter],
+    ) -> Result<u64, RelayError> {
+        let written = self.write(client, letters).await?;
+        self.report(letters);
         Ok(written)
     }
 

@@ -297,6 +297,7 @@ impl PollingSource {
         let delivered = self.publish(events, pulse, &mut letters, &mut outcome).await?;
         self.release(&tx, statements, &delivered, &letters, &mut outcome).await?;
         tx.commit().await?;
+        self.dead_letters.report(&letters);
         Ok(outcome)
     }
 

@@ -440,7 +440,7 @@ impl Copy<'_> {
     ) -> Result<u64, RelayError> {
         let dead_letters = &self.source.dead_letters;
         if !dead_letters.blocks() {
-            dead_letters.write(self.dead_letters, std::slice::from_ref(&letter)).await?;
+            dead_letters.write_committed(self.dead_letters, std::slice::from_ref(&letter)).await?;
             return Ok(0);
         }
         let mut hold = dead_letters.hold(letter, self.pulse);

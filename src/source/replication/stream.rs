@@ -302,7 +302,7 @@ impl<'a> StreamSession<'a> {
             self.hold(letter, None);
             return Ok(());
         }
-        self.source.dead_letters.write(self.client, &[letter]).await?;
+        self.source.dead_letters.write_committed(self.client, &[letter]).await?;
         let txn = self.tracker.begin();
         self.tracker.commit(txn, lsn);
         Ok(())
@@ -322,7 +322,7 @@ impl<'a> StreamSession<'a> {
                     self.hold(letter, None);
                     Ok(())
                 } else {
-                    self.source.dead_letters.write(self.client, &[letter]).await.map(drop)
+                    self.source.dead_letters.write_committed(self.client, &[letter]).await.map(drop)
                 }
             }
         }
@@ -372,7 +372,10 @@ impl<'a> StreamSession<'a> {
                 Ok(())
             }
             PublishError::Permanent(reason) => {
-                self.source.dead_letters.write(self.client, &[DeadLetter::refused(event, reason)]).await?;
+                self.source
+                    .dead_letters
+                    .write_committed(self.client, &[DeadLetter::refused(event, reason)])
+                    .await?;
                 self.tracker.acked(txn);
                 Ok(())
             }
