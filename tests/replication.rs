@@ -303,9 +303,11 @@ async fn idle_outbox_in_a_busy_database_does_not_pin_wal() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let final_lag = wal_lsn(&client).await.saturating_sub(s.confirmed_flush(&client).await.unwrap());
 
-    // then the slot's lag stayed under 16 MB
+    // then the slot followed the WAL instead of pinning it: a pinned slot's lag reaches the
+    // whole 200 MB; this one's stayed a fraction of it while writing (how small depends on the
+    // machine's load: 8 MB alone, 21 MB seen on 14 with 4 tests at once) and settled after
     eprintln!("idle outbox: max lag {max_lag} bytes while writing, {final_lag} after");
-    assert!(max_lag < 16 * 1024 * 1024, "slot lag reached {max_lag} bytes");
+    assert!(max_lag < 64 * 1024 * 1024, "slot lag reached {max_lag} bytes");
     assert!(final_lag < 16 * 1024 * 1024, "slot lag {final_lag} bytes at the end");
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
 }
