@@ -54,16 +54,17 @@ async fn sample_slot(
 ) -> Result<(), RelayError> {
     let m = metrics();
     let slot = &config.replication.slot;
-    let row = client
-        .query_opt(
-            "SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint AS confirmed_lag, \
-                    (pg_current_wal_lsn() - restart_lsn)::bigint AS retained, wal_status, safe_wal_size, active, \
-                    (pg_current_wal_lsn() - '0/0')::float8 AS wal_lsn, \
-                    coalesce((to_jsonb(s) ->> 'failover')::boolean, false) AS failover \
-             FROM pg_replication_slots s WHERE slot_name = $1",
-            &[&config.replication.slot],
-        )
-        .await?;
+    let sql = format!(
+        "SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint AS confirmed_lag, \
+                (pg_current_wal_lsn() - restart_lsn)::bigint AS retained, wal_status, safe_wal_size, active, \
+                (pg_current_wal_lsn() - '0/0')::float8 AS wal_lsn, \
+                coalesce((to_jsonb(s) ->> 'failover')::boolean, false) AS failover, \
+                {} AS inactive_secs, ({}) AS idle_timeout \
+         FROM pg_replication_slots s WHERE slot_name = $1",
+        failover::INACTIVE_SECS_SQL,
+        failover::IDLE_TIMEOUT_SQL
+    );
+    let row = client.query_opt(&sql, &[slot]).await?;
     let Some(row) = row else {
         m.slot_active.set(0);
         return Ok(());
@@ -80,10 +81,12 @@ async fn sample_slot(
     m.server_wal_lsn.set(row.get::<_, f64>("wal_lsn"));
     let failover = row.get::<_, bool>("failover");
     m.slot_failover.set(i64::from(failover));
-    if let Some(idle) = failover::idle(client, slot).await? {
-        m.slot_inactive.set(idle.inactive_secs);
-        m.slot_idle_timeout_remaining.set(idle.remaining_secs().unwrap_or(-1.0));
-    }
+    let idle = failover::Idle {
+        inactive_secs: row.get::<_, f64>("inactive_secs").max(0.0),
+        timeout_secs: row.get::<_, Option<f64>>("idle_timeout").filter(|t| *t > 0.0),
+    };
+    m.slot_inactive.set(idle.inactive_secs);
+    m.slot_idle_timeout_remaining.set(idle.remaining_secs().unwrap_or(-1.0));
     // (a slot made a failover slot stays one when the setting is turned off: its alert needs this)
     if failover {
         let mut ready = 0;
@@ -100,9 +103,13 @@ async fn sample_backlog(config: &RelayConfig, client: &Client) -> Result<(), tok
     let m = metrics();
     let table = OutboxTable::new(config);
     let count: i64 = client.query_one(&table.backlog_count_sql(BACKLOG_COUNT_CAP), &[]).await?.get(0);
+    let age = match table.backlog_age_sql() {
+        Some(sql) => Some(client.query_opt(&sql, &[]).await?.and_then(|r| r.get::<_, Option<f64>>(0))),
+        None => None,
+    };
+    // both set together: a scrape never shows the new count beside the old age
     m.backlog_events.set(count);
-    if let Some(sql) = table.backlog_age_sql() {
-        let age: Option<f64> = client.query_opt(&sql, &[]).await?.and_then(|r| r.get(0));
+    if let Some(age) = age {
         m.backlog_oldest_age.set(age.unwrap_or(0.0).max(0.0));
     }
     Ok(())

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::workload::{assert_delivered, committed_counts, create_aggregates, try_write_txn, write_txn};
 use common::*;
+use rdkafka::consumer::StreamConsumer;
 
 /// A primary and its standby, for one test.
 struct Pair {
@@ -66,6 +67,61 @@ impl Pair {
 
     fn promote(&self) {
         self.pg_ctl(&["-D", self.var("OUTBOX_RELAY_TEST_STANDBY_DATA"), "-w", "-t", "60", "promote"]);
+    }
+
+    /// Commits a workload on `s`'s database for 3 s, stops the primary hard under it, promotes
+    /// the standby and writes 5 events of aggregate `agg-after` there. Returns the new primary,
+    /// when the old one died, and how many events it had acknowledged.
+    async fn fail_over_under_load(&self, s: &Setup) -> (tokio_postgres::Client, Instant, usize) {
+        let writer = tokio::spawn(write_until_the_server_dies(s.db.url.clone(), s.aggregate_type.clone()));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let died = Instant::now();
+        self.stop_primary_hard();
+        let acknowledged = writer.await.unwrap();
+        self.promote();
+        let mut new_primary = connect(&self.on_standby(&s.db.url)).await;
+        new_primary.batch_execute("INSERT INTO test_aggregates (id) VALUES ('agg-after')").await.unwrap();
+        for _ in 0..5 {
+            write_txn(&mut new_primary, &s.aggregate_type, "agg-after", 1, true).await;
+        }
+        (new_primary, died, acknowledged)
+    }
+}
+
+/// What reached Kafka after a failover, against the new primary's outbox.
+struct Arrivals {
+    /// The ids in the new primary's outbox: its history.
+    expected: HashSet<String>,
+    records: Vec<Consumed>,
+    seen: HashSet<String>,
+    /// From the old primary's death to the first `agg-after` record.
+    first_from_new_primary: Duration,
+}
+
+impl Arrivals {
+    /// Consumes until every id of `new_primary`'s outbox has arrived, and asserts none is lost.
+    async fn collect(
+        consumer: &StreamConsumer,
+        new_primary: &tokio_postgres::Client,
+        died: Instant,
+        relay: &process::RelayProcess,
+    ) -> Arrivals {
+        let expected = outbox_ids(new_primary).await;
+        let (records, first) = consume_until_all(consumer, &expected, "agg-after", died).await;
+        let seen: HashSet<String> = records.iter().map(|r| r.header("id").unwrap().to_string()).collect();
+        let lost = expected.difference(&seen).count();
+        assert_eq!(lost, 0, "events of the new primary never arrived: {}", relay.log_text());
+        Arrivals {
+            expected,
+            records,
+            seen,
+            first_from_new_primary: first.expect("the first event from the new primary"),
+        }
+    }
+
+    /// Ids that arrived and that the new primary does not have.
+    fn phantoms(&self) -> usize {
+        self.seen.difference(&self.expected).count()
     }
 }
 
@@ -156,7 +212,7 @@ async fn assert_relay_sees_the_copy(
 /// Consumes until every id in `expected` has arrived (or two minutes pass); also returns when
 /// the first record of `marker` arrived, counted from `since`.
 async fn consume_until_all(
-    consumer: &rdkafka::consumer::StreamConsumer,
+    consumer: &StreamConsumer,
     expected: &HashSet<String>,
     marker: &str,
     since: Instant,
@@ -177,7 +233,7 @@ async fn consume_until_all(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn after_a_promotion_the_relay_goes_on_from_the_failover_slot_losing_and_inventing_nothing() {
-    let version = server_version(&connect(&services().pg_url).await).await;
+    let version = shared_server_version().await;
     if version < 170_000 {
         eprintln!("PostgreSQL {version} has no failover slots: the test below covers it");
         return;
@@ -199,33 +255,19 @@ async fn after_a_promotion_the_relay_goes_on_from_the_failover_slot_losing_and_i
     assert_relay_sees_the_copy(&pair, &s, &relay, &env).await;
 
     // when the primary is stopped hard under a committing workload, and the standby promoted
-    let writer = tokio::spawn(write_until_the_server_dies(s.db.url.clone(), s.aggregate_type.clone()));
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let died = Instant::now();
-    pair.stop_primary_hard();
-    let acknowledged = writer.await.unwrap();
-    pair.promote();
-    let mut new_primary = connect(&pair.on_standby(&s.db.url)).await;
-    new_primary.batch_execute("INSERT INTO test_aggregates (id) VALUES ('agg-after')").await.unwrap();
-    for _ in 0..5 {
-        write_txn(&mut new_primary, &s.aggregate_type, "agg-after", 1, true).await;
-    }
+    let (new_primary, died, acknowledged) = pair.fail_over_under_load(&s).await;
 
     // then every event of the new primary's history arrives, and nothing else, in order per
     // aggregate; the first event written on the new primary arrives once the relay found it
-    let expected = outbox_ids(&new_primary).await;
-    let (records, first_from_new_primary) = consume_until_all(&consumer, &expected, "agg-after", died).await;
-    let seen: HashSet<String> = records.iter().map(|r| r.header("id").unwrap().to_string()).collect();
-    let lost: Vec<_> = expected.difference(&seen).collect();
-    assert!(lost.is_empty(), "{} events of the new primary never arrived: {}", lost.len(), relay.log_text());
-    let invented: Vec<_> = seen.difference(&expected).collect();
-    assert!(invented.is_empty(), "{} events arrived that the new primary does not have", invented.len());
-    let report = assert_delivered(&records, &committed_counts(&new_primary).await);
+    let arrivals = Arrivals::collect(&consumer, &new_primary, died, &relay).await;
+    assert_eq!(arrivals.phantoms(), 0, "events arrived that the new primary does not have");
+    let records = &arrivals.records;
+    let report = assert_delivered(records, &committed_counts(&new_primary).await);
     // and the duplicates are the replay of the copy's unconfirmed tail: old events only, once
     let after = records.iter().filter(|r| r.key.as_deref() == Some("agg-after")).count();
     assert_eq!(after, 5, "an event written after the promotion was published twice");
     let mut copies: HashMap<&str, usize> = HashMap::new();
-    for r in &records {
+    for r in records {
         *copies.entry(r.header("id").unwrap()).or_default() += 1;
     }
     assert!(copies.values().all(|n| *n <= 2), "an event was published more than twice");
@@ -236,9 +278,9 @@ async fn after_a_promotion_the_relay_goes_on_from_the_failover_slot_losing_and_i
     eprintln!(
         "failover: {acknowledged} events acknowledged by the old primary, {} on the new primary's history, \
          {} duplicates; first event from the new primary {:?} after the primary died",
-        expected.len(),
+        arrivals.expected.len(),
         report.duplicates,
-        first_from_new_primary.unwrap()
+        arrivals.first_from_new_primary
     );
 }
 
@@ -317,7 +359,7 @@ async fn check_says_what_failover_needs_on_each_version() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_idle_slot_is_timed_and_its_invalidation_foreseen() {
-    let version = server_version(&connect(&services().pg_url).await).await;
+    let version = shared_server_version().await;
     if version < 170_000 {
         eprintln!("PostgreSQL {version} does not say when a slot became inactive");
         return;
@@ -388,29 +430,18 @@ async fn polling_follows_a_promotion_to_the_new_primary_losing_nothing() {
     relay.wait_ready("active").await;
 
     // when the primary is stopped hard under a committing workload, and the standby promoted
-    let writer = tokio::spawn(write_until_the_server_dies(s.db.url.clone(), s.aggregate_type.clone()));
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let died = Instant::now();
-    pair.stop_primary_hard();
-    writer.await.unwrap();
-    pair.promote();
-    let mut new_primary = connect(&pair.on_standby(&s.db.url)).await;
-    new_primary.batch_execute("INSERT INTO test_aggregates (id) VALUES ('agg-after')").await.unwrap();
-    for _ in 0..5 {
-        write_txn(&mut new_primary, &s.aggregate_type, "agg-after", 1, true).await;
-    }
+    let (new_primary, died, _) = pair.fail_over_under_load(&s).await;
 
     // then every row of the new primary arrives, in order per aggregate, and is marked there
-    let expected = outbox_ids(&new_primary).await;
-    let (records, first_from_new_primary) = consume_until_all(&consumer, &expected, "agg-after", died).await;
-    let seen: HashSet<String> = records.iter().map(|r| r.header("id").unwrap().to_string()).collect();
-    let lost: Vec<_> = expected.difference(&seen).collect();
-    assert!(lost.is_empty(), "{} rows of the new primary never arrived: {}", lost.len(), relay.log_text());
     // (a row the old primary committed and the relay published but the standby never received
     // is a phantom polling cannot prevent without synchronous replication: counted, not failed)
-    let phantoms = seen.difference(&expected).count();
-    let ours: Vec<Consumed> =
-        records.into_iter().filter(|r| expected.contains(r.header("id").unwrap())).collect();
+    let arrivals = Arrivals::collect(&consumer, &new_primary, died, &relay).await;
+    let ours: Vec<Consumed> = arrivals
+        .records
+        .iter()
+        .filter(|r| arrivals.expected.contains(r.header("id").unwrap()))
+        .cloned()
+        .collect();
     let report = assert_delivered(&ours, &committed_counts(&new_primary).await);
     wait_until(relay.context("every row of the new primary to be marked".into()), async || {
         let unmarked: i64 = new_primary
@@ -423,10 +454,11 @@ async fn polling_follows_a_promotion_to_the_new_primary_losing_nothing() {
     .await;
     assert!(relay.exited().is_none(), "the relay stopped: {}", relay.log_text());
     eprintln!(
-        "polling failover: {} rows on the new primary, {} duplicates, {phantoms} phantoms; first row from the new \
+        "polling failover: {} rows on the new primary, {} duplicates, {} phantoms; first row from the new \
          primary {:?} after the primary died",
-        expected.len(),
+        arrivals.expected.len(),
         report.duplicates,
-        first_from_new_primary.unwrap()
+        arrivals.phantoms(),
+        arrivals.first_from_new_primary
     );
 }

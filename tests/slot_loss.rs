@@ -89,7 +89,7 @@ async fn a_slot_invalidated_for_removed_wal_is_refused_naming_the_setting() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_slot_invalidated_for_idling_is_refused_naming_the_timeout() {
-    let version = server_version(&connect(&services().pg_url).await).await;
+    let version = shared_server_version().await;
     if version < 180_000 {
         eprintln!("PostgreSQL {version} has no idle_replication_slot_timeout");
         return;

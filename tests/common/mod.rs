@@ -256,6 +256,11 @@ pub async fn server_version(client: &Client) -> i32 {
     client.query_one("SELECT current_setting('server_version_num')::int", &[]).await.unwrap().get(0)
 }
 
+/// The `server_version_num` of the shared test server: the major the run is about.
+pub async fn shared_server_version() -> i32 {
+    server_version(&connect(&services().pg_url).await).await
+}
+
 /// `slot`'s confirmed_flush_lsn, as a byte offset.
 pub async fn slot_confirmed_flush(client: &Client, slot: &str) -> i64 {
     client

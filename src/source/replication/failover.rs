@@ -159,30 +159,19 @@ impl Idle {
     }
 }
 
+/// `idle_replication_slot_timeout` in seconds (0: off); no row before PostgreSQL 18. Also a
+/// scalar subquery of the sampler's slot query (NULL before 18).
+pub(crate) const IDLE_TIMEOUT_SQL: &str = "SELECT setting::float8 * CASE unit WHEN 'min' THEN 60 WHEN 'h' THEN 3600 ELSE 1 END \
+                                           FROM pg_settings WHERE name = 'idle_replication_slot_timeout'";
+
+/// Seconds since the slot was last streamed from, as a column of a `pg_replication_slots s`
+/// query (0 while active, and before 17, which has no `inactive_since`).
+pub(crate) const INACTIVE_SECS_SQL: &str =
+    "coalesce(extract(epoch FROM now() - (to_jsonb(s) ->> 'inactive_since')::timestamptz), 0)::float8";
+
 /// `idle_replication_slot_timeout` in seconds (0: off); `None` before PostgreSQL 18.
 pub(crate) async fn idle_timeout_secs(client: &Client) -> Result<Option<f64>, RelayError> {
-    let row = client
-        .query_opt(
-            "SELECT setting::float8 * CASE unit WHEN 'min' THEN 60 WHEN 'h' THEN 3600 ELSE 1 END \
-             FROM pg_settings WHERE name = 'idle_replication_slot_timeout'",
-            &[],
-        )
-        .await?;
-    Ok(row.map(|r| r.get(0)))
-}
-
-/// The slot's [`Idle`] state; `None` when the slot does not exist.
-pub(crate) async fn idle(client: &Client, slot: &str) -> Result<Option<Idle>, RelayError> {
-    let row = client
-        .query_opt(
-            "SELECT coalesce(extract(epoch FROM now() - (to_jsonb(s) ->> 'inactive_since')::timestamptz), 0)::float8 \
-             FROM pg_replication_slots s WHERE slot_name = $1",
-            &[&slot],
-        )
-        .await?;
-    let Some(row) = row else { return Ok(None) };
-    let timeout = idle_timeout_secs(client).await?.filter(|t| *t > 0.0);
-    Ok(Some(Idle { inactive_secs: row.get::<_, f64>(0).max(0.0), timeout_secs: timeout }))
+    Ok(client.query_opt(IDLE_TIMEOUT_SQL, &[]).await?.map(|r| r.get(0)))
 }
 
 #[cfg(test)]
