@@ -54,6 +54,8 @@ pub const DEFAULT_SAMPLE_INTERVAL_SECS: u64 = 5;
 pub const DEFAULT_FATAL_EXIT_DELAY_SECS: u64 = 30;
 pub const DEFAULT_SLOT_LAG_WARNING_BYTES: u64 = 1 << 30;
 pub const DEFAULT_SLOT_LAG_CRITICAL_BYTES: u64 = 10 << 30;
+pub const DEFAULT_DEDUP_MAX_SCAN_RECORDS: u64 = 1_000_000;
+pub const DEFAULT_DEDUP_SCAN_TIMEOUT_MS: u64 = 60_000;
 
 /// Placeholders a topic template may use.
 pub const TOPIC_PLACEHOLDERS: &[&str] = &["aggregate_type", "event_type"];
@@ -120,6 +122,8 @@ pub struct RelayConfig {
     pub replication: ReplicationConfig,
     #[serde(default)]
     pub dead_letter: DeadLetterConfig,
+    #[serde(default)]
+    pub dedup: DedupConfig,
     #[serde(default)]
     pub retry: RetryConfig,
     #[serde(default)]
@@ -491,6 +495,33 @@ impl DeadLetterConfig {
     }
 }
 
+/// Zero duplicates across restarts: before a session's first record to a topic, the relay reads
+/// back the records it wrote there that the source may replay, and skips exactly those events.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DedupConfig {
+    /// On (default): read back and skip what Kafka already holds. Off: at-least-once, replays
+    /// are published again.
+    pub enabled: bool,
+    /// Records read back per topic and session at most; past it the relay stops looking, says
+    /// so (log, `outbox_relay_dedup_scans_total{result="limit"}`) and may publish older
+    /// replayed events again. Never fewer: it only ever skips records it read.
+    pub max_scan_records: u64,
+    /// How long one topic's read-back may take before the session fails and is retried
+    /// (Kafka unreachable). Nothing is published to the topic before it completes.
+    pub scan_timeout_ms: u64,
+}
+
+impl Default for DedupConfig {
+    fn default() -> Self {
+        DedupConfig {
+            enabled: true,
+            max_scan_records: DEFAULT_DEDUP_MAX_SCAN_RECORDS,
+            scan_timeout_ms: DEFAULT_DEDUP_SCAN_TIMEOUT_MS,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetryConfig {
@@ -636,6 +667,7 @@ impl RelayConfig {
         self.validate_polling()?;
         self.validate_replication()?;
         self.validate_dead_letter()?;
+        self.validate_dedup()?;
         self.validate_metrics()?;
         if self.retry.initial_backoff_ms == 0 {
             return Err(ConfigError::invalid("retry.initial_backoff_ms", "must be > 0"));
@@ -726,6 +758,24 @@ impl RelayConfig {
                 "replication.max_message_bytes",
                 "must be between 1048576 (1 MiB) and 1073741824 (1 GiB)",
             ));
+        }
+        Ok(())
+    }
+
+    fn validate_dedup(&self) -> Result<(), ConfigError> {
+        let d = &self.dedup;
+        if d.enabled && !self.kafka.source_headers {
+            return Err(ConfigError::invalid(
+                "dedup.enabled",
+                "needs kafka.source_headers = true (the relay recognises its own records by them); \
+                 set dedup.enabled = false as well, or keep the headers",
+            ));
+        }
+        if d.max_scan_records == 0 {
+            return Err(ConfigError::invalid("dedup.max_scan_records", "must be > 0"));
+        }
+        if !(1_000..=3_600_000).contains(&d.scan_timeout_ms) {
+            return Err(ConfigError::invalid("dedup.scan_timeout_ms", "must be between 1000 and 3600000"));
         }
         Ok(())
     }

@@ -9,9 +9,12 @@
 //! entry of the row's `headers` JSON object.
 
 use std::borrow::Cow;
+use std::fmt;
+use std::str::FromStr;
 use std::time::SystemTime;
 
 use crate::config::OutboxConfig;
+use crate::position::Lsn;
 
 /// An outbox row as text, before validation.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -100,6 +103,58 @@ pub struct OutboxEvent {
     /// When the event was written (commit time in replication mode, `created_at` in polling
     /// mode), for end-to-end latency; `None` when the table has no such column.
     pub created_at: Option<SystemTime>,
+    /// Where the source read it: the `outbox_relay_position` header, and what the relay matches
+    /// replayed events by (see `sink::dedup`).
+    pub position: Option<Position>,
+}
+
+/// Where an event was read, as the `outbox_relay_position` header carries it. Deterministic for
+/// a replay: the same event read again gets the same position (streamed) or the same id (copy,
+/// polling), which is what lets a restarted relay recognise what it already wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Position {
+    /// Streamed from the slot: the transaction's commit LSN and the event's place among the
+    /// transaction's outbox events (0-based). `lsn:16/B374D848:3`
+    Stream { commit: Lsn, index: u32 },
+    /// The first copy of a slot created at `point`: the row's place in the copy.
+    /// `copy:16/B3000000:41`
+    Copy { point: Lsn, index: u64 },
+    /// Polling: a claim batch (a random per-session number and the batch's sequence in the
+    /// session) and the row's place in it. `batch:9f2c4e1a0b7d3c55-12:7`
+    Batch { session: u64, batch: u64, index: u32 },
+}
+
+impl fmt::Display for Position {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Position::Stream { commit, index } => write!(f, "lsn:{commit}:{index}"),
+            Position::Copy { point, index } => write!(f, "copy:{point}:{index}"),
+            Position::Batch { session, batch, index } => write!(f, "batch:{session:016x}-{batch}:{index}"),
+        }
+    }
+}
+
+impl FromStr for Position {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Position, String> {
+        let bad = || format!("\"{s}\" is not an outbox_relay_position");
+        let (kind, rest) = s.split_once(':').ok_or_else(bad)?;
+        let (at, index) = rest.rsplit_once(':').ok_or_else(bad)?;
+        match kind {
+            "lsn" => Ok(Position::Stream { commit: at.parse()?, index: index.parse().map_err(|_| bad())? }),
+            "copy" => Ok(Position::Copy { point: at.parse()?, index: index.parse().map_err(|_| bad())? }),
+            "batch" => {
+                let (session, batch) = at.split_once('-').ok_or_else(bad)?;
+                Ok(Position::Batch {
+                    session: u64::from_str_radix(session, 16).map_err(|_| bad())?,
+                    batch: batch.parse().map_err(|_| bad())?,
+                    index: index.parse().map_err(|_| bad())?,
+                })
+            }
+            _ => Err(bad()),
+        }
+    }
 }
 
 impl OutboxEvent {
@@ -218,7 +273,7 @@ impl Mapping {
         headers.push(("event_type".to_string(), event_type));
         headers.push(("aggregate_type".to_string(), aggregate_type));
         headers.extend(own_headers);
-        Ok(OutboxEvent { id, topic, key, payload: payload.into_bytes(), headers, created_at })
+        Ok(OutboxEvent { id, topic, key, payload: payload.into_bytes(), headers, created_at, position: None })
     }
 
     /// Everything that can make a row unpublishable, without taking it apart: the topic and
@@ -389,6 +444,24 @@ mod tests {
             RawEvent { payload: Some("caf\u{fffd}".into()), unreadable: Some("payload".into()), ..raw() };
         let err = mapping().to_event(row, None).unwrap_err();
         assert_eq!(err.reason.to_string(), "column payload is not valid UTF-8 text");
+    }
+
+    #[test]
+    fn positions_print_and_parse_back() {
+        for position in [
+            Position::Stream { commit: Lsn(0x16_B374_D848), index: 3 },
+            Position::Copy { point: Lsn(0x16_B300_0000), index: 41 },
+            Position::Batch { session: 0x9f2c_4e1a_0b7d_3c55, batch: 12, index: 7 },
+        ] {
+            assert_eq!(position.to_string().parse::<Position>(), Ok(position));
+        }
+        assert_eq!(
+            Position::Stream { commit: Lsn(0x16_B374_D848), index: 3 }.to_string(),
+            "lsn:16/B374D848:3"
+        );
+        for bad in ["", "lsn:16/B374D848", "lsn:x:1", "batch:zz-1:2", "other:0/0:1"] {
+            assert!(bad.parse::<Position>().is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -8,8 +8,8 @@ use std::sync::OnceLock;
 use std::time::{Instant, SystemTime};
 
 use prometheus::{
-    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
 };
 
 use crate::position::Lsn;
@@ -44,6 +44,9 @@ pub const BUILD_INFO: &str = "outbox_relay_build_info";
 pub const FATAL: &str = "outbox_relay_fatal_error";
 pub const EVENTS_BLOCKED: &str = "outbox_relay_events_blocked";
 pub const STREAM_MESSAGES_SKIPPED: &str = "outbox_relay_stream_messages_skipped_total";
+pub const DEDUP_SKIPPED: &str = "outbox_relay_dedup_skipped_total";
+pub const DEDUP_SCANS: &str = "outbox_relay_dedup_scans_total";
+pub const DEDUP_SCANNED_RECORDS: &str = "outbox_relay_dedup_scanned_records_total";
 
 /// Every metric with its help text, in the order they are documented.
 pub const ALL: &[(&str, &str)] = &[
@@ -92,6 +95,12 @@ pub const ALL: &[(&str, &str)] = &[
         STREAM_MESSAGES_SKIPPED,
         "Replication stream messages the relay does not act on, by kind (unknown: a kind it does not know)",
     ),
+    (DEDUP_SKIPPED, "Replayed events not sent again because the topic already holds them"),
+    (
+        DEDUP_SCANS,
+        "Topics read back before a session's first record to them, by result (complete, topic_missing; truncated and limit may send older replayed events again)",
+    ),
+    (DEDUP_SCANNED_RECORDS, "Records read back from topics to find what they already hold"),
 ];
 
 /// `kind` values of the skipped stream messages counter.
@@ -160,6 +169,9 @@ pub struct Metrics {
     pub fatal: IntGaugeVec,
     pub events_blocked: IntGauge,
     pub stream_messages_skipped: IntCounterVec,
+    pub dedup_skipped: IntCounterVec,
+    pub dedup_scans: IntCounterVec,
+    pub dedup_scanned_records: IntCounter,
 }
 
 fn help(name: &str) -> &'static str {
@@ -230,6 +242,12 @@ impl Metrics {
             ),
             fatal: int_gauge_vec(&r, FATAL, &["reason"]),
             stream_messages_skipped: counter(&r, STREAM_MESSAGES_SKIPPED, &["kind"]),
+            dedup_skipped: counter(&r, DEDUP_SKIPPED, &["mode"]),
+            dedup_scans: counter(&r, DEDUP_SCANS, &["result"]),
+            dedup_scanned_records: register(
+                &r,
+                IntCounter::new(DEDUP_SCANNED_RECORDS, help(DEDUP_SCANNED_RECORDS)).expect("valid metric"),
+            ),
             registry: r,
         }
     }
@@ -237,7 +255,9 @@ impl Metrics {
     /// Creates every labelled series at zero, so a scrape lists each metric from the start and
     /// `rate()`/`increase()` see the first event.
     pub fn initialize(&self, mode: &str, version: &str) {
-        for counter in [&self.events_read, &self.events_published, &self.events_dead_lettered] {
+        for counter in
+            [&self.events_read, &self.events_published, &self.events_dead_lettered, &self.dedup_skipped]
+        {
             counter.with_label_values(&[mode]);
         }
         for error_type in ERROR_TYPES {
@@ -251,6 +271,9 @@ impl Metrics {
         }
         for kind in SKIPPED_KINDS {
             self.stream_messages_skipped.with_label_values(&[kind]);
+        }
+        for result in crate::sink::dedup::SCAN_RESULTS {
+            self.dedup_scans.with_label_values(&[result]);
         }
         self.build_info.with_label_values(&[version, mode]).set(1.0);
         self.slot_idle_timeout_remaining.set(-1.0);

@@ -7,7 +7,6 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::workload::{assert_delivered, committed_counts, create_aggregates, try_write_txn, write_txn};
@@ -51,14 +50,7 @@ impl Pair {
     }
 
     fn pg_ctl(&self, args: &[&str]) {
-        let pg_ctl = format!("{}/pg_ctl", self.var("OUTBOX_RELAY_TEST_PG_BIN"));
-        let root = Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"));
-        let mut command = if root { Command::new("runuser") } else { Command::new(&pg_ctl) };
-        if root {
-            command.args(["-u", "postgres", "--", &pg_ctl]);
-        }
-        let status = command.args(args).stdout(std::process::Stdio::null()).status().unwrap();
-        assert!(status.success(), "pg_ctl {args:?}: {status}");
+        pg_ctl(self.var("OUTBOX_RELAY_TEST_PG_BIN"), args);
     }
 
     fn stop_primary_hard(&self) {

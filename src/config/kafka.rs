@@ -63,6 +63,11 @@ pub struct KafkaConfig {
     pub linger_ms: u64,
     #[serde(default = "default_compression")]
     pub compression: String,
+    /// Every record carries `outbox_relay_source` and `outbox_relay_position` headers: which
+    /// database and table it came from and where (see README, "Record format"). Needed by
+    /// `dedup.enabled`.
+    #[serde(default = "default_true")]
+    pub source_headers: bool,
     /// Further librdkafka settings, passed through as they are (SASL, TLS, batch sizes).
     #[serde(default)]
     pub properties: BTreeMap<String, KafkaProperty>,
@@ -263,6 +268,10 @@ pub fn built_in_features() -> Vec<String> {
 fn default_client_id() -> String {
     DEFAULT_KAFKA_CLIENT_ID.into()
 }
+fn default_true() -> bool {
+    true
+}
+
 fn default_message_timeout_ms() -> u64 {
     DEFAULT_KAFKA_MESSAGE_TIMEOUT_MS
 }

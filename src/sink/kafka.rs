@@ -10,6 +10,7 @@
 //! - each failure is classified where it happens: permanent (the record can never be accepted:
 //!   it is poison) or transient (retry the batch).
 
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
@@ -70,9 +71,19 @@ impl PublishError {
     }
 }
 
+/// The header naming the database and table a record came from (see [`KafkaSink::set_source`]).
+pub(crate) const SOURCE_HEADER: &str = "outbox_relay_source";
+/// The header saying where the source read the record ([`crate::event::Position`]).
+pub(crate) const POSITION_HEADER: &str = "outbox_relay_position";
+
 pub struct KafkaSink {
     config: KafkaConfig,
     producer: FutureProducer,
+    /// `outbox_relay_source` of every record, once the session knows its database.
+    source: Option<std::sync::Arc<str>>,
+    /// The producer replaced by [`KafkaSink::reset`], being destroyed; a read-back waits for it,
+    /// so none of its records lands after the relay looked.
+    retiring: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Notices when records wait and Kafka acknowledges nothing for `kafka.stall_warning_ms`.
@@ -139,7 +150,32 @@ impl StallWatch {
 impl KafkaSink {
     pub fn new(config: &KafkaConfig) -> Result<KafkaSink, KafkaError> {
         let producer = producer_config(config).create()?;
-        Ok(KafkaSink { config: config.clone(), producer })
+        Ok(KafkaSink { config: config.clone(), producer, source: None, retiring: None })
+    }
+
+    /// The source identity written as `outbox_relay_source` (when `kafka.source_headers`).
+    pub(crate) fn set_source(&mut self, source: &str) {
+        if self.config.source_headers && self.source.as_deref() != Some(source) {
+            self.source = Some(source.into());
+        }
+    }
+
+    pub(crate) fn source(&self) -> Option<&str> {
+        self.source.as_deref()
+    }
+
+    /// Waits (at most `limit`) until the producer replaced after a failed session is gone: its
+    /// records still queued or in flight are purged by then, so a read-back of the topic sees
+    /// everything it will ever write.
+    pub(crate) async fn retired(&mut self, limit: Duration) {
+        if let Some(retiring) = self.retiring.take()
+            && tokio::time::timeout(limit, retiring).await.is_err()
+        {
+            tracing::warn!(
+                limit_ms = limit.as_millis() as u64,
+                "the previous Kafka producer is still shutting down; a record of it landing later is a duplicate"
+            );
+        }
     }
 
     /// After a failed session: a fresh producer (see [`KafkaSink::reset`]); a failure to make
@@ -158,7 +194,7 @@ impl KafkaSink {
         let old = std::mem::replace(&mut self.producer, producer_config(&self.config).create()?);
         // destroying a producer waits for its threads, which a frozen broker can hold up: not
         // on a runtime thread
-        tokio::task::spawn_blocking(move || drop(old));
+        self.retiring = Some(tokio::task::spawn_blocking(move || drop(old)));
         Ok(())
     }
 
@@ -214,7 +250,17 @@ impl KafkaSink {
     /// Hands one record to the producer, waiting out a full local queue.
     async fn send(&self, event: &OutboxEvent) -> Result<rdkafka::producer::DeliveryFuture, KafkaError> {
         loop {
-            let mut headers = OwnedHeaders::new_with_capacity(event.headers.len());
+            let mut headers = OwnedHeaders::new_with_capacity(event.headers.len() + 2);
+            // the relay's own headers first: a row header of the same name does not shadow them
+            if let (Some(source), Some(position)) = (&self.source, &event.position) {
+                let mut text = [0u8; 64];
+                let mut cursor = &mut text[..];
+                write!(cursor, "{position}").expect("a position fits in 64 bytes");
+                let written = 64 - cursor.len();
+                headers = headers
+                    .insert(Header { key: SOURCE_HEADER, value: Some(source.as_bytes()) })
+                    .insert(Header { key: POSITION_HEADER, value: Some(&text[..written]) });
+            }
             for (key, value) in &event.headers {
                 headers = headers.insert(Header { key, value: Some(value.as_bytes()) });
             }

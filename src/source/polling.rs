@@ -24,8 +24,9 @@ use tokio_postgres::{AsyncMessage, Client, Transaction};
 use crate::config::RelayConfig;
 use crate::dead_letter::{DeadLetter, DeadLetters, Hold};
 use crate::error::{FatalReason, RelayError};
-use crate::event::{Mapping, OutboxEvent, RawEvent};
+use crate::event::{Mapping, OutboxEvent, Position, RawEvent};
 use crate::metrics::metrics;
+use crate::sink::dedup::{self, Dedup, Lookback};
 use crate::sink::kafka::{KafkaSink, PublishError};
 use crate::supervisor::{Pulse, Source};
 use crate::table::{OutboxTable, quote_ident, raw_event};
@@ -45,6 +46,11 @@ struct Statements {
 struct Session {
     client: Client,
     notified: mpsc::UnboundedReceiver<()>,
+    /// Rows of an earlier session's unfinished batch that Kafka already holds are not sent again.
+    dedup: Dedup,
+    /// This session's batches are `batch:<nonce>-<n>` in their records' positions.
+    nonce: u64,
+    batches: u64,
 }
 
 /// What one claim-publish-release cycle did.
@@ -93,6 +99,9 @@ impl Source for PollingSource {
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), RelayError> {
         let mut session = self.connect().await?;
+        self.sink.set_source(&dedup::source_identity(&session.client, &self.config).await?);
+        self.sink.retired(dedup::RETIRE_LIMIT).await;
+        session.dedup = Dedup::new(&self.config, MODE, Lookback::LastBatch, self.sink.source());
         self.serve(&mut session, pulse, shutdown).await
     }
 
@@ -147,7 +156,8 @@ impl PollingSource {
                 delete: self.table.delete_sql(&id_type),
             });
         }
-        Ok(Session { client, notified })
+        let dedup = Dedup::new(&self.config, MODE, Lookback::LastBatch, None);
+        Ok(Session { client, notified, dedup, nonce: rand::random(), batches: 0 })
     }
 
     /// The SQL type of the id column, so released ids compare with its index.
@@ -197,7 +207,7 @@ impl PollingSource {
         while !*shutdown.borrow() {
             pulse.tick();
             while session.notified.try_recv().is_ok() {}
-            let outcome = self.relay_batch(&mut session.client, pulse).await?;
+            let outcome = self.relay_batch(session, pulse).await?;
             if outcome.claimed > 0 {
                 tracing::debug!(
                     claimed = outcome.claimed,
@@ -259,9 +269,16 @@ impl PollingSource {
     }
 
     /// One cycle: claim, publish, release or dead-letter, commit.
-    async fn relay_batch(&self, client: &mut Client, pulse: &Pulse) -> Result<BatchOutcome, RelayError> {
+    async fn relay_batch(&self, session: &mut Session, pulse: &Pulse) -> Result<BatchOutcome, RelayError> {
         let statements = self.statements.as_ref().expect("statements are prepared at connect");
-        let tx = client.transaction().await?;
+        let batch = session.batches;
+        session.batches += 1;
+        // the claim transaction holds row locks and the database's xmin horizon: reading topics
+        // back and waiting for Kafka take at most polling.claim_timeout_ms, then it rolls back
+        // (dropping `tx`)
+        let deadline =
+            tokio::time::Instant::now() + Duration::from_millis(self.config.polling.claim_timeout_ms);
+        let tx = session.client.transaction().await?;
         // while holding at a row, only that row (the first in id order) is claimed
         let limit = if self.hold.is_some() { 1 } else { self.config.polling.batch_size as usize };
         let (rows, full) = self.claim(&tx, statements, limit).await?;
@@ -278,12 +295,33 @@ impl PollingSource {
             return Ok(outcome);
         }
         let mut letters = Vec::new();
+        let events = self.map_rows(rows, (session.nonce, batch), &mut letters, &mut outcome);
+        let (events, written) = self.already_written(&mut session.dedup, events, deadline, pulse).await?;
+        let mut delivered = self.publish(events, deadline, pulse, &mut letters, &mut outcome).await?;
+        delivered.extend(written);
+        self.release(&tx, statements, &delivered, &letters, &mut outcome).await?;
+        tx.commit().await?;
+        self.dead_letters.report(&letters);
+        Ok(outcome)
+    }
+
+    /// The claimed rows as records at their batch positions; rows that cannot map become
+    /// `letters`, or the held row (which ends the batch).
+    fn map_rows(
+        &self,
+        rows: Vec<(RawEvent, Option<SystemTime>)>,
+        (session, batch): (u64, u64),
+        letters: &mut Vec<DeadLetter>,
+        outcome: &mut BatchOutcome,
+    ) -> Vec<OutboxEvent> {
+        metrics().events_read.with_label_values(&[MODE]).inc_by(rows.len() as u64);
         let mut events = Vec::with_capacity(rows.len());
-        let m = metrics();
-        m.events_read.with_label_values(&[MODE]).inc_by(rows.len() as u64);
-        for (raw, created_at) in rows {
+        for (index, (raw, created_at)) in rows.into_iter().enumerate() {
             match self.mapping.to_event(raw, created_at) {
-                Ok(event) => events.push(event),
+                Ok(mut event) => {
+                    event.position = Some(Position::Batch { session, batch, index: index as u32 });
+                    events.push(event);
+                }
                 Err(unpublishable) if self.dead_letters.blocks() => {
                     // nothing after a held row is published
                     outcome.held = Some(DeadLetter::unmapped(*unpublishable));
@@ -292,13 +330,41 @@ impl PollingSource {
                 Err(unpublishable) => letters.push(DeadLetter::unmapped(*unpublishable)),
             }
         }
-        // the claim transaction holds row locks and the database's xmin horizon: it waits for
-        // Kafka at most polling.claim_timeout_ms, then rolls back (dropping `tx`)
-        let delivered = self.publish(events, pulse, &mut letters, &mut outcome).await?;
-        self.release(&tx, statements, &delivered, &letters, &mut outcome).await?;
-        tx.commit().await?;
-        self.dead_letters.report(&letters);
-        Ok(outcome)
+        events
+    }
+
+    /// Splits `events` into those to publish and the ids of those Kafka already holds (from an
+    /// earlier session's batch that did not commit): they are released as if published now.
+    /// Reading topics back past `deadline` (the claim's bound) is an error: the claim rolls back.
+    async fn already_written(
+        &self,
+        dedup: &mut Dedup,
+        events: Vec<OutboxEvent>,
+        deadline: tokio::time::Instant,
+        pulse: &Pulse,
+    ) -> Result<(Vec<OutboxEvent>, Vec<String>), RelayError> {
+        let claimed = events.len();
+        let split = async {
+            let mut to_publish = Vec::with_capacity(events.len());
+            let mut written = Vec::new();
+            for event in events {
+                if dedup.written(&event, pulse).await? {
+                    written.push(event.id);
+                } else {
+                    to_publish.push(event);
+                }
+            }
+            Ok((to_publish, written))
+        };
+        let Ok(split) = tokio::time::timeout_at(deadline, split).await else {
+            metrics().publish_errors.with_label_values(&["timeout"]).inc_by(claimed as u64);
+            return Err(RelayError::Kafka(format!(
+                "topics could not be read back within polling.claim_timeout_ms ({} ms): the claim was rolled back \
+                 so it does not hold row locks and the xmin horizon; the batch is claimed again",
+                self.config.polling.claim_timeout_ms
+            )));
+        };
+        split
     }
 
     /// Claims up to `limit` rows in id order through a portal, in chunks, and stops fetching
@@ -355,13 +421,14 @@ impl PollingSource {
     }
 
     /// Publishes `events`; returns the ids Kafka acknowledged. Refused records become
-    /// `letters` (or the held row), transient failures `outcome.failed`. Kafka taking longer
-    /// than `polling.claim_timeout_ms` is an error: the claim is rolled back.
+    /// `letters` (or the held row), transient failures `outcome.failed`. Kafka taking past
+    /// `deadline` (the claim's `polling.claim_timeout_ms`) is an error: the claim is rolled back.
     /// Each event is dropped once its report is handled: a refused large record is not held
     /// twice while it is dead-lettered.
     async fn publish(
         &self,
         events: Vec<OutboxEvent>,
+        deadline: tokio::time::Instant,
         pulse: &Pulse,
         letters: &mut Vec<DeadLetter>,
         outcome: &mut BatchOutcome,
@@ -369,8 +436,7 @@ impl PollingSource {
         let m = metrics();
         m.events_in_flight.set(events.len() as i64);
         let sent = Instant::now();
-        let bound = Duration::from_millis(self.config.polling.claim_timeout_ms);
-        let results = tokio::time::timeout(bound, self.sink.publish(&events, pulse)).await;
+        let results = tokio::time::timeout_at(deadline, self.sink.publish(&events, pulse)).await;
         m.events_in_flight.set(0);
         let Ok(results) = results else {
             m.publish_errors.with_label_values(&["timeout"]).inc_by(events.len() as u64);
@@ -378,7 +444,7 @@ impl PollingSource {
                 "{} record(s) not acknowledged within polling.claim_timeout_ms ({} ms): the claim was rolled \
                  back so it does not hold row locks and the xmin horizon; the batch is published again",
                 events.len(),
-                bound.as_millis()
+                self.config.polling.claim_timeout_ms
             )));
         };
         let mut delivered = Vec::with_capacity(events.len());

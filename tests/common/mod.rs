@@ -84,6 +84,19 @@ pub fn hold(mode: &str, env: &[(&str, &str)]) -> std::collections::HashMap<Strin
     vars
 }
 
+/// Runs `PG_BIN/pg_ctl ARGS` (as the postgres user when the tests run as root) and asserts it
+/// succeeded.
+pub fn pg_ctl(pg_bin: &str, args: &[&str]) {
+    let pg_ctl = format!("{pg_bin}/pg_ctl");
+    let root = Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    let mut command = if root { Command::new("runuser") } else { Command::new(&pg_ctl) };
+    if root {
+        command.args(["-u", "postgres", "--", &pg_ctl]);
+    }
+    let status = command.args(args).stdout(Stdio::null()).status().unwrap();
+    assert!(status.success(), "pg_ctl {args:?}: {status}");
+}
+
 pub fn random_suffix() -> String {
     format!("{:016x}", rand::random::<u64>())
 }

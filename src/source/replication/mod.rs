@@ -31,6 +31,7 @@ use crate::dead_letter::DeadLetters;
 use crate::error::RelayError;
 use crate::event::Mapping;
 use crate::position::Lsn;
+use crate::sink::dedup::{self, Dedup, Lookback};
 use crate::sink::kafka::KafkaSink;
 use crate::supervisor::{Pulse, Source};
 use crate::table::OutboxTable;
@@ -82,8 +83,9 @@ impl ReplicationSource {
 
     /// `outbox-relay setup`: the publication, and the slot with its first copy when missing.
     /// Returns the new slot's consistent point, or `None` when the slot was there.
-    pub async fn setup(&self, recreate: bool) -> Result<Option<Lsn>, RelayError> {
+    pub async fn setup(&mut self, recreate: bool) -> Result<Option<Lsn>, RelayError> {
         let (client, server) = crate::postgres::connect_primary(&self.config.postgres).await?;
+        self.sink.set_source(&dedup::source_identity(&client, &self.config).await?);
         let plan = slot::prepare(&self.config, &client, recreate).await?;
         if let SlotPlan::Stream { .. } = plan {
             return Ok(None);
@@ -104,6 +106,8 @@ impl ReplicationSource {
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), RelayError> {
         let (client, server) = crate::postgres::connect_primary(&self.config.postgres).await?;
+        self.sink.set_source(&dedup::source_identity(&client, &self.config).await?);
+        self.sink.retired(dedup::RETIRE_LIMIT).await;
         let plan = slot::prepare(&self.config, &client, false).await?;
         let slot_name = &self.config.replication.slot;
         let (replication, confirmed) = match plan {
@@ -124,6 +128,7 @@ impl ReplicationSource {
         let wal = WalStream::start(replication, slot_name).await?;
         tracing::info!(slot = %slot_name, %confirmed, table = %self.table.display_name(), "active: streaming from the slot");
         pulse.active();
-        stream::StreamSession::new(self, &client, pulse, wal, confirmed).run(shutdown).await
+        let dedup = Dedup::new(&self.config, MODE, Lookback::Since(confirmed), self.sink.source());
+        stream::StreamSession::new(self, &client, pulse, wal, confirmed, dedup).run(shutdown).await
     }
 }

@@ -19,13 +19,14 @@ use futures::{StreamExt, pin_mut};
 use tokio::sync::watch;
 use tokio_postgres::Client;
 
-use super::ReplicationSource;
 use super::transport::{self, Command};
+use super::{MODE, ReplicationSource};
 use crate::config::{Endpoint, RelayConfig};
 use crate::dead_letter::DeadLetter;
 use crate::error::{FatalReason, RelayError};
-use crate::event::OutboxEvent;
+use crate::event::{OutboxEvent, Position};
 use crate::position::Lsn;
+use crate::sink::dedup::{Dedup, Lookback};
 use crate::sink::kafka::PublishError;
 use crate::supervisor::Pulse;
 use crate::table::{OutboxTable, quote_ident, quote_literal, raw_event};
@@ -348,7 +349,12 @@ pub(super) async fn create_and_copy(
         text(2).ok_or_else(|| RelayError::Protocol("CREATE_REPLICATION_SLOT exported no snapshot".into()))?;
     client.execute(CREATED_SQL, &[slot, &consistent_point.to_string()]).await?;
     tracing::info!(%slot, %consistent_point, "created the slot; publishing the rows already in the table");
-    let copied = Copy { source, server, dead_letters: client, pulse }.run(&snapshot, shutdown).await?;
+    // any row of the table may be in the topic already (a copy that was interrupted, or the
+    // slot recreated after it was lost): read back everything the topics hold from this source
+    let dedup = Dedup::new(&source.config, MODE, Lookback::Everything, source.sink.source());
+    let mut copy =
+        Copy { source, server, dead_letters: client, pulse, point: consistent_point, dedup, rows: 0 };
+    let copied = copy.run(&snapshot, shutdown).await?;
     client.execute(COPIED_SQL, &[slot]).await?;
     tracing::info!(%slot, rows = copied, "pre-existing rows published; streaming from the slot");
     Ok(consistent_point)
@@ -362,10 +368,16 @@ struct Copy<'a> {
     /// Where dead letters are written (the copy's own session is read-only).
     dead_letters: &'a Client,
     pulse: &'a Pulse,
+    /// The slot's consistent point, in each record's position.
+    point: Lsn,
+    /// Rows the topic already holds (from an interrupted copy, or the slot's previous life).
+    dedup: Dedup,
+    /// Rows read so far: the next row's index in its position.
+    rows: u64,
 }
 
 impl Copy<'_> {
-    async fn run(&self, snapshot: &str, shutdown: &mut watch::Receiver<bool>) -> Result<u64, RelayError> {
+    async fn run(&mut self, snapshot: &str, shutdown: &mut watch::Receiver<bool>) -> Result<u64, RelayError> {
         let mut client = crate::postgres::connect_to(&self.source.config.postgres, self.server).await?;
         let tx = client
             .build_transaction()
@@ -384,8 +396,17 @@ impl Copy<'_> {
             let next = rows.next().await.transpose()?;
             if let Some(row) = &next {
                 let (raw, created_at) = raw_event(row)?;
+                let index = self.rows;
+                self.rows += 1;
                 match self.source.mapping.to_event(raw, created_at) {
-                    Ok(event) => chunk.push(event),
+                    Ok(mut event) => {
+                        event.position = Some(Position::Copy { point: self.point, index });
+                        if self.dedup.written(&event, self.pulse).await? {
+                            copied += 1;
+                        } else {
+                            chunk.push(event);
+                        }
+                    }
                     Err(unpublishable) => {
                         // what precedes the row goes first
                         copied += self.publish(&mut chunk, shutdown).await?;
@@ -406,7 +427,7 @@ impl Copy<'_> {
 
     /// Publishes and empties `chunk`; returns how many Kafka acknowledged.
     async fn publish(
-        &self,
+        &mut self,
         chunk: &mut Vec<OutboxEvent>,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<u64, RelayError> {

@@ -26,9 +26,10 @@ use super::{HEARTBEAT_PREFIX, MODE, ReplicationSource, publication};
 use crate::checkpoint::{Tracker, TxnId};
 use crate::dead_letter::{DeadLetter, Hold};
 use crate::error::{FatalReason, RelayError};
-use crate::event::{OutboxEvent, RawEvent};
+use crate::event::{OutboxEvent, Position, RawEvent};
 use crate::metrics::metrics;
 use crate::position::Lsn;
+use crate::sink::dedup::Dedup;
 use crate::sink::kafka::{PublishError, StallWatch};
 use crate::supervisor::Pulse;
 
@@ -48,7 +49,10 @@ type Delivery = Pin<Box<dyn Future<Output = Delivered> + Send>>;
 #[derive(Debug, Clone, Copy)]
 struct OpenTxn {
     id: TxnId,
+    commit_lsn: Lsn,
     commit_time: SystemTime,
+    /// The place of the next outbox event in the transaction (its position's index).
+    next_index: u32,
 }
 
 /// Held at an unpublishable event.
@@ -81,6 +85,8 @@ pub(super) struct StreamSession<'a> {
     confirmed: Lsn,
     /// Bytes of the records handed to Kafka and not yet settled.
     in_flight_bytes: usize,
+    /// Replayed events Kafka already holds are not sent again.
+    dedup: Dedup,
 }
 
 impl<'a> StreamSession<'a> {
@@ -90,6 +96,7 @@ impl<'a> StreamSession<'a> {
         pulse: &'a Pulse,
         wal: WalStream,
         confirmed: Lsn,
+        dedup: Dedup,
     ) -> StreamSession<'a> {
         StreamSession {
             source,
@@ -105,6 +112,7 @@ impl<'a> StreamSession<'a> {
             verified: confirmed,
             confirmed,
             in_flight_bytes: 0,
+            dedup,
         }
     }
 
@@ -203,8 +211,9 @@ impl<'a> StreamSession<'a> {
 
     async fn handle(&mut self, event: WalEvent) -> Result<(), RelayError> {
         match event {
-            WalEvent::Begin { commit_time } => {
-                self.open = Some(OpenTxn { id: self.tracker.begin(), commit_time });
+            WalEvent::Begin { commit_lsn, commit_time } => {
+                self.open =
+                    Some(OpenTxn { id: self.tracker.begin(), commit_lsn, commit_time, next_index: 0 });
             }
             WalEvent::Commit { end_lsn } => {
                 let txn =
@@ -217,7 +226,9 @@ impl<'a> StreamSession<'a> {
                     Change::Insert(raw) => {
                         let txn = self
                             .open
+                            .as_mut()
                             .ok_or_else(|| RelayError::Protocol("Insert outside a transaction".into()))?;
+                        let txn = next_event(txn);
                         self.publish(raw, txn).await?;
                     }
                     Change::Relation => {}
@@ -279,8 +290,11 @@ impl<'a> StreamSession<'a> {
             tracing::warn!(%lsn, %reason, "an outbox message is not an event object");
             RawEvent::default()
         });
-        match self.open {
-            Some(txn) if transactional => self.publish(raw, txn).await,
+        match self.open.as_mut() {
+            Some(txn) if transactional => {
+                let txn = next_event(txn);
+                self.publish(raw, txn).await
+            }
             _ => self.untrusted(raw, lsn).await,
         }
     }
@@ -308,10 +322,15 @@ impl<'a> StreamSession<'a> {
         Ok(())
     }
 
+    /// Publishes the event at `txn`'s current index (see [`next_event`]).
     async fn publish(&mut self, raw: RawEvent, txn: OpenTxn) -> Result<(), RelayError> {
         metrics().events_read.with_label_values(&[MODE]).inc();
         match self.source.mapping.to_event(raw, Some(txn.commit_time)) {
-            Ok(event) => {
+            Ok(mut event) => {
+                event.position = Some(Position::Stream { commit: txn.commit_lsn, index: txn.next_index });
+                if self.dedup.written(&event, self.pulse).await? {
+                    return Ok(()); // settled: an earlier session's record of it is in the topic
+                }
                 self.tracker.sent(txn.id);
                 self.send(txn.id, event).await;
                 Ok(())
@@ -423,6 +442,14 @@ impl<'a> StreamSession<'a> {
             held.hold.release(self.pulse);
         }
     }
+}
+
+/// The open transaction as its next outbox event sees it, and the index moved past that event.
+/// Every event read counts, published or not, so a replay numbers them the same way.
+fn next_event(txn: &mut OpenTxn) -> OpenTxn {
+    let current = *txn;
+    txn.next_index += 1;
+    current
 }
 
 /// A deadline that never comes (for a disabled `select!` branch's placeholder).

@@ -23,6 +23,8 @@ const PG_EPOCH_OFFSET_MICROS: u64 = 946_684_800_000_000;
 #[derive(Debug)]
 pub enum WalEvent {
     Begin {
+        /// The LSN of the transaction's commit record (pgoutput's `final_lsn`).
+        commit_lsn: Lsn,
         commit_time: SystemTime,
     },
     /// `end_lsn`: where a restart resumes after this transaction.
@@ -112,8 +114,8 @@ impl WalStream {
                 Some(event) => event,
             };
             return Ok(Some(match event {
-                ReplicationEvent::Begin { commit_time_micros, .. } => {
-                    WalEvent::Begin { commit_time: pg_time(commit_time_micros) }
+                ReplicationEvent::Begin { final_lsn, commit_time_micros, .. } => {
+                    WalEvent::Begin { commit_lsn: Lsn(final_lsn.0), commit_time: pg_time(commit_time_micros) }
                 }
                 ReplicationEvent::Commit { end_lsn, .. } => WalEvent::Commit { end_lsn: Lsn(end_lsn.0) },
                 ReplicationEvent::XLogData { data, .. } => WalEvent::Data(data),

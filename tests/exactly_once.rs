@@ -1,0 +1,285 @@
+//! Exactly once for a plain consumer, across everything that makes a source replay.
+//!
+//! Each test has a PostgreSQL and a broker of its own (the broker is frozen, the server
+//! restarted). Two relays run at once, one active and one standby, so every SIGKILL of the
+//! active one is a standby takeover; the killed one comes back as the new standby. Writers
+//! commit and roll back transactions of 1-4 events over 40 aggregates throughout. At the end,
+//! every committed event must have arrived exactly once, nothing of a rolled-back transaction,
+//! each aggregate in order. With `dedup.enabled = false` the same run prints its duplicates.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::broker::OwnBroker;
+use common::process::RelayProcess;
+use common::workload::{
+    DeliveryReport, assert_delivered, committed_counts, create_aggregates, try_write_txn, write_concurrently,
+};
+use common::*;
+use rdkafka::ClientConfig;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+
+const AGGREGATES: usize = 40;
+const KILLS: usize = 10;
+/// Kills after which PostgreSQL is fast-restarted, the broker frozen, strangers written.
+const PG_RESTARTS: [usize; 2] = [3, 6];
+const FREEZE_AFTER: usize = 4;
+const FROZEN: Duration = Duration::from_secs(20);
+const STRANGERS_AFTER: usize = 8;
+
+/// A relay pair on a server and broker of their own.
+struct Rig {
+    pg: HashMap<String, String>,
+    broker: OwnBroker,
+    s: Setup,
+    relays: Vec<RelayProcess>,
+    started: usize,
+}
+
+impl Rig {
+    async fn new(mode: &str, dedup: bool) -> Rig {
+        let pg = hold("hold-postgres", &[]);
+        let broker = OwnBroker::start(None);
+        let db = TestDb::create_at(&pg["OUTBOX_RELAY_TEST_PG_URL"], "", true).await;
+        create_aggregates(&db.client().await, AGGREGATES).await;
+        broker.wait_listening().await;
+        let mode_settings = match mode {
+            "polling" => "[polling]\npoll_interval_ms = 100\nbatch_size = 200\n".to_string(),
+            _ => String::new(),
+        };
+        let s = Setup::create_on(db, &broker.brokers(), QUICK_KAFKA_SETTINGS, false, |slot| {
+            format!(
+                "[source]\nmode = \"{mode}\"\n{mode_settings}\
+                 [replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n\
+                 [dedup]\nenabled = {dedup}\n\
+                 [retry]\ninitial_backoff_ms = 100\nmax_backoff_ms = 500\n"
+            )
+        })
+        .await;
+        create_topic_on(&broker.brokers(), &s.topic, 4).await;
+        let mut rig = Rig { pg, broker, s, relays: Vec::new(), started: 0 };
+        rig.start_relay();
+        rig.relays[0].wait_ready("active").await;
+        rig.start_relay();
+        rig
+    }
+
+    fn start_relay(&mut self) {
+        self.relays.push(self.s.start(&format!("relay-{}", self.started)));
+        self.started += 1;
+    }
+
+    /// SIGKILL for the relay that is active (or either, while neither is), and a new standby.
+    fn kill_active(&mut self) {
+        let active = self
+            .relays
+            .iter()
+            .position(|r| r.readyz().is_some_and(|(_, body)| body.starts_with("active")))
+            .unwrap_or(0);
+        let mut killed = self.relays.remove(active);
+        killed.kill9();
+        self.start_relay();
+    }
+
+    fn restart_postgres(&self) {
+        let data = &self.pg["OUTBOX_RELAY_TEST_PG_DATA"];
+        pg_ctl(&self.pg["OUTBOX_RELAY_TEST_PG_BIN"], &["-D", data, "-m", "fast", "-w", "restart"]);
+    }
+
+    fn logs(&self) -> String {
+        self.relays.iter().map(|r| r.log_text()).collect::<Vec<_>>().join("\n---\n")
+    }
+}
+
+/// Writers committing (about 4 in 5) and rolling back transactions until `stop`, reconnecting
+/// when the server restarts.
+fn start_writers(url: &str, aggregate_type: &str, stop: Arc<AtomicBool>) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..3)
+        .map(|_| {
+            let (url, aggregate_type, stop) = (url.to_string(), aggregate_type.to_string(), stop.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok((mut client, connection)) =
+                        tokio_postgres::connect(&url, tokio_postgres::NoTls).await
+                    else {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    };
+                    tokio::spawn(connection);
+                    while !stop.load(Ordering::Relaxed) {
+                        let aggregate = format!("agg-{}", rand::random_range(0..AGGREGATES));
+                        let (events, commit) = (rand::random_range(1..=4), rand::random_range(0..5) > 0);
+                        if try_write_txn(&mut client, &aggregate_type, &aggregate, events, commit)
+                            .await
+                            .is_err()
+                        {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+/// Records of other producers at the partitions' tails while no relay runs: 1,200 without the
+/// relay's headers (more than the first read-back window of each partition), and 100 that
+/// claim the ids the outbox will give next, under another source. A relay that took a stranger
+/// for its own would skip those rows (polling) or stop looking too early (both modes).
+async fn write_strangers(brokers: &str, topic: &str, client: &tokio_postgres::Client) {
+    let producer: FutureProducer = ClientConfig::new().set("bootstrap.servers", brokers).create().unwrap();
+    let next_id: i64 =
+        client.query_one("SELECT coalesce(max(id), 0) + 1 FROM outbox_events", &[]).await.unwrap().get(0);
+    for n in 0..1_300i64 {
+        let key = format!("stranger-{}", n % 8);
+        let id = (next_id + n % 100).to_string();
+        let mut record = FutureRecord::to(topic).key(&key).payload("{\"seq\": 0}");
+        if n >= 1_200 {
+            let position = format!("batch:00000000000000aa-0:{}", n - 1_200);
+            record = record.headers(
+                OwnedHeaders::new()
+                    .insert(Header {
+                        key: "outbox_relay_source",
+                        value: Some("someone/else/public.outbox_events"),
+                    })
+                    .insert(Header { key: "outbox_relay_position", value: Some(&position) })
+                    .insert(Header { key: "id", value: Some(&id) }),
+            );
+        }
+        producer.send(record, Duration::from_secs(30)).await.map_err(|(e, _)| e).unwrap();
+    }
+}
+
+/// The relay's records (strangers set aside) until `unique` distinct ids arrived, then
+/// [`LINGER`] more for late duplicates.
+async fn consume_relay_records(consumer: &rdkafka::consumer::StreamConsumer, unique: usize) -> Vec<Consumed> {
+    let mut records = Vec::new();
+    let mut ids = std::collections::HashSet::new();
+    while ids.len() < unique {
+        let batch = consume(consumer, 1, IDLE).await;
+        if batch.is_empty() {
+            break;
+        }
+        for r in batch.into_iter().filter(|r| !r.key.as_deref().unwrap_or_default().starts_with("stranger-"))
+        {
+            ids.insert(r.header("id").unwrap_or_default().to_string());
+            records.push(r);
+        }
+    }
+    let late = consume(consumer, usize::MAX, LINGER).await;
+    records
+        .extend(late.into_iter().filter(|r| !r.key.as_deref().unwrap_or_default().starts_with("stranger-")));
+    records
+}
+
+/// Runs the whole fault schedule under load; returns what arrived, checked.
+async fn run_faults(mode: &str, dedup: bool) -> DeliveryReport {
+    // given two relays, one active, and writers committing and rolling back
+    let mut rig = Rig::new(mode, dedup).await;
+    let consumer = consumer_on(&rig.broker.brokers(), &[&rig.s.topic]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers = start_writers(&rig.s.db.url, &rig.s.aggregate_type, stop.clone());
+
+    // when the active relay is killed 10 times, PostgreSQL restarted twice, the broker frozen
+    // for 20 s, and strangers written to the topic while no relay runs
+    for round in 1..=KILLS {
+        tokio::time::sleep(Duration::from_millis(rand::random_range(700..1_500))).await;
+        rig.kill_active();
+        if PG_RESTARTS.contains(&round) {
+            rig.restart_postgres();
+        }
+        if round == FREEZE_AFTER {
+            rig.broker.freeze();
+            tokio::time::sleep(FROZEN).await;
+            rig.broker.thaw();
+        }
+        if round == STRANGERS_AFTER {
+            for relay in &mut rig.relays {
+                relay.kill9();
+            }
+            rig.relays.clear();
+            write_strangers(&rig.broker.brokers(), &rig.s.topic, &rig.s.db.client().await).await;
+            rig.start_relay();
+            rig.start_relay();
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::Relaxed);
+    for writer in writers {
+        writer.await.unwrap();
+    }
+
+    // then every committed event arrives; the relay's records are checked, strangers set aside
+    let client = rig.s.db.client().await;
+    let committed = committed_counts(&client).await;
+    let total: i64 = committed.values().sum();
+    let records = consume_relay_records(&consumer, total as usize).await;
+    let report = assert_delivered(&records, &committed);
+    eprintln!(
+        "{mode}, dedup {}: {} committed events arrived with {} duplicates after {KILLS} kills (each a standby \
+         takeover), 2 PostgreSQL restarts and a {FROZEN:?} broker freeze",
+        if dedup { "on" } else { "off" },
+        report.unique,
+        report.duplicates,
+    );
+    assert!(report.unique > 1_000, "the workload committed too little to prove anything: {}", report.unique);
+    if dedup {
+        assert_eq!(report.duplicates, 0, "duplicates with dedup on; relay logs:\n{}", rig.logs());
+    }
+    report
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replication_delivers_exactly_once_through_kills_restarts_and_a_frozen_broker() {
+    run_faults("replication", true).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn polling_delivers_exactly_once_through_kills_restarts_and_a_frozen_broker() {
+    run_faults("polling", true).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replication_with_dedup_off_delivers_at_least_once_and_counts_duplicates() {
+    run_faults("replication", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn polling_with_dedup_off_delivers_at_least_once_and_counts_duplicates() {
+    run_faults("polling", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_recreated_slot_publishes_only_what_the_topic_does_not_hold() {
+    // given a relay that published 2,000 events and was killed, and 50 more written since
+    let s = Setup::create(&services().kafka, "", true, |slot| {
+        format!("[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n")
+    })
+    .await;
+    let client = s.db.client().await;
+    create_aggregates(&client, AGGREGATES).await;
+    let consumer = consumer(&[&s.topic]);
+    let mut relay = s.start("relay");
+    relay.wait_ready("active").await;
+    write_concurrently(&s.db.url, &s.aggregate_type, AGGREGATES, 2_000, 2).await;
+    let mut records = consume_relay_records(&consumer, 2_000).await;
+    relay.kill9();
+    let committed = write_concurrently(&s.db.url, &s.aggregate_type, AGGREGATES, 50, 1).await;
+
+    // when the slot is recreated, its first copy going over the whole table
+    let config = s.config().display().to_string();
+    let (code, stdout, stderr) = run_relay(&["setup", "--recreate-slot", "--config", &config], EXIT_LIMIT);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+
+    // then only the 50 the topic lacked arrive, in order, and nothing twice
+    records.extend(consume_relay_records(&consumer, 50).await);
+    let report = assert_delivered(&records, &committed);
+    assert_eq!((report.unique, report.duplicates), (2_050, 0), "{stderr}");
+    assert!(stderr.contains("already_written=2000"), "{stderr}");
+}
