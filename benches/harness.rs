@@ -17,6 +17,8 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "harness/dedup.rs"]
+mod dedup;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -42,6 +44,8 @@ struct Options {
     rates: Vec<usize>,
     duration: Duration,
     out: Option<String>,
+    /// `--only dedup`: only the cost of exactly once (`harness/dedup.rs`).
+    only: Option<String>,
 }
 
 fn options() -> Options {
@@ -51,6 +55,7 @@ fn options() -> Options {
         rates: vec![500, 2_000, 5_000],
         duration: Duration::from_secs(60),
         out: Some("BENCHMARKS.md".into()),
+        only: None,
     };
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
     let mut i = 0;
@@ -62,6 +67,7 @@ fn options() -> Options {
             "--rates" => o.rates = value.split(',').map(|r| r.parse().expect("--rates a,b,c")).collect(),
             "--duration-secs" => o.duration = Duration::from_secs(value.parse().expect("--duration-secs N")),
             "--out" => o.out = if value == "-" { None } else { Some(value) },
+            "--only" if value == "dedup" => o.only = Some(value),
             other => panic!("unknown option {other}; see benches/harness.rs"),
         }
         i += 2;
@@ -120,16 +126,23 @@ struct Relay {
 }
 
 /// A relay configuration in a temporary directory; returns (dir, config path).
-fn relay_config(db: &TestDb, mode: &str, slot: &str) -> (tempfile::TempDir, PathBuf) {
+/// `kafka_extra` and `extra` are added to the `[kafka]` section and the end.
+fn relay_config(
+    db: &TestDb,
+    mode: &str,
+    slot: &str,
+    kafka_extra: &str,
+    extra: &str,
+) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let config = common::write_config_with(
         dir.path(),
         db,
         &services().kafka,
-        "",
+        kafka_extra,
         &format!(
             "[source]\nmode = \"{mode}\"\n[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n\
-             [metrics]\nsample_interval_secs = 1\n"
+             [metrics]\nsample_interval_secs = 1\n{extra}"
         ),
     );
     (dir, config)
@@ -137,14 +150,19 @@ fn relay_config(db: &TestDb, mode: &str, slot: &str) -> (tempfile::TempDir, Path
 
 impl Relay {
     fn start(db: &TestDb, mode: &'static str, slot: &str) -> Relay {
-        let (dir, config) = relay_config(db, mode, slot);
+        Self::start_with(db, mode, slot, "", "")
+    }
+
+    /// As [`Relay::start`], with lines added to the `[kafka]` section and the end.
+    fn start_with(db: &TestDb, mode: &'static str, slot: &str, kafka_extra: &str, extra: &str) -> Relay {
+        let (dir, config) = relay_config(db, mode, slot, kafka_extra, extra);
         let process = RelayProcess::spawn(&config, &dir.path().join("relay.log"), "warn", &[]);
         Relay { process, mode, _dir: dir }
     }
 
     /// `outbox-relay setup`: publication and slot, before the backlog is written.
     fn setup(db: &TestDb, slot: &str) {
-        let (_dir, config) = relay_config(db, "replication", slot);
+        let (_dir, config) = relay_config(db, "replication", slot, "", "");
         let (code, _, stderr) =
             run_relay(&["setup", "--config", config.to_str().unwrap()], Duration::from_secs(120));
         assert_eq!(code, 0, "setup: {stderr}");
@@ -620,6 +638,15 @@ fn write_report(out: &str, table: &str) {
 #[tokio::main]
 async fn main() {
     let o = options();
+    if o.only.is_some() {
+        let cost = dedup::run(&o).await;
+        let table = dedup::render(&o, &cost);
+        println!("{table}");
+        if let Some(out) = &o.out {
+            dedup::write_section(out, &table);
+        }
+        return;
+    }
     let results = run(&o).await;
     let table = render(&o, &results);
     println!("{table}");

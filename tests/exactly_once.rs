@@ -283,3 +283,72 @@ async fn a_recreated_slot_publishes_only_what_the_topic_does_not_hold() {
     assert_eq!((report.unique, report.duplicates), (2_050, 0), "{stderr}");
     assert!(stderr.contains("already_written=2000"), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deleted_topic_is_said_so_and_everything_still_owed_is_sent() {
+    // given a relay that published 100 events and was killed
+    let s = Setup::create(&services().kafka, "", true, |slot| {
+        format!("[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n")
+    })
+    .await;
+    let client = s.db.client().await;
+    create_aggregates(&client, AGGREGATES).await;
+    let old = consumer(&[&s.topic]);
+    let mut relay = s.start("first");
+    relay.wait_ready("active").await;
+    write_concurrently(&s.db.url, &s.aggregate_type, AGGREGATES, 100, 1).await;
+    assert_eq!(consume_relay_records(&old, 100).await.len(), 100, "{}", relay.log_text());
+    relay.kill9();
+    drop(old);
+
+    // when its topic is deleted and 100 more events are written
+    delete_topic(&services().kafka, &s.topic).await;
+    write_concurrently(&s.db.url, &s.aggregate_type, AGGREGATES, 100, 1).await;
+    let owed: std::collections::HashSet<String> = client
+        .query("SELECT e.id::text FROM outbox_events e ORDER BY e.id DESC LIMIT 100", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let relay = s.start("second");
+
+    // then the relay says it had nothing to compare with, and the new topic holds every event
+    // owed, each once
+    relay.wait_metric("outbox_relay_dedup_scans_total{result=\"topic_missing\"}", |v| v == 1.0).await;
+    relay.wait_metric("outbox_relay_events_published_total{mode=\"replication\"}", |v| v >= 100.0).await;
+    let new = consumer(&[&s.topic]);
+    let mut ids = std::collections::HashSet::new();
+    while !owed.is_subset(&ids) {
+        let records = consume(&new, 1, IDLE).await;
+        assert!(
+            !records.is_empty(),
+            "{} of the events written after the deletion are missing: {}",
+            owed.difference(&ids).count(),
+            relay.log_text()
+        );
+        for r in records {
+            assert!(ids.insert(r.header("id").unwrap().to_string()), "{r:?} arrived twice");
+        }
+    }
+    for r in consume(&new, usize::MAX, LINGER).await {
+        assert!(ids.insert(r.header("id").unwrap().to_string()), "{r:?} arrived twice");
+    }
+    assert!(relay.log_text().contains("the topic does not exist"), "{}", relay.log_text());
+}
+
+/// Deletes `topic` and waits until the broker no longer lists it.
+async fn delete_topic(brokers: &str, topic: &str) {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", brokers).create().unwrap();
+    for result in admin.delete_topics(&[topic], &AdminOptions::new()).await.unwrap() {
+        result.unwrap_or_else(|(t, e)| panic!("delete topic {t}: {e}"));
+    }
+    wait_until(format!("topic {topic} to be gone"), async || {
+        let metadata = admin.inner().fetch_metadata(None, Duration::from_secs(5)).unwrap();
+        !metadata.topics().iter().any(|t| t.name() == topic)
+    })
+    .await;
+}

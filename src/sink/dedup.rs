@@ -31,7 +31,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::ClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
@@ -50,6 +51,11 @@ const FIRST_WINDOW: i64 = 256;
 const POLL: Duration = Duration::from_millis(100);
 /// The longest one blocking request may take before the read checks its deadline again.
 const STEP: Duration = Duration::from_secs(1);
+/// A read-back that took this long met a slow or stalled broker: the relay looks at the ends
+/// again [`SETTLE`] later, since such a broker may process the last requests of the relay that
+/// came before (a killed process's, still in the broker's socket buffers) after it answered.
+const SLOW: Duration = Duration::from_secs(1);
+const SETTLE: Duration = Duration::from_secs(1);
 
 /// `result` values of `outbox_relay_dedup_scans_total`.
 pub const SCAN_RESULTS: &[&str] = &["complete", "topic_missing", "truncated", "limit"];
@@ -123,8 +129,22 @@ pub(crate) struct Dedup {
     source: Arc<str>,
     /// Per topic read back in this session: the keys still expected again.
     topics: HashMap<String, HashSet<u128>>,
-    consumer: Option<Arc<BaseConsumer>>,
+    consumer: Option<Arc<BaseConsumer<ReadBackContext>>>,
 }
+
+/// The read-back client's context: reaching a partition's end is how a read-back ends, not an
+/// error to log (librdkafka reports it as a global error too).
+struct ReadBackContext;
+
+impl ClientContext for ReadBackContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if !matches!(error, KafkaError::Global(RDKafkaErrorCode::PartitionEOF)) {
+            tracing::warn!(%error, reason, "reading topics back");
+        }
+    }
+}
+
+impl ConsumerContext for ReadBackContext {}
 
 impl Dedup {
     /// The rule for a session of `mode` replaying from `lookback`; `source` is `None` when the
@@ -174,9 +194,10 @@ impl Dedup {
         let consumer = match &self.consumer {
             Some(consumer) => consumer.clone(),
             None => {
-                let consumer: BaseConsumer = self.client.create().map_err(|e| {
-                    RelayError::Kafka(format!("cannot create the client that reads topics back: {e}"))
-                })?;
+                let consumer: BaseConsumer<ReadBackContext> =
+                    self.client.create_with_context(ReadBackContext).map_err(|e| {
+                        RelayError::Kafka(format!("cannot create the client that reads topics back: {e}"))
+                    })?;
                 self.consumer.insert(Arc::new(consumer)).clone()
             }
         };
@@ -287,7 +308,15 @@ impl ScanOutcome {
             (self.result.label(), self.keys.len(), self.partitions, self.records, self.foreign);
         let took_ms = took.as_millis() as u64;
         match self.result {
-            ScanResult::Complete | ScanResult::TopicMissing => tracing::info!(
+            ScanResult::TopicMissing => tracing::warn!(
+                topic,
+                ?lookback,
+                result,
+                took_ms,
+                "the topic does not exist (not created yet, or deleted): there is nothing to compare with, so \
+                 replayed events, if any, are sent again"
+            ),
+            ScanResult::Complete => tracing::info!(
                 topic,
                 ?lookback,
                 result,
@@ -343,6 +372,8 @@ struct Partition {
     written: Vec<Written>,
     /// The window has been read to its end.
     read: bool,
+    /// The offset after the last record read at the partition's end.
+    tail: i64,
 }
 
 /// One topic's read-back; runs on a blocking thread.
@@ -357,7 +388,7 @@ struct Scan {
 }
 
 impl Scan {
-    fn run(&self, consumer: &BaseConsumer) -> Result<ScanOutcome, KafkaError> {
+    fn run(&self, consumer: &BaseConsumer<ReadBackContext>) -> Result<ScanOutcome, KafkaError> {
         let mut outcome = ScanOutcome {
             keys: HashSet::new(),
             result: ScanResult::Complete,
@@ -370,6 +401,7 @@ impl Scan {
             return Ok(outcome);
         };
         outcome.partitions = partitions.len();
+        let started = Instant::now();
         while partitions.iter().any(|p| !p.done) {
             if outcome.records >= self.max_records {
                 outcome.result = ScanResult::Limit;
@@ -380,8 +412,49 @@ impl Scan {
                 self.take_window(partition, &mut outcome);
             }
         }
+        if started.elapsed() >= SLOW {
+            self.settle(consumer, &mut partitions, &mut outcome)?;
+        }
         consumer.unassign()?;
         Ok(outcome)
+    }
+
+    /// Looks at the partitions' ends again after [`SETTLE`], and takes the keys of any record
+    /// of this relay that landed after the read-back had passed the end: they are newer than
+    /// anything read, so all of them count (as their lookback allows).
+    fn settle(
+        &self,
+        consumer: &BaseConsumer<ReadBackContext>,
+        partitions: &mut [Partition],
+        outcome: &mut ScanOutcome,
+    ) -> Result<(), KafkaError> {
+        std::thread::sleep(SETTLE);
+        for p in partitions.iter_mut() {
+            let (_, high) = self.patiently(|limit| consumer.fetch_watermarks(&self.topic, p.id, limit))?;
+            // (a broker reporting the start of the last batch + 1 reports at most `tail` when
+            // nothing was appended)
+            (p.done, p.start, p.end) = (high <= p.tail, p.tail, None);
+        }
+        if partitions.iter().all(|p| p.done) {
+            return Ok(());
+        }
+        tracing::debug!(topic = %self.topic, "records landed at the end after a slow read-back: reading them");
+        self.read_windows(consumer, partitions, outcome)?;
+        for p in partitions.iter_mut().filter(|p| !p.done) {
+            for record in std::mem::take(&mut p.written) {
+                match (self.lookback, record.position) {
+                    (Lookback::Since(restart), Position::Stream { commit, .. }) if commit >= restart => {
+                        outcome.keys.insert(self.fingerprint.key(&record.position, &record.id));
+                    }
+                    (Lookback::Since(_), _) => {}
+                    (Lookback::Everything | Lookback::LastBatch, _) => {
+                        outcome.keys.insert(self.fingerprint.id_key(&record.id));
+                    }
+                }
+            }
+            p.done = true;
+        }
+        Ok(())
     }
 
     /// Time left for the next step; an error once the deadline passed or the read was dropped.
@@ -414,7 +487,10 @@ impl Scan {
     }
 
     /// The topic's partitions with their first windows; `None` when the topic does not exist.
-    fn partitions(&self, consumer: &BaseConsumer) -> Result<Option<Vec<Partition>>, KafkaError> {
+    fn partitions(
+        &self,
+        consumer: &BaseConsumer<ReadBackContext>,
+    ) -> Result<Option<Vec<Partition>>, KafkaError> {
         let metadata = self.patiently(|limit| consumer.fetch_metadata(Some(&self.topic), limit))?;
         let Some(topic) = metadata.topics().iter().find(|t| t.name() == self.topic) else { return Ok(None) };
         if topic.error().is_some() || topic.partitions().is_empty() {
@@ -434,6 +510,7 @@ impl Scan {
                 batch: None,
                 written: Vec::new(),
                 read: false,
+                tail: high,
             });
         }
         Ok(Some(partitions))
@@ -442,7 +519,7 @@ impl Scan {
     /// Reads the current window of every partition not done, collecting this relay's records.
     fn read_windows(
         &self,
-        consumer: &BaseConsumer,
+        consumer: &BaseConsumer<ReadBackContext>,
         partitions: &mut [Partition],
         outcome: &mut ScanOutcome,
     ) -> Result<(), KafkaError> {
@@ -469,6 +546,9 @@ impl Scan {
                 continue;
             };
             let offset = message.offset();
+            if p.end.is_none() {
+                p.tail = p.tail.max(offset + 1);
+            }
             if p.end.is_some_and(|end| offset >= end) {
                 p.read = true;
                 continue;

@@ -1,0 +1,156 @@
+//! The cost of exactly once (README, "Exactly once for plain consumers"), measured side by side:
+//! - backlog drain throughput with the relay's headers and read-back on, and with both off
+//!   (`kafka.source_headers = false`, `dedup.enabled = false`), in both modes, alternating;
+//! - restart time to the first event when the read-back covers 100 partitions: a relay drains
+//!   20,000 events over 1,000 aggregates into a 100-partition topic and is killed (SIGKILL);
+//!   1,000 more events are written, and a new relay is started: the time from its start to the
+//!   first acknowledged record, on and off (on: it first reads every partition back).
+//!
+//! `deploy/local/bench --only dedup` runs this alone and writes its section of BENCHMARKS.md.
+
+use std::path::Path;
+use std::time::Instant;
+
+use super::common::{create_topic, random_suffix, wait_until_within};
+use super::{DRAIN_LIMIT, Options, PARTITIONS, Relay, backlog_db, confirmed, stat, wal_lsn};
+
+/// The `[kafka]` and other lines that turn headers and read-back off.
+const OFF: (&str, &str) = ("source_headers = false", "[dedup]\nenabled = false\n");
+const RESTART_PARTITIONS: i32 = 100;
+const RESTART_BACKLOG: i32 = 20_000;
+
+#[derive(Default)]
+pub struct DedupCost {
+    /// Drain rates, events/s: (on, off) per mode.
+    replication: (Vec<f64>, Vec<f64>),
+    polling: (Vec<f64>, Vec<f64>),
+    /// Seconds from start to the first acknowledged record after a kill: (on, off).
+    restart: (Vec<f64>, Vec<f64>),
+    /// Records the restarted relay read back (on).
+    read_back: Vec<f64>,
+}
+
+fn settings(on: bool) -> (&'static str, &'static str) {
+    if on { ("", "") } else { OFF }
+}
+
+/// One backlog drain of `events` in `mode`; events/s.
+async fn drain(mode: &'static str, events: usize, on: bool) -> f64 {
+    let db = backlog_db().await;
+    let client = db.client().await;
+    let aggregate_type = format!("c{}", random_suffix());
+    create_topic(&format!("outbox.event.{aggregate_type}"), PARTITIONS).await;
+    let slot = format!("s_{}", random_suffix());
+    if mode == "replication" {
+        Relay::setup(&db, &slot);
+    }
+    client.execute("CALL write_backlog($1, $2)", &[&(events as i32), &aggregate_type]).await.unwrap();
+    let end = wal_lsn(&client).await;
+    let (kafka, extra) = settings(on);
+    let started = Instant::now();
+    let relay = Relay::start_with(&db, mode, &slot, kafka, extra);
+    wait_until_within(DRAIN_LIMIT, format!("the {mode} drain"), async || {
+        let done = relay.published() >= events as f64;
+        done && (mode == "polling" || confirmed(&client, &slot).await >= end)
+    })
+    .await;
+    events as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Seconds from a restarted relay's start to its first acknowledged record, after a kill, with
+/// 100 partitions to read back; and the records it read back.
+async fn restart(on: bool) -> (f64, f64) {
+    let db = backlog_db().await;
+    let client = db.client().await;
+    let aggregate_type = format!("k{}", random_suffix());
+    create_topic(&format!("outbox.event.{aggregate_type}"), RESTART_PARTITIONS).await;
+    let slot = format!("s_{}", random_suffix());
+    Relay::setup(&db, &slot);
+    client.execute("CALL write_backlog($1, $2)", &[&RESTART_BACKLOG, &aggregate_type]).await.unwrap();
+    let end = wal_lsn(&client).await;
+    let (kafka, extra) = settings(on);
+    let mut first = Relay::start_with(&db, "replication", &slot, kafka, extra);
+    wait_until_within(DRAIN_LIMIT, "the first drain", async || {
+        first.published() >= f64::from(RESTART_BACKLOG) && confirmed(&client, &slot).await >= end
+    })
+    .await;
+    first.process.kill9();
+    client.execute("CALL write_backlog($1, $2)", &[&1_000i32, &aggregate_type]).await.unwrap();
+    let started = Instant::now();
+    let second = Relay::start_with(&db, "replication", &slot, kafka, extra);
+    wait_until_within(DRAIN_LIMIT, "the first event after the restart", async || second.published() >= 1.0)
+        .await;
+    let seconds = started.elapsed().as_secs_f64();
+    let read_back = second.process.metric("outbox_relay_dedup_scanned_records_total").unwrap_or(0.0);
+    (seconds, read_back)
+}
+
+/// Every measurement `o.runs` times, on and off alternating.
+pub async fn run(o: &Options) -> DedupCost {
+    let mut cost = DedupCost::default();
+    for run in 1..=o.runs {
+        for on in [true, false] {
+            let label = if on { "on" } else { "off" };
+            eprintln!("[bench] dedup run {run}/{}: headers and read-back {label}", o.runs);
+            let (replication, polling) =
+                (drain("replication", o.events, on).await, drain("polling", o.events, on).await);
+            let (seconds, read_back) = restart(on).await;
+            eprintln!(
+                "[bench]   replication {replication:.0}/s, polling {polling:.0}/s, restart to first event {seconds:.2} s \
+                 ({read_back} records read back)"
+            );
+            let pick = |pair: &mut (Vec<f64>, Vec<f64>), value: f64| {
+                if on { pair.0.push(value) } else { pair.1.push(value) }
+            };
+            pick(&mut cost.replication, replication);
+            pick(&mut cost.polling, polling);
+            pick(&mut cost.restart, seconds);
+            if on {
+                cost.read_back.push(read_back);
+            }
+        }
+    }
+    cost
+}
+
+/// The section's table (markdown).
+pub fn render(o: &Options, cost: &DedupCost) -> String {
+    let ratio = |(on, off): &(Vec<f64>, Vec<f64>)| on.iter().zip(off).map(|(a, b)| a / b).collect::<Vec<_>>();
+    let mut table = format!(
+        "| measure ({} events, median of {} runs, min-max) | on | off | on / off |\n|---|---|---|---|\n",
+        o.events, o.runs
+    );
+    for (name, pair) in
+        [("replication drain, events/s", &cost.replication), ("polling drain, events/s", &cost.polling)]
+    {
+        table += &format!(
+            "| {name} | {} | {} | {} |\n",
+            stat(&pair.0, 0),
+            stat(&pair.1, 0),
+            stat(&ratio(pair), 3)
+        );
+    }
+    table += &format!(
+        "| restart to first event after SIGKILL, {RESTART_PARTITIONS} partitions, s | {} | {} | {} |\n",
+        stat(&cost.restart.0, 2),
+        stat(&cost.restart.1, 2),
+        stat(&ratio(&cost.restart), 2)
+    );
+    table += &format!("| records read back at that restart | {} | 0 | |\n", stat(&cost.read_back, 0));
+    table
+}
+
+/// Replaces the section between `<!-- dedup-cost -->` and `<!-- /dedup-cost -->` of `out`.
+pub fn write_section(out: &str, table: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(out);
+    let text = std::fs::read_to_string(&path).unwrap_or_default();
+    let (open, close) = ("<!-- dedup-cost -->", "<!-- /dedup-cost -->");
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let section = format!("{open}\nCommand: `deploy/local/bench {}`\n\n{table}{close}", args.join(" "));
+    let updated = match (text.find(open), text.find(close)) {
+        (Some(start), Some(end)) => format!("{}{section}{}", &text[..start], &text[end + close.len()..]),
+        _ => format!("{text}\n{section}\n"),
+    };
+    std::fs::write(&path, updated).unwrap();
+    eprintln!("[bench] wrote the dedup section of {}", path.display());
+}
