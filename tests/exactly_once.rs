@@ -352,3 +352,57 @@ async fn delete_topic(brokers: &str, topic: &str) {
     })
     .await;
 }
+
+/// A polling batch published and never committed: the relay is killed while the claim's DELETE
+/// waits on a trigger, so the batch is in Kafka and its rows are still in the outbox. Returns
+/// the report of what arrived after a new relay took the rows over.
+async fn a_batch_published_but_never_committed(dedup: bool) -> DeliveryReport {
+    // given a polling relay whose claim hangs in its DELETE, after Kafka acknowledged the batch
+    let s = Setup::create(&services().kafka, "", true, |_| {
+        format!("[source]\nmode = \"polling\"\n[polling]\nbatch_size = 100\n[dedup]\nenabled = {dedup}\n")
+    })
+    .await;
+    let client = s.db.client().await;
+    create_aggregates(&client, AGGREGATES).await;
+    client
+        .batch_execute(
+            "CREATE FUNCTION hang() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(600); RETURN NULL; END $$;
+             CREATE TRIGGER hang BEFORE DELETE ON outbox_events FOR EACH STATEMENT EXECUTE FUNCTION hang();",
+        )
+        .await
+        .unwrap();
+    let committed = write_concurrently(&s.db.url, &s.aggregate_type, AGGREGATES, 100, 1).await;
+    let consumer = consumer(&[&s.topic]);
+    let mut relay = s.start("first");
+    let mut records = consume_relay_records(&consumer, 100).await;
+    assert_eq!(records.len(), 100, "{}", relay.log_text());
+
+    // when the relay is killed before its claim commits, and another one takes the rows over
+    relay.kill9();
+    client
+        .batch_execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'outbox-relay' \
+             AND datname = current_database(); DROP TRIGGER hang ON outbox_events;",
+        )
+        .await
+        .unwrap();
+    let relay = s.start("second");
+    wait_until("the outbox to empty", async || s.outbox_rows().await == 0).await;
+
+    // then the batch is in Kafka once (with dedup) and in order, and nothing is left
+    records.extend(consume(&consumer, usize::MAX, LINGER).await);
+    let report = assert_delivered(&records, &committed);
+    eprintln!("a polling batch published, never committed, dedup {dedup}: {} duplicates", report.duplicates);
+    assert_eq!(report.unique, 100, "{}", relay.log_text());
+    report
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn polling_does_not_send_again_a_batch_that_never_committed() {
+    assert_eq!(a_batch_published_but_never_committed(true).await.duplicates, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn polling_with_dedup_off_sends_a_batch_that_never_committed_again() {
+    assert_eq!(a_batch_published_but_never_committed(false).await.duplicates, 100);
+}

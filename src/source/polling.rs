@@ -98,10 +98,7 @@ impl Source for PollingSource {
         pulse: &Pulse,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), RelayError> {
-        let mut session = self.connect().await?;
-        self.sink.set_source(&dedup::source_identity(&session.client, &self.config).await?);
-        self.sink.retired(dedup::RETIRE_LIMIT).await;
-        session.dedup = Dedup::new(&self.config, MODE, Lookback::LastBatch, self.sink.source());
+        let mut session = self.connect(shutdown).await?;
         self.serve(&mut session, pulse, shutdown).await
     }
 
@@ -127,7 +124,8 @@ impl PollingSource {
         }
     }
 
-    async fn connect(&mut self) -> Result<Session, RelayError> {
+    /// A leader session's connection, and its skip rule (see [`Dedup`]).
+    async fn connect(&mut self, shutdown: &watch::Receiver<bool>) -> Result<Session, RelayError> {
         let (client, mut connection, _) = crate::postgres::connect_raw(&self.config.postgres).await?;
         let (tx, notified) = mpsc::unbounded_channel();
         tokio::spawn(async move {
@@ -156,7 +154,9 @@ impl PollingSource {
                 delete: self.table.delete_sql(&id_type),
             });
         }
-        let dedup = Dedup::new(&self.config, MODE, Lookback::LastBatch, None);
+        self.sink.set_source(&dedup::source_identity(&client, &self.config).await?);
+        self.sink.retired(dedup::RETIRE_LIMIT).await;
+        let dedup = Dedup::new(&self.config, MODE, Lookback::LastBatch, self.sink.source(), shutdown);
         Ok(Session { client, notified, dedup, nonce: rand::random(), batches: 0 })
     }
 
@@ -273,9 +273,8 @@ impl PollingSource {
         let statements = self.statements.as_ref().expect("statements are prepared at connect");
         let batch = session.batches;
         session.batches += 1;
-        // the claim transaction holds row locks and the database's xmin horizon: reading topics
-        // back and waiting for Kafka take at most polling.claim_timeout_ms, then it rolls back
-        // (dropping `tx`)
+        // the claim transaction holds row locks and the database's xmin horizon: waiting for Kafka
+        // takes at most polling.claim_timeout_ms, then it rolls back (dropping `tx`)
         let deadline =
             tokio::time::Instant::now() + Duration::from_millis(self.config.polling.claim_timeout_ms);
         let tx = session.client.transaction().await?;
@@ -295,8 +294,20 @@ impl PollingSource {
             return Ok(outcome);
         }
         let mut letters = Vec::new();
+        let claimed = rows.len();
         let events = self.map_rows(rows, (session.nonce, batch), &mut letters, &mut outcome);
-        let (events, written) = self.already_written(&mut session.dedup, events, deadline, pulse).await?;
+        let unread: Vec<String> = session.dedup.unread(&events).into_iter().map(String::from).collect();
+        if !unread.is_empty() {
+            // a topic not read back yet is read outside the claim (it may take long: it must not
+            // hold row locks and the xmin horizon), then the same rows are claimed again
+            tx.rollback().await?;
+            for topic in unread {
+                session.dedup.read_back(&topic, pulse).await?;
+            }
+            return Ok(BatchOutcome { full: true, ..Default::default() });
+        }
+        metrics().events_read.with_label_values(&[MODE]).inc_by(claimed as u64);
+        let (events, written) = self.already_written(&mut session.dedup, events, pulse).await?;
         let mut delivered = self.publish(events, deadline, pulse, &mut letters, &mut outcome).await?;
         delivered.extend(written);
         self.release(&tx, statements, &delivered, &letters, &mut outcome).await?;
@@ -314,7 +325,6 @@ impl PollingSource {
         letters: &mut Vec<DeadLetter>,
         outcome: &mut BatchOutcome,
     ) -> Vec<OutboxEvent> {
-        metrics().events_read.with_label_values(&[MODE]).inc_by(rows.len() as u64);
         let mut events = Vec::with_capacity(rows.len());
         for (index, (raw, created_at)) in rows.into_iter().enumerate() {
             match self.mapping.to_event(raw, created_at) {
@@ -335,36 +345,23 @@ impl PollingSource {
 
     /// Splits `events` into those to publish and the ids of those Kafka already holds (from an
     /// earlier session's batch that did not commit): they are released as if published now.
-    /// Reading topics back past `deadline` (the claim's bound) is an error: the claim rolls back.
+    /// Every topic of `events` was read back already.
     async fn already_written(
         &self,
         dedup: &mut Dedup,
         events: Vec<OutboxEvent>,
-        deadline: tokio::time::Instant,
         pulse: &Pulse,
     ) -> Result<(Vec<OutboxEvent>, Vec<String>), RelayError> {
-        let claimed = events.len();
-        let split = async {
-            let mut to_publish = Vec::with_capacity(events.len());
-            let mut written = Vec::new();
-            for event in events {
-                if dedup.written(&event, pulse).await? {
-                    written.push(event.id);
-                } else {
-                    to_publish.push(event);
-                }
+        let mut to_publish = Vec::with_capacity(events.len());
+        let mut written = Vec::new();
+        for event in events {
+            if dedup.written(&event, pulse).await? {
+                written.push(event.id);
+            } else {
+                to_publish.push(event);
             }
-            Ok((to_publish, written))
-        };
-        let Ok(split) = tokio::time::timeout_at(deadline, split).await else {
-            metrics().publish_errors.with_label_values(&["timeout"]).inc_by(claimed as u64);
-            return Err(RelayError::Kafka(format!(
-                "topics could not be read back within polling.claim_timeout_ms ({} ms): the claim was rolled back \
-                 so it does not hold row locks and the xmin horizon; the batch is claimed again",
-                self.config.polling.claim_timeout_ms
-            )));
-        };
-        split
+        }
+        Ok((to_publish, written))
     }
 
     /// Claims up to `limit` rows in id order through a portal, in chunks, and stops fetching

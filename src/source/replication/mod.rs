@@ -128,7 +128,7 @@ impl ReplicationSource {
         let wal = WalStream::start(replication, slot_name).await?;
         tracing::info!(slot = %slot_name, %confirmed, table = %self.table.display_name(), "active: streaming from the slot");
         pulse.active();
-        let dedup = Dedup::new(&self.config, MODE, Lookback::Since(confirmed), self.sink.source());
+        let dedup = Dedup::new(&self.config, MODE, Lookback::Since(confirmed), self.sink.source(), shutdown);
         stream::StreamSession::new(self, &client, pulse, wal, confirmed, dedup).run(shutdown).await
     }
 }

@@ -351,7 +351,7 @@ pub(super) async fn create_and_copy(
     tracing::info!(%slot, %consistent_point, "created the slot; publishing the rows already in the table");
     // any row of the table may be in the topic already (a copy that was interrupted, or the
     // slot recreated after it was lost): read back everything the topics hold from this source
-    let dedup = Dedup::new(&source.config, MODE, Lookback::Everything, source.sink.source());
+    let dedup = Dedup::new(&source.config, MODE, Lookback::Everything, source.sink.source(), shutdown);
     let mut copy =
         Copy { source, server, dead_letters: client, pulse, point: consistent_point, dedup, rows: 0 };
     let copied = copy.run(&snapshot, shutdown).await?;

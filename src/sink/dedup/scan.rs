@@ -1,0 +1,423 @@
+//! Reading one topic back, on a blocking thread: the records of this relay that a session's
+//! replay can repeat, as keys (see the parent module for the rule and why it cannot lose).
+//!
+//! Each partition is read backwards in windows of [`FIRST_WINDOW`], then twice as many, from its
+//! end, and forward inside each window to the true end (tansu 0.6 reports a partition's end as
+//! the start of its last record batch + 1, so the reported end is never where reading stops).
+//! Newest first, records are taken until one is older than anything the replay can repeat.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::{Content, Fingerprint, Lookback, ReadBackContext};
+use crate::event::Position;
+use crate::metrics::metrics;
+use crate::sink::kafka::{POSITION_HEADER, SOURCE_HEADER};
+
+/// The first window read back from each partition's end; each further one is twice as large.
+const FIRST_WINDOW: i64 = 256;
+/// One poll's wait while reading back.
+const POLL: Duration = Duration::from_millis(100);
+/// The longest one blocking request may take before the read checks its deadline again.
+const STEP: Duration = Duration::from_secs(1);
+/// A read-back that took this long met a slow or busy broker: the relay looks at the ends again
+/// as long again later (at most [`SETTLE_MAX`]), since such a broker may process the last
+/// requests of the relay that came before (a killed process's, still in the broker's socket
+/// buffers) after it answered this one.
+const SLOW: Duration = Duration::from_millis(250);
+const SETTLE_MAX: Duration = Duration::from_secs(1);
+
+/// `result` values of `outbox_relay_dedup_scans_total`.
+pub const SCAN_RESULTS: &[&str] = &["complete", "topic_missing", "truncated", "limit"];
+
+/// How one topic's read-back ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ScanResult {
+    /// Every partition was read back as far as a replay can reach (or to its very start).
+    Complete,
+    /// The topic does not exist: there is nothing to skip.
+    TopicMissing,
+    /// A partition's oldest records were removed (retention, deletion) before the read-back
+    /// reached what a replay can repeat: replayed events older than what is left are sent again.
+    Truncated,
+    /// `dedup.max_scan_records` was reached first: older replayed events are sent again.
+    Limit,
+}
+
+impl ScanResult {
+    fn label(self) -> &'static str {
+        match self {
+            ScanResult::Complete => "complete",
+            ScanResult::TopicMissing => "topic_missing",
+            ScanResult::Truncated => "truncated",
+            ScanResult::Limit => "limit",
+        }
+    }
+}
+
+pub(super) struct ScanOutcome {
+    pub(super) keys: HashSet<u128>,
+    result: ScanResult,
+    partitions: usize,
+    records: u64,
+    foreign: u64,
+}
+
+impl ScanOutcome {
+    pub(super) fn report(&self, topic: &str, lookback: Lookback, took: Duration) {
+        let m = metrics();
+        m.dedup_scans.with_label_values(&[self.result.label()]).inc();
+        m.dedup_scanned_records.inc_by(self.records);
+        let (result, keys, partitions, records, foreign) =
+            (self.result.label(), self.keys.len(), self.partitions, self.records, self.foreign);
+        let took_ms = took.as_millis() as u64;
+        match self.result {
+            ScanResult::TopicMissing => tracing::warn!(
+                topic,
+                ?lookback,
+                result,
+                took_ms,
+                "the topic does not exist (not created yet, or deleted): there is nothing to compare with, so \
+                 replayed events, if any, are sent again"
+            ),
+            ScanResult::Complete => tracing::info!(
+                topic,
+                ?lookback,
+                result,
+                partitions,
+                records,
+                foreign,
+                already_written = keys,
+                took_ms,
+                "read the topic back: events it already holds are not sent again"
+            ),
+            ScanResult::Truncated => tracing::warn!(
+                topic,
+                ?lookback,
+                result,
+                partitions,
+                records,
+                already_written = keys,
+                took_ms,
+                "read the topic back to the start of a partition whose older records are gone (retention or \
+                 deletion): replayed events older than what the topic still holds are sent again"
+            ),
+            ScanResult::Limit => tracing::warn!(
+                topic,
+                ?lookback,
+                result,
+                partitions,
+                records,
+                already_written = keys,
+                took_ms,
+                "stopped reading the topic back at dedup.max_scan_records: older replayed events may be sent \
+                 again (raise dedup.max_scan_records to look further)"
+            ),
+        }
+    }
+}
+
+/// One record of this relay, as read back, with its key for the session's lookback.
+struct Written {
+    position: Position,
+    key: u128,
+}
+
+/// Reading one partition back, window by window.
+struct Partition {
+    id: i32,
+    low: i64,
+    /// The window being read: `[start, end)`, `end` `None` for the first (up to the true end).
+    start: i64,
+    end: Option<i64>,
+    window: i64,
+    done: bool,
+    /// The polling batch of the newest record of this relay (`Lookback::LastBatch`).
+    batch: Option<(u64, u64)>,
+    /// Records of this relay in the window being read, oldest first.
+    written: Vec<Written>,
+    /// The window has been read to its end.
+    read: bool,
+    /// The offset after the last record read at the partition's end.
+    tail: i64,
+}
+
+/// One topic's read-back; runs on a blocking thread.
+pub(super) struct Scan {
+    /// Set when the read-back's future is dropped (shutdown): the read stops at its next step.
+    pub(super) cancelled: Arc<AtomicBool>,
+    pub(super) topic: String,
+    pub(super) source: Arc<str>,
+    pub(super) lookback: Lookback,
+    pub(super) fingerprint: Fingerprint,
+    pub(super) max_records: u64,
+    pub(super) deadline: Instant,
+}
+
+impl Scan {
+    pub(super) fn run(&self, consumer: &BaseConsumer<ReadBackContext>) -> Result<ScanOutcome, KafkaError> {
+        let mut outcome = ScanOutcome {
+            keys: HashSet::new(),
+            result: ScanResult::Complete,
+            partitions: 0,
+            records: 0,
+            foreign: 0,
+        };
+        let Some(mut partitions) = self.partitions(consumer)? else {
+            outcome.result = ScanResult::TopicMissing;
+            return Ok(outcome);
+        };
+        outcome.partitions = partitions.len();
+        let started = Instant::now();
+        while partitions.iter().any(|p| !p.done) {
+            if outcome.records >= self.max_records {
+                outcome.result = ScanResult::Limit;
+                break;
+            }
+            self.read_windows(consumer, &mut partitions, &mut outcome)?;
+            for partition in partitions.iter_mut().filter(|p| !p.done) {
+                self.take_window(partition, &mut outcome);
+            }
+        }
+        let took = started.elapsed();
+        if took >= SLOW {
+            self.settle(consumer, &mut partitions, &mut outcome, took.min(SETTLE_MAX))?;
+        }
+        consumer.unassign()?;
+        Ok(outcome)
+    }
+
+    /// Looks at the partitions' ends again after `pause`, and takes the keys of any record of
+    /// this relay that landed after the read-back had passed the end: they are newer than
+    /// anything read, so all of them count (as their lookback allows).
+    fn settle(
+        &self,
+        consumer: &BaseConsumer<ReadBackContext>,
+        partitions: &mut [Partition],
+        outcome: &mut ScanOutcome,
+        pause: Duration,
+    ) -> Result<(), KafkaError> {
+        std::thread::sleep(pause);
+        for p in partitions.iter_mut() {
+            let (_, high) = self.patiently(|limit| consumer.fetch_watermarks(&self.topic, p.id, limit))?;
+            // (a broker reporting the start of the last batch + 1 reports at most `tail` when
+            // nothing was appended)
+            (p.done, p.start, p.end) = (high <= p.tail, p.tail, None);
+        }
+        if partitions.iter().all(|p| p.done) {
+            return Ok(());
+        }
+        tracing::debug!(topic = %self.topic, "records landed at the end after a slow read-back: reading them");
+        self.read_windows(consumer, partitions, outcome)?;
+        for p in partitions.iter_mut().filter(|p| !p.done) {
+            // what landed late is newer than the batch seen at the end: the newest now
+            p.batch = None;
+            for record in std::mem::take(&mut p.written) {
+                if self.replayable(p, &record) {
+                    outcome.keys.insert(record.key);
+                }
+            }
+            p.done = true;
+        }
+        Ok(())
+    }
+
+    /// Time left for the next step; an error once the deadline passed or the read was dropped.
+    fn remaining(&self) -> Result<Duration, KafkaError> {
+        if self.cancelled.load(Ordering::Relaxed) {
+            return Err(KafkaError::Canceled);
+        }
+        self.deadline
+            .checked_duration_since(Instant::now())
+            .ok_or(KafkaError::MetadataFetch(RDKafkaErrorCode::OperationTimedOut))
+    }
+
+    /// `request` with at most a second per try, tried again (a broker restarting, a leader
+    /// moving) until the deadline; the last error then.
+    fn patiently<T>(
+        &self,
+        mut request: impl FnMut(Duration) -> Result<T, KafkaError>,
+    ) -> Result<T, KafkaError> {
+        loop {
+            let limit = self.remaining()?.min(STEP);
+            match request(limit) {
+                Ok(answer) => return Ok(answer),
+                Err(e) if self.remaining().is_err() => return Err(e),
+                Err(e) => {
+                    tracing::debug!(topic = %self.topic, error = %e, "reading back: trying again");
+                    std::thread::sleep(POLL);
+                }
+            }
+        }
+    }
+
+    /// The topic's partitions with their first windows; `None` when the topic does not exist.
+    fn partitions(
+        &self,
+        consumer: &BaseConsumer<ReadBackContext>,
+    ) -> Result<Option<Vec<Partition>>, KafkaError> {
+        let metadata = self.patiently(|limit| consumer.fetch_metadata(Some(&self.topic), limit))?;
+        let Some(topic) = metadata.topics().iter().find(|t| t.name() == self.topic) else { return Ok(None) };
+        if topic.error().is_some() || topic.partitions().is_empty() {
+            return Ok(None);
+        }
+        let mut partitions = Vec::with_capacity(topic.partitions().len());
+        for p in topic.partitions() {
+            let (low, high) =
+                self.patiently(|limit| consumer.fetch_watermarks(&self.topic, p.id(), limit))?;
+            partitions.push(Partition {
+                id: p.id(),
+                low,
+                start: (high - FIRST_WINDOW).max(low),
+                end: None,
+                window: FIRST_WINDOW,
+                done: high <= low,
+                batch: None,
+                written: Vec::new(),
+                read: false,
+                tail: high,
+            });
+        }
+        Ok(Some(partitions))
+    }
+
+    /// Reads the current window of every partition not done, collecting this relay's records.
+    fn read_windows(
+        &self,
+        consumer: &BaseConsumer<ReadBackContext>,
+        partitions: &mut [Partition],
+        outcome: &mut ScanOutcome,
+    ) -> Result<(), KafkaError> {
+        let mut assignment = TopicPartitionList::new();
+        for p in partitions.iter_mut().filter(|p| !p.done) {
+            assignment.add_partition_offset(&self.topic, p.id, Offset::Offset(p.start))?;
+            p.read = false;
+        }
+        consumer.assign(&assignment)?;
+        while partitions.iter().any(|p| !p.done && !p.read) {
+            self.remaining()?;
+            let message = match consumer.poll(POLL) {
+                None => continue,
+                Some(Err(KafkaError::PartitionEOF(id))) => {
+                    if let Some(p) = partitions.iter_mut().find(|p| p.id == id) {
+                        p.read = true;
+                    }
+                    continue;
+                }
+                Some(Err(e)) => return Err(e),
+                Some(Ok(message)) => message,
+            };
+            // (a stale message of another topic the consumer read before is passed over)
+            let Some(p) = partitions
+                .iter_mut()
+                .find(|p| p.id == message.partition() && !p.read && message.topic() == self.topic)
+            else {
+                continue;
+            };
+            let offset = message.offset();
+            if p.end.is_none() {
+                p.tail = p.tail.max(offset + 1);
+            }
+            if p.end.is_some_and(|end| offset >= end) {
+                p.read = true;
+                continue;
+            }
+            outcome.records += 1;
+            match self.written(&message) {
+                Some(written) => p.written.push(written),
+                None => outcome.foreign += 1,
+            }
+            if p.end.is_some_and(|end| offset >= end - 1) {
+                p.read = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// A record this relay wrote, keyed for the session's lookback; `None` for anyone else's.
+    fn written(&self, message: &BorrowedMessage<'_>) -> Option<Written> {
+        let headers = message.headers()?;
+        let text = |name: &str| {
+            headers
+                .iter()
+                .find(|h| h.key == name)
+                .and_then(|h| h.value)
+                .and_then(|v| std::str::from_utf8(v).ok())
+        };
+        if text(SOURCE_HEADER)? != &*self.source {
+            return None;
+        }
+        let position: Position = text(POSITION_HEADER)?.parse().ok()?;
+        let content = Content {
+            id: text("id")?,
+            key: message.key().unwrap_or_default(),
+            payload: message.payload().unwrap_or_default(),
+            event_type: text("event_type").unwrap_or_default(),
+        };
+        let key = match self.lookback {
+            Lookback::Since(_) => self.fingerprint.key(&position, &content),
+            Lookback::Everything | Lookback::LastBatch => self.fingerprint.id_key(&content),
+        };
+        Some(Written { position, key })
+    }
+
+    /// Takes the keys of the window just read, newest first, until a record older than what the
+    /// session can replay; then the partition is done, or its next (earlier) window is set.
+    fn take_window(&self, p: &mut Partition, outcome: &mut ScanOutcome) {
+        let written = std::mem::take(&mut p.written);
+        for record in written.iter().rev() {
+            if !self.take(p, record, &mut outcome.keys) {
+                p.done = true;
+                return;
+            }
+        }
+        if p.start <= p.low {
+            p.done = true;
+            if p.low > 0 && self.lookback != Lookback::Everything && outcome.result == ScanResult::Complete {
+                outcome.result = ScanResult::Truncated;
+            }
+            return;
+        }
+        p.window = p.window.saturating_mul(2);
+        p.end = Some(p.start);
+        p.start = (p.start - p.window).max(p.low);
+    }
+
+    /// Takes one record's key if the session can replay it; false when it is older than that.
+    fn take(&self, p: &mut Partition, record: &Written, keys: &mut HashSet<u128>) -> bool {
+        if let (Lookback::LastBatch, Position::Batch { session, batch, .. }) =
+            (self.lookback, record.position)
+        {
+            p.batch.get_or_insert((session, batch));
+        }
+        let replayable = self.replayable(p, record);
+        if replayable {
+            keys.insert(record.key);
+        }
+        replayable
+    }
+
+    /// Whether the session's replay can repeat `record` (the one rule `take` and `settle` share):
+    /// a stream record committed at or after the restart point; anything of the first copy's
+    /// topic; a record of the partition's newest polling batch.
+    fn replayable(&self, p: &Partition, record: &Written) -> bool {
+        match (self.lookback, record.position) {
+            (Lookback::Since(restart), Position::Stream { commit, .. }) => commit >= restart,
+            // a copy (before the slot's consistent point) or a polling batch (before a switch of
+            // mode): older than anything the slot replays
+            (Lookback::Since(_), _) => false,
+            (Lookback::Everything, _) => true,
+            (Lookback::LastBatch, Position::Batch { session, batch, .. }) => {
+                p.batch.is_none_or(|newest| newest == (session, batch))
+            }
+            (Lookback::LastBatch, _) => false,
+        }
+    }
+}
