@@ -268,12 +268,14 @@ impl Scan {
         if topic.error().is_some() || topic.partitions().is_empty() {
             return Ok(None);
         }
-        let mut partitions = Vec::with_capacity(topic.partitions().len());
-        for p in topic.partitions() {
-            let (low, high) =
-                self.patiently(|limit| consumer.fetch_watermarks(&self.topic, p.id(), limit))?;
+        let ids: Vec<i32> = topic.partitions().iter().map(|p| p.id()).collect();
+        // one ListOffsets request per end for all partitions (not two round trips per partition)
+        let lows = self.offsets(consumer, &ids, Offset::Beginning)?;
+        let highs = self.offsets(consumer, &ids, Offset::End)?;
+        let mut partitions = Vec::with_capacity(ids.len());
+        for ((id, low), high) in ids.into_iter().zip(lows).zip(highs) {
             partitions.push(Partition {
-                id: p.id(),
+                id,
                 low,
                 start: (high - FIRST_WINDOW).max(low),
                 end: None,
@@ -286,6 +288,32 @@ impl Scan {
             });
         }
         Ok(Some(partitions))
+    }
+
+    /// The first (`Offset::Beginning`) or next (`Offset::End`) offset of each of `ids`, in order.
+    fn offsets(
+        &self,
+        consumer: &BaseConsumer<ReadBackContext>,
+        ids: &[i32],
+        end: Offset,
+    ) -> Result<Vec<i64>, KafkaError> {
+        let mut request = TopicPartitionList::new();
+        for id in ids {
+            request.add_partition_offset(&self.topic, *id, end)?;
+        }
+        let answer = self.patiently(|limit| consumer.offsets_for_times(request.clone(), limit))?;
+        ids.iter()
+            .map(|id| {
+                let element = answer
+                    .find_partition(&self.topic, *id)
+                    .ok_or(KafkaError::OffsetFetch(RDKafkaErrorCode::UnknownTopicOrPartition))?;
+                element.error()?;
+                match element.offset() {
+                    Offset::Offset(offset) => Ok(offset),
+                    _ => Err(KafkaError::OffsetFetch(RDKafkaErrorCode::OffsetNotAvailable)),
+                }
+            })
+            .collect()
     }
 
     /// Reads the current window of every partition not done, collecting this relay's records.
