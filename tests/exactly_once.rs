@@ -255,15 +255,21 @@ async fn polling_with_dedup_off_delivers_at_least_once_and_counts_duplicates() {
     run_faults("polling", false).await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_recreated_slot_publishes_only_what_the_topic_does_not_hold() {
-    // given a relay that published 2,000 events and was killed, and 50 more written since
+/// A replication setup on the shared services, with the test's aggregates.
+async fn replication_setup() -> (Setup, tokio_postgres::Client) {
     let s = Setup::create(&services().kafka, "", true, |slot| {
         format!("[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n")
     })
     .await;
     let client = s.db.client().await;
     create_aggregates(&client, AGGREGATES).await;
+    (s, client)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_recreated_slot_publishes_only_what_the_topic_does_not_hold() {
+    // given a relay that published 2,000 events and was killed, and 50 more written since
+    let (s, _) = replication_setup().await;
     let consumer = consumer(&[&s.topic]);
     let mut relay = s.start("relay");
     relay.wait_ready("active").await;
@@ -287,12 +293,7 @@ async fn a_recreated_slot_publishes_only_what_the_topic_does_not_hold() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_deleted_topic_is_said_so_and_everything_still_owed_is_sent() {
     // given a relay that published 100 events and was killed
-    let s = Setup::create(&services().kafka, "", true, |slot| {
-        format!("[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n")
-    })
-    .await;
-    let client = s.db.client().await;
-    create_aggregates(&client, AGGREGATES).await;
+    let (s, client) = replication_setup().await;
     let old = consumer(&[&s.topic]);
     let mut relay = s.start("first");
     relay.wait_ready("active").await;

@@ -98,28 +98,25 @@ impl ScanOutcome {
                 took_ms,
                 "read the topic back: events it already holds are not sent again"
             ),
-            ScanResult::Truncated => tracing::warn!(
-                topic,
-                ?lookback,
-                result,
-                partitions,
-                records,
-                already_written = keys,
-                took_ms,
-                "read the topic back to the start of a partition whose older records are gone (retention or \
-                 deletion): replayed events older than what the topic still holds are sent again"
-            ),
-            ScanResult::Limit => tracing::warn!(
-                topic,
-                ?lookback,
-                result,
-                partitions,
-                records,
-                already_written = keys,
-                took_ms,
-                "stopped reading the topic back at dedup.max_scan_records: older replayed events may be sent \
-                 again (raise dedup.max_scan_records to look further)"
-            ),
+            ScanResult::Truncated | ScanResult::Limit => {
+                let why = if self.result == ScanResult::Truncated {
+                    "read the topic back to the start of a partition whose older records are gone (retention or \
+                     deletion): replayed events older than what the topic still holds are sent again"
+                } else {
+                    "stopped reading the topic back at dedup.max_scan_records: older replayed events may be sent \
+                     again (raise dedup.max_scan_records to look further)"
+                };
+                tracing::warn!(
+                    topic,
+                    ?lookback,
+                    result,
+                    partitions,
+                    records,
+                    already_written = keys,
+                    took_ms,
+                    "{why}"
+                )
+            }
         }
     }
 }
