@@ -27,11 +27,11 @@ const FIRST_WINDOW: i64 = 256;
 const POLL: Duration = Duration::from_millis(100);
 /// The longest one blocking request may take before the read checks its deadline again.
 const STEP: Duration = Duration::from_secs(1);
-/// A read-back that took this long met a slow or busy broker: the relay looks at the ends again
-/// as long again later (at most [`SETTLE_MAX`]), since such a broker may process the last
-/// requests of the relay that came before (a killed process's, still in the broker's socket
-/// buffers) after it answered this one.
-const SLOW: Duration = Duration::from_millis(250);
+/// After reading back, the relay looks at the ends again this long later (longer after a slow
+/// read-back, as long as it took, at most [`SETTLE_MAX`]): a broker may process the last
+/// requests of the relay that came before (a killed process's, still in its socket buffers)
+/// after it answered this one, above all after a stall.
+const SETTLE_MIN: Duration = Duration::from_millis(500);
 const SETTLE_MAX: Duration = Duration::from_secs(1);
 
 /// `result` values of `outbox_relay_dedup_scans_total`.
@@ -184,9 +184,7 @@ impl Scan {
             }
         }
         let took = started.elapsed();
-        if took >= SLOW {
-            self.settle(consumer, &mut partitions, &mut outcome, took.min(SETTLE_MAX))?;
-        }
+        self.settle(consumer, &mut partitions, &mut outcome, took.clamp(SETTLE_MIN, SETTLE_MAX))?;
         consumer.unassign()?;
         Ok(outcome)
     }
