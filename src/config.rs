@@ -70,7 +70,7 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
-    fn invalid(path: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn invalid(path: impl Into<String>, message: impl Into<String>) -> Self {
         ConfigError::Invalid { path: path.into(), message: message.into() }
     }
 }
@@ -265,6 +265,53 @@ impl fmt::Display for SslMode {
             SslMode::VerifyCa => "verify-ca",
             SslMode::VerifyFull => "verify-full",
         })
+    }
+}
+
+impl PostgresConfig {
+    /// Checks what types alone cannot; each error names the `postgres.*` field to fix.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let pg = self;
+        if pg.host.is_empty() {
+            return Err(ConfigError::invalid("postgres.host", "must not be empty"));
+        }
+        if let Err(problem) = pg.parse_endpoints() {
+            return Err(ConfigError::invalid(
+                "postgres.host",
+                format!("{problem}: give one server or a comma-separated list, e.g. \"pg-0:5432,pg-1:5432\""),
+            ));
+        }
+        if pg.port == 0 {
+            return Err(ConfigError::invalid("postgres.port", "must be between 1 and 65535"));
+        }
+        if pg.user.is_empty() {
+            return Err(ConfigError::invalid("postgres.user", "must not be empty"));
+        }
+        if pg.database.is_empty() {
+            return Err(ConfigError::invalid("postgres.database", "must not be empty"));
+        }
+        if pg.password.is_some() && !pg.password_file.is_empty() {
+            return Err(ConfigError::invalid(
+                "postgres.password_file",
+                "set postgres.password or postgres.password_file, not both",
+            ));
+        }
+        if pg.sslcert.is_empty() != pg.sslkey.is_empty() {
+            return Err(ConfigError::invalid(
+                "postgres.sslkey",
+                "postgres.sslcert and postgres.sslkey go together: set both or neither",
+            ));
+        }
+        for (path, file) in [
+            ("postgres.sslrootcert", &pg.sslrootcert),
+            ("postgres.sslcert", &pg.sslcert),
+            ("postgres.sslkey", &pg.sslkey),
+        ] {
+            if !file.is_empty() && !Path::new(file).is_file() {
+                return Err(ConfigError::invalid(path, format!("{file}: no such file")));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -588,39 +635,8 @@ impl RelayConfig {
             .filter(|(name, _)| name.starts_with(kafka::SECRET_ENV_PREFIX))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        if !file.is_file() {
-            return Err(ConfigError::Load(format!(
-                "config file {}: not found (see deploy/relay.example.toml for a documented example)",
-                file.display()
-            )));
-        }
-        let layered = config::Config::builder()
-            .add_source(config::File::from(file).format(config::FileFormat::Toml))
-            .add_source(
-                config::Environment::with_prefix(ENV_PREFIX)
-                    .prefix_separator("__")
-                    .separator("__")
-                    .source(Some(env)),
-            )
-            .build()
-            .map_err(|e| {
-                ConfigError::Load(format!(
-                    "config file {}: {}",
-                    file.display(),
-                    without_source_lines(&e.to_string())
-                ))
-            })?;
-        let tree: config::Value = layered.try_deserialize().map_err(|e| {
-            ConfigError::Load(format!(
-                "config file {}: {}",
-                file.display(),
-                without_source_lines(&e.to_string())
-            ))
-        })?;
-        let mut relay: RelayConfig = serde_path_to_error::deserialize(tree).map_err(|e| {
-            let path = e.path().to_string();
-            describe_serde_error(&path, &e.into_inner().to_string())
-        })?;
+        let mut relay: RelayConfig =
+            load_layered(file, ENV_PREFIX, env, "see deploy/relay.example.toml for a documented example")?;
         relay.move_deprecated()?;
         relay.kafka.load_secrets(&secret_env)?;
         relay.validate()?;
@@ -662,7 +678,7 @@ impl RelayConfig {
     /// Checks what types alone cannot. Each error names the path to fix.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.kafka.validate()?;
-        self.validate_postgres()?;
+        self.postgres.validate()?;
         self.validate_outbox()?;
         self.validate_polling()?;
         self.validate_replication()?;
@@ -674,50 +690,6 @@ impl RelayConfig {
         }
         if self.retry.max_backoff_ms < self.retry.initial_backoff_ms {
             return Err(ConfigError::invalid("retry.max_backoff_ms", "must be >= retry.initial_backoff_ms"));
-        }
-        Ok(())
-    }
-
-    fn validate_postgres(&self) -> Result<(), ConfigError> {
-        let pg = &self.postgres;
-        if pg.host.is_empty() {
-            return Err(ConfigError::invalid("postgres.host", "must not be empty"));
-        }
-        if let Err(problem) = pg.parse_endpoints() {
-            return Err(ConfigError::invalid(
-                "postgres.host",
-                format!("{problem}: give one server or a comma-separated list, e.g. \"pg-0:5432,pg-1:5432\""),
-            ));
-        }
-        if pg.port == 0 {
-            return Err(ConfigError::invalid("postgres.port", "must be between 1 and 65535"));
-        }
-        if pg.user.is_empty() {
-            return Err(ConfigError::invalid("postgres.user", "must not be empty"));
-        }
-        if pg.database.is_empty() {
-            return Err(ConfigError::invalid("postgres.database", "must not be empty"));
-        }
-        if pg.password.is_some() && !pg.password_file.is_empty() {
-            return Err(ConfigError::invalid(
-                "postgres.password_file",
-                "set postgres.password or postgres.password_file, not both",
-            ));
-        }
-        if pg.sslcert.is_empty() != pg.sslkey.is_empty() {
-            return Err(ConfigError::invalid(
-                "postgres.sslkey",
-                "postgres.sslcert and postgres.sslkey go together: set both or neither",
-            ));
-        }
-        for (path, file) in [
-            ("postgres.sslrootcert", &pg.sslrootcert),
-            ("postgres.sslcert", &pg.sslcert),
-            ("postgres.sslkey", &pg.sslkey),
-        ] {
-            if !file.is_empty() && !Path::new(file).is_file() {
-                return Err(ConfigError::invalid(path, format!("{file}: no such file")));
-            }
         }
         Ok(())
     }
@@ -913,6 +885,39 @@ fn validate_topic_template(template: &str) -> Result<(), ConfigError> {
         rest = &rest[open + close + 1..];
     }
     Ok(())
+}
+
+/// Loads `file` (TOML) with `PREFIX__SECTION__FIELD` overrides from `env` into `T`; errors name
+/// the file and the field. `example` says where a documented example is, for a missing file.
+/// The relay and the example services share it, so they read configuration alike.
+pub fn load_layered<T: serde::de::DeserializeOwned>(
+    file: &Path,
+    prefix: &str,
+    env: config::Map<String, String>,
+    example: &str,
+) -> Result<T, ConfigError> {
+    if !file.is_file() {
+        return Err(ConfigError::Load(format!("config file {}: not found ({example})", file.display())));
+    }
+    let layered = config::Config::builder()
+        .add_source(config::File::from(file).format(config::FileFormat::Toml))
+        .add_source(
+            config::Environment::with_prefix(prefix)
+                .prefix_separator("__")
+                .separator("__")
+                .source(Some(env)),
+        )
+        .build()
+        .map_err(|e| {
+            ConfigError::Load(format!("config file {}: {}", file.display(), without_source_lines(&e.to_string())))
+        })?;
+    let tree: config::Value = layered.try_deserialize().map_err(|e| {
+        ConfigError::Load(format!("config file {}: {}", file.display(), without_source_lines(&e.to_string())))
+    })?;
+    serde_path_to_error::deserialize(tree).map_err(|e| {
+        let path = e.path().to_string();
+        describe_serde_error(&path, &e.into_inner().to_string())
+    })
 }
 
 /// A parse error without the lines of the file it quotes: the offending line may hold a secret

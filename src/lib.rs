@@ -33,7 +33,7 @@ pub(crate) mod health;
 pub(crate) mod http;
 pub mod metrics;
 pub mod position;
-pub(crate) mod postgres;
+pub mod postgres;
 pub mod relay;
 pub(crate) mod sampler;
 pub mod sink;

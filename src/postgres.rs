@@ -32,6 +32,13 @@ pub(crate) type Connection = tokio_postgres::Connection<
     <MakeRustlsConnect as tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>>::Stream,
 >;
 
+/// Opens a session on the first server of `postgres.host` that accepts writes and spawns its
+/// connection task: the one way the example services (`services/`) connect, so `sslmode`,
+/// certificates, multi-host and password files mean the same to them as to the relay.
+pub async fn connect(pg: &PostgresConfig) -> Result<Client, RelayError> {
+    connect_primary(pg).await.map(|(client, _)| client)
+}
+
 /// Opens a session on the primary, spawns its connection task, and says which server of
 /// `postgres.host` it is (the replication connection must go to the same one).
 pub(crate) async fn connect_primary(pg: &PostgresConfig) -> Result<(Client, Endpoint), RelayError> {

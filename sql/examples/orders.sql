@@ -6,6 +6,8 @@ CREATE TABLE IF NOT EXISTS orders (
     customer_id text    NOT NULL,
     total_cents bigint  NOT NULL CHECK (total_cents >= 0),
     status      text    NOT NULL DEFAULT 'placed',
+    -- the reference the ledger debits under: one debit per payment, whatever redelivers it
+    payment_id  uuid    NOT NULL DEFAULT gen_random_uuid() UNIQUE,
     created_at  timestamptz NOT NULL DEFAULT now()
 );
 

@@ -113,7 +113,7 @@ impl KafkaConfig {
     }
 
     /// Reads `secret_properties_file` and the `OUTBOX_RELAY_KAFKA_*` variables of `env`.
-    pub(super) fn load_secrets(&mut self, env: &BTreeMap<String, String>) -> Result<(), ConfigError> {
+    pub fn load_secrets(&mut self, env: &BTreeMap<String, String>) -> Result<(), ConfigError> {
         if !self.secret_properties_file.is_empty() {
             let path = "kafka.secret_properties_file";
             let text = std::fs::read_to_string(&self.secret_properties_file)
@@ -141,7 +141,8 @@ impl KafkaConfig {
         Ok(())
     }
 
-    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+    /// Checks what types alone cannot; each error names the `kafka.*` field to fix.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.brokers.is_empty() {
             return Err(ConfigError::invalid("kafka.brokers", "must not be empty"));
         }

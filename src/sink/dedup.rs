@@ -316,13 +316,8 @@ impl Drop for CancelOnDrop {
 /// partition's end; librdkafka's own log at errors only.
 fn reader_config(config: &RelayConfig) -> ClientConfig {
     let kafka = &config.kafka;
-    let mut cc = ClientConfig::new();
-    for (key, value) in kafka.client_properties() {
-        cc.set(key, value);
-    }
-    cc.set("bootstrap.servers", kafka.brokers.join(","))
-        .set("client.id", &kafka.client_id)
-        .set("group.id", format!("{}-read-back", kafka.client_id))
+    let mut cc = super::kafka::client_config(kafka);
+    cc.set("group.id", format!("{}-read-back", kafka.client_id))
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("enable.partition.eof", "true")

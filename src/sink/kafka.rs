@@ -33,15 +33,23 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pause before re-enqueueing after librdkafka's local queue was full.
 const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(5);
 
-/// The librdkafka client configuration for a producer built from `kafka`.
-pub(crate) fn producer_config(kafka: &KafkaConfig) -> ClientConfig {
+/// The librdkafka settings every client built from `kafka` shares: the brokers, the client id,
+/// and the pass-through and secret properties (TLS, SASL). The example services build their
+/// consumers and producers on it.
+pub fn client_config(kafka: &KafkaConfig) -> ClientConfig {
     let mut cc = ClientConfig::new();
     for (key, value) in kafka.client_properties() {
         cc.set(key, value);
     }
-    cc.set("bootstrap.servers", kafka.brokers.join(","))
-        .set("client.id", &kafka.client_id)
-        .set("message.timeout.ms", kafka.message_timeout_ms.to_string())
+    cc.set("bootstrap.servers", kafka.brokers.join(",")).set("client.id", &kafka.client_id);
+    cc
+}
+
+/// The librdkafka client configuration for a producer built from `kafka`: acks=all, idempotent,
+/// gapless.
+pub fn producer_config(kafka: &KafkaConfig) -> ClientConfig {
+    let mut cc = client_config(kafka);
+    cc.set("message.timeout.ms", kafka.message_timeout_ms.to_string())
         .set("linger.ms", kafka.linger_ms.to_string())
         .set("compression.codec", &kafka.compression)
         .set("acks", "all")
@@ -355,12 +363,7 @@ pub(crate) struct ClusterInfo {
 
 /// Fetches cluster metadata through the bootstrap brokers; blocking, so run it off the runtime.
 pub(crate) fn fetch_cluster_info(kafka: &KafkaConfig, timeout: Duration) -> Result<ClusterInfo, String> {
-    let mut cc = ClientConfig::new();
-    for (key, value) in kafka.client_properties() {
-        cc.set(key, value);
-    }
-    cc.set("bootstrap.servers", kafka.brokers.join(",")).set("client.id", &kafka.client_id);
-    let consumer: BaseConsumer = cc.create().map_err(|e| format!("cannot create a Kafka client: {e}"))?;
+    let consumer: BaseConsumer = client_config(kafka).create().map_err(|e| format!("cannot create a Kafka client: {e}"))?;
     let metadata = consumer.fetch_metadata(None, timeout).map_err(|e| e.to_string())?;
     Ok(ClusterInfo { brokers: metadata.brokers().len(), topics: metadata.topics().len() })
 }

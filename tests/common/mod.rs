@@ -14,6 +14,7 @@ pub mod broker;
 pub mod http;
 pub mod mock;
 pub mod process;
+pub mod service;
 pub mod workload;
 
 use std::fmt::Display;

@@ -1,0 +1,214 @@
+//! The HTTP API: `POST /orders` under an `Idempotency-Key`, `GET /healthz`, `GET /metrics`.
+//!
+//! | request | answer |
+//! |---|---|
+//! | no `Idempotency-Key`, or an empty or non-ASCII one | 400, nothing written |
+//! | body not `{"customer_id": text, "total_cents": 1..}` | 400 naming the field, nothing written |
+//! | a new key | 201 with the order; order + `OrderPlaced` event + stored response in one transaction |
+//! | a key seen with the same request | the stored status and body, `Idempotent-Replayed: true` |
+//! | a key seen with a different request | 422 |
+//! | a key another attempt holds, for longer than `idempotency.wait_ms` | 409, `Retry-After` |
+//! | PostgreSQL unreachable or a transient error | 503, `Retry-After`; the key is freed for the retry |
+//!
+//! A request's work runs in a task of its own: a client that hangs up mid-request does not cancel
+//! the transaction half-way, so its retry finds the finished response rather than a key in
+//! progress until the lease runs out.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use prometheus::{Encoder, IntCounterVec, Opts, Registry, TextEncoder};
+use serde_json::json;
+
+use crate::config::OrdersConfig;
+use crate::idempotency::{self, Begin};
+use crate::order::{self, OrderRequest, Written};
+use crate::pool::Pool;
+
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+pub const REPLAYED: &str = "idempotent-replayed";
+
+pub struct App {
+    pub pool: Pool,
+    pub config: OrdersConfig,
+    requests: IntCounterVec,
+    registry: Registry,
+}
+
+impl App {
+    pub fn new(config: OrdersConfig) -> App {
+        let pool = Pool::new(config.postgres.clone(), config.http.pool_size);
+        let registry = Registry::new();
+        let requests = IntCounterVec::new(
+            Opts::new("orders_requests_total", "POST /orders answers, by outcome"),
+            &["outcome"],
+        )
+        .expect("valid metric");
+        registry.register(Box::new(requests.clone())).expect("registered once");
+        App { pool, config, requests, registry }
+    }
+}
+
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/orders", post(post_order))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/metrics", get(metrics))
+        .with_state(app)
+}
+
+/// One answer: status, JSON body, and the label it is counted under.
+struct Reply {
+    status: u16,
+    body: serde_json::Value,
+    outcome: &'static str,
+    retry_after: Option<Duration>,
+    replayed: bool,
+}
+
+impl Reply {
+    fn ok(status: u16, body: serde_json::Value, outcome: &'static str) -> Reply {
+        Reply { status, body, outcome, retry_after: None, replayed: false }
+    }
+
+    fn error(status: u16, outcome: &'static str, message: String) -> Reply {
+        Reply::ok(status, json!({ "error": message, "code": outcome }), outcome)
+    }
+
+    fn retry_after(mut self, after: Duration) -> Reply {
+        self.retry_after = Some(after);
+        self
+    }
+}
+
+impl IntoResponse for Reply {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut response = (status, axum::Json(self.body)).into_response();
+        if let Some(after) = self.retry_after {
+            let secs = after.as_secs().max(1).to_string();
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_str(&secs).expect("digits"));
+        }
+        if self.replayed {
+            response.headers_mut().insert(REPLAYED, HeaderValue::from_static("true"));
+        }
+        response
+    }
+}
+
+async fn post_order(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
+    let task_app = app.clone();
+    let reply = match tokio::spawn(async move { place(&task_app, &headers, &body).await }).await {
+        Ok(reply) => reply,
+        Err(e) => Reply::error(500, "error", format!("the request failed: {e}")),
+    };
+    app.requests.with_label_values(&[reply.outcome]).inc();
+    reply.into_response()
+}
+
+async fn place(app: &App, headers: &HeaderMap, body: &[u8]) -> Reply {
+    let key = match idempotency_key(headers) {
+        Ok(key) => key,
+        Err(message) => return Reply::error(400, "missing_key", message),
+    };
+    let request = match OrderRequest::parse(body) {
+        Ok(request) => request,
+        Err(message) => return Reply::error(400, "invalid", message),
+    };
+    let fingerprint = idempotency::fingerprint("POST", "/orders", &request.canonical());
+    let mut session = match app.pool.get().await {
+        Ok(session) => session,
+        Err(e) => return unavailable(e.to_string()),
+    };
+    let lease = match idempotency::begin(&session, &app.config.idempotency, key, &fingerprint).await {
+        Ok(Begin::Owned(lease)) => lease,
+        Ok(Begin::Replay { status, body }) => {
+            return Reply { replayed: true, ..Reply::ok(status, body, "replayed") };
+        }
+        Ok(Begin::Mismatch) => return Reply::error(422, "key_reused", mismatch(key)),
+        Ok(Begin::Busy { retry_after }) => return busy(key).retry_after(retry_after),
+        Err(e) => return unavailable(e.to_string()),
+    };
+    if lease.took_over {
+        tracing::info!(key, token = lease.token, "took over a key whose attempt failed or whose lease ran out");
+    }
+    inject_faults(app).await;
+    let traceparent = headers.get("traceparent").and_then(|v| v.to_str().ok());
+    match order::write(&mut session, &lease, &request, traceparent).await {
+        Ok(Written::Created(created)) => {
+            tracing::info!(key, order_id = created.order_id, "order placed");
+            Reply::ok(201, serde_json::to_value(&created).expect("plain fields"), "created")
+        }
+        Ok(Written::Fenced) => {
+            tracing::warn!(key, token = lease.token, "lease taken over by another attempt: wrote nothing");
+            Reply::error(409, "fenced", fenced(key)).retry_after(idempotency::BUSY_RETRY_AFTER)
+        }
+        Err(e) => {
+            idempotency::release(&session, &lease).await;
+            let message = outbox_relay::error::RelayError::Postgres(e).to_string();
+            tracing::warn!(key, error = %message, "order not written; the key is free for a retry");
+            unavailable(message)
+        }
+    }
+}
+
+/// The request's `Idempotency-Key`: 1 to 255 visible ASCII characters.
+fn idempotency_key(headers: &HeaderMap) -> Result<&str, String> {
+    let Some(value) = headers.get(IDEMPOTENCY_KEY) else {
+        return Err("the Idempotency-Key header is required on POST /orders: send a new unique value \
+                    (e.g. a UUID) per order, and the same value on every retry of it"
+            .into());
+    };
+    match value.to_str() {
+        Ok(key) if (1..=255).contains(&key.len()) && key.bytes().all(|b| b.is_ascii_graphic()) => Ok(key),
+        _ => Err("the Idempotency-Key header must be 1 to 255 visible ASCII characters (e.g. a UUID)".into()),
+    }
+}
+
+fn mismatch(key: &str) -> String {
+    format!(
+        "Idempotency-Key {key:?} was already used for a different request: \
+         send a new key for a new order, or the original body to get the original answer"
+    )
+}
+
+fn busy(key: &str) -> Reply {
+    let message = format!("a request with Idempotency-Key {key:?} is still in progress: retry after the Retry-After seconds");
+    Reply::error(409, "busy", message)
+}
+
+fn fenced(key: &str) -> String {
+    format!(
+        "this attempt's hold on Idempotency-Key {key:?} ran out and another attempt took it over; \
+         nothing was written by this one: retry with the same key to get the outcome"
+    )
+}
+
+fn unavailable(detail: String) -> Reply {
+    let message = format!("the order could not be written now ({detail}); nothing was written: retry with the same key");
+    Reply::error(503, "unavailable", message).retry_after(Duration::from_secs(1))
+}
+
+/// `[faults]`: for tests and drills only.
+async fn inject_faults(app: &App) {
+    let faults = &app.config.faults;
+    if faults.abort_after_claim {
+        tracing::error!("faults.abort_after_claim: aborting with the key claimed and nothing written");
+        std::process::abort();
+    }
+    if faults.pause_after_claim_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(faults.pause_after_claim_ms)).await;
+    }
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    let mut text = Vec::new();
+    TextEncoder::new().encode(&app.registry.gather(), &mut text).expect("text encoding");
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}

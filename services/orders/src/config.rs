@@ -1,0 +1,116 @@
+//! The order service's configuration: one TOML file, then `ORDERS__SECTION__FIELD` environment
+//! overrides, read with the relay's own loader so that `[postgres]` means exactly what it means
+//! to the relay (TLS, multi-host, password files).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use outbox_relay::config::{ConfigError, PostgresConfig, load_layered};
+use serde::{Deserialize, Serialize};
+
+/// The environment prefix: `ORDERS__HTTP__LISTEN=0.0.0.0:8080`.
+pub const ENV_PREFIX: &str = "ORDERS";
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OrdersConfig {
+    pub postgres: PostgresConfig,
+    pub http: HttpConfig,
+    pub idempotency: IdempotencyConfig,
+    pub faults: FaultConfig,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Address of the API (`POST /orders`), `/healthz` and `/metrics`.
+    pub listen: String,
+    /// Sessions kept open to PostgreSQL; a request waits for one when all are busy.
+    pub pool_size: usize,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig { listen: "127.0.0.1:8080".into(), pool_size: 8 }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IdempotencyConfig {
+    /// How long a request owns its key. A request that crashed mid-way leaves its key in
+    /// progress; a retry may take it over once the lease is over. Longer than the slowest
+    /// request, or two attempts could overlap (the fencing check still stops the stale one).
+    pub lease_ms: u64,
+    /// How long a retry waits for another request holding the same key before answering 409
+    /// with `Retry-After`.
+    pub wait_ms: u64,
+    /// How long a key is remembered; after that the same key is a new request.
+    pub key_ttl_secs: u64,
+    /// How often expired keys are deleted (`idempotency_keys_cleanup()`); 0 disables it.
+    pub cleanup_interval_secs: u64,
+}
+
+impl Default for IdempotencyConfig {
+    fn default() -> Self {
+        IdempotencyConfig { lease_ms: 30_000, wait_ms: 2_000, key_ttl_secs: 86_400, cleanup_interval_secs: 60 }
+    }
+}
+
+/// Faults for tests and drills only; leave unset in production.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FaultConfig {
+    /// Abort the process right after a request claimed its key, before the order is written:
+    /// a crash mid-request.
+    pub abort_after_claim: bool,
+    /// Sleep this long after claiming a key, before writing: a stalled worker whose lease runs
+    /// out.
+    pub pause_after_claim_ms: u64,
+}
+
+impl OrdersConfig {
+    /// Loads `file` with the process's environment on top, and validates.
+    pub fn load(file: &Path) -> Result<OrdersConfig, ConfigError> {
+        let env = std::env::vars().collect();
+        let config: OrdersConfig = load_layered(file, ENV_PREFIX, env, "see deploy/orders.example.toml")?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks what types alone cannot; each error names the field to fix.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.postgres.validate()?;
+        if self.http.listen.parse::<SocketAddr>().is_err() {
+            return Err(ConfigError::invalid("http.listen", format!("\"{}\" is not ip:port", self.http.listen)));
+        }
+        if !(1..=256).contains(&self.http.pool_size) {
+            return Err(ConfigError::invalid("http.pool_size", "must be between 1 and 256"));
+        }
+        let i = &self.idempotency;
+        if !(100..=3_600_000).contains(&i.lease_ms) {
+            return Err(ConfigError::invalid("idempotency.lease_ms", "must be between 100 and 3600000"));
+        }
+        if i.wait_ms > 60_000 {
+            return Err(ConfigError::invalid("idempotency.wait_ms", "must be <= 60000"));
+        }
+        if i.key_ttl_secs * 1000 <= i.lease_ms {
+            return Err(ConfigError::invalid(
+                "idempotency.key_ttl_secs",
+                "must be longer than idempotency.lease_ms, or a key could expire while in progress",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl IdempotencyConfig {
+    pub fn lease(&self) -> Duration {
+        Duration::from_millis(self.lease_ms)
+    }
+
+    pub fn wait(&self) -> Duration {
+        Duration::from_millis(self.wait_ms)
+    }
+}

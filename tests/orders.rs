@@ -1,0 +1,266 @@
+//! The order service (`services/orders`) over HTTP against a real PostgreSQL: the
+//! Idempotency-Key rules, each as its own test, with the service as a process that is restarted,
+//! crashed mid-request and run as two replicas.
+
+mod common;
+
+use std::thread;
+
+use common::service::{OrdersService, apply_examples};
+use common::*;
+use tokio_postgres::Client;
+
+const BODY: &str = r#"{"customer_id": "customer-1", "total_cents": 1999}"#;
+
+struct Shop {
+    db: TestDb,
+    client: Client,
+    dir: tempfile::TempDir,
+}
+
+impl Shop {
+    async fn new() -> Shop {
+        let db = TestDb::new().await;
+        let client = db.client().await;
+        apply_examples(&client, &["orders", "idempotency"]).await;
+        Shop { db, client, dir: tempfile::tempdir().unwrap() }
+    }
+
+    async fn start(&self, name: &str, extra: &str) -> OrdersService {
+        OrdersService::start(&self.db, self.dir.path(), name, extra).await
+    }
+
+    async fn count(&self, sql: &str) -> i64 {
+        self.client.query_one(sql, &[]).await.unwrap().get(0)
+    }
+
+    /// (orders, OrderPlaced events)
+    async fn orders_and_events(&self) -> (i64, i64) {
+        let orders = self.count("SELECT count(*) FROM orders").await;
+        let events = self.count("SELECT count(*) FROM outbox_events WHERE event_type = 'OrderPlaced'").await;
+        (orders, events)
+    }
+
+    /// The key's (state, lease_token).
+    async fn key_state(&self, key: &str) -> Option<(String, i64)> {
+        let row = self
+            .client
+            .query_opt("SELECT state, lease_token FROM idempotency_keys WHERE key = $1", &[&key])
+            .await
+            .unwrap();
+        row.map(|r| (r.get(0), r.get(1)))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_without_a_key_or_with_a_bad_body_is_refused_and_writes_nothing() {
+    // given the service
+    let shop = Shop::new().await;
+    let service = shop.start("orders", "").await;
+
+    // when an order comes without an Idempotency-Key, then with a body missing a field
+    let no_key = service.order(None, BODY).unwrap();
+    let bad_body = service.order(Some("k-1"), r#"{"customer_id": "customer-1"}"#).unwrap();
+
+    // then both are 400 saying what to send, and nothing is written
+    assert_eq!(no_key.status, 400, "{no_key:?}");
+    assert!(no_key.json()["error"].as_str().unwrap().contains("Idempotency-Key header is required"), "{no_key:?}");
+    assert_eq!(bad_body.status, 400, "{bad_body:?}");
+    assert!(bad_body.json()["error"].as_str().unwrap().contains("total_cents"), "{bad_body:?}");
+    assert_eq!(shop.orders_and_events().await, (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_same_key_and_body_get_the_same_answer_and_one_order() {
+    // given the service and one placed order
+    let shop = Shop::new().await;
+    let service = shop.start("orders", "").await;
+    let first = service.order(Some("k-same"), BODY).unwrap();
+    assert_eq!(first.status, 201, "{first:?}");
+
+    // when the client retries with the same key and the same request (spaced and ordered
+    // differently)
+    let again = service.order(Some("k-same"), r#"{"total_cents":1999,"customer_id":"customer-1"}"#).unwrap();
+
+    // then it gets the same status and body, marked as a replay, and there is one order and one event
+    assert_eq!((again.status, again.json()), (201, first.json()));
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(first.header("idempotent-replayed"), None);
+    assert_eq!(shop.orders_and_events().await, (1, 1));
+    let order_id = first.json()["order_id"].as_i64().unwrap();
+    let event = shop
+        .client
+        .query_one("SELECT aggregate_type, aggregate_id, payload FROM outbox_events", &[])
+        .await
+        .unwrap();
+    assert_eq!((event.get::<_, String>(0), event.get::<_, String>(1)), ("order".into(), order_id.to_string()));
+    assert_eq!(event.get::<_, serde_json::Value>(2), first.json());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_same_key_with_another_body_is_refused_with_422() {
+    // given one placed order
+    let shop = Shop::new().await;
+    let service = shop.start("orders", "").await;
+    assert_eq!(service.order(Some("k-reused"), BODY).unwrap().status, 201);
+
+    // when the key comes back with another amount
+    let other = service.order(Some("k-reused"), r#"{"customer_id": "customer-1", "total_cents": 2}"#).unwrap();
+
+    // then 422 saying the key belongs to another request, and still one order
+    assert_eq!(other.status, 422, "{other:?}");
+    assert!(other.json()["error"].as_str().unwrap().contains("different request"), "{other:?}");
+    assert_eq!(shop.orders_and_events().await, (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ten_concurrent_requests_with_one_key_on_two_replicas_create_one_order_and_one_event() {
+    // given two replicas of the service on one database
+    let shop = Shop::new().await;
+    let (a, b) = (shop.start("a", "").await, shop.start("b", "").await);
+    let replicas = [a.port, b.port];
+
+    // when 10 requests with one key arrive at once, 5 at each replica
+    let answers: Vec<_> = (0..10)
+        .map(|i| {
+            let port = replicas[i % 2];
+            thread::spawn(move || http::post(port, "/orders", &[("Idempotency-Key", "k-race")], BODY))
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .collect();
+    let logs = || format!("a:\n{}\nb:\n{}", a.process.log_text(), b.process.log_text());
+    let answers: Vec<_> = answers.into_iter().map(|a| a.unwrap_or_else(|| panic!("no answer; {}", logs()))).collect();
+
+    // then one order and one event; every 201 is the same answer; anything else is a 409 with
+    // Retry-After (a request that waited longer than idempotency.wait_ms)
+    assert_eq!(shop.orders_and_events().await, (1, 1));
+    let created: Vec<_> = answers.iter().filter(|a| a.status == 201).collect();
+    assert!(!created.is_empty(), "{answers:?}");
+    assert!(created.iter().all(|a| a.json() == created[0].json()), "{answers:?}");
+    assert_eq!(answers.iter().filter(|a| a.header("idempotent-replayed").is_none() && a.status == 201).count(), 1);
+    for busy in answers.iter().filter(|a| a.status != 201) {
+        assert_eq!(busy.status, 409, "{busy:?}");
+        assert!(busy.header("retry-after").is_some(), "{busy:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restart_between_retries_replays_the_stored_answer() {
+    // given an order placed, and the service then killed (SIGKILL) and started again
+    let shop = Shop::new().await;
+    let mut service = shop.start("first", "").await;
+    let first = service.order(Some("k-restart"), BODY).unwrap();
+    assert_eq!(first.status, 201);
+    service.process.kill9();
+    let service = OrdersService::start_on(&service.config, service.port, &shop.dir.path().join("second.log")).await;
+
+    // when the client retries
+    let again = service.order(Some("k-restart"), BODY).unwrap();
+
+    // then the answer is the stored one, from the database, and there is still one order
+    assert_eq!((again.status, again.json()), (201, first.json()));
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(shop.orders_and_events().await, (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crash_mid_request_is_taken_over_after_the_lease_and_charged_once() {
+    // given a service that aborts right after claiming a key, before writing anything
+    let shop = Shop::new().await;
+    let mut crashing = shop.start("crashing", "[idempotency]\nlease_ms = 60000\n[faults]\nabort_after_claim = true\n").await;
+
+    // when a request reaches it
+    assert_eq!(crashing.order(Some("k-crash"), BODY), None, "the crashing service answered");
+    wait_until("the service to die", async || crashing.process.exited().is_some()).await;
+
+    // then the key is left in progress, nothing is written, and a retry on a healthy replica
+    // is told to come back while the lease lasts
+    assert_eq!(shop.key_state("k-crash").await, Some(("in_progress".into(), 1)));
+    assert_eq!(shop.orders_and_events().await, (0, 0));
+    let healthy = shop.start("healthy", "[idempotency]\nwait_ms = 0\n").await;
+    let busy = healthy.order(Some("k-crash"), BODY).unwrap();
+    assert_eq!(busy.status, 409, "{busy:?}");
+    assert!(busy.header("retry-after").is_some(), "{busy:?}");
+
+    // and once the lease is over (moved to the past here rather than waited for), the retry
+    // takes the key over and places the order once
+    shop.client
+        .execute("UPDATE idempotency_keys SET lease_expires_at = now() - interval '1 second' WHERE key = 'k-crash'", &[])
+        .await
+        .unwrap();
+    let placed = healthy.order(Some("k-crash"), BODY).unwrap();
+    assert_eq!(placed.status, 201, "{placed:?}");
+    assert_eq!(shop.key_state("k-crash").await, Some(("completed".into(), 2)));
+    assert_eq!(healthy.order(Some("k-crash"), BODY).unwrap().json(), placed.json());
+    assert_eq!(shop.orders_and_events().await, (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stalled_worker_whose_lease_was_taken_over_writes_nothing() {
+    // given replica A, which stalls 4 s after claiming a key with a 1 s lease, and replica B
+    let shop = Shop::new().await;
+    let stalled = shop.start("stalled", "[idempotency]\nlease_ms = 1000\n[faults]\npause_after_claim_ms = 4000\n").await;
+    let other = shop.start("other", "").await;
+
+    // when a request reaches A, its lease runs out, and the client's retry reaches B
+    let port = stalled.port;
+    let at_a = thread::spawn(move || http::post(port, "/orders", &[("Idempotency-Key", "k-fence")], BODY).unwrap());
+    wait_until("A to claim the key", async || shop.key_state("k-fence").await.is_some()).await;
+    wait_until("A's lease to run out", async || {
+        shop.count("SELECT count(*) FROM idempotency_keys WHERE lease_expires_at < now()").await == 1
+    })
+    .await;
+    let at_b = other.order(Some("k-fence"), BODY).unwrap();
+
+    // then B places the order; A, waking up, fails its fencing check and writes nothing
+    assert_eq!(at_b.status, 201, "{at_b:?}");
+    let at_a = at_a.join().unwrap();
+    assert_eq!((at_a.status, at_a.json()["code"].as_str()), (409, Some("fenced")), "{at_a:?}");
+    assert_eq!(shop.orders_and_events().await, (1, 1));
+    // and A's client, retrying, gets B's answer
+    assert_eq!(stalled.order(Some("k-fence"), BODY).unwrap().json(), at_b.json());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_expired_key_is_cleaned_up_and_then_names_a_new_request() {
+    // given keys kept 1 s and cleaned up every second
+    let shop = Shop::new().await;
+    let service = shop.start("orders", "[idempotency]\nlease_ms = 500\nkey_ttl_secs = 1\ncleanup_interval_secs = 1\n").await;
+    let first = service.order(Some("k-expiring"), BODY).unwrap();
+    assert_eq!(first.status, 201);
+
+    // when the key has expired and been deleted
+    wait_until("the cleanup to delete the key", async || shop.key_state("k-expiring").await.is_none()).await;
+
+    // then the same key places a new order
+    let second = service.order(Some("k-expiring"), BODY).unwrap();
+    assert_eq!(second.status, 201);
+    assert_ne!(second.json()["order_id"], first.json()["order_id"]);
+    assert_eq!(shop.orders_and_events().await, (2, 2));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_missing_table_or_a_bad_setting_stops_the_service_naming_the_fix() {
+    // given a database without the service's tables, and a config with a bad setting
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (host, port, user) = db.pg_parts();
+    let base = format!("[postgres]\nhost = \"{host}\"\nport = {port}\nuser = \"{user}\"\ndatabase = \"{}\"\n", db.name);
+    let run = |name: &str, toml: String| {
+        let path = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&path, toml).unwrap();
+        let log = dir.path().join(format!("{name}.log"));
+        let mut process = service::ServiceProcess::spawn("orders", &["run", "--config", path.to_str().unwrap()], &[], &log);
+        (process.wait_exit(), process.log_text())
+    };
+
+    // then each stops at once with a message naming what to do
+    let (code, log) = run("tables", format!("{base}[http]\nlisten = \"127.0.0.1:{}\"\n", http::free_port()));
+    assert_eq!(code, 1, "{log}");
+    assert!(log.contains("apply sql/examples/orders.sql"), "{log}");
+    let (code, log) = run("setting", format!("{base}[idempotency]\nlease_ms = 5\n"));
+    assert_eq!(code, 2, "{log}");
+    assert!(log.contains("idempotency.lease_ms"), "{log}");
+}
