@@ -397,3 +397,22 @@ apply_schema() {
             die "applying $f failed"
     done
 }
+
+# wait_http URL WHAT LOG: waits up to a minute for URL to answer 2xx; otherwise prints the tail
+# of LOG and dies naming WHAT.
+wait_http() {
+    local url=$1 what=$2 logfile=$3
+    if ! python3 - "$url" <<'PY'; then
+import sys, time, urllib.request
+for _ in range(300):
+    try:
+        urllib.request.urlopen(sys.argv[1], timeout=1)
+        sys.exit(0)
+    except Exception:
+        time.sleep(0.2)
+sys.exit(1)
+PY
+        tail -20 "$logfile" >&2
+        die "$what did not answer $url within a minute (its log is above)"
+    fi
+}

@@ -109,7 +109,13 @@ impl OrdersService {
     /// Writes `DIR/NAME.toml` (the `[postgres]` of `db`, a free port, then `extra` TOML), starts
     /// `orders run` on it, and waits until /healthz answers.
     pub async fn start(db: &super::TestDb, dir: &Path, name: &str, extra: &str) -> OrdersService {
+        Self::start_as(db, dir, name, None, extra).await
+    }
+
+    /// As [`OrdersService::start`], connecting as `role` (the server's own user when None).
+    pub async fn start_as(db: &super::TestDb, dir: &Path, name: &str, role: Option<&str>, extra: &str) -> OrdersService {
         let (host, port, user) = db.pg_parts();
+        let user = role.map_or(user, str::to_string);
         let http_port = super::http::free_port();
         let toml = format!(
             "[postgres]\nhost = \"{host}\"\nport = {port}\nuser = \"{user}\"\ndatabase = \"{}\"\n\n\
