@@ -166,6 +166,26 @@ async fn a_restart_between_retries_replays_the_stored_answer() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_crash_after_the_commit_before_the_answer_replays_the_order_to_the_retry() {
+    // given a service that aborts right after the order's transaction commits, before answering
+    let shop = Shop::new().await;
+    let mut crashing = shop.start("crashing", "[faults]\nabort_after_write = true\n").await;
+
+    // when a request reaches it: the order exists, the client hears nothing
+    assert_eq!(crashing.order(Some("k-unanswered"), BODY), None, "the crashing service answered");
+    wait_until("the service to die", async || crashing.process.exited().is_some()).await;
+    assert_eq!(shop.orders_and_events().await, (1, 1));
+
+    // then the client's retry, on a replica, gets that order, and no second one is made
+    let healthy = shop.start("healthy", "").await;
+    let retry = healthy.order(Some("k-unanswered"), BODY).unwrap();
+    assert_eq!((retry.status, retry.header("idempotent-replayed")), (201, Some("true")), "{retry:?}");
+    let order_id: i64 = shop.client.query_one("SELECT id FROM orders", &[]).await.unwrap().get(0);
+    assert_eq!(retry.json()["order_id"], order_id);
+    assert_eq!(shop.orders_and_events().await, (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_crash_mid_request_is_taken_over_after_the_lease_and_charged_once() {
     // given a service that aborts right after claiming a key, before writing anything
     let shop = Shop::new().await;

@@ -143,6 +143,10 @@ async fn place(app: &App, headers: &HeaderMap, body: &[u8]) -> Reply {
     match order::write(&mut session, &lease, &request, traceparent).await {
         Ok(Written::Created(created)) => {
             tracing::info!(key, order_id = created.order_id, "order placed");
+            if app.config.faults.abort_after_write {
+                tracing::error!("faults.abort_after_write: aborting with the order written and not answered");
+                std::process::abort();
+            }
             Reply::ok(201, serde_json::to_value(&created).expect("plain fields"), "created")
         }
         Ok(Written::Fenced) => {

@@ -68,6 +68,9 @@ pub struct FaultConfig {
     /// Sleep this long after claiming a key, before writing: a stalled worker whose lease runs
     /// out.
     pub pause_after_claim_ms: u64,
+    /// Abort the process right after the order's transaction committed, before answering: the
+    /// order exists and the client never hears of it.
+    pub abort_after_write: bool,
 }
 
 impl OrdersConfig {
