@@ -902,14 +902,15 @@ pub fn load_layered<T: serde::de::DeserializeOwned>(
     let layered = config::Config::builder()
         .add_source(config::File::from(file).format(config::FileFormat::Toml))
         .add_source(
-            config::Environment::with_prefix(prefix)
-                .prefix_separator("__")
-                .separator("__")
-                .source(Some(env)),
+            config::Environment::with_prefix(prefix).prefix_separator("__").separator("__").source(Some(env)),
         )
         .build()
         .map_err(|e| {
-            ConfigError::Load(format!("config file {}: {}", file.display(), without_source_lines(&e.to_string())))
+            ConfigError::Load(format!(
+                "config file {}: {}",
+                file.display(),
+                without_source_lines(&e.to_string())
+            ))
         })?;
     let tree: config::Value = layered.try_deserialize().map_err(|e| {
         ConfigError::Load(format!("config file {}: {}", file.display(), without_source_lines(&e.to_string())))

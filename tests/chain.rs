@@ -81,8 +81,14 @@ async fn orders_with_lost_answers_through_relay_and_ledger_kills_are_charged_exa
     let chain = Chain::new().await;
     let mut relay = chain.relay.start("relay-0");
     relay.wait_ready("active").await;
-    let orders =
-        OrdersService::start_as(&chain.relay.db, chain.relay.dir.path(), "orders", Some("orders_service"), "").await;
+    let orders = OrdersService::start_as(
+        &chain.relay.db,
+        chain.relay.dir.path(),
+        "orders",
+        Some("orders_service"),
+        "",
+    )
+    .await;
     let mut ledger = chain.start_ledger(0);
 
     // when clients place 600 orders, a fifth of the answers lost on the way and retried with
@@ -116,11 +122,17 @@ async fn orders_with_lost_answers_through_relay_and_ledger_kills_are_charged_exa
     // and there is one order, one OrderPlaced event per key
     assert_eq!(chain.count("SELECT count(*) FROM orders").await, ORDERS);
     assert_eq!(chain.count("SELECT count(*) FROM idempotency_keys WHERE state = 'completed'").await, ORDERS);
-    assert_eq!(chain.count("SELECT count(*) FROM outbox_events WHERE event_type = 'OrderPlaced'").await, ORDERS);
+    assert_eq!(
+        chain.count("SELECT count(*) FROM outbox_events WHERE event_type = 'OrderPlaced'").await,
+        ORDERS
+    );
 
     // and the ledger processes every event once: a debit or a decline, or a dead letter
     let processed = "SELECT count(*) FROM processed_events";
-    wait_until(format!("the ledger to process {ORDERS} events"), async || chain.count(processed).await == ORDERS).await;
+    wait_until(format!("the ledger to process {ORDERS} events"), async || {
+        chain.count(processed).await == ORDERS
+    })
+    .await;
     let debited = chain.count("SELECT count(*) FROM processed_events WHERE outcome = 'debited'").await;
     let declined = chain.count("SELECT count(*) FROM processed_events WHERE outcome = 'declined'").await;
     let dead = chain.count("SELECT count(*) FROM processed_events WHERE outcome = 'dead_lettered'").await;

@@ -64,7 +64,10 @@ async fn a_request_without_a_key_or_with_a_bad_body_is_refused_and_writes_nothin
 
     // then both are 400 saying what to send, and nothing is written
     assert_eq!(no_key.status, 400, "{no_key:?}");
-    assert!(no_key.json()["error"].as_str().unwrap().contains("Idempotency-Key header is required"), "{no_key:?}");
+    assert!(
+        no_key.json()["error"].as_str().unwrap().contains("Idempotency-Key header is required"),
+        "{no_key:?}"
+    );
     assert_eq!(bad_body.status, 400, "{bad_body:?}");
     assert!(bad_body.json()["error"].as_str().unwrap().contains("total_cents"), "{bad_body:?}");
     assert_eq!(shop.orders_and_events().await, (0, 0));
@@ -93,7 +96,10 @@ async fn the_same_key_and_body_get_the_same_answer_and_one_order() {
         .query_one("SELECT aggregate_type, aggregate_id, payload FROM outbox_events", &[])
         .await
         .unwrap();
-    assert_eq!((event.get::<_, String>(0), event.get::<_, String>(1)), ("order".into(), order_id.to_string()));
+    assert_eq!(
+        (event.get::<_, String>(0), event.get::<_, String>(1)),
+        ("order".into(), order_id.to_string())
+    );
     assert_eq!(event.get::<_, serde_json::Value>(2), first.json());
 }
 
@@ -105,7 +111,8 @@ async fn the_same_key_with_another_body_is_refused_with_422() {
     assert_eq!(service.order(Some("k-reused"), BODY).unwrap().status, 201);
 
     // when the key comes back with another amount
-    let other = service.order(Some("k-reused"), r#"{"customer_id": "customer-1", "total_cents": 2}"#).unwrap();
+    let other =
+        service.order(Some("k-reused"), r#"{"customer_id": "customer-1", "total_cents": 2}"#).unwrap();
 
     // then 422 saying the key belongs to another request, and still one order
     assert_eq!(other.status, 422, "{other:?}");
@@ -131,7 +138,8 @@ async fn ten_concurrent_requests_with_one_key_on_two_replicas_create_one_order_a
         .map(|t| t.join().unwrap())
         .collect();
     let logs = || format!("a:\n{}\nb:\n{}", a.process.log_text(), b.process.log_text());
-    let answers: Vec<_> = answers.into_iter().map(|a| a.unwrap_or_else(|| panic!("no answer; {}", logs()))).collect();
+    let answers: Vec<_> =
+        answers.into_iter().map(|a| a.unwrap_or_else(|| panic!("no answer; {}", logs()))).collect();
 
     // then one order and one event; every 201 is the same answer; anything else is a 409 with
     // Retry-After (a request that waited longer than idempotency.wait_ms)
@@ -139,7 +147,10 @@ async fn ten_concurrent_requests_with_one_key_on_two_replicas_create_one_order_a
     let created: Vec<_> = answers.iter().filter(|a| a.status == 201).collect();
     assert!(!created.is_empty(), "{answers:?}");
     assert!(created.iter().all(|a| a.json() == created[0].json()), "{answers:?}");
-    assert_eq!(answers.iter().filter(|a| a.header("idempotent-replayed").is_none() && a.status == 201).count(), 1);
+    assert_eq!(
+        answers.iter().filter(|a| a.header("idempotent-replayed").is_none() && a.status == 201).count(),
+        1
+    );
     for busy in answers.iter().filter(|a| a.status != 201) {
         assert_eq!(busy.status, 409, "{busy:?}");
         assert!(busy.header("retry-after").is_some(), "{busy:?}");
@@ -154,7 +165,8 @@ async fn a_restart_between_retries_replays_the_stored_answer() {
     let first = service.order(Some("k-restart"), BODY).unwrap();
     assert_eq!(first.status, 201);
     service.process.kill9();
-    let service = OrdersService::start_on(&service.config, service.port, &shop.dir.path().join("second.log")).await;
+    let service =
+        OrdersService::start_on(&service.config, service.port, &shop.dir.path().join("second.log")).await;
 
     // when the client retries
     let again = service.order(Some("k-restart"), BODY).unwrap();
@@ -189,7 +201,8 @@ async fn a_crash_after_the_commit_before_the_answer_replays_the_order_to_the_ret
 async fn a_crash_mid_request_is_taken_over_after_the_lease_and_charged_once() {
     // given a service that aborts right after claiming a key, before writing anything
     let shop = Shop::new().await;
-    let mut crashing = shop.start("crashing", "[idempotency]\nlease_ms = 60000\n[faults]\nabort_after_claim = true\n").await;
+    let mut crashing =
+        shop.start("crashing", "[idempotency]\nlease_ms = 60000\n[faults]\nabort_after_claim = true\n").await;
 
     // when a request reaches it
     assert_eq!(crashing.order(Some("k-crash"), BODY), None, "the crashing service answered");
@@ -221,12 +234,15 @@ async fn a_crash_mid_request_is_taken_over_after_the_lease_and_charged_once() {
 async fn a_stalled_worker_whose_lease_was_taken_over_writes_nothing() {
     // given replica A, which stalls 4 s after claiming a key with a 1 s lease, and replica B
     let shop = Shop::new().await;
-    let stalled = shop.start("stalled", "[idempotency]\nlease_ms = 1000\n[faults]\npause_after_claim_ms = 4000\n").await;
+    let stalled = shop
+        .start("stalled", "[idempotency]\nlease_ms = 1000\n[faults]\npause_after_claim_ms = 4000\n")
+        .await;
     let other = shop.start("other", "").await;
 
     // when a request reaches A, its lease runs out, and the client's retry reaches B
     let port = stalled.port;
-    let at_a = thread::spawn(move || http::post(port, "/orders", &[("Idempotency-Key", "k-fence")], BODY).unwrap());
+    let at_a =
+        thread::spawn(move || http::post(port, "/orders", &[("Idempotency-Key", "k-fence")], BODY).unwrap());
     wait_until("A to claim the key", async || shop.key_state("k-fence").await.is_some()).await;
     wait_until("A's lease to run out", async || {
         shop.count("SELECT count(*) FROM idempotency_keys WHERE lease_expires_at < now()").await == 1
@@ -247,7 +263,9 @@ async fn a_stalled_worker_whose_lease_was_taken_over_writes_nothing() {
 async fn an_expired_key_is_cleaned_up_and_then_names_a_new_request() {
     // given keys kept 1 s and cleaned up every second
     let shop = Shop::new().await;
-    let service = shop.start("orders", "[idempotency]\nlease_ms = 500\nkey_ttl_secs = 1\ncleanup_interval_secs = 1\n").await;
+    let service = shop
+        .start("orders", "[idempotency]\nlease_ms = 500\nkey_ttl_secs = 1\ncleanup_interval_secs = 1\n")
+        .await;
     let first = service.order(Some("k-expiring"), BODY).unwrap();
     assert_eq!(first.status, 201);
 
@@ -267,12 +285,16 @@ async fn a_missing_table_or_a_bad_setting_stops_the_service_naming_the_fix() {
     let db = TestDb::new().await;
     let dir = tempfile::tempdir().unwrap();
     let (host, port, user) = db.pg_parts();
-    let base = format!("[postgres]\nhost = \"{host}\"\nport = {port}\nuser = \"{user}\"\ndatabase = \"{}\"\n", db.name);
+    let base = format!(
+        "[postgres]\nhost = \"{host}\"\nport = {port}\nuser = \"{user}\"\ndatabase = \"{}\"\n",
+        db.name
+    );
     let run = |name: &str, toml: String| {
         let path = dir.path().join(format!("{name}.toml"));
         std::fs::write(&path, toml).unwrap();
         let log = dir.path().join(format!("{name}.log"));
-        let mut process = service::ServiceProcess::spawn("orders", &["run", "--config", path.to_str().unwrap()], &[], &log);
+        let mut process =
+            service::ServiceProcess::spawn("orders", &["run", "--config", path.to_str().unwrap()], &[], &log);
         (process.wait_exit(), process.log_text())
     };
 

@@ -363,7 +363,8 @@ pub(crate) struct ClusterInfo {
 
 /// Fetches cluster metadata through the bootstrap brokers; blocking, so run it off the runtime.
 pub(crate) fn fetch_cluster_info(kafka: &KafkaConfig, timeout: Duration) -> Result<ClusterInfo, String> {
-    let consumer: BaseConsumer = client_config(kafka).create().map_err(|e| format!("cannot create a Kafka client: {e}"))?;
+    let consumer: BaseConsumer =
+        client_config(kafka).create().map_err(|e| format!("cannot create a Kafka client: {e}"))?;
     let metadata = consumer.fetch_metadata(None, timeout).map_err(|e| e.to_string())?;
     Ok(ClusterInfo { brokers: metadata.brokers().len(), topics: metadata.topics().len() })
 }

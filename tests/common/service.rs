@@ -113,7 +113,13 @@ impl OrdersService {
     }
 
     /// As [`OrdersService::start`], connecting as `role` (the server's own user when None).
-    pub async fn start_as(db: &super::TestDb, dir: &Path, name: &str, role: Option<&str>, extra: &str) -> OrdersService {
+    pub async fn start_as(
+        db: &super::TestDb,
+        dir: &Path,
+        name: &str,
+        role: Option<&str>,
+        extra: &str,
+    ) -> OrdersService {
         let (host, port, user) = db.pg_parts();
         let user = role.map_or(user, str::to_string);
         let http_port = super::http::free_port();
@@ -156,7 +162,12 @@ impl ServiceProcess {
             if let Some(code) = self.exited() {
                 return code;
             }
-            assert!(started.elapsed() < Duration::from_secs(60), "{} did not exit; log:\n{}", self.name, self.log_text());
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "{} did not exit; log:\n{}",
+                self.name,
+                self.log_text()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }

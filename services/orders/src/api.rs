@@ -136,7 +136,11 @@ async fn place(app: &App, headers: &HeaderMap, body: &[u8]) -> Reply {
         Err(e) => return unavailable(e.to_string()),
     };
     if lease.took_over {
-        tracing::info!(key, token = lease.token, "took over a key whose attempt failed or whose lease ran out");
+        tracing::info!(
+            key,
+            token = lease.token,
+            "took over a key whose attempt failed or whose lease ran out"
+        );
     }
     inject_faults(app).await;
     let traceparent = headers.get("traceparent").and_then(|v| v.to_str().ok());
@@ -183,7 +187,9 @@ fn mismatch(key: &str) -> String {
 }
 
 fn busy(key: &str) -> Reply {
-    let message = format!("a request with Idempotency-Key {key:?} is still in progress: retry after the Retry-After seconds");
+    let message = format!(
+        "a request with Idempotency-Key {key:?} is still in progress: retry after the Retry-After seconds"
+    );
     Reply::error(409, "busy", message)
 }
 
@@ -195,7 +201,9 @@ fn fenced(key: &str) -> String {
 }
 
 fn unavailable(detail: String) -> Reply {
-    let message = format!("the order could not be written now ({detail}); nothing was written: retry with the same key");
+    let message = format!(
+        "the order could not be written now ({detail}); nothing was written: retry with the same key"
+    );
     Reply::error(503, "unavailable", message).retry_after(Duration::from_secs(1))
 }
 

@@ -54,7 +54,12 @@ pub struct IdempotencyConfig {
 
 impl Default for IdempotencyConfig {
     fn default() -> Self {
-        IdempotencyConfig { lease_ms: 30_000, wait_ms: 2_000, key_ttl_secs: 86_400, cleanup_interval_secs: 60 }
+        IdempotencyConfig {
+            lease_ms: 30_000,
+            wait_ms: 2_000,
+            key_ttl_secs: 86_400,
+            cleanup_interval_secs: 60,
+        }
     }
 }
 
@@ -86,7 +91,10 @@ impl OrdersConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.postgres.validate()?;
         if self.http.listen.parse::<SocketAddr>().is_err() {
-            return Err(ConfigError::invalid("http.listen", format!("\"{}\" is not ip:port", self.http.listen)));
+            return Err(ConfigError::invalid(
+                "http.listen",
+                format!("\"{}\" is not ip:port", self.http.listen),
+            ));
         }
         if !(1..=256).contains(&self.http.pool_size) {
             return Err(ConfigError::invalid("http.pool_size", "must be between 1 and 256"));

@@ -126,7 +126,10 @@ pub async fn begin(
 
 /// Locks the key's row inside `txn` and checks that `lease` still owns it: the fencing check
 /// that must precede the final write. False: another attempt took the key over.
-pub async fn fence(txn: &tokio_postgres::Transaction<'_>, lease: &Lease) -> Result<bool, tokio_postgres::Error> {
+pub async fn fence(
+    txn: &tokio_postgres::Transaction<'_>,
+    lease: &Lease,
+) -> Result<bool, tokio_postgres::Error> {
     let row = txn
         .query_opt(
             "SELECT 1 FROM idempotency_keys WHERE key = $1 AND lease_token = $2 AND state = 'in_progress' FOR UPDATE",

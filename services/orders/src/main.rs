@@ -70,7 +70,10 @@ async fn serve(config: OrdersConfig) -> Result<(), String> {
     let listener =
         tokio::net::TcpListener::bind(&listen).await.map_err(|e| format!("http.listen {listen}: {e}"))?;
     tracing::info!(%listen, "serving POST /orders");
-    axum::serve(listener, router(app)).with_graceful_shutdown(stop_signal()).await.map_err(|e| e.to_string())?;
+    axum::serve(listener, router(app))
+        .with_graceful_shutdown(stop_signal())
+        .await
+        .map_err(|e| e.to_string())?;
     tracing::info!("stopped");
     Ok(())
 }
@@ -79,7 +82,10 @@ async fn serve(config: OrdersConfig) -> Result<(), String> {
 async fn check_tables(app: &App) -> Result<(), String> {
     let session = app.pool.get().await.map_err(|e| e.to_string())?;
     for (table, file) in TABLES {
-        let row = session.query_one("SELECT to_regclass($1) IS NOT NULL", &[&table]).await.map_err(|e| e.to_string())?;
+        let row = session
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+            .await
+            .map_err(|e| e.to_string())?;
         if !row.get::<_, bool>(0) {
             return Err(format!("table {table} does not exist in this database: apply {file}"));
         }
@@ -104,7 +110,8 @@ async fn clean_up(app: Arc<App>, every: Duration) {
 }
 
 async fn stop_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    let mut term =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}

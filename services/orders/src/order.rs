@@ -118,9 +118,21 @@ mod tests {
     #[test]
     fn a_bad_body_is_refused_naming_the_field() {
         assert!(OrderRequest::parse(br#"{"customer_id":"c-1"}"#).unwrap_err().contains("total_cents"));
-        assert!(OrderRequest::parse(br#"{"customer_id":"","total_cents":5}"#).unwrap_err().starts_with("customer_id"));
-        assert!(OrderRequest::parse(br#"{"customer_id":"c","total_cents":0}"#).unwrap_err().starts_with("total_cents"));
-        assert!(OrderRequest::parse(br#"{"customer_id":"c","total_cents":1,"x":1}"#).unwrap_err().contains("unknown field"));
+        assert!(
+            OrderRequest::parse(br#"{"customer_id":"","total_cents":5}"#)
+                .unwrap_err()
+                .starts_with("customer_id")
+        );
+        assert!(
+            OrderRequest::parse(br#"{"customer_id":"c","total_cents":0}"#)
+                .unwrap_err()
+                .starts_with("total_cents")
+        );
+        assert!(
+            OrderRequest::parse(br#"{"customer_id":"c","total_cents":1,"x":1}"#)
+                .unwrap_err()
+                .contains("unknown field")
+        );
         assert!(OrderRequest::parse(b"not json").is_err());
     }
 }

@@ -82,7 +82,10 @@ mod tests {
     fn retries_what_may_succeed_and_never_what_cannot() {
         let (policy, mut rng) = (Policy::default(), rand::rng());
         for status in [409, 429, 500, 502, 503, 504] {
-            assert!(matches!(policy.decide(1, response(status), &mut rng), Decision::RetryAfter(_)), "{status}");
+            assert!(
+                matches!(policy.decide(1, response(status), &mut rng), Decision::RetryAfter(_)),
+                "{status}"
+            );
         }
         assert!(matches!(policy.decide(1, Outcome::NoResponse, &mut rng), Decision::RetryAfter(_)));
         for status in [400, 401, 403, 404, 422] {
@@ -104,7 +107,9 @@ mod tests {
         let pauses: Vec<_> = (0..20).map(|_| policy.decide(3, Outcome::NoResponse, &mut rng)).collect();
         assert!(pauses.windows(2).any(|w| w[0] != w[1]), "no jitter: {pauses:?}");
         let asked = Outcome::Response { status: 429, retry_after: Some(Duration::from_secs(2)) };
-        let Decision::RetryAfter(pause) = policy.decide(1, asked, &mut rng) else { panic!("429 not retried") };
+        let Decision::RetryAfter(pause) = policy.decide(1, asked, &mut rng) else {
+            panic!("429 not retried")
+        };
         assert!(pause >= Duration::from_secs(2));
         assert_eq!(policy.decide(policy.max_attempts, Outcome::NoResponse, &mut rng), Decision::GiveUp);
     }

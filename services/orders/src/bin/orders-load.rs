@@ -65,7 +65,9 @@ async fn main() {
     let args = Args::parse();
     let addr = args.url.trim_start_matches("http://").trim_end_matches('/').to_string();
     let tally = Arc::new(Tally::default());
-    let pace = (args.rate > 0.0).then(|| Arc::new(tokio::sync::Mutex::new(tokio::time::interval(Duration::from_secs_f64(1.0 / args.rate)))));
+    let pace = (args.rate > 0.0).then(|| {
+        Arc::new(tokio::sync::Mutex::new(tokio::time::interval(Duration::from_secs_f64(1.0 / args.rate))))
+    });
     let mut workers = Vec::new();
     for _ in 0..args.concurrency.max(1) {
         let (args, addr, tally, pace) = (args.clone(), addr.clone(), tally.clone(), pace.clone());
@@ -154,7 +156,8 @@ async fn post(addr: &str, key: &str, body: &str) -> Option<(u16, Option<Duration
             .ok()?;
         let response = sender.send_request(request).await.ok()?;
         let status = response.status().as_u16();
-        let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let header =
+            |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
         let retry_after = header("retry-after").and_then(|v| v.parse().ok()).map(Duration::from_secs);
         let replayed = header("idempotent-replayed").is_some();
         let bytes = response.into_body().collect().await.ok()?.to_bytes();
