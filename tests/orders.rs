@@ -41,6 +41,18 @@ impl Shop {
         (orders, events)
     }
 
+    /// The fingerprint the service stores for `body`: placed once under a throwaway key.
+    async fn fingerprint_of(&self, body: &str, service: &OrdersService) -> Vec<u8> {
+        assert_eq!(service.order(Some("k-fingerprint"), body).unwrap().status, 201);
+        let row = self
+            .client
+            .query_one("SELECT fingerprint FROM idempotency_keys WHERE key = 'k-fingerprint'", &[])
+            .await
+            .unwrap();
+        self.client.batch_execute("DELETE FROM orders; DELETE FROM outbox_events").await.unwrap();
+        row.get(0)
+    }
+
     /// The key's (state, lease_token).
     async fn key_state(&self, key: &str) -> Option<(String, i64)> {
         let row = self
@@ -257,6 +269,58 @@ async fn a_stalled_worker_whose_lease_was_taken_over_writes_nothing() {
     assert_eq!(shop.orders_and_events().await, (1, 1));
     // and A's client, retrying, gets B's answer
     assert_eq!(stalled.order(Some("k-fence"), BODY).unwrap().json(), at_b.json());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_takeover_racing_a_completing_write_replays_it_instead_of_writing_again() {
+    // given a worker (played by this test, with the service's own statements) whose lease has run
+    // out while it is inside its final transaction: it holds the key's row lock (the fencing
+    // check) and has not written yet
+    let shop = Shop::new().await;
+    let service = shop.start("orders", "").await;
+    let fingerprint = shop.fingerprint_of(BODY, &service).await;
+    shop.client
+        .execute(
+            "INSERT INTO idempotency_keys (key, fingerprint, state, lease_token, lease_expires_at, expires_at) \
+             VALUES ('k-race-write', $1, 'in_progress', 1, now() - interval '1 second', now() + interval '1 day')",
+            &[&fingerprint],
+        )
+        .await
+        .unwrap();
+    let mut worker = shop.db.client().await;
+    let txn = worker.transaction().await.unwrap();
+    txn.execute(
+        "SELECT 1 FROM idempotency_keys WHERE key = 'k-race-write' AND lease_token = 1 FOR UPDATE",
+        &[],
+    )
+    .await
+    .unwrap();
+
+    // when a retry reaches the service, sees the lapsed lease and tries to take the key over
+    // (waiting on the row lock), and meanwhile the worker writes the order and its answer and
+    // commits
+    let port = service.port;
+    let retry =
+        thread::spawn(move || http::post(port, "/orders", &[("Idempotency-Key", "k-race-write")], BODY));
+    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND application_name = 'orders'";
+    wait_until("the retry to wait on the key's row lock", async || shop.count(waiting).await == 1).await;
+    txn.execute("INSERT INTO orders (customer_id, total_cents) VALUES ('customer-1', 1999)", &[])
+        .await
+        .unwrap();
+    txn.execute(
+        "UPDATE idempotency_keys SET state = 'completed', response_status = 201, \
+         response_body = '{\"order_id\": 1}' WHERE key = 'k-race-write'",
+        &[],
+    )
+    .await
+    .unwrap();
+    txn.commit().await.unwrap();
+
+    // then the retry gets the worker's answer, replayed, and no second order is written
+    let retry = retry.join().unwrap().unwrap();
+    assert_eq!((retry.status, retry.header("idempotent-replayed")), (201, Some("true")), "{retry:?}");
+    assert_eq!(retry.json(), serde_json::json!({"order_id": 1}));
+    assert_eq!(shop.count("SELECT count(*) FROM orders").await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use outbox_relay::config::{ConfigError, PostgresConfig, load_layered};
+use outbox_relay::config::{ConfigError, DEFAULT_PG_APPLICATION_NAME, PostgresConfig, load_layered};
 use serde::{Deserialize, Serialize};
 
 /// The environment prefix: `ORDERS__HTTP__LISTEN=0.0.0.0:8080`.
@@ -82,7 +82,11 @@ impl OrdersConfig {
     /// Loads `file` with the process's environment on top, and validates.
     pub fn load(file: &Path) -> Result<OrdersConfig, ConfigError> {
         let env = std::env::vars().collect();
-        let config: OrdersConfig = load_layered(file, ENV_PREFIX, env, "see deploy/orders.example.toml")?;
+        let mut config: OrdersConfig = load_layered(file, ENV_PREFIX, env, "see deploy/orders.example.toml")?;
+        if config.postgres.application_name == DEFAULT_PG_APPLICATION_NAME {
+            // pg_stat_activity tells the service's sessions from the relay's
+            config.postgres.application_name = "orders".into();
+        }
         config.validate()?;
         Ok(config)
     }

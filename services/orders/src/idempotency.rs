@@ -70,7 +70,8 @@ const READ: &str = "SELECT fingerprint, state, lease_token, lease_expires_at < n
 const TAKE_OVER: &str = "UPDATE idempotency_keys \
      SET state = 'in_progress', lease_token = lease_token + 1, \
          lease_expires_at = now() + make_interval(secs => $3) \
-     WHERE key = $1 AND lease_token = $2 AND (state = 'failed' OR lease_expires_at < now()) \
+     WHERE key = $1 AND lease_token = $2 \
+       AND (state = 'failed' OR (state = 'in_progress' AND lease_expires_at < now())) \
      RETURNING lease_token";
 
 const FORGET_EXPIRED: &str = "DELETE FROM idempotency_keys \
