@@ -1,0 +1,412 @@
+//! The loop: take a record, apply it (retrying what may pass later), or dead-letter it, then
+//! commit its offset.
+//!
+//! Invariants:
+//! - **an offset is committed only after the record's database transaction committed** (or,
+//!   for a dead letter, after the broker acknowledged the dead letter and its `dead_lettered`
+//!   row committed): offset + 1 is stored (`enable.auto.offset.store = false`) and committed
+//!   right after. A crash before the commit redelivers the record, and the inbox turns the
+//!   redelivery into a no-op: effects happen once, delivery is at-least-once;
+//! - commits are asynchronous, with a synchronous one at shutdown. That is safe because an
+//!   offset is stored only once its record is applied, so no commit, whatever its order or
+//!   fate, can ever name a record that is not applied; a commit that is lost or overtaken only
+//!   means more redeliveries, which the inbox skips. Waiting for each commit would cost a broker
+//!   round trip per record and buy nothing;
+//! - a record is never skipped: it is applied, declined, found a duplicate, or dead-lettered;
+//!   an unreachable database or broker is waited for without limit (logging each failure at
+//!   warn), because every record would fail alike;
+//! - records are processed one at a time: a record in backoff holds back this instance's other
+//!   partitions, for at most `max_attempts` backoffs of at most `max_backoff_ms` each. More
+//!   throughput: more instances in the group (up to the partition count);
+//! - on SIGTERM/SIGINT the record in hand is finished and committed, then the process exits 0;
+//!   a record waiting in a backoff is left uncommitted and is redelivered after the restart;
+//! - a database outage longer than librdkafka's `max.poll.interval.ms` (5 minutes) makes this
+//!   instance leave the group (it is not polling); it rejoins once the database is back, and
+//!   the records that moved to another instance meanwhile are skipped there as duplicates.
+
+use std::time::Duration;
+
+use rdkafka::TopicPartitionList;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{ClientConfig, ClientContext};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::apply::{OpenError, Outcome, Session};
+use crate::config::{DEFAULT_SESSION_TIMEOUT_MS, LedgerConfig};
+use crate::dead_letter::DeadLetters;
+use crate::error::LedgerError;
+use crate::record::{Inbound, OrderPlaced, classify};
+use crate::retry::{Backoff, Failure, contention_name, describe};
+
+/// Logs rebalances and failed offset commits.
+pub struct LedgerContext;
+
+impl ClientContext for LedgerContext {}
+
+impl ConsumerContext for LedgerContext {
+    fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(partitions) => {
+                info!(partitions = %describe_partitions(partitions), "partitions assigned")
+            }
+            Rebalance::Revoke(partitions) => {
+                info!(partitions = %describe_partitions(partitions), "partitions revoked")
+            }
+            Rebalance::Error(e) => warn!(error = %e, "rebalance failed"),
+        }
+    }
+
+    fn commit_callback(&self, result: KafkaResult<()>, _offsets: &TopicPartitionList) {
+        match result {
+            Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
+            Err(e) => {
+                // the records after the last committed offset are redelivered, then skipped
+                warn!(error = %e, "offset commit failed")
+            }
+        }
+    }
+}
+
+fn describe_partitions(partitions: &TopicPartitionList) -> String {
+    let list: Vec<String> =
+        partitions.elements().iter().map(|e| format!("{}[{}]", e.topic(), e.partition())).collect();
+    list.join(",")
+}
+
+/// What became of a record.
+enum Step {
+    /// Applied, declined, a duplicate or dead-lettered: commit its offset.
+    Done,
+    /// Shutdown came during a wait: leave it uncommitted.
+    Interrupted,
+}
+
+/// What a database operation came to once outages were waited out.
+enum Attempt<T> {
+    Done(T),
+    Failed(tokio_postgres::Error),
+    Interrupted,
+}
+
+/// How many records ended how, for the exit log line.
+#[derive(Debug, Default)]
+struct Tally {
+    debited: u64,
+    declined: u64,
+    duplicates: u64,
+    dead_lettered: u64,
+}
+
+pub struct Ledger {
+    config: LedgerConfig,
+    consumer: StreamConsumer<LedgerContext>,
+    dead_letters: DeadLetters,
+    session: Option<Session>,
+    /// Between reconnection attempts; reset by a working session.
+    outage: Backoff,
+    shutdown: watch::Receiver<bool>,
+    tally: Tally,
+}
+
+impl Ledger {
+    /// Connects (waiting for the database if it is not up yet), checks the tables, and
+    /// subscribes.
+    pub async fn start(
+        config: LedgerConfig,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<Option<Ledger>, LedgerError> {
+        let backoff = config.consumer.backoff();
+        let consumer = consumer(&config)?;
+        let dead_letters = DeadLetters::new(&config.kafka, config.consumer.dead_letter_topic())?;
+        let mut ledger = Ledger {
+            config,
+            consumer,
+            dead_letters,
+            session: None,
+            outage: backoff,
+            shutdown,
+            tally: Tally::default(),
+        };
+        if !ledger.connect().await? {
+            return Ok(None);
+        }
+        let topic = ledger.config.consumer.topic.clone();
+        ledger
+            .consumer
+            .subscribe(&[&topic])
+            .map_err(|source| LedgerError::Kafka { what: format!("cannot subscribe to {topic}"), source })?;
+        Ok(Some(ledger))
+    }
+
+    /// Runs until shutdown, or until an error no retry can fix.
+    pub async fn run(mut self) -> Result<(), LedgerError> {
+        let consumer = &self.config.consumer;
+        info!(topic = %consumer.topic, group = %consumer.group_id, "consuming");
+        while let Some(record) = self.next_record().await {
+            match self.handle(&record).await? {
+                Step::Done => self.commit(&record),
+                Step::Interrupted => {
+                    // uncommitted: redelivered after the restart
+                    info!(record = %record.position(), "shutdown during a retry wait");
+                    break;
+                }
+            }
+        }
+        self.commit_final();
+        let t = &self.tally;
+        info!(
+            debited = t.debited,
+            declined = t.declined,
+            duplicates = t.duplicates,
+            dead_lettered = t.dead_lettered,
+            "stopped"
+        );
+        Ok(())
+    }
+
+    /// The next record, or None on shutdown.
+    async fn next_record(&mut self) -> Option<Inbound> {
+        loop {
+            let received = tokio::select! {
+                biased;
+                _ = self.shutdown.wait_for(|stop| *stop) => return None,
+                received = self.consumer.recv() => received.map(|message| Inbound::from_message(&message)),
+            };
+            match received {
+                Ok(record) => return Some(record),
+                // librdkafka reconnects by itself; these are reports, not a state to act on
+                Err(e) => warn!(error = %e, "kafka consumer error"),
+            }
+        }
+    }
+
+    async fn handle(&mut self, record: &Inbound) -> Result<Step, LedgerError> {
+        match classify(record) {
+            Ok(order) => self.apply(record, &order).await,
+            Err(poison) => self.dead_letter_poison(record, &poison.0).await,
+        }
+    }
+
+    /// Applies `order`, retrying contention up to `max_attempts` and outages without limit.
+    async fn apply(&mut self, record: &Inbound, order: &OrderPlaced) -> Result<Step, LedgerError> {
+        let max_attempts = self.config.consumer.max_attempts;
+        let mut backoff = self.config.consumer.backoff();
+        for attempt in 1.. {
+            let error = match self.on_session(async |s| s.apply(order, record).await).await? {
+                Attempt::Done(outcome) => {
+                    self.count(record, order, outcome);
+                    return Ok(Step::Done);
+                }
+                Attempt::Interrupted => return Ok(Step::Interrupted),
+                Attempt::Failed(error) => error,
+            };
+            let reason = match crate::retry::classify(&error) {
+                Failure::Contended if attempt < max_attempts => {
+                    let error = describe(&error);
+                    let event_id = &order.event_id;
+                    warn!(%event_id, attempt, max_attempts, %error, "transaction failed, retrying");
+                    if !self.pause(backoff.next_delay()).await {
+                        return Ok(Step::Interrupted);
+                    }
+                    continue;
+                }
+                Failure::Contended => {
+                    format!("{} after {attempt} attempts: {}", contention_name(&error), describe(&error))
+                }
+                Failure::Permanent => format!("the database refused the event: {}", describe(&error)),
+                // (an outage never gets here: on_session waits it out)
+                Failure::Fatal | Failure::Outage => return Err(LedgerError::Database(describe(&error))),
+            };
+            return self.dead_letter(record, &order.event_id, &reason, attempt).await;
+        }
+        unreachable!("the attempts loop returns")
+    }
+
+    fn count(&mut self, record: &Inbound, order: &OrderPlaced, outcome: Outcome) {
+        let (event_id, customer_id, total_cents) = (&order.event_id, &order.customer_id, order.total_cents);
+        match outcome {
+            Outcome::Debited => {
+                self.tally.debited += 1;
+                debug!(%event_id, %customer_id, total_cents, "debited");
+            }
+            Outcome::Declined(reason) => {
+                self.tally.declined += 1;
+                info!(%event_id, %customer_id, total_cents, %reason, "payment declined");
+            }
+            Outcome::Duplicate => {
+                self.tally.duplicates += 1;
+                debug!(%event_id, record = %record.position(), "duplicate delivery skipped");
+            }
+        }
+    }
+
+    /// Dead-letters a record that can never be applied, unless the inbox has its event
+    /// already (a redelivery of a record dead-lettered before).
+    async fn dead_letter_poison(&mut self, record: &Inbound, reason: &str) -> Result<Step, LedgerError> {
+        let event_id = record.event_id();
+        let Some(seen) = self.on_session_until_done(async |s| s.seen(&event_id).await).await? else {
+            return Ok(Step::Interrupted);
+        };
+        if let Some(outcome) = seen {
+            self.tally.duplicates += 1;
+            debug!(%event_id, %outcome, record = %record.position(), "duplicate delivery skipped");
+            return Ok(Step::Done);
+        }
+        self.dead_letter(record, &event_id, reason, 1).await
+    }
+
+    /// Produces the dead letter (waiting for the broker's acknowledgement), then records it.
+    async fn dead_letter(
+        &mut self,
+        record: &Inbound,
+        event_id: &str,
+        reason: &str,
+        attempts: u32,
+    ) -> Result<Step, LedgerError> {
+        let mut backoff = self.config.consumer.backoff();
+        while let Err(e) = self.dead_letters.send(record, reason, attempts).await {
+            warn!(%event_id, error = %e, "cannot produce the dead letter, retrying");
+            if !self.pause(backoff.next_delay()).await {
+                return Ok(Step::Interrupted);
+            }
+        }
+        let recorded =
+            self.on_session_until_done(async |s| s.record_dead_letter(event_id, record, reason).await);
+        if recorded.await?.is_none() {
+            return Ok(Step::Interrupted);
+        }
+        self.tally.dead_lettered += 1;
+        warn!(%event_id, record = %record.position(), %reason, attempts, "dead-lettered");
+        Ok(Step::Done)
+    }
+
+    /// As [`Ledger::on_session`], also retrying contention (a lock timeout on the inbox row)
+    /// without limit: for the bookkeeping around a dead letter, which has no attempt budget.
+    /// None on shutdown.
+    async fn on_session_until_done<T>(
+        &mut self,
+        mut op: impl AsyncFnMut(&mut Session) -> Result<T, tokio_postgres::Error>,
+    ) -> Result<Option<T>, LedgerError> {
+        let mut backoff = self.config.consumer.backoff();
+        loop {
+            let error = match self.on_session(&mut op).await? {
+                Attempt::Done(value) => return Ok(Some(value)),
+                Attempt::Interrupted => return Ok(None),
+                Attempt::Failed(error) => error,
+            };
+            if crate::retry::classify(&error) != Failure::Contended {
+                return Err(LedgerError::Database(describe(&error)));
+            }
+            let error = describe(&error);
+            warn!(%error, "inbox statement failed, retrying");
+            if !self.pause(backoff.next_delay()).await {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Runs `op` on a working session, reconnecting and running it again after an outage,
+    /// without limit. Any other failure is returned.
+    async fn on_session<T>(
+        &mut self,
+        mut op: impl AsyncFnMut(&mut Session) -> Result<T, tokio_postgres::Error>,
+    ) -> Result<Attempt<T>, LedgerError> {
+        loop {
+            let Some(session) = self.session.as_mut() else {
+                if !self.connect().await? {
+                    return Ok(Attempt::Interrupted);
+                }
+                continue;
+            };
+            match op(session).await {
+                Ok(value) => {
+                    self.outage = self.config.consumer.backoff();
+                    return Ok(Attempt::Done(value));
+                }
+                Err(error) if crate::retry::classify(&error) == Failure::Outage => {
+                    let error = describe(&error);
+                    warn!(%error, "database unavailable, retrying on a new session");
+                    self.session = None;
+                    let delay = self.outage.next_delay();
+                    if !self.pause(delay).await {
+                        return Ok(Attempt::Interrupted);
+                    }
+                }
+                Err(error) => return Ok(Attempt::Failed(error)),
+            }
+        }
+    }
+
+    /// Opens a session, waiting out an unreachable database; false on shutdown.
+    async fn connect(&mut self) -> Result<bool, LedgerError> {
+        loop {
+            let failure =
+                match Session::open(&self.config.postgres, self.config.consumer.lock_timeout_ms).await {
+                    Ok(session) => {
+                        self.session = Some(session);
+                        return Ok(true);
+                    }
+                    Err(OpenError::Fatal(e)) => return Err(e),
+                    Err(OpenError::Retry(failure)) => failure,
+                };
+            warn!(error = %failure, "cannot connect to the database, retrying");
+            let delay = self.outage.next_delay();
+            if !self.pause(delay).await {
+                return Ok(false);
+            }
+        }
+    }
+
+    /// Sleeps `delay`; false when shutdown came first.
+    async fn pause(&mut self, delay: Duration) -> bool {
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => true,
+            _ = self.shutdown.wait_for(|stop| *stop) => false,
+        }
+    }
+
+    /// Stores offset + 1 of `record` and commits asynchronously (see the module doc).
+    fn commit(&self, record: &Inbound) {
+        if let Err(e) = self.consumer.store_offset(&record.topic, record.partition, record.offset) {
+            // the partition was revoked meanwhile: its new owner redelivers the record
+            debug!(error = %e, record = %record.position(), "offset not stored");
+            return;
+        }
+        if let Err(e) = self.consumer.commit_consumer_state(CommitMode::Async) {
+            warn!(error = %e, "offset commit failed");
+        }
+    }
+
+    fn commit_final(&self) {
+        match tokio::task::block_in_place(|| self.consumer.commit_consumer_state(CommitMode::Sync)) {
+            Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
+            // the last records are redelivered after the restart, then skipped as duplicates
+            Err(e) => warn!(error = %e, "final offset commit failed"),
+        }
+    }
+}
+
+/// The settings of a consumer in `group`: the relay's client settings (brokers, TLS, SASL),
+/// offsets committed by the ledger, a new group from the earliest offset.
+pub fn group_config(config: &LedgerConfig, group: &str) -> ClientConfig {
+    let mut client = outbox_relay::sink::kafka::client_config(&config.kafka);
+    client
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        // stored only once applied: a commit never names a record that is not
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest");
+    if client.get("session.timeout.ms").is_none() {
+        client.set("session.timeout.ms", DEFAULT_SESSION_TIMEOUT_MS.to_string());
+    }
+    client
+}
+
+fn consumer(config: &LedgerConfig) -> Result<StreamConsumer<LedgerContext>, LedgerError> {
+    group_config(config, &config.consumer.group_id)
+        .create_with_context(LedgerContext)
+        .map_err(|source| LedgerError::KafkaClient { client: "consumer", source })
+}

@@ -1,0 +1,246 @@
+//! Dead letters: where a record goes when it cannot be applied, and `replay-dlq`, which sends
+//! them back.
+//!
+//! Invariants:
+//! - a dead letter is the original record (key, value, every header, in order) plus
+//!   `dlq_reason`, `dlq_attempts`, `dlq_topic`, `dlq_partition` and `dlq_offset`, produced with
+//!   `acks=all` and the idempotent producer; the consumer records the event as `dead_lettered`
+//!   and commits its offset only after the broker acknowledged the dead letter, so a record is
+//!   never skipped without a copy (the copy may be written twice if the process dies between
+//!   the acknowledgement and the database commit: dead letters are at-least-once);
+//! - a replay re-produces a dead letter to its `dlq_topic` without the `dlq_*` headers, i.e. as
+//!   the relay first wrote it, and commits the dead-letter offset after the broker acknowledged
+//!   it. The inbox makes a replay of an event that was applied meanwhile harmless, and lets a
+//!   dead-lettered event be applied once.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use outbox_relay::config::KafkaConfig;
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::util::Timeout;
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::sync::watch;
+
+use crate::config::LedgerConfig;
+use crate::error::LedgerError;
+use crate::record::Inbound;
+
+/// Headers a dead letter adds to the original record's.
+pub const DLQ_REASON: &str = "dlq_reason";
+pub const DLQ_ATTEMPTS: &str = "dlq_attempts";
+pub const DLQ_TOPIC: &str = "dlq_topic";
+pub const DLQ_PARTITION: &str = "dlq_partition";
+pub const DLQ_OFFSET: &str = "dlq_offset";
+const DLQ_HEADERS: [&str; 5] = [DLQ_REASON, DLQ_ATTEMPTS, DLQ_TOPIC, DLQ_PARTITION, DLQ_OFFSET];
+
+/// How long `replay-dlq` waits for a record before it decides the topic is drained.
+const REPLAY_IDLE: Duration = Duration::from_secs(30);
+
+type HeaderList = Vec<(String, Option<Vec<u8>>)>;
+
+/// The producer of dead letters (and of replays).
+pub struct DeadLetters {
+    producer: FutureProducer,
+    topic: String,
+}
+
+impl DeadLetters {
+    pub fn new(kafka: &KafkaConfig, topic: String) -> Result<DeadLetters, LedgerError> {
+        let producer = outbox_relay::sink::kafka::producer_config(kafka)
+            .create()
+            .map_err(|source| LedgerError::KafkaClient { client: "dead-letter producer", source })?;
+        Ok(DeadLetters { producer, topic })
+    }
+
+    /// Produces `record`'s dead letter and resolves when the broker acknowledged it.
+    pub async fn send(&self, record: &Inbound, reason: &str, attempts: u32) -> Result<(), KafkaError> {
+        let headers = dead_letter_headers(record, reason, attempts);
+        self.produce(&self.topic, record, headers).await
+    }
+
+    async fn produce(&self, topic: &str, record: &Inbound, headers: HeaderList) -> Result<(), KafkaError> {
+        let mut out = FutureRecord::<[u8], [u8]>::to(topic).headers(owned(&headers));
+        if let Some(key) = &record.key {
+            out = out.key(key.as_slice());
+        }
+        if let Some(payload) = &record.payload {
+            out = out.payload(payload.as_slice());
+        }
+        self.producer.send(out, Timeout::Never).await.map(|_| ()).map_err(|(e, _)| e)
+    }
+}
+
+/// The original headers, then the `dlq_*` ones.
+pub fn dead_letter_headers(record: &Inbound, reason: &str, attempts: u32) -> HeaderList {
+    let mut headers = record.headers.clone();
+    let added = [
+        (DLQ_REASON, reason.to_string()),
+        (DLQ_ATTEMPTS, attempts.to_string()),
+        (DLQ_TOPIC, record.topic.clone()),
+        (DLQ_PARTITION, record.partition.to_string()),
+        (DLQ_OFFSET, record.offset.to_string()),
+    ];
+    headers.extend(added.into_iter().map(|(key, value)| (key.to_string(), Some(value.into_bytes()))));
+    headers
+}
+
+/// The headers a dead letter had before it was dead-lettered.
+pub fn replay_headers(dead_letter: &Inbound) -> HeaderList {
+    dead_letter.headers.iter().filter(|(key, _)| !DLQ_HEADERS.contains(&key.as_str())).cloned().collect()
+}
+
+fn owned(headers: &HeaderList) -> OwnedHeaders {
+    headers.iter().fold(OwnedHeaders::new_with_capacity(headers.len()), |out, (key, value)| {
+        out.insert(Header { key, value: value.as_deref() })
+    })
+}
+
+/// `ledger replay-dlq`: sends up to `limit` dead letters back to their original topics, in
+/// group `<group_id>-replay`, committing each after the broker acknowledged its copy. Stops at
+/// the end of every partition, after `limit`, or on shutdown. Returns how many it sent.
+pub async fn replay(
+    config: &LedgerConfig,
+    limit: Option<u64>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<u64, LedgerError> {
+    let dead_letter_topic = config.consumer.dead_letter_topic();
+    let consumer = replay_consumer(config, &dead_letter_topic)?;
+    let sender = DeadLetters::new(&config.kafka, dead_letter_topic.clone())?;
+    let partitions = partition_count(&consumer, &dead_letter_topic)?;
+    let group = config.consumer.replay_group_id();
+    tracing::info!(topic = %dead_letter_topic, partitions, %group, "replaying dead letters");
+    let mut at_end = HashSet::new();
+    let mut replayed = 0;
+    while limit.is_none_or(|limit| replayed < limit) && at_end.len() < partitions {
+        let next = tokio::select! {
+            biased;
+            _ = shutdown.wait_for(|stop| *stop) => break,
+            next = tokio::time::timeout(REPLAY_IDLE, consumer.recv()) => next,
+        };
+        let record = match next {
+            Err(_) => {
+                tracing::info!(idle = ?REPLAY_IDLE, "no dead letter arrived for a while: done");
+                break;
+            }
+            Ok(Err(KafkaError::PartitionEOF(partition))) => {
+                at_end.insert(partition);
+                continue;
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "kafka consumer error");
+                continue;
+            }
+            Ok(Ok(message)) => Inbound::from_message(&message),
+        };
+        at_end.remove(&record.partition);
+        replay_one(&sender, &config.consumer.topic, &record).await?;
+        commit_sync(&consumer, &record)?;
+        replayed += 1;
+    }
+    Ok(replayed)
+}
+
+fn replay_consumer(config: &LedgerConfig, topic: &str) -> Result<StreamConsumer, LedgerError> {
+    let consumer: StreamConsumer = crate::consumer::group_config(config, &config.consumer.replay_group_id())
+        .set("enable.partition.eof", "true")
+        .create()
+        .map_err(|source| LedgerError::KafkaClient { client: "replay consumer", source })?;
+    consumer
+        .subscribe(&[topic])
+        .map_err(|source| LedgerError::Kafka { what: format!("cannot subscribe to {topic}"), source })?;
+    Ok(consumer)
+}
+
+fn partition_count(consumer: &StreamConsumer, topic: &str) -> Result<usize, LedgerError> {
+    let what = || format!("cannot read the metadata of {topic}");
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(30))
+        .map_err(|source| LedgerError::Kafka { what: what(), source })?;
+    let partitions = metadata.topics().iter().find(|t| t.name() == topic).map_or(0, |t| t.partitions().len());
+    if partitions == 0 {
+        let source = KafkaError::MetadataFetch(rdkafka::types::RDKafkaErrorCode::UnknownTopicOrPartition);
+        return Err(LedgerError::Kafka { what: format!("dead-letter topic {topic} does not exist"), source });
+    }
+    Ok(partitions)
+}
+
+/// Sends one dead letter to its `dlq_topic` (`fallback_topic` when it has none).
+async fn replay_one(
+    sender: &DeadLetters,
+    fallback_topic: &str,
+    dead_letter: &Inbound,
+) -> Result<(), LedgerError> {
+    let topic = dead_letter.header(DLQ_TOPIC).unwrap_or(fallback_topic).to_string();
+    sender.produce(&topic, dead_letter, replay_headers(dead_letter)).await.map_err(|source| {
+        LedgerError::Kafka { what: format!("cannot replay {} to {topic}", dead_letter.position()), source }
+    })?;
+    tracing::info!(
+        event_id = %dead_letter.event_id(),
+        from = %dead_letter.position(),
+        to = %topic,
+        reason = dead_letter.header(DLQ_REASON).unwrap_or_default(),
+        "dead letter replayed"
+    );
+    Ok(())
+}
+
+/// Commits `record`'s offset + 1 and waits for the broker's answer.
+fn commit_sync(consumer: &StreamConsumer, record: &Inbound) -> Result<(), LedgerError> {
+    let mut offsets = TopicPartitionList::new();
+    offsets
+        .add_partition_offset(&record.topic, record.partition, Offset::Offset(record.offset + 1))
+        .map_err(|source| LedgerError::Kafka { what: "cannot build the offset list".into(), source })?;
+    tokio::task::block_in_place(|| consumer.commit(&offsets, CommitMode::Sync)).map_err(|source| {
+        LedgerError::Kafka { what: format!("cannot commit the replay of {}", record.position()), source }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> Inbound {
+        Inbound {
+            topic: "outbox.event.order".into(),
+            partition: 3,
+            offset: 41,
+            key: Some(b"9".to_vec()),
+            payload: Some(b"{}".to_vec()),
+            headers: vec![
+                ("id".into(), Some(b"17".to_vec())),
+                ("traceparent".into(), Some(b"00-t-s-01".to_vec())),
+                ("empty".into(), None),
+            ],
+        }
+    }
+
+    fn text(headers: &HeaderList, name: &str) -> Option<String> {
+        headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .and_then(|(_, v)| v.as_ref())
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    }
+
+    #[test]
+    fn a_dead_letter_keeps_every_header_and_says_where_it_came_from() {
+        let headers = dead_letter_headers(&record(), "field payment_id: missing", 1);
+        assert_eq!(&headers[..3], &record().headers[..]);
+        assert_eq!(text(&headers, DLQ_REASON).as_deref(), Some("field payment_id: missing"));
+        assert_eq!(text(&headers, DLQ_ATTEMPTS).as_deref(), Some("1"));
+        assert_eq!(text(&headers, DLQ_TOPIC).as_deref(), Some("outbox.event.order"));
+        assert_eq!(text(&headers, DLQ_PARTITION).as_deref(), Some("3"));
+        assert_eq!(text(&headers, DLQ_OFFSET).as_deref(), Some("41"));
+    }
+
+    #[test]
+    fn a_replay_drops_exactly_the_dead_letter_headers() {
+        let mut dead_letter = record();
+        dead_letter.headers = dead_letter_headers(&record(), "lock timeout after 3 attempts", 3);
+        assert_eq!(replay_headers(&dead_letter), record().headers);
+    }
+}

@@ -1,0 +1,277 @@
+//! An incoming Kafka record, and what it means to the ledger: an [`OrderPlaced`] to apply, or
+//! a [`Poison`] reason to dead-letter it for.
+//!
+//! Invariants:
+//! - [`classify`] is pure: the same record always gets the same answer, so a poison record is
+//!   dead-lettered at once, never retried;
+//! - a poison reason names what is wrong (the header, the field), because it travels with the
+//!   record to the dead-letter topic as `dlq_reason` for the operator who reads it;
+//! - the event id is the relay's `id` header (the outbox row id); a record without one is
+//!   known by `<topic>/<partition>/<offset>` ([`Inbound::event_id`]).
+
+use rdkafka::Message;
+use rdkafka::message::{BorrowedMessage, Headers};
+use serde_json::{Map, Value};
+
+/// The header holding the event id (the outbox row id), set by the relay.
+pub const ID_HEADER: &str = "id";
+/// The header holding the event type, set by the relay.
+pub const EVENT_TYPE_HEADER: &str = "event_type";
+/// The one event type this consumer applies.
+pub const ORDER_PLACED: &str = "OrderPlaced";
+
+/// A record copied out of the consumer, so the consumer can be polled again while it is
+/// applied, retried or dead-lettered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inbound {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub payload: Option<Vec<u8>>,
+    /// Every header, in order, values as sent (a null value stays null).
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+}
+
+impl Inbound {
+    pub fn from_message(message: &BorrowedMessage<'_>) -> Inbound {
+        let headers = message
+            .headers()
+            .map(|hs| hs.iter().map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec))).collect())
+            .unwrap_or_default();
+        Inbound {
+            topic: message.topic().to_string(),
+            partition: message.partition(),
+            offset: message.offset(),
+            key: message.key().map(<[u8]>::to_vec),
+            payload: message.payload().map(<[u8]>::to_vec),
+            headers,
+        }
+    }
+
+    /// The first header called `name`, as text (None when absent, null or not UTF-8).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key == name)
+            .and_then(|(_, value)| value.as_deref())
+            .and_then(|value| std::str::from_utf8(value).ok())
+    }
+
+    /// The event id: the `id` header, or `<topic>/<partition>/<offset>` without one.
+    pub fn event_id(&self) -> String {
+        match self.header(ID_HEADER).filter(|id| !id.is_empty()) {
+            Some(id) => id.to_string(),
+            None => self.position(),
+        }
+    }
+
+    /// `<topic>/<partition>/<offset>`, for logs.
+    pub fn position(&self) -> String {
+        format!("{}/{}/{}", self.topic, self.partition, self.offset)
+    }
+}
+
+/// An order to charge: the payload of an `OrderPlaced` event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrderPlaced {
+    pub event_id: String,
+    pub order_id: i64,
+    pub customer_id: String,
+    pub total_cents: i64,
+    /// A UUID in text form (checked here, so the database never refuses it).
+    pub payment_id: String,
+    /// W3C trace context of the record, carried into the follow-up event.
+    pub traceparent: Option<String>,
+}
+
+/// Why a record can never be applied: the `dlq_reason` of its dead letter.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Poison(pub String);
+
+/// Reads `record` as an `OrderPlaced` event, or says why it is not one.
+pub fn classify(record: &Inbound) -> Result<OrderPlaced, Poison> {
+    let poison = |reason: String| Err(Poison(reason));
+    let event_id = match record.header(ID_HEADER) {
+        Some(id) if !id.is_empty() => id.to_string(),
+        Some(_) => return poison("header id (the event id) is empty".into()),
+        None => return poison("missing header id (the event id): the relay sets it on every record".into()),
+    };
+    match record.header(EVENT_TYPE_HEADER) {
+        Some(ORDER_PLACED) => {}
+        Some(other) => {
+            return poison(format!(
+                "unknown event_type \"{other}\": this consumer applies {ORDER_PLACED} only"
+            ));
+        }
+        None => return poison("missing header event_type".into()),
+    }
+    let Some(payload) = record.payload.as_deref().filter(|p| !p.is_empty()) else {
+        return poison("empty value: expected an OrderPlaced JSON object".into());
+    };
+    let object = match serde_json::from_slice::<Value>(payload) {
+        Ok(Value::Object(object)) => object,
+        Ok(other) => return poison(format!("value is JSON but not an object: {}", kind(&other))),
+        Err(e) => return poison(format!("value is not JSON: {e}")),
+    };
+    let order = OrderPlaced {
+        event_id,
+        order_id: integer(&object, "order_id")?,
+        customer_id: text(&object, "customer_id")?.to_string(),
+        total_cents: integer(&object, "total_cents")?,
+        payment_id: text(&object, "payment_id")?.to_ascii_lowercase(),
+        traceparent: record.header("traceparent").map(str::to_string),
+    };
+    if order.total_cents <= 0 {
+        return poison(format!("field total_cents: must be > 0, got {}", order.total_cents));
+    }
+    if !is_uuid(&order.payment_id) {
+        return poison(format!("field payment_id: \"{}\" is not a UUID", order.payment_id));
+    }
+    Ok(order)
+}
+
+fn integer(object: &Map<String, Value>, field: &str) -> Result<i64, Poison> {
+    match object.get(field) {
+        None | Some(Value::Null) => Err(Poison(format!("field {field}: missing"))),
+        Some(value) => value
+            .as_i64()
+            .ok_or_else(|| Poison(format!("field {field}: expected an integer, got {}", kind(value)))),
+    }
+}
+
+fn text<'a>(object: &'a Map<String, Value>, field: &str) -> Result<&'a str, Poison> {
+    match object.get(field) {
+        None | Some(Value::Null) => Err(Poison(format!("field {field}: missing"))),
+        Some(Value::String(s)) if s.is_empty() => Err(Poison(format!("field {field}: empty"))),
+        Some(Value::String(s)) => Ok(s),
+        Some(value) => Err(Poison(format!("field {field}: expected a string, got {}", kind(value)))),
+    }
+}
+
+/// A JSON value's type and a short excerpt, for a reason text.
+fn kind(value: &Value) -> String {
+    let name = match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    };
+    let text = value.to_string();
+    let excerpt: String = text.chars().take(40).collect();
+    format!("{name} ({excerpt}{})", if text.chars().count() > 40 { "..." } else { "" })
+}
+
+/// `8-4-4-4-12` hexadecimal digits: what PostgreSQL's uuid input accepts in canonical form.
+fn is_uuid(text: &str) -> bool {
+    let groups: Vec<&str> = text.split('-').collect();
+    let lengths = [8, 4, 4, 4, 12];
+    groups.len() == lengths.len()
+        && groups
+            .iter()
+            .zip(lengths)
+            .all(|(group, len)| group.len() == len && group.chars().all(|c| c.is_ascii_hexdigit()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PAYMENT: &str = "3f2b8c1e-9a4d-4e5f-8a7b-1c2d3e4f5a6b";
+
+    fn record(event_type: Option<&str>, payload: &str) -> Inbound {
+        let mut headers = vec![("id".to_string(), Some(b"42".to_vec()))];
+        if let Some(event_type) = event_type {
+            headers.push(("event_type".into(), Some(event_type.as_bytes().to_vec())));
+        }
+        headers.push(("traceparent".into(), Some(b"00-abc-def-01".to_vec())));
+        Inbound {
+            topic: "outbox.event.order".into(),
+            partition: 2,
+            offset: 7,
+            key: Some(b"9".to_vec()),
+            payload: Some(payload.as_bytes().to_vec()),
+            headers,
+        }
+    }
+
+    fn valid_payload() -> String {
+        format!(r#"{{"order_id": 9, "customer_id": "c-1", "total_cents": 300, "payment_id": "{PAYMENT}"}}"#)
+    }
+
+    fn reason(record: &Inbound) -> String {
+        classify(record).unwrap_err().0
+    }
+
+    #[test]
+    fn an_order_placed_record_is_read() {
+        let order = classify(&record(Some("OrderPlaced"), &valid_payload())).unwrap();
+        assert_eq!(
+            order,
+            OrderPlaced {
+                event_id: "42".into(),
+                order_id: 9,
+                customer_id: "c-1".into(),
+                total_cents: 300,
+                payment_id: PAYMENT.into(),
+                traceparent: Some("00-abc-def-01".into()),
+            }
+        );
+    }
+
+    #[test]
+    fn each_poison_reason_names_the_problem() {
+        let drop_field = |field: &str| {
+            let mut value: Value = serde_json::from_str(&valid_payload()).unwrap();
+            value.as_object_mut().unwrap().remove(field);
+            value.to_string()
+        };
+        let cases = [
+            (record(Some("OrderPlaced"), "not json"), "not JSON"),
+            (record(Some("OrderPlaced"), "[1]"), "not an object"),
+            (record(Some("OrderPlaced"), ""), "empty value"),
+            (record(Some("OrderPlaced"), &drop_field("payment_id")), "field payment_id: missing"),
+            (record(Some("OrderPlaced"), &drop_field("order_id")), "field order_id: missing"),
+            (record(Some("OrderShipped"), &valid_payload()), "unknown event_type \"OrderShipped\""),
+            (record(None, &valid_payload()), "missing header event_type"),
+            (
+                record(Some("OrderPlaced"), &valid_payload().replace("300", "\"300\"")),
+                "field total_cents: expected an integer, got a string",
+            ),
+            (
+                record(Some("OrderPlaced"), &valid_payload().replace("300", "0")),
+                "field total_cents: must be > 0",
+            ),
+            (
+                record(Some("OrderPlaced"), &valid_payload().replace(PAYMENT, "nope")),
+                "field payment_id: \"nope\" is not a UUID",
+            ),
+            (record(Some("OrderPlaced"), &valid_payload().replace("\"c-1\"", "7")), "field customer_id"),
+        ];
+        for (record, expected) in cases {
+            let reason = reason(&record);
+            assert!(reason.contains(expected), "expected {expected:?} in {reason:?}");
+        }
+    }
+
+    #[test]
+    fn a_record_without_an_id_is_poison_and_known_by_its_position() {
+        let mut r = record(Some("OrderPlaced"), &valid_payload());
+        r.headers.retain(|(k, _)| k != "id");
+        assert!(reason(&r).contains("missing header id"));
+        assert_eq!(r.event_id(), "outbox.event.order/2/7");
+        r.headers.push(("id".into(), None));
+        assert_eq!(r.event_id(), "outbox.event.order/2/7");
+    }
+
+    #[test]
+    fn uuids_are_checked_by_shape() {
+        assert!(is_uuid(PAYMENT));
+        assert!(!is_uuid("3f2b8c1e-9a4d-4e5f-8a7b-1c2d3e4f5a6"));
+        assert!(!is_uuid("3f2b8c1e9a4d4e5f8a7b1c2d3e4f5a6b"));
+        assert!(!is_uuid("3f2b8c1e-9a4d-4e5f-8a7b-1c2d3e4f5a6g"));
+    }
+}
