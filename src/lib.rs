@@ -40,3 +40,4 @@ pub mod sink;
 pub mod source;
 pub(crate) mod supervisor;
 pub(crate) mod table;
+pub mod verify;

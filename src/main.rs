@@ -1,14 +1,17 @@
 //! Bootstrap only: parse the CLI, load and validate the configuration, start logging, run the
-//! command, and map its outcome to an exit code (0 ok, 1 failure, 2 invalid configuration).
+//! command, and map its outcome to an exit code (0 ok, 1 failure, 2 invalid configuration;
+//! `verify` adds 3: nothing wrong found, some rows still pending).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use outbox_relay::check::{self, Status};
 use outbox_relay::config::RelayConfig;
 use outbox_relay::sink::kafka::KafkaSink;
 use outbox_relay::source::replication::ReplicationSource;
+use outbox_relay::verify;
 
 const EXIT_FAILURE: u8 = 1;
 const EXIT_CONFIG: u8 = 2;
@@ -66,6 +69,32 @@ enum Command {
         #[arg(long, short, env = "OUTBOX_RELAY_CONFIG")]
         config: PathBuf,
     },
+    /// Compare the outbox with Kafka: rows missing from Kafka, records with no row, ids more than
+    /// once, records of one key out of commit order, records that differ from their row. Changes
+    /// nothing. Exits 0 when all is there, 1 when anything is missing, unexpected, out of order or
+    /// different, 3 when nothing is wrong but rows are still on their way.
+    Verify {
+        /// Configuration file (TOML).
+        #[arg(long, short, env = "OUTBOX_RELAY_CONFIG")]
+        config: PathBuf,
+        /// Rows created at or after this: any timestamp PostgreSQL reads ("2026-12-01 10:00+00",
+        /// "today"), or a span back from now ("30m", "2h", "1d"). Default: the first row.
+        #[arg(long)]
+        since: Option<String>,
+        /// Rows created before this (same forms). Default: now.
+        #[arg(long)]
+        until: Option<String>,
+        /// `text` for people, `json` for machines.
+        #[arg(long, value_enum, default_value = "text")]
+        format: LogFormat,
+        /// Replication mode: how long to wait for the slot to confirm what verify read before
+        /// rows Kafka lacks are called pending rather than missing.
+        #[arg(long, default_value_t = 30)]
+        wait_secs: u64,
+        /// How many ids to show per class.
+        #[arg(long, default_value_t = 10)]
+        show: usize,
+    },
 }
 
 #[derive(Copy, Clone, Debug, ValueEnum)]
@@ -81,7 +110,8 @@ fn main() -> ExitCode {
         Command::Run { config }
         | Command::Check { config }
         | Command::Validate { config }
-        | Command::Setup { config, .. } => config,
+        | Command::Setup { config, .. }
+        | Command::Verify { config, .. } => config,
     };
     let config = match RelayConfig::load(config_path) {
         Ok(config) => config,
@@ -101,6 +131,10 @@ fn main() -> ExitCode {
         }
         Command::Check { .. } => runtime.block_on(run_check(&config)),
         Command::Setup { recreate_slot, .. } => runtime.block_on(run_setup(config, recreate_slot)),
+        Command::Verify { since, until, format, wait_secs, show, .. } => {
+            let options = verify::Options { since, until, wait: Duration::from_secs(wait_secs), show };
+            runtime.block_on(run_verify(&config, &options, format))
+        }
         Command::Run { .. } => {
             tracing::info!(
                 version = env!("CARGO_PKG_VERSION"),
@@ -135,6 +169,26 @@ async fn run_check(config: &RelayConfig) -> ExitCode {
         config.source.mode
     );
     if failed > 0 { ExitCode::from(EXIT_FAILURE) } else { ExitCode::SUCCESS }
+}
+
+async fn run_verify(config: &RelayConfig, options: &verify::Options, format: LogFormat) -> ExitCode {
+    match verify::run(config, options).await {
+        Ok(report) => {
+            match format {
+                LogFormat::Text => print!("{}", report.text()),
+                LogFormat::Json => println!("{}", serde_json::to_string_pretty(&report).expect("json")),
+            }
+            ExitCode::from(report.exit_code())
+        }
+        Err(e @ verify::VerifyError::Usage(_)) => {
+            eprintln!("error: {e}");
+            ExitCode::from(EXIT_CONFIG)
+        }
+        Err(e) => {
+            eprintln!("error: verify could not finish: {e}");
+            ExitCode::from(EXIT_FAILURE)
+        }
+    }
 }
 
 async fn run_setup(config: RelayConfig, recreate_slot: bool) -> ExitCode {

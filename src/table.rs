@@ -140,6 +140,45 @@ impl OutboxTable {
         self.select_events(&format!("ORDER BY t.{}", quote_ident(&self.columns.id)))
     }
 
+    /// `verify`: the rows whose `created_at` is in [`$1`, `$2`) (either NULL: unbounded), in id
+    /// order; every row when the table has no created_at column (then both must be NULL).
+    pub fn window_sql(&self) -> String {
+        let created_at = &self.columns.created_at;
+        let window = match created_at.is_empty() {
+            true => "WHERE $1::timestamptz IS NULL AND $2::timestamptz IS NULL".to_string(),
+            false => format!(
+                "WHERE ($1::timestamptz IS NULL OR t.{c} >= $1) AND ($2::timestamptz IS NULL OR t.{c} < $2)",
+                c = quote_ident(created_at)
+            ),
+        };
+        self.select_events(&format!("{window} ORDER BY t.{}", quote_ident(&self.columns.id)))
+    }
+
+    /// `verify`: which of the ids `$1` the table holds at all, and whether each is still
+    /// unpublished (`mark` mode; always false otherwise).
+    pub fn ids_present_sql(&self, id_type: &str) -> String {
+        format!(
+            "SELECT t.{}::text, {} FROM {} t WHERE t.{}",
+            quote_ident(&self.columns.id),
+            match &self.published_at {
+                None => "false".to_string(),
+                Some(_) => self.unpublished(),
+            },
+            self.qualified(),
+            self.ids_match(id_type)
+        )
+    }
+
+    /// The id column's name.
+    pub fn id_column(&self) -> &str {
+        &self.columns.id
+    }
+
+    /// The configured created_at column, empty when the table has none.
+    pub fn created_at_column(&self) -> &str {
+        &self.columns.created_at
+    }
+
     /// `$1::text[]` compared with the id column of type `id_type`, so its index is used.
     fn ids_match(&self, id_type: &str) -> String {
         format!("{} = ANY($1::text[]::{id_type}[])", quote_ident(&self.columns.id))

@@ -572,3 +572,24 @@ pub fn run_relay_with_env(args: &[&str], env: &[(&str, &str)], timeout: Duration
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// Produces `record` again, as it was (topic, partition, key, value, headers, in order): a
+/// duplicate, or with its fields changed first, a record the relay never wrote.
+pub async fn produce_again(record: &Consumed) {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let producer: FutureProducer =
+        ClientConfig::new().set("bootstrap.servers", &services().kafka).create().unwrap();
+    let mut headers = OwnedHeaders::new();
+    for (key, value) in &record.headers {
+        headers = headers.insert(Header { key, value: Some(value.as_bytes()) });
+    }
+    let mut out = FutureRecord::to(&record.topic).partition(record.partition).headers(headers);
+    if let Some(key) = &record.key {
+        out = out.key(key.as_str());
+    }
+    if let Some(payload) = &record.payload {
+        out = out.payload(payload.as_str());
+    }
+    producer.send(out, Duration::from_secs(10)).await.map_err(|(e, _)| e).unwrap();
+}

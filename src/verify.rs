@@ -1,0 +1,320 @@
+//! `outbox-relay verify`: does Kafka hold what the outbox holds, once and in order?
+//!
+//! 1. The rows of the window (`created_at` in [since, until), or all) are read as a stream, each
+//!    mapped to the record the relay makes of it, kept as a 16-byte fingerprint
+//!    ([`expected`]).
+//! 2. Pending rows are told apart: in replication mode verify waits (up to `--wait-secs`) for
+//!    the slot to confirm the WAL position read after the rows, past every row it saw; when
+//!    the slot gets there every row read is owed, and one Kafka lacks is missing. In polling
+//!    `mark` mode a row still unpublished is pending. Polling `delete` mode keeps no rows to
+//!    compare and is refused.
+//! 3. Every topic the rows route to is read from the window's start to its end, committed
+//!    records only ([`records`]); this source's records are matched by their `id` header.
+//! 4. Ids Kafka holds that the window does not are looked up in the whole table: a row outside
+//!    the window is fine, no row at all is unexpected.
+//!
+//! It changes nothing, anywhere: no offsets are committed, no row is touched.
+
+pub mod expected;
+pub mod records;
+pub mod report;
+
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio_postgres::Client;
+
+use crate::config::{AfterPublish, RelayConfig, SourceMode};
+use crate::event::Mapping;
+use crate::table::{OutboxTable, raw_event};
+use expected::{Expected, fingerprint};
+use records::{Located, Reader};
+use report::Report;
+
+/// What to compare, and how much to show.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// As PostgreSQL reads a timestamptz (`2026-12-01 00:00+00`, `today`), or `<n>s|m|h|d` ago.
+    pub since: Option<String>,
+    pub until: Option<String>,
+    /// How long to wait for the slot to confirm what verify read.
+    pub wait: Duration,
+    /// Ids shown per class.
+    pub show: usize,
+}
+
+/// Why verify could not give an answer.
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    /// The question cannot be asked of this configuration or with these arguments.
+    #[error("{0}")]
+    Usage(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl From<crate::error::RelayError> for VerifyError {
+    fn from(e: crate::error::RelayError) -> Self {
+        VerifyError::Failed(e.to_string())
+    }
+}
+
+impl From<tokio_postgres::Error> for VerifyError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        crate::error::RelayError::from(e).into()
+    }
+}
+
+pub async fn run(config: &RelayConfig, options: &Options) -> Result<Report, VerifyError> {
+    let started = Instant::now();
+    if config.source.mode == SourceMode::Polling && config.polling.after_publish == AfterPublish::Delete {
+        return Err(VerifyError::Usage(
+            "polling.after_publish = \"delete\" removes every published row: there is nothing left to \
+             compare with Kafka. verify works in replication mode and in polling with after_publish = \"mark\""
+                .into(),
+        ));
+    }
+    let (client, _) = crate::postgres::connect_primary(&config.postgres).await?;
+    let table = OutboxTable::new(config);
+    let (since, until) = window(&client, &table, options).await?;
+    let source = crate::sink::dedup::source_identity(&client, config).await?;
+    let mut report = Report {
+        table: table.display_name(),
+        source: source.clone(),
+        since: described(&client, since).await?,
+        until: described(&client, until).await?,
+        ..Report::default()
+    };
+    let mut expected = read_rows(&client, &table, config, (since, until), options.show, &mut report).await?;
+    let caught_up = match config.source.mode {
+        SourceMode::Replication => slot_caught_up(&client, &config.replication.slot, options.wait).await?,
+        SourceMode::Polling => Ok(()),
+    };
+    let reader_source = config.kafka.source_headers.then_some(source);
+    let reader = Reader::new(&config.kafka, reader_source, since, options.show)
+        .map_err(|e| VerifyError::Failed(format!("cannot create a Kafka client: {e}")))?;
+    let (scan, expected) = tokio::task::spawn_blocking(move || {
+        let scan = reader.scan(&mut expected);
+        (scan, expected)
+    })
+    .await
+    .map_err(|e| VerifyError::Failed(format!("reading Kafka failed: {e}")))?;
+    let scan = scan.map_err(VerifyError::Failed)?;
+    report.partitions = scan.partitions;
+    report.records = scan.records;
+    report.records_of_other_sources = scan.foreign;
+    report.missing_topics = scan.missing_topics;
+    report.out_of_order.count = scan.out_of_order_count;
+    report.out_of_order.first = scan.out_of_order;
+    classify_rows(&client, &table, &expected, caught_up, options.show, &mut report).await?;
+    classify_outside(&client, &table, &scan.outside, options.show, &mut report).await?;
+    report.memory_bytes = expected.memory_bytes();
+    report.seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// The window's bounds as timestamps, read by PostgreSQL (so every format it accepts works).
+async fn window(
+    client: &Client,
+    table: &OutboxTable,
+    options: &Options,
+) -> Result<(Option<SystemTime>, Option<SystemTime>), VerifyError> {
+    if table.created_at_column().is_empty() && (options.since.is_some() || options.until.is_some()) {
+        return Err(VerifyError::Usage(
+            "--since and --until need the outbox's created_at column (outbox.columns.created_at is \"\")"
+                .into(),
+        ));
+    }
+    let bound = async |flag: &str, value: &Option<String>| -> Result<Option<SystemTime>, VerifyError> {
+        let Some(value) = value else { return Ok(None) };
+        let sql = match relative(value) {
+            Some(_) => "SELECT now() - $1::text::interval",
+            None => "SELECT $1::text::timestamptz",
+        };
+        let text = relative(value).unwrap_or_else(|| value.clone());
+        let row = client.query_one(sql, &[&text]).await.map_err(|e| {
+            VerifyError::Usage(format!(
+                "{flag} {value:?}: not a time ({e}); give e.g. \"2026-12-01 10:00:00+00\", \"today\" or \"2h\" (ago)"
+            ))
+        })?;
+        Ok(Some(row.get(0)))
+    };
+    let since = bound("--since", &options.since).await?;
+    let until = bound("--until", &options.until).await?;
+    Ok((since, until))
+}
+
+/// `30m` -> `30 minutes`: a span back from now; None for anything else.
+fn relative(value: &str) -> Option<String> {
+    let unit = match value.chars().last()? {
+        's' => "seconds",
+        'm' => "minutes",
+        'h' => "hours",
+        'd' => "days",
+        _ => return None,
+    };
+    let number = &value[..value.len() - 1];
+    number.parse::<u32>().ok().map(|n| format!("{n} {unit}"))
+}
+
+async fn described(client: &Client, at: Option<SystemTime>) -> Result<Option<String>, VerifyError> {
+    let Some(at) = at else { return Ok(None) };
+    let row = client.query_one("SELECT $1::timestamptz::text", &[&at]).await?;
+    Ok(Some(row.get(0)))
+}
+
+/// Streams the rows of the window into their expected records.
+async fn read_rows(
+    client: &Client,
+    table: &OutboxTable,
+    config: &RelayConfig,
+    window: (Option<SystemTime>, Option<SystemTime>),
+    show: usize,
+    report: &mut Report,
+) -> Result<Expected, VerifyError> {
+    use futures::TryStreamExt;
+    let mapping = Mapping::new(&config.outbox);
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&window.0, &window.1];
+    let rows = client.query_raw(&table.window_sql(), params).await?;
+    futures::pin_mut!(rows);
+    let mut expected = Expected::default();
+    while let Some(row) = rows.try_next().await? {
+        let (raw, created_at) = raw_event(&row)?;
+        let id = raw.id.clone().unwrap_or_default();
+        match mapping.to_event(raw, created_at) {
+            Ok(event) => {
+                let headers = event.headers.iter().map(|(k, v)| (k.as_str(), v.as_bytes()));
+                let print = fingerprint(&event.topic, event.key.as_bytes(), &event.payload, headers);
+                expected.add(&event.id, &event.topic, print);
+            }
+            Err(refused) => report.unpublishable.note(show, || format!("{id} ({})", refused.reason)),
+        }
+    }
+    report.rows = expected.rows + report.unpublishable.count;
+    report.topics = expected.topics.iter().cloned().collect();
+    Ok(expected)
+}
+
+/// Waits up to `wait` for `slot` to confirm the WAL position after the rows were read. An
+/// error says why rows Kafka lacks may still be on their way: the slot did not get there in
+/// time, or no relay streams from it (then waiting is pointless).
+async fn slot_caught_up(
+    client: &Client,
+    slot: &str,
+    wait: Duration,
+) -> Result<Result<(), String>, VerifyError> {
+    let target: String = client.query_one("SELECT pg_current_wal_lsn()::text", &[]).await?.get(0);
+    let deadline = Instant::now() + wait;
+    loop {
+        let row = client
+            .query_opt(
+                "SELECT confirmed_flush_lsn::text, confirmed_flush_lsn >= $1::text::pg_lsn, active_pid IS NOT NULL \
+                 FROM pg_replication_slots WHERE slot_name = $2 AND database = current_database()",
+                &[&target, &slot],
+            )
+            .await?;
+        // no slot: nothing is on its way, whatever Kafka lacks is missing
+        let Some(row) = row else { return Ok(Ok(())) };
+        if row.get::<_, Option<bool>>(1) == Some(true) {
+            return Ok(Ok(()));
+        }
+        let confirmed: Option<String> = row.get(0);
+        let confirmed = confirmed.as_deref().unwrap_or("nothing");
+        if !row.get::<_, bool>(2) {
+            return Ok(Err(format!(
+                "no relay streams from slot \"{slot}\", which confirmed {confirmed}, behind the WAL ({target}): \
+                 rows Kafka lacks may be owed by the slot; start the relay and verify again"
+            )));
+        }
+        if Instant::now() >= deadline {
+            return Ok(Err(format!(
+                "slot \"{slot}\" had confirmed {confirmed} and not yet {target} (the WAL position after the \
+                 rows were read) after {wait:?}: rows Kafka lacks may still be on their way"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Rows Kafka held more than once or differently, and rows it lacks: missing or pending.
+async fn classify_rows(
+    client: &Client,
+    table: &OutboxTable,
+    expected: &Expected,
+    caught_up: Result<(), String>,
+    show: usize,
+    report: &mut Report,
+) -> Result<(), VerifyError> {
+    let mut unseen = Vec::new();
+    for (id, slot) in expected.slots() {
+        match slot.seen {
+            0 => unseen.push(id.clone()),
+            1 => {}
+            n => {
+                report.duplicated.note(show, || format!("{id} x{n}"));
+                report.duplicate_records += u64::from(n - 1);
+            }
+        }
+        if slot.mismatched > 0 {
+            report.mismatched.note(show, || id.clone());
+        }
+    }
+    if let Err(reason) = caught_up {
+        for id in unseen {
+            report.pending.note(show, || id);
+        }
+        report.pending_reason = Some(reason);
+        return Ok(());
+    }
+    let present = lookup(client, table, &unseen).await?;
+    for id in unseen {
+        match present.get(&id) {
+            Some(true) => report.pending.note(show, || id),
+            _ => report.missing.note(show, || id),
+        }
+    }
+    if report.pending.count > 0 {
+        report.pending_reason = Some("not yet marked published (polling.after_publish = \"mark\")".into());
+    }
+    Ok(())
+}
+
+/// Records whose id the window does not hold: a row outside the window, or no row at all.
+async fn classify_outside(
+    client: &Client,
+    table: &OutboxTable,
+    outside: &[Located],
+    show: usize,
+    report: &mut Report,
+) -> Result<(), VerifyError> {
+    let ids: Vec<String> = outside.iter().map(|l| l.id.clone()).collect();
+    let present = lookup(client, table, &ids).await?;
+    for located in outside.iter().filter(|l| !present.contains_key(&l.id)) {
+        report.unexpected.note(show, || format!("{} ({})", located.id, located.at));
+    }
+    Ok(())
+}
+
+/// Which of `ids` the table holds, each with whether it is still unpublished (mark mode). Ids
+/// that cannot be of the id column's type are not held.
+async fn lookup(
+    client: &Client,
+    table: &OutboxTable,
+    ids: &[String],
+) -> Result<std::collections::HashMap<String, bool>, VerifyError> {
+    let mut present = std::collections::HashMap::new();
+    if ids.is_empty() {
+        return Ok(present);
+    }
+    let column = table.id_column();
+    let id_type: String =
+        client.query_one(OutboxTable::ID_TYPE_SQL, &[&table.qualified(), &column]).await?.get(0);
+    let integer = matches!(id_type.as_str(), "bigint" | "integer" | "smallint");
+    let sql = table.ids_present_sql(&id_type);
+    for batch in ids.chunks(10_000) {
+        let batch: Vec<&String> = batch.iter().filter(|id| !integer || id.parse::<i64>().is_ok()).collect();
+        for row in client.query(&sql, &[&batch]).await? {
+            present.insert(row.get::<_, String>(0), row.get::<_, bool>(1));
+        }
+    }
+    Ok(present)
+}

@@ -1,0 +1,249 @@
+//! Reading the topics for `verify`, on a blocking thread: every record of this source from the
+//! window's start (or each partition's beginning) to the partition's end, with
+//! `isolation.level=read_committed`, checked against the [`Expected`] rows as it streams by.
+//!
+//! A partition is read until librdkafka reports its end (PartitionEOF), never to the reported
+//! high watermark: tansu 0.6 reports it low (see `sink::dedup::scan`). Per aggregate key, the
+//! last record's place in commit order is kept (its commit LSN for streamed records, else its
+//! id) to see records of one key out of order.
+
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::time::{Duration, Instant, SystemTime};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+use super::expected::{Expected, fingerprint};
+use crate::config::KafkaConfig;
+use crate::event::Position;
+use crate::sink::kafka::{POSITION_HEADER, SOURCE_HEADER, client_config};
+
+/// How long one metadata or offsets request may take.
+const REQUEST: Duration = Duration::from_secs(10);
+/// One poll's wait.
+const POLL: Duration = Duration::from_millis(200);
+/// How far before `--since` reading starts: records carry their produce time, after the row's
+/// `created_at`, but the relay's and the database's clocks may disagree a little.
+const CLOCK_SLACK: Duration = Duration::from_secs(300);
+
+/// A record whose id the window does not hold, and where it is.
+#[derive(Debug, Clone)]
+pub struct Located {
+    pub id: String,
+    pub at: String,
+}
+
+/// What reading the topics found, besides what it marked in [`Expected`].
+#[derive(Debug, Default)]
+pub struct Scan {
+    pub records: u64,
+    /// Records of other sources (or without the relay's headers), not looked at further.
+    pub foreign: u64,
+    pub partitions: usize,
+    pub missing_topics: Vec<String>,
+    /// This source's records whose id is not a row of the window: looked up in the table later.
+    pub outside: Vec<Located>,
+    pub out_of_order: Vec<String>,
+    pub out_of_order_count: u64,
+}
+
+/// Where one key's last record stands in commit order.
+#[derive(Clone, Copy)]
+struct Place {
+    id: Option<i64>,
+    stream: Option<(u64, u32)>,
+}
+
+impl Place {
+    fn is_before(&self, last: &Place) -> bool {
+        match (self.stream, last.stream) {
+            (Some(this), Some(that)) => this < that,
+            _ => matches!((self.id, last.id), (Some(this), Some(that)) if this < that),
+        }
+    }
+}
+
+pub struct Reader {
+    consumer: BaseConsumer,
+    since: Option<SystemTime>,
+    idle_limit: Duration,
+    checker: Checker,
+}
+
+/// Matches records against the rows as they stream by.
+struct Checker {
+    /// `None`: `kafka.source_headers = false`, every record counts.
+    source: Option<String>,
+    /// Per key (hashed): the last record's place in commit order, and its id.
+    last: HashMap<u64, (Place, String)>,
+    keep: usize,
+}
+
+impl Reader {
+    pub fn new(
+        kafka: &KafkaConfig,
+        source: Option<String>,
+        since: Option<SystemTime>,
+        keep: usize,
+    ) -> Result<Reader, KafkaError> {
+        let consumer = reader_config(kafka).create()?;
+        let idle_limit = Duration::from_millis(kafka.message_timeout_ms.max(30_000));
+        let checker = Checker { source, last: HashMap::new(), keep };
+        Ok(Reader { consumer, since, idle_limit, checker })
+    }
+
+    /// Reads every topic the rows route to.
+    pub fn scan(mut self, expected: &mut Expected) -> Result<Scan, String> {
+        let mut scan = Scan::default();
+        let topics: Vec<String> = expected.topics.iter().cloned().collect();
+        for topic in topics {
+            self.checker.last.clear();
+            self.scan_topic(&topic, expected, &mut scan)
+                .map_err(|e| format!("reading topic {topic}: {e}"))?;
+        }
+        Ok(scan)
+    }
+
+    fn scan_topic(
+        &mut self,
+        topic: &str,
+        expected: &mut Expected,
+        scan: &mut Scan,
+    ) -> Result<(), KafkaError> {
+        let Some(assignment) = self.assignment(topic)? else {
+            scan.missing_topics.push(topic.to_string());
+            return Ok(());
+        };
+        let mut open = assignment.count();
+        scan.partitions += open;
+        if open == 0 {
+            return Ok(());
+        }
+        self.consumer.assign(&assignment)?;
+        let mut idle_since = Instant::now();
+        while open > 0 {
+            match self.consumer.poll(POLL) {
+                Some(Ok(message)) => {
+                    idle_since = Instant::now();
+                    self.checker.observe(&message, expected, scan);
+                }
+                Some(Err(KafkaError::PartitionEOF(_))) => open -= 1,
+                Some(Err(e)) => return Err(e),
+                None if idle_since.elapsed() > self.idle_limit => {
+                    return Err(KafkaError::MessageConsumption(RDKafkaErrorCode::OperationTimedOut));
+                }
+                None => {}
+            }
+        }
+        self.consumer.unassign()?;
+        Ok(())
+    }
+
+    /// Every partition of `topic` from the window's start (or its beginning); `None` when the
+    /// topic does not exist.
+    fn assignment(&self, topic: &str) -> Result<Option<TopicPartitionList>, KafkaError> {
+        let metadata = self.consumer.fetch_metadata(Some(topic), REQUEST)?;
+        let Some(found) = metadata.topics().iter().find(|t| t.name() == topic) else { return Ok(None) };
+        if found.error().is_some() || found.partitions().is_empty() {
+            return Ok(None);
+        }
+        let start = match self.since {
+            None => Offset::Beginning,
+            Some(since) => {
+                let at = since.checked_sub(CLOCK_SLACK).unwrap_or(SystemTime::UNIX_EPOCH);
+                let millis = at.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_millis();
+                Offset::Offset(millis as i64)
+            }
+        };
+        let mut request = TopicPartitionList::new();
+        for partition in found.partitions() {
+            request.add_partition_offset(topic, partition.id(), start)?;
+        }
+        if self.since.is_none() {
+            return Ok(Some(request));
+        }
+        // a timestamp with no record at or after it answers End: nothing to read there, but the
+        // partition is still assigned so that its EOF counts it done
+        Ok(Some(self.consumer.offsets_for_times(request, REQUEST)?))
+    }
+}
+
+impl Checker {
+    fn observe(&mut self, message: &BorrowedMessage<'_>, expected: &mut Expected, scan: &mut Scan) {
+        let headers = message.headers();
+        let header =
+            |name: &str| headers.and_then(|h| h.iter().find(|h| h.key == name)).and_then(|h| h.value);
+        let ours = match &self.source {
+            None => true,
+            Some(source) => header(SOURCE_HEADER) == Some(source.as_bytes()),
+        };
+        let Some(id) = header("id").filter(|_| ours).and_then(|v| std::str::from_utf8(v).ok()) else {
+            scan.foreign += 1;
+            return;
+        };
+        scan.records += 1;
+        let (topic, key, payload) = (message.topic(), message.key().unwrap_or_default(), message.payload());
+        // the relay's two headers come first; a row's own header of the same name stays
+        let own = headers
+            .into_iter()
+            .flat_map(|h| h.iter())
+            .enumerate()
+            .filter(|(i, h)| !(*i < 2 && (h.key == SOURCE_HEADER || h.key == POSITION_HEADER)))
+            .map(|(_, h)| (h.key, h.value.unwrap_or_default()));
+        let record = fingerprint(topic, key, payload.unwrap_or_default(), own);
+        let at = format!("{topic}[{}]@{}", message.partition(), message.offset());
+        let Some(slot) = expected.get_mut(id) else {
+            scan.outside.push(Located { id: id.to_string(), at });
+            return;
+        };
+        slot.seen += 1;
+        if record != slot.fingerprint {
+            slot.mismatched += 1;
+        }
+        if slot.seen == 1 {
+            let position = header(POSITION_HEADER)
+                .and_then(|v| std::str::from_utf8(v).ok())
+                .and_then(|v| v.parse::<Position>().ok());
+            self.check_order(key, id, position, at, scan);
+        }
+    }
+
+    /// Notes `id` out of order when its key's previous record comes later in commit order.
+    fn check_order(&mut self, key: &[u8], id: &str, position: Option<Position>, at: String, scan: &mut Scan) {
+        let stream = match position {
+            Some(Position::Stream { commit, index }) => Some((commit.0, index)),
+            _ => None,
+        };
+        let place = Place { id: id.parse().ok(), stream };
+        let mut hash = DefaultHasher::new();
+        key.hash(&mut hash);
+        if let Some((last, last_id)) = self.last.get(&hash.finish())
+            && place.is_before(last)
+        {
+            scan.out_of_order_count += 1;
+            if scan.out_of_order.len() < self.keep {
+                let key = String::from_utf8_lossy(key);
+                scan.out_of_order.push(format!("key {key}: id {id} at {at} after id {last_id}"));
+            }
+        }
+        self.last.insert(hash.finish(), (place, id.to_string()));
+    }
+}
+
+/// The settings of verify's reader: the user's (TLS, SASL), reading committed records only,
+/// reporting each partition's end, never committing.
+fn reader_config(kafka: &KafkaConfig) -> ClientConfig {
+    let mut cc = client_config(kafka);
+    cc.set("group.id", format!("{}-verify", kafka.client_id))
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "true")
+        .set("auto.offset.reset", "earliest")
+        .set("isolation.level", "read_committed")
+        .set("fetch.wait.max.ms", "100")
+        .set("log_level", "3");
+    cc
+}

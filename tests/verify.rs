@@ -1,0 +1,195 @@
+//! `outbox-relay verify` against the real PostgreSQL and broker: silent after a clean run in
+//! both modes, and each class of fault found when it is put there by hand (a row the slot
+//! skipped, a record with no row, a duplicate, a changed record, two records of one key swapped,
+//! a row not yet published).
+
+mod common;
+
+use common::workload::*;
+use common::*;
+use serde_json::Value;
+
+const EVENTS: usize = 300;
+
+fn config(mode: &str) -> impl FnOnce(&str) -> String {
+    let mode = mode.to_string();
+    move |slot| match mode.as_str() {
+        "polling" => "[source]\nmode = \"polling\"\n[polling]\nafter_publish = \"mark\"\n".into(),
+        _ => format!("[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n"),
+    }
+}
+
+/// `verify --format json`: (exit code, report).
+fn verify(s: &Setup, args: &[&str]) -> (i32, Value) {
+    let config = s.config().display().to_string();
+    let mut all = vec!["verify", "--config", &config, "--format", "json", "--wait-secs", "20"];
+    all.extend_from_slice(args);
+    let (code, stdout, stderr) = run_relay(&all, EXIT_LIMIT);
+    let report = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}{stderr}"));
+    (code, report)
+}
+
+fn count(report: &Value, class: &str) -> u64 {
+    report[class]["count"].as_u64().unwrap_or_else(|| panic!("no {class} in {report}"))
+}
+
+/// A relay of `mode` that published `EVENTS` events, stopped; the records as consumed.
+async fn published(mode: &str) -> (Setup, Vec<Consumed>) {
+    let s = Setup::create(&services().kafka, "", true, config(mode)).await;
+    let mut client = s.db.client().await;
+    create_aggregates(&client, 10).await;
+    let consumer = consumer(&[&s.topic]);
+    let mut relay = s.start("relay");
+    relay.wait_ready("active").await;
+    for i in 0..EVENTS / 3 {
+        write_events(&mut client, &s.aggregate_type, &format!("agg-{}", i % 10), 3, true).await;
+    }
+    let records = consume_unique(&consumer, EVENTS, IDLE, LINGER).await;
+    assert_eq!(unique_ids(&records).len(), EVENTS);
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
+    (s, records)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn after_a_clean_run_verify_finds_everything_once_and_in_order_in_both_modes() {
+    for mode in ["replication", "polling"] {
+        // given a relay that published every event
+        let (s, _) = published(mode).await;
+
+        // when verify compares the table with the topic
+        let (code, report) = verify(&s, &[]);
+
+        // then every row is there, once, in order, as the relay maps it
+        assert_eq!(code, 0, "{mode}: {report}");
+        assert_eq!(report["rows"], EVENTS, "{mode}: {report}");
+        assert_eq!(report["records"], EVENTS, "{mode}: {report}");
+        for class in ["missing", "pending", "unexpected", "duplicated", "out_of_order", "mismatched"] {
+            assert_eq!(count(&report, class), 0, "{mode} {class}: {report}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn verify_names_each_fault_put_into_the_topic_or_the_table() {
+    // given a relay that published every event
+    let (s, records) = published("replication").await;
+    let client = s.db.client().await;
+
+    // when a record is sent twice, a record with no row appears, a record of an existing id
+    // arrives with another value, two new events of one key arrive in the wrong order, and a
+    // row is committed that the slot then skips
+    produce_again(&records[0]).await;
+    let mut phantom = records[1].clone();
+    set_header(&mut phantom, "id", "987654321");
+    produce_again(&phantom).await;
+    let mut changed = records[2].clone();
+    changed.payload = Some("{\"changed\": true}".into());
+    produce_again(&changed).await;
+    let swapped = skipped_rows(&s, &client, 3).await;
+    for id in [&swapped[1], &swapped[0]] {
+        let mut record = records[3].clone();
+        record.key = Some("agg-swap".into());
+        record.payload = Some("{}".into());
+        set_header(&mut record, "id", id);
+        set_header(&mut record, "event_type", "E");
+        record.headers.retain(|(k, _)| k != "outbox_relay_position");
+        produce_again(&record).await;
+    }
+    let missing = &swapped[2];
+    // (a relay streams again meanwhile, so verify knows what the slot has confirmed)
+    let mut relay = s.start("again");
+    relay.wait_ready("active").await;
+
+    // then verify fails, naming each
+    let (code, report) = verify(&s, &["--show", "50"]);
+    assert_eq!(code, 1, "{report}");
+    assert_eq!(count(&report, "missing"), 1, "{report}");
+    assert_eq!(report["missing"]["first"][0], missing.as_str(), "{report}");
+    assert_eq!(count(&report, "unexpected"), 1, "{report}");
+    assert!(report["unexpected"]["first"][0].as_str().unwrap().starts_with("987654321 ("), "{report}");
+    assert_eq!(count(&report, "duplicated"), 2, "{report}");
+    assert_eq!(count(&report, "mismatched"), 1, "{report}");
+    assert_eq!(report["mismatched"]["first"][0], records[2].header("id").unwrap(), "{report}");
+    assert_eq!(count(&report, "out_of_order"), 1, "{report}");
+    assert!(report["out_of_order"]["first"][0].as_str().unwrap().contains("agg-swap"), "{report}");
+    assert_eq!(count(&report, "pending"), 0, "{report}");
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn polling_rows_not_yet_published_are_pending_and_rows_marked_without_a_record_are_missing() {
+    // given a polling relay (mark mode) that published every event, then stopped
+    let (s, _) = published("polling").await;
+    let client = s.db.client().await;
+
+    // when one row is committed and not published yet
+    insert_event(&client, &s.aggregate_type, Some("agg-late")).await;
+    let (code, report) = verify(&s, &[]);
+
+    // then it is pending, and verify says so with exit 3
+    assert_eq!((code, count(&report, "pending"), count(&report, "missing")), (3, 1, 0), "{report}");
+
+    // and when a row is marked published without ever reaching Kafka, it is missing
+    client
+        .execute("UPDATE outbox_events SET published_at = now() WHERE aggregate_id = 'agg-late'", &[])
+        .await
+        .unwrap();
+    let (code, report) = verify(&s, &[]);
+    assert_eq!((code, count(&report, "pending"), count(&report, "missing")), (1, 0, 1), "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_window_limits_the_rows_compared_and_a_bad_bound_names_the_flag() {
+    // given a relay that published every event, and a row that predates the window and was
+    // never published
+    let (s, _) = published("polling").await;
+    let client = s.db.client().await;
+    client
+        .execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, created_at, published_at) \
+             VALUES ($1, 'agg-old', 'E', '{}', now() - interval '2 days', now())",
+            &[&s.aggregate_type],
+        )
+        .await
+        .unwrap();
+
+    // then the whole table shows it missing, the last hour does not
+    let (code, report) = verify(&s, &[]);
+    assert_eq!((code, count(&report, "missing")), (1, 1), "{report}");
+    let (code, report) = verify(&s, &["--since", "1h"]);
+    assert_eq!((code, &report["rows"]), (0, &Value::from(EVENTS)), "{report}");
+
+    // and a bound PostgreSQL cannot read is refused naming the flag
+    let config = s.config().display().to_string();
+    let (code, _, stderr) =
+        run_relay(&["verify", "--config", &config, "--since", "last tuesdayish"], EXIT_LIMIT);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("--since"), "{stderr}");
+}
+
+fn set_header(record: &mut Consumed, name: &str, value: &str) {
+    for (k, v) in &mut record.headers {
+        if k == name {
+            *v = value.to_string();
+        }
+    }
+}
+
+/// Commits `n` rows of key `agg-swap` and moves the (inactive) slot past them, so the relay
+/// never sends them; returns their ids.
+async fn skipped_rows(s: &Setup, client: &tokio_postgres::Client, n: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        let row = client
+            .query_one(
+                "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+                 VALUES ($1, 'agg-swap', 'E', '{}') RETURNING id::text",
+                &[&s.aggregate_type],
+            )
+            .await
+            .unwrap();
+        ids.push(row.get(0));
+    }
+    client.execute("SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())", &[&s.slot]).await.unwrap();
+    ids
+}
