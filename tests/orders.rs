@@ -222,7 +222,8 @@ async fn a_crash_mid_request_is_taken_over_after_the_lease_and_charged_once() {
 
     // then the key is left in progress, nothing is written, and a retry on a healthy replica
     // is told to come back while the lease lasts
-    assert_eq!(shop.key_state("k-crash").await, Some(("in_progress".into(), 1)));
+    let (state, crashed_token) = shop.key_state("k-crash").await.unwrap();
+    assert_eq!(state, "in_progress");
     assert_eq!(shop.orders_and_events().await, (0, 0));
     let healthy = shop.start("healthy", "[idempotency]\nwait_ms = 0\n").await;
     let busy = healthy.order(Some("k-crash"), BODY).unwrap();
@@ -237,17 +238,19 @@ async fn a_crash_mid_request_is_taken_over_after_the_lease_and_charged_once() {
         .unwrap();
     let placed = healthy.order(Some("k-crash"), BODY).unwrap();
     assert_eq!(placed.status, 201, "{placed:?}");
-    assert_eq!(shop.key_state("k-crash").await, Some(("completed".into(), 2)));
+    let (state, token) = shop.key_state("k-crash").await.unwrap();
+    assert_eq!(state, "completed");
+    assert_ne!(token, crashed_token, "the takeover kept the crashed attempt's token");
     assert_eq!(healthy.order(Some("k-crash"), BODY).unwrap().json(), placed.json());
     assert_eq!(shop.orders_and_events().await, (1, 1));
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stalled_worker_whose_lease_was_taken_over_writes_nothing() {
-    // given replica A, which stalls 4 s after claiming a key with a 1 s lease, and replica B
+    // given replica A, which stalls 15 s after claiming a key with a 1 s lease, and replica B
     let shop = Shop::new().await;
     let stalled = shop
-        .start("stalled", "[idempotency]\nlease_ms = 1000\n[faults]\npause_after_claim_ms = 4000\n")
+        .start("stalled", "[idempotency]\nlease_ms = 1000\n[faults]\npause_after_claim_ms = 15000\n")
         .await;
     let other = shop.start("other", "").await;
 
@@ -302,7 +305,8 @@ async fn a_takeover_racing_a_completing_write_replays_it_instead_of_writing_agai
     let port = service.port;
     let retry =
         thread::spawn(move || http::post(port, "/orders", &[("Idempotency-Key", "k-race-write")], BODY));
-    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND application_name = 'orders'";
+    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+         AND datname = current_database() AND query LIKE 'UPDATE idempotency_keys%'";
     wait_until("the retry to wait on the key's row lock", async || shop.count(waiting).await == 1).await;
     txn.execute("INSERT INTO orders (customer_id, total_cents) VALUES ('customer-1', 1999)", &[])
         .await
@@ -341,6 +345,50 @@ async fn an_expired_key_is_cleaned_up_and_then_names_a_new_request() {
     assert_eq!(second.status, 201);
     assert_ne!(second.json()["order_id"], first.json()["order_id"]);
     assert_eq!(shop.orders_and_events().await, (2, 2));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_expired_key_not_yet_cleaned_up_names_a_new_request_whatever_its_body() {
+    // given keys kept 1 s and never cleaned up by the service
+    let shop = Shop::new().await;
+    let extra = "[idempotency]\nlease_ms = 500\nkey_ttl_secs = 1\ncleanup_interval_secs = 0\n";
+    let service = shop.start("orders", extra).await;
+    assert_eq!(service.order(Some("k-old"), BODY).unwrap().status, 201);
+
+    // when the key has expired, and comes back with another body
+    let expired = "SELECT count(*) FROM idempotency_keys WHERE key = 'k-old' AND expires_at < now()";
+    wait_until("the key to expire", async || shop.count(expired).await == 1).await;
+    let other = service.order(Some("k-old"), r#"{"customer_id": "customer-2", "total_cents": 5}"#).unwrap();
+
+    // then it is a new order, not a 422
+    assert_eq!(other.status, 201, "{other:?}");
+    assert_eq!(other.json()["customer_id"], "customer-2");
+    assert_eq!(shop.orders_and_events().await, (2, 2));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_lost_mid_request_answers_503_and_frees_the_key_for_the_retry() {
+    // given a service whose request pauses 2 s after claiming its key
+    let shop = Shop::new().await;
+    let service = shop.start("orders", "[faults]\npause_after_claim_ms = 2000\n").await;
+
+    // when its database session is terminated during the pause
+    let port = service.port;
+    let first = thread::spawn(move || http::post(port, "/orders", &[("Idempotency-Key", "k-lost")], BODY));
+    wait_until("the key to be claimed", async || shop.key_state("k-lost").await.is_some()).await;
+    let terminated = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE datname = current_database() AND application_name = 'orders'";
+    assert!(shop.count(terminated).await >= 1);
+
+    // then the client hears 503 with Retry-After, the key is freed at once (not held for the
+    // 30 s lease), and the retry places the order
+    let first = first.join().unwrap().unwrap();
+    assert_eq!((first.status, first.header("retry-after")), (503, Some("1")), "{first:?}");
+    assert_eq!(shop.key_state("k-lost").await.unwrap().0, "failed");
+    assert_eq!(shop.orders_and_events().await, (0, 0));
+    let retry = service.order(Some("k-lost"), BODY).unwrap();
+    assert_eq!(retry.status, 201, "{retry:?}");
+    assert_eq!(shop.orders_and_events().await, (1, 1));
 }
 
 #[tokio::test(flavor = "multi_thread")]

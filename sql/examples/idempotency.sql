@@ -3,8 +3,8 @@
 -- The key's PRIMARY KEY is the arbiter between concurrent requests and replicas: whoever inserts
 -- the key owns the request; everyone else reads the row. A row is
 --   in_progress  owned by the worker holding lease_token until lease_expires_at; after that any
---                replica may take it over (lease_token + 1), and the old worker's final write is
---                refused because it checks its token (fencing);
+--                replica may take it over (a new lease_token from idempotency_lease_tokens), and
+--                the old worker's final write is refused because it checks its token (fencing);
 --   completed    the response is stored and every retry with the same key gets it back;
 --   failed       the request failed before doing anything (a transient error): the next retry
 --                takes it over at once instead of waiting for the lease.
@@ -40,3 +40,7 @@ LANGUAGE sql AS $$
     )
     SELECT count(*) FROM deleted;
 $$;
+
+-- Lease tokens: every claim and takeover draws a new one, so a worker that stalled past its
+-- lease (and past the key's expiry and cleanup) never finds its old token valid again.
+CREATE SEQUENCE IF NOT EXISTS idempotency_lease_tokens;

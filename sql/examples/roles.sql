@@ -4,6 +4,7 @@
 --
 -- orders_service (services/orders):
 --   idempotency_keys   SELECT, INSERT, UPDATE, DELETE   claim, take over, complete, expire keys
+--   idempotency_lease_tokens  USAGE                     a new lease token per claim and takeover
 --   orders             INSERT, SELECT                   write an order and read back its id
 --   outbox_events      INSERT                           the OrderPlaced event, nothing else
 -- ledger_service (services/ledger):
@@ -30,6 +31,7 @@ $$;
 GRANT USAGE ON SCHEMA public TO orders_service, ledger_service;
 
 GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_keys TO orders_service;
+GRANT USAGE ON SEQUENCE idempotency_lease_tokens TO orders_service;
 GRANT SELECT, INSERT ON orders TO orders_service;
 GRANT INSERT ON outbox_events TO orders_service, ledger_service;
 

@@ -8,7 +8,8 @@
 //! | a key seen with the same request | the stored status and body, `Idempotent-Replayed: true` |
 //! | a key seen with a different request | 422 |
 //! | a key another attempt holds, for longer than `idempotency.wait_ms` | 409, `Retry-After` |
-//! | PostgreSQL unreachable or a transient error | 503, `Retry-After`; the key is freed for the retry |
+//! | PostgreSQL unreachable or a transient error | 503, `Retry-After`; the key is freed for the retry, which tells whether the order was written |
+//! | the database refuses the write (a privilege, a constraint) | 500; the cause is logged, not sent |
 //!
 //! A request's work runs in a task of its own: a client that hangs up mid-request does not cancel
 //! the transaction half-way, so its retry finds the finished response rather than a key in
@@ -27,9 +28,10 @@ use prometheus::{Encoder, IntCounterVec, Opts, Registry, TextEncoder};
 use serde_json::json;
 
 use crate::config::OrdersConfig;
-use crate::idempotency::{self, Begin};
+use crate::idempotency::{self, Begin, Lease};
 use crate::order::{self, OrderRequest, Written};
-use crate::pool::Pool;
+use crate::pool::{Pool, Session};
+use outbox_relay::error::RelayError;
 
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 pub const REPLAYED: &str = "idempotent-replayed";
@@ -122,9 +124,9 @@ async fn place(app: &App, headers: &HeaderMap, body: &[u8]) -> Reply {
         Err(message) => return Reply::error(400, "invalid", message),
     };
     let fingerprint = idempotency::fingerprint("POST", "/orders", &request.canonical());
-    let mut session = match app.pool.get().await {
+    let session = match app.pool.get().await {
         Ok(session) => session,
-        Err(e) => return unavailable(e.to_string()),
+        Err(e) => return unavailable(key, &e.to_string()),
     };
     let lease = match idempotency::begin(&session, &app.config.idempotency, key, &fingerprint).await {
         Ok(Begin::Owned(lease)) => lease,
@@ -133,7 +135,7 @@ async fn place(app: &App, headers: &HeaderMap, body: &[u8]) -> Reply {
         }
         Ok(Begin::Mismatch) => return Reply::error(422, "key_reused", mismatch(key)),
         Ok(Begin::Busy { retry_after }) => return busy(key).retry_after(retry_after),
-        Err(e) => return unavailable(e.to_string()),
+        Err(e) => return unavailable(key, &RelayError::Postgres(e).to_string()),
     };
     if lease.took_over {
         tracing::info!(
@@ -144,7 +146,19 @@ async fn place(app: &App, headers: &HeaderMap, body: &[u8]) -> Reply {
     }
     inject_faults(app).await;
     let traceparent = headers.get("traceparent").and_then(|v| v.to_str().ok());
-    match order::write(&mut session, &lease, &request, traceparent).await {
+    complete(app, session, &lease, &request, traceparent).await
+}
+
+/// The final write under `lease`, and what it means for the client.
+async fn complete(
+    app: &App,
+    mut session: Session<'_>,
+    lease: &Lease,
+    request: &OrderRequest,
+    traceparent: Option<&str>,
+) -> Reply {
+    let key = lease.key.as_str();
+    match order::write(&mut session, lease, request, traceparent).await {
         Ok(Written::Created(created)) => {
             tracing::info!(key, order_id = created.order_id, "order placed");
             if app.config.faults.abort_after_write {
@@ -155,13 +169,21 @@ async fn place(app: &App, headers: &HeaderMap, body: &[u8]) -> Reply {
         }
         Ok(Written::Fenced) => {
             tracing::warn!(key, token = lease.token, "lease taken over by another attempt: wrote nothing");
-            Reply::error(409, "fenced", fenced(key)).retry_after(idempotency::BUSY_RETRY_AFTER)
+            Reply::error(409, "fenced", fenced(key)).retry_after(idempotency::FENCED_RETRY_AFTER)
         }
         Err(e) => {
-            idempotency::release(&session, &lease).await;
-            let message = outbox_relay::error::RelayError::Postgres(e).to_string();
-            tracing::warn!(key, error = %message, "order not written; the key is free for a retry");
-            unavailable(message)
+            // the session may be the one that broke: the key is freed on another
+            drop(session);
+            if let Ok(fresh) = app.pool.get().await {
+                idempotency::release(&fresh, lease).await;
+            }
+            if idempotency::is_transient(&e) {
+                return unavailable(key, &RelayError::Postgres(e).to_string());
+            }
+            tracing::error!(key, error = %RelayError::Postgres(e), "order not written: the database refused it");
+            let message = "the order could not be written: the database refused it (the service's log says why); \
+                           retrying will not help until that is fixed";
+            Reply::error(500, "error", message.into())
         }
     }
 }
@@ -200,11 +222,13 @@ fn fenced(key: &str) -> String {
     )
 }
 
-fn unavailable(detail: String) -> Reply {
-    let message = format!(
-        "the order could not be written now ({detail}); nothing was written: retry with the same key"
-    );
-    Reply::error(503, "unavailable", message).retry_after(Duration::from_secs(1))
+/// A transient failure: the order may or may not have been written (a COMMIT whose answer was
+/// lost), and the same key tells which.
+fn unavailable(key: &str, detail: &str) -> Reply {
+    tracing::warn!(key, error = %detail, "order not written now; the key is free for a retry");
+    let message = "the database could not be reached, or the write failed for now; the order may or may not \
+                   have been written: retry with the same key, which tells";
+    Reply::error(503, "unavailable", message.into()).retry_after(Duration::from_secs(1))
 }
 
 /// `[faults]`: for tests and drills only.

@@ -9,6 +9,9 @@ use std::time::Duration;
 use outbox_relay::config::{ConfigError, DEFAULT_PG_APPLICATION_NAME, PostgresConfig, load_layered};
 use serde::{Deserialize, Serialize};
 
+/// The longest a key may be remembered.
+pub const MAX_KEY_TTL_SECS: u64 = 30 * 86_400;
+
 /// The environment prefix: `ORDERS__HTTP__LISTEN=0.0.0.0:8080`.
 pub const ENV_PREFIX: &str = "ORDERS";
 
@@ -110,7 +113,13 @@ impl OrdersConfig {
         if i.wait_ms > 60_000 {
             return Err(ConfigError::invalid("idempotency.wait_ms", "must be <= 60000"));
         }
-        if i.key_ttl_secs * 1000 <= i.lease_ms {
+        if !(1..=MAX_KEY_TTL_SECS).contains(&i.key_ttl_secs) {
+            return Err(ConfigError::invalid(
+                "idempotency.key_ttl_secs",
+                "must be between 1 and 2592000 (30 days)",
+            ));
+        }
+        if i.key_ttl_secs.saturating_mul(1000) <= i.lease_ms {
             return Err(ConfigError::invalid(
                 "idempotency.key_ttl_secs",
                 "must be longer than idempotency.lease_ms, or a key could expire while in progress",
@@ -127,5 +136,38 @@ impl IdempotencyConfig {
 
     pub fn wait(&self) -> Duration {
         Duration::from_millis(self.wait_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(extra_env: &[(&str, &str)]) -> Result<OrdersConfig, ConfigError> {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/orders.example.toml");
+        let env = extra_env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let config: OrdersConfig = load_layered(&file, ENV_PREFIX, env, "")?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    #[test]
+    fn the_example_file_loads_and_the_environment_overrides_it() {
+        let config = load(&[("ORDERS__HTTP__LISTEN", "0.0.0.0:9000")]).unwrap();
+        assert_eq!(config.http.listen, "0.0.0.0:9000");
+        assert_eq!(config.idempotency.lease_ms, 30_000);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        for (name, value, field) in [
+            ("ORDERS__IDEMPOTENCY__LEASE_MS", "5", "idempotency.lease_ms"),
+            ("ORDERS__IDEMPOTENCY__KEY_TTL_SECS", "99999999999", "idempotency.key_ttl_secs"),
+            ("ORDERS__HTTP__LISTEN", "nowhere", "http.listen"),
+            ("ORDERS__HTTP__POOL_SIZE", "0", "http.pool_size"),
+        ] {
+            let error = load(&[(name, value)]).unwrap_err().to_string();
+            assert!(error.contains(field), "{name}={value}: {error}");
+        }
     }
 }

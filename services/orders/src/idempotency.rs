@@ -44,9 +44,9 @@ pub struct Lease {
     pub took_over: bool,
 }
 
-/// The `Retry-After` of a 409: the other attempt is most likely about to finish (a crashed one
-/// is taken over once its lease is over, whenever the client asks after that).
-pub const BUSY_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// The `Retry-After` of a 409 from a fenced attempt: the attempt that took over is most likely
+/// about to finish.
+pub const FENCED_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// SHA-256 of what makes two requests the same request.
 pub fn fingerprint(method: &str, path: &str, canonical_body: &str) -> Vec<u8> {
@@ -60,22 +60,57 @@ pub fn fingerprint(method: &str, path: &str, canonical_body: &str) -> Vec<u8> {
 
 const CLAIM: &str = "INSERT INTO idempotency_keys \
      (key, fingerprint, state, lease_token, lease_expires_at, expires_at) \
-     VALUES ($1, $2, 'in_progress', 1, now() + make_interval(secs => $3), now() + make_interval(secs => $4)) \
+     VALUES ($1, $2, 'in_progress', nextval('idempotency_lease_tokens'), \
+             now() + make_interval(secs => $3), now() + make_interval(secs => $4)) \
      ON CONFLICT (key) DO NOTHING RETURNING lease_token";
 
 const READ: &str = "SELECT fingerprint, state, lease_token, lease_expires_at < now(), \
-     expires_at < now(), response_status, response_body \
+     expires_at < now(), response_status, response_body, \
+     extract(epoch FROM lease_expires_at - now())::float8 \
      FROM idempotency_keys WHERE key = $1";
 
+/// A new token from the sequence, never one a stalled worker could still hold; the key is kept
+/// at least a TTL from the takeover.
 const TAKE_OVER: &str = "UPDATE idempotency_keys \
-     SET state = 'in_progress', lease_token = lease_token + 1, \
-         lease_expires_at = now() + make_interval(secs => $3) \
+     SET state = 'in_progress', lease_token = nextval('idempotency_lease_tokens'), \
+         lease_expires_at = now() + make_interval(secs => $3), \
+         expires_at = greatest(expires_at, now() + make_interval(secs => $4)) \
      WHERE key = $1 AND lease_token = $2 \
        AND (state = 'failed' OR (state = 'in_progress' AND lease_expires_at < now())) \
      RETURNING lease_token";
 
 const FORGET_EXPIRED: &str = "DELETE FROM idempotency_keys \
-     WHERE key = $1 AND lease_token = $2 AND expires_at < now() AND state <> 'in_progress'";
+     WHERE key = $1 AND lease_token = $2 AND expires_at < now() \
+       AND (state <> 'in_progress' OR lease_expires_at < now())";
+
+/// The longest `Retry-After` of a 409: the holder's remaining lease, at most this.
+const BUSY_RETRY_AFTER_MAX: Duration = Duration::from_secs(5);
+
+/// The key's row as [`READ`] returns it.
+struct Held {
+    fingerprint: Vec<u8>,
+    state: String,
+    token: i64,
+    lapsed: bool,
+    expired: bool,
+    response: Option<(i16, serde_json::Value)>,
+    lease_left: Duration,
+}
+
+impl Held {
+    fn from_row(row: &tokio_postgres::Row) -> Held {
+        let status: Option<i16> = row.get(5);
+        Held {
+            fingerprint: row.get(0),
+            state: row.get(1),
+            token: row.get(2),
+            lapsed: row.get(3),
+            expired: row.get(4),
+            response: status.map(|s| (s, row.get(6))),
+            lease_left: Duration::from_secs_f64(row.get::<_, f64>(7).max(0.0)),
+        }
+    }
+}
 
 /// Claims `key` for a request with `fingerprint`, or says what to answer instead. Waits up to
 /// `idempotency.wait_ms` while another attempt holds the key.
@@ -92,34 +127,32 @@ pub async fn begin(
         if let Some(row) = client.query_opt(CLAIM, &[&key, &fingerprint, &lease_secs, &ttl_secs]).await? {
             return Ok(Begin::Owned(Lease { key: key.into(), token: row.get(0), took_over: false }));
         }
-        let Some(row) = client.query_opt(READ, &[&key]).await? else {
+        let Some(held) = client.query_opt(READ, &[&key]).await?.map(|row| Held::from_row(&row)) else {
             continue; // deleted by the cleanup in between: claim again
         };
-        if row.get::<_, Vec<u8>>(0) != fingerprint {
-            return Ok(Begin::Mismatch);
-        }
-        let (state, token): (String, i64) = (row.get(1), row.get(2));
-        let (lapsed, expired): (bool, bool) = (row.get(3), row.get(4));
-        if expired && state != "in_progress" {
-            client.execute(FORGET_EXPIRED, &[&key, &token]).await?;
+        // an expired key is forgotten first: after its TTL a key names a new request, whatever
+        // the body
+        if held.expired && (held.state != "in_progress" || held.lapsed) {
+            client.execute(FORGET_EXPIRED, &[&key, &held.token]).await?;
             continue;
         }
-        match state.as_str() {
-            "completed" => {
-                let status: i16 = row.get(5);
-                return Ok(Begin::Replay { status: status as u16, body: row.get(6) });
+        if held.fingerprint != fingerprint {
+            return Ok(Begin::Mismatch);
+        }
+        match (held.state.as_str(), held.response) {
+            ("completed", Some((status, body))) => return Ok(Begin::Replay { status: status as u16, body }),
+            ("failed", _) => {}
+            _ if held.lapsed => {}
+            _ if Instant::now() >= deadline => {
+                let retry_after = held.lease_left.clamp(Duration::from_secs(1), BUSY_RETRY_AFTER_MAX);
+                return Ok(Begin::Busy { retry_after });
             }
-            "failed" => {}
-            _ if lapsed => {}
             _ => {
-                if Instant::now() >= deadline {
-                    return Ok(Begin::Busy { retry_after: BUSY_RETRY_AFTER });
-                }
                 tokio::time::sleep(Duration::from_millis(25)).await;
                 continue;
             }
         }
-        if let Some(row) = client.query_opt(TAKE_OVER, &[&key, &token, &lease_secs]).await? {
+        if let Some(row) = client.query_opt(TAKE_OVER, &[&key, &held.token, &lease_secs, &ttl_secs]).await? {
             return Ok(Begin::Owned(Lease { key: key.into(), token: row.get(0), took_over: true }));
         }
     }
