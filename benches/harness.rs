@@ -19,6 +19,8 @@
 mod common;
 #[path = "harness/dedup.rs"]
 mod dedup;
+#[path = "harness/verify.rs"]
+mod verify;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -44,8 +46,11 @@ struct Options {
     rates: Vec<usize>,
     duration: Duration,
     out: Option<String>,
-    /// `--only dedup`: only the cost of exactly once (`harness/dedup.rs`).
+    /// `--only dedup`: only the cost of exactly once (`harness/dedup.rs`); `--only verify`: only
+    /// what `verify` costs (`harness/verify.rs`).
     only: Option<String>,
+    /// `--events` was given (sections with a default of their own keep it otherwise).
+    events_given: bool,
 }
 
 fn options() -> Options {
@@ -56,18 +61,22 @@ fn options() -> Options {
         duration: Duration::from_secs(60),
         out: Some("BENCHMARKS.md".into()),
         only: None,
+        events_given: false,
     };
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
     let mut i = 0;
     while i < args.len() {
         let value = args.get(i + 1).cloned().unwrap_or_default();
         match args[i].as_str() {
-            "--events" => o.events = value.parse().expect("--events N"),
+            "--events" => {
+                o.events = value.parse().expect("--events N");
+                o.events_given = true;
+            }
             "--runs" => o.runs = value.parse().expect("--runs N"),
             "--rates" => o.rates = value.split(',').map(|r| r.parse().expect("--rates a,b,c")).collect(),
             "--duration-secs" => o.duration = Duration::from_secs(value.parse().expect("--duration-secs N")),
             "--out" => o.out = if value == "-" { None } else { Some(value) },
-            "--only" if value == "dedup" => o.only = Some(value),
+            "--only" if value == "dedup" || value == "verify" => o.only = Some(value),
             other => panic!("unknown option {other}; see benches/harness.rs"),
         }
         i += 2;
@@ -638,14 +647,26 @@ fn write_report(out: &str, table: &str) {
 #[tokio::main]
 async fn main() {
     let o = options();
-    if o.only.is_some() {
-        let cost = dedup::run(&o).await;
-        let table = dedup::render(&o, &cost);
-        println!("{table}");
-        if let Some(out) = &o.out {
-            dedup::write_section(out, &table);
+    match o.only.as_deref() {
+        Some("dedup") => {
+            let cost = dedup::run(&o).await;
+            let table = dedup::render(&o, &cost);
+            println!("{table}");
+            if let Some(out) = &o.out {
+                dedup::write_section(out, "dedup-cost", &table);
+            }
+            return;
         }
-        return;
+        Some(_) => {
+            let (events, runs) = verify::run(&o).await;
+            let table = verify::render(&o, events, &runs);
+            println!("{table}");
+            if let Some(out) = &o.out {
+                dedup::write_section(out, "verify-cost", &table);
+            }
+            return;
+        }
+        None => {}
     }
     let results = run(&o).await;
     let table = render(&o, &results);

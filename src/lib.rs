@@ -38,6 +38,7 @@ pub mod relay;
 pub(crate) mod sampler;
 pub mod sink;
 pub mod source;
+pub mod status;
 pub(crate) mod supervisor;
 pub(crate) mod table;
 pub mod verify;

@@ -69,6 +69,20 @@ enum Command {
         #[arg(long, short, env = "OUTBOX_RELAY_CONFIG")]
         config: PathBuf,
     },
+    /// What an SRE looks at first: mode, the slot (holder, lag, retained WAL, wal_status,
+    /// safe_wal_size) or the polling backlog, the relay's sessions, and a running relay's
+    /// readiness, leadership and last confirmation. Reads only; changes nothing.
+    Status {
+        /// Configuration file (TOML).
+        #[arg(long, short, env = "OUTBOX_RELAY_CONFIG")]
+        config: PathBuf,
+        /// The relay's metrics listener, `http://host:port`; default: `metrics.listen` on this host.
+        #[arg(long)]
+        metrics_url: Option<String>,
+        /// `text` for people, `json` for machines.
+        #[arg(long, value_enum, default_value = "text")]
+        format: LogFormat,
+    },
     /// Compare the outbox with Kafka: rows missing from Kafka, records with no row, ids more than
     /// once, records of one key out of commit order, records that differ from their row. Changes
     /// nothing. Exits 0 when all is there, 1 when anything is missing, unexpected, out of order or
@@ -111,7 +125,8 @@ fn main() -> ExitCode {
         | Command::Check { config }
         | Command::Validate { config }
         | Command::Setup { config, .. }
-        | Command::Verify { config, .. } => config,
+        | Command::Verify { config, .. }
+        | Command::Status { config, .. } => config,
     };
     let config = match RelayConfig::load(config_path) {
         Ok(config) => config,
@@ -131,6 +146,9 @@ fn main() -> ExitCode {
         }
         Command::Check { .. } => runtime.block_on(run_check(&config)),
         Command::Setup { recreate_slot, .. } => runtime.block_on(run_setup(config, recreate_slot)),
+        Command::Status { metrics_url, format, .. } => {
+            runtime.block_on(run_status(&config, metrics_url.as_deref(), format))
+        }
         Command::Verify { since, until, format, wait_secs, show, .. } => {
             let options = verify::Options { since, until, wait: Duration::from_secs(wait_secs), show };
             runtime.block_on(run_verify(&config, &options, format))
@@ -169,6 +187,31 @@ async fn run_check(config: &RelayConfig) -> ExitCode {
         config.source.mode
     );
     if failed > 0 { ExitCode::from(EXIT_FAILURE) } else { ExitCode::SUCCESS }
+}
+
+async fn run_status(config: &RelayConfig, metrics_url: Option<&str>, format: LogFormat) -> ExitCode {
+    match outbox_relay::status::run(config, metrics_url).await {
+        Ok(lines) => {
+            match format {
+                LogFormat::Text => {
+                    let width = lines.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+                    for (key, value) in &lines {
+                        println!("{key:<width$}  {value}");
+                    }
+                }
+                LogFormat::Json => {
+                    let map: serde_json::Map<_, _> =
+                        lines.into_iter().map(|(k, v)| (k.to_string(), serde_json::Value::String(v))).collect();
+                    println!("{}", serde_json::to_string_pretty(&map).expect("json"));
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(EXIT_FAILURE)
+        }
+    }
 }
 
 async fn run_verify(config: &RelayConfig, options: &verify::Options, format: LogFormat) -> ExitCode {

@@ -148,11 +148,12 @@ pub fn render(o: &Options, cost: &DedupCost) -> String {
     table
 }
 
-/// Replaces the section between `<!-- dedup-cost -->` and `<!-- /dedup-cost -->` of `out`.
-pub fn write_section(out: &str, table: &str) {
+/// Replaces the section between `<!-- NAME -->` and `<!-- /NAME -->` of `out`.
+pub fn write_section(out: &str, name: &str, table: &str) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(out);
     let text = std::fs::read_to_string(&path).unwrap_or_default();
-    let (open, close) = ("<!-- dedup-cost -->", "<!-- /dedup-cost -->");
+    let (open, close) = (format!("<!-- {name} -->"), format!("<!-- /{name} -->"));
+    let (open, close) = (open.as_str(), close.as_str());
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
     let section = format!("{open}\nCommand: `deploy/local/bench {}`\n\n{table}{close}", args.join(" "));
     let updated = match (text.find(open), text.find(close)) {
@@ -160,5 +161,5 @@ pub fn write_section(out: &str, table: &str) {
         _ => format!("{text}\n{section}\n"),
     };
     std::fs::write(&path, updated).unwrap();
-    eprintln!("[bench] wrote the dedup section of {}", path.display());
+    eprintln!("[bench] wrote the {name} section of {}", path.display());
 }

@@ -1,0 +1,189 @@
+//! `outbox-relay status`: what an SRE needs to see first during an incident, in one command. It
+//! reads PostgreSQL (the slot, the relay's sessions, the polling backlog) and a running relay's
+//! `/metrics` and `/readyz`; it changes nothing.
+
+use std::time::{Duration, SystemTime};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_postgres::Client;
+
+use crate::config::{RelayConfig, SourceMode};
+use crate::error::RelayError;
+use crate::table::OutboxTable;
+
+/// One line of the report: what, and its value.
+pub type Line = (&'static str, String);
+
+/// How long the metrics endpoint may take to answer.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(3);
+/// The polling backlog is counted up to this.
+const BACKLOG_CAP: i64 = 1_000_000;
+
+const SLOT_SQL: &str = "SELECT s.active_pid, s.wal_status, s.safe_wal_size, \
+     (pg_current_wal_lsn() - s.confirmed_flush_lsn)::bigint, (pg_current_wal_lsn() - s.restart_lsn)::bigint, \
+     s.confirmed_flush_lsn::text, a.application_name, a.client_addr::text, \
+     to_char(a.backend_start, 'YYYY-MM-DD HH24:MI:SS TZ') \
+     FROM pg_replication_slots s LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid \
+     WHERE s.slot_name = $1 AND s.database = current_database()";
+
+/// Everything `status` shows, in order. `metrics_url`: the relay's listener
+/// (`http://host:port`); by default the one `metrics.listen` names, on this host.
+pub async fn run(config: &RelayConfig, metrics_url: Option<&str>) -> Result<Vec<Line>, RelayError> {
+    let (client, endpoint) = crate::postgres::connect_primary(&config.postgres).await?;
+    let mut lines = vec![
+        ("mode", config.source.mode.to_string()),
+        ("database", format!("{endpoint}/{}", config.postgres.database)),
+        ("relay sessions", relay_sessions(&client, config).await?),
+    ];
+    match config.source.mode {
+        SourceMode::Replication => lines.extend(slot(&client, &config.replication.slot).await?),
+        SourceMode::Polling => lines.extend(backlog(&client, config).await?),
+    }
+    let url = metrics_url.map(str::to_string).unwrap_or_else(|| default_url(&config.metrics.listen));
+    lines.extend(relay_view(&url).await);
+    Ok(lines)
+}
+
+/// The sessions named like this relay (`postgres.application_name`) on this database.
+async fn relay_sessions(client: &Client, config: &RelayConfig) -> Result<String, RelayError> {
+    let row = client
+        .query_one(
+            "SELECT count(*), count(*) FILTER (WHERE backend_type = 'walsender') FROM pg_stat_activity \
+             WHERE application_name = $1 AND (datname = current_database() OR datname IS NULL)",
+            &[&config.postgres.application_name],
+        )
+        .await?;
+    let (all, walsenders): (i64, i64) = (row.get(0), row.get(1));
+    Ok(format!("{all} named {:?} ({walsenders} streaming)", config.postgres.application_name))
+}
+
+async fn slot(client: &Client, slot: &str) -> Result<Vec<Line>, RelayError> {
+    let Some(row) = client.query_opt(SLOT_SQL, &[&slot]).await? else {
+        return Ok(vec![("slot", format!("\"{slot}\" does not exist: `outbox-relay setup` or `run` creates it"))]);
+    };
+    let pid: Option<i32> = row.get(0);
+    let holder = match pid {
+        None => "none: no relay streams from it (the leader is down, or every instance is a standby)".into(),
+        Some(pid) => {
+            let (name, addr, since): (Option<String>, Option<String>, Option<String>) =
+                (row.get(6), row.get(7), row.get(8));
+            format!(
+                "pid {pid}, {} from {} since {}",
+                name.unwrap_or_default(),
+                addr.unwrap_or_else(|| "a local socket".into()),
+                since.unwrap_or_default()
+            )
+        }
+    };
+    let bytes = |v: Option<i64>| v.map_or("-".to_string(), |b| format!("{b} bytes ({})", human(b)));
+    Ok(vec![
+        ("slot", format!("\"{slot}\"")),
+        ("leader (slot holder)", holder),
+        ("lag (WAL not confirmed)", bytes(row.get(3))),
+        ("retained WAL", bytes(row.get(4))),
+        ("wal_status", row.get::<_, Option<String>>(1).unwrap_or_else(|| "-".into())),
+        ("safe_wal_size", bytes(row.get(2))),
+        ("confirmed_flush_lsn", row.get::<_, Option<String>>(5).unwrap_or_else(|| "-".into())),
+    ])
+}
+
+async fn backlog(client: &Client, config: &RelayConfig) -> Result<Vec<Line>, RelayError> {
+    let table = OutboxTable::new(config);
+    let count: i64 = client.query_one(&table.backlog_count_sql(BACKLOG_CAP), &[]).await?.get(0);
+    let mut lines = vec![(
+        "backlog (unpublished rows)",
+        if count >= BACKLOG_CAP { format!("{BACKLOG_CAP} or more") } else { count.to_string() },
+    )];
+    if let Some(sql) = table.backlog_age_sql() {
+        let age: Option<f64> = client.query_opt(&sql, &[]).await?.map(|r| r.get(0));
+        lines.push(("oldest unpublished row", age.map_or("-".into(), |a| format!("{a:.1} s old"))));
+    }
+    Ok(lines)
+}
+
+/// What the relay itself says: readiness, leadership, the last confirmation.
+async fn relay_view(url: &str) -> Vec<Line> {
+    let Some(scrape) = get(url, "/metrics").await else {
+        return vec![(
+            "metrics endpoint",
+            format!("{url}: no answer (is a relay running there? --metrics-url names another)"),
+        )];
+    };
+    let sample = |name: &str| {
+        scrape
+            .lines()
+            .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    let ready = get(url, "/readyz").await.unwrap_or_default();
+    let leader = match sample(crate::metrics::LEADER) {
+        Some(v) if v >= 1.0 => "yes (this instance streams or polls)",
+        Some(_) => "no (standby, or not running its source)",
+        None => "-",
+    };
+    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs_f64();
+    let confirmed = match sample(crate::metrics::LAST_CONFIRM) {
+        Some(at) if at > 0.0 => format!("{:.1} s ago", (now - at).max(0.0)),
+        _ => "never, by this instance".into(),
+    };
+    vec![
+        ("metrics endpoint", format!("{url}: answers")),
+        ("readiness", ready.lines().next().unwrap_or("-").to_string()),
+        ("this instance leads", leader.into()),
+        ("last confirmation", confirmed),
+    ]
+}
+
+/// `http://127.0.0.1:PORT` for a listen address (an unspecified host is this one).
+fn default_url(listen: &str) -> String {
+    let port = listen.rsplit_once(':').map_or("9187", |(_, p)| p);
+    match listen.rsplit_once(':').map(|(h, _)| h) {
+        Some("0.0.0.0" | "[::]" | "") | None => format!("http://127.0.0.1:{port}"),
+        Some(host) => format!("http://{host}:{port}"),
+    }
+}
+
+/// A plain HTTP/1.0 GET; the body, or None without an answer.
+async fn get(url: &str, path: &str) -> Option<String> {
+    let address = url.trim_start_matches("http://").trim_end_matches('/').to_string();
+    let fetch = async {
+        let mut stream = tokio::net::TcpStream::connect(&address).await.ok()?;
+        let request = format!("GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.ok()?;
+        response.split_once("\r\n\r\n").map(|(_, body)| body.to_string())
+    };
+    tokio::time::timeout(HTTP_TIMEOUT, fetch).await.ok().flatten()
+}
+
+/// `1234567` -> `1.2 MiB`.
+fn human(bytes: i64) -> String {
+    let mut value = bytes as f64;
+    for unit in ["B", "KiB", "MiB", "GiB"] {
+        if value.abs() < 1024.0 {
+            return format!("{value:.1} {unit}");
+        }
+        value /= 1024.0;
+    }
+    format!("{value:.1} TiB")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_url_is_the_listener_on_this_host() {
+        assert_eq!(default_url("0.0.0.0:9187"), "http://127.0.0.1:9187");
+        assert_eq!(default_url("127.0.0.1:9300"), "http://127.0.0.1:9300");
+        assert_eq!(default_url("relay-0.metrics:9187"), "http://relay-0.metrics:9187");
+    }
+
+    #[test]
+    fn sizes_read_as_people_read_them() {
+        assert_eq!(human(512), "512.0 B");
+        assert_eq!(human(1_572_864), "1.5 MiB");
+    }
+}
