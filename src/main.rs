@@ -51,9 +51,14 @@ enum Command {
         #[arg(long, short, env = "OUTBOX_RELAY_CONFIG")]
         config: PathBuf,
         /// Drop the slot (e.g. invalidated: wal_status = lost) and create it again, re-publishing
-        /// every row the outbox table still holds. Stop the relay instances first.
+        /// the rows the outbox table still holds (with dedup.enabled, the default, only those
+        /// Kafka lacks). Stop the relay instances first.
         #[arg(long)]
         recreate_slot: bool,
+        /// Publish only the rows Kafka lacks, reading the topics back first, even with
+        /// dedup.enabled = false (needs kafka.source_headers = true).
+        #[arg(long)]
+        skip_published: bool,
     },
     /// Load and validate the configuration (file and OUTBOX_RELAY__* environment) without
     /// connecting anywhere; print the effective configuration, secrets redacted, as JSON.
@@ -145,7 +150,20 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Check { .. } => runtime.block_on(run_check(&config)),
-        Command::Setup { recreate_slot, .. } => runtime.block_on(run_setup(config, recreate_slot)),
+        Command::Setup { recreate_slot, skip_published, .. } => {
+            let mut config = config;
+            if skip_published {
+                if !config.kafka.source_headers {
+                    eprintln!(
+                        "error: --skip-published finds the relay's records by their outbox_relay_source header: \
+                         set kafka.source_headers = true (the records already in Kafka must carry it too)"
+                    );
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+                config.dedup.enabled = true;
+            }
+            runtime.block_on(run_setup(config, recreate_slot))
+        }
         Command::Status { metrics_url, format, .. } => {
             runtime.block_on(run_status(&config, metrics_url.as_deref(), format))
         }
@@ -200,8 +218,10 @@ async fn run_status(config: &RelayConfig, metrics_url: Option<&str>, format: Log
                     }
                 }
                 LogFormat::Json => {
-                    let map: serde_json::Map<_, _> =
-                        lines.into_iter().map(|(k, v)| (k.to_string(), serde_json::Value::String(v))).collect();
+                    let map: serde_json::Map<_, _> = lines
+                        .into_iter()
+                        .map(|(k, v)| (k.to_string(), serde_json::Value::String(v)))
+                        .collect();
                     println!("{}", serde_json::to_string_pretty(&map).expect("json"));
                 }
             }
@@ -249,7 +269,13 @@ async fn run_setup(config: RelayConfig, recreate_slot: bool) -> ExitCode {
             println!("publication \"{publication}\": present");
             match consistent_point {
                 Some(lsn) => {
-                    println!("slot \"{slot}\": created at {lsn}; rows already in the table published")
+                    let m = outbox_relay::metrics::metrics();
+                    let published = m.events_published.with_label_values(&["replication"]).get();
+                    let skipped = m.dedup_skipped.with_label_values(&["replication"]).get();
+                    println!(
+                        "slot \"{slot}\": created at {lsn}; rows already in the table: {published} published, \
+                         {skipped} already in Kafka (not sent again)"
+                    )
                 }
                 None => println!("slot \"{slot}\": present, nothing to do"),
             }

@@ -59,7 +59,10 @@ async fn relay_sessions(client: &Client, config: &RelayConfig) -> Result<String,
 
 async fn slot(client: &Client, slot: &str) -> Result<Vec<Line>, RelayError> {
     let Some(row) = client.query_opt(SLOT_SQL, &[&slot]).await? else {
-        return Ok(vec![("slot", format!("\"{slot}\" does not exist: `outbox-relay setup` or `run` creates it"))]);
+        return Ok(vec![(
+            "slot",
+            format!("\"{slot}\" does not exist: `outbox-relay setup` or `run` creates it"),
+        )]);
     };
     let pid: Option<i32> = row.get(0);
     let holder = match pid {

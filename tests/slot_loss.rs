@@ -110,3 +110,50 @@ async fn a_slot_invalidated_for_idling_is_refused_naming_the_timeout() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_slot_recovered_with_skip_published_sends_only_what_kafka_lacks_and_verify_agrees() {
+    // given a relay with the read-back off (dedup.enabled = false) that published 200 events and
+    // stopped, 50 more written meanwhile, on a server that keeps at most 1 MB of WAL for slots
+    let server = hold("hold-postgres", &[("OUTBOX_PG_EXTRA_OPTS", "-c max_slot_wal_keep_size=1MB")]);
+    let db = TestDb::create_at(&server["OUTBOX_RELAY_TEST_PG_URL"], "", true).await;
+    let s = Setup::create_on(db, &services().kafka, "", true, |slot| {
+        format!("[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n[dedup]\nenabled = false\n")
+    })
+    .await;
+    let client = s.db.client().await;
+    let consumer = consumer(&[&s.topic]);
+    let mut relay = s.start("relay");
+    relay.wait_ready("active").await;
+    for i in 0..200 {
+        insert_event(&client, &s.aggregate_type, Some(&format!("a-{}", i % 7))).await;
+    }
+    assert_eq!(consume(&consumer, 200, IDLE).await.len(), 200, "{}", relay.log_text());
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+    for i in 0..50 {
+        insert_event(&client, &s.aggregate_type, Some(&format!("a-{}", i % 7))).await;
+    }
+
+    // when the slot is lost and recreated with --skip-published
+    checkpoint_until_lost(
+        &client,
+        &s.slot,
+        "SELECT pg_switch_wal(); CREATE TEMP TABLE IF NOT EXISTS w (x int)",
+    )
+    .await;
+    let config = s.config().display().to_string();
+    let (code, stdout, stderr) =
+        run_relay(&["setup", "--recreate-slot", "--skip-published", "--config", &config], EXIT_LIMIT);
+
+    // then only the 50 Kafka lacked are sent, it says so, and verify finds every row once
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("50 published, 200 already in Kafka"), "{stdout}");
+    assert_eq!(consume(&consumer, usize::MAX, LINGER).await.len(), 50);
+    let (code, stdout, stderr) = run_relay(&["verify", "--config", &config, "--format", "json"], EXIT_LIMIT);
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"));
+    assert_eq!(code, 0, "{report}");
+    assert_eq!((report["rows"].as_u64(), report["records"].as_u64()), (Some(250), Some(250)), "{report}");
+    for class in ["missing", "pending", "duplicated"] {
+        assert_eq!(report[class]["count"], 0, "{class}: {report}");
+    }
+}

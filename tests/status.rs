@@ -9,7 +9,8 @@ use common::*;
 fn status(s: &Setup, metrics_port: u16) -> String {
     let config = s.config().display().to_string();
     let url = format!("http://127.0.0.1:{metrics_port}");
-    let (code, stdout, stderr) = run_relay(&["status", "--config", &config, "--metrics-url", &url], EXIT_LIMIT);
+    let (code, stdout, stderr) =
+        run_relay(&["status", "--config", &config, "--metrics-url", &url], EXIT_LIMIT);
     assert_eq!(code, 0, "{stdout}{stderr}");
     stdout
 }
@@ -33,14 +34,13 @@ async fn replication_status_shows_the_slot_its_holder_and_the_relay_s_own_view()
     relay.wait_ready("active").await;
     insert_event(&s.db.client().await, &s.aggregate_type, Some("a-1")).await;
     relay.wait_metric("outbox_relay_events_published_total{mode=\"replication\"}", |v| v >= 1.0).await;
-    let pid: i32 = s
-        .db
-        .client()
-        .await
-        .query_one("SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1", &[&s.slot])
-        .await
-        .unwrap()
-        .get(0);
+    let pid: i32 =
+        s.db.client()
+            .await
+            .query_one("SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1", &[&s.slot])
+            .await
+            .unwrap()
+            .get(0);
 
     // when status runs
     let report = status(&s, relay.metrics_port());

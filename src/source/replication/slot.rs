@@ -438,7 +438,10 @@ impl Copy<'_> {
         let results = self.source.sink.publish(chunk, self.pulse).await;
         for (event, result) in std::mem::take(chunk).into_iter().zip(results) {
             match result {
-                Ok(()) => acknowledged += 1,
+                Ok(()) => {
+                    acknowledged += 1;
+                    crate::metrics::metrics().events_published.with_label_values(&[MODE]).inc();
+                }
                 Err(PublishError::Permanent(reason)) => {
                     // the record is kept for retries only when the policy holds at it
                     let retry = self.source.dead_letters.blocks().then(|| event.clone());
