@@ -234,7 +234,7 @@ impl Checker {
 }
 
 /// The settings of verify's reader: the user's (TLS, SASL), reading committed records only,
-/// reporting each partition's end, never committing.
+/// reporting each partition's end, never committing, prefetching at most 16 MB.
 fn reader_config(kafka: &KafkaConfig) -> ClientConfig {
     let mut cc = client_config(kafka);
     cc.set("group.id", format!("{}-verify", kafka.client_id))
@@ -244,6 +244,9 @@ fn reader_config(kafka: &KafkaConfig) -> ClientConfig {
         .set("auto.offset.reset", "earliest")
         .set("isolation.level", "read_committed")
         .set("fetch.wait.max.ms", "100")
+        // librdkafka prefetches up to 64 MB per client by default; verify reads one topic at a
+        // time and keeps up, so a smaller queue bounds its memory at no cost in speed
+        .set("queued.max.messages.kbytes", "16384")
         .set("log_level", "3");
     cc
 }
