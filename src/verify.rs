@@ -30,6 +30,9 @@ use expected::{Expected, fingerprint};
 use records::{Located, Reader};
 use report::Report;
 
+/// Rows fetched from the window at a time.
+const ROW_BATCH: i32 = 10_000;
+
 /// What to compare, and how much to show.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -73,7 +76,7 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Report, Veri
                 .into(),
         ));
     }
-    let (client, _) = crate::postgres::connect_primary(&config.postgres).await?;
+    let (mut client, _) = crate::postgres::connect_primary(&config.postgres).await?;
     let table = OutboxTable::new(config);
     let (since, until) = window(&client, &table, options).await?;
     let source = crate::sink::dedup::source_identity(&client, config).await?;
@@ -84,7 +87,7 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Report, Veri
         until: described(&client, until).await?,
         ..Report::default()
     };
-    let mut expected = read_rows(&client, &table, config, (since, until), options.show, &mut report).await?;
+    let mut expected = read_rows(&mut client, &table, config, (since, until), options.show, &mut report).await?;
     let caught_up = match config.source.mode {
         SourceMode::Replication => slot_caught_up(&client, &config.replication.slot, options.wait).await?,
         SourceMode::Polling => Ok(()),
@@ -164,31 +167,37 @@ async fn described(client: &Client, at: Option<SystemTime>) -> Result<Option<Str
 
 /// Streams the rows of the window into their expected records.
 async fn read_rows(
-    client: &Client,
+    client: &mut Client,
     table: &OutboxTable,
     config: &RelayConfig,
     window: (Option<SystemTime>, Option<SystemTime>),
     show: usize,
     report: &mut Report,
 ) -> Result<Expected, VerifyError> {
-    use futures::TryStreamExt;
     let mapping = Mapping::new(&config.outbox);
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&window.0, &window.1];
-    let rows = client.query_raw(&table.window_sql(), params).await?;
-    futures::pin_mut!(rows);
+    // a portal read in batches: the rows are never all in memory, whatever the window
+    let txn = client.build_transaction().read_only(true).start().await?;
+    let portal = txn.bind(&table.window_sql(), &[&window.0, &window.1]).await?;
     let mut expected = Expected::default();
-    while let Some(row) = rows.try_next().await? {
-        let (raw, created_at) = raw_event(&row)?;
-        let id = raw.id.clone().unwrap_or_default();
-        match mapping.to_event(raw, created_at) {
-            Ok(event) => {
-                let headers = event.headers.iter().map(|(k, v)| (k.as_str(), v.as_bytes()));
-                let print = fingerprint(&event.topic, event.key.as_bytes(), &event.payload, headers);
-                expected.add(&event.id, &event.topic, print);
+    loop {
+        let rows = txn.query_portal(&portal, ROW_BATCH).await?;
+        for row in &rows {
+            let (raw, created_at) = raw_event(row)?;
+            let id = raw.id.clone().unwrap_or_default();
+            match mapping.to_event(raw, created_at) {
+                Ok(event) => {
+                    let headers = event.headers.iter().map(|(k, v)| (k.as_str(), v.as_bytes()));
+                    let print = fingerprint(&event.topic, event.key.as_bytes(), &event.payload, headers);
+                    expected.add(&event.id, &event.topic, print);
+                }
+                Err(refused) => report.unpublishable.note(show, || format!("{id} ({})", refused.reason)),
             }
-            Err(refused) => report.unpublishable.note(show, || format!("{id} ({})", refused.reason)),
+        }
+        if rows.len() < ROW_BATCH as usize {
+            break;
         }
     }
+    txn.commit().await?;
     report.rows = expected.rows + report.unpublishable.count;
     report.topics = expected.topics.iter().cloned().collect();
     Ok(expected)

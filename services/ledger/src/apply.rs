@@ -42,6 +42,19 @@ pub enum Outcome {
     Duplicate,
 }
 
+/// What the inbox holds for an event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    /// `debited`, `declined` or `dead_lettered`.
+    pub outcome: String,
+    /// The row was written for this very record (same topic, partition and offset): the
+    /// record is a redelivery, not another copy of the event.
+    pub same_record: bool,
+}
+
+/// The outcome of an event sent to the dead-letter topic.
+pub const DEAD_LETTERED: &str = "dead_lettered";
+
 /// The tables the ledger writes; checked at start.
 const TABLES: [&str; 4] = ["wallets", "processed_events", "ledger_entries", "outbox_events"];
 
@@ -63,10 +76,16 @@ const DECLINED_SQL: &str =
 const FOLLOW_UP_SQL: &str = "INSERT INTO outbox_events \
      (aggregate_type, aggregate_id, event_type, payload, headers) \
      VALUES ('payment', $1, $2, $3, $4)";
-const SEEN_SQL: &str = "SELECT outcome FROM processed_events WHERE event_id = $1";
+const SEEN_SQL: &str = "SELECT outcome, topic = $2 AND \"partition\" = $3 AND \"offset\" = $4 \
+     FROM processed_events WHERE event_id = $1";
+/// A `dead_lettered` row is moved to the newest copy dead-lettered (a replay that failed again),
+/// so a redelivery of that copy is known as one; any other row stays.
 const DEAD_LETTERED_SQL: &str = "INSERT INTO processed_events \
      (event_id, topic, \"partition\", \"offset\", outcome, detail) \
-     VALUES ($1, $2, $3, $4, 'dead_lettered', $5) ON CONFLICT (event_id) DO NOTHING";
+     VALUES ($1, $2, $3, $4, 'dead_lettered', $5) \
+     ON CONFLICT (event_id) DO UPDATE SET topic = EXCLUDED.topic, \"partition\" = EXCLUDED.\"partition\", \
+     \"offset\" = EXCLUDED.\"offset\", detail = EXCLUDED.detail, processed_at = now() \
+     WHERE processed_events.outcome = 'dead_lettered'";
 
 /// The statements of one session, prepared once.
 struct Statements {
@@ -97,7 +116,10 @@ pub enum OpenError {
 impl OpenError {
     fn from_db(error: tokio_postgres::Error) -> OpenError {
         match crate::retry::classify(&error) {
-            Failure::Fatal | Failure::Permanent => OpenError::Fatal(LedgerError::Database(describe(&error))),
+            Failure::Fatal | Failure::Permanent => OpenError::Fatal(LedgerError::Database {
+                during: "opening a session".into(),
+                error: describe(&error),
+            }),
             Failure::Outage | Failure::Contended => OpenError::Retry(describe(&error)),
         }
     }
@@ -181,14 +203,21 @@ impl Session {
         Ok(outcome)
     }
 
-    /// The outcome already recorded for `event_id`, if any.
-    pub async fn seen(&self, event_id: &str) -> Result<Option<String>, tokio_postgres::Error> {
-        let row = self.client.query_opt(&self.statements.seen, &[&event_id]).await?;
-        Ok(row.map(|row| row.get(0)))
+    /// What the inbox holds for `event_id`, read from `record`, if anything.
+    pub async fn seen(
+        &self,
+        event_id: &str,
+        record: &Inbound,
+    ) -> Result<Option<Seen>, tokio_postgres::Error> {
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+            [&event_id, &record.topic, &record.partition, &record.offset];
+        let row = self.client.query_opt(&self.statements.seen, &params).await?;
+        Ok(row.map(|row| Seen { outcome: row.get(0), same_record: row.get(1) }))
     }
 
     /// Records that `record` (event `event_id`) went to the dead-letter topic for `reason`.
-    /// An event already recorded keeps its outcome.
+    /// An event debited or declined keeps its outcome; one dead-lettered before now names
+    /// `record` and `reason`.
     pub async fn record_dead_letter(
         &self,
         event_id: &str,

@@ -90,10 +90,6 @@ impl Default for ConsumerConfig {
     }
 }
 
-fn invalid(path: &str, message: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid { path: path.into(), message: message.into() }
-}
-
 impl ConsumerConfig {
     /// The dead-letter topic in effect.
     pub fn dead_letter_topic(&self) -> String {
@@ -120,26 +116,35 @@ impl ConsumerConfig {
     /// Checks what types alone cannot; each error names the `consumer.*` field to fix.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.topic.is_empty() {
-            return Err(invalid("consumer.topic", "must not be empty"));
+            return Err(ConfigError::invalid("consumer.topic", "must not be empty"));
         }
         if self.group_id.is_empty() {
-            return Err(invalid("consumer.group_id", "must not be empty"));
+            return Err(ConfigError::invalid("consumer.group_id", "must not be empty"));
         }
         if self.dead_letter_topic() == self.topic {
-            return Err(invalid("consumer.dead_letter_topic", "must differ from consumer.topic"));
+            return Err(ConfigError::invalid(
+                "consumer.dead_letter_topic",
+                "must differ from consumer.topic",
+            ));
         }
         if self.max_attempts == 0 {
-            return Err(invalid("consumer.max_attempts", "must be >= 1"));
+            return Err(ConfigError::invalid("consumer.max_attempts", "must be >= 1"));
         }
         if self.initial_backoff_ms == 0 {
-            return Err(invalid("consumer.initial_backoff_ms", "must be > 0"));
+            return Err(ConfigError::invalid("consumer.initial_backoff_ms", "must be > 0"));
         }
         if self.max_backoff_ms < self.initial_backoff_ms {
-            return Err(invalid("consumer.max_backoff_ms", "must be >= consumer.initial_backoff_ms"));
+            return Err(ConfigError::invalid(
+                "consumer.max_backoff_ms",
+                "must be >= consumer.initial_backoff_ms",
+            ));
         }
         if self.lock_timeout_ms == 0 {
             // 0 means "wait forever" to PostgreSQL: a held lock would stall the consumer silently
-            return Err(invalid("consumer.lock_timeout_ms", "must be > 0 (0 would wait for a lock forever)"));
+            return Err(ConfigError::invalid(
+                "consumer.lock_timeout_ms",
+                "must be > 0 (0 would wait for a lock forever)",
+            ));
         }
         Ok(())
     }
@@ -149,7 +154,10 @@ impl ConsumerConfig {
 fn validate_consumer_properties(kafka: &KafkaConfig) -> Result<(), ConfigError> {
     for (key, _) in kafka.client_properties() {
         if let Some((_, why)) = RESERVED_CONSUMER_PROPERTIES.iter().find(|(reserved, _)| *reserved == key) {
-            return Err(invalid(&format!("kafka.properties.\"{key}\""), format!("may not be set: {why}")));
+            return Err(ConfigError::invalid(
+                format!("kafka.properties.\"{key}\""),
+                format!("may not be set: {why}"),
+            ));
         }
     }
     Ok(())

@@ -15,6 +15,11 @@
 //! - a record is never skipped: it is applied, declined, found a duplicate, or dead-lettered;
 //!   an unreachable database or broker is waited for without limit (logging each failure at
 //!   warn), because every record would fail alike;
+//! - no single record can stop or wedge the consumer: whatever one record's data makes the
+//!   database refuse ends in a dead letter, and if even the `dead_lettered` inbox row is
+//!   refused, the offset is committed anyway once the broker holds the dead letter (logged at
+//!   error). Only a failure every record would share stops the process
+//!   ([`LedgerError::Database`]);
 //! - records are processed one at a time: a record in backoff holds back this instance's other
 //!   partitions, for at most `max_attempts` backoffs of at most `max_backoff_ms` each. More
 //!   throughput: more instances in the group (up to the partition count);
@@ -32,9 +37,9 @@ use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, ClientContext};
 use tokio::sync::watch;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
-use crate::apply::{OpenError, Outcome, Session};
+use crate::apply::{DEAD_LETTERED, OpenError, Outcome, Seen, Session};
 use crate::config::{DEFAULT_SESSION_TIMEOUT_MS, LedgerConfig};
 use crate::dead_letter::DeadLetters;
 use crate::error::LedgerError;
@@ -218,7 +223,10 @@ impl Ledger {
                 }
                 Failure::Permanent => format!("the database refused the event: {}", describe(&error)),
                 // (an outage never gets here: on_session waits it out)
-                Failure::Fatal | Failure::Outage => return Err(LedgerError::Database(describe(&error))),
+                Failure::Fatal | Failure::Outage => {
+                    let during = format!("applying event {} ({})", order.event_id, record.position());
+                    return Err(LedgerError::Database { during, error: describe(&error) });
+                }
             };
             return self.dead_letter(record, &order.event_id, &reason, attempt).await;
         }
@@ -243,19 +251,40 @@ impl Ledger {
         }
     }
 
-    /// Dead-letters a record that can never be applied, unless the inbox has its event
-    /// already (a redelivery of a record dead-lettered before).
+    /// Dead-letters a record that can never be applied, unless it is a redelivery: its event
+    /// was applied, or this very record was dead-lettered before.
+    ///
+    /// Another copy of an event dead-lettered before (a replay from the dead-letter topic, or
+    /// a second publication) that still cannot be read is dead-lettered again, not skipped:
+    /// `replay-dlq` committed past the earlier dead letter, so skipping would leave no copy
+    /// to replay once the cause is fixed, and the operator would learn of it only from a log
+    /// line. A replay that fails in the transaction is dead-lettered again alike.
     async fn dead_letter_poison(&mut self, record: &Inbound, reason: &str) -> Result<Step, LedgerError> {
         let event_id = record.event_id();
-        let Some(seen) = self.on_session_until_done(async |s| s.seen(&event_id).await).await? else {
-            return Ok(Step::Interrupted);
-        };
-        if let Some(outcome) = seen {
-            self.tally.duplicates += 1;
-            debug!(%event_id, %outcome, record = %record.position(), "duplicate delivery skipped");
-            return Ok(Step::Done);
+        let during = format!("looking up event {event_id} in the inbox");
+        let seen =
+            match self.on_session_until_done(&during, async |s| s.seen(&event_id, record).await).await? {
+                Attempt::Done(seen) => seen,
+                Attempt::Interrupted => return Ok(Step::Interrupted),
+                Attempt::Failed(e) => {
+                    // cannot happen for an id record.rs accepted; dead-lettering costs at most a
+                    // second copy, skipping could lose the record
+                    warn!(%event_id, error = %describe(&e), "cannot look the event up in the inbox");
+                    None
+                }
+            };
+        match seen {
+            Some(Seen { outcome, same_record }) if outcome != DEAD_LETTERED || same_record => {
+                self.tally.duplicates += 1;
+                debug!(%event_id, %outcome, record = %record.position(), "duplicate delivery skipped");
+                Ok(Step::Done)
+            }
+            Some(_) => {
+                info!(%event_id, record = %record.position(), "an event dead-lettered before arrived again");
+                self.dead_letter(record, &event_id, reason, 1).await
+            }
+            None => self.dead_letter(record, &event_id, reason, 1).await,
         }
-        self.dead_letter(record, &event_id, reason, 1).await
     }
 
     /// Produces the dead letter (waiting for the broker's acknowledgement), then records it.
@@ -273,37 +302,54 @@ impl Ledger {
                 return Ok(Step::Interrupted);
             }
         }
-        let recorded =
-            self.on_session_until_done(async |s| s.record_dead_letter(event_id, record, reason).await);
-        if recorded.await?.is_none() {
-            return Ok(Step::Interrupted);
+        let during = format!("recording the dead letter of event {event_id}");
+        let recorded = self
+            .on_session_until_done(&during, async |s| s.record_dead_letter(event_id, record, reason).await);
+        let position = record.position();
+        match recorded.await? {
+            Attempt::Done(()) => {
+                warn!(%event_id, record = %position, %reason, attempts, "dead-lettered");
+            }
+            Attempt::Interrupted => return Ok(Step::Interrupted),
+            Attempt::Failed(e) => {
+                // the broker holds the dead letter, so committing loses nothing; stopping
+                // instead would redeliver this record after the restart, to fail alike forever
+                let error = describe(&e);
+                error!(%event_id, record = %position, %reason, attempts, %error,
+                    "dead-lettered, but the inbox refused its row: committing the offset anyway");
+            }
         }
         self.tally.dead_lettered += 1;
-        warn!(%event_id, record = %record.position(), %reason, attempts, "dead-lettered");
         Ok(Step::Done)
     }
 
     /// As [`Ledger::on_session`], also retrying contention (a lock timeout on the inbox row)
     /// without limit: for the bookkeeping around a dead letter, which has no attempt budget.
-    /// None on shutdown.
+    /// Fails with a [`Failure::Permanent`] error only (this record's); a fatal one stops the
+    /// process, naming what it was `during`.
     async fn on_session_until_done<T>(
         &mut self,
+        during: &str,
         mut op: impl AsyncFnMut(&mut Session) -> Result<T, tokio_postgres::Error>,
-    ) -> Result<Option<T>, LedgerError> {
+    ) -> Result<Attempt<T>, LedgerError> {
         let mut backoff = self.config.consumer.backoff();
         loop {
             let error = match self.on_session(&mut op).await? {
-                Attempt::Done(value) => return Ok(Some(value)),
-                Attempt::Interrupted => return Ok(None),
                 Attempt::Failed(error) => error,
+                done_or_interrupted => return Ok(done_or_interrupted),
             };
-            if crate::retry::classify(&error) != Failure::Contended {
-                return Err(LedgerError::Database(describe(&error)));
+            match crate::retry::classify(&error) {
+                Failure::Contended => {}
+                Failure::Permanent => return Ok(Attempt::Failed(error)),
+                // (an outage never gets here: on_session waits it out)
+                Failure::Fatal | Failure::Outage => {
+                    return Err(LedgerError::Database { during: during.into(), error: describe(&error) });
+                }
             }
             let error = describe(&error);
             warn!(%error, "inbox statement failed, retrying");
             if !self.pause(backoff.next_delay()).await {
-                return Ok(None);
+                return Ok(Attempt::Interrupted);
             }
         }
     }

@@ -11,9 +11,12 @@
 //! - a replay re-produces a dead letter to its `dlq_topic` without the `dlq_*` headers, i.e. as
 //!   the relay first wrote it, and commits the dead-letter offset after the broker acknowledged
 //!   it. The inbox makes a replay of an event that was applied meanwhile harmless, and lets a
-//!   dead-lettered event be applied once.
+//!   dead-lettered event be applied once;
+//! - a replay ends at the end of each partition as it was when the replay started: a replayed
+//!   record that fails again comes back as a new dead letter, and chasing it would send it
+//!   round and round while a ledger runs. It waits for the next replay.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use outbox_relay::config::KafkaConfig;
@@ -101,7 +104,8 @@ fn owned(headers: &HeaderList) -> OwnedHeaders {
 
 /// `ledger replay-dlq`: sends up to `limit` dead letters back to their original topics, in
 /// group `<group_id>-replay`, committing each after the broker acknowledged its copy. Stops at
-/// the end of every partition, after `limit`, or on shutdown. Returns how many it sent.
+/// the end every partition had when it started, after `limit`, or on shutdown. Returns how
+/// many it sent.
 pub async fn replay(
     config: &LedgerConfig,
     limit: Option<u64>,
@@ -111,8 +115,10 @@ pub async fn replay(
     let consumer = replay_consumer(config, &dead_letter_topic)?;
     let sender = DeadLetters::new(&config.kafka, dead_letter_topic.clone())?;
     let partitions = partition_count(&consumer, &dead_letter_topic)?;
+    let ends = end_offsets(&consumer, &dead_letter_topic, partitions)?;
     let group = config.consumer.replay_group_id();
     tracing::info!(topic = %dead_letter_topic, partitions, %group, "replaying dead letters");
+    // partitions replayed up to their end offset at the start
     let mut at_end = HashSet::new();
     let mut replayed = 0;
     while limit.is_none_or(|limit| replayed < limit) && at_end.len() < partitions {
@@ -136,10 +142,19 @@ pub async fn replay(
             }
             Ok(Ok(message)) => Inbound::from_message(&message),
         };
-        at_end.remove(&record.partition);
+        let end = ends.get(&record.partition).copied().unwrap_or(0);
+        if record.offset >= end {
+            // dead-lettered since the replay started (perhaps a replayed record that failed
+            // again): left, uncommitted, for the next replay
+            at_end.insert(record.partition);
+            continue;
+        }
         replay_one(&sender, &config.consumer.topic, &record).await?;
         commit_sync(&consumer, &record)?;
         replayed += 1;
+        if record.offset + 1 >= end {
+            at_end.insert(record.partition);
+        }
     }
     Ok(replayed)
 }
@@ -166,6 +181,26 @@ fn partition_count(consumer: &StreamConsumer, topic: &str) -> Result<usize, Ledg
         return Err(LedgerError::Kafka { what: format!("dead-letter topic {topic} does not exist"), source });
     }
     Ok(partitions)
+}
+
+/// Each partition's end offset (high watermark) now: where this replay stops.
+fn end_offsets(
+    consumer: &StreamConsumer,
+    topic: &str,
+    partitions: usize,
+) -> Result<HashMap<i32, i64>, LedgerError> {
+    let mut ends = HashMap::new();
+    for partition in 0..i32::try_from(partitions).unwrap_or(i32::MAX) {
+        let (_, high) =
+            consumer.fetch_watermarks(topic, partition, Duration::from_secs(30)).map_err(|source| {
+                LedgerError::Kafka {
+                    what: format!("cannot read the end offset of {topic}[{partition}]"),
+                    source,
+                }
+            })?;
+        ends.insert(partition, high);
+    }
+    Ok(ends)
 }
 
 /// Sends one dead letter to its `dlq_topic` (`fallback_topic` when it has none).

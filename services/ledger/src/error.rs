@@ -1,6 +1,8 @@
-//! Errors that stop the process. Everything else (an unreachable database, a lock timeout, a
-//! poison record, a broker hiccup) is handled where it happens: retried, declined or
-//! dead-lettered (see [`crate::retry`]). Each message says what to do.
+//! Errors that stop the process: each means no record can be applied until an operator acts.
+//! Everything else (an unreachable database, a lock timeout, a poison record, a record the
+//! database refuses, a broker hiccup) is handled where it happens: retried, declined or
+//! dead-lettered (see [`crate::retry`]), so one record can never stop the consumer. Each message
+//! says what to do.
 
 use outbox_relay::config::ConfigError;
 use outbox_relay::error::RelayError;
@@ -19,9 +21,14 @@ pub enum LedgerError {
          relay's sql/001_outbox_events.sql for outbox_events) to it, then start the ledger again"
     )]
     MissingTables { database: String, tables: String },
-    /// The database cannot apply any event (a table or column gone, a privilege missing).
-    #[error("postgres: {0}: the ledger cannot apply events to this database; fix it and start again")]
-    Database(String),
+    /// The database cannot apply any event (a table or column gone, a privilege missing): an
+    /// error classified [`crate::retry::Failure::Fatal`], or one that fails opening a session.
+    /// Never a single record's failure: that record is dead-lettered instead.
+    #[error(
+        "postgres: {during}: {error}: no event can be applied to this database until that is \
+         fixed (a table, column or privilege missing?); fix it and start the ledger again"
+    )]
+    Database { during: String, error: String },
     #[error("kafka: cannot create the {client}: {source}; check the [kafka] section")]
     KafkaClient { client: &'static str, source: KafkaError },
     #[error("kafka: {what}: {source}")]

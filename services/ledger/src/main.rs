@@ -10,8 +10,9 @@
 //!    crash redelivers, and the inbox turns a redelivery into a no-op;
 //! 3. the debit is a single conditional UPDATE: two concurrent debits can never overdraw;
 //! 4. a lock timeout, serialization failure or deadlock is retried with backoff, then
-//!    dead-lettered; an unreachable database is waited for, never dead-lettered ([`retry`]);
-//! 5. a record that can never apply (not JSON, a field missing, no `id` header, an unknown
+//!    dead-lettered; an unreachable database, or one out of disk, memory or otherwise failing
+//!    server-wide, is waited for, never dead-lettered ([`retry`]);
+//! 5. a record that can never apply (not JSON, a field missing, no usable `id` header, an unknown
 //!    event type) goes to the dead-letter topic at once, with every original header and the
 //!    reason ([`dead_letter`]); nothing is skipped silently.
 //!
@@ -98,7 +99,7 @@ async fn run(command: Command) -> Result<(), LedgerError> {
     let shutdown = shutdown_signal();
     match command {
         Command::Run { .. } => {
-            tracing::info!(version = env!("CARGO_PKG_VERSION"), "starting ledger: {}", config.summary());
+            tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %config.summary(), "starting ledger");
             match Ledger::start(config, shutdown).await? {
                 Some(ledger) => ledger.run().await,
                 None => Ok(()),

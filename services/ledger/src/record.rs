@@ -6,8 +6,13 @@
 //!   dead-lettered at once, never retried;
 //! - a poison reason names what is wrong (the header, the field), because it travels with the
 //!   record to the dead-letter topic as `dlq_reason` for the operator who reads it;
-//! - the event id is the relay's `id` header (the outbox row id); a record without one is
-//!   known by `<topic>/<partition>/<offset>` ([`Inbound::event_id`]).
+//! - the event id is the relay's `id` header (the outbox row id) when it is 1 to
+//!   [`MAX_EVENT_ID_CHARS`] characters of UTF-8 without a control character; a record without
+//!   such an id is poison, and is known by `<topic>/<partition>/<offset>`
+//!   ([`Inbound::event_id`]). So the inbox key the database gets is always one it can store and
+//!   index (a NUL byte would be refused, a multi-kilobyte key exceeds a btree row);
+//! - a reason quotes record data only escaped and shortened ([`excerpt`]): it is stored in
+//!   `processed_events.detail`, which must accept it whatever the record holds.
 
 use rdkafka::Message;
 use rdkafka::message::{BorrowedMessage, Headers};
@@ -19,6 +24,11 @@ pub const ID_HEADER: &str = "id";
 pub const EVENT_TYPE_HEADER: &str = "event_type";
 /// The one event type this consumer applies.
 pub const ORDER_PLACED: &str = "OrderPlaced";
+/// The longest `id` header accepted as an event id. The relay's ids (outbox row ids) are far
+/// shorter; the limit keeps the inbox key well inside a btree index row.
+pub const MAX_EVENT_ID_CHARS: usize = 128;
+/// How much of a value a poison reason quotes.
+const EXCERPT_CHARS: usize = 40;
 
 /// A record copied out of the consumer, so the consumer can be polled again while it is
 /// applied, retried or dead-lettered.
@@ -58,12 +68,40 @@ impl Inbound {
             .and_then(|value| std::str::from_utf8(value).ok())
     }
 
-    /// The event id: the `id` header, or `<topic>/<partition>/<offset>` without one.
+    /// The event id: the `id` header, or `<topic>/<partition>/<offset>` without a valid one.
     pub fn event_id(&self) -> String {
-        match self.header(ID_HEADER).filter(|id| !id.is_empty()) {
-            Some(id) => id.to_string(),
-            None => self.position(),
+        match self.id_header() {
+            Ok(id) => id.to_string(),
+            Err(_) => self.position(),
         }
+    }
+
+    /// The `id` header if it can be an event id, or the poison reason why not.
+    fn id_header(&self) -> Result<&str, String> {
+        let what = "header id (the event id)";
+        let Some((_, value)) = self.headers.iter().find(|(key, _)| key == ID_HEADER) else {
+            return Err(format!("missing {what}: the relay sets it on every record"));
+        };
+        let Some(value) = value.as_deref() else {
+            return Err(format!("{what} is null"));
+        };
+        let Ok(id) = std::str::from_utf8(value) else {
+            return Err(format!("{what} is not UTF-8"));
+        };
+        let chars = id.chars().count();
+        if chars == 0 {
+            return Err(format!("{what} is empty"));
+        }
+        if chars > MAX_EVENT_ID_CHARS {
+            return Err(format!(
+                "{what} is {chars} characters long, at most {MAX_EVENT_ID_CHARS}: {}",
+                excerpt(id)
+            ));
+        }
+        if id.chars().any(char::is_control) {
+            return Err(format!("{what} holds a control character: {}", excerpt(id)));
+        }
+        Ok(id)
     }
 
     /// `<topic>/<partition>/<offset>`, for logs.
@@ -93,16 +131,13 @@ pub struct Poison(pub String);
 /// Reads `record` as an `OrderPlaced` event, or says why it is not one.
 pub fn classify(record: &Inbound) -> Result<OrderPlaced, Poison> {
     let poison = |reason: String| Err(Poison(reason));
-    let event_id = match record.header(ID_HEADER) {
-        Some(id) if !id.is_empty() => id.to_string(),
-        Some(_) => return poison("header id (the event id) is empty".into()),
-        None => return poison("missing header id (the event id): the relay sets it on every record".into()),
-    };
+    let event_id = record.id_header().map_err(Poison)?.to_string();
     match record.header(EVENT_TYPE_HEADER) {
         Some(ORDER_PLACED) => {}
         Some(other) => {
             return poison(format!(
-                "unknown event_type \"{other}\": this consumer applies {ORDER_PLACED} only"
+                "unknown event_type {}: this consumer applies {ORDER_PLACED} only",
+                excerpt(other)
             ));
         }
         None => return poison("missing header event_type".into()),
@@ -127,7 +162,7 @@ pub fn classify(record: &Inbound) -> Result<OrderPlaced, Poison> {
         return poison(format!("field total_cents: must be > 0, got {}", order.total_cents));
     }
     if !is_uuid(&order.payment_id) {
-        return poison(format!("field payment_id: \"{}\" is not a UUID", order.payment_id));
+        return poison(format!("field payment_id: {} is not a UUID", excerpt(&order.payment_id)));
     }
     Ok(order)
 }
@@ -163,6 +198,14 @@ fn kind(value: &Value) -> String {
     let text = value.to_string();
     let excerpt: String = text.chars().take(40).collect();
     format!("{name} ({excerpt}{})", if text.chars().count() > 40 { "..." } else { "" })
+}
+
+/// `text` quoted, escaped (a NUL byte or a control character as `\0`, `\u{1b}`) and cut to
+/// [`EXCERPT_CHARS`] characters: record data as a reason may quote it.
+fn excerpt(text: &str) -> String {
+    let shown: String = text.chars().take(EXCERPT_CHARS).collect();
+    let cut = if text.chars().count() > EXCERPT_CHARS { "..." } else { "" };
+    format!("{shown:?}{cut}")
 }
 
 /// `8-4-4-4-12` hexadecimal digits: what PostgreSQL's uuid input accepts in canonical form.
@@ -265,6 +308,51 @@ mod tests {
         assert_eq!(r.event_id(), "outbox.event.order/2/7");
         r.headers.push(("id".into(), None));
         assert_eq!(r.event_id(), "outbox.event.order/2/7");
+    }
+
+    #[test]
+    fn an_id_the_database_could_not_store_is_poison_and_known_by_its_position() {
+        let with_id = |id: Option<&[u8]>| {
+            let mut r = record(Some("OrderPlaced"), &valid_payload());
+            r.headers[0].1 = id.map(<[u8]>::to_vec);
+            r
+        };
+        let long = "7".repeat(MAX_EVENT_ID_CHARS + 1);
+        let cases: [(&[u8], &str); 5] = [
+            (b"4\x002", r#"header id (the event id) holds a control character: "4\02""#),
+            (b"4\n2", r#"holds a control character: "4\n2""#),
+            (long.as_bytes(), "header id (the event id) is 129 characters long, at most 128: \"7777"),
+            (b"\xff42", "header id (the event id) is not UTF-8"),
+            (b"", "header id (the event id) is empty"),
+        ];
+        for (id, expected) in cases {
+            let r = with_id(Some(id));
+            let reason = reason(&r);
+            assert!(reason.contains(expected), "expected {expected:?} in {reason:?}");
+            assert!(!reason.chars().any(char::is_control), "a reason holds no control character: {reason:?}");
+            assert!(reason.len() < 200, "a reason quotes an excerpt only: {reason:?}");
+            assert_eq!(r.event_id(), "outbox.event.order/2/7");
+        }
+        assert_eq!(reason(&with_id(None)), "header id (the event id) is null");
+        // the longest id accepted, and any printable text
+        let longest = "é".repeat(MAX_EVENT_ID_CHARS);
+        assert_eq!(classify(&with_id(Some(longest.as_bytes()))).unwrap().event_id, longest);
+        assert_eq!(with_id(Some(b"order 42/a")).event_id(), "order 42/a");
+    }
+
+    #[test]
+    fn record_data_in_a_reason_is_escaped_and_shortened() {
+        let nul_type = record(Some("Order\0Placed"), &valid_payload());
+        assert!(
+            reason(&nul_type).starts_with(r#"unknown event_type "Order\0Placed": "#),
+            "{}",
+            reason(&nul_type)
+        );
+        let long_payment = valid_payload().replace(PAYMENT, &"a\\u0000".repeat(100));
+        let reason = reason(&record(Some("OrderPlaced"), &long_payment));
+        assert!(reason.starts_with(r#"field payment_id: "a\0a\0"#), "{reason}");
+        assert!(reason.ends_with(r#"\0"... is not a UUID"#), "{reason}");
+        assert!(!reason.contains('\0'));
     }
 
     #[test]

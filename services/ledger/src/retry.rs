@@ -1,14 +1,17 @@
 //! What happens after a failed database transaction, and how long to wait before the next try.
 //!
 //! [`classify`] is THE policy, one SQLSTATE table:
-//! - [`Failure::Outage`]: the session is gone or the server refuses work for now (connection
-//!   lost, shutting down, too many connections). Every record would fail alike, so the same
-//!   record is retried on a new session without limit and never dead-lettered for it;
+//! - [`Failure::Outage`]: the session is gone or the server cannot do work for now (connection
+//!   lost, shutting down, too many connections; out of disk, memory or another resource (class
+//!   53), a system or I/O error (class 58), an internal error (class XX)). Every record would
+//!   fail alike, so the same record is retried on a new session without limit and never
+//!   dead-lettered for it: a full disk must not dead-letter valid payments;
 //! - [`Failure::Contended`]: this record's transaction lost a race (`lock_timeout`, a
 //!   serialization failure, a deadlock) or failed for an unknown reason. Retried up to
 //!   `consumer.max_attempts`, then dead-lettered;
 //! - [`Failure::Permanent`]: the database refuses this record's data (a check or unique
-//!   constraint, a bad value). Retrying cannot help: dead-lettered at once;
+//!   constraint, a bad value, a program limit such as an index row too large). Retrying
+//!   cannot help: dead-lettered at once;
 //! - [`Failure::Fatal`]: the database is not what the ledger needs (a table or column missing,
 //!   a privilege, the credentials). Every record would fail: the process stops, exit 1.
 //!
@@ -65,8 +68,13 @@ pub fn classify_sqlstate(code: &SqlState) -> Failure {
         return Failure::Contended;
     }
     match class {
-        // data exception, integrity constraint violation
-        "22" | "23" => Failure::Permanent,
+        // insufficient resources (disk full, out of memory), system error (I/O), internal
+        // error: the server's trouble, not this record's; retrying the same record on a new
+        // session is all the ledger can do until an operator fixes the server
+        "53" | "58" | "XX" => Failure::Outage,
+        // data exception, integrity constraint violation, program limit exceeded (a value too
+        // large for an index row): this record's data, whatever the attempt
+        "22" | "23" | "54" => Failure::Permanent,
         // invalid authorization, invalid catalog name, syntax error or access rule violation
         // (undefined table or column, insufficient privilege)
         "28" | "3D" | "42" => Failure::Fatal,
@@ -132,7 +140,17 @@ mod tests {
             ("40001", Failure::Contended),
             ("40P01", Failure::Contended),
             ("57014", Failure::Contended),
-            ("XX000", Failure::Contended),
+            // unknown: a transient error of this transaction, retried up to max_attempts
+            ("P0001", Failure::Contended),
+            ("53100", Failure::Outage),
+            ("53200", Failure::Outage),
+            ("53400", Failure::Outage),
+            ("58030", Failure::Outage),
+            ("58P01", Failure::Outage),
+            ("XX000", Failure::Outage),
+            ("XX001", Failure::Outage),
+            ("54000", Failure::Permanent),
+            ("22021", Failure::Permanent),
             ("08006", Failure::Outage),
             ("08001", Failure::Outage),
             ("57P01", Failure::Outage),
