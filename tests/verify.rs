@@ -70,14 +70,20 @@ async fn after_a_clean_run_verify_finds_everything_once_and_in_order_in_both_mod
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn verify_names_each_fault_put_into_the_topic_or_the_table() {
+async fn verify_names_each_fault_put_into_the_topic_or_the_table_in_both_modes() {
+    for mode in ["replication", "polling"] {
+        faults_are_named(mode).await;
+    }
+}
+
+async fn faults_are_named(mode: &str) {
     // given a relay that published every event
-    let (s, records) = published("replication").await;
+    let (s, records) = published(mode).await;
     let client = s.db.client().await;
 
     // when a record is sent twice, a record with no row appears, a record of an existing id
     // arrives with another value, two new events of one key arrive in the wrong order, and a
-    // row is committed that the slot then skips
+    // row is committed that the relay never sends (the slot moved past it, or marked published)
     produce_again(&records[0]).await;
     let mut phantom = records[1].clone();
     set_header(&mut phantom, "id", "987654321");
@@ -85,7 +91,7 @@ async fn verify_names_each_fault_put_into_the_topic_or_the_table() {
     let mut changed = records[2].clone();
     changed.payload = Some("{\"changed\": true}".into());
     produce_again(&changed).await;
-    let swapped = skipped_rows(&s, &client, 3).await;
+    let swapped = skipped_rows(&s, &client, 3, mode).await;
     for id in [&swapped[1], &swapped[0]] {
         let mut record = records[3].clone();
         record.key = Some("agg-swap".into());
@@ -97,23 +103,27 @@ async fn verify_names_each_fault_put_into_the_topic_or_the_table() {
     }
     let missing = &swapped[2];
     // (a relay streams again meanwhile, so verify knows what the slot has confirmed)
-    let mut relay = s.start("again");
-    relay.wait_ready("active").await;
+    let mut relay = (mode == "replication").then(|| s.start("again"));
+    if let Some(relay) = &relay {
+        relay.wait_ready("active").await;
+    }
 
     // then verify fails, naming each
     let (code, report) = verify(&s, &["--show", "50"]);
-    assert_eq!(code, 1, "{report}");
-    assert_eq!(count(&report, "missing"), 1, "{report}");
-    assert_eq!(report["missing"]["first"][0], missing.as_str(), "{report}");
-    assert_eq!(count(&report, "unexpected"), 1, "{report}");
+    assert_eq!(code, 1, "{mode}: {report}");
+    assert_eq!(count(&report, "missing"), 1, "{mode}: {report}");
+    assert_eq!(report["missing"]["first"][0], missing.as_str(), "{mode}: {report}");
+    assert_eq!(count(&report, "unexpected"), 1, "{mode}: {report}");
     assert!(report["unexpected"]["first"][0].as_str().unwrap().starts_with("987654321 ("), "{report}");
-    assert_eq!(count(&report, "duplicated"), 2, "{report}");
-    assert_eq!(count(&report, "mismatched"), 1, "{report}");
-    assert_eq!(report["mismatched"]["first"][0], records[2].header("id").unwrap(), "{report}");
-    assert_eq!(count(&report, "out_of_order"), 1, "{report}");
+    assert_eq!(count(&report, "duplicated"), 2, "{mode}: {report}");
+    assert_eq!(count(&report, "mismatched"), 1, "{mode}: {report}");
+    assert_eq!(report["mismatched"]["first"][0], records[2].header("id").unwrap(), "{mode}: {report}");
+    assert_eq!(count(&report, "out_of_order"), 1, "{mode}: {report}");
     assert!(report["out_of_order"]["first"][0].as_str().unwrap().contains("agg-swap"), "{report}");
-    assert_eq!(count(&report, "pending"), 0, "{report}");
-    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+    assert_eq!(count(&report, "pending"), 0, "{mode}: {report}");
+    if let Some(relay) = &mut relay {
+        assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -175,21 +185,23 @@ fn set_header(record: &mut Consumed, name: &str, value: &str) {
     }
 }
 
-/// Commits `n` rows of key `agg-swap` and moves the (inactive) slot past them, so the relay
-/// never sends them; returns their ids.
-async fn skipped_rows(s: &Setup, client: &tokio_postgres::Client, n: usize) -> Vec<String> {
+/// Commits `n` rows of key `agg-swap` that the relay never sends: the (inactive) slot moves
+/// past them, or they are marked published as they are written. Returns their ids.
+async fn skipped_rows(s: &Setup, client: &tokio_postgres::Client, n: usize, mode: &str) -> Vec<String> {
+    let published_at = if mode == "polling" { "now()" } else { "NULL" };
     let mut ids = Vec::new();
     for _ in 0..n {
-        let row = client
-            .query_one(
-                "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
-                 VALUES ($1, 'agg-swap', 'E', '{}') RETURNING id::text",
-                &[&s.aggregate_type],
-            )
+        let sql = format!(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, published_at) \
+             VALUES ($1, 'agg-swap', 'E', '{{}}', {published_at}) RETURNING id::text"
+        );
+        ids.push(client.query_one(&sql, &[&s.aggregate_type]).await.unwrap().get(0));
+    }
+    if mode == "replication" {
+        client
+            .execute("SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())", &[&s.slot])
             .await
             .unwrap();
-        ids.push(row.get(0));
     }
-    client.execute("SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())", &[&s.slot]).await.unwrap();
     ids
 }
