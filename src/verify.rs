@@ -87,7 +87,8 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Report, Veri
         until: described(&client, until).await?,
         ..Report::default()
     };
-    let mut expected = read_rows(&mut client, &table, config, (since, until), options.show, &mut report).await?;
+    let mut expected =
+        read_rows(&mut client, &table, config, (since, until), options.show, &mut report).await?;
     let caught_up = match config.source.mode {
         SourceMode::Replication => slot_caught_up(&client, &config.replication.slot, options.wait).await?,
         SourceMode::Polling => Ok(()),

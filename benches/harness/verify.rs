@@ -56,6 +56,8 @@ pub async fn run(o: &Options) -> (usize, Vec<VerifyRun>) {
 /// Runs `outbox-relay verify --format json` to the end, timing it and reading its rusage.
 fn verify_once(config: &str) -> VerifyRun {
     let started = Instant::now();
+    // waited for with wait4 below, for its rusage
+    #[allow(clippy::zombie_processes)]
     let child = Command::new(relay_bin())
         .args(["--log-level", "warn", "verify", "--config", config, "--format", "json", "--wait-secs", "5"])
         .stdout(Stdio::piped())
