@@ -152,6 +152,22 @@ fn main() -> ExitCode {
         Command::Check { .. } => runtime.block_on(run_check(&config)),
         Command::Setup { recreate_slot, skip_published, .. } => {
             let mut config = config;
+            if config.source.mode != outbox_relay::config::SourceMode::Replication {
+                // a slot made here would hold WAL for no one
+                if recreate_slot || skip_published {
+                    eprintln!(
+                        "error: --recreate-slot and --skip-published are for replication mode, and source.mode \
+                         is {}: polling has no slot",
+                        config.source.mode
+                    );
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+                println!(
+                    "source.mode = {}: nothing to set up (setup prepares replication mode's slot)",
+                    config.source.mode
+                );
+                return ExitCode::SUCCESS;
+            }
             if skip_published {
                 if !config.kafka.source_headers {
                     eprintln!(

@@ -44,12 +44,14 @@ pub async fn run(config: &RelayConfig, metrics_url: Option<&str>) -> Result<Vec<
     Ok(lines)
 }
 
-/// The sessions named like this relay (`postgres.application_name`) on this database.
+/// The sessions named like this relay (`postgres.application_name`) on this database, this
+/// command's own aside.
 async fn relay_sessions(client: &Client, config: &RelayConfig) -> Result<String, RelayError> {
     let row = client
         .query_one(
             "SELECT count(*), count(*) FILTER (WHERE backend_type = 'walsender') FROM pg_stat_activity \
-             WHERE application_name = $1 AND (datname = current_database() OR datname IS NULL)",
+             WHERE application_name = $1 AND (datname = current_database() OR datname IS NULL) \
+               AND pid <> pg_backend_pid()",
             &[&config.postgres.application_name],
         )
         .await?;

@@ -45,8 +45,11 @@ async fn replication_status_shows_the_slot_its_holder_and_the_relay_s_own_view()
     // when status runs
     let report = status(&s, relay.metrics_port());
 
-    // then it names the mode, the slot, its holder, and what the relay says of itself
+    // then it names the mode, the relay's sessions (a leader holds its walsender, the SQL
+    // session that holds the slot's lock, and the sampler's), the slot, its holder, and what
+    // the relay says of itself
     assert_eq!(line(&report, "mode"), "replication");
+    assert_eq!(line(&report, "relay sessions"), "3 named \"outbox-relay\" (1 streaming)", "{report}");
     assert_eq!(line(&report, "slot"), format!("\"{}\"", s.slot));
     assert!(line(&report, "leader (slot holder)").starts_with(&format!("pid {pid}, ")), "{report}");
     assert_eq!(line(&report, "wal_status"), "reserved");
@@ -61,6 +64,7 @@ async fn replication_status_shows_the_slot_its_holder_and_the_relay_s_own_view()
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
     let report = status(&s, port);
     assert!(line(&report, "leader (slot holder)").starts_with("none"), "{report}");
+    assert_eq!(line(&report, "relay sessions"), "0 named \"outbox-relay\" (0 streaming)", "{report}");
     assert!(line(&report, "metrics endpoint").contains("no answer"), "{report}");
 }
 
