@@ -216,8 +216,35 @@ async fn confirmed(client: &Client, slot: &str) -> i64 {
 #[derive(Default, Clone)]
 struct Drain {
     seconds: f64,
+    /// Events/s from the first acknowledged event to the last: the steady rate, without the
+    /// start-up and the first read-back.
+    after_first: f64,
     rss_mib: f64,
     cpu_per_100k: f64,
+}
+
+/// Waits until `done` (checked with the relay's published count), noting when the first event
+/// was acknowledged; returns (seconds since `started`, events/s after the first event).
+async fn timed_drain(
+    relay: &Relay,
+    events: usize,
+    started: Instant,
+    what: &str,
+    mut done: impl AsyncFnMut(f64) -> bool,
+) -> (f64, f64) {
+    let mut first: Option<Instant> = None;
+    wait_until_within(DRAIN_LIMIT, what, async || {
+        let published = relay.published();
+        if first.is_none() && published >= 1.0 {
+            first = Some(Instant::now());
+        }
+        done(published).await
+    })
+    .await;
+    let seconds = started.elapsed().as_secs_f64();
+    let steady =
+        first.map_or(0.0, |f| (events.saturating_sub(1)) as f64 / f.elapsed().as_secs_f64().max(1e-3));
+    (seconds, steady)
 }
 
 /// Replication backlog drain; also pg_recvlogical on a twin slot over the same WAL.
@@ -252,15 +279,15 @@ async fn replication_drain(events: usize) -> (Drain, f64) {
     // the relay
     let started = Instant::now();
     let relay = Relay::start(&db, "replication", &slot);
-    wait_until_within(DRAIN_LIMIT, "the replication drain", async || {
-        relay.published() >= events as f64 && confirmed(&client, &slot).await >= end
-    })
-    .await;
-    let seconds = started.elapsed().as_secs_f64();
+    let (seconds, after_first) =
+        timed_drain(&relay, events, started, "the replication drain", async |published| {
+            published >= events as f64 && confirmed(&client, &slot).await >= end
+        })
+        .await;
     let (rss, cpu) = relay.usage();
     drop(relay);
     drop(db);
-    (Drain { seconds, rss_mib: rss, cpu_per_100k: cpu * 100_000.0 / events as f64 }, recvlogical)
+    (Drain { seconds, after_first, rss_mib: rss, cpu_per_100k: cpu * 100_000.0 / events as f64 }, recvlogical)
 }
 
 async fn polling_drain(events: usize) -> Drain {
@@ -271,16 +298,16 @@ async fn polling_drain(events: usize) -> Drain {
     client.execute("CALL write_backlog($1, $2)", &[&(events as i32), &aggregate_type]).await.unwrap();
     let started = Instant::now();
     let relay = Relay::start(&db, "polling", "unused");
-    wait_until_within(DRAIN_LIMIT, "the polling drain", async || {
-        let left: i64 = client.query_one("SELECT count(*) FROM outbox_events", &[]).await.unwrap().get(0);
-        left == 0 && relay.published() >= events as f64
-    })
-    .await;
-    let seconds = started.elapsed().as_secs_f64();
+    let (seconds, after_first) =
+        timed_drain(&relay, events, started, "the polling drain", async |published| {
+            let left: i64 = client.query_one("SELECT count(*) FROM outbox_events", &[]).await.unwrap().get(0);
+            left == 0 && published >= events as f64
+        })
+        .await;
     let (rss, cpu) = relay.usage();
     drop(relay);
     drop(db);
-    Drain { seconds, rss_mib: rss, cpu_per_100k: cpu * 100_000.0 / events as f64 }
+    Drain { seconds, after_first, rss_mib: rss, cpu_per_100k: cpu * 100_000.0 / events as f64 }
 }
 
 /// A plain idempotent acks=all producer sending records shaped like the relay's.
@@ -557,11 +584,19 @@ fn render(o: &Options, results: &Results) -> String {
         "| measure ({} events, median of {} runs, min-max) | value |\n|---|---|\n",
         o.events, o.runs
     );
+    let repl_steady = repl.iter().map(|d| d.after_first).collect::<Vec<_>>();
+    let poll_steady = poll.iter().map(|d| d.after_first).collect::<Vec<_>>();
     table += &format!("| replication drain, events/s | {} |\n", stat(&repl_rate, 0));
+    table += &format!("| replication drain after the first event, events/s | {} |\n", stat(&repl_steady, 0));
     table += &format!("| pg_recvlogical on the same WAL, events/s | {} |\n", stat(&recv_rate, 0));
     table += &format!("| plain rdkafka producer, same records, events/s | {} |\n", stat(&prod_rate, 0));
     table += &format!("| polling drain, events/s | {} |\n", stat(&poll_rate, 0));
+    table += &format!("| polling drain after the first event, events/s | {} |\n", stat(&poll_steady, 0));
     table += &format!("| replication / pg_recvlogical | {} |\n", stat(&ratio(&repl_rate, &recv_rate), 2));
+    table += &format!(
+        "| replication after the first event / pg_recvlogical (whole) | {} |\n",
+        stat(&ratio(&repl_steady, &recv_rate), 2)
+    );
     table += &format!("| replication / plain producer | {} |\n", stat(&ratio(&repl_rate, &prod_rate), 2));
     table += &format!("| polling / replication | {} |\n", stat(&ratio(&poll_rate, &repl_rate), 2));
     table += &format!(
