@@ -247,18 +247,37 @@ async fn timed_drain(
     (seconds, steady)
 }
 
-/// Replication backlog drain; also pg_recvlogical on a twin slot over the same WAL.
-async fn replication_drain(events: usize) -> (Drain, f64) {
+/// A fresh database with the relay's slot made before a backlog was written.
+struct Backlog {
+    db: TestDb,
+    client: Client,
+    slot: String,
+    aggregate_type: String,
+    /// The WAL position after the backlog.
+    end: i64,
+}
+
+/// A [`Backlog`] of `events` events for a topic of `partitions`; `twin`, when given, is a plain
+/// pgoutput slot made alongside the relay's.
+async fn slot_backlog(partitions: i32, events: usize, twin: Option<&str>) -> Backlog {
     let db = backlog_db().await;
     let client = db.client().await;
-    let aggregate_type = format!("r{}", random_suffix());
-    create_topic(&format!("outbox.event.{aggregate_type}"), PARTITIONS).await;
+    let aggregate_type = format!("b{}", random_suffix());
+    create_topic(&format!("outbox.event.{aggregate_type}"), partitions).await;
     let slot = format!("s_{}", random_suffix());
     Relay::setup(&db, &slot);
-    let twin = format!("t_{}", random_suffix());
-    client.execute("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", &[&twin]).await.unwrap();
+    if let Some(twin) = twin {
+        client.execute("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", &[&twin]).await.unwrap();
+    }
     client.execute("CALL write_backlog($1, $2)", &[&(events as i32), &aggregate_type]).await.unwrap();
     let end = wal_lsn(&client).await;
+    Backlog { db, client, slot, aggregate_type, end }
+}
+
+/// Replication backlog drain; also pg_recvlogical on a twin slot over the same WAL.
+async fn replication_drain(events: usize) -> (Drain, f64) {
+    let twin = format!("t_{}", random_suffix());
+    let Backlog { db, client, slot, end, .. } = slot_backlog(PARTITIONS, events, Some(&twin)).await;
     let end_text: String = client.query_one("SELECT pg_current_wal_lsn()::text", &[]).await.unwrap().get(0);
 
     // the limit: pg_recvlogical drains the same WAL to a file

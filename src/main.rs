@@ -169,14 +169,12 @@ fn main() -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             if skip_published {
-                if !config.kafka.source_headers {
-                    eprintln!(
-                        "error: --skip-published finds the relay's records by their outbox_relay_source header: \
-                         set kafka.source_headers = true (the records already in Kafka must carry it too)"
-                    );
+                // the read-back's own requirements (kafka.source_headers) hold as for dedup.enabled
+                config.dedup.enabled = true;
+                if let Err(e) = config.validate() {
+                    eprintln!("error: --skip-published: {e}");
                     return ExitCode::from(EXIT_CONFIG);
                 }
-                config.dedup.enabled = true;
             }
             runtime.block_on(run_setup(config, recreate_slot))
         }

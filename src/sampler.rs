@@ -15,7 +15,7 @@ use crate::source::replication::failover;
 use crate::table::OutboxTable;
 
 /// Rows counted at most, so sampling a huge backlog stays cheap.
-const BACKLOG_COUNT_CAP: i64 = 1_000_000;
+pub(crate) const BACKLOG_COUNT_CAP: i64 = 1_000_000;
 
 pub fn spawn(config: RelayConfig) {
     let interval = Duration::from_secs(config.metrics.sample_interval_secs);
@@ -99,14 +99,25 @@ async fn sample_slot(
     Ok(())
 }
 
-async fn sample_backlog(config: &RelayConfig, client: &Client) -> Result<(), tokio_postgres::Error> {
-    let m = metrics();
+/// The unpublished rows, counted up to [`BACKLOG_COUNT_CAP`], and the age in seconds of the one
+/// with the lowest id: `None` without a created_at column, `Some(None)` without a row (or with a
+/// NULL created_at). `status` shows the same.
+pub(crate) async fn backlog(
+    config: &RelayConfig,
+    client: &Client,
+) -> Result<(i64, Option<Option<f64>>), tokio_postgres::Error> {
     let table = OutboxTable::new(config);
     let count: i64 = client.query_one(&table.backlog_count_sql(BACKLOG_COUNT_CAP), &[]).await?.get(0);
     let age = match table.backlog_age_sql() {
         Some(sql) => Some(client.query_opt(&sql, &[]).await?.and_then(|r| r.get::<_, Option<f64>>(0))),
         None => None,
     };
+    Ok((count, age))
+}
+
+async fn sample_backlog(config: &RelayConfig, client: &Client) -> Result<(), tokio_postgres::Error> {
+    let m = metrics();
+    let (count, age) = backlog(config, client).await?;
     // both set together: a scrape never shows the new count beside the old age
     m.backlog_events.set(count);
     if let Some(age) = age {

@@ -9,15 +9,13 @@ use tokio_postgres::Client;
 
 use crate::config::{RelayConfig, SourceMode};
 use crate::error::RelayError;
-use crate::table::OutboxTable;
+use crate::sampler::BACKLOG_COUNT_CAP;
 
 /// One line of the report: what, and its value.
 pub type Line = (&'static str, String);
 
 /// How long the metrics endpoint may take to answer.
 const HTTP_TIMEOUT: Duration = Duration::from_secs(3);
-/// The polling backlog is counted up to this.
-const BACKLOG_CAP: i64 = 1_000_000;
 
 const SLOT_SQL: &str = "SELECT s.active_pid, s.wal_status, s.safe_wal_size, \
      (pg_current_wal_lsn() - s.confirmed_flush_lsn)::bigint, (pg_current_wal_lsn() - s.restart_lsn)::bigint, \
@@ -39,8 +37,12 @@ pub async fn run(config: &RelayConfig, metrics_url: Option<&str>) -> Result<Vec<
         SourceMode::Replication => lines.extend(slot(&client, &config.replication.slot).await?),
         SourceMode::Polling => lines.extend(backlog(&client, config).await?),
     }
-    let url = metrics_url.map(str::to_string).unwrap_or_else(|| default_url(&config.metrics.listen));
-    lines.extend(relay_view(&url).await);
+    match metrics_url.map(str::to_string).or_else(|| default_url(&config.metrics.listen)) {
+        Some(url) => lines.extend(relay_view(&url).await),
+        None => {
+            lines.push(("metrics endpoint", "off (metrics.listen is empty): --metrics-url names one".into()))
+        }
+    }
     Ok(lines)
 }
 
@@ -93,14 +95,15 @@ async fn slot(client: &Client, slot: &str) -> Result<Vec<Line>, RelayError> {
 }
 
 async fn backlog(client: &Client, config: &RelayConfig) -> Result<Vec<Line>, RelayError> {
-    let table = OutboxTable::new(config);
-    let count: i64 = client.query_one(&table.backlog_count_sql(BACKLOG_CAP), &[]).await?.get(0);
+    let (count, age) = crate::sampler::backlog(config, client).await?;
     let mut lines = vec![(
         "backlog (unpublished rows)",
-        if count >= BACKLOG_CAP { format!("{BACKLOG_CAP} or more") } else { count.to_string() },
+        match count >= BACKLOG_COUNT_CAP {
+            true => format!("{BACKLOG_COUNT_CAP} or more"),
+            false => count.to_string(),
+        },
     )];
-    if let Some(sql) = table.backlog_age_sql() {
-        let age: Option<f64> = client.query_opt(&sql, &[]).await?.map(|r| r.get(0));
+    if let Some(age) = age {
         lines.push(("oldest unpublished row", age.map_or("-".into(), |a| format!("{a:.1} s old"))));
     }
     Ok(lines)
@@ -140,13 +143,14 @@ async fn relay_view(url: &str) -> Vec<Line> {
     ]
 }
 
-/// `http://127.0.0.1:PORT` for a listen address (an unspecified host is this one).
-fn default_url(listen: &str) -> String {
-    let port = listen.rsplit_once(':').map_or("9187", |(_, p)| p);
-    match listen.rsplit_once(':').map(|(h, _)| h) {
-        Some("0.0.0.0" | "[::]" | "") | None => format!("http://127.0.0.1:{port}"),
-        Some(host) => format!("http://{host}:{port}"),
+/// `http://HOST:PORT` for a listen address (`metrics.listen`, validated as ip:port), on this
+/// host when it listens on every address; None when the listener is off.
+fn default_url(listen: &str) -> Option<String> {
+    let mut address: std::net::SocketAddr = listen.parse().ok()?;
+    if address.ip().is_unspecified() {
+        address.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
     }
+    Some(format!("http://{address}"))
 }
 
 /// A plain HTTP/1.0 GET; the body, or None without an answer.
@@ -181,9 +185,9 @@ mod tests {
 
     #[test]
     fn the_default_url_is_the_listener_on_this_host() {
-        assert_eq!(default_url("0.0.0.0:9187"), "http://127.0.0.1:9187");
-        assert_eq!(default_url("127.0.0.1:9300"), "http://127.0.0.1:9300");
-        assert_eq!(default_url("relay-0.metrics:9187"), "http://relay-0.metrics:9187");
+        assert_eq!(default_url("0.0.0.0:9187").unwrap(), "http://127.0.0.1:9187");
+        assert_eq!(default_url("10.0.3.7:9300").unwrap(), "http://10.0.3.7:9300");
+        assert_eq!(default_url(""), None);
     }
 
     #[test]

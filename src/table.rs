@@ -13,6 +13,7 @@ use std::time::SystemTime;
 use tokio_postgres::Row;
 
 use crate::config::{AfterPublish, ColumnsConfig, RelayConfig};
+use crate::error::{FatalReason, RelayError};
 use crate::event::RawEvent;
 
 /// Quotes a PostgreSQL identifier: `order` becomes `"order"`, `a"b` becomes `"a""b"`.
@@ -169,11 +170,6 @@ impl OutboxTable {
         )
     }
 
-    /// The id column's name.
-    pub fn id_column(&self) -> &str {
-        &self.columns.id
-    }
-
     /// The configured created_at column, empty when the table has none.
     pub fn created_at_column(&self) -> &str {
         &self.columns.created_at
@@ -215,6 +211,23 @@ impl OutboxTable {
     /// The SQL type of the id column: `$1` the qualified table, `$2` the column.
     pub const ID_TYPE_SQL: &'static str = "SELECT format_type(atttypid, atttypmod) FROM pg_attribute \
          WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped";
+
+    /// The SQL type of the id column (for [`OutboxTable::release_sql`] and the like); a fatal
+    /// `schema` error when the table or the column does not exist.
+    pub async fn id_type(&self, client: &tokio_postgres::Client) -> Result<String, RelayError> {
+        let id = &self.columns.id;
+        let row = client.query_opt(Self::ID_TYPE_SQL, &[&self.qualified(), id]).await?;
+        row.map(|r| r.get(0)).ok_or_else(|| {
+            RelayError::fatal(
+                FatalReason::Schema,
+                format!(
+                    "outbox table {} or its id column \"{id}\" does not exist: apply sql/001_outbox_events.sql \
+                     or fix outbox.table / outbox.columns.id",
+                    self.display_name()
+                ),
+            )
+        })
+    }
 
     /// The unpublished rows, counted up to `cap` so a huge backlog stays cheap to sample.
     pub fn backlog_count_sql(&self, cap: i64) -> String {

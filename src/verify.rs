@@ -107,10 +107,10 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Report, Veri
     report.records = scan.records;
     report.records_of_other_sources = scan.foreign;
     report.missing_topics = scan.missing_topics;
-    report.out_of_order.count = scan.out_of_order_count;
-    report.out_of_order.first = scan.out_of_order;
-    classify_rows(&client, &table, &expected, caught_up, options.show, &mut report).await?;
-    classify_outside(&client, &table, &scan.outside, options.show, &mut report).await?;
+    report.out_of_order = scan.out_of_order;
+    let id_type = table.id_type(&client).await?;
+    classify_rows(&client, &table, &id_type, &expected, caught_up, options.show, &mut report).await?;
+    classify_outside(&client, &table, &id_type, &scan.outside, options.show, &mut report).await?;
     report.memory_bytes = expected.memory_bytes();
     report.seconds = started.elapsed().as_secs_f64();
     Ok(report)
@@ -249,6 +249,7 @@ async fn slot_caught_up(
 async fn classify_rows(
     client: &Client,
     table: &OutboxTable,
+    id_type: &str,
     expected: &Expected,
     caught_up: Result<(), String>,
     show: usize,
@@ -275,7 +276,7 @@ async fn classify_rows(
         report.pending_reason = Some(reason);
         return Ok(());
     }
-    let present = lookup(client, table, &unseen).await?;
+    let present = lookup(client, table, id_type, &unseen).await?;
     for id in unseen {
         match present.get(&id) {
             Some(true) => report.pending.note(show, || id),
@@ -292,12 +293,13 @@ async fn classify_rows(
 async fn classify_outside(
     client: &Client,
     table: &OutboxTable,
+    id_type: &str,
     outside: &[Located],
     show: usize,
     report: &mut Report,
 ) -> Result<(), VerifyError> {
     let ids: Vec<String> = outside.iter().map(|l| l.id.clone()).collect();
-    let present = lookup(client, table, &ids).await?;
+    let present = lookup(client, table, id_type, &ids).await?;
     for located in outside.iter().filter(|l| !present.contains_key(&l.id)) {
         report.unexpected.note(show, || format!("{} ({})", located.id, located.at));
     }
@@ -305,23 +307,21 @@ async fn classify_outside(
 }
 
 /// Which of `ids` the table holds, each with whether it is still unpublished (mark mode). Ids
-/// that cannot be of the id column's type are not held.
+/// that cannot be of the id column's type (`id_type`) are not held.
 async fn lookup(
     client: &Client,
     table: &OutboxTable,
+    id_type: &str,
     ids: &[String],
 ) -> Result<std::collections::HashMap<String, bool>, VerifyError> {
     let mut present = std::collections::HashMap::new();
-    if ids.is_empty() {
-        return Ok(present);
-    }
-    let column = table.id_column();
-    let id_type: String =
-        client.query_one(OutboxTable::ID_TYPE_SQL, &[&table.qualified(), &column]).await?.get(0);
-    let integer = matches!(id_type.as_str(), "bigint" | "integer" | "smallint");
-    let sql = table.ids_present_sql(&id_type);
+    let integer = matches!(id_type, "bigint" | "integer" | "smallint");
+    let sql = table.ids_present_sql(id_type);
     for batch in ids.chunks(10_000) {
         let batch: Vec<&String> = batch.iter().filter(|id| !integer || id.parse::<i64>().is_ok()).collect();
+        if batch.is_empty() {
+            continue;
+        }
         for row in client.query(&sql, &[&batch]).await? {
             present.insert(row.get::<_, String>(0), row.get::<_, bool>(1));
         }

@@ -15,12 +15,7 @@ use tokio_postgres::Client;
 /// A streaming setup on a fresh server started with `env`; the relay has published one event
 /// and stopped, and a second event was written after it.
 async fn published_then_stopped(env: &[(&str, &str)]) -> (HashMap<String, String>, Setup, Client) {
-    let server = hold("hold-postgres", env);
-    let db = TestDb::create_at(&server["OUTBOX_RELAY_TEST_PG_URL"], "", true).await;
-    let s = Setup::create_on(db, &services().kafka, "", true, |slot| {
-        format!("[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n")
-    })
-    .await;
+    let (server, s) = on_own_server(env, "").await;
     let client = s.db.client().await;
     let consumer = consumer(&[&s.topic]);
     let mut relay = s.start("relay");
@@ -30,6 +25,18 @@ async fn published_then_stopped(env: &[(&str, &str)]) -> (HashMap<String, String
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
     insert_event(&client, &s.aggregate_type, Some("while-stopped")).await;
     (server, s, client)
+}
+
+/// A streaming setup (its configuration ending with `extra`) on a fresh server started with
+/// `env`.
+async fn on_own_server(env: &[(&str, &str)], extra: &str) -> (HashMap<String, String>, Setup) {
+    let server = hold("hold-postgres", env);
+    let db = TestDb::create_at(&server["OUTBOX_RELAY_TEST_PG_URL"], "", true).await;
+    let s = Setup::create_on(db, &services().kafka, "", true, |slot| {
+        format!("[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n{extra}")
+    })
+    .await;
+    (server, s)
 }
 
 /// Checkpoints until `slot` reports `wal_status = lost`, `more_wal` moving the server on.
@@ -115,12 +122,8 @@ async fn a_slot_invalidated_for_idling_is_refused_naming_the_timeout() {
 async fn a_lost_slot_recovered_with_skip_published_sends_only_what_kafka_lacks_and_verify_agrees() {
     // given a relay with the read-back off (dedup.enabled = false) that published 200 events and
     // stopped, 50 more written meanwhile, on a server that keeps at most 1 MB of WAL for slots
-    let server = hold("hold-postgres", &[("OUTBOX_PG_EXTRA_OPTS", "-c max_slot_wal_keep_size=1MB")]);
-    let db = TestDb::create_at(&server["OUTBOX_RELAY_TEST_PG_URL"], "", true).await;
-    let s = Setup::create_on(db, &services().kafka, "", true, |slot| {
-        format!("[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n[dedup]\nenabled = false\n")
-    })
-    .await;
+    let env = [("OUTBOX_PG_EXTRA_OPTS", "-c max_slot_wal_keep_size=1MB")];
+    let (_server, s) = on_own_server(&env, "[dedup]\nenabled = false\n").await;
     let client = s.db.client().await;
     let consumer = consumer(&[&s.topic]);
     let mut relay = s.start("relay");

@@ -13,7 +13,9 @@ use std::path::Path;
 use std::time::Instant;
 
 use super::common::{create_topic, random_suffix, wait_until_within};
-use super::{DRAIN_LIMIT, Options, PARTITIONS, Relay, backlog_db, confirmed, stat, wal_lsn};
+use super::{
+    Backlog, DRAIN_LIMIT, Options, PARTITIONS, Relay, backlog_db, confirmed, slot_backlog, stat, wal_lsn,
+};
 
 /// The `[kafka]` and other lines that turn headers and read-back off.
 const OFF: (&str, &str) = ("source_headers = false", "[dedup]\nenabled = false\n");
@@ -61,14 +63,8 @@ async fn drain(mode: &'static str, events: usize, on: bool) -> f64 {
 /// Seconds from a restarted relay's start to its first acknowledged record, after a kill, with
 /// 100 partitions to read back; and the records it read back.
 async fn restart(on: bool) -> (f64, f64) {
-    let db = backlog_db().await;
-    let client = db.client().await;
-    let aggregate_type = format!("k{}", random_suffix());
-    create_topic(&format!("outbox.event.{aggregate_type}"), RESTART_PARTITIONS).await;
-    let slot = format!("s_{}", random_suffix());
-    Relay::setup(&db, &slot);
-    client.execute("CALL write_backlog($1, $2)", &[&RESTART_BACKLOG, &aggregate_type]).await.unwrap();
-    let end = wal_lsn(&client).await;
+    let Backlog { db, client, slot, aggregate_type, end } =
+        slot_backlog(RESTART_PARTITIONS, RESTART_BACKLOG as usize, None).await;
     let (kafka, extra) = settings(on);
     let mut first = Relay::start_with(&db, "replication", &slot, kafka, extra);
     wait_until_within(DRAIN_LIMIT, "the first drain", async || {

@@ -9,8 +9,8 @@
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use super::common::{create_topic, random_suffix, relay_bin, wait_until_within};
-use super::{DRAIN_LIMIT, Options, PARTITIONS, Relay, backlog_db, confirmed, relay_config, stat, wal_lsn};
+use super::common::{relay_bin, wait_until_within};
+use super::{Backlog, DRAIN_LIMIT, Options, PARTITIONS, Relay, confirmed, relay_config, slot_backlog, stat};
 
 /// One verify run: seconds, CPU seconds, peak RSS in MiB, row-entry MiB, rows, records.
 pub struct VerifyRun {
@@ -24,15 +24,8 @@ pub struct VerifyRun {
 
 pub async fn run(o: &Options) -> (usize, Vec<VerifyRun>) {
     let events = if o.events_given { o.events } else { 1_000_000 };
-    let db = backlog_db().await;
-    let client = db.client().await;
-    let aggregate_type = format!("v{}", random_suffix());
-    create_topic(&format!("outbox.event.{aggregate_type}"), PARTITIONS).await;
-    let slot = format!("s_{}", random_suffix());
-    Relay::setup(&db, &slot);
     eprintln!("[bench] verify: writing {events} events");
-    client.execute("CALL write_backlog($1, $2)", &[&(events as i32), &aggregate_type]).await.unwrap();
-    let end = wal_lsn(&client).await;
+    let Backlog { db, client, slot, end, .. } = slot_backlog(PARTITIONS, events, None).await;
     let mut relay = Relay::start(&db, "replication", &slot);
     wait_until_within(DRAIN_LIMIT, "the drain", async || {
         relay.published() >= events as f64 && confirmed(&client, &slot).await >= end

@@ -242,7 +242,13 @@ impl Dedup {
             tokio::select! {
                 read = &mut reading => break read,
                 _ = check.tick() => stall.check(1, pulse),
-                _ = self.shutdown.changed() => {}
+                // a closed channel (the sender gone) ends the read like a shutdown, rather than
+                // waking this loop at once on every turn
+                changed = self.shutdown.changed() => {
+                    if changed.is_err() {
+                        return Err(RelayError::Interrupted);
+                    }
+                }
             }
         };
         let outcome = read
@@ -310,21 +316,9 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// The librdkafka settings of the read-back client: the user's (TLS, SASL), then reading ones.
-/// Partitions are assigned and nothing is committed, but librdkafka assigns only in a consumer
-/// group (`group.id`), which is never joined. A short fetch wait, since every read ends at a
-/// partition's end; librdkafka's own log at errors only.
+/// The read-back client's settings (see [`super::kafka::reader_config`]).
 fn reader_config(config: &RelayConfig) -> ClientConfig {
-    let kafka = &config.kafka;
-    let mut cc = super::kafka::client_config(kafka);
-    cc.set("group.id", format!("{}-read-back", kafka.client_id))
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("enable.partition.eof", "true")
-        .set("auto.offset.reset", "earliest")
-        .set("fetch.wait.max.ms", "50")
-        .set("log_level", "3");
-    cc
+    super::kafka::reader_config(&config.kafka, "read-back", 50)
 }
 
 #[cfg(test)]

@@ -45,6 +45,22 @@ pub fn client_config(kafka: &KafkaConfig) -> ClientConfig {
     cc
 }
 
+/// The librdkafka settings of a client that reads topics without committing anything (the
+/// read-back, `verify`): the user's (TLS, SASL), group `<client_id>-<purpose>` (librdkafka
+/// assigns partitions only in a group, which is never joined), each partition's end reported, a
+/// short fetch wait (every read ends at a partition's end), librdkafka's own log at errors only.
+pub(crate) fn reader_config(kafka: &KafkaConfig, purpose: &str, fetch_wait_ms: u32) -> ClientConfig {
+    let mut cc = client_config(kafka);
+    cc.set("group.id", format!("{}-{purpose}", kafka.client_id))
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "true")
+        .set("auto.offset.reset", "earliest")
+        .set("fetch.wait.max.ms", fetch_wait_ms.to_string())
+        .set("log_level", "3");
+    cc
+}
+
 /// The librdkafka client configuration for a producer built from `kafka`: acks=all, idempotent,
 /// gapless.
 pub fn producer_config(kafka: &KafkaConfig) -> ClientConfig {

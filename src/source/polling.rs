@@ -23,7 +23,7 @@ use tokio_postgres::{AsyncMessage, Client, Transaction};
 
 use crate::config::RelayConfig;
 use crate::dead_letter::{DeadLetter, DeadLetters, Hold};
-use crate::error::{FatalReason, RelayError};
+use crate::error::RelayError;
 use crate::event::{Mapping, OutboxEvent, Position, RawEvent};
 use crate::metrics::metrics;
 use crate::sink::dedup::{self, Dedup, Lookback};
@@ -146,7 +146,7 @@ impl PollingSource {
         if self.statements.is_none() {
             let encoding: String = client.query_one(OutboxTable::SERVER_ENCODING_SQL, &[]).await?.get(0);
             self.table = self.table.clone().for_server_encoding(&encoding);
-            let id_type = self.id_type(&client).await?;
+            let id_type = self.table.id_type(&client).await?;
             self.statements = Some(Statements {
                 claim: self.table.claim_sql(),
                 unpublished_count: self.table.unpublished_count_sql(&id_type),
@@ -161,21 +161,6 @@ impl PollingSource {
     }
 
     /// The SQL type of the id column, so released ids compare with its index.
-    async fn id_type(&self, client: &Client) -> Result<String, RelayError> {
-        let id = &self.config.outbox.columns.id;
-        let row = client.query_opt(OutboxTable::ID_TYPE_SQL, &[&self.table.qualified(), id]).await?;
-        row.map(|r| r.get(0)).ok_or_else(|| {
-            RelayError::fatal(
-                FatalReason::Schema,
-                format!(
-                    "outbox table {} or its id column \"{id}\" does not exist: apply sql/001_outbox_events.sql \
-                     or fix outbox.table / outbox.columns.id",
-                    self.table.display_name()
-                ),
-            )
-        })
-    }
-
     /// Takes the leader lock (or returns [`RelayError::Standby`]), then relays until shutdown.
     async fn serve(
         &mut self,

@@ -47,8 +47,6 @@ pub struct Expected {
     sparse: HashMap<String, Slot>,
     pub topics: BTreeSet<String>,
     pub rows: u64,
-    /// Rows the mapping refuses (the relay dead-letters them): id and reason.
-    pub unpublishable: Vec<(String, String)>,
 }
 
 /// How far a numeric id may run past the rows held before the vector gives way to the map.

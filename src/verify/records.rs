@@ -17,9 +17,10 @@ use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use super::expected::{Expected, fingerprint};
+use super::report::Class;
 use crate::config::KafkaConfig;
 use crate::event::Position;
-use crate::sink::kafka::{POSITION_HEADER, SOURCE_HEADER, client_config};
+use crate::sink::kafka::{POSITION_HEADER, SOURCE_HEADER};
 
 /// How long one metadata or offsets request may take.
 const REQUEST: Duration = Duration::from_secs(10);
@@ -46,8 +47,7 @@ pub struct Scan {
     pub missing_topics: Vec<String>,
     /// This source's records whose id is not a row of the window: looked up in the table later.
     pub outside: Vec<Located>,
-    pub out_of_order: Vec<String>,
-    pub out_of_order_count: u64,
+    pub out_of_order: Class,
 }
 
 /// Where one key's last record stands in commit order.
@@ -223,32 +223,22 @@ impl Checker {
         if let Some((last, last_id)) = self.last.get(&hash.finish())
             && place.is_before(last)
         {
-            scan.out_of_order_count += 1;
-            if scan.out_of_order.len() < self.keep {
-                let key = String::from_utf8_lossy(key);
-                scan.out_of_order.push(format!("key {key}: id {id} at {at} after id {last_id}"));
-            }
+            let key = String::from_utf8_lossy(key);
+            scan.out_of_order.note(self.keep, || format!("key {key}: id {id} at {at} after id {last_id}"));
         }
         self.last.insert(hash.finish(), (place, id.to_string()));
     }
 }
 
-/// The settings of verify's reader: the user's (TLS, SASL), reading committed records only,
-/// reporting each partition's end, never committing, prefetching at most 16 MB.
+/// The settings of verify's reader (see [`crate::sink::kafka::reader_config`]): committed records
+/// only, prefetching at most 16 MB.
 fn reader_config(kafka: &KafkaConfig) -> ClientConfig {
-    let mut cc = client_config(kafka);
-    cc.set("group.id", format!("{}-verify", kafka.client_id))
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("enable.partition.eof", "true")
-        .set("auto.offset.reset", "earliest")
-        .set("isolation.level", "read_committed")
-        .set("fetch.wait.max.ms", "100")
+    let mut cc = crate::sink::kafka::reader_config(kafka, "verify", 100);
+    cc.set("isolation.level", "read_committed")
         // librdkafka prefetches up to 64 MB by default; verify reads one topic at a time and
         // keeps up, so a smaller queue costs it nothing (a cap on the messages queued per
         // partition, `queued.min.messages` = 10,000, cut peak RSS at 1,000,000 events from 97 to
         // 51 MiB but made verify ten times slower)
-        .set("queued.max.messages.kbytes", "16384")
-        .set("log_level", "3");
+        .set("queued.max.messages.kbytes", "16384");
     cc
 }

@@ -3,8 +3,9 @@
 //! environment, killed with SIGKILL or stopped with SIGTERM, their stderr in a log file.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+
+pub use super::process::ChildProcess;
 
 /// The workspace member binary `name`, next to the test binary's own directory
 /// (`target/<profile>/NAME`). `cargo build --workspace` and `cargo nextest run --workspace`
@@ -21,71 +22,15 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     bin
 }
 
-pub struct ServiceProcess {
-    child: Option<Child>,
-    pub log: PathBuf,
-    name: String,
-}
+/// A service as a child process; see [`ChildProcess`] for its controls.
+pub type ServiceProcess = ChildProcess;
 
-impl ServiceProcess {
+impl ChildProcess {
     /// Starts workspace binary `bin` with `args` and `env` added, its stderr appended to `log`.
     pub fn spawn(bin: &str, args: &[&str], env: &[(&str, &str)], log: &Path) -> ServiceProcess {
-        let log_file = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
-        let child = Command::new(workspace_bin(bin))
-            .args(args)
-            .envs(env.iter().copied())
-            .env("RUST_BACKTRACE", "1")
-            .stdout(Stdio::null())
-            .stderr(log_file)
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {bin}: {e}"));
-        ServiceProcess { child: Some(child), log: log.to_path_buf(), name: bin.to_string() }
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.as_ref().expect("running").id()
-    }
-
-    /// SIGKILL: no shutdown code runs.
-    pub fn kill9(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            child.kill().unwrap();
-            child.wait().unwrap();
-        }
-    }
-
-    /// SIGTERM, then waits for the exit; returns the exit code.
-    pub fn terminate(&mut self, limit: Duration) -> Option<i32> {
-        let mut child = self.child.take()?;
-        Command::new("kill").arg("-TERM").arg(child.id().to_string()).status().unwrap();
-        let started = Instant::now();
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                return status.code();
-            }
-            if started.elapsed() > limit {
-                child.kill().unwrap();
-                child.wait().unwrap();
-                panic!("{} did not exit within {limit:?} of SIGTERM; log:\n{}", self.name, self.log_text());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// The exit code once it has exited.
-    pub fn exited(&mut self) -> Option<i32> {
-        let child = self.child.as_mut()?;
-        child.try_wait().unwrap().map(|s| s.code().unwrap_or(-1))
-    }
-
-    pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for ServiceProcess {
-    fn drop(&mut self) {
-        self.kill9();
+        let mut command = Command::new(workspace_bin(bin));
+        command.args(args).envs(env.iter().copied()).env("RUST_BACKTRACE", "1");
+        ChildProcess::start(command, bin, log)
     }
 }
 
@@ -151,24 +96,5 @@ impl OrdersService {
     pub fn order(&self, key: Option<&str>, body: &str) -> Option<super::http::Answer> {
         let headers: Vec<(&str, &str)> = key.map(|k| ("Idempotency-Key", k)).into_iter().collect();
         super::http::post(self.port, "/orders", &headers, body)
-    }
-}
-
-impl ServiceProcess {
-    /// Waits for the process to exit by itself (within a minute); returns its exit code.
-    pub fn wait_exit(&mut self) -> i32 {
-        let started = Instant::now();
-        loop {
-            if let Some(code) = self.exited() {
-                return code;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(60),
-                "{} did not exit; log:\n{}",
-                self.name,
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
     }
 }
