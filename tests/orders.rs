@@ -113,6 +113,10 @@ async fn the_same_key_and_body_get_the_same_answer_and_one_order() {
         ("order".into(), order_id.to_string())
     );
     assert_eq!(event.get::<_, serde_json::Value>(2), first.json());
+    // and /metrics counts one creation and one replay
+    let (_, scrape) = http::get(service.port, "/metrics").unwrap();
+    assert_eq!(http::sample(&scrape, "orders_requests_total{outcome=\"created\"}"), Some(1.0), "{scrape}");
+    assert_eq!(http::sample(&scrape, "orders_requests_total{outcome=\"replayed\"}"), Some(1.0), "{scrape}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
