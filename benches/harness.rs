@@ -19,6 +19,8 @@
 mod common;
 #[path = "harness/dedup.rs"]
 mod dedup;
+#[path = "harness/profile.rs"]
+mod profile;
 #[path = "harness/verify.rs"]
 mod verify;
 
@@ -73,7 +75,13 @@ fn options() -> Options {
                 o.events_given = true;
             }
             "--runs" => o.runs = value.parse().expect("--runs N"),
-            "--rates" => o.rates = value.split(',').map(|r| r.parse().expect("--rates a,b,c")).collect(),
+            "--rates" => {
+                o.rates = value
+                    .split(',')
+                    .filter(|r| !r.is_empty())
+                    .map(|r| r.parse().expect("--rates a,b,c"))
+                    .collect()
+            }
             "--duration-secs" => o.duration = Duration::from_secs(value.parse().expect("--duration-secs N")),
             "--out" => o.out = if value == "-" { None } else { Some(value) },
             "--only" if value == "dedup" || value == "verify" => o.only = Some(value),
@@ -298,11 +306,13 @@ async fn replication_drain(events: usize) -> (Drain, f64) {
     // the relay
     let started = Instant::now();
     let relay = Relay::start(&db, "replication", &slot);
+    let profile = profile::Profile::attach(relay.process.pid(), &format!("replication-{events}"));
     let (seconds, after_first) =
         timed_drain(&relay, events, started, "the replication drain", async |published| {
             published >= events as f64 && confirmed(&client, &slot).await >= end
         })
         .await;
+    drop(profile);
     let (rss, cpu) = relay.usage();
     drop(relay);
     drop(db);
@@ -317,12 +327,14 @@ async fn polling_drain(events: usize) -> Drain {
     client.execute("CALL write_backlog($1, $2)", &[&(events as i32), &aggregate_type]).await.unwrap();
     let started = Instant::now();
     let relay = Relay::start(&db, "polling", "unused");
+    let profile = profile::Profile::attach(relay.process.pid(), &format!("polling-{events}"));
     let (seconds, after_first) =
         timed_drain(&relay, events, started, "the polling drain", async |published| {
             let left: i64 = client.query_one("SELECT count(*) FROM outbox_events", &[]).await.unwrap().get(0);
             left == 0 && published >= events as f64
         })
         .await;
+    drop(profile);
     let (rss, cpu) = relay.usage();
     drop(relay);
     drop(db);

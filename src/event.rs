@@ -99,7 +99,11 @@ pub struct OutboxEvent {
     pub topic: String,
     pub key: String,
     pub payload: Vec<u8>,
-    pub headers: Vec<(String, String)>,
+    pub event_type: String,
+    pub aggregate_type: String,
+    /// The string entries of the row's `headers` object; the record's headers are these after
+    /// the built-in ones ([`OutboxEvent::headers`]).
+    pub row_headers: Vec<(String, String)>,
     /// When the event was written (commit time in replication mode, `created_at` in polling
     /// mode), for end-to-end latency; `None` when the table has no such column.
     pub created_at: Option<SystemTime>,
@@ -160,35 +164,37 @@ impl FromStr for Position {
 impl OutboxEvent {
     /// The bytes this record holds (payload, key, topic, headers), for in-flight byte budgets.
     pub fn size(&self) -> usize {
-        let headers: usize = self.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+        let headers: usize = self.headers().map(|(k, v)| k.len() + v.len()).sum();
         self.payload.len() + self.key.len() + self.topic.len() + self.id.len() + headers
+    }
+
+    /// The record's headers in order: `id`, `event_type`, `aggregate_type`, then the row's own.
+    pub fn headers(&self) -> impl Iterator<Item = (&str, &str)> {
+        let built_in = [
+            ("id", self.id.as_str()),
+            ("event_type", &self.event_type),
+            ("aggregate_type", &self.aggregate_type),
+        ];
+        built_in.into_iter().chain(self.row_headers.iter().map(|(k, v)| (k.as_str(), v.as_str())))
     }
 
     /// The `row_data` of the row this record was made from, as far as the record tells (for the
     /// dead-letter table when Kafka refuses it): the resolved topic, the key as aggregate id,
     /// and the row's own headers as a JSON object.
     pub fn row_data(&self) -> RowData<'_> {
-        let header = |name: &str| self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
-        let own: serde_json::Map<String, serde_json::Value> = self
-            .headers
-            .iter()
-            .skip(BUILT_IN_HEADERS)
-            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-            .collect();
+        let own: serde_json::Map<String, serde_json::Value> =
+            self.row_headers.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
         RowData {
             id: Some(&self.id),
-            aggregate_type: header("aggregate_type"),
+            aggregate_type: Some(&self.aggregate_type),
             aggregate_id: Some(&self.key),
-            event_type: header("event_type"),
+            event_type: Some(&self.event_type),
             payload: Some(String::from_utf8_lossy(&self.payload)),
             headers: (!own.is_empty()).then(|| Cow::Owned(serde_json::Value::Object(own).to_string())),
             topic: Some(&self.topic),
         }
     }
 }
-
-/// The headers every record starts with: `id`, `event_type`, `aggregate_type`.
-const BUILT_IN_HEADERS: usize = 3;
 
 /// A row that cannot become a record, with the row, so it can be dead-lettered as it was.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -258,7 +264,7 @@ impl Mapping {
         raw: RawEvent,
         created_at: Option<SystemTime>,
     ) -> Result<OutboxEvent, Box<Unpublishable>> {
-        let (topic, own_headers) = match self.check(&raw) {
+        let (topic, row_headers) = match self.check(&raw) {
             Ok(checked) => checked,
             Err(reason) => return Err(Box::new(Unpublishable { reason, row: raw })),
         };
@@ -268,12 +274,17 @@ impl Mapping {
         else {
             unreachable!("checked above")
         };
-        let mut headers = Vec::with_capacity(BUILT_IN_HEADERS + own_headers.len());
-        headers.push(("id".to_string(), id.clone()));
-        headers.push(("event_type".to_string(), event_type));
-        headers.push(("aggregate_type".to_string(), aggregate_type));
-        headers.extend(own_headers);
-        Ok(OutboxEvent { id, topic, key, payload: payload.into_bytes(), headers, created_at, position: None })
+        Ok(OutboxEvent {
+            id,
+            topic,
+            key,
+            payload: payload.into_bytes(),
+            event_type,
+            aggregate_type,
+            row_headers,
+            created_at,
+            position: None,
+        })
     }
 
     /// Everything that can make a row unpublishable, without taking it apart: the topic and
@@ -391,9 +402,16 @@ mod tests {
         assert_eq!(event.topic, "outbox.event.order");
         assert_eq!(event.key, "42");
         assert_eq!(event.payload, b"{\"a\": 1}");
-        let names: Vec<&str> = event.headers.iter().map(|(k, _)| k.as_str()).collect();
-        assert_eq!(names, ["id", "event_type", "aggregate_type", "traceparent"]);
-        assert_eq!(event.headers[3].1, "00-abc-01");
+        let headers: Vec<(&str, &str)> = event.headers().collect();
+        assert_eq!(
+            headers,
+            [
+                ("id", "7"),
+                ("event_type", "OrderPlaced"),
+                ("aggregate_type", "order"),
+                ("traceparent", "00-abc-01")
+            ]
+        );
     }
 
     #[test]

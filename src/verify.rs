@@ -187,7 +187,7 @@ async fn read_rows(
             let id = raw.id.clone().unwrap_or_default();
             match mapping.to_event(raw, created_at) {
                 Ok(event) => {
-                    let headers = event.headers.iter().map(|(k, v)| (k.as_str(), v.as_bytes()));
+                    let headers = event.headers().map(|(k, v)| (k, v.as_bytes()));
                     let print = fingerprint(&event.topic, event.key.as_bytes(), &event.payload, headers);
                     expected.add(&event.id, &event.topic, print);
                 }

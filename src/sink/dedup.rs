@@ -73,9 +73,12 @@ struct Content<'a> {
 
 impl<'a> Content<'a> {
     fn of(event: &'a OutboxEvent) -> Content<'a> {
-        let event_type =
-            event.headers.iter().find(|(k, _)| k == "event_type").map_or("", |(_, v)| v.as_str());
-        Content { id: &event.id, key: event.key.as_bytes(), payload: &event.payload, event_type }
+        Content {
+            id: &event.id,
+            key: event.key.as_bytes(),
+            payload: &event.payload,
+            event_type: &event.event_type,
+        }
     }
 }
 
@@ -254,7 +257,7 @@ impl Dedup {
         let outcome = read
             .map_err(|e| RelayError::Kafka(format!("reading topic \"{topic}\" back stopped: {e}; retrying")))?
             .map_err(|e| read_back_error(topic, e))?;
-        stall.progressed(pulse);
+        stall.progressed(Instant::now(), pulse);
         outcome.report(topic, self.lookback, started.elapsed());
         self.topics.insert(topic.to_string(), outcome.keys);
         Ok(())

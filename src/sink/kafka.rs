@@ -11,15 +11,17 @@
 //!   it is poison) or transient (retry the batch).
 
 use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use futures::future::join_all;
-use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientConfig, ClientContext};
+use tokio::sync::{Mutex, MutexGuard, mpsc};
 
 use crate::config::KafkaConfig;
 use crate::event::OutboxEvent;
@@ -100,9 +102,59 @@ pub(crate) const SOURCE_HEADER: &str = "outbox_relay_source";
 /// The header saying where the source read the record ([`crate::event::Position`]).
 pub(crate) const POSITION_HEADER: &str = "outbox_relay_position";
 
+/// One record's delivery report: the number [`KafkaSink::enqueue`] gave it, and whether Kafka
+/// acknowledged it.
+#[derive(Debug)]
+pub(crate) struct Report {
+    pub(crate) seq: usize,
+    pub(crate) outcome: Result<(), KafkaError>,
+}
+
+/// Delivery reports from librdkafka's callback (on the producer's polling thread) into a
+/// channel, numbered by the record's delivery opaque: no future, oneshot or box per record.
+struct Reporter(mpsc::UnboundedSender<Report>);
+
+impl ClientContext for Reporter {}
+
+impl ProducerContext for Reporter {
+    type DeliveryOpaque = usize;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, seq: usize) {
+        let outcome = match result {
+            Ok(_) => Ok(()),
+            Err((e, _)) => Err(e.clone()),
+        };
+        // closed: the sink replaced this producer, and nobody waits for its reports any more
+        let _ = self.0.send(Report { seq, outcome });
+    }
+}
+
+type RecordProducer = ThreadedProducer<Reporter>;
+
+/// A producer, and the channel its reports arrive on (with a sender for refusals at enqueue).
+struct Channel {
+    producer: Arc<RecordProducer>,
+    reports: mpsc::UnboundedReceiver<Report>,
+    refusals: mpsc::UnboundedSender<Report>,
+}
+
+fn create_producer(config: &KafkaConfig) -> Result<Channel, KafkaError> {
+    let (refusals, reports) = mpsc::unbounded_channel();
+    let producer = producer_config(config).create_with_context(Reporter(refusals.clone()))?;
+    Ok(Channel { producer: Arc::new(producer), reports, refusals })
+}
+
 pub struct KafkaSink {
     config: KafkaConfig,
-    producer: FutureProducer,
+    producer: Arc<RecordProducer>,
+    /// The reports of `producer`'s records. One session sends at a time and holds the lock
+    /// while it does ([`KafkaSink::reports`]); a report numbered before the holder's first
+    /// record is an earlier session's, and is passed over.
+    reports: Mutex<mpsc::UnboundedReceiver<Report>>,
+    /// A record refused at enqueue is reported on the same channel.
+    refusals: mpsc::UnboundedSender<Report>,
+    /// The number of the next record enqueued.
+    next_seq: AtomicUsize,
     /// `outbox_relay_source` of every record, once the session knows its database.
     source: Option<std::sync::Arc<str>>,
     /// The producer replaced by [`KafkaSink::reset`], being destroyed; a read-back waits for it,
@@ -135,9 +187,9 @@ impl StallWatch {
         (self.after / 4).max(Duration::from_millis(25))
     }
 
-    /// Something was acknowledged.
-    pub(crate) fn progressed(&mut self, pulse: &Pulse) {
-        self.last_progress = Instant::now();
+    /// Something was acknowledged at `now`.
+    pub(crate) fn progressed(&mut self, now: Instant, pulse: &Pulse) {
+        self.last_progress = now;
         self.unstall(pulse);
     }
 
@@ -173,8 +225,21 @@ impl StallWatch {
 
 impl KafkaSink {
     pub fn new(config: &KafkaConfig) -> Result<KafkaSink, KafkaError> {
-        let producer = producer_config(config).create()?;
-        Ok(KafkaSink { config: config.clone(), producer, source: None, retiring: None })
+        let Channel { producer, reports, refusals } = create_producer(config)?;
+        Ok(KafkaSink {
+            config: config.clone(),
+            producer,
+            reports: Mutex::new(reports),
+            refusals,
+            next_seq: AtomicUsize::new(0),
+            source: None,
+            retiring: None,
+        })
+    }
+
+    /// The delivery reports, for the one session that sends: hold the guard while sending.
+    pub(crate) async fn reports(&self) -> MutexGuard<'_, mpsc::UnboundedReceiver<Report>> {
+        self.reports.lock().await
     }
 
     /// The source identity written as `outbox_relay_source` (when `kafka.source_headers`).
@@ -215,7 +280,10 @@ impl KafkaSink {
     /// fresh one starts clean. Records of the old one still in flight carry the same event ids,
     /// so at worst they are duplicates, never gaps.
     fn reset(&mut self) -> Result<(), KafkaError> {
-        let old = std::mem::replace(&mut self.producer, producer_config(&self.config).create()?);
+        let Channel { producer, reports, refusals } = create_producer(&self.config)?;
+        let old = std::mem::replace(&mut self.producer, producer);
+        self.reports = Mutex::new(reports);
+        self.refusals = refusals;
         // destroying a producer waits for its threads, which a frozen broker can hold up: not
         // on a runtime thread
         self.retiring = Some(tokio::task::spawn_blocking(move || drop(old)));
@@ -228,25 +296,37 @@ impl KafkaSink {
         events: &[OutboxEvent],
         pulse: &Pulse,
     ) -> Vec<Result<(), PublishError>> {
-        let mut pending = Vec::with_capacity(events.len());
+        let mut reports = self.reports().await;
+        let mut first = None;
         for event in events {
-            pending.push(self.enqueue(event).await);
+            let seq = self.enqueue(event).await;
+            first.get_or_insert(seq);
         }
-        let reports = join_all(pending);
+        let Some(first) = first else { return Vec::new() };
+        let mut outcomes: Vec<Option<Result<(), KafkaError>>> = vec![None; events.len()];
+        let mut waiting = events.len();
         let mut watch = StallWatch::new(&self.config);
         let mut check = tokio::time::interval(watch.period());
-        tokio::pin!(reports);
-        let reports = loop {
+        while waiting > 0 {
             tokio::select! {
-                reports = &mut reports => break reports,
-                _ = check.tick() => watch.check(events.len(), pulse),
+                report = reports.recv() => {
+                    let Report { seq, outcome } = report.expect("the sink holds a sender");
+                    // an earlier batch's report (one abandoned at its deadline) is passed over
+                    if let Some(slot) = seq.checked_sub(first).and_then(|i| outcomes.get_mut(i))
+                        && slot.is_none()
+                    {
+                        *slot = Some(outcome);
+                        waiting -= 1;
+                    }
+                }
+                _ = check.tick() => watch.check(waiting, pulse),
             }
-        };
+        }
         // every record has its report: nothing waits any more, whatever the reports say
         watch.unstall(pulse);
-        let mut results = Vec::with_capacity(reports.len());
-        for (event, report) in events.iter().zip(reports) {
-            results.push(match report {
+        let mut results = Vec::with_capacity(outcomes.len());
+        for (event, outcome) in events.iter().zip(outcomes) {
+            results.push(match outcome.expect("every record reported") {
                 Ok(()) => Ok(()),
                 Err(e) => Err(self.classify(&event.topic, &e).await),
             });
@@ -254,27 +334,21 @@ impl KafkaSink {
         results
     }
 
-    /// Enqueues one record, waiting out a full local queue; the returned future resolves with
-    /// its delivery report (a record refused at once resolves with that error). Callers that
-    /// enqueue in order keep per-partition order.
-    pub(crate) async fn enqueue(
-        &self,
-        event: &OutboxEvent,
-    ) -> impl Future<Output = Result<(), KafkaError>> + Send + 'static {
-        let enqueued = self.send(event).await;
-        async move {
-            match enqueued?.await {
-                Ok(Ok(_)) => Ok(()),
-                Ok(Err((e, _))) => Err(e),
-                Err(_canceled) => Err(KafkaError::Canceled),
-            }
+    /// Enqueues one record, waiting out a full local queue, and returns its number: its report
+    /// arrives on [`KafkaSink::reports`] (a record refused at once is reported there too).
+    /// Callers that enqueue in order keep per-partition order.
+    pub(crate) async fn enqueue(&self, event: &OutboxEvent) -> usize {
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = self.send(event, seq).await {
+            let _ = self.refusals.send(Report { seq, outcome: Err(e) });
         }
+        seq
     }
 
     /// Hands one record to the producer, waiting out a full local queue.
-    async fn send(&self, event: &OutboxEvent) -> Result<rdkafka::producer::DeliveryFuture, KafkaError> {
+    async fn send(&self, event: &OutboxEvent, seq: usize) -> Result<(), KafkaError> {
         loop {
-            let mut headers = OwnedHeaders::new_with_capacity(event.headers.len() + 2);
+            let mut headers = OwnedHeaders::new_with_capacity(event.row_headers.len() + 5);
             // the relay's own headers first: a row header of the same name does not shadow them
             if let (Some(source), Some(position)) = (&self.source, &event.position) {
                 let mut text = [0u8; 64];
@@ -285,13 +359,15 @@ impl KafkaSink {
                     .insert(Header { key: SOURCE_HEADER, value: Some(source.as_bytes()) })
                     .insert(Header { key: POSITION_HEADER, value: Some(&text[..written]) });
             }
-            for (key, value) in &event.headers {
+            for (key, value) in event.headers() {
                 headers = headers.insert(Header { key, value: Some(value.as_bytes()) });
             }
-            let record =
-                FutureRecord::to(&event.topic).key(&event.key).payload(&event.payload).headers(headers);
-            match self.producer.send_result(record) {
-                Ok(future) => return Ok(future),
+            let record = BaseRecord::with_opaque_to(&event.topic, seq)
+                .key(&event.key)
+                .payload(&event.payload)
+                .headers(headers);
+            match self.producer.send(record) {
+                Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
                     tokio::time::sleep(QUEUE_FULL_PAUSE).await;
                 }

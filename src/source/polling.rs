@@ -25,7 +25,7 @@ use crate::config::RelayConfig;
 use crate::dead_letter::{DeadLetter, DeadLetters, Hold};
 use crate::error::RelayError;
 use crate::event::{Mapping, OutboxEvent, Position, RawEvent};
-use crate::metrics::metrics;
+use crate::metrics::{Clock, metrics};
 use crate::sink::dedup::{self, Dedup, Lookback};
 use crate::sink::kafka::{KafkaSink, PublishError};
 use crate::supervisor::{Pulse, Source};
@@ -431,10 +431,11 @@ impl PollingSource {
         };
         let mut delivered = Vec::with_capacity(events.len());
         let mut refused_held = false;
+        let (clock, published) = (Clock::now(), m.events_published.with_label_values(&[MODE]));
         for (event, result) in events.into_iter().zip(results) {
             match result {
                 Ok(()) => {
-                    m.acknowledged(MODE, sent, event.created_at);
+                    m.acknowledged_at(&published, sent, event.created_at, &clock);
                     delivered.push(event.id);
                 }
                 Err(e) => {

@@ -17,6 +17,7 @@
 
 mod decode;
 pub(crate) mod failover;
+mod in_flight;
 pub(crate) mod publication;
 mod slot;
 mod stream;

@@ -11,39 +11,33 @@
 //! another policy. The session is never ended for it, so nothing acknowledged is sent again.
 
 use std::collections::VecDeque;
-use std::pin::Pin;
 use std::time::{Duration, Instant, SystemTime};
 
-use futures::StreamExt;
-use futures::stream::FuturesUnordered;
-use rdkafka::error::KafkaError;
-use tokio::sync::watch;
+use prometheus::IntCounter;
+use tokio::sync::{mpsc, watch};
 use tokio_postgres::Client;
 
 use super::decode::{self, Change, Decoder};
+use super::in_flight::{InFlight, Sent};
 use super::transport::{WalEvent, WalStream};
 use super::{HEARTBEAT_PREFIX, MODE, ReplicationSource, publication};
 use crate::checkpoint::{Tracker, TxnId};
 use crate::dead_letter::{DeadLetter, Hold};
 use crate::error::{FatalReason, RelayError};
 use crate::event::{OutboxEvent, Position, RawEvent};
-use crate::metrics::metrics;
+use crate::metrics::{Clock, metrics};
 use crate::position::Lsn;
 use crate::sink::dedup::Dedup;
-use crate::sink::kafka::{PublishError, StallWatch};
+use crate::sink::kafka::{PublishError, Report, StallWatch};
 use crate::supervisor::Pulse;
 
-/// One record's delivery report.
-struct Delivered {
-    txn: TxnId,
-    event: OutboxEvent,
-    sent: Instant,
-    /// What the record counts against `replication.max_in_flight_bytes`.
-    bytes: usize,
-    outcome: Result<(), KafkaError>,
-}
+/// Stream events handled in one turn of the loop, at most, before reports are looked at again:
+/// one clock read and one `select!` for the run instead of one per event.
+const READ_TURN: usize = 128;
+/// Delivery reports taken in one turn, at most (one clock read for the run).
+const REPORT_TURN: usize = 256;
 
-type Delivery = Pin<Box<dyn Future<Output = Delivered> + Send>>;
+type Reports = mpsc::UnboundedReceiver<Report>;
 
 /// The transaction being read (between Begin and Commit).
 #[derive(Debug, Clone, Copy)]
@@ -75,7 +69,10 @@ pub(super) struct StreamSession<'a> {
     wal: WalStream,
     tracker: Tracker,
     decoder: Decoder,
-    deliveries: FuturesUnordered<Delivery>,
+    /// Records handed to Kafka and not yet reported.
+    in_flight: InFlight,
+    /// When the current turn of reading began: the send time of the records it hands over.
+    turn_at: Instant,
     open: Option<OpenTxn>,
     stall: StallWatch,
     held: Option<Held>,
@@ -83,10 +80,11 @@ pub(super) struct StreamSession<'a> {
     verified: Lsn,
     /// The last position confirmed to PostgreSQL: never past `verified`.
     confirmed: Lsn,
-    /// Bytes of the records handed to Kafka and not yet settled.
-    in_flight_bytes: usize,
     /// Replayed events Kafka already holds are not sent again.
     dedup: Dedup,
+    /// This mode's `events_read_total` and `events_published_total` (looked up once).
+    read: IntCounter,
+    published: IntCounter,
 }
 
 impl<'a> StreamSession<'a> {
@@ -105,14 +103,16 @@ impl<'a> StreamSession<'a> {
             wal,
             tracker: Tracker::new(confirmed),
             decoder: Decoder::new(&source.config.outbox),
-            deliveries: FuturesUnordered::new(),
+            in_flight: InFlight::default(),
+            turn_at: Instant::now(),
             open: None,
             stall: StallWatch::new(&source.config.kafka),
             held: None,
             verified: confirmed,
             confirmed,
-            in_flight_bytes: 0,
             dedup,
+            read: metrics().events_read.with_label_values(&[MODE]),
+            published: metrics().events_published.with_label_values(&[MODE]),
         }
     }
 
@@ -124,39 +124,41 @@ impl<'a> StreamSession<'a> {
     }
 
     async fn stream(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<(), RelayError> {
+        // this session is the one sending: reports of earlier sessions' records are passed over
+        let mut reports = self.source.sink.reports().await;
+        let mut batch = Vec::with_capacity(REPORT_TURN);
         self.verified = publication::verify(&self.source.config, self.client).await?;
         let first = tokio::time::Instant::now() + publication::CHECK_INTERVAL;
         let mut verify = tokio::time::interval_at(first, publication::CHECK_INTERVAL);
         verify.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let config = &self.source.config.replication;
-        let max_in_flight = config.max_in_flight_events;
-        let max_in_flight_bytes = config.max_in_flight_bytes;
-        let heartbeat_ms = config.heartbeat_interval_ms;
+        let heartbeat_ms = self.source.config.replication.heartbeat_interval_ms;
         let mut stall_check = tokio::time::interval(self.stall.period());
         let mut heartbeat = tokio::time::interval(Duration::from_millis(heartbeat_ms.max(1)));
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            // the bounds: a record may take the bytes over the budget, the next waits
-            let reading = self.held.is_none()
-                && self.tracker.in_flight_events() < max_in_flight
-                && self.in_flight_bytes < max_in_flight_bytes;
+            let reading = self.reading();
             let retry_at = self.held.as_ref().filter(|h| !h.resending).map(|h| h.next_try);
             tokio::select! {
                 biased;
                 // 1. shutdown: stop reading, settle what is in flight, confirm it
-                _ = shutdown.changed() => return self.drain().await,
+                _ = shutdown.changed() => return self.drain(&mut reports).await,
                 // 2. acknowledgements
-                Some(done) = self.deliveries.next(), if !self.deliveries.is_empty() => self.settle(done).await?,
+                _ = reports.recv_many(&mut batch, REPORT_TURN), if self.in_flight.records() > 0 => {
+                    let clock = Clock::now();
+                    for report in batch.drain(..) {
+                        self.settle(report, &clock).await?;
+                    }
+                }
                 // 3. the stream
                 event = self.wal.recv(), if reading => {
                     let event = event?.ok_or_else(|| {
                         RelayError::Disconnected("the server ended the replication stream".into())
                     })?;
-                    self.handle(event).await?;
+                    self.read_turn(event).await?;
                 }
                 // 4. liveness and the stall watch, at most every stall period (not per event); what
                 //    waits is the records sent, not held ones
-                _ = stall_check.tick() => self.stall.check(self.deliveries.len(), self.pulse),
+                _ = stall_check.tick() => self.stall.check(self.in_flight.records(), self.pulse),
                 // 5. heartbeat: a WAL record of our own, so an idle outbox in a busy database
                 //    still sees positions it may confirm (see `message` below)
                 _ = heartbeat.tick(), if heartbeat_ms > 0 => {
@@ -176,10 +178,37 @@ impl<'a> StreamSession<'a> {
         }
     }
 
+    /// Whether to read on: nothing is held, and the records in flight are under both bounds (a
+    /// record may take the bytes over the budget; the next waits).
+    fn reading(&self) -> bool {
+        let r = &self.source.config.replication;
+        self.held.is_none()
+            && self.tracker.in_flight_events() < r.max_in_flight_events
+            && self.in_flight.bytes() < r.max_in_flight_bytes
+    }
+
+    /// Handles `first` and the events the transport has read already, up to [`READ_TURN`], as
+    /// long as the bounds allow.
+    async fn read_turn(&mut self, first: WalEvent) -> Result<(), RelayError> {
+        self.turn_at = Instant::now();
+        self.handle(first).await?;
+        for _ in 1..READ_TURN {
+            if !self.reading() {
+                break;
+            }
+            match self.wal.try_recv() {
+                Some(event) => self.handle(event?).await?,
+                None => break,
+            }
+        }
+        Ok(())
+    }
+
     /// Shutdown: settle what is in flight, confirm it, give the status update time to leave.
-    async fn drain(&mut self) -> Result<(), RelayError> {
-        while let Some(done) = self.deliveries.next().await {
-            self.settle(done).await?;
+    async fn drain(&mut self, reports: &mut Reports) -> Result<(), RelayError> {
+        while self.in_flight.records() > 0 {
+            let report = reports.recv().await.expect("the sink holds a sender");
+            self.settle(report, &Clock::now()).await?;
         }
         self.verified = publication::verify(&self.source.config, self.client).await?;
         self.confirm_acknowledged();
@@ -198,13 +227,20 @@ impl<'a> StreamSession<'a> {
     }
 
     /// Confirms `lsn` to PostgreSQL, as far as the publication was verified, and records it.
+    /// With nothing in flight the status update leaves at once: the end of a run of records (a
+    /// drain's last one, a quiet outbox) is not held back by the status interval. While records
+    /// are in flight, updates go once per `replication.status_interval_ms`.
     fn confirm(&mut self, lsn: Lsn) {
         let lsn = lsn.min(self.verified);
         if lsn <= self.confirmed {
             return;
         }
         self.confirmed = lsn;
-        self.wal.confirm(lsn);
+        if self.in_flight.records() == 0 {
+            self.wal.confirm_now(lsn);
+        } else {
+            self.wal.confirm(lsn);
+        }
         metrics().confirmed(lsn);
         self.pulse.progressed();
     }
@@ -324,7 +360,7 @@ impl<'a> StreamSession<'a> {
 
     /// Publishes the event at `txn`'s current index (see [`next_event`]).
     async fn publish(&mut self, raw: RawEvent, txn: OpenTxn) -> Result<(), RelayError> {
-        metrics().events_read.with_label_values(&[MODE]).inc();
+        self.read.inc();
         match self.source.mapping.to_event(raw, Some(txn.commit_time)) {
             Ok(mut event) => {
                 event.position = Some(Position::Stream { commit: txn.commit_lsn, index: txn.next_index });
@@ -332,7 +368,7 @@ impl<'a> StreamSession<'a> {
                     return Ok(()); // settled: an earlier session's record of it is in the topic
                 }
                 self.tracker.sent(txn.id);
-                self.send(txn.id, event).await;
+                self.send(txn.id, event, self.turn_at).await;
                 Ok(())
             }
             Err(unpublishable) => {
@@ -347,29 +383,25 @@ impl<'a> StreamSession<'a> {
         }
     }
 
-    /// Hands `event` to the producer; its report arrives in `deliveries`.
-    async fn send(&mut self, txn: TxnId, event: OutboxEvent) {
+    /// Hands `event` to the producer (`at`: when, as the turn's clock read it); its report
+    /// arrives on the sink's reports.
+    async fn send(&mut self, txn: TxnId, event: OutboxEvent, at: Instant) {
         let bytes = event.size();
-        self.in_flight_bytes += bytes;
-        let sent = Instant::now();
-        let delivery = self.source.sink.enqueue(&event).await;
-        self.deliveries.push(Box::pin(async move {
-            let outcome = delivery.await;
-            Delivered { txn, event, sent, bytes, outcome }
-        }));
+        let seq = self.source.sink.enqueue(&event).await;
+        self.in_flight.insert(seq, Sent { txn, event, at, bytes });
     }
 
     /// An acknowledgement, or a failure: permanent ones are unpublishable, transient ones end
-    /// the session.
-    async fn settle(&mut self, done: Delivered) -> Result<(), RelayError> {
-        let Delivered { txn, event, sent, bytes, outcome } = done;
-        self.in_flight_bytes -= bytes;
+    /// the session. A report of no record of this session's is passed over.
+    async fn settle(&mut self, report: Report, clock: &Clock) -> Result<(), RelayError> {
+        let Some(Sent { txn, event, at, .. }) = self.in_flight.take(report.seq) else { return Ok(()) };
+        let outcome = report.outcome;
         let resent = self.held.as_ref().is_some_and(|h| {
             h.resending && h.refused.front().is_some_and(|(t, e)| *t == txn && e.id == event.id)
         });
         let Err(e) = outcome else {
-            self.stall.progressed(self.pulse);
-            metrics().acknowledged(MODE, sent, event.created_at);
+            self.stall.progressed(clock.now, self.pulse);
+            metrics().acknowledged_at(&self.published, at, event.created_at, clock);
             self.tracker.acked(txn);
             if resent {
                 self.resent_accepted();
@@ -426,7 +458,7 @@ impl<'a> StreamSession<'a> {
             Some((txn, event)) => {
                 held.resending = true;
                 tracing::info!(event_id = %event.id, "sending the held record again");
-                self.send(txn, event).await;
+                self.send(txn, event, Instant::now()).await;
             }
             None => held.hold.report(self.pulse),
         }

@@ -104,38 +104,29 @@ impl WalStream {
     /// The next event; `Ok(None)` when the server ended the stream.
     pub async fn recv(&mut self) -> Result<Option<WalEvent>, RelayError> {
         loop {
-            let event = match self
-                .client
-                .recv()
-                .await
-                .map_err(|e| in_context(classify(e), Command::Stream, &self.slot))?
-            {
-                None => return Ok(None),
-                Some(event) => event,
+            let event = match self.client.recv().await {
+                Ok(None) => return Ok(None),
+                Ok(Some(event)) => event,
+                Err(e) => return Err(in_context(classify(e), Command::Stream, &self.slot)),
             };
-            return Ok(Some(match event {
-                ReplicationEvent::Begin { final_lsn, commit_time_micros, .. } => {
-                    WalEvent::Begin { commit_lsn: Lsn(final_lsn.0), commit_time: pg_time(commit_time_micros) }
+            if let Some(event) = wal_event(event) {
+                return Ok(Some(event));
+            }
+        }
+    }
+
+    /// The next event when the transport has already read one, without waiting; `None` when it
+    /// has not (and when the stream ended: [`WalStream::recv`] then says how).
+    pub fn try_recv(&mut self) -> Option<Result<WalEvent, RelayError>> {
+        loop {
+            match self.client.try_recv()? {
+                Ok(event) => {
+                    if let Some(event) = wal_event(event) {
+                        return Some(Ok(event));
+                    }
                 }
-                ReplicationEvent::Commit { end_lsn, .. } => WalEvent::Commit { end_lsn: Lsn(end_lsn.0) },
-                ReplicationEvent::XLogData { data, .. } => WalEvent::Data(data),
-                ReplicationEvent::Message { transactional, lsn, prefix, content } => {
-                    WalEvent::Message { transactional, lsn: Lsn(lsn.0), prefix, content }
-                }
-                ReplicationEvent::KeepAlive { wal_end, .. } => {
-                    WalEvent::KeepAlive { wal_end: Lsn(wal_end.0) }
-                }
-                ReplicationEvent::StoppedAt { .. } => {
-                    metrics().stream_messages_skipped.with_label_values(&["stopped_at"]).inc();
-                    continue;
-                }
-                #[allow(unreachable_patterns)]
-                other => {
-                    metrics().stream_messages_skipped.with_label_values(&["unknown"]).inc();
-                    tracing::warn!(event = ?other, "skipping a replication event this version does not know");
-                    continue;
-                }
-            }));
+                Err(e) => return Some(Err(in_context(classify(e), Command::Stream, &self.slot))),
+            }
         }
     }
 
@@ -145,10 +136,41 @@ impl WalStream {
         self.client.update_applied_lsn(pgwire_replication::Lsn(lsn.0));
     }
 
+    /// As [`WalStream::confirm`], sent at once rather than at the end of the status interval
+    /// (see vendor/pgwire-replication/PATCHED.md).
+    pub fn confirm_now(&self, lsn: Lsn) {
+        self.client.update_applied_lsn_now(pgwire_replication::Lsn(lsn.0));
+    }
+
     /// Ends the stream with CopyDone.
     pub async fn stop(mut self) {
         let _ = self.client.shutdown().await;
     }
+}
+
+/// The transport's event as the relay sees it; `None` for one it skips (counted).
+fn wal_event(event: ReplicationEvent) -> Option<WalEvent> {
+    Some(match event {
+        ReplicationEvent::Begin { final_lsn, commit_time_micros, .. } => {
+            WalEvent::Begin { commit_lsn: Lsn(final_lsn.0), commit_time: pg_time(commit_time_micros) }
+        }
+        ReplicationEvent::Commit { end_lsn, .. } => WalEvent::Commit { end_lsn: Lsn(end_lsn.0) },
+        ReplicationEvent::XLogData { data, .. } => WalEvent::Data(data),
+        ReplicationEvent::Message { transactional, lsn, prefix, content } => {
+            WalEvent::Message { transactional, lsn: Lsn(lsn.0), prefix, content }
+        }
+        ReplicationEvent::KeepAlive { wal_end, .. } => WalEvent::KeepAlive { wal_end: Lsn(wal_end.0) },
+        ReplicationEvent::StoppedAt { .. } => {
+            metrics().stream_messages_skipped.with_label_values(&["stopped_at"]).inc();
+            return None;
+        }
+        #[allow(unreachable_patterns)]
+        other => {
+            metrics().stream_messages_skipped.with_label_values(&["unknown"]).inc();
+            tracing::warn!(event = ?other, "skipping a replication event this version does not know");
+            return None;
+        }
+    })
 }
 
 fn pg_time(micros: i64) -> SystemTime {
