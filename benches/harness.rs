@@ -1,19 +1,22 @@
 //! The benchmark harness: `deploy/local/bench` (services + `cargo bench --bench harness`).
 //!
 //! Measures, side by side on one machine, for both source modes:
-//! - backlog drain: N outbox rows (~200-byte JSON payloads, 10 events per transaction, 1,000
-//!   aggregates) written while the relay is stopped, then the time until Kafka acknowledged all
-//!   of them (replication: and the slot's confirmed_flush_lsn passed the last commit);
+//! - backlog drain: N outbox rows (default 1,000,000; also 200,000 for comparison with earlier
+//!   reports; ~200-byte JSON payloads, 10 events per transaction, 1,000 aggregates) written
+//!   while the relay is stopped, then the time until Kafka acknowledged all of them
+//!   (replication: and the slot's confirmed_flush_lsn passed the last commit), whole and from
+//!   the first acknowledged event;
 //! - the limits on the same backlog: `pg_recvlogical` (pgoutput) draining the same WAL to a
 //!   file, and a plain rdkafka producer (acks=all, idempotent) sending the same records;
 //! - steady-state latency at fixed write rates: commit (as the writer sees COMMIT return) to the
 //!   consumer receiving the record, an upper bound of commit-to-acknowledgement;
-//! - the relay's peak RSS and CPU seconds, and peak RSS at a tenth of the backlog.
+//! - the relay's peak RSS and CPU seconds, and peak RSS at a tenth of the backlog;
+//! - with `--only scaling`, the drain by payload and transaction size (`harness/scaling.rs`).
 //!
-//! Each figure is the median of `--runs` runs (default 3) with min and max. [`run`] measures,
-//! [`render`] turns the results into the table that is printed and written to BENCHMARKS.md
-//! (`--out`). The databases, topics and relay processes come from the test harness
-//! (`tests/common`).
+//! Each figure is the median of `--runs` runs (default 3) with min and max.
+//! [`report::run`] measures, [`report::render`] turns the results into the tables (with issue
+//! 16's targets, met or missed) that are printed and written to BENCHMARKS.md (`--out`). The
+//! databases, topics and relay processes come from the test harness (`tests/common`).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -21,6 +24,10 @@ mod common;
 mod dedup;
 #[path = "harness/profile.rs"]
 mod profile;
+#[path = "harness/report.rs"]
+mod report;
+#[path = "harness/scaling.rs"]
+mod scaling;
 #[path = "harness/verify.rs"]
 mod verify;
 
@@ -57,9 +64,9 @@ struct Options {
 
 fn options() -> Options {
     let mut o = Options {
-        events: 200_000,
+        events: 1_000_000,
         runs: 3,
-        rates: vec![500, 2_000, 5_000],
+        rates: vec![2_000, 10_000],
         duration: Duration::from_secs(60),
         out: Some("BENCHMARKS.md".into()),
         only: None,
@@ -84,7 +91,7 @@ fn options() -> Options {
             }
             "--duration-secs" => o.duration = Duration::from_secs(value.parse().expect("--duration-secs N")),
             "--out" => o.out = if value == "-" { None } else { Some(value) },
-            "--only" if value == "dedup" || value == "verify" => o.only = Some(value),
+            "--only" if ["dedup", "verify", "scaling"].contains(&value.as_str()) => o.only = Some(value),
             other => panic!("unknown option {other}; see benches/harness.rs"),
         }
         i += 2;
@@ -125,6 +132,19 @@ async fn backlog_db() -> TestDb {
                           'total_cents', (t * 10 + i) % 100000, 'currency', 'EUR', 'status', 'placed',
                           'note', repeat('x', 60), 'written_at', clock_timestamp())
                  FROM generate_series(0, 9) i;
+                 COMMIT;
+               END LOOP;
+             END $$;
+             -- the scaling curve: `per_txn` events per transaction, payloads of `payload_bytes`
+             CREATE PROCEDURE write_shaped(total int, aggregate_type text, per_txn int, payload_bytes int)
+             LANGUAGE plpgsql AS $$
+             BEGIN
+               FOR t IN 0 .. total / per_txn - 1 LOOP
+                 INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+                 SELECT aggregate_type, ((t * per_txn + i) % 1000)::text, 'OrderPlaced',
+                        jsonb_build_object('order_id', t * per_txn + i, 'written_at', clock_timestamp(),
+                          'note', repeat('x', greatest(payload_bytes - 80, 0)))
+                 FROM generate_series(0, per_txn - 1) i;
                  COMMIT;
                END LOOP;
              END $$;",
@@ -221,9 +241,20 @@ async fn confirmed(client: &Client, slot: &str) -> i64 {
         .get(0)
 }
 
+/// The rows of a backlog: `per_txn` events per transaction with payloads of about
+/// `payload_bytes` (`write_shaped`); `None` in [`slot_backlog`] is the classic backlog
+/// (`write_backlog`: 10 per transaction, ~200-byte payloads).
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub per_txn: i32,
+    pub payload_bytes: i32,
+}
+
 #[derive(Default, Clone)]
 struct Drain {
     seconds: f64,
+    /// The highest `outbox_relay_bytes_in_flight` seen while draining.
+    max_bytes_in_flight: f64,
     /// Events/s from the first acknowledged event to the last: the steady rate, without the
     /// start-up and the first read-back.
     after_first: f64,
@@ -239,20 +270,30 @@ async fn timed_drain(
     started: Instant,
     what: &str,
     mut done: impl AsyncFnMut(f64) -> bool,
-) -> (f64, f64) {
+) -> Drain {
     let mut first: Option<Instant> = None;
+    let mut max_bytes_in_flight: f64 = 0.0;
     wait_until_within(DRAIN_LIMIT, what, async || {
         let published = relay.published();
         if first.is_none() && published >= 1.0 {
             first = Some(Instant::now());
         }
+        let in_flight = relay.process.metric("outbox_relay_bytes_in_flight").unwrap_or(0.0);
+        max_bytes_in_flight = max_bytes_in_flight.max(in_flight);
         done(published).await
     })
     .await;
     let seconds = started.elapsed().as_secs_f64();
-    let steady =
+    let after_first =
         first.map_or(0.0, |f| (events.saturating_sub(1)) as f64 / f.elapsed().as_secs_f64().max(1e-3));
-    (seconds, steady)
+    let (rss_mib, cpu) = relay.usage();
+    Drain {
+        seconds,
+        max_bytes_in_flight,
+        after_first,
+        rss_mib,
+        cpu_per_100k: cpu * 100_000.0 / events as f64,
+    }
 }
 
 /// A fresh database with the relay's slot made before a backlog was written.
@@ -267,7 +308,7 @@ struct Backlog {
 
 /// A [`Backlog`] of `events` events for a topic of `partitions`; `twin`, when given, is a plain
 /// pgoutput slot made alongside the relay's.
-async fn slot_backlog(partitions: i32, events: usize, twin: Option<&str>) -> Backlog {
+async fn slot_backlog(partitions: i32, events: usize, twin: Option<&str>, shape: Option<Shape>) -> Backlog {
     let db = backlog_db().await;
     let client = db.client().await;
     let aggregate_type = format!("b{}", random_suffix());
@@ -277,46 +318,60 @@ async fn slot_backlog(partitions: i32, events: usize, twin: Option<&str>) -> Bac
     if let Some(twin) = twin {
         client.execute("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", &[&twin]).await.unwrap();
     }
-    client.execute("CALL write_backlog($1, $2)", &[&(events as i32), &aggregate_type]).await.unwrap();
+    match shape {
+        None => client.execute("CALL write_backlog($1, $2)", &[&(events as i32), &aggregate_type]).await,
+        Some(Shape { per_txn, payload_bytes }) => {
+            let args: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+                [&(events as i32), &aggregate_type, &per_txn, &payload_bytes];
+            client.execute("CALL write_shaped($1, $2, $3, $4)", &args).await
+        }
+    }
+    .unwrap();
     let end = wal_lsn(&client).await;
     Backlog { db, client, slot, aggregate_type, end }
 }
 
-/// Replication backlog drain; also pg_recvlogical on a twin slot over the same WAL.
-async fn replication_drain(events: usize) -> (Drain, f64) {
-    let twin = format!("t_{}", random_suffix());
-    let Backlog { db, client, slot, end, .. } = slot_backlog(PARTITIONS, events, Some(&twin)).await;
-    let end_text: String = client.query_one("SELECT pg_current_wal_lsn()::text", &[]).await.unwrap().get(0);
+/// A replication backlog drain of `events` events shaped as `shape` ([`slot_backlog`]); with
+/// `twin`, first `pg_recvlogical` on a twin slot over the same WAL (its seconds).
+async fn replication_drain(events: usize, shape: Option<Shape>, twin: bool) -> (Drain, Option<f64>) {
+    let twin = twin.then(|| format!("t_{}", random_suffix()));
+    let Backlog { db, client, slot, end, .. } =
+        slot_backlog(PARTITIONS, events, twin.as_deref(), shape).await;
+    let recvlogical = match twin {
+        Some(twin) => Some(recvlogical_drain(&db, &client, &twin, &slot).await),
+        None => None,
+    };
+    let started = Instant::now();
+    let relay = Relay::start(&db, "replication", &slot);
+    let profile = profile::Profile::attach(relay.process.pid(), &format!("replication-{events}"));
+    let drain = timed_drain(&relay, events, started, "the replication drain", async |published| {
+        published >= events as f64 && confirmed(&client, &slot).await >= end
+    })
+    .await;
+    drop(profile);
+    drop(relay);
+    drop(db);
+    (drain, recvlogical)
+}
 
-    // the limit: pg_recvlogical drains the same WAL to a file
+/// The limit: `pg_recvlogical` (pgoutput) drains the WAL up to now from the slot `twin` to a
+/// file; returns its seconds.
+async fn recvlogical_drain(db: &TestDb, client: &Client, twin: &str, slot: &str) -> f64 {
+    let end_text: String = client.query_one("SELECT pg_current_wal_lsn()::text", &[]).await.unwrap().get(0);
     let (host, port, user) = db.pg_parts();
     let dir = tempfile::tempdir().unwrap();
     let started = Instant::now();
     let status = Command::new(pg_recvlogical())
         .args(["-h", &host, "-p", &port.to_string(), "-U", &user, "-d", &db.name])
-        .args(["--slot", &twin, "--start", "--endpos", &end_text, "--no-loop", "-f"])
+        .args(["--slot", twin, "--start", "--endpos", &end_text, "--no-loop", "-f"])
         .arg(dir.path().join("wal.out"))
         .args(["-o", "proto_version=1", "-o", &format!("publication_names=p_{slot}")])
         .status()
         .expect("pg_recvlogical");
-    let recvlogical = started.elapsed().as_secs_f64();
+    let seconds = started.elapsed().as_secs_f64();
     assert!(status.success(), "pg_recvlogical failed");
     client.execute("SELECT pg_drop_replication_slot($1)", &[&twin]).await.unwrap();
-
-    // the relay
-    let started = Instant::now();
-    let relay = Relay::start(&db, "replication", &slot);
-    let profile = profile::Profile::attach(relay.process.pid(), &format!("replication-{events}"));
-    let (seconds, after_first) =
-        timed_drain(&relay, events, started, "the replication drain", async |published| {
-            published >= events as f64 && confirmed(&client, &slot).await >= end
-        })
-        .await;
-    drop(profile);
-    let (rss, cpu) = relay.usage();
-    drop(relay);
-    drop(db);
-    (Drain { seconds, after_first, rss_mib: rss, cpu_per_100k: cpu * 100_000.0 / events as f64 }, recvlogical)
+    seconds
 }
 
 async fn polling_drain(events: usize) -> Drain {
@@ -328,17 +383,15 @@ async fn polling_drain(events: usize) -> Drain {
     let started = Instant::now();
     let relay = Relay::start(&db, "polling", "unused");
     let profile = profile::Profile::attach(relay.process.pid(), &format!("polling-{events}"));
-    let (seconds, after_first) =
-        timed_drain(&relay, events, started, "the polling drain", async |published| {
-            let left: i64 = client.query_one("SELECT count(*) FROM outbox_events", &[]).await.unwrap().get(0);
-            left == 0 && published >= events as f64
-        })
-        .await;
+    let drain = timed_drain(&relay, events, started, "the polling drain", async |published| {
+        let left: i64 = client.query_one("SELECT count(*) FROM outbox_events", &[]).await.unwrap().get(0);
+        left == 0 && published >= events as f64
+    })
+    .await;
     drop(profile);
-    let (rss, cpu) = relay.usage();
     drop(relay);
     drop(db);
-    Drain { seconds, after_first, rss_mib: rss, cpu_per_100k: cpu * 100_000.0 / events as f64 }
+    drain
 }
 
 /// A plain idempotent acks=all producer sending records shaped like the relay's.
@@ -547,169 +600,6 @@ fn stat(values: &[f64], digits: usize) -> String {
     format!("{median:.digits$} ({:.digits$}-{:.digits$})", v[0], v[v.len() - 1])
 }
 
-/// Every run's measurements.
-#[derive(Default)]
-struct Results {
-    /// Replication drains of the whole backlog.
-    replication: Vec<Drain>,
-    /// pg_recvlogical's drain of the same WAL, seconds.
-    recvlogical: Vec<f64>,
-    /// The plain producer sending the same records, seconds.
-    producer: Vec<f64>,
-    polling: Vec<Drain>,
-    /// Replication drains of a tenth of the backlog (for memory growth).
-    small: Vec<Drain>,
-    latency: HashMap<usize, Vec<Latency>>,
-}
-
-/// Runs every measurement `o.runs` times.
-async fn run(o: &Options) -> Results {
-    let mut results = Results::default();
-    for run in 1..=o.runs {
-        eprintln!(
-            "[bench] run {run}/{}: replication drain of {} events (+ pg_recvlogical)",
-            o.runs, o.events
-        );
-        let (d, r) = replication_drain(o.events).await;
-        eprintln!(
-            "[bench]   relay {:.1}s, pg_recvlogical {:.1}s, peak RSS {:.1} MiB",
-            d.seconds, r, d.rss_mib
-        );
-        results.replication.push(d);
-        results.recvlogical.push(r);
-        eprintln!("[bench] run {run}: plain producer");
-        results.producer.push(producer_limit(o.events).await);
-        eprintln!("[bench] run {run}: polling drain");
-        results.polling.push(polling_drain(o.events).await);
-        eprintln!(
-            "[bench] run {run}: replication drain of {} events (memory at a tenth of the backlog)",
-            o.events / 10
-        );
-        results.small.push(replication_drain(o.events / 10).await.0);
-        for &rate in &o.rates {
-            eprintln!("[bench] run {run}: steady state at {rate} events/s for {:?}", o.duration);
-            let l = steady_latency(rate, o.duration).await;
-            eprintln!(
-                "[bench]   p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, relay-side p99 {:.1} ms, sustained {}",
-                l.p50_ms, l.p99_ms, l.max_ms, l.relay_p99_ms, l.sustained
-            );
-            results.latency.entry(rate).or_default().push(l);
-        }
-    }
-    results
-}
-
-/// The results table (markdown), as printed and written to BENCHMARKS.md.
-fn render(o: &Options, results: &Results) -> String {
-    let Results { replication: repl, recvlogical: recv, producer: prod, polling: poll, small, latency: lat } =
-        results;
-    let n = o.events as f64;
-    let rate = |secs: &[f64]| secs.iter().map(|s| n / s).collect::<Vec<_>>();
-    let repl_rate = rate(&repl.iter().map(|d| d.seconds).collect::<Vec<_>>());
-    let recv_rate = rate(recv);
-    let prod_rate = rate(prod);
-    let poll_rate = rate(&poll.iter().map(|d| d.seconds).collect::<Vec<_>>());
-    let ratio = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x / y).collect::<Vec<_>>();
-    let mut table = String::new();
-    table += &format!(
-        "| measure ({} events, median of {} runs, min-max) | value |\n|---|---|\n",
-        o.events, o.runs
-    );
-    let repl_steady = repl.iter().map(|d| d.after_first).collect::<Vec<_>>();
-    let poll_steady = poll.iter().map(|d| d.after_first).collect::<Vec<_>>();
-    table += &format!("| replication drain, events/s | {} |\n", stat(&repl_rate, 0));
-    table += &format!("| replication drain after the first event, events/s | {} |\n", stat(&repl_steady, 0));
-    table += &format!("| pg_recvlogical on the same WAL, events/s | {} |\n", stat(&recv_rate, 0));
-    table += &format!("| plain rdkafka producer, same records, events/s | {} |\n", stat(&prod_rate, 0));
-    table += &format!("| polling drain, events/s | {} |\n", stat(&poll_rate, 0));
-    table += &format!("| polling drain after the first event, events/s | {} |\n", stat(&poll_steady, 0));
-    table += &format!("| replication / pg_recvlogical | {} |\n", stat(&ratio(&repl_rate, &recv_rate), 2));
-    table += &format!(
-        "| replication after the first event / pg_recvlogical (whole) | {} |\n",
-        stat(&ratio(&repl_steady, &recv_rate), 2)
-    );
-    table += &format!("| replication / plain producer | {} |\n", stat(&ratio(&repl_rate, &prod_rate), 2));
-    table += &format!("| polling / replication | {} |\n", stat(&ratio(&poll_rate, &repl_rate), 2));
-    table += &format!(
-        "| relay peak RSS, replication, {} events, MiB | {} |\n",
-        o.events,
-        stat(&repl.iter().map(|d| d.rss_mib).collect::<Vec<_>>(), 1)
-    );
-    table += &format!(
-        "| relay peak RSS, replication, {} events, MiB | {} |\n",
-        o.events / 10,
-        stat(&small.iter().map(|d| d.rss_mib).collect::<Vec<_>>(), 1)
-    );
-    table += &format!(
-        "| peak RSS growth, {}x backlog | {} |\n",
-        10,
-        stat(
-            &ratio(
-                &repl.iter().map(|d| d.rss_mib).collect::<Vec<_>>(),
-                &small.iter().map(|d| d.rss_mib).collect::<Vec<_>>()
-            ),
-            2
-        )
-    );
-    table += &format!(
-        "| relay peak RSS, polling, MiB | {} |\n",
-        stat(&poll.iter().map(|d| d.rss_mib).collect::<Vec<_>>(), 1)
-    );
-    table += &format!(
-        "| relay CPU s per 100k events, replication | {} |\n",
-        stat(&repl.iter().map(|d| d.cpu_per_100k).collect::<Vec<_>>(), 2)
-    );
-    table += &format!(
-        "| relay CPU s per 100k events, polling | {} |\n",
-        stat(&poll.iter().map(|d| d.cpu_per_100k).collect::<Vec<_>>(), 2)
-    );
-    table += "\n| steady rate (events/s, replication) | p50 ms | p99 ms | max ms | relay-side p99 ms (histogram) | sustained (runs) |\n|---|---|---|---|---|---|\n";
-    let mut highest = 0;
-    for &r in &o.rates {
-        let ls = &lat[&r];
-        let ok = ls.iter().filter(|l| l.sustained).count();
-        if ok * 2 > ls.len() {
-            highest = highest.max(r);
-        }
-        table += &format!(
-            "| {r} | {} | {} | {} | {} | {ok}/{} |\n",
-            stat(&ls.iter().map(|l| l.p50_ms).collect::<Vec<_>>(), 1),
-            stat(&ls.iter().map(|l| l.p99_ms).collect::<Vec<_>>(), 1),
-            stat(&ls.iter().map(|l| l.max_ms).collect::<Vec<_>>(), 1),
-            stat(&ls.iter().map(|l| l.relay_p99_ms).collect::<Vec<_>>(), 1),
-            ls.len()
-        );
-    }
-    table += &format!("\nHighest measured rate sustained without latency growth: {highest} events/s.\n");
-    table
-}
-
-/// Replaces the results section (from the `<!-- bench-results -->` marker on) of the file
-/// `out` with `table`, the command and the machine.
-fn write_report(out: &str, table: &str) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(out);
-    let previous = std::fs::read_to_string(&path).unwrap_or_default();
-    let marker = "<!-- bench-results -->";
-    let head = previous.split(marker).next().unwrap_or("").to_string();
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
-    let stamp = format!(
-        "{marker}\n## Latest results\n\nCommand: `deploy/local/bench {}`  \nMachine: {} cores, {}; PostgreSQL 15, tansu 0.6 (in-memory), librdkafka 2.12, release build.\n\n{table}",
-        args.join(" "),
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
-        std::fs::read_to_string("/proc/cpuinfo")
-            .ok()
-            .and_then(|c| c.lines().find(|l| l.starts_with("model name")).map(|l| l
-                .split(':')
-                .nth(1)
-                .unwrap_or("")
-                .trim()
-                .to_string()))
-            .unwrap_or_default(),
-    );
-    std::fs::write(&path, format!("{head}{stamp}")).unwrap();
-    eprintln!("[bench] wrote {}", path.display());
-}
-
 #[tokio::main]
 async fn main() {
     let o = options();
@@ -720,6 +610,16 @@ async fn main() {
             println!("{table}");
             if let Some(out) = &o.out {
                 dedup::write_section(out, "dedup-cost", &table);
+            }
+            return;
+        }
+        Some("scaling") => {
+            let points = scaling::run(&o).await;
+            let table = scaling::render(&o, &points);
+            println!("{table}");
+            if let Some(out) = &o.out {
+                scaling::write_chart(&points);
+                dedup::write_section(out, "scaling", &format!("{}  \n\n{table}", report::machine()));
             }
             return;
         }
@@ -734,10 +634,10 @@ async fn main() {
         }
         None => {}
     }
-    let results = run(&o).await;
-    let table = render(&o, &results);
+    let results = report::run(&o).await;
+    let table = report::render(&o, &results);
     println!("{table}");
     if let Some(out) = &o.out {
-        write_report(out, &table);
+        report::write_report(out, &table);
     }
 }

@@ -64,7 +64,7 @@ async fn drain(mode: &'static str, events: usize, on: bool) -> f64 {
 /// 100 partitions to read back; and the records it read back.
 async fn restart(on: bool) -> (f64, f64) {
     let Backlog { db, client, slot, aggregate_type, end } =
-        slot_backlog(RESTART_PARTITIONS, RESTART_BACKLOG as usize, None).await;
+        slot_backlog(RESTART_PARTITIONS, RESTART_BACKLOG as usize, None, None).await;
     let (kafka, extra) = settings(on);
     let mut first = Relay::start_with(&db, "replication", &slot, kafka, extra);
     wait_until_within(DRAIN_LIMIT, "the first drain", async || {

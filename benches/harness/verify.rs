@@ -25,7 +25,7 @@ pub struct VerifyRun {
 pub async fn run(o: &Options) -> (usize, Vec<VerifyRun>) {
     let events = if o.events_given { o.events } else { 1_000_000 };
     eprintln!("[bench] verify: writing {events} events");
-    let Backlog { db, client, slot, end, .. } = slot_backlog(PARTITIONS, events, None).await;
+    let Backlog { db, client, slot, end, .. } = slot_backlog(PARTITIONS, events, None, None).await;
     let mut relay = Relay::start(&db, "replication", &slot);
     wait_until_within(DRAIN_LIMIT, "the drain", async || {
         relay.published() >= events as f64 && confirmed(&client, &slot).await >= end

@@ -32,6 +32,8 @@ use crate::supervisor::Pulse;
 const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long shutdown waits for records handed to the producer.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+/// Delivery reports taken per wake-up, at most.
+const REPORT_BATCH: usize = 256;
 /// Pause before re-enqueueing after librdkafka's local queue was full.
 const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(5);
 
@@ -307,16 +309,18 @@ impl KafkaSink {
         let mut waiting = events.len();
         let mut watch = StallWatch::new(&self.config);
         let mut check = tokio::time::interval(watch.period());
+        let mut batch = Vec::with_capacity(REPORT_BATCH);
         while waiting > 0 {
             tokio::select! {
-                report = reports.recv() => {
-                    let Report { seq, outcome } = report.expect("the sink holds a sender");
-                    // an earlier batch's report (one abandoned at its deadline) is passed over
-                    if let Some(slot) = seq.checked_sub(first).and_then(|i| outcomes.get_mut(i))
-                        && slot.is_none()
-                    {
-                        *slot = Some(outcome);
-                        waiting -= 1;
+                _ = reports.recv_many(&mut batch, REPORT_BATCH) => {
+                    for Report { seq, outcome } in batch.drain(..) {
+                        // an earlier batch's report (one abandoned at its deadline) is passed over
+                        if let Some(slot) = seq.checked_sub(first).and_then(|i| outcomes.get_mut(i))
+                            && slot.is_none()
+                        {
+                            *slot = Some(outcome);
+                            waiting -= 1;
+                        }
                     }
                 }
                 _ = check.tick() => watch.check(waiting, pulse),

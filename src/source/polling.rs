@@ -417,9 +417,11 @@ impl PollingSource {
     ) -> Result<Vec<String>, RelayError> {
         let m = metrics();
         m.events_in_flight.set(events.len() as i64);
+        m.bytes_in_flight.set(events.iter().map(OutboxEvent::size).sum::<usize>() as i64);
         let sent = Instant::now();
         let results = tokio::time::timeout_at(deadline, self.sink.publish(&events, pulse)).await;
         m.events_in_flight.set(0);
+        m.bytes_in_flight.set(0);
         let Ok(results) = results else {
             m.publish_errors.with_label_values(&["timeout"]).inc_by(events.len() as u64);
             return Err(RelayError::Kafka(format!(

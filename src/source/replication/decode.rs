@@ -52,6 +52,8 @@ pub struct Decoder {
     table: String,
     columns: crate::config::ColumnsConfig,
     relations: HashMap<u32, Layout>,
+    /// Where each column's text is in the message being decoded (see [`tuple`]).
+    spans: Vec<Option<(usize, usize)>>,
 }
 
 impl Decoder {
@@ -61,6 +63,7 @@ impl Decoder {
             table: outbox.table.clone(),
             columns: outbox.columns.clone(),
             relations: HashMap::new(),
+            spans: Vec::new(),
         }
     }
 
@@ -144,67 +147,58 @@ impl Decoder {
         if r.u8()? != b'N' {
             return Err(DecodeError(format!("insert into relation {oid} without a new tuple")));
         }
-        let (mut values, unreadable) = tuple(r)?;
+        let data = r.data;
+        tuple(r, &mut self.spans)?;
         let c = &self.columns;
-        let used = [
-            (layout.id, &c.id),
-            (layout.aggregate_type, &c.aggregate_type),
-            (layout.aggregate_id, &c.aggregate_id),
-            (layout.event_type, &c.event_type),
-            (layout.payload, &c.payload),
-            (layout.headers, &c.headers),
-            (layout.topic, &c.topic),
-        ];
-        // a column the relay does not read may hold anything
-        let unreadable = unreadable
-            .and_then(|i| used.iter().find(|(index, _)| *index == Some(i)).map(|(_, name)| name.to_string()));
-        // each value is moved out, not copied (the payload may be large); a column configured
-        // for two fields is copied
-        let mut take = |index: Option<usize>| {
-            let i = index?;
-            let uses = used.iter().filter(|(index, _)| *index == Some(i)).count();
-            let value = values.get_mut(i)?;
-            if uses > 1 { value.clone() } else { value.take() }
+        // only the columns the relay reads become strings; text that is not UTF-8 (a SQL_ASCII
+        // database) is kept with the bad bytes replaced and named, so the row becomes
+        // unpublishable instead of stopping the stream (a column the relay does not read may
+        // hold anything)
+        let mut unreadable = None;
+        let mut text = |index: Option<usize>, column: &str| {
+            let (start, len) = (*self.spans.get(index?)?)?;
+            let bytes = &data[start..start + len];
+            Some(match std::str::from_utf8(bytes) {
+                Ok(text) => text.to_owned(),
+                Err(_) => {
+                    unreadable.get_or_insert_with(|| column.to_string());
+                    String::from_utf8_lossy(bytes).into_owned()
+                }
+            })
         };
-        Ok(Change::Insert(RawEvent {
-            id: take(layout.id),
-            aggregate_type: take(layout.aggregate_type),
-            aggregate_id: take(layout.aggregate_id),
-            event_type: take(layout.event_type),
-            payload: take(layout.payload),
-            headers: take(layout.headers),
-            topic: take(layout.topic),
-            unreadable,
-        }))
+        let raw = RawEvent {
+            id: text(layout.id, &c.id),
+            aggregate_type: text(layout.aggregate_type, &c.aggregate_type),
+            aggregate_id: text(layout.aggregate_id, &c.aggregate_id),
+            event_type: text(layout.event_type, &c.event_type),
+            payload: text(layout.payload, &c.payload),
+            headers: text(layout.headers, &c.headers),
+            topic: text(layout.topic, &c.topic),
+            unreadable: None,
+        };
+        Ok(Change::Insert(RawEvent { unreadable, ..raw }))
     }
 }
 
-/// TupleData: Int16 column count, then per column 'n' (NULL), 'u' (unchanged TOAST, never in
-/// an insert) or 't' + Int32 length + text. Text that is not UTF-8 (a SQL_ASCII database) is
-/// kept with the bad bytes replaced and its index returned, so the row becomes unpublishable
-/// instead of stopping the stream.
-fn tuple(r: &mut Reader<'_>) -> Result<(Vec<Option<String>>, Option<usize>), DecodeError> {
+/// TupleData into `spans`, reused across rows: Int16 column count, then per column 'n' (NULL),
+/// 'u' (unchanged TOAST, never in an insert) or 't' + Int32 length + text, whose place in the
+/// message is kept (nothing is copied here).
+fn tuple(r: &mut Reader<'_>, spans: &mut Vec<Option<(usize, usize)>>) -> Result<(), DecodeError> {
+    spans.clear();
     let count = r.u16()? as usize;
-    let mut values = Vec::with_capacity(count);
-    let mut unreadable = None;
-    for index in 0..count {
-        values.push(match r.u8()? {
+    for _ in 0..count {
+        spans.push(match r.u8()? {
             b'n' | b'u' => None,
             b't' => {
                 let len = r.u32()? as usize;
-                let bytes = r.bytes(len)?;
-                Some(match std::str::from_utf8(bytes) {
-                    Ok(text) => text.to_string(),
-                    Err(_) => {
-                        unreadable.get_or_insert(index);
-                        String::from_utf8_lossy(bytes).into_owned()
-                    }
-                })
+                let start = r.pos;
+                r.bytes(len)?;
+                Some((start, len))
             }
             other => return Err(DecodeError(format!("unknown tuple value kind {:?}", other as char))),
         });
     }
-    Ok((values, unreadable))
+    Ok(())
 }
 
 /// The outbox event carried by a logical decoding message emitted by `outbox_emit()` (see

@@ -223,6 +223,7 @@ impl<'a> StreamSession<'a> {
         }
         let m = metrics();
         m.events_in_flight.set(self.tracker.in_flight_events() as i64);
+        m.bytes_in_flight.set(self.in_flight.bytes() as i64);
         m.transactions_in_flight.set(self.tracker.open_transactions() as i64);
     }
 
