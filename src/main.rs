@@ -143,7 +143,7 @@ fn main() -> ExitCode {
     for deprecation in &config.deprecations {
         tracing::warn!("{deprecation}");
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    let runtime = runtime();
     match cli.command {
         Command::Validate { .. } => {
             println!("{}", serde_json::to_string_pretty(&config.redacted()).expect("json"));
@@ -314,4 +314,16 @@ fn init_logging(format: LogFormat, filter: &str) {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).init(),
     }
+}
+
+/// One runtime thread unless `TOKIO_WORKER_THREADS` says otherwise. The relay's work is one
+/// session's loop (librdkafka and the blocking calls have threads of their own), and a second
+/// runtime thread costs more in cross-thread wake-ups than it gains: on two cores it drained
+/// the same backlog slower and with more CPU per event (BENCHMARKS.md, "One runtime thread").
+fn runtime() -> tokio::runtime::Runtime {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
+        builder.worker_threads(1);
+    }
+    builder.enable_all().build().expect("tokio runtime")
 }
