@@ -335,7 +335,7 @@ async fn slot_backlog(partitions: i32, events: usize, twin: Option<&str>, shape:
 /// `twin`, first `pg_recvlogical` on a twin slot over the same WAL (its seconds).
 async fn replication_drain(events: usize, shape: Option<Shape>, twin: bool) -> (Drain, Option<f64>) {
     let twin = twin.then(|| format!("t_{}", random_suffix()));
-    let Backlog { db, client, slot, end, .. } =
+    let Backlog { db, client, slot, end, aggregate_type } =
         slot_backlog(PARTITIONS, events, twin.as_deref(), shape).await;
     let recvlogical = match twin {
         Some(twin) => Some(recvlogical_drain(&db, &client, &twin, &slot).await),
@@ -351,6 +351,7 @@ async fn replication_drain(events: usize, shape: Option<Shape>, twin: bool) -> (
     drop(profile);
     drop(relay);
     drop(db);
+    drop_topic(&format!("outbox.event.{aggregate_type}")).await;
     (drain, recvlogical)
 }
 
@@ -384,14 +385,34 @@ async fn polling_drain(events: usize) -> Drain {
     let relay = Relay::start(&db, "polling", "unused");
     let profile = profile::Profile::attach(relay.process.pid(), &format!("polling-{events}"));
     let drain = timed_drain(&relay, events, started, "the polling drain", async |published| {
-        let left: i64 = client.query_one("SELECT count(*) FROM outbox_events", &[]).await.unwrap().get(0);
-        left == 0 && published >= events as f64
+        // the relay's count first: counting the rows of a large table (each poll, on the same two
+        // cores) would slow the drain it measures
+        published >= events as f64 && {
+            let left: i64 = client.query_one("SELECT count(*) FROM outbox_events", &[]).await.unwrap().get(0);
+            left == 0
+        }
     })
     .await;
     drop(profile);
     drop(relay);
     drop(db);
+    drop_topic(&format!("outbox.event.{aggregate_type}")).await;
     drain
+}
+
+/// Deletes a topic the harness is done with, so the in-memory broker does not carry every
+/// earlier drain's records into the later measurements (the latency runs slowed as it grew).
+async fn drop_topic(topic: &str) {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", &services().kafka).create().unwrap();
+    let deleted = admin.delete_topics(&[topic], &AdminOptions::new()).await;
+    if let Err(e) = deleted
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.into_iter().next().unwrap().map_err(|(_, e)| e.to_string()))
+    {
+        eprintln!("[bench]   could not delete topic {topic}: {e}");
+    }
 }
 
 /// A plain idempotent acks=all producer sending records shaped like the relay's.
@@ -440,7 +461,9 @@ async fn producer_limit(events: usize) -> f64 {
     for f in pending {
         f.await.unwrap().map_err(|(e, _)| e).unwrap();
     }
-    started.elapsed().as_secs_f64()
+    let seconds = started.elapsed().as_secs_f64();
+    drop_topic(&topic).await;
+    seconds
 }
 
 #[derive(Clone)]
@@ -481,8 +504,24 @@ async fn steady_latency(rate: usize, duration: Duration) -> Latency {
         assignment.add_partition_offset(&topic, partition, rdkafka::Offset::Beginning).unwrap();
     }
     consumer.assign(&assignment).unwrap();
-    // warm the consumer up before measuring
+    // warm up before measuring: the relay reads the topic back before its first record to it
+    // (up to a second or so), and the consumer settles; neither belongs in the steady state
+    client
+        .execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+             SELECT $1, 'warm-up', 'WarmUp', '{}' FROM generate_series(1, 10)",
+            &[&aggregate_type],
+        )
+        .await
+        .unwrap();
+    wait_until_within(Duration::from_secs(60), "the warm-up events", async || relay.published() >= 10.0)
+        .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
+    let scrape = || {
+        let scrape = common::http::get(relay.process.metrics_port(), "/metrics").map(|(_, body)| body);
+        scrape.unwrap_or_default()
+    };
+    let before = scrape();
     let received = tokio::spawn(async move {
         let mut at: HashMap<i64, f64> = HashMap::new();
         while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(15), consumer.recv()).await {
@@ -521,10 +560,8 @@ async fn steady_latency(rate: usize, duration: Duration) -> Latency {
     }
     let achieved = committed.len() as f64 * 10.0 / started.elapsed().as_secs_f64();
     let at = received.await.unwrap();
-    let scrape = common::http::get(relay.process.metrics_port(), "/metrics").map(|(_, body)| body);
     let relay_p99_ms =
-        histogram_quantile(&scrape.unwrap_or_default(), "outbox_relay_end_to_end_latency_seconds", 0.99)
-            * 1000.0;
+        histogram_quantile(&before, &scrape(), "outbox_relay_end_to_end_latency_seconds", 0.99) * 1000.0;
     let mut latencies = Vec::new();
     let mut late_half = Vec::new();
     let mut early_half = Vec::new();
@@ -551,6 +588,7 @@ async fn steady_latency(rate: usize, duration: Duration) -> Latency {
         && pct(&late, 0.99) <= (pct(&early, 0.99) * 2.0).max(250.0);
     drop(relay);
     drop(db);
+    drop_topic(&topic).await;
     Latency {
         relay_p99_ms,
         p50_ms: pct(&latencies, 0.5),
@@ -560,18 +598,25 @@ async fn steady_latency(rate: usize, duration: Duration) -> Latency {
     }
 }
 
-/// `histogram_quantile` over the cumulative buckets of `name` in a scrape, interpolating
-/// linearly inside the bucket as Prometheus does.
-fn histogram_quantile(scrape: &str, name: &str, q: f64) -> f64 {
+/// `histogram_quantile` over the cumulative buckets of `name` between two scrapes (what was
+/// observed after `before`), interpolating linearly inside the bucket as Prometheus does.
+fn histogram_quantile(before: &str, after: &str, name: &str, q: f64) -> f64 {
     let prefix = format!("{name}_bucket{{le=\"");
-    let buckets: Vec<(f64, f64)> = scrape
-        .lines()
-        .filter_map(|l| l.strip_prefix(&prefix))
-        .filter_map(|rest| {
-            let (le, count) = rest.split_once("\"} ")?;
-            let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
-            Some((le, count.parse().ok()?))
-        })
+    let buckets = |scrape: &str| -> Vec<(f64, f64)> {
+        scrape
+            .lines()
+            .filter_map(|l| l.strip_prefix(&prefix))
+            .filter_map(|rest| {
+                let (le, count) = rest.split_once("\"} ")?;
+                let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+                Some((le, count.parse().ok()?))
+            })
+            .collect()
+    };
+    let earlier = buckets(before);
+    let buckets: Vec<(f64, f64)> = buckets(after)
+        .into_iter()
+        .map(|(le, count)| (le, count - earlier.iter().find(|(l, _)| *l == le).map_or(0.0, |(_, c)| *c)))
         .collect();
     let Some(&(_, total)) = buckets.last() else { return f64::NAN };
     let rank = q * total;

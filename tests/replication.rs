@@ -123,6 +123,33 @@ async fn exactly_the_committed_events_arrive_in_order() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn the_last_acknowledgement_is_confirmed_at_once_not_at_the_status_interval() {
+    // given a streaming relay that reports its position every 60 s while records are in flight
+    // (PostgreSQL asks for a report after half its 60 s wal_sender_timeout at the earliest)
+    let s = Setup::new().await;
+    let consumer = consumer(&[&s.topic]);
+    let mut relay = s.start_with_env("relay", &[("OUTBOX_RELAY__REPLICATION__STATUS_INTERVAL_MS", "60000")]);
+    relay.wait_ready("active").await;
+    let started = Instant::now();
+
+    // when a burst of 2,000 events is written and acknowledged
+    write_transactions(&s.db.url, &s.aggregate_type, 2_000, 2).await;
+    let client = s.db.client().await;
+    let end = wal_lsn(&client).await;
+    let records = consume_unique(&consumer, 2_000, IDLE, LINGER).await;
+    assert_eq!(records.len(), 2_000);
+
+    // then the slot confirms the burst well inside the interval: the acknowledgement of the last
+    // record in flight is reported at once (with the interval alone this waits ~60 s)
+    let limit = Duration::from_secs(20).saturating_sub(started.elapsed()).max(Duration::from_secs(1));
+    wait_until_within(limit, "the slot to confirm the burst before the status interval", async || {
+        s.confirmed_flush(&client).await.unwrap() >= end
+    })
+    .await;
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn kill_9_under_load_duplicates_only_unconfirmed_transactions() {
     // given a relay streaming while writers write, with the read-back off: it would skip the
     // replayed events, hiding what this test checks (which ones the slot sends again)

@@ -202,13 +202,18 @@ fn targets(o: &Options, r: &Results) -> String {
     out += &target("polling >= 0.6x replication", poll / repl, 2, poll / repl >= 0.6);
     for (rate, limit) in [(2_000, 50.0), (10_000, 100.0)] {
         if let Some(ls) = r.latency.get(&rate) {
-            let p99 = median(&ls.iter().map(|l| l.p99_ms).collect::<Vec<_>>());
+            // commit-to-ack is the relay's own histogram (commit time to acknowledgement);
+            // commit-to-consumer adds the consumer's fetch, an upper bound of it
+            let relay = median(&ls.iter().map(|l| l.relay_p99_ms).collect::<Vec<_>>());
             out += &target(
-                &format!("commit-to-consumer p99 at {rate} events/s < {limit} ms"),
-                p99,
+                &format!("commit-to-ack p99 at {rate} events/s < {limit} ms"),
+                relay,
                 1,
-                p99 < limit,
+                relay < limit,
             );
+            let p99 = median(&ls.iter().map(|l| l.p99_ms).collect::<Vec<_>>());
+            let what = format!("(stricter) commit-to-consumer p99 at {rate} events/s < {limit} ms");
+            out += &target(&what, p99, 1, p99 < limit);
         }
     }
     out += &target(&format!("peak RSS at {} < 48 MiB (default settings)", o.events), rss, 1, rss < 48.0);
