@@ -899,6 +899,7 @@ pub fn load_layered<T: serde::de::DeserializeOwned>(
     if !file.is_file() {
         return Err(ConfigError::Load(format!("config file {}: not found ({example})", file.display())));
     }
+    let env_keys: Vec<String> = env.keys().cloned().collect();
     let layered = config::Config::builder()
         .add_source(config::File::from(file).format(config::FileFormat::Toml))
         .add_source(
@@ -917,8 +918,36 @@ pub fn load_layered<T: serde::de::DeserializeOwned>(
     })?;
     serde_path_to_error::deserialize(tree).map_err(|e| {
         let path = e.path().to_string();
-        describe_serde_error(&path, &e.into_inner().to_string())
+        let error = describe_serde_error(&path, &e.into_inner().to_string());
+        match (error, env_override(&env_keys, prefix, &path)) {
+            (ConfigError::Invalid { path, message }, Some(variable)) => ConfigError::invalid(
+                path,
+                format!("{message} (the value comes from the environment variable {variable})"),
+            ),
+            (error, _) => error,
+        }
     })
+}
+
+/// The environment variable among `keys` that sets `path` (`postgres.port` is
+/// `<PREFIX>__POSTGRES__PORT`, in any case), if one does.
+fn env_override(keys: &[String], prefix: &str, path: &str) -> Option<String> {
+    let wanted = format!("{prefix}__{}", path.replace('.', "__"));
+    keys.iter().find(|k| k.eq_ignore_ascii_case(&wanted)).cloned()
+}
+
+/// The valid values of one of the configuration's enums, by its type name, as serde lists them
+/// ("`replication` or `polling`"); `None` for a type this does not know.
+fn enum_values(type_name: &str) -> Option<String> {
+    let probe = || serde_json::Value::String(String::new());
+    let error = match type_name {
+        "SourceMode" => serde_json::from_value::<SourceMode>(probe()).err()?,
+        "SslMode" => serde_json::from_value::<SslMode>(probe()).err()?,
+        "AfterPublish" => serde_json::from_value::<AfterPublish>(probe()).err()?,
+        "OnPoison" => serde_json::from_value::<OnPoison>(probe()).err()?,
+        _ => return None,
+    };
+    error.to_string().split_once("expected ").map(|(_, values)| values.to_string())
 }
 
 /// A parse error without the lines of the file it quotes: the offending line may hold a secret
@@ -948,8 +977,19 @@ fn is_secret_path(path: &str) -> bool {
 /// Turns serde's wording into a path and advice. serde_path_to_error puts an unknown field in
 /// the path already; a missing one is reported at its parent, so its name is moved into the path.
 fn describe_serde_error(path: &str, inner: &str) -> ConfigError {
+    // (the config crate appends " for key `path`": the path is said once, first)
+    let inner = inner.split(" for key `").next().unwrap_or(inner);
     if is_secret_path(path) {
         return ConfigError::invalid(path, "invalid value (not shown: it is a secret); it must be a string");
+    }
+    // the config crate's words for an unknown enum value: "enum SourceMode does not have variant
+    // constructor logical"
+    if let Some((head, value)) = inner.split_once(" does not have variant constructor ") {
+        let type_name = head.trim_start_matches("enum ").trim();
+        let valid =
+            enum_values(type_name).map_or_else(String::new, |values| format!("; it must be one of {values}"));
+        let value = value.trim();
+        return ConfigError::invalid(path, format!("\"{value}\" is not a valid value{valid}"));
     }
     if inner.starts_with("unknown field") {
         return ConfigError::invalid(

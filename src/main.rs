@@ -198,7 +198,11 @@ fn main() -> ExitCode {
                     ExitCode::SUCCESS
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, "fatal error, exiting");
+                    let reason = match e.action() {
+                        outbox_relay::error::Action::Fatal(reason) => reason.label(),
+                        _ => "other",
+                    };
+                    tracing::error!(error = %e, reason = %reason, "fatal error, exiting");
                     ExitCode::from(EXIT_FAILURE)
                 }
             }

@@ -22,6 +22,7 @@ pub const PUBLISH_LATENCY: &str = "outbox_relay_publish_latency_seconds";
 pub const END_TO_END_LATENCY: &str = "outbox_relay_end_to_end_latency_seconds";
 pub const EVENTS_IN_FLIGHT: &str = "outbox_relay_events_in_flight";
 pub const BYTES_IN_FLIGHT: &str = "outbox_relay_bytes_in_flight";
+pub const KAFKA_UNACKNOWLEDGED: &str = "outbox_relay_kafka_unacknowledged_seconds";
 pub const TRANSACTIONS_IN_FLIGHT: &str = "outbox_relay_transactions_in_flight";
 pub const RECEIVED_LSN: &str = "outbox_relay_received_lsn_bytes";
 pub const CONFIRMED_LSN: &str = "outbox_relay_confirmed_lsn_bytes";
@@ -62,6 +63,10 @@ pub const ALL: &[(&str, &str)] = &[
         "From the transaction's commit (replication) or created_at (polling) to the acknowledgement",
     ),
     (EVENTS_IN_FLIGHT, "Events sent to Kafka and not yet acknowledged"),
+    (
+        KAFKA_UNACKNOWLEDGED,
+        "Seconds since Kafka last acknowledged a record while records wait for it; 0 when none wait",
+    ),
     (
         BYTES_IN_FLIGHT,
         "Bytes of the records sent to Kafka and not yet acknowledged (bounded by replication.max_in_flight_bytes and polling.max_batch_bytes)",
@@ -152,6 +157,7 @@ pub struct Metrics {
     pub end_to_end_latency: Histogram,
     pub events_in_flight: IntGauge,
     pub bytes_in_flight: IntGauge,
+    pub kafka_unacknowledged: Gauge,
     pub transactions_in_flight: IntGauge,
     pub received_lsn: Gauge,
     pub confirmed_lsn: Gauge,
@@ -223,6 +229,7 @@ impl Metrics {
             end_to_end_latency: histogram(&r, END_TO_END_LATENCY),
             events_in_flight: int_gauge(&r, EVENTS_IN_FLIGHT),
             bytes_in_flight: int_gauge(&r, BYTES_IN_FLIGHT),
+            kafka_unacknowledged: gauge(&r, KAFKA_UNACKNOWLEDGED),
             transactions_in_flight: int_gauge(&r, TRANSACTIONS_IN_FLIGHT),
             received_lsn: gauge(&r, RECEIVED_LSN),
             confirmed_lsn: gauge(&r, CONFIRMED_LSN),

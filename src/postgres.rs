@@ -274,6 +274,17 @@ fn classify_connect(pg: &PostgresConfig, endpoint: &Endpoint, e: tokio_postgres:
             ),
         );
     }
+    // tokio-postgres's "invalid configuration: password missing": the server asked for one
+    if e.as_db_error().is_none() && e.to_string().contains("password missing") {
+        return RelayError::fatal(
+            FatalReason::Auth,
+            format!(
+                "postgres {endpoint} asks for a password for user \"{}\" and no password is configured: set \
+                 OUTBOX_RELAY__POSTGRES__PASSWORD, postgres.password_file, or postgres.password",
+                pg.user
+            ),
+        );
+    }
     let refused_plaintext = e.as_db_error().is_some_and(|db| db.message().contains("no encryption"));
     if refused_plaintext && pg.sslmode == SslMode::Disable {
         return RelayError::fatal(

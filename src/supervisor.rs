@@ -5,9 +5,10 @@
 //! - a source knows nothing of backoff, health states or exit codes: a session returns `Ok`
 //!   at shutdown or an error, and reports facts through its [`Pulse`];
 //! - what follows an error is decided by [`RelayError::action`] alone;
-//! - the backoff resets only when a session made progress (a batch committed, a position
-//!   confirmed), not when it merely connected: a session that fails right after starting keeps
-//!   backing off instead of reconnecting several times a second;
+//! - the backoff resets only when events flowed in a session (Kafka acknowledged one), not when
+//!   it merely connected or confirmed an idle position: a session that fails right after
+//!   starting keeps backing off instead of reconnecting several times a second (a walsender
+//!   that sends a keepalive and then an error was such a loop);
 //! - an outage is logged once when it starts and once when progress resumes, not per retry.
 
 use std::future::Future;
@@ -71,7 +72,7 @@ impl Pulse {
         self.health.set_phase(Phase::Active);
     }
 
-    /// Events flowed or a position was confirmed: the outage, if any, is over.
+    /// Events flowed (Kafka acknowledged one): the outage, if any, is over.
     pub fn progressed(&self) {
         if !self.progressed.swap(true, Ordering::Relaxed) {
             self.outage.lock().unwrap().recovered();

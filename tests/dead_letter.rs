@@ -318,3 +318,38 @@ async fn assert_still_in_slot_undecodable(client: &Client, slot: &str) {
         return;
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn after_a_dead_letter_readiness_and_leadership_say_the_present() {
+    for mode in ["replication", "polling"] {
+        // given a relay that dead-letters, warns of a stall after 500 ms, and a broker that does
+        // not create topics (a record to a missing topic waits 2 s for it, then is refused)
+        let kafka = "stall_warning_ms = 500\nproperties = { \"allow.auto.create.topics\" = \"false\", \"topic.metadata.propagation.max.ms\" = \"2000\", \"topic.metadata.refresh.interval.ms\" = \"1000\" }";
+        let mut h = Held::new(mode, "dead_letter", kafka).await;
+        let consumer = consumer(&[&h.s.topic]);
+        let mut relay = h.s.start("relay");
+        relay.wait_ready("active").await;
+
+        // when an event names a topic that does not exist, and is dead-lettered
+        h.write(&[Some("refused")], Some(&random_topic("missing"))).await;
+        wait_until(relay.context(format!("{mode}: the dead letter")), async || {
+            relay.metric(&format!("outbox_relay_events_dead_lettered_total{{mode=\"{mode}\"}}")) == Some(1.0)
+        })
+        .await;
+
+        // then with nothing waiting any more, /readyz is ready and the leader gauge is 1: a stall
+        // of the dead-lettered record is over once it left
+        wait_until(relay.context(format!("{mode}: /readyz ready after the dead letter")), async || {
+            relay.readyz().is_some_and(|(status, _)| status == 200)
+        })
+        .await;
+        assert_eq!(relay.metric("outbox_relay_leader"), Some(1.0), "{mode}");
+
+        // and events flow on
+        h.write(&[Some("later")], None).await;
+        let later = counts(&consume(&consumer, 1, IDLE).await);
+        assert_eq!(later.get("later"), Some(&1), "{mode}: {later:?}");
+        assert_eq!(relay.readyz().map(|(status, _)| status), Some(200), "{mode}");
+        assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{mode}");
+    }
+}

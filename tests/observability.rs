@@ -192,7 +192,7 @@ fn alert_state(port: u16, alert: &str) -> Option<Option<String>> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_real_prometheus_fires_the_slot_lag_alert_while_kafka_is_frozen() {
+async fn a_real_prometheus_fires_the_slot_lag_and_kafka_silence_alerts_while_kafka_is_frozen() {
     // given a replication relay on a broker of its own, with low lag thresholds
     let broker = OwnBroker::start(None);
     let s = Setup::create(&broker.brokers(), QUICK_KAFKA_SETTINGS, false, |slot| {
@@ -210,10 +210,15 @@ async fn a_real_prometheus_fires_the_slot_lag_alert_while_kafka_is_frozen() {
     let relay_port = relay.metrics_port();
     let dir = &s.dir;
 
-    // and a real Prometheus scraping it every second with the shipped rules ("for" shortened)
+    // and a real Prometheus scraping it every second with the shipped rules ("for" shortened,
+    // and Kafka's silence alerting after 3 s instead of 5 min)
     let prom_port = free_port();
     let rules = std::fs::read_to_string(repo_root().join("deploy/prometheus/alerts.yml"))
         .unwrap()
+        .replace(
+            "(outbox_relay_kafka_unacknowledged_seconds) > 300",
+            "(outbox_relay_kafka_unacknowledged_seconds) > 3",
+        )
         .lines()
         .map(|l| {
             if l.trim_start().starts_with("for: ") {
@@ -249,20 +254,22 @@ async fn a_real_prometheus_fires_the_slot_lag_alert_while_kafka_is_frozen() {
     let writing = Instant::now();
     let mut writer = s.db.client().await;
     let mut i = 0;
-    let fired = relay.context("the slot-lag alert to fire".into());
+    let fired = relay.context("the slot-lag and Kafka-silence alerts to fire".into());
+    let firing = |alert| alert_state(prom_port, alert).flatten().as_deref() == Some("firing");
     wait_until_within(Duration::from_secs(120), fired, async || {
         write_events(&mut writer, &s.aggregate_type, &format!("agg-{}", i % 10), 20, true).await;
         i += 1;
         tokio::time::sleep(Duration::from_millis(150)).await;
-        alert_state(prom_port, "OutboxRelaySlotLagCritical").flatten().as_deref() == Some("firing")
+        firing("OutboxRelaySlotLagCritical") && firing("OutboxRelayKafkaSilent")
     })
     .await;
 
-    // then the slot-lag alert fired in Prometheus, and resolves once Kafka is back
-    eprintln!("slot-lag alert firing {:?} after Kafka went down", writing.elapsed());
+    // then both fired in Prometheus, and resolve once Kafka is back
+    eprintln!("slot-lag and Kafka-silence alerts firing {:?} after Kafka went down", writing.elapsed());
     broker.thaw();
-    wait_until("the alert to resolve", async || {
+    wait_until("the alerts to resolve", async || {
         alert_state(prom_port, "OutboxRelaySlotLagCritical") == Some(None)
+            && alert_state(prom_port, "OutboxRelayKafkaSilent") == Some(None)
     })
     .await;
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));

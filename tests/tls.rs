@@ -165,3 +165,42 @@ async fn sslmode_disable_against_a_tls_only_server_is_refused_clearly() {
         "{stderr}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_missing_password_is_named_and_stops_the_relay() {
+    // given a role the server lets in only with its password (pg_hba.conf: scram-sha-256)
+    let (database, client) = database().await;
+    client
+        .batch_execute(
+            "DO $$ BEGIN CREATE ROLE outbox_pw LOGIN PASSWORD 'the-right-one'; \
+             EXCEPTION WHEN duplicate_object THEN NULL; END $$",
+        )
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let postgres =
+        format!("host = \"localhost\"\nsslmode = \"verify-full\"\nsslrootcert = \"{}\"", ca("ca.crt"));
+    let config = write_config(dir.path(), &database, &postgres, "polling", &random_suffix());
+    let text =
+        std::fs::read_to_string(&config).unwrap().replace("user = \"postgres\"", "user = \"outbox_pw\"");
+    std::fs::write(&config, text).unwrap();
+    let config = config.to_str().unwrap();
+
+    // when no password is configured, then check says what is missing and where to give it
+    let (_, stdout, stderr) = run_relay(&["check", "--config", config], IDLE);
+    assert!(
+        stdout.contains("FAIL postgres.connect") && stdout.contains("no password is configured"),
+        "{stdout}{stderr}"
+    );
+    assert!(stdout.contains("OUTBOX_RELAY__POSTGRES__PASSWORD"), "{stdout}");
+
+    // and run stops at once (fatal, reason auth) instead of retrying
+    let (code, _, stderr) = run_relay(&["run", "--config", config], IDLE);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("no password is configured") && stderr.contains("reason=auth"), "{stderr}");
+
+    // and with the password, the session is let in
+    let env = [("OUTBOX_RELAY__POSTGRES__PASSWORD", "the-right-one")];
+    let (_, stdout, stderr) = run_relay_with_env(&["check", "--config", config], &env, IDLE);
+    assert!(stdout.contains("OK   postgres.connect"), "{stdout}{stderr}");
+}

@@ -236,7 +236,8 @@ make_tls() {
 }
 
 # start_postgres: initdb a throwaway cluster under $OUTBOX_LOCAL_STATE/pg and start it.
-# OUTBOX_PG_TLS=1: ssl = on with a test CA, and pg_hba.conf accepting TCP only over TLS.
+# OUTBOX_PG_TLS=1: ssl = on with a test CA, and pg_hba.conf accepting TCP only over TLS (the
+# role outbox_pw, if a test creates it, only with its password: tests/tls.rs).
 start_postgres() {
     local dir=$OUTBOX_LOCAL_STATE/pg tls_opts=""
     mkdir -p "$dir"
@@ -247,7 +248,7 @@ start_postgres() {
         make_tls "$dir/tls"
         [ "$(id -u)" = 0 ] && chown -R postgres: "$dir/tls"
         chmod 755 "$dir/tls" && chmod 644 "$dir/tls/ca.crt" "$dir/tls/other-ca.crt"
-        printf 'local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostssl replication all 127.0.0.1/32 trust\n' \
+        printf 'local all all trust\nhostssl all outbox_pw 127.0.0.1/32 scram-sha-256\nhostssl all all 127.0.0.1/32 trust\nhostssl replication all 127.0.0.1/32 trust\n' \
             >"$dir/data/pg_hba.conf"
         tls_opts="-c ssl=on -c ssl_cert_file=$dir/tls/server.crt -c ssl_key_file=$dir/tls/server.key -c ssl_ca_file=$dir/tls/ca.crt"
         PG_TLS_DIR=$dir/tls

@@ -282,3 +282,16 @@ fn postgres_host_takes_a_list_of_servers_in_order() {
         assert!(err.starts_with("postgres.host: ") && err.contains("comma-separated"), "{bad}: {err}");
     }
 }
+
+#[test]
+fn an_invalid_enum_value_lists_the_valid_ones() {
+    let err = load(&format!("{MINIMAL}[source]\nmode = \"logical\"\n"), &[]).unwrap_err().to_string();
+    assert!(err.contains("source.mode: \"logical\" is not a valid value"), "{err}");
+    assert!(err.contains("`replication` or `polling`"), "{err}");
+}
+
+#[test]
+fn a_bad_environment_override_names_the_variable() {
+    let err = load(MINIMAL, &[("OUTBOX_RELAY__POLLING__BATCH_SIZE", "ten")]).unwrap_err().to_string();
+    assert!(err.contains("polling.batch_size") && err.contains("OUTBOX_RELAY__POLLING__BATCH_SIZE"), "{err}");
+}

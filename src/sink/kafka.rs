@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
@@ -116,7 +117,43 @@ pub(crate) struct Report {
 /// channel, numbered by the record's delivery opaque: no future, oneshot or box per record.
 struct Reporter(mpsc::UnboundedSender<Report>);
 
-impl ClientContext for Reporter {}
+/// librdkafka's log lines and global errors, at the relay's levels.
+impl ClientContext for Reporter {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        // librdkafka calls enable.gapless.guarantee experimental at every producer's creation;
+        // the README says what it does and why it is always on, once
+        if fac == "CONFWARN" && message.contains("gapless") {
+            return;
+        }
+        match level {
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error => {
+                tracing::error!(target: "librdkafka", "{fac} {message}")
+            }
+            RDKafkaLogLevel::Warning => tracing::warn!(target: "librdkafka", "{fac} {message}"),
+            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
+                tracing::info!(target: "librdkafka", "{fac} {message}")
+            }
+            RDKafkaLogLevel::Debug => tracing::debug!(target: "librdkafka", "{fac} {message}"),
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        match error.rdkafka_error_code() {
+            // a broker connection that dropped (idle, restarted, a leader moved): librdkafka
+            // reconnects by itself, and the stall watch says when Kafka stops acknowledging
+            Some(RDKafkaErrorCode::BrokerTransportFailure) => {
+                tracing::info!(%error, reason, "Kafka connection lost; reconnecting")
+            }
+            Some(RDKafkaErrorCode::AllBrokersDown) => {
+                tracing::warn!(%error, reason, "no Kafka broker reachable; reconnecting")
+            }
+            _ => tracing::error!(%error, reason, "Kafka producer error"),
+        }
+    }
+}
 
 impl ProducerContext for Reporter {
     type DeliveryOpaque = usize;
@@ -195,6 +232,13 @@ impl StallWatch {
         self.unstall(pulse);
     }
 
+    /// Nothing waits any more: neither a stall nor a silence.
+    fn settled(&mut self, pulse: &Pulse) {
+        self.last_progress = Instant::now();
+        metrics().kafka_unacknowledged.set(0.0);
+        self.unstall(pulse);
+    }
+
     fn unstall(&mut self, pulse: &Pulse) {
         if self.stalled {
             self.stalled = false;
@@ -207,11 +251,11 @@ impl StallWatch {
     pub(crate) fn check(&mut self, waiting: usize, pulse: &Pulse) {
         pulse.tick();
         if waiting == 0 {
-            self.last_progress = Instant::now();
-            self.unstall(pulse);
+            self.settled(pulse);
             return;
         }
         let quiet = self.last_progress.elapsed();
+        metrics().kafka_unacknowledged.set(quiet.as_secs_f64());
         if !self.stalled && quiet >= self.after {
             self.stalled = true;
             tracing::warn!(
@@ -327,7 +371,7 @@ impl KafkaSink {
             }
         }
         // every record has its report: nothing waits any more, whatever the reports say
-        watch.unstall(pulse);
+        watch.settled(pulse);
         let mut results = Vec::with_capacity(outcomes.len());
         for (event, outcome) in events.iter().zip(outcomes) {
             results.push(match outcome.expect("every record reported") {

@@ -207,7 +207,7 @@ impl PollingSource {
                 };
                 return Err(RelayError::Kafka(format!("a record was not acknowledged: {detail}")));
             }
-            if outcome.published > 0 || outcome.claimed == 0 {
+            if outcome.published > 0 {
                 pulse.progressed();
             }
             if self.held(outcome.held, outcome.claimed > 0 || outcome.held_row_gone, pulse) {

@@ -88,6 +88,18 @@ pub async fn verify(config: &RelayConfig, client: &Client) -> Result<Lsn, RelayE
         Lsn::from_str(&lsn).map_err(|_| RelayError::Protocol(format!("pg_current_wal_lsn() = {lsn}")))?;
     match problem(config, client).await? {
         None => Ok(lsn),
+        // the slot decodes each change with the catalog as it was then: a publication created
+        // again is still missing for every change before it, so recreating it is not a fix
+        Some(problem) if problem.ends_with("does not exist") => Err(RelayError::fatal(
+            FatalReason::Publication,
+            format!(
+                "{problem}: it was dropped while the relay ran, so the outbox's inserts are no longer sent; the \
+                 relay stops without confirming past them. Creating the publication again is not enough (the \
+                 slot reads the catalog as it was at each change, and stays without it): run `outbox-relay \
+                 setup --recreate-slot`, which creates the publication and the slot again and re-publishes what \
+                 the table holds (what Kafka already has is not sent twice with dedup on), then start the relay"
+            ),
+        )),
         Some(problem) => Err(RelayError::fatal(
             FatalReason::Publication,
             format!(

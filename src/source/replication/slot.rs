@@ -291,6 +291,19 @@ async fn ensure_publication(config: &RelayConfig, client: &Client) -> Result<(),
     let publication = &config.replication.publication;
     let table = OutboxTable::new(config);
     let create = table.create_publication_sql(publication);
+    // a publication cannot take a table that does not exist: say that, not how to add it
+    let outbox: bool =
+        client.query_one("SELECT to_regclass($1) IS NOT NULL", &[&table.qualified()]).await?.get(0);
+    if !outbox {
+        return Err(RelayError::fatal(
+            FatalReason::Schema,
+            format!(
+                "the outbox table {} does not exist: create it (sql/001_outbox_events.sql and the migrations after it), or \
+                 set outbox.schema / outbox.table to the table the application writes",
+                table.display_name()
+            ),
+        ));
+    }
     let exists = client.query_opt("SELECT 1 FROM pg_publication WHERE pubname = $1", &[publication]).await?;
     if exists.is_none() {
         if !config.replication.create_publication {

@@ -243,7 +243,6 @@ impl<'a> StreamSession<'a> {
             self.wal.confirm(lsn);
         }
         metrics().confirmed(lsn);
-        self.pulse.progressed();
     }
 
     async fn handle(&mut self, event: WalEvent) -> Result<(), RelayError> {
@@ -402,6 +401,7 @@ impl<'a> StreamSession<'a> {
         });
         let Err(e) = outcome else {
             self.stall.progressed(clock.now, self.pulse);
+            self.pulse.progressed();
             metrics().acknowledged_at(&self.published, at, event.created_at, clock);
             self.tracker.acked(txn);
             if resent {
