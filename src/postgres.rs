@@ -275,7 +275,8 @@ fn classify_connect(pg: &PostgresConfig, endpoint: &Endpoint, e: tokio_postgres:
         );
     }
     // tokio-postgres's "invalid configuration: password missing": the server asked for one
-    if e.as_db_error().is_none() && e.to_string().contains("password missing") {
+    let cause = std::error::Error::source(&e).map(ToString::to_string).unwrap_or_default();
+    if e.as_db_error().is_none() && (e.to_string() + &cause).contains("password missing") {
         return RelayError::fatal(
             FatalReason::Auth,
             format!(
