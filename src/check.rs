@@ -15,6 +15,7 @@ use crate::table::OutboxTable;
 
 mod failover;
 mod privileges;
+mod topics;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Status {
@@ -63,11 +64,21 @@ impl fmt::Display for Finding {
 /// Runs every check that applies to the configured mode.
 pub async fn run(config: &RelayConfig) -> Vec<Finding> {
     let mut findings = Vec::new();
-    match connect(config).await {
-        Ok((client, server)) => findings.extend(postgres_checks(config, &client, &server).await),
-        Err(finding) => findings.push(finding),
+    let client = match connect(config).await {
+        Ok((client, server)) => {
+            findings.extend(postgres_checks(config, &client, &server).await);
+            Some(client)
+        }
+        Err(finding) => {
+            findings.push(finding);
+            None
+        }
+    };
+    let (kafka, topics) = kafka_check(config).await;
+    findings.push(kafka);
+    if let (Some(client), Some(topics)) = (&client, &topics) {
+        findings.push(topics::finding(config, client, topics).await);
     }
-    findings.push(kafka_check(config).await);
     findings
 }
 
@@ -437,23 +448,31 @@ fn setting_check_name(name: &str) -> &'static str {
     }
 }
 
-async fn kafka_check(config: &RelayConfig) -> Finding {
+/// The brokers' finding, and the topics they know when they answered.
+async fn kafka_check(config: &RelayConfig) -> (Finding, Option<std::collections::BTreeSet<String>>) {
     let kafka = config.kafka.clone();
     let brokers = kafka.brokers.join(",");
     let fetched =
         tokio::task::spawn_blocking(move || kafka::fetch_cluster_info(&kafka, Duration::from_secs(10))).await;
     match fetched {
-        Ok(Ok(info)) => Finding::ok(
-            "kafka.brokers",
-            format!("reached {brokers}: {} broker(s), {} topic(s)", info.brokers, info.topics),
+        Ok(Ok(info)) => (
+            Finding::ok(
+                "kafka.brokers",
+                format!("reached {brokers}: {} broker(s), {} topic(s)", info.brokers, info.topics.len()),
+            ),
+            Some(info.topics),
         ),
-        Ok(Err(e)) => Finding::fail(
-            "kafka.brokers",
-            format!("cannot reach {brokers}: {e}"),
-            "check kafka.brokers, that the brokers are running, and kafka.properties for TLS/SASL",
+        Ok(Err(e)) => (
+            Finding::fail(
+                "kafka.brokers",
+                format!("cannot reach {brokers}: {e}"),
+                "check kafka.brokers, that the brokers are running, and kafka.properties for TLS/SASL",
+            ),
+            None,
         ),
-        Err(e) => {
-            Finding::fail("kafka.brokers", format!("metadata request panicked: {e}"), "report this as a bug")
-        }
+        Err(e) => (
+            Finding::fail("kafka.brokers", format!("metadata request panicked: {e}"), "report this as a bug"),
+            None,
+        ),
     }
 }

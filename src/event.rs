@@ -311,6 +311,14 @@ impl Mapping {
         Ok((topic, headers))
     }
 
+    /// The topic an event of these columns goes to: its own `topic` when set, else the template.
+    pub fn topic_for(&self, aggregate_type: &str, event_type: &str, topic: Option<&str>) -> String {
+        match topic.filter(|t| !t.is_empty()) {
+            Some(topic) => topic.to_string(),
+            None => self.render_topic(aggregate_type, event_type),
+        }
+    }
+
     fn render_topic(&self, aggregate_type: &str, event_type: &str) -> String {
         let mut topic = String::with_capacity(64);
         for part in &self.topic_template {

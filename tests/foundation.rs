@@ -115,6 +115,45 @@ async fn check_passes_against_the_local_environment() {
 }
 
 #[tokio::test]
+async fn check_lists_the_topics_the_outbox_routes_to_and_warns_of_missing_ones() {
+    // given an outbox whose newest rows route to one topic that exists and one that does not
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (present, absent) = (format!("p{}", random_suffix()), format!("a{}", random_suffix()));
+    create_topic(&format!("outbox.event.{present}"), 1).await;
+    let client = db.client().await;
+    for aggregate_type in [&present, &present, &absent] {
+        client
+            .execute(
+                "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ($1, 'k', 'E', '{}')",
+                &[aggregate_type],
+            )
+            .await
+            .unwrap();
+    }
+
+    // when check runs, then it names the missing topic, with how many rows go to it, as a WARN
+    let config = write_config(dir.path(), &db, "[source]\nmode = \"polling\"\n");
+    let (code, stdout, stderr) = run_relay(&["check", "--config", config.to_str().unwrap()], RUN_TIMEOUT);
+    assert_eq!(code, 0, "a missing topic is a warning, not a failure:\n{stdout}\n{stderr}");
+    let line = stdout.lines().find(|l| l.contains("kafka.topics")).unwrap_or_default();
+    assert!(line.starts_with("WARN"), "{stdout}");
+    assert!(line.contains(&format!("outbox.event.{absent} (1 of the newest rows)")), "{stdout}");
+    assert!(
+        !line.contains(&format!("outbox.event.{present} ")),
+        "an existing topic is not missing: {stdout}"
+    );
+
+    // and once the topic exists, it is OK
+    create_topic(&format!("outbox.event.{absent}"), 1).await;
+    let (_, stdout, _) = run_relay(&["check", "--config", config.to_str().unwrap()], RUN_TIMEOUT);
+    assert!(
+        stdout.contains("OK   kafka.topics") && stdout.contains(&format!("outbox.event.{absent}")),
+        "{stdout}"
+    );
+}
+
+#[tokio::test]
 async fn check_reports_missing_columns_and_unreachable_kafka() {
     let db = TestDb::new().await;
     let dir = tempfile::tempdir().unwrap();

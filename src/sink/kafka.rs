@@ -498,7 +498,8 @@ fn error_type(code: Option<RDKafkaErrorCode>) -> &'static str {
 #[derive(Debug)]
 pub(crate) struct ClusterInfo {
     pub(crate) brokers: usize,
-    pub(crate) topics: usize,
+    /// The names of the topics the brokers know.
+    pub(crate) topics: std::collections::BTreeSet<String>,
 }
 
 /// Fetches cluster metadata through the bootstrap brokers; blocking, so run it off the runtime.
@@ -506,5 +507,7 @@ pub(crate) fn fetch_cluster_info(kafka: &KafkaConfig, timeout: Duration) -> Resu
     let consumer: BaseConsumer =
         client_config(kafka).create().map_err(|e| format!("cannot create a Kafka client: {e}"))?;
     let metadata = consumer.fetch_metadata(None, timeout).map_err(|e| e.to_string())?;
-    Ok(ClusterInfo { brokers: metadata.brokers().len(), topics: metadata.topics().len() })
+    let topics =
+        metadata.topics().iter().filter(|t| t.error().is_none()).map(|t| t.name().to_string()).collect();
+    Ok(ClusterInfo { brokers: metadata.brokers().len(), topics })
 }

@@ -84,7 +84,9 @@ impl ScanOutcome {
                 ?lookback,
                 result,
                 took_ms,
-                "the topic does not exist (not created yet, or deleted): there is nothing to compare with, so \
+                "the topic does not exist (not created yet, or deleted): create it (the relay does not create \
+                 topics). Unless the broker creates topics on first use, its records wait for it and are then \
+                 refused and dead-lettered (or held, under on_poison = block); nothing is read back from it, so \
                  replayed events, if any, are sent again"
             ),
             ScanResult::Complete => tracing::info!(

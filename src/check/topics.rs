@@ -1,0 +1,91 @@
+//! `kafka.topics`: the topics the outbox routes to, from the most recent rows (the template over
+//! their aggregate and event types, or their own `topic` column), against the topics the
+//! brokers know. The relay does not create topics; a missing one is a WARN (a broker may create
+//! topics on first use), with the `kafka-topics.sh` line that creates it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use tokio_postgres::Client;
+
+use super::Finding;
+use crate::config::RelayConfig;
+use crate::event::Mapping;
+use crate::table::{OutboxTable, quote_ident};
+
+/// How many of the newest rows are sampled for their topics.
+const SAMPLE_ROWS: i64 = 10_000;
+
+pub(super) async fn finding(config: &RelayConfig, client: &Client, known: &BTreeSet<String>) -> Finding {
+    let routed = match routed_topics(config, client).await {
+        Ok(routed) => routed,
+        Err(e) => {
+            return Finding::warn(
+                "kafka.topics",
+                format!("cannot read the outbox's recent rows to list their topics: {e}"),
+                "grant the relay role SELECT on the outbox table",
+            );
+        }
+    };
+    if routed.is_empty() {
+        return Finding::ok(
+            "kafka.topics",
+            format!(
+                "no rows in the outbox to list topics from; events go to {} (the relay does not create topics)",
+                config.outbox.topic_template
+            ),
+        );
+    }
+    let missing: Vec<(&String, &u64)> = routed.iter().filter(|(topic, _)| !known.contains(*topic)).collect();
+    if missing.is_empty() {
+        let names: Vec<&str> = routed.keys().map(String::as_str).collect();
+        return Finding::ok(
+            "kafka.topics",
+            format!("every topic the outbox routes to exists: {}", names.join(", ")),
+        );
+    }
+    let described: Vec<String> =
+        missing.iter().map(|(topic, rows)| format!("{topic} ({rows} of the newest rows)")).collect();
+    let first = missing[0].0;
+    Finding::warn(
+        "kafka.topics",
+        format!("topics the outbox routes to do not exist: {}", described.join(", ")),
+        format!(
+            "create them (e.g. kafka-topics.sh --create --topic {first} --partitions N --replication-factor 3); \
+             unless the broker creates topics on first use, their events wait, then are dead-lettered (or held, \
+             on_poison = block)"
+        ),
+    )
+}
+
+/// The topics of the newest rows, with how many of them go to each.
+async fn routed_topics(
+    config: &RelayConfig,
+    client: &Client,
+) -> Result<BTreeMap<String, u64>, tokio_postgres::Error> {
+    let c = &config.outbox.columns;
+    let column = |name: &str| {
+        if name.is_empty() { "NULL".to_string() } else { format!("{}::text", quote_ident(name)) }
+    };
+    let sql = format!(
+        "SELECT {aggregate_type} AS aggregate_type, {event_type} AS event_type, {topic} AS topic, count(*) AS rows \
+         FROM (SELECT * FROM {table} ORDER BY {id} DESC LIMIT {SAMPLE_ROWS}) newest GROUP BY 1, 2, 3",
+        aggregate_type = column(&c.aggregate_type),
+        event_type = column(&c.event_type),
+        topic = column(&c.topic),
+        table = OutboxTable::new(config).qualified(),
+        id = quote_ident(&c.id),
+    );
+    let mapping = Mapping::new(&config.outbox);
+    let mut routed = BTreeMap::new();
+    for row in client.query(&sql, &[]).await? {
+        let (aggregate_type, event_type, topic): (Option<String>, Option<String>, Option<String>) =
+            (row.get("aggregate_type"), row.get("event_type"), row.get("topic"));
+        let topic = mapping.topic_for(
+            aggregate_type.as_deref().unwrap_or_default(),
+            event_type.as_deref().unwrap_or_default(),
+            topic.as_deref(),
+        );
+        *routed.entry(topic).or_insert(0) += row.get::<_, i64>("rows") as u64;
+    }
+    Ok(routed)
+}
