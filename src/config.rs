@@ -947,7 +947,9 @@ fn enum_values(type_name: &str) -> Option<String> {
         "OnPoison" => serde_json::from_value::<OnPoison>(probe()).err()?,
         _ => return None,
     };
-    error.to_string().split_once("expected ").map(|(_, values)| values.to_string())
+    // serde says "expected `a` or `b`", or "expected one of `a`, `b`, `c`"
+    let values = error.to_string().split_once("expected ").map(|(_, values)| values.to_string())?;
+    Some(values.strip_prefix("one of ").map(str::to_string).unwrap_or(values))
 }
 
 /// A parse error without the lines of the file it quotes: the offending line may hold a secret

@@ -30,11 +30,20 @@ pub async fn run(config: RelayConfig) -> Result<(), RelayError> {
             Action::Fatal(reason) => reason,
             Action::Retry | Action::Standby => FatalReason::Other,
         };
+        let lingering = serving && !linger.is_zero();
+        // logged before the metric and /readyz say so: whoever sees those finds the reason logged
+        if lingering {
+            tracing::error!(
+                error = %e,
+                reason = %reason.label(),
+                exit_in_secs = linger.as_secs(),
+                "fatal error; serving metrics, then exiting"
+            );
+        }
         metrics().fatal.with_label_values(&[reason.label()]).set(1);
         health.set_phase(Phase::Fatal(e.to_string()));
-        if serving && !linger.is_zero() {
+        if lingering {
             // keep /metrics up long enough for a scrape to see outbox_relay_fatal_error = 1
-            tracing::error!(error = %e, exit_in_secs = linger.as_secs(), "fatal error; serving metrics, then exiting");
             tokio::time::sleep(linger).await;
         }
     }

@@ -5,10 +5,11 @@
 //! - a source knows nothing of backoff, health states or exit codes: a session returns `Ok`
 //!   at shutdown or an error, and reports facts through its [`Pulse`];
 //! - what follows an error is decided by [`RelayError::action`] alone;
-//! - the backoff resets only when events flowed in a session (Kafka acknowledged one), not when
-//!   it merely connected or confirmed an idle position: a session that fails right after
-//!   starting keeps backing off instead of reconnecting several times a second (a walsender
-//!   that sends a keepalive and then an error was such a loop);
+//! - the backoff resets only when events flowed in a session (Kafka acknowledged one) or the
+//!   session outlived the longest backoff, not when it merely connected or confirmed an idle
+//!   position: a session that fails right after starting keeps backing off instead of
+//!   reconnecting several times a second (a walsender that sends a keepalive and then an error
+//!   was such a loop);
 //! - an outage is logged once when it starts and once when progress resumes, not per retry.
 
 use std::future::Future;
@@ -105,8 +106,11 @@ pub async fn run<S: Source>(
     let mut backoff = Backoff::new(retry);
     let mut standby_logged = false;
     while !*shutdown.borrow() {
+        let started = std::time::Instant::now();
         let result = source.session(&pulse, &mut shutdown).await;
-        if pulse.take_progress() {
+        // events flowed, or the session outlived the longest backoff (an idle outbox's session
+        // that ran for hours was no quick failure)
+        if pulse.take_progress() || started.elapsed() >= backoff.max {
             backoff.reset();
         }
         let Err(e) = result else { break };

@@ -144,13 +144,13 @@ async fn check_lists_the_topics_the_outbox_routes_to_and_warns_of_missing_ones()
         "an existing topic is not missing: {stdout}"
     );
 
-    // and once the topic exists, it is OK
+    // and once the topic exists (and its metadata has settled), it is OK
     create_topic(&format!("outbox.event.{absent}"), 1).await;
-    let (_, stdout, _) = run_relay(&["check", "--config", config.to_str().unwrap()], RUN_TIMEOUT);
-    assert!(
-        stdout.contains("OK   kafka.topics") && stdout.contains(&format!("outbox.event.{absent}")),
-        "{stdout}"
-    );
+    wait_until("check to find the created topic", async || {
+        let (_, stdout, _) = run_relay(&["check", "--config", config.to_str().unwrap()], RUN_TIMEOUT);
+        stdout.contains("OK   kafka.topics") && stdout.contains(&format!("outbox.event.{absent}"))
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -288,6 +288,11 @@ fn an_invalid_enum_value_lists_the_valid_ones() {
     let err = load(&format!("{MINIMAL}[source]\nmode = \"logical\"\n"), &[]).unwrap_err().to_string();
     assert!(err.contains("source.mode: \"logical\" is not a valid value"), "{err}");
     assert!(err.contains("`replication` or `polling`"), "{err}");
+    let err = load(&format!("{MINIMAL}[postgres]\nsslmode = \"on\"\n"), &[]).unwrap_err().to_string();
+    assert!(
+        err.contains("postgres.sslmode: \"on\" is not a valid value; it must be one of `disable`"),
+        "{err}"
+    );
 }
 
 #[test]

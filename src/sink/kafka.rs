@@ -194,6 +194,9 @@ pub struct KafkaSink {
     refusals: mpsc::UnboundedSender<Report>,
     /// The number of the next record enqueued.
     next_seq: AtomicUsize,
+    /// Since when `publish` has waited with nothing acknowledged: a claim abandoned at its
+    /// deadline and sent again does not restart the silence (`outbox_relay_kafka_unacknowledged_seconds`).
+    silent_since: std::sync::Mutex<Option<Instant>>,
     /// `outbox_relay_source` of every record, once the session knows its database.
     source: Option<std::sync::Arc<str>>,
     /// The producer replaced by [`KafkaSink::reset`], being destroyed; a read-back waits for it,
@@ -214,9 +217,14 @@ pub(crate) struct StallWatch {
 
 impl StallWatch {
     pub(crate) fn new(kafka: &KafkaConfig) -> StallWatch {
+        StallWatch::since(kafka, Instant::now())
+    }
+
+    /// A watch whose silence started at `since` (an earlier call's, still unanswered).
+    fn since(kafka: &KafkaConfig, since: Instant) -> StallWatch {
         StallWatch {
             after: Duration::from_millis(kafka.stall_warning_ms),
-            last_progress: Instant::now(),
+            last_progress: since,
             stalled: false,
         }
     }
@@ -278,6 +286,7 @@ impl KafkaSink {
             reports: Mutex::new(reports),
             refusals,
             next_seq: AtomicUsize::new(0),
+            silent_since: std::sync::Mutex::new(None),
             source: None,
             retiring: None,
         })
@@ -351,7 +360,8 @@ impl KafkaSink {
         let Some(first) = first else { return Vec::new() };
         let mut outcomes: Vec<Option<Result<(), KafkaError>>> = vec![None; events.len()];
         let mut waiting = events.len();
-        let mut watch = StallWatch::new(&self.config);
+        let since = *self.silent_since.lock().unwrap().get_or_insert_with(Instant::now);
+        let mut watch = StallWatch::since(&self.config, since);
         let mut check = tokio::time::interval(watch.period());
         let mut batch = Vec::with_capacity(REPORT_BATCH);
         while waiting > 0 {
@@ -362,6 +372,11 @@ impl KafkaSink {
                         if let Some(slot) = seq.checked_sub(first).and_then(|i| outcomes.get_mut(i))
                             && slot.is_none()
                         {
+                            if outcome.is_ok() {
+                                let now = Instant::now();
+                                *self.silent_since.lock().unwrap() = Some(now);
+                                watch.progressed(now, pulse);
+                            }
                             *slot = Some(outcome);
                             waiting -= 1;
                         }
@@ -371,6 +386,7 @@ impl KafkaSink {
             }
         }
         // every record has its report: nothing waits any more, whatever the reports say
+        *self.silent_since.lock().unwrap() = None;
         watch.settled(pulse);
         let mut results = Vec::with_capacity(outcomes.len());
         for (event, outcome) in events.iter().zip(outcomes) {

@@ -39,6 +39,10 @@ const REPORT_TURN: usize = 256;
 
 type Reports = mpsc::UnboundedReceiver<Report>;
 
+/// At shutdown, how long the last status update (sent at once) is given to leave before the
+/// stream ends.
+const STATUS_LEAVES: Duration = Duration::from_millis(200);
+
 /// The transaction being read (between Begin and Commit).
 #[derive(Debug, Clone, Copy)]
 struct OpenTxn {
@@ -211,8 +215,10 @@ impl<'a> StreamSession<'a> {
             self.settle(report, &Clock::now()).await?;
         }
         self.verified = publication::verify(&self.source.config, self.client).await?;
+        // with nothing in flight the update is sent at once; the stream's end must not overtake it
         self.confirm_acknowledged();
-        tokio::time::sleep(Duration::from_millis(self.source.config.replication.status_interval_ms)).await;
+        let interval = Duration::from_millis(self.source.config.replication.status_interval_ms);
+        tokio::time::sleep(interval.min(STATUS_LEAVES)).await;
         Ok(())
     }
 

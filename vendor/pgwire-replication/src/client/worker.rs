@@ -395,6 +395,9 @@ impl WorkerState {
         const DRAIN_BATCH: usize = 256;
 
         loop {
+            // outbox-relay patch: the request for an immediate update is taken before the
+            // position is read, so the update carries the position that asked for it
+            let urgent = self.progress.take_urgent();
             // Update applied LSN from client
             let current_applied = self.progress.load_applied();
             if current_applied != last_applied {
@@ -402,7 +405,7 @@ impl WorkerState {
             }
 
             // Send periodic status feedback (outbox-relay patch: or at once when asked)
-            if self.progress.take_urgent() || last_status_sent.elapsed() >= self.cfg.status_interval {
+            if urgent || last_status_sent.elapsed() >= self.cfg.status_interval {
                 self.send_feedback(stream, last_applied, false).await?;
                 last_status_sent = Instant::now();
             }
