@@ -367,19 +367,22 @@ impl KafkaSink {
         while waiting > 0 {
             tokio::select! {
                 _ = reports.recv_many(&mut batch, REPORT_BATCH) => {
+                    let mut acknowledged = false;
                     for Report { seq, outcome } in batch.drain(..) {
                         // an earlier batch's report (one abandoned at its deadline) is passed over
                         if let Some(slot) = seq.checked_sub(first).and_then(|i| outcomes.get_mut(i))
                             && slot.is_none()
                         {
-                            if outcome.is_ok() {
-                                let now = Instant::now();
-                                *self.silent_since.lock().unwrap() = Some(now);
-                                watch.progressed(now, pulse);
-                            }
+                            acknowledged |= outcome.is_ok();
                             *slot = Some(outcome);
                             waiting -= 1;
                         }
+                    }
+                    // (once per run of reports: one clock read and one lock)
+                    if acknowledged {
+                        let now = Instant::now();
+                        *self.silent_since.lock().unwrap() = Some(now);
+                        watch.progressed(now, pulse);
                     }
                 }
                 _ = check.tick() => watch.check(waiting, pulse),
