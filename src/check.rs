@@ -404,7 +404,7 @@ async fn publication_check(config: &RelayConfig, client: &Client) -> Finding {
         ),
         Ok(Some(problem)) => Finding::fail(
             "replication.publication",
-            problem,
+            problem.to_string(),
             "the publication must publish inserts of every row and every column the relay reads (README, replication mode)",
         ),
         Err(e) => Finding::fail(

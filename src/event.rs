@@ -299,10 +299,7 @@ impl Mapping {
         required(&raw.aggregate_id, &c.aggregate_id)?;
         let event_type = required(&raw.event_type, &c.event_type)?;
         required(&raw.payload, &c.payload)?;
-        let topic = match raw.topic.as_deref().filter(|t| !t.is_empty()) {
-            Some(topic) => topic.to_string(),
-            None => self.render_topic(aggregate_type, event_type),
-        };
+        let topic = self.topic_for(aggregate_type, event_type, raw.topic.as_deref());
         validate_topic(&topic)?;
         let headers = match &raw.headers {
             Some(text) => string_headers(text)?,

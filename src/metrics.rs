@@ -293,16 +293,6 @@ impl Metrics {
         self.slot_idle_timeout_remaining.set(-1.0);
     }
 
-    /// A record was acknowledged: count it and observe both latencies.
-    pub fn acknowledged(&self, mode: &str, sent: Instant, created_at: Option<SystemTime>) {
-        self.acknowledged_at(
-            &self.events_published.with_label_values(&[mode]),
-            sent,
-            created_at,
-            &Clock::now(),
-        );
-    }
-
     /// A record acknowledged, counted on `published` (the mode's `events_published`), with the
     /// clock read once for a run of acknowledgements rather than once per record.
     pub fn acknowledged_at(
@@ -366,7 +356,8 @@ mod tests {
         m.slot_wal_status.with_label_values(&["reserved"]).set(1);
         m.build_info.with_label_values(&["0", "polling"]).set(1.0);
         m.fatal.with_label_values(&["other"]).set(0);
-        m.acknowledged("polling", Instant::now(), Some(SystemTime::now()));
+        let published = m.events_published.with_label_values(&["polling"]);
+        m.acknowledged_at(&published, Instant::now(), Some(SystemTime::now()), &Clock::now());
         let text = m.render();
         for name in
             [EVENTS_READ, PUBLISH_LATENCY, END_TO_END_LATENCY, SLOT_CONFIRMED_LAG, LEADER, BUILD_INFO, FATAL]

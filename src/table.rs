@@ -252,6 +252,19 @@ impl OutboxTable {
         })
     }
 
+    /// The newest `limit` rows' (aggregate type, event type, topic) as text, with how many rows
+    /// have each (`rows`): what `check` renders the routed topics from.
+    pub fn topic_sample_sql(&self, limit: i64) -> String {
+        let newest =
+            self.select_events(&format!("ORDER BY t.{} DESC LIMIT {limit}", quote_ident(&self.columns.id)));
+        format!(
+            "SELECT {}, {}, {}, count(*) AS rows FROM ({newest}) newest GROUP BY 1, 2, 3",
+            col::AGGREGATE_TYPE,
+            col::EVENT_TYPE,
+            col::TOPIC
+        )
+    }
+
     /// The publication replication mode reads.
     pub fn create_publication_sql(&self, publication: &str) -> String {
         format!(

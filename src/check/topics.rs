@@ -10,7 +10,7 @@ use tokio_postgres::Client;
 use super::Finding;
 use crate::config::RelayConfig;
 use crate::event::Mapping;
-use crate::table::{OutboxTable, quote_ident};
+use crate::table::OutboxTable;
 
 /// How many of the newest rows are sampled for their topics.
 const SAMPLE_ROWS: i64 = 10_000;
@@ -62,19 +62,7 @@ async fn routed_topics(
     config: &RelayConfig,
     client: &Client,
 ) -> Result<BTreeMap<String, u64>, tokio_postgres::Error> {
-    let c = &config.outbox.columns;
-    let column = |name: &str| {
-        if name.is_empty() { "NULL".to_string() } else { format!("{}::text", quote_ident(name)) }
-    };
-    let sql = format!(
-        "SELECT {aggregate_type} AS aggregate_type, {event_type} AS event_type, {topic} AS topic, count(*) AS rows \
-         FROM (SELECT * FROM {table} ORDER BY {id} DESC LIMIT {SAMPLE_ROWS}) newest GROUP BY 1, 2, 3",
-        aggregate_type = column(&c.aggregate_type),
-        event_type = column(&c.event_type),
-        topic = column(&c.topic),
-        table = OutboxTable::new(config).qualified(),
-        id = quote_ident(&c.id),
-    );
+    let sql = OutboxTable::new(config).topic_sample_sql(SAMPLE_ROWS);
     let mapping = Mapping::new(&config.outbox);
     let mut routed = BTreeMap::new();
     for row in client.query(&sql, &[]).await? {

@@ -23,10 +23,36 @@ use crate::table::OutboxTable;
 /// How often the streaming session verifies the publication; confirmations wait for it.
 pub const CHECK_INTERVAL: Duration = Duration::from_millis(200);
 
+/// Why the publication would not deliver every insert of the outbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Problem {
+    /// It does not exist (dropped, or never created).
+    Missing(String),
+    /// It exists and leaves inserts out; the text says how to fix it.
+    Narrowed(String),
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (Problem::Missing(text) | Problem::Narrowed(text)) = self;
+        f.write_str(text)
+    }
+}
+
+/// What fixes a publication dropped while the slot existed (in the fatal error whichever way it
+/// was noticed: the publication check, or the stream's error for a change decoded without it).
+pub(crate) const DROPPED_REMEDY: &str = "creating the publication again is not enough (the slot reads the \
+     catalog as it was at each change, and stays without it): run `outbox-relay setup --recreate-slot`, which \
+     creates the publication and the slot again and re-publishes what the table holds (what Kafka already has \
+     is not sent twice with dedup on), then start the relay";
+
 /// Why the publication would not deliver every insert of the outbox, or `None` when it does.
 /// Works on PostgreSQL 13 to 18 (row filters and column lists exist from 15; the row is read
 /// as JSON so the query does not depend on the version's columns).
-pub async fn problem(config: &RelayConfig, client: &Client) -> Result<Option<String>, tokio_postgres::Error> {
+pub async fn problem(
+    config: &RelayConfig,
+    client: &Client,
+) -> Result<Option<Problem>, tokio_postgres::Error> {
     let publication = &config.replication.publication;
     let table = OutboxTable::new(config);
     let row = client
@@ -39,27 +65,27 @@ pub async fn problem(config: &RelayConfig, client: &Client) -> Result<Option<Str
         )
         .await?;
     let Some(row) = row else {
-        return Ok(Some(format!("publication \"{publication}\" does not exist")));
+        return Ok(Some(Problem::Missing(format!("publication \"{publication}\" does not exist"))));
     };
     if !row.get::<_, bool>("inserts") {
-        return Ok(Some(format!(
+        return Ok(Some(Problem::Narrowed(format!(
             "publication \"{publication}\" does not publish inserts: ALTER PUBLICATION {publication} SET (publish = 'insert')"
-        )));
+        ))));
     }
     let Some(entry) = row.get::<_, Option<serde_json::Value>>("entry") else {
-        return Ok(Some(format!(
+        return Ok(Some(Problem::Narrowed(format!(
             "publication \"{publication}\" does not include {}: {}",
             table.display_name(),
             table.add_to_publication_sql(publication)
-        )));
+        ))));
     };
     if let Some(filter) = entry.get("rowfilter").and_then(|f| f.as_str()) {
-        return Ok(Some(format!(
+        return Ok(Some(Problem::Narrowed(format!(
             "publication \"{publication}\" has a row filter on {} (WHERE {filter}): rows it excludes would never \
              be published; remove it (ALTER PUBLICATION {publication} SET TABLE {})",
             table.display_name(),
             table.qualified()
-        )));
+        ))));
     }
     if let Some(columns) = entry.get("attnames").and_then(|a| a.as_array()) {
         let listed: Vec<&str> = columns.iter().filter_map(|c| c.as_str()).collect();
@@ -68,13 +94,13 @@ pub async fn problem(config: &RelayConfig, client: &Client) -> Result<Option<Str
             c.required().into_iter().chain(c.optional()).filter(|(_, name)| *name != c.created_at.as_str());
         let missing: Vec<&str> = read.map(|(_, name)| name).filter(|name| !listed.contains(name)).collect();
         if !missing.is_empty() {
-            return Ok(Some(format!(
+            return Ok(Some(Problem::Narrowed(format!(
                 "publication \"{publication}\" publishes only some columns of {}, not {}: remove the column list \
                  (ALTER PUBLICATION {publication} SET TABLE {})",
                 table.display_name(),
                 missing.join(", "),
                 table.qualified()
-            )));
+            ))));
         }
     }
     Ok(None)
@@ -90,14 +116,12 @@ pub async fn verify(config: &RelayConfig, client: &Client) -> Result<Lsn, RelayE
         None => Ok(lsn),
         // the slot decodes each change with the catalog as it was then: a publication created
         // again is still missing for every change before it, so recreating it is not a fix
-        Some(problem) if problem.ends_with("does not exist") => Err(RelayError::fatal(
+        Some(problem @ Problem::Missing(_)) => Err(RelayError::fatal(
             FatalReason::Publication,
             format!(
                 "{problem}: it was dropped while the relay ran, so the outbox's inserts are no longer sent; the \
-                 relay stops without confirming past them. Creating the publication again is not enough (the \
-                 slot reads the catalog as it was at each change, and stays without it): run `outbox-relay \
-                 setup --recreate-slot`, which creates the publication and the slot again and re-publishes what \
-                 the table holds (what Kafka already has is not sent twice with dedup on), then start the relay"
+                 relay stops without confirming past them. {}",
+                capitalized(DROPPED_REMEDY)
             ),
         )),
         Some(problem) => Err(RelayError::fatal(
@@ -110,4 +134,10 @@ pub async fn verify(config: &RelayConfig, client: &Client) -> Result<Lsn, RelayE
             ),
         )),
     }
+}
+
+/// `text` with its first letter capitalized (a sentence made of a clause kept once).
+fn capitalized(text: &str) -> String {
+    let mut chars = text.chars();
+    chars.next().map_or_else(String::new, |first| first.to_uppercase().chain(chars).collect())
 }

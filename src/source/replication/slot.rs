@@ -328,7 +328,7 @@ async fn ensure_publication(config: &RelayConfig, client: &Client) -> Result<(),
         tracing::info!(%publication, table = %table.display_name(), "created the publication");
     }
     if let Some(problem) = super::publication::problem(config, client).await? {
-        return Err(RelayError::fatal(FatalReason::Publication, problem));
+        return Err(RelayError::fatal(FatalReason::Publication, problem.to_string()));
     }
     Ok(())
 }

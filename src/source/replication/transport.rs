@@ -244,10 +244,10 @@ pub fn in_context(e: RelayError, command: Command, slot: &str) -> RelayError {
         // pgoutput looks the publication up while decoding
         (SqlState::UNDEFINED_OBJECT, Command::Stream) => fatal(
             FatalReason::Publication,
-            "the slot reads the catalog as it was at each change, so a publication dropped behind the slot's \
-             position stays missing for it even when created again; run `outbox-relay setup --recreate-slot` \
-             (it creates the publication when missing, and the slot again, re-publishing what the table still \
-             holds)",
+            &format!(
+                "the publication was dropped behind the slot's position; {}",
+                super::publication::DROPPED_REMEDY
+            ),
         ),
         // `can no longer get changes from replication slot "x"`: invalidated
         (SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE, Command::Start | Command::Stream) => fatal(
