@@ -159,7 +159,7 @@ async fn postgres_checks(config: &RelayConfig, client: &Client, server: &Endpoin
             findings.extend(replication_checks(config, client).await);
             findings.extend(failover::findings(config, client, server).await);
         }
-        SourceMode::Polling => {}
+        SourceMode::Polling => findings.push(leftover_slot_check(config, client).await),
     }
     if config.dead_letter.on_poison == crate::config::OnPoison::DeadLetter {
         findings.push(dead_letter_check(config, client).await);
@@ -168,6 +168,34 @@ async fn postgres_checks(config: &RelayConfig, client: &Client, server: &Endpoin
         findings.push(privileges::check(config, client).await);
     }
     findings
+}
+
+/// Polling mode: no slot of replication mode left behind (a mode switch not finished), as it
+/// keeps WAL and makes every polling session read each topic back whole.
+async fn leftover_slot_check(config: &RelayConfig, client: &Client) -> Finding {
+    const CHECK: &str = "polling.replication_slot";
+    let slot = match crate::source::handover::leftover_slot(config, client).await {
+        Ok(None) => {
+            return Finding::ok(CHECK, format!("no slot \"{}\" left from replication mode", config.replication.slot));
+        }
+        Ok(Some(slot)) => slot,
+        Err(e) => return Finding::warn(CHECK, format!("cannot read pg_replication_slots: {e}"), "check the role's privileges"),
+    };
+    let detail = format!(
+        "slot \"{}\" of replication mode still exists (active = {}) and retains {} bytes of WAL",
+        slot.name, slot.active, slot.retained_bytes
+    );
+    if slot.active {
+        Finding::fail(CHECK, detail, "stop the replication relay that streams from it: both would publish")
+    } else if !config.dedup.enabled {
+        Finding::fail(
+            CHECK,
+            format!("{detail}; with dedup.enabled = false polling would send again every row replication mode published"),
+            "set dedup.enabled = true for the switch (README, Switching source modes)",
+        )
+    } else {
+        Finding::warn(CHECK, format!("{detail}; polling reads each topic back whole until it is dropped"), slot.remedy())
+    }
 }
 
 /// The dead-letter table exists with the columns the relay writes.

@@ -470,6 +470,8 @@ impl Default for PollingConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReplicationConfig {
+    /// The slot's name. Polling mode looks for it too: while it exists, a switch from
+    /// replication mode is unfinished (`source::handover`).
     pub slot: String,
     pub publication: String,
     /// Create the publication when it is missing (needs ownership of the outbox table).

@@ -17,6 +17,7 @@
 //!   `outbox_relay_events_blocked`), retries a refused record with backoff, releases nothing
 //!   past it, and never publishes again what Kafka already acknowledged.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -87,6 +88,7 @@ impl DeadLetter {
 #[derive(Debug, Clone)]
 pub struct DeadLetters {
     insert_sql: String,
+    lettered_sql: String,
     source_table: String,
     policy: OnPoison,
     mode: &'static str,
@@ -104,6 +106,10 @@ impl DeadLetters {
                  FROM unnest($2::text[], $3::text[], $4::text[]) AS u(event_id, row_data, reason)",
                 qualified_name(schema, table)
             ),
+            lettered_sql: format!(
+                "SELECT event_id FROM {} WHERE source_table = $1",
+                qualified_name(schema, table)
+            ),
             source_table: OutboxTable::new(config).display_name(),
             policy: config.dead_letter.on_poison,
             mode,
@@ -114,6 +120,16 @@ impl DeadLetters {
     /// True when `on_poison = "block"`.
     pub fn blocks(&self) -> bool {
         self.policy == OnPoison::Block
+    }
+
+    /// The ids of this outbox's events the dead-letter table holds; none when there is no such
+    /// table (`on_poison = "block"` needs none).
+    pub async fn lettered_ids(&self, client: &tokio_postgres::Client) -> Result<HashSet<String>, RelayError> {
+        match client.query(&self.lettered_sql, &[&self.source_table]).await {
+            Ok(rows) => Ok(rows.iter().map(|r| r.get(0)).collect()),
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => Ok(HashSet::new()),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Writes `letters` to the dead-letter table in one statement on `client`. Polling passes

@@ -1,5 +1,6 @@
 //! Samples PostgreSQL's view of the relay into gauges every `metrics.sample_interval_secs`:
-//! the slot (replication mode) or the backlog (polling mode).
+//! the slot (replication mode) or the backlog (polling mode), and in polling mode the slot too
+//! while replication mode's is left (a mode switch not finished: `source::handover`).
 //!
 //! It runs on its own connection, apart from the relay loop, so the numbers SREs are paged on
 //! stay truthful while Kafka is down and the loop is stuck retrying.
@@ -35,7 +36,12 @@ pub fn spawn(config: RelayConfig) {
             if let Some((c, primary)) = &client {
                 let sampled = match config.source.mode {
                     SourceMode::Replication => sample_slot(&config, c, primary, &mut standbys).await,
-                    SourceMode::Polling => sample_backlog(&config, c).await.map_err(RelayError::from),
+                    SourceMode::Polling => match sample_backlog(&config, c).await {
+                        // a slot left by replication mode keeps WAL: its lag is exported (and
+                        // alerted on) until it is dropped
+                        Ok(()) => sample_slot(&config, c, primary, &mut standbys).await,
+                        Err(e) => Err(e.into()),
+                    },
                 };
                 if let Err(e) = sampled {
                     tracing::debug!(error = %e, "metrics sampling failed");
@@ -66,7 +72,10 @@ async fn sample_slot(
     );
     let row = client.query_opt(&sql, &[slot]).await?;
     let Some(row) = row else {
+        // a slot that is gone retains nothing (dropped after a switch to polling mode)
         m.slot_active.set(0);
+        m.slot_confirmed_lag.set(0);
+        m.slot_retained_wal.set(0);
         return Ok(());
     };
     m.slot_confirmed_lag.set(row.get::<_, Option<i64>>("confirmed_lag").unwrap_or(0));

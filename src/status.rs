@@ -35,7 +35,13 @@ pub async fn run(config: &RelayConfig, metrics_url: Option<&str>) -> Result<Vec<
     ];
     match config.source.mode {
         SourceMode::Replication => lines.extend(slot(&client, &config.replication.slot).await?),
-        SourceMode::Polling => lines.extend(backlog(&client, config).await?),
+        SourceMode::Polling => {
+            lines.extend(backlog(&client, config).await?);
+            if let Some(left) = crate::source::handover::leftover_slot(config, &client).await? {
+                lines.push(("slot left by replication mode", left.remedy()));
+                lines.extend(slot(&client, &left.name).await?);
+            }
+        }
     }
     match metrics_url.map(str::to_string).or_else(|| default_url(&config.metrics.listen)) {
         Some(url) => lines.extend(relay_view(&url).await),

@@ -1,4 +1,5 @@
 //! Sources: where committed outbox events come from.
 
+pub(crate) mod handover;
 pub(crate) mod polling;
 pub mod replication;

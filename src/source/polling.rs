@@ -14,6 +14,7 @@
 //!   relay claims one row at a time (the held one comes first, in id order), so nothing after
 //!   it is published and nothing acknowledged is published again.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -28,6 +29,7 @@ use crate::event::{Mapping, OutboxEvent, Position, RawEvent};
 use crate::metrics::{Clock, metrics};
 use crate::sink::dedup::{self, Dedup, Lookback};
 use crate::sink::kafka::{KafkaSink, PublishError};
+use crate::source::handover;
 use crate::supervisor::{Pulse, Source};
 use crate::table::{OutboxTable, quote_ident, raw_event};
 
@@ -48,6 +50,9 @@ struct Session {
     notified: mpsc::UnboundedReceiver<()>,
     /// Rows of an earlier session's unfinished batch that Kafka already holds are not sent again.
     dedup: Dedup,
+    /// Switching from replication mode (see [`handover`]): the ids of rows it dead-lettered, which
+    /// are released unsent. Empty otherwise.
+    lettered: HashSet<String>,
     /// This session's batches are `batch:<nonce>-<n>` in their records' positions.
     nonce: u64,
     batches: u64,
@@ -156,8 +161,11 @@ impl PollingSource {
         }
         self.sink.set_source(&dedup::source_identity(&client, &self.config).await?);
         self.sink.retired(dedup::RETIRE_LIMIT).await;
-        let dedup = Dedup::new(&self.config, MODE, Lookback::LastBatch, self.sink.source(), shutdown);
-        Ok(Session { client, notified, dedup, nonce: rand::random(), batches: 0 })
+        let switch = handover::unfinished_switch(&self.config, &client, &self.dead_letters).await?;
+        let lookback = if switch.is_some() { Lookback::Everything } else { Lookback::LastBatch };
+        let dedup = Dedup::new(&self.config, MODE, lookback, self.sink.source(), shutdown);
+        let lettered = switch.unwrap_or_default();
+        Ok(Session { client, notified, dedup, lettered, nonce: rand::random(), batches: 0 })
     }
 
     /// The SQL type of the id column, so released ids compare with its index.
@@ -280,6 +288,7 @@ impl PollingSource {
         }
         let mut letters = Vec::new();
         let claimed = rows.len();
+        let (rows, lettered) = already_lettered(&session.lettered, rows);
         let events = self.map_rows(rows, (session.nonce, batch), &mut letters, &mut outcome);
         let unread: Vec<String> = session.dedup.unread(&events).into_iter().map(String::from).collect();
         if !unread.is_empty() {
@@ -295,6 +304,7 @@ impl PollingSource {
         let (events, written) = self.already_written(&mut session.dedup, events, pulse).await?;
         let mut delivered = self.publish(events, deadline, pulse, &mut letters, &mut outcome).await?;
         delivered.extend(written);
+        delivered.extend(lettered);
         self.release(&tx, statements, &delivered, &letters, &mut outcome).await?;
         tx.commit().await?;
         self.dead_letters.report(&letters);
@@ -482,4 +492,21 @@ impl PollingSource {
         outcome.published = delivered.len();
         Ok(())
     }
+}
+
+/// Splits claimed rows into those to map and the ids of rows replication mode dead-lettered
+/// (`lettered`, while switching modes): those are released unsent.
+fn already_lettered(
+    lettered: &HashSet<String>,
+    rows: Vec<(RawEvent, Option<SystemTime>)>,
+) -> (Vec<(RawEvent, Option<SystemTime>)>, Vec<String>) {
+    if lettered.is_empty() {
+        return (rows, Vec::new());
+    }
+    let (settled, rows): (Vec<_>, Vec<_>) =
+        rows.into_iter().partition(|(raw, _)| raw.id.as_ref().is_some_and(|id| lettered.contains(id)));
+    if !settled.is_empty() {
+        tracing::info!(rows = settled.len(), "released unsent: replication mode dead-lettered them");
+    }
+    (rows, settled.into_iter().filter_map(|(raw, _)| raw.id).collect())
 }

@@ -1,0 +1,98 @@
+//! Switching `source.mode` from replication to polling: what replication mode leaves behind.
+//!
+//! Replication mode never changes the outbox: the rows it published stay in the table (until
+//! their partitions are dropped), and so do the rows it dead-lettered. A polling relay that
+//! claimed them with its usual read-back (only its own last batch) would publish every one again.
+//! The switch is unfinished while the slot replication mode streamed from (`replication.slot`)
+//! still exists in this database. Until an operator drops it, every polling session:
+//! - waits as a standby while a replication relay still streams from the slot;
+//! - refuses to start with `dedup.enabled = false` (nothing could tell it what was published);
+//! - reads back every record of each topic, as a slot's first copy does, and releases unsent each
+//!   row Kafka already holds (`Lookback::Everything`);
+//! - releases unsent each row the dead-letter table already holds for this outbox.
+//!
+//! The slot retains WAL while it exists: the sampler exports its lag in polling mode too, and
+//! `check` and `status` name it (README, "Switching source modes").
+
+use std::collections::HashSet;
+
+use tokio_postgres::Client;
+
+use crate::config::RelayConfig;
+use crate::dead_letter::DeadLetters;
+use crate::error::{FatalReason, RelayError};
+
+const LEFTOVER_SLOT_SQL: &str = "SELECT active, (pg_current_wal_lsn() - restart_lsn)::bigint \
+     FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()";
+
+/// The replication slot of this configuration, found by a polling relay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LeftoverSlot {
+    pub name: String,
+    /// A replication relay streams from it now.
+    pub active: bool,
+    /// WAL the slot keeps PostgreSQL from removing.
+    pub retained_bytes: i64,
+}
+
+impl LeftoverSlot {
+    /// What to do about it, once polling has taken over.
+    pub fn remedy(&self) -> String {
+        format!(
+            "once polling has published every row older than the switch (`outbox-relay status`: no \
+             unpublished row that old), drop the slot as a role with REPLICATION: \
+             SELECT pg_drop_replication_slot('{}') (README, Switching source modes)",
+            self.name
+        )
+    }
+}
+
+/// The configured slot, when it exists in this database.
+pub(crate) async fn leftover_slot(
+    config: &RelayConfig,
+    client: &Client,
+) -> Result<Option<LeftoverSlot>, tokio_postgres::Error> {
+    let slot = &config.replication.slot;
+    Ok(client.query_opt(LEFTOVER_SLOT_SQL, &[slot]).await?.map(|row| LeftoverSlot {
+        name: slot.clone(),
+        active: row.get(0),
+        retained_bytes: row.get::<_, Option<i64>>(1).unwrap_or(0),
+    }))
+}
+
+/// What a polling session must not publish again: `None` when no switch is under way, else the
+/// ids this outbox's rows have in the dead-letter table. Errors when the session cannot go on.
+pub(crate) async fn unfinished_switch(
+    config: &RelayConfig,
+    client: &Client,
+    dead_letters: &DeadLetters,
+) -> Result<Option<HashSet<String>>, RelayError> {
+    let Some(slot) = leftover_slot(config, client).await? else { return Ok(None) };
+    if slot.active {
+        return Err(RelayError::Standby(format!(
+            "a replication relay still streams from slot \"{}\": stop it to switch to polling",
+            slot.name
+        )));
+    }
+    if !config.dedup.enabled {
+        return Err(RelayError::fatal(
+            FatalReason::Config,
+            format!(
+                "slot \"{}\" of replication mode still exists and dedup.enabled = false: every row replication \
+                 mode published would be sent again. Set dedup.enabled = true for the switch, or remove the rows \
+                 Kafka holds yourself and then drop the slot (README, Switching source modes)",
+                slot.name
+            ),
+        ));
+    }
+    let lettered = dead_letters.lettered_ids(client).await?;
+    tracing::warn!(
+        slot = %slot.name,
+        retained_bytes = slot.retained_bytes,
+        dead_lettered = lettered.len(),
+        "switching from replication mode: each topic is read back whole before this session publishes, so \
+         rows replication mode published or dead-lettered are not sent again; {}",
+        slot.remedy()
+    );
+    Ok(Some(lettered))
+}

@@ -1,0 +1,125 @@
+//! Switching `source.mode` in either direction, as README "Switching source modes" tells an
+//! operator to: stop the relay, change the mode, start it. Nothing published before the switch
+//! is sent again, nothing written across it is lost, per-aggregate order holds, and the slot
+//! replication mode leaves behind is named (metrics, `check`, `status`) until it is dropped.
+
+mod common;
+
+use common::workload::*;
+use common::*;
+
+async fn setup(mode: &str, extra: &str) -> Setup {
+    Setup::create(&services().kafka, "", true, |slot| {
+        format!(
+            "[source]\nmode = \"{mode}\"\n[polling]\npoll_interval_ms = 200\n{extra}\n\
+             [replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n\
+             [dead_letter]\non_poison = \"dead_letter\"\n"
+        )
+    })
+    .await
+}
+
+/// Rewrites the configuration's `source.mode`.
+fn switch_to(s: &Setup, from: &str, to: &str) {
+    let config = std::fs::read_to_string(s.config()).unwrap();
+    let switched = config.replace(&format!("mode = \"{from}\""), &format!("mode = \"{to}\""));
+    assert_ne!(config, switched);
+    std::fs::write(s.config(), switched).unwrap();
+}
+
+fn check(s: &Setup) -> String {
+    let (_, stdout, _) = run_relay(&["check", "--config", s.config().to_str().unwrap()], IDLE);
+    stdout
+}
+
+async fn write_round(client: &mut tokio_postgres::Client, s: &Setup, per_aggregate: usize) {
+    for i in 0..3 {
+        write_events(client, &s.aggregate_type, &format!("agg-{i}"), per_aggregate, true).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replication_to_polling_sends_nothing_twice_and_names_the_old_slot_until_it_is_dropped() {
+    // given a replication relay that published 60 events and dead-lettered a row without an
+    // aggregate id (replication mode leaves both in the outbox)
+    let s = setup("replication", "").await;
+    let mut client = s.db.client().await;
+    client.batch_execute("ALTER TABLE outbox_events ALTER COLUMN aggregate_id DROP NOT NULL").await.unwrap();
+    create_aggregates(&client, 3).await;
+    let consumer = consumer(&[&s.topic]);
+    let mut relay = s.start("replication");
+    relay.wait_ready("active").await;
+    write_round(&mut client, &s, 20).await;
+    insert_event(&client, &s.aggregate_type, None).await;
+    relay.wait_metric("outbox_relay_events_dead_lettered_total{mode=\"replication\"}", |v| v >= 1.0).await;
+    relay.wait_metric("outbox_relay_events_published_total{mode=\"replication\"}", |v| v >= 60.0).await;
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
+    // and 15 events written while no relay runs
+    write_round(&mut client, &s, 5).await;
+
+    // when the configuration says polling, with dedup off, the relay refuses to start and says why
+    switch_to(&s, "replication", "polling");
+    let config = s.config();
+    let (code, _, stderr) = run_relay_with_env(
+        &["run", "--config", config.to_str().unwrap()],
+        &[("OUTBOX_RELAY__DEDUP__ENABLED", "false")],
+        IDLE,
+    );
+    assert_ne!(code, 0, "{stderr}");
+    assert!(stderr.contains("reason=config") && stderr.contains("dedup.enabled = false"), "{stderr}");
+    // and with dedup on (the default) it takes over
+    let relay = s.start_with_env("polling", &[("OUTBOX_RELAY__METRICS__SAMPLE_INTERVAL_SECS", "1")]);
+    wait_until(relay.context("the outbox to be empty".into()), async || s.outbox_rows().await == 0).await;
+
+    // then every event arrived once, in order; the dead-lettered row was neither sent nor
+    // dead-lettered again
+    let records = consume_unique(&consumer, 75, IDLE, LINGER).await;
+    let report = assert_delivered(&records, &committed_counts(&client).await);
+    assert_eq!((report.unique, report.duplicates), (75, 0), "{}", relay.log_text());
+    let letters: i64 = client.query_one("SELECT count(*) FROM outbox_dead_letter", &[]).await.unwrap().get(0);
+    assert_eq!(letters, 1);
+    assert_eq!(relay.metric("outbox_relay_events_published_total{mode=\"polling\"}"), Some(15.0));
+
+    // and the slot left behind is named: its retained WAL, check's warning, status
+    relay.wait_metric("outbox_relay_slot_retained_wal_bytes", |v| v > 0.0).await;
+    let report = check(&s);
+    assert!(report.contains("WARN polling.replication_slot") && report.contains("pg_drop_replication_slot"), "{report}");
+    let (_, status, _) = run_relay(&["status", "--config", config.to_str().unwrap()], IDLE);
+    assert!(status.contains("slot left by replication mode"), "{status}");
+
+    // when it is dropped, nothing is retained and check is satisfied
+    client.execute("SELECT pg_drop_replication_slot($1)", &[&s.slot]).await.unwrap();
+    relay.wait_metric("outbox_relay_slot_retained_wal_bytes", |v| v == 0.0).await;
+    let report = check(&s);
+    assert!(report.contains("OK   polling.replication_slot"), "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn polling_with_marks_to_replication_sends_only_the_rows_not_marked() {
+    // given a polling relay that marks published rows, and no read-back to hide a re-send
+    let s = setup("polling", "after_publish = \"mark\"\n[dedup]\nenabled = false").await;
+    let mut client = s.db.client().await;
+    create_aggregates(&client, 3).await;
+    let consumer = consumer(&[&s.topic]);
+    let mut relay = s.start("polling");
+    relay.wait_ready("active").await;
+    write_round(&mut client, &s, 10).await;
+    let unmarked = "SELECT count(*) FROM outbox_events WHERE published_at IS NULL";
+    wait_until(relay.context("every row marked".into()), async || {
+        client.query_one(unmarked, &[]).await.unwrap().get::<_, i64>(0) == 0
+    })
+    .await;
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
+    // and 15 events written while no relay runs
+    write_round(&mut client, &s, 5).await;
+
+    // when the configuration says replication: the new slot's first copy takes the rows
+    switch_to(&s, "polling", "replication");
+    let relay = s.start("replication");
+    relay.wait_ready("active").await;
+
+    // then the 30 marked rows are not sent again, the 15 arrive once, in order
+    let records = consume_unique(&consumer, 45, IDLE, LINGER).await;
+    let report = assert_delivered(&records, &committed_counts(&client).await);
+    assert_eq!((report.unique, report.duplicates), (45, 0), "{}", relay.log_text());
+}
