@@ -91,8 +91,20 @@ impl Rig {
         pg_ctl(&self.pg["OUTBOX_RELAY_TEST_PG_BIN"], &["-D", data, "-m", "fast", "-w", "restart"]);
     }
 
+    /// Every relay's log this rig started, killed ones too, without the per-batch lines.
     fn logs(&self) -> String {
-        self.relays.iter().map(|r| r.log_text()).collect::<Vec<_>>().join("\n---\n")
+        (0..self.started)
+            .map(|n| {
+                let log = std::fs::read_to_string(self.s.dir.path().join(format!("relay-{n}.log")))
+                    .unwrap_or_default();
+                let kept: Vec<&str> = log
+                    .lines()
+                    .filter(|l| !l.contains("batch committed") && !l.contains("effective configuration"))
+                    .collect();
+                format!("relay-{n}:\n{}", kept.join("\n"))
+            })
+            .collect::<Vec<_>>()
+            .join("\n---\n")
     }
 }
 
@@ -230,9 +242,30 @@ async fn run_faults(mode: &str, dedup: bool) -> DeliveryReport {
     );
     assert!(report.unique > 1_000, "the workload committed too little to prove anything: {}", report.unique);
     if dedup {
-        assert_eq!(report.duplicates, 0, "duplicates with dedup on; relay logs:\n{}", rig.logs());
+        assert_eq!(
+            report.duplicates,
+            0,
+            "duplicates with dedup on:\n{}\nrelay logs:\n{}",
+            duplicated(&records),
+            rig.logs()
+        );
     }
     report
+}
+
+/// Each id that arrived more than once, with where each copy landed and the position it was
+/// sent from (the first 20 ids).
+fn duplicated(records: &[Consumed]) -> String {
+    let mut copies: HashMap<&str, Vec<String>> = HashMap::new();
+    for r in records {
+        let at = format!("{}@{} {}", r.partition, r.offset, r.header("outbox_relay_position").unwrap_or("-"));
+        copies.entry(r.header("id").unwrap_or_default()).or_default().push(at);
+    }
+    let mut lines: Vec<String> =
+        copies.into_iter().filter(|(_, c)| c.len() > 1).map(|(id, c)| format!("id {id}: {}", c.join(", "))).collect();
+    lines.sort();
+    lines.truncate(20);
+    lines.join("\n")
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -396,6 +429,73 @@ async fn a_batch_published_but_never_committed(dedup: bool) -> DeliveryReport {
     eprintln!("a polling batch published, never committed, dedup {dedup}: {} duplicates", report.duplicates);
     assert_eq!(report.unique, 100, "{}", relay.log_text());
     report
+}
+
+/// Waits until a relay's claim hangs in the DELETE that releases its rows (the `hang` trigger).
+async fn wait_hanging_in_delete(client: &tokio_postgres::Client) {
+    wait_until("a relay's DELETE to hang on the trigger", async || {
+        let row = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'outbox-relay' \
+                 AND datname = current_database() AND state = 'active' AND query LIKE 'DELETE%'",
+                &[],
+            )
+            .await
+            .unwrap();
+        row.get::<_, i64>(0) > 0
+    })
+    .await;
+}
+
+/// Kills `relay`, ends its sessions, and so rolls its claim back.
+async fn kill_mid_claim(client: &tokio_postgres::Client, relay: &mut RelayProcess) {
+    relay.kill9();
+    client
+        .batch_execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'outbox-relay' \
+             AND datname = current_database()",
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn polling_does_not_send_again_a_batch_left_behind_by_two_claims_that_never_committed() {
+    // given a relay killed after Kafka acknowledged its batch of 60, while the DELETE hangs
+    let s = Setup::create(&services().kafka, "", true, |_| {
+        "[source]\nmode = \"polling\"\n[polling]\nbatch_size = 100\n".to_string()
+    })
+    .await;
+    let client = s.db.client().await;
+    create_aggregates(&client, AGGREGATES).await;
+    client
+        .batch_execute(
+            "CREATE FUNCTION hang() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(600); RETURN NULL; END $$;
+             CREATE TRIGGER hang BEFORE DELETE ON outbox_events FOR EACH STATEMENT EXECUTE FUNCTION hang();",
+        )
+        .await
+        .unwrap();
+    write_concurrently(&s.db.url, &s.aggregate_type, AGGREGATES, 60, 1).await;
+    let consumer = consumer(&[&s.topic]);
+    let mut first = s.start("first");
+    wait_hanging_in_delete(&client).await;
+    kill_mid_claim(&client, &mut first).await;
+
+    // when 30 more rows come, and a second relay, whose claim takes all 90 rows, is killed the
+    // same way (the 60 already in Kafka are not sent again; the 30 must not go out in a batch
+    // that releases the 60, or a third relay reading back the newest batch misses theirs)
+    let committed = write_concurrently(&s.db.url, &s.aggregate_type, AGGREGATES, 30, 1).await;
+    let mut second = s.start("second");
+    wait_hanging_in_delete(&client).await;
+    kill_mid_claim(&client, &mut second).await;
+    client.batch_execute("DROP TRIGGER hang ON outbox_events").await.unwrap();
+    let third = s.start("third");
+    wait_until("the outbox to empty", async || s.outbox_rows().await == 0).await;
+
+    // then the 90 events arrived once each, in order
+    let records = consume_relay_records(&consumer, 90).await;
+    let report = assert_delivered(&records, &committed);
+    assert_eq!((report.unique, report.duplicates), (90, 0), "{}\n{}", duplicated(&records), third.log_text());
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -300,11 +300,23 @@ impl PollingSource {
             }
             return Ok(BatchOutcome { full: true, ..Default::default() });
         }
-        metrics().events_read.with_label_values(&[MODE]).inc_by(claimed as u64);
-        let (events, written) = self.already_written(&mut session.dedup, events, pulse).await?;
-        let mut delivered = self.publish(events, deadline, pulse, &mut letters, &mut outcome).await?;
-        delivered.extend(written);
-        delivered.extend(lettered);
+        let (events, mut settled) = self.already_written(&mut session.dedup, events, pulse).await?;
+        settled.extend(lettered);
+        let delivered = if settled.is_empty() || events.is_empty() {
+            metrics().events_read.with_label_values(&[MODE]).inc_by(claimed as u64);
+            let mut delivered = self.publish(events, deadline, pulse, &mut letters, &mut outcome).await?;
+            delivered.extend(settled);
+            delivered
+        } else {
+            // rows an earlier session published (or dead-lettered) are released on their own
+            // before anything new is sent, and the rest claimed again: a batch never mixes them
+            // with new records, so only the newest batch can hold rows still in the outbox (a
+            // later session reads back just that one). Mixed, a batch that did not commit
+            // either would leave the older rows' records behind it, unread: duplicates.
+            metrics().events_read.with_label_values(&[MODE]).inc_by(settled.len() as u64);
+            outcome.full = true;
+            settled
+        };
         self.release(&tx, statements, &delivered, &letters, &mut outcome).await?;
         tx.commit().await?;
         self.dead_letters.report(&letters);
