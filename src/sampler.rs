@@ -66,7 +66,7 @@ async fn sample_slot(
                 (pg_current_wal_lsn() - '0/0')::float8 AS wal_lsn, \
                 coalesce((to_jsonb(s) ->> 'failover')::boolean, false) AS failover, \
                 {} AS inactive_secs, ({}) AS idle_timeout \
-         FROM pg_replication_slots s WHERE slot_name = $1",
+         FROM pg_replication_slots s WHERE slot_name = $1 AND database = current_database()",
         failover::INACTIVE_SECS_SQL,
         failover::IDLE_TIMEOUT_SQL
     );
@@ -76,6 +76,12 @@ async fn sample_slot(
         m.slot_active.set(0);
         m.slot_confirmed_lag.set(0);
         m.slot_retained_wal.set(0);
+        for s in WAL_STATUSES {
+            m.slot_wal_status.with_label_values(&[s]).set(0);
+        }
+        m.slot_failover.set(0);
+        m.slot_inactive.set(0.0);
+        m.slot_idle_timeout_remaining.set(-1.0);
         return Ok(());
     };
     m.slot_confirmed_lag.set(row.get::<_, Option<i64>>("confirmed_lag").unwrap_or(0));

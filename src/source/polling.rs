@@ -314,6 +314,8 @@ impl PollingSource {
             // later session reads back just that one). Mixed, a batch that did not commit
             // either would leave the older rows' records behind it, unread: duplicates.
             metrics().events_read.with_label_values(&[MODE]).inc_by(settled.len() as u64);
+            // a row held at comes again with the rest (holding now would pass it over forever)
+            outcome.held = None;
             outcome.full = true;
             settled
         };
