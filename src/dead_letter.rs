@@ -84,6 +84,28 @@ impl DeadLetter {
     }
 }
 
+/// A dead-lettered event as a row is compared with it: its id and content, so an id handed out
+/// again (a restarted sequence) or claimed by a forged message is another event.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LetterKey {
+    id: String,
+    aggregate_id: Option<String>,
+    event_type: Option<String>,
+    payload: Option<String>,
+}
+
+impl LetterKey {
+    /// The key of a row; `None` for a row without an id.
+    pub fn of(raw: &RawEvent) -> Option<LetterKey> {
+        Some(LetterKey {
+            id: raw.id.clone().filter(|id| !id.is_empty())?,
+            aggregate_id: raw.aggregate_id.clone(),
+            event_type: raw.event_type.clone(),
+            payload: raw.payload.clone(),
+        })
+    }
+}
+
 /// The dead-letter policy and table of one relay.
 #[derive(Debug, Clone)]
 pub struct DeadLetters {
@@ -107,7 +129,8 @@ impl DeadLetters {
                 qualified_name(schema, table)
             ),
             lettered_sql: format!(
-                "SELECT event_id FROM {} WHERE source_table = $1",
+                "SELECT event_id, row_data ->> 'aggregate_id', row_data ->> 'event_type', row_data ->> 'payload' \
+                 FROM {} WHERE source_table = $1 AND event_id <> ''",
                 qualified_name(schema, table)
             ),
             source_table: OutboxTable::new(config).display_name(),
@@ -122,11 +145,14 @@ impl DeadLetters {
         self.policy == OnPoison::Block
     }
 
-    /// The ids of this outbox's events the dead-letter table holds; none when there is no such
-    /// table (`on_poison = "block"` needs none).
-    pub async fn lettered_ids(&self, client: &tokio_postgres::Client) -> Result<HashSet<String>, RelayError> {
+    /// The events of this outbox the dead-letter table holds; none when there is no such table
+    /// (`on_poison = "block"` needs none).
+    pub async fn lettered(&self, client: &tokio_postgres::Client) -> Result<HashSet<LetterKey>, RelayError> {
         match client.query(&self.lettered_sql, &[&self.source_table]).await {
-            Ok(rows) => Ok(rows.iter().map(|r| r.get(0)).collect()),
+            Ok(rows) => Ok(rows
+                .iter()
+                .map(|r| LetterKey { id: r.get(0), aggregate_id: r.get(1), event_type: r.get(2), payload: r.get(3) })
+                .collect()),
             Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => Ok(HashSet::new()),
             Err(e) => Err(e.into()),
         }

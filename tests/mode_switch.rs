@@ -54,8 +54,19 @@ async fn replication_to_polling_sends_nothing_twice_and_names_the_old_slot_until
     relay.wait_metric("outbox_relay_events_dead_lettered_total{mode=\"replication\"}", |v| v >= 1.0).await;
     relay.wait_metric("outbox_relay_events_published_total{mode=\"replication\"}", |v| v >= 60.0).await;
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
-    // and 15 events written while no relay runs
+    // and 15 events written while no relay runs, one of whose ids a forged dead letter (a
+    // non-transactional message's, or an id handed out again) also names, with other content
     write_round(&mut client, &s, 5).await;
+    client
+        .execute(
+            "INSERT INTO outbox_dead_letter (source_table, event_id, row_data, reason) \
+             SELECT 'public.outbox_events', max(id)::text, \
+                    jsonb_build_object('id', max(id)::text, 'aggregate_id', 'agg-0', 'event_type', 'E', 'payload', '{}'), \
+                    'forged' FROM outbox_events",
+            &[],
+        )
+        .await
+        .unwrap();
 
     // when the configuration says polling, with dedup off, the relay refuses to start and says why
     switch_to(&s, "replication", "polling");
@@ -77,7 +88,7 @@ async fn replication_to_polling_sends_nothing_twice_and_names_the_old_slot_until
     let report = assert_delivered(&records, &committed_counts(&client).await);
     assert_eq!((report.unique, report.duplicates), (75, 0), "{}", relay.log_text());
     let letters: i64 = client.query_one("SELECT count(*) FROM outbox_dead_letter", &[]).await.unwrap().get(0);
-    assert_eq!(letters, 1);
+    assert_eq!(letters, 2, "the replication mode's letter and the forged one, no more");
     assert_eq!(relay.metric("outbox_relay_events_published_total{mode=\"polling\"}"), Some(15.0));
 
     // and the slot left behind is named: its retained WAL, check's warning, status

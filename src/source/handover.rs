@@ -9,7 +9,8 @@
 //! - refuses to start with `dedup.enabled = false` (nothing could tell it what was published);
 //! - reads back every record of each topic, as a slot's first copy does, and releases unsent each
 //!   row Kafka already holds (`Lookback::Everything`);
-//! - releases unsent each row the dead-letter table already holds for this outbox.
+//! - releases unsent each row the dead-letter table already holds for this outbox (same id and
+//!   content: an id handed out again is another event).
 //!
 //! The slot retains WAL while it exists: the sampler exports its lag in polling mode too, and
 //! `check` and `status` name it (README, "Switching source modes").
@@ -19,7 +20,7 @@ use std::collections::HashSet;
 use tokio_postgres::Client;
 
 use crate::config::RelayConfig;
-use crate::dead_letter::DeadLetters;
+use crate::dead_letter::{DeadLetters, LetterKey};
 use crate::error::{FatalReason, RelayError};
 
 const LEFTOVER_SLOT_SQL: &str = "SELECT active, (pg_current_wal_lsn() - restart_lsn)::bigint \
@@ -61,12 +62,12 @@ pub(crate) async fn leftover_slot(
 }
 
 /// What a polling session must not publish again: `None` when no switch is under way, else the
-/// ids this outbox's rows have in the dead-letter table. Errors when the session cannot go on.
+/// events of this outbox the dead-letter table holds. Errors when the session cannot go on.
 pub(crate) async fn unfinished_switch(
     config: &RelayConfig,
     client: &Client,
     dead_letters: &DeadLetters,
-) -> Result<Option<HashSet<String>>, RelayError> {
+) -> Result<Option<HashSet<LetterKey>>, RelayError> {
     let Some(slot) = leftover_slot(config, client).await? else { return Ok(None) };
     if slot.active {
         return Err(RelayError::Standby(format!(
@@ -85,7 +86,7 @@ pub(crate) async fn unfinished_switch(
             ),
         ));
     }
-    let lettered = dead_letters.lettered_ids(client).await?;
+    let lettered = dead_letters.lettered(client).await?;
     tracing::warn!(
         slot = %slot.name,
         retained_bytes = slot.retained_bytes,

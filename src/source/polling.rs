@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_postgres::{AsyncMessage, Client, Transaction};
 
 use crate::config::RelayConfig;
-use crate::dead_letter::{DeadLetter, DeadLetters, Hold};
+use crate::dead_letter::{DeadLetter, DeadLetters, Hold, LetterKey};
 use crate::error::RelayError;
 use crate::event::{Mapping, OutboxEvent, Position, RawEvent};
 use crate::metrics::{Clock, metrics};
@@ -50,9 +50,9 @@ struct Session {
     notified: mpsc::UnboundedReceiver<()>,
     /// Rows of an earlier session's unfinished batch that Kafka already holds are not sent again.
     dedup: Dedup,
-    /// Switching from replication mode (see [`handover`]): the ids of rows it dead-lettered, which
+    /// Switching from replication mode (see [`handover`]): the events it dead-lettered (id and content), which
     /// are released unsent. Empty otherwise.
-    lettered: HashSet<String>,
+    lettered: HashSet<LetterKey>,
     /// This session's batches are `batch:<nonce>-<n>` in their records' positions.
     nonce: u64,
     batches: u64,
@@ -511,14 +511,14 @@ impl PollingSource {
 /// Splits claimed rows into those to map and the ids of rows replication mode dead-lettered
 /// (`lettered`, while switching modes): those are released unsent.
 fn already_lettered(
-    lettered: &HashSet<String>,
+    lettered: &HashSet<LetterKey>,
     rows: Vec<(RawEvent, Option<SystemTime>)>,
 ) -> (Vec<(RawEvent, Option<SystemTime>)>, Vec<String>) {
     if lettered.is_empty() {
         return (rows, Vec::new());
     }
     let (settled, rows): (Vec<_>, Vec<_>) =
-        rows.into_iter().partition(|(raw, _)| raw.id.as_ref().is_some_and(|id| lettered.contains(id)));
+        rows.into_iter().partition(|(raw, _)| LetterKey::of(raw).is_some_and(|key| lettered.contains(&key)));
     if !settled.is_empty() {
         tracing::info!(rows = settled.len(), "released unsent: replication mode dead-lettered them");
     }
