@@ -176,10 +176,19 @@ async fn leftover_slot_check(config: &RelayConfig, client: &Client) -> Finding {
     const CHECK: &str = "polling.replication_slot";
     let slot = match crate::source::handover::leftover_slot(config, client).await {
         Ok(None) => {
-            return Finding::ok(CHECK, format!("no slot \"{}\" left from replication mode", config.replication.slot));
+            return Finding::ok(
+                CHECK,
+                format!("no slot \"{}\" left from replication mode", config.replication.slot),
+            );
         }
         Ok(Some(slot)) => slot,
-        Err(e) => return Finding::warn(CHECK, format!("cannot read pg_replication_slots: {e}"), "check the role's privileges"),
+        Err(e) => {
+            return Finding::warn(
+                CHECK,
+                format!("cannot read pg_replication_slots: {e}"),
+                "check the role's privileges",
+            );
+        }
     };
     let detail = format!(
         "slot \"{}\" of replication mode still exists (active = {}) and retains {} bytes of WAL",
@@ -190,11 +199,17 @@ async fn leftover_slot_check(config: &RelayConfig, client: &Client) -> Finding {
     } else if !config.dedup.enabled {
         Finding::fail(
             CHECK,
-            format!("{detail}; with dedup.enabled = false polling would send again every row replication mode published"),
+            format!(
+                "{detail}; with dedup.enabled = false polling would send again every row replication mode published"
+            ),
             "set dedup.enabled = true for the switch (README, Switching source modes)",
         )
     } else {
-        Finding::warn(CHECK, format!("{detail}; polling reads each topic back whole until it is dropped"), slot.remedy())
+        Finding::warn(
+            CHECK,
+            format!("{detail}; polling reads each topic back whole until it is dropped"),
+            slot.remedy(),
+        )
     }
 }
 

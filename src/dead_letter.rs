@@ -151,9 +151,16 @@ impl DeadLetters {
         match client.query(&self.lettered_sql, &[&self.source_table]).await {
             Ok(rows) => Ok(rows
                 .iter()
-                .map(|r| LetterKey { id: r.get(0), aggregate_id: r.get(1), event_type: r.get(2), payload: r.get(3) })
+                .map(|r| LetterKey {
+                    id: r.get(0),
+                    aggregate_id: r.get(1),
+                    event_type: r.get(2),
+                    payload: r.get(3),
+                })
                 .collect()),
-            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => Ok(HashSet::new()),
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
+                Ok(HashSet::new())
+            }
             Err(e) => Err(e.into()),
         }
     }

@@ -139,7 +139,11 @@ impl OutboxTable {
     /// The first copy of a new slot: every unpublished row, in id order. (Rows polling mode
     /// marked published are not copied: a switch from polling with `after_publish = "mark"`.)
     pub fn copy_sql(&self) -> String {
-        self.select_events(&format!("WHERE {} ORDER BY t.{}", self.unpublished(), quote_ident(&self.columns.id)))
+        self.select_events(&format!(
+            "WHERE {} ORDER BY t.{}",
+            self.unpublished(),
+            quote_ident(&self.columns.id)
+        ))
     }
 
     /// `verify`: the rows whose `created_at` is in [`$1`, `$2`) (either NULL: unbounded), in id
@@ -350,7 +354,9 @@ mod tests {
     fn unpublished_is_one_definition_used_everywhere() {
         let mark = OutboxTable::new(&config(AfterPublish::Mark));
         assert_eq!(mark.unpublished(), "t.\"published_at\" IS NULL");
-        for sql in [mark.claim_sql(), mark.copy_sql(), mark.backlog_count_sql(10), mark.backlog_age_sql().unwrap()] {
+        for sql in
+            [mark.claim_sql(), mark.copy_sql(), mark.backlog_count_sql(10), mark.backlog_age_sql().unwrap()]
+        {
             assert!(sql.contains("WHERE t.\"published_at\" IS NULL"), "{sql}");
         }
         let delete = OutboxTable::new(&config(AfterPublish::Delete));

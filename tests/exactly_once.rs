@@ -261,8 +261,11 @@ fn duplicated(records: &[Consumed]) -> String {
         let at = format!("{}@{} {}", r.partition, r.offset, r.header("outbox_relay_position").unwrap_or("-"));
         copies.entry(r.header("id").unwrap_or_default()).or_default().push(at);
     }
-    let mut lines: Vec<String> =
-        copies.into_iter().filter(|(_, c)| c.len() > 1).map(|(id, c)| format!("id {id}: {}", c.join(", "))).collect();
+    let mut lines: Vec<String> = copies
+        .into_iter()
+        .filter(|(_, c)| c.len() > 1)
+        .map(|(id, c)| format!("id {id}: {}", c.join(", ")))
+        .collect();
     lines.sort();
     lines.truncate(20);
     lines.join("\n")
@@ -392,6 +395,30 @@ async fn delete_topic(brokers: &str, topic: &str) {
 /// the report of what arrived after a new relay took the rows over.
 async fn a_batch_published_but_never_committed(dedup: bool) -> DeliveryReport {
     // given a polling relay whose claim hangs in its DELETE, after Kafka acknowledged the batch
+    let (s, client) = hanging_deletes(dedup).await;
+    let committed = write_concurrently(&s.db.url, &s.aggregate_type, AGGREGATES, 100, 1).await;
+    let consumer = consumer(&[&s.topic]);
+    let mut relay = s.start("first");
+    let mut records = consume_relay_records(&consumer, 100).await;
+    assert_eq!(records.len(), 100, "{}", relay.log_text());
+
+    // when the relay is killed before its claim commits, and another one takes the rows over
+    kill_mid_claim(&client, &mut relay).await;
+    client.batch_execute("DROP TRIGGER hang ON outbox_events").await.unwrap();
+    let relay = s.start("second");
+    wait_until("the outbox to empty", async || s.outbox_rows().await == 0).await;
+
+    // then the batch is in Kafka once (with dedup) and in order, and nothing is left
+    records.extend(consume(&consumer, usize::MAX, LINGER).await);
+    let report = assert_delivered(&records, &committed);
+    eprintln!("a polling batch published, never committed, dedup {dedup}: {} duplicates", report.duplicates);
+    assert_eq!(report.unique, 100, "{}", relay.log_text());
+    report
+}
+
+/// A polling setup (batches of 100) whose claims hang in the DELETE that releases their rows,
+/// after Kafka acknowledged the batch; drop the trigger `hang` to let them through.
+async fn hanging_deletes(dedup: bool) -> (Setup, tokio_postgres::Client) {
     let s = Setup::create(&services().kafka, "", true, |_| {
         format!("[source]\nmode = \"polling\"\n[polling]\nbatch_size = 100\n[dedup]\nenabled = {dedup}\n")
     })
@@ -405,30 +432,7 @@ async fn a_batch_published_but_never_committed(dedup: bool) -> DeliveryReport {
         )
         .await
         .unwrap();
-    let committed = write_concurrently(&s.db.url, &s.aggregate_type, AGGREGATES, 100, 1).await;
-    let consumer = consumer(&[&s.topic]);
-    let mut relay = s.start("first");
-    let mut records = consume_relay_records(&consumer, 100).await;
-    assert_eq!(records.len(), 100, "{}", relay.log_text());
-
-    // when the relay is killed before its claim commits, and another one takes the rows over
-    relay.kill9();
-    client
-        .batch_execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'outbox-relay' \
-             AND datname = current_database(); DROP TRIGGER hang ON outbox_events;",
-        )
-        .await
-        .unwrap();
-    let relay = s.start("second");
-    wait_until("the outbox to empty", async || s.outbox_rows().await == 0).await;
-
-    // then the batch is in Kafka once (with dedup) and in order, and nothing is left
-    records.extend(consume(&consumer, usize::MAX, LINGER).await);
-    let report = assert_delivered(&records, &committed);
-    eprintln!("a polling batch published, never committed, dedup {dedup}: {} duplicates", report.duplicates);
-    assert_eq!(report.unique, 100, "{}", relay.log_text());
-    report
+    (s, client)
 }
 
 /// Waits until a relay's claim hangs in the DELETE that releases its rows (the `hang` trigger).
@@ -462,19 +466,7 @@ async fn kill_mid_claim(client: &tokio_postgres::Client, relay: &mut RelayProces
 #[tokio::test(flavor = "multi_thread")]
 async fn polling_does_not_send_again_a_batch_left_behind_by_two_claims_that_never_committed() {
     // given a relay killed after Kafka acknowledged its batch of 60, while the DELETE hangs
-    let s = Setup::create(&services().kafka, "", true, |_| {
-        "[source]\nmode = \"polling\"\n[polling]\nbatch_size = 100\n".to_string()
-    })
-    .await;
-    let client = s.db.client().await;
-    create_aggregates(&client, AGGREGATES).await;
-    client
-        .batch_execute(
-            "CREATE FUNCTION hang() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(600); RETURN NULL; END $$;
-             CREATE TRIGGER hang BEFORE DELETE ON outbox_events FOR EACH STATEMENT EXECUTE FUNCTION hang();",
-        )
-        .await
-        .unwrap();
+    let (s, client) = hanging_deletes(true).await;
     write_concurrently(&s.db.url, &s.aggregate_type, AGGREGATES, 60, 1).await;
     let consumer = consumer(&[&s.topic]);
     let mut first = s.start("first");

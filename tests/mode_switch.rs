@@ -94,7 +94,10 @@ async fn replication_to_polling_sends_nothing_twice_and_names_the_old_slot_until
     // and the slot left behind is named: its retained WAL, check's warning, status
     relay.wait_metric("outbox_relay_slot_retained_wal_bytes", |v| v > 0.0).await;
     let report = check(&s);
-    assert!(report.contains("WARN polling.replication_slot") && report.contains("pg_drop_replication_slot"), "{report}");
+    assert!(
+        report.contains("WARN polling.replication_slot") && report.contains("pg_drop_replication_slot"),
+        "{report}"
+    );
     let (_, status, _) = run_relay(&["status", "--config", config.to_str().unwrap()], IDLE);
     assert!(status.contains("slot left by replication mode"), "{status}");
 

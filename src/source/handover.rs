@@ -4,7 +4,8 @@
 //! their partitions are dropped), and so do the rows it dead-lettered. A polling relay that
 //! claimed them with its usual read-back (only its own last batch) would publish every one again.
 //! The switch is unfinished while the slot replication mode streamed from (`replication.slot`)
-//! still exists in this database. Until an operator drops it, every polling session:
+//! still exists in this database. Until an operator drops it, every polling session, once it
+//! holds the leader lock:
 //! - waits as a standby while a replication relay still streams from the slot;
 //! - refuses to start with `dedup.enabled = false` (nothing could tell it what was published);
 //! - reads back every record of each topic, as a slot's first copy does, and releases unsent each

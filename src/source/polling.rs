@@ -50,8 +50,8 @@ struct Session {
     notified: mpsc::UnboundedReceiver<()>,
     /// Rows of an earlier session's unfinished batch that Kafka already holds are not sent again.
     dedup: Dedup,
-    /// Switching from replication mode (see [`handover`]): the events it dead-lettered (id and content), which
-    /// are released unsent. Empty otherwise.
+    /// Switching from replication mode (see [`handover`]): the events it dead-lettered (id and
+    /// content), which are released unsent. Empty otherwise.
     lettered: HashSet<LetterKey>,
     /// This session's batches are `batch:<nonce>-<n>` in their records' positions.
     nonce: u64,
@@ -161,14 +161,10 @@ impl PollingSource {
         }
         self.sink.set_source(&dedup::source_identity(&client, &self.config).await?);
         self.sink.retired(dedup::RETIRE_LIMIT).await;
-        let switch = handover::unfinished_switch(&self.config, &client, &self.dead_letters).await?;
-        let lookback = if switch.is_some() { Lookback::Everything } else { Lookback::LastBatch };
-        let dedup = Dedup::new(&self.config, MODE, lookback, self.sink.source(), shutdown);
-        let lettered = switch.unwrap_or_default();
-        Ok(Session { client, notified, dedup, lettered, nonce: rand::random(), batches: 0 })
+        let dedup = Dedup::new(&self.config, MODE, Lookback::LastBatch, self.sink.source(), shutdown);
+        Ok(Session { client, notified, dedup, lettered: HashSet::new(), nonce: rand::random(), batches: 0 })
     }
 
-    /// The SQL type of the id column, so released ids compare with its index.
     /// Takes the leader lock (or returns [`RelayError::Standby`]), then relays until shutdown.
     async fn serve(
         &mut self,
@@ -187,6 +183,14 @@ impl PollingSource {
                 self.config.polling.leader_lock_key,
                 self.table.display_name()
             )));
+        }
+        // (only the leader looks: a standby would repeat the warning and the dead-letter read)
+        if let Some(lettered) =
+            handover::unfinished_switch(&self.config, &session.client, &self.dead_letters).await?
+        {
+            session.dedup =
+                Dedup::new(&self.config, MODE, Lookback::Everything, self.sink.source(), shutdown);
+            session.lettered = lettered;
         }
         let channel = &self.config.polling.notify_channel;
         if !channel.is_empty() {
@@ -302,27 +306,45 @@ impl PollingSource {
         }
         let (events, mut settled) = self.already_written(&mut session.dedup, events, pulse).await?;
         settled.extend(lettered);
-        let delivered = if settled.is_empty() || events.is_empty() {
-            metrics().events_read.with_label_values(&[MODE]).inc_by(claimed as u64);
-            let mut delivered = self.publish(events, deadline, pulse, &mut letters, &mut outcome).await?;
-            delivered.extend(settled);
-            delivered
-        } else {
-            // rows an earlier session published (or dead-lettered) are released on their own
-            // before anything new is sent, and the rest claimed again: a batch never mixes them
-            // with new records, so only the newest batch can hold rows still in the outbox (a
-            // later session reads back just that one). Mixed, a batch that did not commit
-            // either would leave the older rows' records behind it, unread: duplicates.
-            metrics().events_read.with_label_values(&[MODE]).inc_by(settled.len() as u64);
-            // a row held at comes again with the rest (holding now would pass it over forever)
-            outcome.held = None;
-            outcome.full = true;
-            settled
-        };
+        let delivered = self
+            .settle_or_publish(events, settled, claimed, deadline, pulse, &mut letters, &mut outcome)
+            .await?;
         self.release(&tx, statements, &delivered, &letters, &mut outcome).await?;
         tx.commit().await?;
         self.dead_letters.report(&letters);
         Ok(outcome)
+    }
+
+    /// The ids to release: `settled` (rows Kafka or the dead-letter table already holds) on
+    /// their own when there are any besides new `events`, which are then claimed again; else
+    /// `settled` and the `events` Kafka acknowledged.
+    ///
+    /// A batch never mixes settled rows with new records, so only the newest batch can hold rows
+    /// still in the outbox (a later session reads back just that one). Mixed, a batch that did
+    /// not commit either would leave the older rows' records behind it, unread: duplicates.
+    #[allow(clippy::too_many_arguments)]
+    async fn settle_or_publish(
+        &self,
+        events: Vec<OutboxEvent>,
+        mut settled: Vec<String>,
+        claimed: usize,
+        deadline: tokio::time::Instant,
+        pulse: &Pulse,
+        letters: &mut Vec<DeadLetter>,
+        outcome: &mut BatchOutcome,
+    ) -> Result<Vec<String>, RelayError> {
+        let read = metrics().events_read.with_label_values(&[MODE]);
+        if settled.is_empty() || events.is_empty() {
+            read.inc_by(claimed as u64);
+            let mut delivered = self.publish(events, deadline, pulse, letters, outcome).await?;
+            delivered.append(&mut settled);
+            return Ok(delivered);
+        }
+        read.inc_by(settled.len() as u64);
+        // a row held at comes again with the rest (holding now would pass it over forever)
+        outcome.held = None;
+        outcome.full = true;
+        Ok(settled)
     }
 
     /// The claimed rows as records at their batch positions; rows that cannot map become
