@@ -323,21 +323,30 @@ async fn assert_still_in_slot_undecodable(client: &Client, slot: &str) {
 async fn after_a_dead_letter_readiness_and_leadership_say_the_present() {
     for mode in ["replication", "polling"] {
         // given a relay that dead-letters, warns of a stall after 500 ms, and a broker that does
-        // not create topics (a record to a missing topic waits 2 s for it, then is refused)
-        let kafka = "stall_warning_ms = 500\nproperties = { \"allow.auto.create.topics\" = \"false\", \"topic.metadata.propagation.max.ms\" = \"2000\", \"topic.metadata.refresh.interval.ms\" = \"1000\" }";
+        // not create topics (a record to a missing topic waits 2 s for it, then is refused);
+        // without dedup, so no read-back looks at the topic first
+        let kafka = "stall_warning_ms = 500\nproperties = { \"allow.auto.create.topics\" = \"false\", \"topic.metadata.propagation.max.ms\" = \"2000\", \"topic.metadata.refresh.interval.ms\" = \"1000\" }\n[dedup]\nenabled = false";
         let mut h = Held::new(mode, "dead_letter", kafka).await;
         let consumer = consumer(&[&h.s.topic]);
         let mut relay = h.s.start("relay");
         relay.wait_ready("active").await;
 
         // when an event names a topic that does not exist, and is dead-lettered
-        h.write(&[Some("refused")], Some(&random_topic("missing"))).await;
+        let missing = random_topic("missing");
+        h.write(&[Some("refused")], Some(&missing)).await;
         wait_until(relay.context(format!("{mode}: the dead letter")), async || {
             relay.metric(&format!("outbox_relay_events_dead_lettered_total{{mode=\"{mode}\"}}")) == Some(1.0)
         })
         .await;
 
-        // then with nothing waiting any more, /readyz is ready and the leader gauge is 1: a stall
+        // then the log named the missing topic, from the metadata, before any stall warning
+        let log = relay.log_text();
+        let named = log.lines().position(|l| l.contains("has no such topic") && l.contains(&missing));
+        let stalled = log.lines().position(|l| l.contains("Kafka has acknowledged nothing"));
+        assert!(named.is_some(), "{mode}: the missing topic was not named: {log}");
+        assert!(stalled.is_none_or(|stalled| named < Some(stalled)), "{mode}: the stall came first: {log}");
+
+        // and with nothing waiting any more, /readyz is ready and the leader gauge is 1: a stall
         // of the dead-lettered record is over once it left
         wait_until(relay.context(format!("{mode}: /readyz ready after the dead letter")), async || {
             relay.readyz().is_some_and(|(status, _)| status == 200)

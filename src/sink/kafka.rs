@@ -10,6 +10,7 @@
 //! - each failure is classified where it happens: permanent (the record can never be accepted:
 //!   it is poison) or transient (retry the batch).
 
+use std::collections::HashSet;
 use std::io::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -37,6 +38,9 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 const REPORT_BATCH: usize = 256;
 /// Pause before re-enqueueing after librdkafka's local queue was full.
 const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(5);
+/// Topics a producer looks up on first sight, at most (a `topic` column with unbounded values
+/// must not grow memory without bound); topics past it are not looked up.
+const LOOKED_UP_TOPICS: usize = 10_000;
 
 /// The librdkafka settings every client built from `kafka` shares: the brokers, the client id,
 /// and the pass-through and secret properties (TLS, SASL). The example services build their
@@ -199,6 +203,9 @@ pub struct KafkaSink {
     silent_since: std::sync::Mutex<Option<Instant>>,
     /// `outbox_relay_source` of every record, once the session knows its database.
     source: Option<std::sync::Arc<str>>,
+    /// The topics this producer was given a record for, each looked up in the metadata once
+    /// ([`KafkaSink::look_up`]).
+    looked_up: std::sync::Mutex<HashSet<String>>,
     /// The producer replaced by [`KafkaSink::reset`], being destroyed; a read-back waits for it,
     /// so none of its records lands after the relay looked.
     retiring: Option<tokio::task::JoinHandle<()>>,
@@ -288,6 +295,7 @@ impl KafkaSink {
             next_seq: AtomicUsize::new(0),
             silent_since: std::sync::Mutex::new(None),
             source: None,
+            looked_up: std::sync::Mutex::new(HashSet::new()),
             retiring: None,
         })
     }
@@ -339,6 +347,7 @@ impl KafkaSink {
         let old = std::mem::replace(&mut self.producer, producer);
         self.reports = Mutex::new(reports);
         self.refusals = refusals;
+        self.looked_up.get_mut().unwrap().clear();
         // destroying a producer waits for its threads, which a frozen broker can hold up: not
         // on a runtime thread
         self.retiring = Some(tokio::task::spawn_blocking(move || drop(old)));
@@ -405,6 +414,7 @@ impl KafkaSink {
     /// arrives on [`KafkaSink::reports`] (a record refused at once is reported there too).
     /// Callers that enqueue in order keep per-partition order.
     pub(crate) async fn enqueue(&self, event: &OutboxEvent) -> usize {
+        self.look_up(&event.topic);
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = self.send(event, seq).await {
             let _ = self.refusals.send(Report { seq, outcome: Err(e) });
@@ -469,18 +479,34 @@ impl KafkaSink {
         }
     }
 
+    /// The first time this producer is given a record for `topic`, asks the broker in the
+    /// background whether the topic exists, and says at once when it does not: otherwise the
+    /// first word would be the stall warning, which reads like a Kafka outage.
+    fn look_up(&self, topic: &str) {
+        let mut looked_up = self.looked_up.lock().unwrap();
+        if looked_up.contains(topic) || looked_up.len() >= LOOKED_UP_TOPICS {
+            return;
+        }
+        looked_up.insert(topic.to_string());
+        let producer = self.producer.clone();
+        let topic = topic.to_string();
+        tokio::task::spawn_blocking(move || {
+            if topic_is_unknown(&producer, &topic) {
+                tracing::warn!(
+                    topic,
+                    "the broker's metadata has no such topic: create it (the relay does not create topics). \
+                     Unless the broker creates topics on first use, its records wait for it and are then refused \
+                     and dead-lettered (or held, under on_poison = block)"
+                );
+            }
+        });
+    }
+
     /// Asks the broker (off the runtime's threads: the request blocks) whether `topic` exists.
     async fn topic_is_unknown(&self, topic: &str) -> bool {
         let producer = self.producer.clone();
         let name = topic.to_string();
-        let unknown = tokio::task::spawn_blocking(move || {
-            producer.client().fetch_metadata(Some(&name), METADATA_TIMEOUT).is_ok_and(|md| {
-                md.topics().iter().any(|t| {
-                    t.name() == name
-                        && t.error() == Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART)
-                })
-            })
-        });
+        let unknown = tokio::task::spawn_blocking(move || topic_is_unknown(&producer, &name));
         unknown.await.unwrap_or(false)
     }
 
@@ -494,6 +520,16 @@ impl KafkaSink {
             tracing::warn!(error = %e, "records still unacknowledged at shutdown are published again at the next start");
         }
     }
+}
+
+/// Whether the broker's metadata says `topic` does not exist (a blocking request; a failed
+/// request says nothing).
+fn topic_is_unknown(producer: &RecordProducer, topic: &str) -> bool {
+    producer.client().fetch_metadata(Some(topic), METADATA_TIMEOUT).is_ok_and(|md| {
+        md.topics().iter().any(|t| {
+            t.name() == topic && t.error() == Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART)
+        })
+    })
 }
 
 /// A low-cardinality label for metrics and logs.

@@ -79,15 +79,14 @@ impl ScanOutcome {
             (self.result.label(), self.keys.len(), self.partitions, self.records, self.foreign);
         let took_ms = took.as_millis() as u64;
         match self.result {
-            ScanResult::TopicMissing => tracing::warn!(
+            // the producer says what happens to its records when it is first given one
+            // (`KafkaSink::look_up`): one warning, not two
+            ScanResult::TopicMissing => tracing::info!(
                 topic,
                 ?lookback,
                 result,
                 took_ms,
-                "the topic does not exist (not created yet, or deleted): create it (the relay does not create \
-                 topics). Unless the broker creates topics on first use, its records wait for it and are then \
-                 refused and dead-lettered (or held, under on_poison = block); nothing is read back from it, so \
-                 replayed events, if any, are sent again"
+                "the topic does not exist (not created yet, or deleted): nothing to read back"
             ),
             ScanResult::Complete => tracing::info!(
                 topic,
