@@ -1,13 +1,17 @@
 //! Prints the records of Kafka topics as they arrive; creates the topics when missing.
 //! Used by `deploy/local/demo`:  cargo run --example tail -- BROKERS TOPIC [TOPIC...]
+//!
+//! It assigns itself every partition from the beginning instead of joining a consumer group: the
+//! local broker takes about 20 s to complete a group join, so a subscribing tail printed the
+//! demo's first records 20 s after the ledger had already applied them.
 
 use std::time::Duration;
 
-use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Headers, Message};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 #[tokio::main]
 async fn main() {
@@ -30,12 +34,21 @@ async fn main() {
     let consumer: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", &brokers)
         .set("group.id", "outbox-relay-demo-tail")
-        .set("auto.offset.reset", "earliest")
-        .set("topic.metadata.refresh.interval.ms", "1000")
+        .set("enable.auto.commit", "false")
         .create()
         .expect("consumer");
+    let mut assignment = TopicPartitionList::new();
+    for topic in &topics {
+        let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)).expect("topic metadata");
+        let partitions =
+            metadata.topics().iter().find(|t| t.name() == topic).map_or(0, |t| t.partitions().len());
+        assert!(partitions > 0, "topic {topic} has no partitions");
+        for partition in 0..partitions as i32 {
+            assignment.add_partition_offset(topic, partition, Offset::Beginning).expect("assignment");
+        }
+    }
+    consumer.assign(&assignment).expect("assign");
     let names: Vec<&str> = topics.iter().map(String::as_str).collect();
-    consumer.subscribe(&names).expect("subscribe");
     eprintln!("[tail] waiting for records on {}", names.join(", "));
     loop {
         match consumer.recv().await {

@@ -11,6 +11,7 @@ use tokio_postgres::Client;
 use crate::config::{Endpoint, RelayConfig, SourceMode};
 use crate::error::{FatalReason, RelayError};
 use crate::sink::kafka;
+use crate::source::replication::publication::{self, Problem};
 use crate::table::OutboxTable;
 
 mod failover;
@@ -159,7 +160,7 @@ async fn postgres_checks(config: &RelayConfig, client: &Client, server: &Endpoin
             findings.extend(replication_checks(config, client).await);
             findings.extend(failover::findings(config, client, server).await);
         }
-        SourceMode::Polling => findings.push(leftover_slot_check(config, client).await),
+        SourceMode::Polling => findings.extend(leftover_slot_checks(config, client).await),
     }
     if config.dead_letter.on_poison == crate::config::OnPoison::DeadLetter {
         findings.push(dead_letter_check(config, client).await);
@@ -170,30 +171,47 @@ async fn postgres_checks(config: &RelayConfig, client: &Client, server: &Endpoin
     findings
 }
 
-/// Polling mode: no slot of replication mode left behind (a mode switch not finished), as it
-/// keeps WAL and makes every polling session read each topic back whole.
-async fn leftover_slot_check(config: &RelayConfig, client: &Client) -> Finding {
+/// Polling mode: no slot of replication mode left behind (a mode switch not finished, or a slot
+/// of an earlier `replication.slot`), as it keeps WAL; the configured one also makes every
+/// polling session read each topic back whole. One finding per slot.
+async fn leftover_slot_checks(config: &RelayConfig, client: &Client) -> Vec<Finding> {
     const CHECK: &str = "polling.replication_slot";
-    let slot = match crate::source::handover::leftover_slot(config, client).await {
-        Ok(None) => {
-            return Finding::ok(
+    let slots = match crate::source::handover::leftover_slots(config, client).await {
+        Ok(slots) if slots.is_empty() => {
+            return vec![Finding::ok(
                 CHECK,
-                format!("no slot \"{}\" left from replication mode", config.replication.slot),
-            );
+                format!(
+                    "no slot \"{}\" (or other slot of the relay's) left from replication mode",
+                    config.replication.slot
+                ),
+            )];
         }
-        Ok(Some(slot)) => slot,
+        Ok(slots) => slots,
         Err(e) => {
-            return Finding::warn(
+            return vec![Finding::warn(
                 CHECK,
                 format!("cannot read pg_replication_slots: {e}"),
                 "check the role's privileges",
-            );
+            )];
         }
     };
+    slots.iter().map(|slot| leftover_slot_finding(config, slot)).collect()
+}
+
+fn leftover_slot_finding(config: &RelayConfig, slot: &crate::source::handover::LeftoverSlot) -> Finding {
+    const CHECK: &str = "polling.replication_slot";
     let detail = format!(
         "slot \"{}\" of replication mode still exists (active = {}) and retains {} bytes of WAL",
         slot.name, slot.active, slot.retained_bytes
     );
+    if slot.name != config.replication.slot {
+        // a slot the relay created under an earlier name: no session reads it, it only keeps WAL
+        return Finding::warn(
+            CHECK,
+            format!("{detail}; the relay created it (outbox_relay_slots) under an earlier replication.slot"),
+            slot.remedy(),
+        );
+    }
     if slot.active {
         Finding::fail(CHECK, detail, "stop the replication relay that streams from it: both would publish")
     } else if !config.dedup.enabled {
@@ -420,7 +438,7 @@ async fn publication_check(config: &RelayConfig, client: &Client) -> Finding {
     let table = OutboxTable::new(config);
     let exists = client.query_opt("SELECT 1 FROM pg_publication WHERE pubname = $1", &[publication]).await;
     let problem = match exists {
-        Ok(Some(_)) => crate::source::replication::publication::problem(config, client).await,
+        Ok(Some(_)) => publication::problem(config, client).await,
         Ok(None) if config.replication.create_publication => {
             return Finding::ok(
                 "replication.publication",
@@ -444,6 +462,14 @@ async fn publication_check(config: &RelayConfig, client: &Client) -> Finding {
         Ok(None) => Finding::ok(
             "replication.publication",
             format!("publication \"{publication}\" delivers every insert of {}", table.display_name()),
+        ),
+        Ok(Some(problem @ Problem::TableMissing(_))) => Finding::fail(
+            "replication.publication",
+            format!(
+                "publication \"{publication}\" cannot include {}: it does not exist",
+                table.display_name()
+            ),
+            format!("see outbox.table: {problem}"),
         ),
         Ok(Some(problem)) => Finding::fail(
             "replication.publication",

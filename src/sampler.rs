@@ -12,6 +12,7 @@ use tokio_postgres::Client;
 use crate::config::{Endpoint, RelayConfig, SourceMode};
 use crate::error::RelayError;
 use crate::metrics::{WAL_STATUSES, metrics};
+use crate::source::handover;
 use crate::source::replication::failover;
 use crate::table::OutboxTable;
 
@@ -35,13 +36,10 @@ pub fn spawn(config: RelayConfig) {
             }
             if let Some((c, primary)) = &client {
                 let sampled = match config.source.mode {
-                    SourceMode::Replication => sample_slot(&config, c, primary, &mut standbys).await,
-                    SourceMode::Polling => match sample_backlog(&config, c).await {
-                        // a slot left by replication mode keeps WAL: its lag is exported (and
-                        // alerted on) until it is dropped
-                        Ok(()) => sample_slot(&config, c, primary, &mut standbys).await,
-                        Err(e) => Err(e.into()),
-                    },
+                    SourceMode::Replication => {
+                        sample_slot(&config, c, primary, &mut standbys, &config.replication.slot).await
+                    }
+                    SourceMode::Polling => sample_polling(&config, c, primary, &mut standbys).await,
                 };
                 if let Err(e) = sampled {
                     tracing::debug!(error = %e, "metrics sampling failed");
@@ -52,14 +50,29 @@ pub fn spawn(config: RelayConfig) {
     });
 }
 
-async fn sample_slot(
+/// Polling mode: the backlog, and a slot replication mode left behind, which keeps WAL: its lag
+/// is exported (and alerted on) until it is dropped. With several, the configured one, else the
+/// one that retains the most ([`handover::leftover_slots`]); with none, the slot gauges read 0.
+async fn sample_polling(
     config: &RelayConfig,
     client: &Client,
     primary: &Endpoint,
     standbys: &mut failover::Standbys,
 ) -> Result<(), RelayError> {
+    sample_backlog(config, client).await?;
+    let leftover = handover::leftover_slots(config, client).await?;
+    let slot = leftover.first().map_or(config.replication.slot.as_str(), |s| s.name.as_str());
+    sample_slot(config, client, primary, standbys, slot).await
+}
+
+async fn sample_slot(
+    config: &RelayConfig,
+    client: &Client,
+    primary: &Endpoint,
+    standbys: &mut failover::Standbys,
+    slot: &str,
+) -> Result<(), RelayError> {
     let m = metrics();
-    let slot = &config.replication.slot;
     let sql = format!(
         "SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint AS confirmed_lag, \
                 (pg_current_wal_lsn() - restart_lsn)::bigint AS retained, wal_status, safe_wal_size, active, \
@@ -70,7 +83,7 @@ async fn sample_slot(
         failover::INACTIVE_SECS_SQL,
         failover::IDLE_TIMEOUT_SQL
     );
-    let row = client.query_opt(&sql, &[slot]).await?;
+    let row = client.query_opt(&sql, &[&slot]).await?;
     let Some(row) = row else {
         // a slot that is gone retains nothing (dropped after a switch to polling mode)
         m.slot_active.set(0);

@@ -37,7 +37,7 @@ pub async fn run(config: &RelayConfig, metrics_url: Option<&str>) -> Result<Vec<
         SourceMode::Replication => lines.extend(slot(&client, &config.replication.slot).await?),
         SourceMode::Polling => {
             lines.extend(backlog(&client, config).await?);
-            if let Some(left) = crate::source::handover::leftover_slot(config, &client).await? {
+            for left in crate::source::handover::leftover_slots(config, &client).await? {
                 lines.push(("slot left by replication mode", left.remedy()));
                 lines.extend(slot(&client, &left.name).await?);
             }

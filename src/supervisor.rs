@@ -186,11 +186,16 @@ pub async fn wait_or_shutdown(delay: Duration, shutdown: &mut watch::Receiver<bo
 #[derive(Debug, Default)]
 struct OutageLog {
     current: Option<String>,
+    /// The wait chosen after the last failure.
+    retry_in: Duration,
+    /// How often `relay recovered` was logged.
+    recoveries: usize,
 }
 
 impl OutageLog {
     /// Logs `error` at WARN if its kind differs from the last one logged.
     fn failed(&mut self, kind: &str, error: &dyn std::fmt::Display, retry_in: Duration) {
+        self.retry_in = retry_in;
         if self.current.as_deref() != Some(kind) {
             tracing::warn!(kind, %error, retry_in_ms = retry_in.as_millis() as u64, "relay degraded, retrying");
             self.current = Some(kind.to_string());
@@ -202,6 +207,7 @@ impl OutageLog {
     /// Logs the recovery once.
     fn recovered(&mut self) {
         if let Some(kind) = self.current.take() {
+            self.recoveries += 1;
             tracing::info!(previous = %kind, "relay recovered");
         }
     }
@@ -231,6 +237,9 @@ mod tests {
     #[derive(Default, Clone)]
     struct Record {
         phases: Arc<Mutex<Vec<Phase>>>,
+        /// Before each session: the wait the supervisor chose (zero before the first) and how
+        /// often it had logged `relay recovered`.
+        outage: Arc<Mutex<Vec<(Duration, usize)>>>,
         recovered: Arc<Mutex<usize>>,
         flushed: Arc<Mutex<bool>>,
     }
@@ -246,6 +255,9 @@ mod tests {
     impl Source for Scripted {
         async fn session(&mut self, pulse: &Pulse, _: &mut watch::Receiver<bool>) -> Result<(), RelayError> {
             self.record.phases.lock().unwrap().push(self.health.phase());
+            let outage = pulse.outage.lock().unwrap();
+            self.record.outage.lock().unwrap().push((outage.retry_in, outage.recoveries));
+            drop(outage);
             match self.results.remove(0) {
                 Ok(progress) => {
                     pulse.active();
@@ -270,11 +282,41 @@ mod tests {
     }
 
     async fn supervise(results: Vec<Result<bool, RelayError>>) -> (Result<(), RelayError>, Record) {
+        supervise_with(results, &retry()).await
+    }
+
+    async fn supervise_with(
+        results: Vec<Result<bool, RelayError>>,
+        retry: &RetryConfig,
+    ) -> (Result<(), RelayError>, Record) {
         let health = Arc::new(Health::new(Duration::from_secs(1)));
         let record = Record::default();
         let source = Scripted { results, health: health.clone(), record: record.clone() };
         let (_tx, rx) = watch::channel(false);
-        (run(source, health, &retry(), rx).await, record)
+        (run(source, health, retry, rx).await, record)
+    }
+
+    /// The waits the supervisor chose between the sessions `results` script, and how often it
+    /// had logged `relay recovered` before the last one.
+    async fn waits(results: Vec<Result<bool, RelayError>>) -> (Vec<Duration>, usize) {
+        let retry = RetryConfig { initial_backoff_ms: 1, max_backoff_ms: 60_000 };
+        let (result, record) = supervise_with(results, &retry).await;
+        result.unwrap();
+        let outage = record.outage.lock().unwrap().clone();
+        (outage[1..].iter().map(|(wait, _)| *wait).collect(), outage.last().unwrap().1)
+    }
+
+    #[tokio::test]
+    async fn a_session_that_connects_but_publishes_nothing_does_not_reset_the_backoff() {
+        // sessions that get as far as active and then fail (a dropped publication's loop:
+        // connect, start streaming, fail) keep backing off, and say "recovered" never: only an
+        // acknowledged event resets the delay
+        let (failing, recoveries) = waits((0..7).map(|_| Ok(false)).collect()).await;
+        assert!(failing[5] >= Duration::from_millis(16), "the sixth wait grew (cap 32 ms): {failing:?}");
+        assert_eq!(recoveries, 0);
+        let (flowing, recoveries) = waits((0..7).map(|_| Ok(true)).collect()).await;
+        assert!(flowing.iter().all(|wait| *wait <= Duration::from_millis(1)), "{flowing:?}");
+        assert_eq!(recoveries, 5, "each session that published ended an outage (the last one's is not seen)");
     }
 
     #[tokio::test]

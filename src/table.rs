@@ -90,6 +90,15 @@ impl OutboxTable {
         format!("{}.{}", self.schema, self.name)
     }
 
+    /// What to say when the table does not exist: what to create, or which setting names it.
+    pub fn missing_text(&self) -> String {
+        format!(
+            "the outbox table {} does not exist: create it (sql/001_outbox_events.sql and the migrations after it), or \
+             set outbox.schema / outbox.table to the table the application writes",
+            self.display_name()
+        )
+    }
+
     /// The condition on `t` that selects rows still to publish; `TRUE` in `delete` mode.
     pub fn unpublished(&self) -> String {
         match &self.published_at {

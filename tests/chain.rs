@@ -4,7 +4,7 @@
 //! team cares about is checked at the end: one order per key, one ledger row per applied order,
 //! no balance below zero, every event applied once or dead-lettered with a reason.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::process::{Command, Stdio};

@@ -1,7 +1,7 @@
 //! `check` OK means `run` works: in each mode and each supported table layout, a database that
 //! `setup` prepared and `check` passes relays without a fatal error.
 
-mod common;
+use crate::common;
 
 use common::*;
 

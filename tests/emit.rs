@@ -3,7 +3,7 @@
 //! message with the outbox prefix is never published, and a role with only CONNECT gets nothing
 //! onto any topic.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

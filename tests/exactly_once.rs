@@ -7,7 +7,7 @@
 //! every committed event must have arrived exactly once, nothing of a rolled-back transaction,
 //! each aggregate in order. With `dedup.enabled = false` the same run prints its duplicates.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //! synchronized_standby_slots). The primary is stopped hard (immediate) under a committing
 //! workload and the standby promoted; the relay is given both servers in `postgres.host`.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! The foundation against the real services: the schema, the broker round trip, `check`, and
 //! configuration errors as a user meets them.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -151,6 +151,44 @@ async fn check_lists_the_topics_the_outbox_routes_to_and_warns_of_missing_ones()
         stdout.contains("OK   kafka.topics") && stdout.contains(&format!("outbox.event.{absent}"))
     })
     .await;
+}
+
+#[tokio::test]
+async fn check_names_a_missing_fixed_topic_and_a_row_s_own_topic() {
+    // given an empty outbox whose template is one fixed topic that does not exist
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let fixed = format!("fixed{}", random_suffix());
+    let config = write_config(
+        dir.path(),
+        &db,
+        &format!("[source]\nmode = \"polling\"\n[outbox]\ntopic_template = \"{fixed}\"\n"),
+    );
+    let kafka_topics = || {
+        let (_, stdout, _) = run_relay(&["check", "--config", config.to_str().unwrap()], RUN_TIMEOUT);
+        stdout.lines().find(|l| l.contains("kafka.topics")).unwrap_or_default().to_string()
+    };
+    // then check warns of it before any row is written
+    let line = kafka_topics();
+    assert!(
+        line.starts_with("WARN") && line.contains(&format!("topic {fixed} (outbox.topic_template")),
+        "{line}"
+    );
+
+    // when it exists and a row names its own topic, which does not
+    create_topic(&fixed, 1).await;
+    let own = format!("own{}", random_suffix());
+    db.client()
+        .await
+        .execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, topic) VALUES ('a', 'k', 'E', '{}', $1)",
+            &[&own],
+        )
+        .await
+        .unwrap();
+    // then check names the row's topic (the column wins over the template)
+    let line = kafka_topics();
+    assert!(line.starts_with("WARN") && line.contains(&format!("{own} (1 of the newest rows)")), "{line}");
 }
 
 #[tokio::test]

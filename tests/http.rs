@@ -2,7 +2,7 @@
 //! half a request and wait must not stop `/healthz` from answering, nor the relay from
 //! reconnecting to PostgreSQL and relaying, and the server closes them itself.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

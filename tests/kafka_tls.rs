@@ -4,7 +4,7 @@
 //! a CA the test made with openssl. And SASL against a broker without it fails with a clear
 //! error from `check`, not a crash loop.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -7,9 +7,8 @@
 //! The records are produced by the test as the relay would publish them (key = order id,
 //! headers `id`, `event_type`, ...); tests/chain.rs runs the whole chain with the relay.
 
-mod common;
-#[path = "ledger_support/mod.rs"]
-mod support;
+use crate::common;
+use crate::ledger_support as support;
 
 use std::time::Duration;
 

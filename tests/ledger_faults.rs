@@ -5,9 +5,8 @@
 //! an attempt, and `replay-dlq` sends dead letters back (and a replay that still fails goes back
 //! to the dead-letter topic).
 
-mod common;
-#[path = "ledger_support/mod.rs"]
-mod support;
+use crate::common;
+use crate::ledger_support as support;
 
 use common::*;
 use support::*;

@@ -5,7 +5,7 @@
 //! flight; `polling.max_batch_bytes` ends a claim at that many bytes. The figures are recorded
 //! in BENCHMARKS.md.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::time::Duration;

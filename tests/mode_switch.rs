@@ -3,7 +3,7 @@
 //! is sent again, nothing written across it is lost, per-aggregate order holds, and the slot
 //! replication mode leaves behind is named (metrics, `check`, `status`) until it is dropped.
 
-mod common;
+use crate::common;
 
 use common::workload::*;
 use common::*;
@@ -136,4 +136,40 @@ async fn polling_with_marks_to_replication_sends_only_the_rows_not_marked() {
     let records = consume_unique(&consumer, 45, IDLE, LINGER).await;
     let report = assert_delivered(&records, &committed_counts(&client).await);
     assert_eq!((report.unique, report.duplicates), (45, 0), "{}", relay.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn polling_reports_a_slot_the_relay_created_under_an_earlier_name_until_it_is_dropped() {
+    // given a slot replication mode made (`setup` creates and remembers it in outbox_relay_slots)
+    let s = setup("replication", "").await;
+    let client = s.db.client().await;
+    let config = s.config();
+    let (code, _, stderr) = run_relay(&["setup", "--config", config.to_str().unwrap()], IDLE);
+    assert_eq!(code, 0, "{stderr}");
+    insert_event(&client, &s.aggregate_type, Some("agg-0")).await;
+
+    // when the configuration says polling, and names another slot (as an edited file might)
+    switch_to(&s, "replication", "polling");
+    let earlier = s.slot.clone();
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, text.replace(&format!("slot = \"{earlier}\""), "slot = \"s_renamed\"")).unwrap();
+
+    // then check, status and the metrics still name the slot that keeps WAL
+    let report = check(&s);
+    assert!(
+        report.contains("WARN polling.replication_slot")
+            && report.contains(&format!("slot \"{earlier}\""))
+            && report.contains("under an earlier replication.slot"),
+        "{report}"
+    );
+    let (_, status, _) = run_relay(&["status", "--config", config.to_str().unwrap()], IDLE);
+    assert!(status.contains("slot left by replication mode") && status.contains(&earlier), "{status}");
+    let relay = s.start_with_env("polling", &[("OUTBOX_RELAY__METRICS__SAMPLE_INTERVAL_SECS", "1")]);
+    relay.wait_metric("outbox_relay_slot_retained_wal_bytes", |v| v > 0.0).await;
+
+    // and once it is dropped, nothing is reported
+    client.execute("SELECT pg_drop_replication_slot($1)", &[&earlier]).await.unwrap();
+    relay.wait_metric("outbox_relay_slot_retained_wal_bytes", |v| v == 0.0).await;
+    let report = check(&s);
+    assert!(report.contains("OK   polling.replication_slot"), "{report}");
 }

@@ -1,7 +1,7 @@
 //! What SREs see: a real scrape of a running relay, the alert rules under promtool and under a
 //! real Prometheus, and the deployment files.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::Path;

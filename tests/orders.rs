@@ -2,7 +2,7 @@
 //! Idempotency-Key rules, each as its own test, with the service as a process that is restarted,
 //! crashed mid-request and run as two replicas.
 
-mod common;
+use crate::common;
 
 use std::thread;
 

@@ -4,7 +4,7 @@
 //! session is never in a transaction older than the bound, and once the broker is back every
 //! event arrives, in per-aggregate order.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
@@ -12,8 +12,8 @@ use common::broker::OwnBroker;
 use common::workload::*;
 use common::*;
 
-/// How long the broker stays frozen.
-const FROZEN: Duration = Duration::from_secs(60);
+/// How long the broker stays frozen: several claim bounds, each one a claim that must give up.
+const FROZEN: Duration = Duration::from_secs(20);
 const CLAIM_TIMEOUT_MS: u64 = 3_000;
 
 #[tokio::test(flavor = "multi_thread")]
@@ -77,4 +77,31 @@ async fn a_frozen_broker_never_pins_the_xmin_horizon_past_the_claim_bound() {
     assert_eq!(report.unique, 1_001);
     assert_eq!(s.outbox_rows().await, 0);
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_broker_that_refuses_connections_is_logged_as_reconnecting_not_as_errors() {
+    // given a relay whose broker refuses every connection (nothing listens on its port) and an
+    // event to publish
+    let brokers = format!("127.0.0.1:{}", common::http::free_port());
+    let s = Setup::create(&brokers, "", false, |_| {
+        "[source]\nmode = \"polling\"\n[polling]\npoll_interval_ms = 200\n".to_string()
+    })
+    .await;
+    insert_event(&s.db.client().await, &s.aggregate_type, Some("agg-0")).await;
+
+    // when it has tried for a while
+    let mut relay = s.start("relay");
+    wait_until("the relay to say no broker is reachable", async || {
+        relay.log_text().contains("no Kafka broker reachable")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    // then the log says it reconnects, and no line of it is an ERROR: librdkafka's own report of
+    // each refused connect (its FAIL line, at its error level) is not repeated at ERROR
+    let log = relay.log_text();
+    let errors: Vec<&str> = log.lines().filter(|line| line.contains("ERROR")).collect();
+    assert!(errors.is_empty(), "ERROR lines for a broker that is only down:\n{}", errors.join("\n"));
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{log}");
 }

@@ -2,7 +2,7 @@
 //! exactly the committed events, in per-aggregate order, and the slot never confirmed past an
 //! unacknowledged event, across crashes, refusals, walsender kills and failover.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -19,7 +19,7 @@ fn replication_config(slot: &str) -> String {
 }
 
 impl Setup {
-    async fn new() -> Setup {
+    async fn replication() -> Setup {
         let s = Setup::create(&services().kafka, "", true, replication_config).await;
         create_aggregates(&s.db.client().await, 100).await;
         s
@@ -101,7 +101,7 @@ async fn write_transactions(url: &str, aggregate_type: &str, total: usize, write
 #[tokio::test(flavor = "multi_thread")]
 async fn exactly_the_committed_events_arrive_in_order() {
     // given a streaming relay
-    let s = Setup::new().await;
+    let s = Setup::replication().await;
     let consumer = consumer(&[&s.topic]);
     let mut relay = s.start("relay");
     relay.wait_ready("active").await;
@@ -126,7 +126,7 @@ async fn exactly_the_committed_events_arrive_in_order() {
 async fn the_last_acknowledgement_is_confirmed_at_once_not_at_the_status_interval() {
     // given a streaming relay that reports its position every 60 s while records are in flight
     // (PostgreSQL asks for a report after half its 60 s wal_sender_timeout at the earliest)
-    let s = Setup::new().await;
+    let s = Setup::replication().await;
     let consumer = consumer(&[&s.topic]);
     let mut relay = s.start_with_env("relay", &[("OUTBOX_RELAY__REPLICATION__STATUS_INTERVAL_MS", "60000")]);
     relay.wait_ready("active").await;
@@ -155,7 +155,7 @@ async fn the_last_acknowledgement_is_confirmed_at_once_not_at_the_status_interva
 async fn kill_9_under_load_duplicates_only_unconfirmed_transactions() {
     // given a relay streaming while writers write, with the read-back off: it would skip the
     // replayed events, hiding what this test checks (which ones the slot sends again)
-    let s = Setup::new().await;
+    let s = Setup::replication().await;
     let client = s.db.client().await;
     let consumer = consumer(&[&s.topic]);
     let dedup_off = [("OUTBOX_RELAY__DEDUP__ENABLED", "false")];
@@ -267,7 +267,7 @@ async fn slot_is_never_confirmed_past_an_unacknowledged_event() {
 #[tokio::test(flavor = "multi_thread")]
 async fn walsender_killed_the_relay_reconnects_and_loses_nothing() {
     // given a relay streaming while a writer writes
-    let s = Setup::new().await;
+    let s = Setup::replication().await;
     let client = s.db.client().await;
     let consumer = consumer(&[&s.topic]);
     let mut relay = s.start("relay");
@@ -303,7 +303,7 @@ async fn walsender_killed_the_relay_reconnects_and_loses_nothing() {
 #[tokio::test(flavor = "multi_thread")]
 async fn idle_outbox_in_a_busy_database_does_not_pin_wal() {
     // given a streaming relay and a table outside the publication
-    let s = Setup::new().await;
+    let s = Setup::replication().await;
     let client = s.db.client().await;
     client.batch_execute("CREATE TABLE busy (id bigserial PRIMARY KEY, filler text)").await.unwrap();
     let mut relay = s.start("relay");
@@ -348,7 +348,7 @@ async fn idle_outbox_in_a_busy_database_does_not_pin_wal() {
 #[tokio::test(flavor = "multi_thread")]
 async fn emitted_messages_arrive_like_table_events() {
     // given a streaming relay
-    let s = Setup::new().await;
+    let s = Setup::replication().await;
     let client = s.db.client().await;
     let consumer = consumer(&[&s.topic]);
     let mut relay = s.start("relay");
@@ -390,7 +390,7 @@ async fn emitted_messages_arrive_like_table_events() {
 async fn rows_from_before_the_slot_arrive_once_and_first() {
     // given rows in the table before the relay (and its slot) existed, and a writer that keeps
     // writing across the slot's creation
-    let s = Setup::new().await;
+    let s = Setup::replication().await;
     let consumer = consumer(&[&s.topic]);
     write_transactions(&s.db.url, &s.aggregate_type, 3_000, 2).await;
     let writer = tokio::spawn({
@@ -425,7 +425,7 @@ async fn rows_from_before_the_slot_arrive_once_and_first() {
 async fn a_session_that_fails_right_after_creating_the_slot_still_copies_the_table() {
     // given rows from before the relay, and a fault injected into the moment after the slot is
     // created: the relay's first write of the slot's position fails, once
-    let s = Setup::new().await;
+    let s = Setup::replication().await;
     let consumer = consumer(&[&s.topic]);
     write_transactions(&s.db.url, &s.aggregate_type, 50, 2).await;
     s.db.client()
@@ -459,7 +459,7 @@ async fn a_session_that_fails_right_after_creating_the_slot_still_copies_the_tab
 #[tokio::test(flavor = "multi_thread")]
 async fn a_second_instance_waits_then_takes_over() {
     // given two relays on the same slot
-    let s = Setup::new().await;
+    let s = Setup::replication().await;
     let client = s.db.client().await;
     let consumer = consumer(&[&s.topic]);
     let mut first = s.start("first");
@@ -492,7 +492,7 @@ async fn a_second_instance_waits_then_takes_over() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_vanished_slot_is_fatal_until_recreated_on_purpose() {
     // given a relay that published from its slot, then stopped
-    let s = Setup::new().await;
+    let s = Setup::replication().await;
     let client = s.db.client().await;
     let consumer = consumer(&[&s.topic]);
     let mut relay = s.start("first");
@@ -538,7 +538,7 @@ async fn a_vanished_slot_is_fatal_until_recreated_on_purpose() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unpublishable_pre_existing_row_is_dead_lettered_by_the_first_copy() {
     // given rows in the table before the slot existed, one of them without an aggregate id
-    let s = Setup::new().await;
+    let s = Setup::replication().await;
     let client = s.db.client().await;
     let consumer = consumer(&[&s.topic]);
     client.batch_execute("ALTER TABLE outbox_events ALTER COLUMN aggregate_id DROP NOT NULL").await.unwrap();
@@ -563,7 +563,7 @@ async fn an_unpublishable_pre_existing_row_is_dead_lettered_by_the_first_copy() 
 #[tokio::test(flavor = "multi_thread")]
 async fn changes_that_are_not_inserts_publish_nothing_and_are_counted() {
     // given a publication that sends every kind of change, of the outbox and of another table
-    let s = Setup::new().await;
+    let s = Setup::replication().await;
     let client = s.db.client().await;
     client
         .batch_execute(&format!(

@@ -1,7 +1,7 @@
 //! The least-privilege roles of sql/100_relay_role.sql, one per mode: each does its job with
 //! nothing more, and `check` names exactly a missing privilege and the grant that fixes it.
 
-mod common;
+use crate::common;
 
 use common::workload::insert_event;
 use common::*;

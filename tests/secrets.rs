@@ -5,7 +5,7 @@
 //! `/metrics`, `/readyz` and `/healthz`. (`postgres.password_file` is read by the same
 //! `Secret` type; its reading is unit-tested in `src/postgres.rs`.)
 
-mod common;
+use crate::common;
 
 use common::workload::insert_event;
 use common::*;

@@ -3,7 +3,7 @@
 //! `idle_replication_slot_timeout`. The relay refuses to stream from it, naming the cause and
 //! its fix, and `setup --recreate-slot` publishes what the table holds and the topic does not.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::Duration;

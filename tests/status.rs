@@ -1,7 +1,7 @@
 //! `outbox-relay status` on a live relay and on a stopped one, in both modes: what an SRE reads
 //! during an incident is what PostgreSQL and the relay say.
 
-mod common;
+use crate::common;
 
 use common::workload::*;
 use common::*;

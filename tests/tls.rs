@@ -3,7 +3,7 @@
 //! relay with `verify-full`, and an untrusted certificate, a wrong host name or `sslmode =
 //! disable` stop the relay with an error naming the setting, instead of a retry loop.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! skipped, a record with no row, a duplicate, a changed record, two records of one key swapped,
 //! a row not yet published).
 
-mod common;
+use crate::common;
 
 use common::workload::*;
 use common::*;

@@ -26,6 +26,18 @@ pub(super) async fn finding(config: &RelayConfig, client: &Client, known: &BTree
             );
         }
     };
+    let template = &config.outbox.topic_template;
+    if routed.is_empty() && !template.contains('{') && !known.contains(template) {
+        // a fixed topic: every event goes there, whether or not a row exists yet
+        return Finding::warn(
+            "kafka.topics",
+            format!("topic {template} (outbox.topic_template: every event goes there) does not exist"),
+            format!(
+                "create it (e.g. kafka-topics.sh --create --topic {template} --partitions N --replication-factor 3); \
+                 unless the broker creates topics on first use, events wait, then are dead-lettered"
+            ),
+        );
+    }
     if routed.is_empty() {
         return Finding::ok(
             "kafka.topics",

@@ -299,4 +299,10 @@ fn an_invalid_enum_value_lists_the_valid_ones() {
 fn a_bad_environment_override_names_the_variable() {
     let err = load(MINIMAL, &[("OUTBOX_RELAY__POLLING__BATCH_SIZE", "ten")]).unwrap_err().to_string();
     assert!(err.contains("polling.batch_size") && err.contains("OUTBOX_RELAY__POLLING__BATCH_SIZE"), "{err}");
+    // an enum from the environment: the variable and the valid values
+    let err = load(MINIMAL, &[("OUTBOX_RELAY__SOURCE__MODE", "logical")]).unwrap_err().to_string();
+    assert!(
+        err.contains("OUTBOX_RELAY__SOURCE__MODE") && err.contains("replication") && err.contains("polling"),
+        "{err}"
+    );
 }

@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
 use rdkafka::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tokio::sync::watch;
@@ -153,6 +154,10 @@ pub(crate) struct Dedup {
 struct ReadBackContext;
 
 impl ClientContext for ReadBackContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        crate::sink::kafka::log_librdkafka(level, fac, message);
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         if !matches!(error, KafkaError::Global(RDKafkaErrorCode::PartitionEOF)) {
             tracing::warn!(%error, reason, "reading topics back");

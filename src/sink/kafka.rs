@@ -121,27 +121,48 @@ pub(crate) struct Report {
 /// channel, numbered by the record's delivery opaque: no future, oneshot or box per record.
 struct Reporter(mpsc::UnboundedSender<Report>);
 
+/// The relay's level for one of librdkafka's log lines, or `None` to drop it.
+///
+/// - `CONFWARN ... gapless`: librdkafka calls enable.gapless.guarantee experimental at every
+///   producer's creation; the README says what it does and why it is always on, once.
+/// - `FAIL`: a broker connection that failed or dropped (an idle close, a restart, a refused
+///   connect). librdkafka logs it at LOG_ERR and also hands the same failure to
+///   [`ClientContext::error`], which logs it once at INFO or WARN and reconnects: an ERROR line
+///   per reconnect would page for what the stall watch already reports truthfully.
+fn log_level(level: RDKafkaLogLevel, fac: &str, message: &str) -> Option<tracing::Level> {
+    if fac == "CONFWARN" && message.contains("gapless") {
+        return None;
+    }
+    if fac == "FAIL" {
+        return Some(tracing::Level::DEBUG);
+    }
+    Some(match level {
+        RDKafkaLogLevel::Emerg
+        | RDKafkaLogLevel::Alert
+        | RDKafkaLogLevel::Critical
+        | RDKafkaLogLevel::Error => tracing::Level::ERROR,
+        RDKafkaLogLevel::Warning => tracing::Level::WARN,
+        RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => tracing::Level::INFO,
+        RDKafkaLogLevel::Debug => tracing::Level::DEBUG,
+    })
+}
+
+/// Logs one of librdkafka's log lines at the relay's level ([`log_level`]); every client of the
+/// relay's (the producer, the read-back consumer) logs through this.
+pub(crate) fn log_librdkafka(level: RDKafkaLogLevel, fac: &str, message: &str) {
+    match log_level(level, fac, message) {
+        Some(tracing::Level::ERROR) => tracing::error!(target: "librdkafka", "{fac} {message}"),
+        Some(tracing::Level::WARN) => tracing::warn!(target: "librdkafka", "{fac} {message}"),
+        Some(tracing::Level::INFO) => tracing::info!(target: "librdkafka", "{fac} {message}"),
+        Some(_) => tracing::debug!(target: "librdkafka", "{fac} {message}"),
+        None => {}
+    }
+}
+
 /// librdkafka's log lines and global errors, at the relay's levels.
 impl ClientContext for Reporter {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
-        // librdkafka calls enable.gapless.guarantee experimental at every producer's creation;
-        // the README says what it does and why it is always on, once
-        if fac == "CONFWARN" && message.contains("gapless") {
-            return;
-        }
-        match level {
-            RDKafkaLogLevel::Emerg
-            | RDKafkaLogLevel::Alert
-            | RDKafkaLogLevel::Critical
-            | RDKafkaLogLevel::Error => {
-                tracing::error!(target: "librdkafka", "{fac} {message}")
-            }
-            RDKafkaLogLevel::Warning => tracing::warn!(target: "librdkafka", "{fac} {message}"),
-            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
-                tracing::info!(target: "librdkafka", "{fac} {message}")
-            }
-            RDKafkaLogLevel::Debug => tracing::debug!(target: "librdkafka", "{fac} {message}"),
-        }
+        log_librdkafka(level, fac, message);
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
@@ -565,4 +586,25 @@ pub(crate) fn fetch_cluster_info(kafka: &KafkaConfig, timeout: Duration) -> Resu
     let topics =
         metadata.topics().iter().filter(|t| t.error().is_none()).map(|t| t.name().to_string()).collect();
     Ok(ClusterInfo { brokers: metadata.brokers().len(), topics })
+}
+
+#[cfg(test)]
+mod tests {
+    use rdkafka::config::RDKafkaLogLevel;
+    use tracing::Level;
+
+    use super::log_level;
+
+    #[test]
+    fn a_failed_broker_connection_is_not_an_error_line() {
+        // librdkafka's own words for a broker it cannot reach (rdkafka_broker.c)
+        let refused = "127.0.0.1:9092/bootstrap: Connect to ipv4#127.0.0.1:9092 failed: Connection refused";
+        assert_eq!(log_level(RDKafkaLogLevel::Error, "FAIL", refused), Some(Level::DEBUG));
+        assert_eq!(log_level(RDKafkaLogLevel::Error, "SSL", "certificate verify failed"), Some(Level::ERROR));
+        assert_eq!(
+            log_level(RDKafkaLogLevel::Warning, "CONFWARN", "enable.gapless.guarantee is experimental"),
+            None
+        );
+        assert_eq!(log_level(RDKafkaLogLevel::Warning, "CONFWARN", "some other setting"), Some(Level::WARN));
+    }
 }

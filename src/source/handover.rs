@@ -24,8 +24,15 @@ use crate::config::RelayConfig;
 use crate::dead_letter::{DeadLetters, LetterKey};
 use crate::error::{FatalReason, RelayError};
 
-const LEFTOVER_SLOT_SQL: &str = "SELECT active, (pg_current_wal_lsn() - restart_lsn)::bigint \
-     FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()";
+const LEFTOVER_SLOTS_SQL: &str = "SELECT slot_name::text, active, (pg_current_wal_lsn() - restart_lsn)::bigint \
+     FROM pg_replication_slots WHERE database = current_database() AND (slot_name = $1";
+/// Any other slot the relay created in this database, while no one streams from it.
+const REMEMBERED_IDLE_SQL: &str =
+    " OR (slot_type = 'logical' AND NOT active AND slot_name IN (SELECT slot_name FROM outbox_relay_slots))";
+/// Whether this role may read the slots the relay remembers (a polling-only install may lack
+/// the table, or the grant).
+const REMEMBERED_READABLE_SQL: &str =
+    "SELECT coalesce(has_table_privilege(to_regclass('outbox_relay_slots'), 'SELECT'), false)";
 
 /// The replication slot of this configuration, found by a polling relay.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,17 +56,40 @@ impl LeftoverSlot {
     }
 }
 
-/// The configured slot, when it exists in this database.
+/// The configured slot, when it exists in this database: the one whose existence makes the
+/// switch unfinished ([`unfinished_switch`]).
 pub(crate) async fn leftover_slot(
     config: &RelayConfig,
     client: &Client,
 ) -> Result<Option<LeftoverSlot>, tokio_postgres::Error> {
-    let slot = &config.replication.slot;
-    Ok(client.query_opt(LEFTOVER_SLOT_SQL, &[slot]).await?.map(|row| LeftoverSlot {
-        name: slot.clone(),
-        active: row.get(0),
-        retained_bytes: row.get::<_, Option<i64>>(1).unwrap_or(0),
-    }))
+    let sql = format!("{LEFTOVER_SLOTS_SQL})");
+    Ok(client.query_opt(&sql, &[&config.replication.slot]).await?.map(|row| leftover(&row)))
+}
+
+/// Every slot replication mode left in this database that keeps WAL, the configured one first,
+/// then by WAL retained: `replication.slot` in any state, and any other slot the relay created
+/// here (remembered in `outbox_relay_slots`: a slot of an earlier `replication.slot`) that no
+/// one streams from. An active remembered slot is another relay's (another outbox's) and is
+/// left out. `check`, `status` and the sampler report these; only the configured one changes
+/// what a polling session does.
+pub(crate) async fn leftover_slots(
+    config: &RelayConfig,
+    client: &Client,
+) -> Result<Vec<LeftoverSlot>, tokio_postgres::Error> {
+    let remembered: bool = client.query_one(REMEMBERED_READABLE_SQL, &[]).await?.get(0);
+    let sql = format!(
+        "{LEFTOVER_SLOTS_SQL}{}) ORDER BY slot_name <> $1, 3 DESC NULLS LAST, 1",
+        if remembered { REMEMBERED_IDLE_SQL } else { "" }
+    );
+    Ok(client.query(&sql, &[&config.replication.slot]).await?.iter().map(leftover).collect())
+}
+
+fn leftover(row: &tokio_postgres::Row) -> LeftoverSlot {
+    LeftoverSlot {
+        name: row.get(0),
+        active: row.get(1),
+        retained_bytes: row.get::<_, Option<i64>>(2).unwrap_or(0),
+    }
 }
 
 /// What a polling session must not publish again: `None` when no switch is under way, else the

@@ -30,11 +30,14 @@ pub enum Problem {
     Missing(String),
     /// It exists and leaves inserts out; the text says how to fix it.
     Narrowed(String),
+    /// The outbox table itself does not exist (dropped or renamed away): no publication can
+    /// take it, so the fix is the table (or `outbox.table`), not `ALTER PUBLICATION`.
+    TableMissing(String),
 }
 
 impl std::fmt::Display for Problem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (Problem::Missing(text) | Problem::Narrowed(text)) = self;
+        let (Problem::Missing(text) | Problem::Narrowed(text) | Problem::TableMissing(text)) = self;
         f.write_str(text)
     }
 }
@@ -73,6 +76,11 @@ pub async fn problem(
         ))));
     }
     let Some(entry) = row.get::<_, Option<serde_json::Value>>("entry") else {
+        let exists: bool =
+            client.query_one("SELECT to_regclass($1) IS NOT NULL", &[&table.qualified()]).await?.get(0);
+        if !exists {
+            return Ok(Some(Problem::TableMissing(table.missing_text())));
+        }
         return Ok(Some(Problem::Narrowed(format!(
             "publication \"{publication}\" does not include {}: {}",
             table.display_name(),
@@ -122,6 +130,14 @@ pub async fn verify(config: &RelayConfig, client: &Client) -> Result<Lsn, RelayE
                 "{problem}: it was dropped while the relay ran, so the outbox's inserts are no longer sent; the \
                  relay stops without confirming past them. {}",
                 capitalized(DROPPED_REMEDY)
+            ),
+        )),
+        Some(problem @ Problem::TableMissing(_)) => Err(RelayError::fatal(
+            FatalReason::Schema,
+            format!(
+                "{problem}. It went away while the relay ran; the relay stops without confirming past its last \
+                 inserts. Renamed or moved: rename it back (or point outbox.schema / outbox.table at it) and \
+                 restart. Dropped: create it again and run `outbox-relay setup --recreate-slot`"
             ),
         )),
         Some(problem) => Err(RelayError::fatal(

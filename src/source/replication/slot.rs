@@ -295,14 +295,7 @@ async fn ensure_publication(config: &RelayConfig, client: &Client) -> Result<(),
     let outbox: bool =
         client.query_one("SELECT to_regclass($1) IS NOT NULL", &[&table.qualified()]).await?.get(0);
     if !outbox {
-        return Err(RelayError::fatal(
-            FatalReason::Schema,
-            format!(
-                "the outbox table {} does not exist: create it (sql/001_outbox_events.sql and the migrations after it), or \
-                 set outbox.schema / outbox.table to the table the application writes",
-                table.display_name()
-            ),
-        ));
+        return Err(RelayError::fatal(FatalReason::Schema, table.missing_text()));
     }
     let exists = client.query_opt("SELECT 1 FROM pg_publication WHERE pubname = $1", &[publication]).await?;
     if exists.is_none() {
@@ -327,8 +320,12 @@ async fn ensure_publication(config: &RelayConfig, client: &Client) -> Result<(),
         })?;
         tracing::info!(%publication, table = %table.display_name(), "created the publication");
     }
-    if let Some(problem) = super::publication::problem(config, client).await? {
-        return Err(RelayError::fatal(FatalReason::Publication, problem.to_string()));
+    match super::publication::problem(config, client).await? {
+        None => {}
+        Some(problem @ super::publication::Problem::TableMissing(_)) => {
+            return Err(RelayError::fatal(FatalReason::Schema, problem.to_string()));
+        }
+        Some(problem) => return Err(RelayError::fatal(FatalReason::Publication, problem.to_string())),
     }
     Ok(())
 }

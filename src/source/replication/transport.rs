@@ -266,3 +266,34 @@ pub fn in_context(e: RelayError, command: Command, slot: &str) -> RelayError {
         _ => RelayError::Server { sqlstate: Some(code), message },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Command, in_context};
+    use crate::error::{Action, FatalReason, RelayError};
+
+    fn server(code: &str, message: &str) -> RelayError {
+        RelayError::Server { sqlstate: Some(code.into()), message: message.into() }
+    }
+
+    #[test]
+    fn an_undefined_object_is_the_slot_or_the_publication_by_the_command_that_met_it() {
+        // 42704 at START_REPLICATION: the slot is gone
+        let missing_slot =
+            in_context(server("42704", "replication slot \"s\" does not exist"), Command::Start, "s");
+        assert_eq!(missing_slot.action(), Action::Fatal(FatalReason::SlotMissing));
+        assert!(missing_slot.to_string().contains("setup --recreate-slot"), "{missing_slot}");
+        // 42704 while streaming: pgoutput met a change without the publication (dropped, then
+        // perhaps created again by `setup`, which the slot never sees): the one remedy is named
+        let dropped = in_context(server("42704", "publication \"p\" does not exist"), Command::Stream, "s");
+        assert_eq!(dropped.action(), Action::Fatal(FatalReason::Publication));
+        assert!(dropped.to_string().contains("setup --recreate-slot"), "{dropped}");
+        // a slot another instance streams from: standby, not an error
+        let busy =
+            in_context(server("55006", "replication slot \"s\" is active for PID 7"), Command::Start, "s");
+        assert_eq!(busy.action(), Action::Standby);
+        // anything else keeps the general SQLSTATE policy
+        let other = in_context(server("08006", "connection failure"), Command::Stream, "s");
+        assert_eq!(other.action(), Action::Retry);
+    }
+}
