@@ -151,32 +151,11 @@ fn main() -> ExitCode {
         }
         Command::Check { .. } => runtime.block_on(run_check(&config)),
         Command::Setup { recreate_slot, skip_published, .. } => {
-            let mut config = config;
-            if config.source.mode != outbox_relay::config::SourceMode::Replication {
-                // a slot made here would hold WAL for no one
-                if recreate_slot || skip_published {
-                    eprintln!(
-                        "error: --recreate-slot and --skip-published are for replication mode, and source.mode \
-                         is {}: polling has no slot",
-                        config.source.mode
-                    );
-                    return ExitCode::from(EXIT_CONFIG);
-                }
-                println!(
-                    "source.mode = {}: nothing to set up (setup prepares replication mode's slot)",
-                    config.source.mode
-                );
-                return ExitCode::SUCCESS;
+            match setup_config(config, recreate_slot, skip_published) {
+                Ok(Some(config)) => runtime.block_on(run_setup(config, recreate_slot)),
+                Ok(None) => ExitCode::SUCCESS,
+                Err(code) => code,
             }
-            if skip_published {
-                // the read-back's own requirements (kafka.source_headers) hold as for dedup.enabled
-                config.dedup.enabled = true;
-                if let Err(e) = config.validate() {
-                    eprintln!("error: --skip-published: {e}");
-                    return ExitCode::from(EXIT_CONFIG);
-                }
-            }
-            runtime.block_on(run_setup(config, recreate_slot))
         }
         Command::Status { metrics_url, format, .. } => {
             runtime.block_on(run_status(&config, metrics_url.as_deref(), format))
@@ -185,27 +164,60 @@ fn main() -> ExitCode {
             let options = verify::Options { since, until, wait: Duration::from_secs(wait_secs), show };
             runtime.block_on(run_verify(&config, &options, format))
         }
-        Command::Run { .. } => {
-            tracing::info!(
-                version = env!("CARGO_PKG_VERSION"),
-                "starting outbox-relay: {}",
-                config.summary()
+        Command::Run { .. } => run(config, &runtime),
+    }
+}
+
+/// `setup`'s configuration: `None` when polling mode has nothing to set up, the exit code when
+/// the flags do not fit the mode.
+fn setup_config(
+    mut config: RelayConfig,
+    recreate_slot: bool,
+    skip_published: bool,
+) -> Result<Option<RelayConfig>, ExitCode> {
+    if config.source.mode != outbox_relay::config::SourceMode::Replication {
+        // a slot made here would hold WAL for no one
+        if recreate_slot || skip_published {
+            eprintln!(
+                "error: --recreate-slot and --skip-published are for replication mode, and source.mode \
+                 is {}: polling has no slot",
+                config.source.mode
             );
-            tracing::debug!(config = %config.redacted(), "effective configuration (secrets redacted)");
-            match runtime.block_on(outbox_relay::relay::run(config)) {
-                Ok(()) => {
-                    tracing::info!("stopped");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    let reason = match e.action() {
-                        outbox_relay::error::Action::Fatal(reason) => reason.label(),
-                        _ => "other",
-                    };
-                    tracing::error!(error = %e, reason = %reason, "fatal error, exiting");
-                    ExitCode::from(EXIT_FAILURE)
-                }
-            }
+            return Err(ExitCode::from(EXIT_CONFIG));
+        }
+        println!(
+            "source.mode = {}: nothing to set up (setup prepares replication mode's slot)",
+            config.source.mode
+        );
+        return Ok(None);
+    }
+    if skip_published {
+        // the read-back's own requirements (kafka.source_headers) hold as for dedup.enabled
+        config.dedup.enabled = true;
+        if let Err(e) = config.validate() {
+            eprintln!("error: --skip-published: {e}");
+            return Err(ExitCode::from(EXIT_CONFIG));
+        }
+    }
+    Ok(Some(config))
+}
+
+/// `run`: the relay until a signal (0) or a fatal error (1, logged with its reason).
+fn run(config: RelayConfig, runtime: &tokio::runtime::Runtime) -> ExitCode {
+    tracing::info!(version = env!("CARGO_PKG_VERSION"), "starting outbox-relay: {}", config.summary());
+    tracing::debug!(config = %config.redacted(), "effective configuration (secrets redacted)");
+    match runtime.block_on(outbox_relay::relay::run(config)) {
+        Ok(()) => {
+            tracing::info!("stopped");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            let reason = match e.action() {
+                outbox_relay::error::Action::Fatal(reason) => reason.label(),
+                _ => "other",
+            };
+            tracing::error!(error = %e, reason = %reason, "fatal error, exiting");
+            ExitCode::from(EXIT_FAILURE)
         }
     }
 }

@@ -192,6 +192,30 @@ async fn check_names_a_missing_fixed_topic_and_a_row_s_own_topic() {
 }
 
 #[tokio::test]
+async fn setup_in_polling_mode_sets_up_nothing_and_refuses_the_slot_flags() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &db, "[source]\nmode = \"polling\"\n");
+    let config = config.to_str().unwrap();
+    let (code, stdout, stderr) = run_relay(&["setup", "--config", config], RUN_TIMEOUT);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("nothing to set up"), "{stdout}");
+    for flag in ["--recreate-slot", "--skip-published"] {
+        let (code, _, stderr) = run_relay(&["setup", flag, "--config", config], RUN_TIMEOUT);
+        assert_eq!(code, 2, "{flag}: {stderr}");
+        assert!(stderr.contains("polling has no slot"), "{flag}: {stderr}");
+    }
+    let slots: i64 = db
+        .client()
+        .await
+        .query_one("SELECT count(*) FROM pg_replication_slots WHERE database = current_database()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(slots, 0, "a slot no one reads");
+}
+
+#[tokio::test]
 async fn check_reports_missing_columns_and_unreachable_kafka() {
     let db = TestDb::new().await;
     let dir = tempfile::tempdir().unwrap();
