@@ -173,3 +173,28 @@ async fn polling_reports_a_slot_the_relay_created_under_an_earlier_name_until_it
     let report = check(&s);
     assert!(report.contains("OK   polling.replication_slot"), "{report}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replication_relay_started_during_an_unfinished_switch_sends_the_polling_relay_to_standby() {
+    // given a polling relay active while the slot of replication mode still exists
+    let s = setup("replication", "").await;
+    let config = s.config();
+    let (code, _, stderr) = run_relay(&["setup", "--config", config.to_str().unwrap()], IDLE);
+    assert_eq!(code, 0, "{stderr}");
+    switch_to(&s, "replication", "polling");
+    let polling = s.start("polling");
+    polling.wait_ready("active").await;
+
+    // when a replication relay is started on that slot after all (the same file, the old mode)
+    let mut replication = s.start_with_env("replication", &[("OUTBOX_RELAY__SOURCE__MODE", "replication")]);
+    replication.wait_ready("active").await;
+
+    // then the polling relay stops publishing beside it: it waits as a standby, naming the slot
+    polling.wait_ready("standby").await;
+    let log = polling.log_text();
+    assert!(log.contains(&format!("streams from slot \"{}\"", s.slot)), "{log}");
+
+    // and once the replication relay is stopped, polling takes over again
+    assert_eq!(replication.terminate(EXIT_LIMIT), Some(0), "{}", replication.log_text());
+    polling.wait_ready("active").await;
+}

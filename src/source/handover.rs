@@ -6,7 +6,8 @@
 //! The switch is unfinished while the slot replication mode streamed from (`replication.slot`)
 //! still exists in this database. Until an operator drops it, every polling session, once it
 //! holds the leader lock:
-//! - waits as a standby while a replication relay still streams from the slot;
+//! - waits as a standby while a replication relay still streams from the slot (looked at again
+//!   every 2 s while it runs: a replication relay started later ends the session);
 //! - refuses to start with `dedup.enabled = false` (nothing could tell it what was published);
 //! - reads back every record of each topic, as a slot's first copy does, and releases unsent each
 //!   row Kafka already holds (`Lookback::Everything`);
@@ -92,6 +93,24 @@ fn leftover(row: &tokio_postgres::Row) -> LeftoverSlot {
     }
 }
 
+/// A replication relay streams from the configured slot: a polling session must not publish
+/// beside it, so it waits as a standby.
+fn active_slot(slot: &LeftoverSlot) -> RelayError {
+    RelayError::Standby(format!(
+        "a replication relay still streams from slot \"{}\": stop it to switch to polling",
+        slot.name
+    ))
+}
+
+/// During an unfinished switch, made again while the session runs: a replication relay started
+/// after the session began ends it (standby).
+pub(crate) async fn refuse_active_slot(config: &RelayConfig, client: &Client) -> Result<(), RelayError> {
+    match leftover_slot(config, client).await? {
+        Some(slot) if slot.active => Err(active_slot(&slot)),
+        _ => Ok(()),
+    }
+}
+
 /// What a polling session must not publish again: `None` when no switch is under way, else the
 /// events of this outbox the dead-letter table holds. Errors when the session cannot go on.
 pub(crate) async fn unfinished_switch(
@@ -101,10 +120,7 @@ pub(crate) async fn unfinished_switch(
 ) -> Result<Option<HashSet<LetterKey>>, RelayError> {
     let Some(slot) = leftover_slot(config, client).await? else { return Ok(None) };
     if slot.active {
-        return Err(RelayError::Standby(format!(
-            "a replication relay still streams from slot \"{}\": stop it to switch to polling",
-            slot.name
-        )));
+        return Err(active_slot(&slot));
     }
     if !config.dedup.enabled {
         return Err(RelayError::fatal(

@@ -56,7 +56,15 @@ struct Session {
     /// This session's batches are `batch:<nonce>-<n>` in their records' positions.
     nonce: u64,
     batches: u64,
+    /// While the switch from replication mode is unfinished: when this session last made sure
+    /// no replication relay streams from the slot ([`SWITCH_RECHECK`]).
+    switch_checked: Option<Instant>,
 }
+
+/// While a switch from replication mode is unfinished, how often a polling session looks again
+/// whether a replication relay streams from the slot (one started after the session began):
+/// both would publish, so the session ends and waits as a standby.
+const SWITCH_RECHECK: Duration = Duration::from_secs(2);
 
 /// What one claim-publish-release cycle did.
 #[derive(Debug, Default)]
@@ -162,7 +170,15 @@ impl PollingSource {
         self.sink.set_source(&dedup::source_identity(&client, &self.config).await?);
         self.sink.retired(dedup::RETIRE_LIMIT).await;
         let dedup = Dedup::new(&self.config, MODE, Lookback::LastBatch, self.sink.source(), shutdown);
-        Ok(Session { client, notified, dedup, lettered: HashSet::new(), nonce: rand::random(), batches: 0 })
+        Ok(Session {
+            client,
+            notified,
+            dedup,
+            lettered: HashSet::new(),
+            nonce: rand::random(),
+            batches: 0,
+            switch_checked: None,
+        })
     }
 
     /// Takes the leader lock (or returns [`RelayError::Standby`]), then relays until shutdown.
@@ -191,6 +207,7 @@ impl PollingSource {
             session.dedup =
                 Dedup::new(&self.config, MODE, Lookback::Everything, self.sink.source(), shutdown);
             session.lettered = lettered;
+            session.switch_checked = Some(Instant::now());
         }
         let channel = &self.config.polling.notify_channel;
         if !channel.is_empty() {
@@ -203,6 +220,10 @@ impl PollingSource {
         }
         while !*shutdown.borrow() {
             pulse.tick();
+            if session.switch_checked.is_some_and(|checked| checked.elapsed() >= SWITCH_RECHECK) {
+                handover::refuse_active_slot(&self.config, &session.client).await?;
+                session.switch_checked = Some(Instant::now());
+            }
             while session.notified.try_recv().is_ok() {}
             let outcome = self.relay_batch(session, pulse).await?;
             if outcome.claimed > 0 {
