@@ -171,17 +171,19 @@ async fn postgres_checks(config: &RelayConfig, client: &Client, server: &Endpoin
     findings
 }
 
-/// Polling mode: no slot of replication mode left behind (a mode switch not finished, or a slot
-/// of an earlier `replication.slot`), as it keeps WAL; the configured one also makes every
-/// polling session read each topic back whole. One finding per slot.
+const LEFTOVER_CHECK: &str = "polling.replication_slot";
+
+/// Polling mode: no slot of this outbox's replication mode left behind (a mode switch not
+/// finished: `replication.slot`, or a slot the relay made for this outbox under an earlier
+/// name), as it keeps WAL and makes every polling session read each topic back whole. One
+/// finding per slot.
 async fn leftover_slot_checks(config: &RelayConfig, client: &Client) -> Vec<Finding> {
-    const CHECK: &str = "polling.replication_slot";
     let slots = match crate::source::handover::leftover_slots(config, client).await {
         Ok(slots) if slots.is_empty() => {
             return vec![Finding::ok(
-                CHECK,
+                LEFTOVER_CHECK,
                 format!(
-                    "no slot \"{}\" (or other slot of the relay's) left from replication mode",
+                    "no slot \"{}\" (or other slot the relay made for this outbox) left from replication mode",
                     config.replication.slot
                 ),
             )];
@@ -189,7 +191,7 @@ async fn leftover_slot_checks(config: &RelayConfig, client: &Client) -> Vec<Find
         Ok(slots) => slots,
         Err(e) => {
             return vec![Finding::warn(
-                CHECK,
+                LEFTOVER_CHECK,
                 format!("cannot read pg_replication_slots: {e}"),
                 "check the role's privileges",
             )];
@@ -199,24 +201,25 @@ async fn leftover_slot_checks(config: &RelayConfig, client: &Client) -> Vec<Find
 }
 
 fn leftover_slot_finding(config: &RelayConfig, slot: &crate::source::handover::LeftoverSlot) -> Finding {
-    const CHECK: &str = "polling.replication_slot";
-    let detail = format!(
+    let mut detail = format!(
         "slot \"{}\" of replication mode still exists (active = {}) and retains {} bytes of WAL",
         slot.name, slot.active, slot.retained_bytes
     );
     if slot.name != config.replication.slot {
-        // a slot the relay created under an earlier name: no session reads it, it only keeps WAL
-        return Finding::warn(
-            CHECK,
-            format!("{detail}; the relay created it (outbox_relay_slots) under an earlier replication.slot"),
-            slot.remedy(),
-        );
+        detail.push_str(&format!(
+            " (the relay made it for {} under an earlier replication.slot)",
+            crate::table::OutboxTable::new(config).display_name()
+        ));
     }
     if slot.active {
-        Finding::fail(CHECK, detail, "stop the replication relay that streams from it: both would publish")
+        Finding::fail(
+            LEFTOVER_CHECK,
+            detail,
+            "stop the replication relay that streams from it: both would publish",
+        )
     } else if !config.dedup.enabled {
         Finding::fail(
-            CHECK,
+            LEFTOVER_CHECK,
             format!(
                 "{detail}; with dedup.enabled = false polling would send again every row replication mode published"
             ),
@@ -224,7 +227,7 @@ fn leftover_slot_finding(config: &RelayConfig, slot: &crate::source::handover::L
         )
     } else {
         Finding::warn(
-            CHECK,
+            LEFTOVER_CHECK,
             format!("{detail}; polling reads each topic back whole until it is dropped"),
             slot.remedy(),
         )

@@ -51,8 +51,8 @@ pub fn spawn(config: RelayConfig) {
 }
 
 /// Polling mode: the backlog, and a slot replication mode left behind, which keeps WAL: its lag
-/// is exported (and alerted on) until it is dropped. With several, the configured one, else the
-/// one that retains the most ([`handover::leftover_slots`]); with none, the slot gauges read 0.
+/// is exported (and alerted on) until it is dropped. With several, the one that retains the most
+/// ([`handover::leftover_slots`]); with none, the slot gauges read 0.
 async fn sample_polling(
     config: &RelayConfig,
     client: &Client,

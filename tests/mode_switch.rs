@@ -139,7 +139,7 @@ async fn polling_with_marks_to_replication_sends_only_the_rows_not_marked() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn polling_reports_a_slot_the_relay_created_under_an_earlier_name_until_it_is_dropped() {
+async fn polling_finishes_the_switch_for_a_slot_made_under_an_earlier_name_and_ignores_other_outboxes() {
     // given a slot replication mode made (`setup` creates and remembers it in outbox_relay_slots)
     let s = setup("replication", "").await;
     let client = s.db.client().await;
@@ -154,7 +154,19 @@ async fn polling_reports_a_slot_the_relay_created_under_an_earlier_name_until_it
     let text = std::fs::read_to_string(&config).unwrap();
     std::fs::write(&config, text.replace(&format!("slot = \"{earlier}\""), "slot = \"s_renamed\"")).unwrap();
 
-    // then check, status and the metrics still name the slot that keeps WAL
+    // and another outbox's stopped relay has a slot in the same database
+    let foreign = format!("s_foreign_{}", random_suffix());
+    client.execute("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", &[&foreign]).await.unwrap();
+    client
+        .execute(
+            "INSERT INTO outbox_relay_slots (slot_name, created_lsn, outbox_table) VALUES ($1, '0/0', 'billing.outbox')",
+            &[&foreign],
+        )
+        .await
+        .unwrap();
+
+    // then check, status and the metrics still name this outbox's slot that keeps WAL, and not
+    // the other outbox's
     let report = check(&s);
     assert!(
         report.contains("WARN polling.replication_slot")
@@ -162,16 +174,24 @@ async fn polling_reports_a_slot_the_relay_created_under_an_earlier_name_until_it
             && report.contains("under an earlier replication.slot"),
         "{report}"
     );
+    assert!(!report.contains(&foreign), "another outbox's slot: {report}");
     let (_, status, _) = run_relay(&["status", "--config", config.to_str().unwrap()], IDLE);
     assert!(status.contains("slot left by replication mode") && status.contains(&earlier), "{status}");
+    assert!(!status.contains(&foreign), "another outbox's slot: {status}");
     let relay = s.start_with_env("polling", &[("OUTBOX_RELAY__METRICS__SAMPLE_INTERVAL_SECS", "1")]);
     relay.wait_metric("outbox_relay_slot_retained_wal_bytes", |v| v > 0.0).await;
+    // and the switch is unfinished for it: polling reads each topic back whole
+    wait_until(relay.context("the switch to be noticed".into()), async || {
+        relay.log_text().contains("switching from replication mode")
+    })
+    .await;
 
     // and once it is dropped, nothing is reported
     client.execute("SELECT pg_drop_replication_slot($1)", &[&earlier]).await.unwrap();
     relay.wait_metric("outbox_relay_slot_retained_wal_bytes", |v| v == 0.0).await;
     let report = check(&s);
     assert!(report.contains("OK   polling.replication_slot"), "{report}");
+    client.execute("SELECT pg_drop_replication_slot($1)", &[&foreign]).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -43,15 +43,20 @@ pub(super) async fn findings(config: &RelayConfig, client: &Client, primary: &En
     findings
 }
 
-/// The relay tells a slot lost to a failover from one dropped by the timeline it remembers.
+/// The relay tells a slot lost to a failover from one dropped by the timeline it remembers, and
+/// its own outbox's slots from another's by the table.
 async fn slot_memory(client: &Client) -> Finding {
-    match client.query_opt("SELECT created_timeline FROM outbox_relay_slots LIMIT 0", &[]).await {
-        Ok(_) => Finding::ok("replication.slot_memory", "outbox_relay_slots remembers each slot's timeline"),
+    match client.query_opt("SELECT created_timeline, outbox_table FROM outbox_relay_slots LIMIT 0", &[]).await
+    {
+        Ok(_) => Finding::ok(
+            "replication.slot_memory",
+            "outbox_relay_slots remembers each slot's timeline and outbox table",
+        ),
         Err(e) => Finding::fail(
             "replication.slot_memory",
-            format!("cannot read outbox_relay_slots.created_timeline: {e}"),
-            "apply sql/006_relay_slots.sql and sql/007_relay_slots_timeline.sql, and grant the table \
-             (sql/100_relay_role.sql)",
+            format!("cannot read outbox_relay_slots.created_timeline and outbox_table: {e}"),
+            "apply sql/006_relay_slots.sql, sql/007_relay_slots_timeline.sql and sql/008_relay_slots_owner.sql, and \
+             grant the table (sql/100_relay_role.sql)",
         ),
     }
 }

@@ -125,15 +125,23 @@ struct Reporter(mpsc::UnboundedSender<Report>);
 ///
 /// - `CONFWARN ... gapless`: librdkafka calls enable.gapless.guarantee experimental at every
 ///   producer's creation; the README says what it does and why it is always on, once.
-/// - `FAIL`: a broker connection that failed or dropped (an idle close, a restart, a refused
-///   connect). librdkafka logs it at LOG_ERR and also hands the same failure to
-///   [`ClientContext::error`], which logs it once at INFO or WARN and reconnects: an ERROR line
-///   per reconnect would page for what the stall watch already reports truthfully.
+/// - `FAIL` at error level: a broker connection that failed (a refused connect, a dropped
+///   connection). librdkafka then also hands the same failure to [`ClientContext::error`]
+///   (`rd_kafka_broker_set_error` pairs an error op with a FAIL line only from LOG_ERR up),
+///   which logs it once at INFO or WARN, or at ERROR for what is not a plain transport failure
+///   (TLS, authentication): an ERROR line per reconnect would page for what the stall watch
+///   already reports. Its FAIL lines below error level have no such pair (a connection closed
+///   during the ApiVersion request, which names a likely security.protocol or SASL mistake; a
+///   connection setup timeout) and keep their level.
 fn log_level(level: RDKafkaLogLevel, fac: &str, message: &str) -> Option<tracing::Level> {
     if fac == "CONFWARN" && message.contains("gapless") {
         return None;
     }
-    if fac == "FAIL" {
+    let error_or_worse = matches!(
+        level,
+        RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error
+    );
+    if fac == "FAIL" && error_or_worse {
         return Some(tracing::Level::DEBUG);
     }
     Some(match level {
@@ -600,6 +608,14 @@ mod tests {
         // librdkafka's own words for a broker it cannot reach (rdkafka_broker.c)
         let refused = "127.0.0.1:9092/bootstrap: Connect to ipv4#127.0.0.1:9092 failed: Connection refused";
         assert_eq!(log_level(RDKafkaLogLevel::Error, "FAIL", refused), Some(Level::DEBUG));
+        // a FAIL line below error level has no error-callback twin: it keeps its level
+        let api_version = "Disconnected while requesting ApiVersion: might be caused by incorrect \
+                           security.protocol configuration (connecting to a SSL listener?)";
+        assert_eq!(log_level(RDKafkaLogLevel::Warning, "FAIL", api_version), Some(Level::WARN));
+        assert_eq!(
+            log_level(RDKafkaLogLevel::Info, "FAIL", "Disconnected (after 5000ms in state UP)"),
+            Some(Level::INFO)
+        );
         assert_eq!(log_level(RDKafkaLogLevel::Error, "SSL", "certificate verify failed"), Some(Level::ERROR));
         assert_eq!(
             log_level(RDKafkaLogLevel::Warning, "CONFWARN", "enable.gapless.guarantee is experimental"),

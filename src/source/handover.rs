@@ -3,9 +3,10 @@
 //! Replication mode never changes the outbox: the rows it published stay in the table (until
 //! their partitions are dropped), and so do the rows it dead-lettered. A polling relay that
 //! claimed them with its usual read-back (only its own last batch) would publish every one again.
-//! The switch is unfinished while the slot replication mode streamed from (`replication.slot`)
-//! still exists in this database. Until an operator drops it, every polling session, once it
-//! holds the leader lock:
+//! The switch is unfinished while a slot replication mode streamed from still exists in this
+//! database: `replication.slot`, or another slot the relay made for this outbox table
+//! (`outbox_relay_slots.outbox_table`; a slot of an earlier `replication.slot`). Until an
+//! operator drops them, every polling session, once it holds the leader lock:
 //! - waits as a standby while a replication relay still streams from the slot (looked at again
 //!   every 2 s while it runs: a replication relay started later ends the session);
 //! - refuses to start with `dedup.enabled = false` (nothing could tell it what was published);
@@ -14,8 +15,8 @@
 //! - releases unsent each row the dead-letter table already holds for this outbox (same id and
 //!   content: an id handed out again is another event).
 //!
-//! The slot retains WAL while it exists: the sampler exports its lag in polling mode too, and
-//! `check` and `status` name it (README, "Switching source modes").
+//! A slot retains WAL while it exists: the sampler exports the lag of the one retaining the most
+//! in polling mode too, and `check` and `status` name each (README, "Switching source modes").
 
 use std::collections::HashSet;
 
@@ -24,18 +25,22 @@ use tokio_postgres::Client;
 use crate::config::RelayConfig;
 use crate::dead_letter::{DeadLetters, LetterKey};
 use crate::error::{FatalReason, RelayError};
+use crate::table::OutboxTable;
 
+/// The slots of this outbox's replication mode in this database: the configured one, and any
+/// the relay remembers making for this outbox table (under an earlier `replication.slot`).
 const LEFTOVER_SLOTS_SQL: &str = "SELECT slot_name::text, active, (pg_current_wal_lsn() - restart_lsn)::bigint \
      FROM pg_replication_slots WHERE database = current_database() AND (slot_name = $1";
-/// Any other slot the relay created in this database, while no one streams from it.
-const REMEMBERED_IDLE_SQL: &str =
-    " OR (slot_type = 'logical' AND NOT active AND slot_name IN (SELECT slot_name FROM outbox_relay_slots))";
-/// Whether this role may read the slots the relay remembers (a polling-only install may lack
-/// the table, or the grant).
-const REMEMBERED_READABLE_SQL: &str =
-    "SELECT coalesce(has_table_privilege(to_regclass('outbox_relay_slots'), 'SELECT'), false)";
+const OWNED_SQL: &str =
+    " OR slot_name IN (SELECT slot_name FROM outbox_relay_slots WHERE outbox_table = $2::text)";
+const ORDER_SQL: &str = ") ORDER BY 3 DESC NULLS LAST, slot_name <> $1, 1";
+/// Whether this role may read which outbox each remembered slot serves (a polling-only install
+/// may lack the table, its grant, or sql/008_relay_slots_owner.sql).
+const OWNERS_READABLE_SQL: &str = "SELECT coalesce(has_table_privilege(t, 'SELECT'), false) AND EXISTS \
+     (SELECT 1 FROM pg_attribute WHERE attrelid = t AND attname = 'outbox_table' AND NOT attisdropped) \
+     FROM (SELECT to_regclass('outbox_relay_slots') AS t) s";
 
-/// The replication slot of this configuration, found by a polling relay.
+/// A slot replication mode left for this outbox, found by a polling relay.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct LeftoverSlot {
     pub name: String,
@@ -57,32 +62,25 @@ impl LeftoverSlot {
     }
 }
 
-/// The configured slot, when it exists in this database: the one whose existence makes the
-/// switch unfinished ([`unfinished_switch`]).
-pub(crate) async fn leftover_slot(
-    config: &RelayConfig,
-    client: &Client,
-) -> Result<Option<LeftoverSlot>, tokio_postgres::Error> {
-    let sql = format!("{LEFTOVER_SLOTS_SQL})");
-    Ok(client.query_opt(&sql, &[&config.replication.slot]).await?.map(|row| leftover(&row)))
-}
-
-/// Every slot replication mode left in this database that keeps WAL, the configured one first,
-/// then by WAL retained: `replication.slot` in any state, and any other slot the relay created
-/// here (remembered in `outbox_relay_slots`: a slot of an earlier `replication.slot`) that no
-/// one streams from. An active remembered slot is another relay's (another outbox's) and is
-/// left out. `check`, `status` and the sampler report these; only the configured one changes
-/// what a polling session does.
+/// The slots replication mode left for this outbox, the one retaining the most WAL first:
+/// `replication.slot`, and any other slot the relay made for this outbox table (remembered in
+/// `outbox_relay_slots`, e.g. under an earlier `replication.slot`; a slot made before
+/// sql/008_relay_slots_owner.sql, or another outbox's, is not this relay's to judge). While any
+/// exists, the switch is unfinished ([`unfinished_switch`]); `check`, `status` and the sampler
+/// report them.
 pub(crate) async fn leftover_slots(
     config: &RelayConfig,
     client: &Client,
 ) -> Result<Vec<LeftoverSlot>, tokio_postgres::Error> {
-    let remembered: bool = client.query_one(REMEMBERED_READABLE_SQL, &[]).await?.get(0);
-    let sql = format!(
-        "{LEFTOVER_SLOTS_SQL}{}) ORDER BY slot_name <> $1, 3 DESC NULLS LAST, 1",
-        if remembered { REMEMBERED_IDLE_SQL } else { "" }
-    );
-    Ok(client.query(&sql, &[&config.replication.slot]).await?.iter().map(leftover).collect())
+    let owners: bool = client.query_one(OWNERS_READABLE_SQL, &[]).await?.get(0);
+    let slot = &config.replication.slot;
+    let rows = if owners {
+        let table = OutboxTable::new(config).display_name();
+        client.query(&format!("{LEFTOVER_SLOTS_SQL}{OWNED_SQL}{ORDER_SQL}"), &[slot, &table]).await?
+    } else {
+        client.query(&format!("{LEFTOVER_SLOTS_SQL}{ORDER_SQL}"), &[slot]).await?
+    };
+    Ok(rows.iter().map(leftover).collect())
 }
 
 fn leftover(row: &tokio_postgres::Row) -> LeftoverSlot {
@@ -93,7 +91,7 @@ fn leftover(row: &tokio_postgres::Row) -> LeftoverSlot {
     }
 }
 
-/// A replication relay streams from the configured slot: a polling session must not publish
+/// A replication relay streams from a slot of this outbox: a polling session must not publish
 /// beside it, so it waits as a standby.
 fn active_slot(slot: &LeftoverSlot) -> RelayError {
     RelayError::Standby(format!(
@@ -105,9 +103,9 @@ fn active_slot(slot: &LeftoverSlot) -> RelayError {
 /// During an unfinished switch, made again while the session runs: a replication relay started
 /// after the session began ends it (standby).
 pub(crate) async fn refuse_active_slot(config: &RelayConfig, client: &Client) -> Result<(), RelayError> {
-    match leftover_slot(config, client).await? {
-        Some(slot) if slot.active => Err(active_slot(&slot)),
-        _ => Ok(()),
+    match leftover_slots(config, client).await?.iter().find(|slot| slot.active) {
+        Some(slot) => Err(active_slot(slot)),
+        None => Ok(()),
     }
 }
 
@@ -118,10 +116,11 @@ pub(crate) async fn unfinished_switch(
     client: &Client,
     dead_letters: &DeadLetters,
 ) -> Result<Option<HashSet<LetterKey>>, RelayError> {
-    let Some(slot) = leftover_slot(config, client).await? else { return Ok(None) };
-    if slot.active {
-        return Err(active_slot(&slot));
+    let slots = leftover_slots(config, client).await?;
+    if let Some(active) = slots.iter().find(|slot| slot.active) {
+        return Err(active_slot(active));
     }
+    let Some(slot) = slots.first() else { return Ok(None) };
     if !config.dedup.enabled {
         return Err(RelayError::fatal(
             FatalReason::Config,

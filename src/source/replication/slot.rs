@@ -34,16 +34,17 @@ use crate::table::{OutboxTable, quote_ident, quote_literal, raw_event};
 /// Rows of the initial copy published (and awaited) together.
 const COPY_CHUNK: usize = 2_000;
 
-/// The relay's own memory of its slots (sql/006_relay_slots.sql, sql/007_relay_slots_timeline.sql).
-const REMEMBERED_SQL: &str = "SELECT snapshot_completed_at IS NOT NULL AS copied, created_timeline \
+/// The relay's own memory of its slots (sql/006_relay_slots.sql, sql/007_relay_slots_timeline.sql,
+/// sql/008_relay_slots_owner.sql).
+const REMEMBERED_SQL: &str = "SELECT snapshot_completed_at IS NOT NULL AS copied, created_timeline, outbox_table \
                               FROM outbox_relay_slots WHERE slot_name = $1";
 const FORGET_SQL: &str = "DELETE FROM outbox_relay_slots WHERE slot_name = $1";
 /// Written *before* the slot is created, copy unfinished: a slot that exists without its memory
 /// would be streamed from its consistent point, and the rows the first copy owes never published.
-const REMEMBER_SQL: &str = "INSERT INTO outbox_relay_slots (slot_name, created_lsn, created_timeline) \
-     VALUES ($1, '0/0', (SELECT timeline FROM current_timeline)) \
+const REMEMBER_SQL: &str = "INSERT INTO outbox_relay_slots (slot_name, created_lsn, created_timeline, outbox_table) \
+     VALUES ($1, '0/0', (SELECT timeline FROM current_timeline), $2) \
      ON CONFLICT (slot_name) DO UPDATE SET created_lsn = '0/0', snapshot_completed_at = NULL, \
-     created_timeline = EXCLUDED.created_timeline";
+     created_timeline = EXCLUDED.created_timeline, outbox_table = EXCLUDED.outbox_table";
 const CREATED_SQL: &str = "UPDATE outbox_relay_slots SET created_lsn = $2::text::pg_lsn WHERE slot_name = $1";
 /// The server's timeline, from the name of its current WAL file (pg_control_checkpoint() needs
 /// more privilege than the relay has).
@@ -276,7 +277,8 @@ async fn remembered(client: &Client, slot: &str) -> Result<Option<bool>, RelayEr
     let row = client.query_opt(REMEMBERED_SQL, &[&slot]).await.map_err(|e| match e.code() {
         Some(&tokio_postgres::error::SqlState::UNDEFINED_COLUMN) => RelayError::fatal(
             FatalReason::Schema,
-            "table outbox_relay_slots lacks created_timeline: apply sql/007_relay_slots_timeline.sql",
+            "table outbox_relay_slots lacks a column the relay writes: apply sql/007_relay_slots_timeline.sql and \
+             sql/008_relay_slots_owner.sql",
         ),
         Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => RelayError::fatal(
             FatalReason::Schema,
@@ -341,7 +343,8 @@ pub(super) async fn create_and_copy(
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<Lsn, RelayError> {
     let slot = &source.config.replication.slot;
-    client.execute(&format!("{CURRENT_TIMELINE_CTE}{REMEMBER_SQL}"), &[slot]).await?;
+    let owner = OutboxTable::new(&source.config).display_name();
+    client.execute(&format!("{CURRENT_TIMELINE_CTE}{REMEMBER_SQL}"), &[slot, &owner]).await?;
     // the option list is PostgreSQL 15+ syntax, FAILOVER 17+; the older form works everywhere
     let options =
         if source.config.replication.failover { "(SNAPSHOT 'export', FAILOVER)" } else { "EXPORT_SNAPSHOT" };
