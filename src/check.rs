@@ -208,7 +208,7 @@ fn leftover_slot_finding(config: &RelayConfig, slot: &crate::source::handover::L
     if slot.name != config.replication.slot {
         detail.push_str(&format!(
             " (the relay made it for {} under an earlier replication.slot)",
-            crate::table::OutboxTable::new(config).display_name()
+            OutboxTable::new(config).display_name()
         ));
     }
     if slot.active {

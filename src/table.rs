@@ -90,6 +90,11 @@ impl OutboxTable {
         format!("{}.{}", self.schema, self.name)
     }
 
+    /// Whether the table exists (as `outbox.schema` / `outbox.table` name it).
+    pub async fn exists(&self, client: &tokio_postgres::Client) -> Result<bool, tokio_postgres::Error> {
+        Ok(client.query_one("SELECT to_regclass($1) IS NOT NULL", &[&self.qualified()]).await?.get(0))
+    }
+
     /// What to say when the table does not exist: what to create, or which setting names it.
     pub fn missing_text(&self) -> String {
         format!(

@@ -32,10 +32,7 @@ pub(super) async fn finding(config: &RelayConfig, client: &Client, known: &BTree
         return Finding::warn(
             "kafka.topics",
             format!("topic {template} (outbox.topic_template: every event goes there) does not exist"),
-            format!(
-                "create it (e.g. kafka-topics.sh --create --topic {template} --partitions N --replication-factor 3); \
-                 unless the broker creates topics on first use, events wait, then are dead-lettered"
-            ),
+            create_fix(template),
         );
     }
     if routed.is_empty() {
@@ -61,11 +58,16 @@ pub(super) async fn finding(config: &RelayConfig, client: &Client, known: &BTree
     Finding::warn(
         "kafka.topics",
         format!("topics the outbox routes to do not exist: {}", described.join(", ")),
-        format!(
-            "create them (e.g. kafka-topics.sh --create --topic {first} --partitions N --replication-factor 3); \
-             unless the broker creates topics on first use, their events wait, then are dead-lettered (or held, \
-             on_poison = block)"
-        ),
+        create_fix(first),
+    )
+}
+
+/// The fix for missing topics, `first` the one named in the example.
+fn create_fix(first: &str) -> String {
+    format!(
+        "create them (e.g. kafka-topics.sh --create --topic {first} --partitions N --replication-factor 3); \
+         unless the broker creates topics on first use, their events wait, then are dead-lettered (or held, \
+         on_poison = block)"
     )
 }
 

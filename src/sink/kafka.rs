@@ -137,14 +137,7 @@ fn log_level(level: RDKafkaLogLevel, fac: &str, message: &str) -> Option<tracing
     if fac == "CONFWARN" && message.contains("gapless") {
         return None;
     }
-    let error_or_worse = matches!(
-        level,
-        RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error
-    );
-    if fac == "FAIL" && error_or_worse {
-        return Some(tracing::Level::DEBUG);
-    }
-    Some(match level {
+    let relay_level = match level {
         RDKafkaLogLevel::Emerg
         | RDKafkaLogLevel::Alert
         | RDKafkaLogLevel::Critical
@@ -152,7 +145,11 @@ fn log_level(level: RDKafkaLogLevel, fac: &str, message: &str) -> Option<tracing
         RDKafkaLogLevel::Warning => tracing::Level::WARN,
         RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => tracing::Level::INFO,
         RDKafkaLogLevel::Debug => tracing::Level::DEBUG,
-    })
+    };
+    if fac == "FAIL" && relay_level == tracing::Level::ERROR {
+        return Some(tracing::Level::DEBUG);
+    }
+    Some(relay_level)
 }
 
 /// Logs one of librdkafka's log lines at the relay's level ([`log_level`]); every client of the

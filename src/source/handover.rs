@@ -93,20 +93,20 @@ fn leftover(row: &tokio_postgres::Row) -> LeftoverSlot {
 
 /// A replication relay streams from a slot of this outbox: a polling session must not publish
 /// beside it, so it waits as a standby.
-fn active_slot(slot: &LeftoverSlot) -> RelayError {
-    RelayError::Standby(format!(
-        "a replication relay still streams from slot \"{}\": stop it to switch to polling",
-        slot.name
-    ))
+fn refuse_active(slots: &[LeftoverSlot]) -> Result<(), RelayError> {
+    match slots.iter().find(|slot| slot.active) {
+        Some(slot) => Err(RelayError::Standby(format!(
+            "a replication relay still streams from slot \"{}\": stop it to switch to polling",
+            slot.name
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// During an unfinished switch, made again while the session runs: a replication relay started
 /// after the session began ends it (standby).
 pub(crate) async fn refuse_active_slot(config: &RelayConfig, client: &Client) -> Result<(), RelayError> {
-    match leftover_slots(config, client).await?.iter().find(|slot| slot.active) {
-        Some(slot) => Err(active_slot(slot)),
-        None => Ok(()),
-    }
+    refuse_active(&leftover_slots(config, client).await?)
 }
 
 /// What a polling session must not publish again: `None` when no switch is under way, else the
@@ -117,9 +117,7 @@ pub(crate) async fn unfinished_switch(
     dead_letters: &DeadLetters,
 ) -> Result<Option<HashSet<LetterKey>>, RelayError> {
     let slots = leftover_slots(config, client).await?;
-    if let Some(active) = slots.iter().find(|slot| slot.active) {
-        return Err(active_slot(active));
-    }
+    refuse_active(&slots)?;
     let Some(slot) = slots.first() else { return Ok(None) };
     if !config.dedup.enabled {
         return Err(RelayError::fatal(

@@ -35,6 +35,17 @@ pub enum Problem {
     TableMissing(String),
 }
 
+impl Problem {
+    /// The fatal reason a relay stops with for it: a missing table is `schema` (the table is what
+    /// to fix), the rest `publication`.
+    pub fn reason(&self) -> FatalReason {
+        match self {
+            Problem::TableMissing(_) => FatalReason::Schema,
+            Problem::Missing(_) | Problem::Narrowed(_) => FatalReason::Publication,
+        }
+    }
+}
+
 impl std::fmt::Display for Problem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let (Problem::Missing(text) | Problem::Narrowed(text) | Problem::TableMissing(text)) = self;
@@ -76,9 +87,7 @@ pub async fn problem(
         ))));
     }
     let Some(entry) = row.get::<_, Option<serde_json::Value>>("entry") else {
-        let exists: bool =
-            client.query_one("SELECT to_regclass($1) IS NOT NULL", &[&table.qualified()]).await?.get(0);
-        if !exists {
+        if !table.exists(client).await? {
             return Ok(Some(Problem::TableMissing(table.missing_text())));
         }
         return Ok(Some(Problem::Narrowed(format!(
@@ -143,7 +152,7 @@ pub async fn verify(config: &RelayConfig, client: &Client) -> Result<Lsn, RelayE
             ),
         )),
         Some(problem @ Problem::TableMissing(_)) => Err(RelayError::fatal(
-            FatalReason::Schema,
+            problem.reason(),
             format!(
                 "{problem}. It went away while the relay ran; the relay stops without confirming past its last \
                  inserts. Renamed or moved: rename it back (or point outbox.schema / outbox.table at it) and \

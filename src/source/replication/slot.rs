@@ -294,9 +294,7 @@ async fn ensure_publication(config: &RelayConfig, client: &Client) -> Result<(),
     let table = OutboxTable::new(config);
     let create = table.create_publication_sql(publication);
     // a publication cannot take a table that does not exist: say that, not how to add it
-    let outbox: bool =
-        client.query_one("SELECT to_regclass($1) IS NOT NULL", &[&table.qualified()]).await?.get(0);
-    if !outbox {
+    if !table.exists(client).await? {
         return Err(RelayError::fatal(FatalReason::Schema, table.missing_text()));
     }
     let exists = client.query_opt("SELECT 1 FROM pg_publication WHERE pubname = $1", &[publication]).await?;
@@ -323,13 +321,9 @@ async fn ensure_publication(config: &RelayConfig, client: &Client) -> Result<(),
         tracing::info!(%publication, table = %table.display_name(), "created the publication");
     }
     match super::publication::problem(config, client).await? {
-        None => {}
-        Some(problem @ super::publication::Problem::TableMissing(_)) => {
-            return Err(RelayError::fatal(FatalReason::Schema, problem.to_string()));
-        }
-        Some(problem) => return Err(RelayError::fatal(FatalReason::Publication, problem.to_string())),
+        None => Ok(()),
+        Some(problem) => Err(RelayError::fatal(problem.reason(), problem.to_string())),
     }
-    Ok(())
 }
 
 /// Creates the slot on the (not yet streaming) replication session, remembers it, and
