@@ -13,7 +13,7 @@
 
 use std::collections::VecDeque;
 
-use crate::position::Lsn;
+use crate::lsn::Lsn;
 
 /// Identifies a transaction registered with [`Tracker::begin`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -28,9 +28,10 @@ use crate::error::RelayError;
 use bytes::{BufMut, BytesMut};
 use tokio_postgres::types::{IsNull, ToSql, Type, accepts, to_sql_checked};
 
+use crate::backoff::{Backoff, wait_or_shutdown};
 use crate::event::{OutboxEvent, RawEvent, Unpublishable};
-use crate::metrics::metrics;
-use crate::supervisor::{Backoff, Pulse, wait_or_shutdown};
+use crate::observe::metrics::{Mode, metrics};
+use crate::observe::pulse::Pulse;
 use crate::table::{OutboxTable, qualified_name};
 
 /// An event that cannot be published, with the row it came from and why.
@@ -113,13 +114,13 @@ pub struct DeadLetters {
     lettered_sql: String,
     source_table: String,
     policy: OnPoison,
-    mode: &'static str,
+    mode: Mode,
     retry: RetryConfig,
 }
 
 impl DeadLetters {
     /// `mode`: the `mode` label of the metrics.
-    pub fn new(config: &RelayConfig, mode: &'static str) -> DeadLetters {
+    pub fn new(config: &RelayConfig, mode: Mode) -> DeadLetters {
         let (schema, table) = config.dead_letter.schema_and_table();
         DeadLetters {
             insert_sql: format!(
@@ -185,7 +186,7 @@ impl DeadLetters {
     /// Counts and logs `letters`, once they are committed: a claim that rolls back and is
     /// dead-lettered again later is counted once.
     pub fn report(&self, letters: &[DeadLetter]) {
-        metrics().events_dead_lettered.with_label_values(&[self.mode]).inc_by(letters.len() as u64);
+        metrics().events_dead_lettered.with_label_values(&[self.mode.label()]).inc_by(letters.len() as u64);
         for letter in letters {
             tracing::warn!(event_id = %letter.id, reason = %letter.reason, table = %self.source_table, "event moved to the dead-letter table");
         }
@@ -204,7 +205,8 @@ impl DeadLetters {
 
     /// Starts holding at `letter` (`on_poison = "block"`), reporting it at once.
     pub fn hold(&self, letter: DeadLetter, pulse: &Pulse) -> Hold {
-        let hold = Hold { letter, backoff: Backoff::new(&self.retry), table: self.source_table.clone() };
+        let hold =
+            Hold { letter, backoff: Backoff::from_config(&self.retry), table: self.source_table.clone() };
         hold.report(pulse);
         hold
     }

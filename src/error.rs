@@ -15,6 +15,8 @@
 
 use tokio_postgres::error::SqlState;
 
+use crate::observe::metrics::labels;
+
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
     /// A PostgreSQL session (SQL) failed or answered with an error.
@@ -54,75 +56,37 @@ pub enum Action {
     Fatal(FatalReason),
 }
 
-/// Why the relay stopped: the `reason` label of `outbox_relay_fatal_error`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FatalReason {
-    /// The slot was invalidated: PostgreSQL removed WAL it had not read.
-    SlotLost,
-    /// The slot the relay published from is gone.
-    SlotMissing,
-    /// The server was promoted from a standby that had no copy of the slot.
-    FailoverWithoutSlot,
-    /// The publication is missing, or does not publish the outbox.
-    Publication,
-    /// The outbox table was renamed or moved while the relay streamed.
-    OutboxChanged,
-    /// A table, column or database the configuration names does not exist.
-    Schema,
-    /// PostgreSQL refused the credentials.
-    Auth,
-    /// TLS cannot be set up, or the server's certificate cannot be trusted.
-    Tls,
-    /// The server cannot send text as UTF-8 (a SQL_ASCII database holding other bytes).
-    Encoding,
-    /// A change in the stream is larger than `replication.max_message_bytes`.
-    TooLarge,
-    /// The role lacks a privilege it needs.
-    Privilege,
-    /// The configuration cannot work (checked at start-up).
-    Config,
-    /// The replication stream broke the protocol.
-    Protocol,
-    /// Anything else an operator must look at (e.g. the Kafka producer cannot be created).
-    Other,
-}
-
-impl FatalReason {
-    /// Every reason, for initializing the labelled series at zero.
-    pub const ALL: [FatalReason; 14] = [
-        FatalReason::SlotLost,
-        FatalReason::SlotMissing,
-        FatalReason::FailoverWithoutSlot,
-        FatalReason::Publication,
-        FatalReason::OutboxChanged,
-        FatalReason::Schema,
-        FatalReason::Auth,
-        FatalReason::Tls,
-        FatalReason::Encoding,
-        FatalReason::TooLarge,
-        FatalReason::Privilege,
-        FatalReason::Config,
-        FatalReason::Protocol,
-        FatalReason::Other,
-    ];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            FatalReason::SlotLost => "slot_lost",
-            FatalReason::SlotMissing => "slot_missing",
-            FatalReason::FailoverWithoutSlot => "failover_without_slot",
-            FatalReason::Publication => "publication",
-            FatalReason::OutboxChanged => "outbox_changed",
-            FatalReason::Schema => "schema",
-            FatalReason::Auth => "auth",
-            FatalReason::Tls => "tls",
-            FatalReason::Encoding => "encoding",
-            FatalReason::TooLarge => "too_large",
-            FatalReason::Privilege => "privilege",
-            FatalReason::Config => "config",
-            FatalReason::Protocol => "protocol",
-            FatalReason::Other => "other",
-        }
+labels! {
+    /// Why the relay stopped: the `reason` label of `outbox_relay_fatal_error`.
+    pub enum FatalReason {
+        /// The slot was invalidated: PostgreSQL removed WAL it had not read.
+        SlotLost = "slot_lost",
+        /// The slot the relay published from is gone.
+        SlotMissing = "slot_missing",
+        /// The server was promoted from a standby that had no copy of the slot.
+        FailoverWithoutSlot = "failover_without_slot",
+        /// The publication is missing, or does not publish the outbox.
+        Publication = "publication",
+        /// The outbox table was renamed or moved while the relay streamed.
+        OutboxChanged = "outbox_changed",
+        /// A table, column or database the configuration names does not exist.
+        Schema = "schema",
+        /// PostgreSQL refused the credentials.
+        Auth = "auth",
+        /// TLS cannot be set up, or the server's certificate cannot be trusted.
+        Tls = "tls",
+        /// The server cannot send text as UTF-8 (a SQL_ASCII database holding other bytes).
+        Encoding = "encoding",
+        /// A change in the stream is larger than `replication.max_message_bytes`.
+        TooLarge = "too_large",
+        /// The role lacks a privilege it needs.
+        Privilege = "privilege",
+        /// The configuration cannot work (checked at start-up).
+        Config = "config",
+        /// The replication stream broke the protocol.
+        Protocol = "protocol",
+        /// Anything else an operator must look at (e.g. the Kafka producer cannot be created).
+        Other = "other",
     }
 }
 
@@ -225,7 +189,7 @@ mod tests {
             Action::Fatal(FatalReason::Protocol)
         );
         assert_eq!(RelayError::Server { sqlstate: None, message: "?".into() }.action(), Action::Retry);
-        for reason in FatalReason::ALL {
+        for &reason in FatalReason::ALL {
             assert_eq!(RelayError::fatal(reason, "m").action(), Action::Fatal(reason));
         }
     }
@@ -253,11 +217,5 @@ mod tests {
         assert_eq!(sqlstate_in(text).as_deref(), Some("55006"));
         assert_eq!(sqlstate_in("no code here"), None);
         assert_eq!(sqlstate_in("SQLSTATE 12"), None);
-    }
-
-    #[test]
-    fn fatal_labels_are_distinct() {
-        let labels: std::collections::BTreeSet<_> = FatalReason::ALL.iter().map(|r| r.label()).collect();
-        assert_eq!(labels.len(), FatalReason::ALL.len());
     }
 }

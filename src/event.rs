@@ -14,7 +14,7 @@ use std::str::FromStr;
 use std::time::SystemTime;
 
 use crate::config::OutboxConfig;
-use crate::position::Lsn;
+use crate::lsn::Lsn;
 
 /// An outbox row as text, before validation.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

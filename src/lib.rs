@@ -8,37 +8,38 @@
 //! 4. a crash replays at most the unacknowledged tail (at-least-once; duplicates carry the same `id`);
 //! 5. a row that cannot be published is dead-lettered or blocks, loudly, never dropped.
 //!
-//! Modules:
-//! - [`config`]: the TOML + environment configuration, validated, secrets redacted;
-//! - [`table`]: the configured outbox table and every SQL text about it;
-//! - [`check`]: the `outbox-relay check` preflight;
-//! - [`event`]: how a row becomes a Kafka record (one mapping for both modes);
-//! - [`dead_letter`]: the one path for an event that cannot be published;
-//! - [`sink`]: the Kafka producer (`acks=all`, idempotent), failures classified;
+//! Modules, top down (each uses only those below it):
+//! - [`relay`]: the daemon: listener, sampler, supervisor, signals; [`ops`]: the operator
+//!   commands (`check`, `status`, `verify`);
+//! - [`supervisor`]: runs a source: the error policy, backoff, standby wait, shutdown flush;
 //! - [`source`]: where events come from (polling, replication);
-//! - [`checkpoint`], [`position`]: which LSN may be confirmed; LSN arithmetic;
-//! - [`postgres`]: connecting, with `sslmode`, certificates and password files;
-//! - [`error`]: the one error type and the one policy (retry, standby, fatal);
-//! - [`supervisor`]: runs a source: backoff, standby wait, health, shutdown flush;
-//! - [`relay`]: the daemon: listener, sampler, supervisor, signals;
-//! - [`health`], [`metrics`], [`http`], [`sampler`]: what SREs see.
+//! - [`event`]: how a row becomes a Kafka record (one mapping for both modes);
+//!   [`dead_letter`]: the one path for an event that cannot be published;
+//! - [`sink`]: the Kafka producer (`acks=all`, idempotent), failures classified, the read-back;
+//! - [`checkpoint`]: which LSN may be confirmed; [`table`]: the outbox table and its SQL;
+//!   [`postgres`]: connecting, with `sslmode`, certificates and password files;
+//! - [`observe`]: metrics (with their typed labels), health and the session's pulse, the HTTP
+//!   listener, the sampler;
+//! - [`backoff`]: capped exponential backoff, shared with the example services;
+//! - [`config`]: the TOML + environment configuration, validated, secrets redacted;
+//!   [`error`]: the one error type and the one policy (retry, standby, fatal); [`lsn`]: LSN
+//!   arithmetic.
 
-pub mod check;
+pub mod backoff;
 pub(crate) mod checkpoint;
 pub mod config;
 pub(crate) mod dead_letter;
 pub mod error;
 pub(crate) mod event;
-pub(crate) mod health;
-pub(crate) mod http;
-pub mod metrics;
-pub mod position;
+pub mod lsn;
+pub mod observe;
+pub mod ops;
 pub mod postgres;
 pub mod relay;
-pub(crate) mod sampler;
 pub mod sink;
 pub mod source;
-pub mod status;
 pub(crate) mod supervisor;
 pub(crate) mod table;
-pub mod verify;
+
+/// The metric names and their help, public for the tests that scrape a relay.
+pub use observe::metrics;

@@ -7,11 +7,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use outbox_relay::check::{self, Status};
 use outbox_relay::config::RelayConfig;
+use outbox_relay::metrics::Mode;
+use outbox_relay::ops::check::{self, Status};
+use outbox_relay::ops::verify;
 use outbox_relay::sink::kafka::KafkaSink;
 use outbox_relay::source::replication::ReplicationSource;
-use outbox_relay::verify;
 
 const EXIT_FAILURE: u8 = 1;
 const EXIT_CONFIG: u8 = 2;
@@ -238,7 +239,7 @@ async fn run_check(config: &RelayConfig) -> ExitCode {
 }
 
 async fn run_status(config: &RelayConfig, metrics_url: Option<&str>, format: LogFormat) -> ExitCode {
-    match outbox_relay::status::run(config, metrics_url).await {
+    match outbox_relay::ops::status::run(config, metrics_url).await {
         Ok(lines) => {
             match format {
                 LogFormat::Text => {
@@ -300,8 +301,8 @@ async fn run_setup(config: RelayConfig, recreate_slot: bool) -> ExitCode {
             match consistent_point {
                 Some(lsn) => {
                     let m = outbox_relay::metrics::metrics();
-                    let published = m.events_published.with_label_values(&["replication"]).get();
-                    let skipped = m.dedup_skipped.with_label_values(&["replication"]).get();
+                    let published = m.events_published.with_label_values(&[Mode::Replication.label()]).get();
+                    let skipped = m.dedup_skipped.with_label_values(&[Mode::Replication.label()]).get();
                     println!(
                         "slot \"{slot}\": created at {lsn}; rows already in the table: {published} published, \
                          {skipped} already in Kafka (not sent again)"

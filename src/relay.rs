@@ -13,12 +13,13 @@ use tokio::sync::watch;
 
 use crate::config::{RelayConfig, SourceMode};
 use crate::error::{Action, FatalReason, RelayError};
-use crate::health::{Health, Phase};
-use crate::metrics::metrics;
+use crate::observe::health::{Health, Phase};
+use crate::observe::metrics::metrics;
+use crate::observe::{http, sampler};
 use crate::sink::kafka::KafkaSink;
 use crate::source::polling::PollingSource;
 use crate::source::replication::ReplicationSource;
-use crate::{http, sampler, supervisor};
+use crate::supervisor;
 
 pub async fn run(config: RelayConfig) -> Result<(), RelayError> {
     let linger = Duration::from_secs(config.metrics.fatal_exit_delay_secs);
@@ -52,8 +53,7 @@ pub async fn run(config: RelayConfig) -> Result<(), RelayError> {
 
 async fn run_until_stopped(config: RelayConfig, health: Arc<Health>) -> Result<(), RelayError> {
     let m = metrics();
-    let mode = config.source.mode.to_string();
-    m.initialize(&mode, env!("CARGO_PKG_VERSION"));
+    m.initialize(config.source.mode.into(), env!("CARGO_PKG_VERSION"));
     m.slot_lag_warning.set(config.metrics.slot_lag_warning_bytes as i64);
     m.slot_lag_critical.set(config.metrics.slot_lag_critical_bytes as i64);
     if !config.metrics.listen.is_empty() {

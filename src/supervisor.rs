@@ -2,8 +2,10 @@
 //! health, and the flush at shutdown.
 //!
 //! Invariants:
-//! - a source knows nothing of backoff, health states or exit codes: a session returns `Ok`
-//!   at shutdown or an error, and reports facts through its [`Pulse`];
+//! - a source knows nothing of the backoff between sessions, health states or exit codes: a
+//!   session returns `Ok` at shutdown or an error, and reports facts through its [`Pulse`] (the
+//!   one backoff a session itself waits on is the hold at an unpublishable event, under
+//!   `dead_letter.on_poison = "block"`);
 //! - what follows an error is decided by [`RelayError::action`] alone;
 //! - the backoff resets only when events flowed in a session (Kafka acknowledged one) or the
 //!   session outlived the longest backoff, not when it merely connected or confirmed an idle
@@ -13,16 +15,18 @@
 //! - an outage is logged once when it starts and once when progress resumes, not per retry.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use rand::Rng;
 use tokio::sync::watch;
 
+use crate::backoff::{Backoff, wait_or_shutdown};
 use crate::config::RetryConfig;
 use crate::error::{Action, RelayError};
-use crate::health::{Health, Phase};
+use crate::observe::health::{Health, Phase};
+// (re-exported for sink/kafka.rs alone, which is being edited on main for issue 26 and must not
+// change under it; its split imports observe::pulse directly and drops the `pub(crate)`)
+pub(crate) use crate::observe::pulse::Pulse;
 
 /// How often a standby asks again to become active (the advisory lock in polling mode, the slot
 /// in replication mode): the failover time once the active instance's session has ended.
@@ -45,56 +49,6 @@ pub trait Source {
     fn flush(&self) -> impl Future<Output = ()> + Send;
 }
 
-/// What a session reports to the supervisor.
-#[derive(Debug)]
-pub struct Pulse {
-    health: Arc<Health>,
-    progressed: AtomicBool,
-    outage: Mutex<OutageLog>,
-}
-
-impl Pulse {
-    fn new(health: Arc<Health>) -> Pulse {
-        Pulse { health, progressed: AtomicBool::new(false), outage: Mutex::default() }
-    }
-
-    /// A pulse nobody reads, for one-shot commands (`outbox-relay setup`).
-    pub fn detached() -> Pulse {
-        Pulse::new(Arc::new(Health::new(Duration::ZERO)))
-    }
-
-    /// The session is alive (call at least every stall period, including while waiting).
-    pub fn tick(&self) {
-        self.health.tick();
-    }
-
-    /// This session is now the active instance.
-    pub fn active(&self) {
-        self.health.set_phase(Phase::Active);
-    }
-
-    /// Events flowed (Kafka acknowledged one): the outage, if any, is over.
-    pub fn progressed(&self) {
-        if !self.progressed.swap(true, Ordering::Relaxed) {
-            self.outage.lock().unwrap().recovered();
-        }
-    }
-
-    /// Kafka acknowledges nothing (`Some(why)`), or does again (`None`).
-    pub fn stalled(&self, why: Option<String>) {
-        self.health.set_stalled(why);
-    }
-
-    /// Held at an unpublishable event (`Some(why)`), or released (`None`).
-    pub fn blocked(&self, why: Option<String>) {
-        self.health.set_blocked(why);
-    }
-
-    fn take_progress(&self) -> bool {
-        self.progressed.swap(false, Ordering::Relaxed)
-    }
-}
-
 /// Runs `source` until shutdown (flushing it) or a fatal error.
 pub async fn run<S: Source>(
     mut source: S,
@@ -103,14 +57,14 @@ pub async fn run<S: Source>(
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), RelayError> {
     let pulse = Pulse::new(health.clone());
-    let mut backoff = Backoff::new(retry);
+    let mut backoff = Backoff::from_config(retry);
     let mut standby_logged = false;
     while !*shutdown.borrow() {
         let started = std::time::Instant::now();
         let result = source.session(&pulse, &mut shutdown).await;
         // events flowed, or the session outlived the longest backoff (an idle outbox's session
         // that ran for hours was no quick failure)
-        if pulse.take_progress() || started.elapsed() >= backoff.max {
+        if pulse.take_progress() || started.elapsed() >= backoff.max() {
             backoff.reset();
         }
         let Err(e) = result else { break };
@@ -121,7 +75,7 @@ pub async fn run<S: Source>(
                     tracing::info!(reason = %e, "standby: another instance is active");
                     standby_logged = true;
                 }
-                pulse.outage.lock().unwrap().recovered();
+                pulse.standing_by();
                 health.set_phase(Phase::Standby);
                 wait_or_shutdown(STANDBY_RETRY, &mut shutdown).await;
             }
@@ -129,7 +83,7 @@ pub async fn run<S: Source>(
                 standby_logged = false;
                 let delay = backoff.next_delay();
                 if !*shutdown.borrow() {
-                    pulse.outage.lock().unwrap().failed(e.kind(), &e, delay);
+                    pulse.failed(e.kind(), &e, delay);
                     health.set_phase(Phase::Retrying(e.to_string()));
                 }
                 source.recover();
@@ -142,96 +96,12 @@ pub async fn run<S: Source>(
     Ok(())
 }
 
-/// Capped exponential backoff with full jitter.
-#[derive(Debug, Clone)]
-pub struct Backoff {
-    initial: Duration,
-    max: Duration,
-    attempt: u32,
-}
-
-impl Backoff {
-    pub fn new(config: &RetryConfig) -> Self {
-        Backoff {
-            initial: Duration::from_millis(config.initial_backoff_ms),
-            max: Duration::from_millis(config.max_backoff_ms),
-            attempt: 0,
-        }
-    }
-
-    /// The next delay: uniformly random in [cap/2, cap], cap = min(max, initial * 2^attempt).
-    /// Half of the cap is kept fixed so a retry never fires immediately.
-    pub fn next_delay(&mut self) -> Duration {
-        let factor = 1u32.checked_shl(self.attempt.min(30)).unwrap_or(u32::MAX);
-        let cap = self.initial.saturating_mul(factor).min(self.max);
-        self.attempt = self.attempt.saturating_add(1);
-        let half = cap / 2;
-        half + rand::rng().random_range(Duration::ZERO..=cap - half)
-    }
-
-    pub fn reset(&mut self) {
-        self.attempt = 0;
-    }
-}
-
-/// Sleeps `delay`, or less if shutdown is requested meanwhile.
-pub async fn wait_or_shutdown(delay: Duration, shutdown: &mut watch::Receiver<bool>) {
-    tokio::select! {
-        _ = tokio::time::sleep(delay) => {}
-        _ = shutdown.changed() => {}
-    }
-}
-
-/// Remembers the current failure kind so a persisting outage is logged once, not every retry.
-#[derive(Debug, Default)]
-struct OutageLog {
-    current: Option<String>,
-    /// The wait chosen after the last failure.
-    retry_in: Duration,
-    /// How often `relay recovered` was logged.
-    recoveries: usize,
-}
-
-impl OutageLog {
-    /// Logs `error` at WARN if its kind differs from the last one logged.
-    fn failed(&mut self, kind: &str, error: &dyn std::fmt::Display, retry_in: Duration) {
-        self.retry_in = retry_in;
-        if self.current.as_deref() != Some(kind) {
-            tracing::warn!(kind, %error, retry_in_ms = retry_in.as_millis() as u64, "relay degraded, retrying");
-            self.current = Some(kind.to_string());
-        } else {
-            tracing::debug!(kind, %error, retry_in_ms = retry_in.as_millis() as u64, "still failing");
-        }
-    }
-
-    /// Logs the recovery once.
-    fn recovered(&mut self) {
-        if let Some(kind) = self.current.take() {
-            self.recoveries += 1;
-            tracing::info!(previous = %kind, "relay recovered");
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::FatalReason;
+    use std::sync::Mutex;
 
-    #[test]
-    fn delays_grow_and_are_capped() {
-        let mut b = Backoff::new(&RetryConfig { initial_backoff_ms: 100, max_backoff_ms: 1_000 });
-        let first = b.next_delay();
-        assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100), "{first:?}");
-        for _ in 0..40 {
-            let d = b.next_delay();
-            assert!(d <= Duration::from_millis(1_000) && d >= Duration::from_millis(25), "{d:?}");
-        }
-        let late = b.next_delay();
-        assert!(late >= Duration::from_millis(500), "{late:?}");
-        b.reset();
-        assert!(b.next_delay() <= Duration::from_millis(100));
-    }
+    use crate::error::FatalReason;
 
     /// A source whose sessions return the scripted results, recording what the supervisor did.
     #[derive(Default, Clone)]
@@ -255,9 +125,7 @@ mod tests {
     impl Source for Scripted {
         async fn session(&mut self, pulse: &Pulse, _: &mut watch::Receiver<bool>) -> Result<(), RelayError> {
             self.record.phases.lock().unwrap().push(self.health.phase());
-            let outage = pulse.outage.lock().unwrap();
-            self.record.outage.lock().unwrap().push((outage.retry_in, outage.recoveries));
-            drop(outage);
+            self.record.outage.lock().unwrap().push(pulse.outage());
             match self.results.remove(0) {
                 Ok(progress) => {
                     pulse.active();
@@ -346,14 +214,5 @@ mod tests {
         assert_eq!(result.unwrap_err().action(), Action::Fatal(FatalReason::SlotLost));
         assert_eq!(record.phases.lock().unwrap().len(), 1);
         assert_eq!(*record.recovered.lock().unwrap(), 0);
-    }
-
-    #[test]
-    fn progress_is_taken_once() {
-        let pulse = Pulse::new(Arc::new(Health::new(Duration::from_secs(1))));
-        assert!(!pulse.take_progress());
-        pulse.progressed();
-        assert!(pulse.take_progress());
-        assert!(!pulse.take_progress());
     }
 }

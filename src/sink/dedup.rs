@@ -41,14 +41,12 @@ use tokio::sync::watch;
 use crate::config::{KafkaConfig, RelayConfig};
 use crate::error::{FatalReason, RelayError};
 use crate::event::{OutboxEvent, Position};
-use crate::metrics::metrics;
-use crate::position::Lsn;
+use crate::lsn::Lsn;
+use crate::observe::metrics::{Mode, metrics};
+use crate::observe::pulse::Pulse;
 use crate::sink::kafka::StallWatch;
-use crate::supervisor::Pulse;
 
 mod scan;
-
-pub use scan::SCAN_RESULTS;
 
 /// How far back a session's replay can reach, so how far back to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,7 +132,7 @@ pub(crate) const RETIRE_LIMIT: Duration = Duration::from_secs(10);
 pub(crate) struct Dedup {
     enabled: bool,
     lookback: Lookback,
-    mode: &'static str,
+    mode: Mode,
     client: ClientConfig,
     kafka: KafkaConfig,
     max_records: u64,
@@ -172,7 +170,7 @@ impl Dedup {
     /// records carry no source header (nothing can be recognised, so nothing is skipped).
     pub(crate) fn new(
         config: &RelayConfig,
-        mode: &'static str,
+        mode: Mode,
         lookback: Lookback,
         source: Option<&str>,
         shutdown: &watch::Receiver<bool>,
@@ -219,7 +217,7 @@ impl Dedup {
         if !keys.remove(&self.fingerprint.key(&position, &Content::of(event))) {
             return Ok(false);
         }
-        metrics().dedup_skipped.with_label_values(&[self.mode]).inc();
+        metrics().dedup_skipped.with_label_values(&[self.mode.label()]).inc();
         tracing::debug!(event_id = %event.id, %position, topic = %event.topic, "already in Kafka: not sent again");
         Ok(true)
     }

@@ -26,15 +26,16 @@ use crate::config::RelayConfig;
 use crate::dead_letter::{DeadLetter, DeadLetters, Hold, LetterKey};
 use crate::error::RelayError;
 use crate::event::{Mapping, OutboxEvent, Position, RawEvent};
-use crate::metrics::{Clock, metrics};
+use crate::observe::metrics::{Clock, ErrorType, Mode, metrics};
+use crate::observe::pulse::Pulse;
 use crate::sink::dedup::{self, Dedup, Lookback};
 use crate::sink::kafka::{KafkaSink, PublishError};
 use crate::source::handover;
-use crate::supervisor::{Pulse, Source};
+use crate::supervisor::Source;
 use crate::table::{OutboxTable, quote_ident, raw_event};
 
 /// The `mode` label of this source's metrics.
-const MODE: &str = "polling";
+const MODE: Mode = Mode::Polling;
 
 /// The statements of one configured outbox table (they need the id column's type).
 struct Statements {
@@ -354,7 +355,7 @@ impl PollingSource {
         letters: &mut Vec<DeadLetter>,
         outcome: &mut BatchOutcome,
     ) -> Result<Vec<String>, RelayError> {
-        let read = metrics().events_read.with_label_values(&[MODE]);
+        let read = metrics().events_read.with_label_values(&[MODE.label()]);
         if settled.is_empty() || events.is_empty() {
             read.inc_by(claimed as u64);
             let mut delivered = self.publish(events, deadline, pulse, letters, outcome).await?;
@@ -490,7 +491,7 @@ impl PollingSource {
         m.events_in_flight.set(0);
         m.bytes_in_flight.set(0);
         let Ok(results) = results else {
-            m.publish_errors.with_label_values(&["timeout"]).inc_by(events.len() as u64);
+            m.publish_errors.with_label_values(&[ErrorType::Timeout.label()]).inc_by(events.len() as u64);
             return Err(RelayError::Kafka(format!(
                 "{} record(s) not acknowledged within polling.claim_timeout_ms ({} ms): the claim was rolled \
                  back so it does not hold row locks and the xmin horizon; the batch is published again",
@@ -500,7 +501,7 @@ impl PollingSource {
         };
         let mut delivered = Vec::with_capacity(events.len());
         let mut refused_held = false;
-        let (clock, published) = (Clock::now(), m.events_published.with_label_values(&[MODE]));
+        let (clock, published) = (Clock::now(), m.events_published.with_label_values(&[MODE.label()]));
         for (event, result) in events.into_iter().zip(results) {
             match result {
                 Ok(()) => {

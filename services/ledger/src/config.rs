@@ -23,6 +23,7 @@ use outbox_relay::config::{
 use serde::Deserialize;
 
 use crate::retry::Backoff;
+use outbox_relay::backoff::Jitter;
 
 pub const ENV_PREFIX: &str = "LEDGER";
 pub const DEFAULT_TOPIC: &str = "outbox.event.order";
@@ -105,6 +106,7 @@ impl ConsumerConfig {
         Backoff::new(
             Duration::from_millis(self.initial_backoff_ms),
             Duration::from_millis(self.max_backoff_ms),
+            Jitter::Full,
         )
     }
 

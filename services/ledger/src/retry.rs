@@ -15,11 +15,11 @@
 //! - [`Failure::Fatal`]: the database is not what the ledger needs (a table or column missing,
 //!   a privilege, the credentials). Every record would fail: the process stops, exit 1.
 //!
-//! [`Backoff`] is capped exponential backoff with full jitter: the n-th delay is uniform in
-//! `[0, min(max, initial * 2^n)]`, so instances that failed together do not retry together.
+//! [`Backoff`] is the relay's capped exponential backoff ([`outbox_relay::backoff`]) with full
+//! jitter: the n-th delay is uniform in `[0, min(max, initial * 2^n)]`, so instances that failed
+//! together do not retry together.
 
-use std::time::Duration;
-
+pub use outbox_relay::backoff::Backoff;
 use tokio_postgres::error::SqlState;
 
 /// What to do after a failed transaction.
@@ -101,34 +101,6 @@ pub fn describe(error: &tokio_postgres::Error) -> String {
     }
 }
 
-/// Capped exponential backoff with full jitter.
-#[derive(Debug, Clone)]
-pub struct Backoff {
-    initial: Duration,
-    max: Duration,
-    failures: u32,
-}
-
-impl Backoff {
-    pub fn new(initial: Duration, max: Duration) -> Backoff {
-        Backoff { initial, max, failures: 0 }
-    }
-
-    /// The delay before the next try: uniform in `[0, cap]`.
-    pub fn next_delay(&mut self) -> Duration {
-        let cap = self.cap();
-        self.failures = self.failures.saturating_add(1);
-        let cap_ms = u64::try_from(cap.as_millis()).unwrap_or(u64::MAX);
-        Duration::from_millis(rand::random_range(0..=cap_ms))
-    }
-
-    /// `min(max, initial * 2^failures)`.
-    fn cap(&self) -> Duration {
-        let factor = 1u32.checked_shl(self.failures.min(31)).unwrap_or(u32::MAX);
-        self.initial.saturating_mul(factor).min(self.max)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,34 +140,5 @@ mod tests {
         for (code, expected) in cases {
             assert_eq!(classify_sqlstate(&SqlState::from_code(code)), expected, "{code}");
         }
-    }
-
-    #[test]
-    fn the_cap_doubles_up_to_the_maximum() {
-        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_millis(1_000));
-        let mut caps = Vec::new();
-        for _ in 0..6 {
-            caps.push(backoff.cap().as_millis());
-            backoff.next_delay();
-        }
-        assert_eq!(caps, [100, 200, 400, 800, 1_000, 1_000]);
-        for _ in 0..100 {
-            backoff.next_delay();
-        }
-        assert_eq!(backoff.cap(), Duration::from_millis(1_000));
-    }
-
-    #[test]
-    fn every_delay_is_within_its_cap() {
-        let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(50));
-        let mut seen_below_cap = false;
-        for _ in 0..200 {
-            let cap = backoff.cap();
-            let delay = backoff.next_delay();
-            assert!(delay <= cap, "{delay:?} > {cap:?}");
-            seen_below_cap |= delay < cap;
-        }
-        // full jitter: not every delay is the cap
-        assert!(seen_below_cap);
     }
 }

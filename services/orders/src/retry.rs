@@ -16,6 +16,7 @@
 
 use std::time::Duration;
 
+use outbox_relay::backoff::{self, Jitter};
 use rand::Rng;
 
 /// What one attempt got.
@@ -59,8 +60,7 @@ impl Policy {
         if attempt >= self.max_attempts {
             return Decision::GiveUp;
         }
-        let ceiling = self.base.saturating_mul(1 << attempt.min(20)).min(self.cap);
-        let jitter = Duration::from_secs_f64(rng.random_range(0.0..=ceiling.as_secs_f64()));
+        let jitter = backoff::draw(backoff::ceiling(self.base, self.cap, attempt), Jitter::Full, rng);
         Decision::RetryAfter(jitter.max(retry_after.unwrap_or_default()))
     }
 }

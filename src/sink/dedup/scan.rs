@@ -18,7 +18,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::{Content, Fingerprint, Lookback, ReadBackContext};
 use crate::event::Position;
-use crate::metrics::metrics;
+use crate::observe::metrics::{ScanResult, metrics};
 use crate::sink::kafka::{POSITION_HEADER, SOURCE_HEADER};
 
 /// The first window read back from each partition's end; each further one is twice as large.
@@ -33,34 +33,6 @@ const STEP: Duration = Duration::from_secs(1);
 /// after it answered this one, above all after a stall.
 const SETTLE_MIN: Duration = Duration::from_millis(500);
 const SETTLE_MAX: Duration = Duration::from_secs(1);
-
-/// `result` values of `outbox_relay_dedup_scans_total`.
-pub const SCAN_RESULTS: &[&str] = &["complete", "topic_missing", "truncated", "limit"];
-
-/// How one topic's read-back ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum ScanResult {
-    /// Every partition was read back as far as a replay can reach (or to its very start).
-    Complete,
-    /// The topic does not exist: there is nothing to skip.
-    TopicMissing,
-    /// A partition's oldest records were removed (retention, deletion) before the read-back
-    /// reached what a replay can repeat: replayed events older than what is left are sent again.
-    Truncated,
-    /// `dedup.max_scan_records` was reached first: older replayed events are sent again.
-    Limit,
-}
-
-impl ScanResult {
-    fn label(self) -> &'static str {
-        match self {
-            ScanResult::Complete => "complete",
-            ScanResult::TopicMissing => "topic_missing",
-            ScanResult::Truncated => "truncated",
-            ScanResult::Limit => "limit",
-        }
-    }
-}
 
 pub(super) struct ScanOutcome {
     pub(super) keys: HashSet<u128>,
@@ -503,8 +475,7 @@ mod tests {
 
     #[test]
     fn a_read_back_to_a_partition_whose_oldest_records_are_gone_is_truncated_whatever_its_lookback() {
-        for lookback in [Lookback::Everything, Lookback::LastBatch, Lookback::Since(crate::position::Lsn(1))]
-        {
+        for lookback in [Lookback::Everything, Lookback::LastBatch, Lookback::Since(crate::lsn::Lsn(1))] {
             assert_eq!(result(lookback, 5), ScanResult::Truncated, "{lookback:?}");
             assert_eq!(result(lookback, 0), ScanResult::Complete, "{lookback:?}");
         }

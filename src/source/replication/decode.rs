@@ -11,6 +11,7 @@ use std::collections::HashMap;
 
 use crate::config::OutboxConfig;
 use crate::event::RawEvent;
+use crate::observe::metrics::SkippedKind;
 
 /// A decoding failure: the stream is not what protocol version 1 says it is.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -25,10 +26,10 @@ pub enum Change {
     /// A relation description was (re)learnt; nothing to publish.
     Relation,
     /// Deliberately not an event, by kind (the `kind` label of
-    /// `outbox_relay_stream_messages_skipped_total`): `outbox_update`, `outbox_delete` and
-    /// `outbox_truncate` (an outbox row is an event when it is inserted, and only then),
-    /// `other_table`, `type`, `origin`.
-    Skipped(&'static str),
+    /// `outbox_relay_stream_messages_skipped_total`): an update, delete or truncate of the
+    /// outbox (an outbox row is an event when it is inserted, and only then), a change of
+    /// another table, a type or an origin message.
+    Skipped(SkippedKind),
     /// The outbox table was renamed or moved to another schema: its inserts would no longer be
     /// recognised, so the relay must stop rather than confirm past them.
     OutboxRenamed { now: String },
@@ -72,21 +73,21 @@ impl Decoder {
         match r.u8()? {
             b'R' => self.relation(&mut r),
             b'I' => self.insert(&mut r),
-            b'U' => Ok(self.skipped(r.u32()?, "outbox_update")),
-            b'D' => Ok(self.skipped(r.u32()?, "outbox_delete")),
+            b'U' => Ok(self.skipped(r.u32()?, SkippedKind::OutboxUpdate)),
+            b'D' => Ok(self.skipped(r.u32()?, SkippedKind::OutboxDelete)),
             b'T' => {
                 let count = r.u32()?;
                 let _options = r.u8()?;
-                let mut kind = "other_table";
+                let mut kind = SkippedKind::OtherTable;
                 for _ in 0..count {
                     if self.relations.contains_key(&r.u32()?) {
-                        kind = "outbox_truncate";
+                        kind = SkippedKind::OutboxTruncate;
                     }
                 }
                 Ok(Change::Skipped(kind))
             }
-            b'Y' => Ok(Change::Skipped("type")),
-            b'O' => Ok(Change::Skipped("origin")),
+            b'Y' => Ok(Change::Skipped(SkippedKind::Type)),
+            b'O' => Ok(Change::Skipped(SkippedKind::Origin)),
             // streamed transactions and two-phase commit: the relay never asks for them
             kind @ (b'S' | b'E' | b'c' | b'A' | b'b' | b'P' | b'K' | b'r' | b'p') => {
                 Err(DecodeError(format!(
@@ -100,8 +101,12 @@ impl Decoder {
         }
     }
 
-    fn skipped(&self, relation: u32, outbox_kind: &'static str) -> Change {
-        Change::Skipped(if self.relations.contains_key(&relation) { outbox_kind } else { "other_table" })
+    fn skipped(&self, relation: u32, outbox_kind: SkippedKind) -> Change {
+        Change::Skipped(if self.relations.contains_key(&relation) {
+            outbox_kind
+        } else {
+            SkippedKind::OtherTable
+        })
     }
 
     fn relation(&mut self, r: &mut Reader<'_>) -> Result<Change, DecodeError> {
@@ -142,7 +147,7 @@ impl Decoder {
     fn insert(&mut self, r: &mut Reader<'_>) -> Result<Change, DecodeError> {
         let oid = r.u32()?;
         let Some(layout) = self.relations.get(&oid) else {
-            return Ok(Change::Skipped("other_table"));
+            return Ok(Change::Skipped(SkippedKind::OtherTable));
         };
         if r.u8()? != b'N' {
             return Err(DecodeError(format!("insert into relation {oid} without a new tuple")));
@@ -308,8 +313,8 @@ mod tests {
     fn other_tables_are_ignored() {
         let mut d = Decoder::new(&OutboxConfig::default());
         d.decode(&relation(8, "public", "orders", &["id"])).unwrap();
-        assert_eq!(d.decode(&insert(8, &[Some("1")])).unwrap(), Change::Skipped("other_table"));
-        assert_eq!(d.decode(b"Y\0\0\0\x01").unwrap(), Change::Skipped("type"));
+        assert_eq!(d.decode(&insert(8, &[Some("1")])).unwrap(), Change::Skipped(SkippedKind::OtherTable));
+        assert_eq!(d.decode(b"Y\0\0\0\x01").unwrap(), Change::Skipped(SkippedKind::Type));
     }
 
     #[test]
@@ -339,12 +344,12 @@ mod tests {
     fn outbox_updates_deletes_and_truncates_are_counted_not_published() {
         let mut d = Decoder::new(&OutboxConfig::default());
         d.decode(&relation(7, "public", "outbox_events", COLUMNS)).unwrap();
-        assert_eq!(d.decode(b"U\0\0\0\x07N").unwrap(), Change::Skipped("outbox_update"));
-        assert_eq!(d.decode(b"D\0\0\0\x07K").unwrap(), Change::Skipped("outbox_delete"));
-        assert_eq!(d.decode(b"D\0\0\0\x09K").unwrap(), Change::Skipped("other_table"));
+        assert_eq!(d.decode(b"U\0\0\0\x07N").unwrap(), Change::Skipped(SkippedKind::OutboxUpdate));
+        assert_eq!(d.decode(b"D\0\0\0\x07K").unwrap(), Change::Skipped(SkippedKind::OutboxDelete));
+        assert_eq!(d.decode(b"D\0\0\0\x09K").unwrap(), Change::Skipped(SkippedKind::OtherTable));
         assert_eq!(
             d.decode(b"T\0\0\0\x02\0\0\0\0\x09\0\0\0\x07").unwrap(),
-            Change::Skipped("outbox_truncate")
+            Change::Skipped(SkippedKind::OutboxTruncate)
         );
     }
 

@@ -82,7 +82,7 @@ mod tests {
             created_at: None,
             position: None,
         };
-        let txn = crate::checkpoint::Tracker::new(crate::position::Lsn(0)).begin();
+        let txn = crate::checkpoint::Tracker::new(crate::lsn::Lsn(0)).begin();
         Sent { txn, event, at: Instant::now(), bytes }
     }
 

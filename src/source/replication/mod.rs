@@ -31,10 +31,12 @@ use crate::config::RelayConfig;
 use crate::dead_letter::DeadLetters;
 use crate::error::RelayError;
 use crate::event::Mapping;
-use crate::position::Lsn;
+use crate::lsn::Lsn;
+use crate::observe::metrics::Mode;
+use crate::observe::pulse::Pulse;
 use crate::sink::dedup::{self, Dedup, Lookback};
 use crate::sink::kafka::KafkaSink;
-use crate::supervisor::{Pulse, Source};
+use crate::supervisor::Source;
 use crate::table::OutboxTable;
 use slot::SlotPlan;
 use transport::WalStream;
@@ -43,7 +45,7 @@ use transport::WalStream;
 pub const HEARTBEAT_PREFIX: &str = "outbox-relay-heartbeat";
 
 /// The `mode` label of this source's metrics.
-const MODE: &str = "replication";
+const MODE: Mode = Mode::Replication;
 
 pub struct ReplicationSource {
     config: RelayConfig,

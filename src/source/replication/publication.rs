@@ -17,7 +17,7 @@ use tokio_postgres::Client;
 
 use crate::config::RelayConfig;
 use crate::error::{FatalReason, RelayError};
-use crate::position::Lsn;
+use crate::lsn::Lsn;
 use crate::table::OutboxTable;
 
 /// How often the streaming session verifies the publication; confirmations wait for it.

@@ -25,10 +25,10 @@ use crate::config::{Endpoint, RelayConfig};
 use crate::dead_letter::DeadLetter;
 use crate::error::{FatalReason, RelayError};
 use crate::event::{OutboxEvent, Position};
-use crate::position::Lsn;
+use crate::lsn::Lsn;
+use crate::observe::pulse::Pulse;
 use crate::sink::dedup::{Dedup, Lookback};
 use crate::sink::kafka::PublishError;
-use crate::supervisor::Pulse;
 use crate::table::{OutboxTable, quote_ident, quote_literal, raw_event};
 
 /// Rows of the initial copy published (and awaited) together.
@@ -456,7 +456,10 @@ impl Copy<'_> {
             }
         }
         // refused records that got through after a hold count here as well: every one is published
-        crate::metrics::metrics().events_published.with_label_values(&[MODE]).inc_by(acknowledged);
+        crate::observe::metrics::metrics()
+            .events_published
+            .with_label_values(&[MODE.label()])
+            .inc_by(acknowledged);
         Ok(acknowledged)
     }
 

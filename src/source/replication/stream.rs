@@ -25,11 +25,11 @@ use crate::checkpoint::{Tracker, TxnId};
 use crate::dead_letter::{DeadLetter, Hold};
 use crate::error::{FatalReason, RelayError};
 use crate::event::{OutboxEvent, Position, RawEvent};
-use crate::metrics::{Clock, metrics};
-use crate::position::Lsn;
+use crate::lsn::Lsn;
+use crate::observe::metrics::{Clock, SkippedKind, metrics};
+use crate::observe::pulse::Pulse;
 use crate::sink::dedup::Dedup;
 use crate::sink::kafka::{PublishError, Report, StallWatch};
-use crate::supervisor::Pulse;
 
 /// Stream events handled in one turn of the loop, at most, before reports are looked at again:
 /// one clock read and one `select!` for the run instead of one per event.
@@ -115,8 +115,8 @@ impl<'a> StreamSession<'a> {
             verified: confirmed,
             confirmed,
             dedup,
-            read: metrics().events_read.with_label_values(&[MODE]),
-            published: metrics().events_published.with_label_values(&[MODE]),
+            read: metrics().events_read.with_label_values(&[MODE.label()]),
+            published: metrics().events_published.with_label_values(&[MODE.label()]),
         }
     }
 
@@ -275,7 +275,7 @@ impl<'a> StreamSession<'a> {
                     }
                     Change::Relation => {}
                     Change::Skipped(kind) => {
-                        metrics().stream_messages_skipped.with_label_values(&[kind]).inc()
+                        metrics().stream_messages_skipped.with_label_values(&[kind.label()]).inc()
                     }
                     Change::OutboxRenamed { now } => return Err(self.outbox_renamed(&now)),
                 }
@@ -325,7 +325,7 @@ impl<'a> StreamSession<'a> {
             return Ok(());
         }
         if prefix != self.source.config.replication.message_prefix {
-            metrics().stream_messages_skipped.with_label_values(&["foreign_message"]).inc();
+            metrics().stream_messages_skipped.with_label_values(&[SkippedKind::ForeignMessage.label()]).inc();
             return Ok(());
         }
         let raw = decode::message_event(content).unwrap_or_else(|reason| {
@@ -345,7 +345,7 @@ impl<'a> StreamSession<'a> {
     /// rolls back, and by anyone who may call `pg_logical_emit_message`, so never published.
     /// It takes the dead-letter path, as its own unit of the position.
     async fn untrusted(&mut self, raw: RawEvent, lsn: Lsn) -> Result<(), RelayError> {
-        metrics().stream_messages_skipped.with_label_values(&["untrusted_message"]).inc();
+        metrics().stream_messages_skipped.with_label_values(&[SkippedKind::UntrustedMessage.label()]).inc();
         tracing::warn!(%lsn, event_id = ?raw.id, "a non-transactional outbox message is not published");
         let letter = DeadLetter::row(
             raw,

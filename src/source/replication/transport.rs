@@ -13,8 +13,8 @@ use tokio_postgres::error::SqlState;
 
 use crate::config::{Endpoint, RelayConfig};
 use crate::error::{FatalReason, RelayError, sqlstate_in};
-use crate::metrics::metrics;
-use crate::position::Lsn;
+use crate::lsn::Lsn;
+use crate::observe::metrics::{SkippedKind, metrics};
 
 /// Microseconds from the Unix epoch to PostgreSQL's (2000-01-01).
 const PG_EPOCH_OFFSET_MICROS: u64 = 946_684_800_000_000;
@@ -161,12 +161,12 @@ fn wal_event(event: ReplicationEvent) -> Option<WalEvent> {
         }
         ReplicationEvent::KeepAlive { wal_end, .. } => WalEvent::KeepAlive { wal_end: Lsn(wal_end.0) },
         ReplicationEvent::StoppedAt { .. } => {
-            metrics().stream_messages_skipped.with_label_values(&["stopped_at"]).inc();
+            metrics().stream_messages_skipped.with_label_values(&[SkippedKind::StoppedAt.label()]).inc();
             return None;
         }
         #[allow(unreachable_patterns)]
         other => {
-            metrics().stream_messages_skipped.with_label_values(&["unknown"]).inc();
+            metrics().stream_messages_skipped.with_label_values(&[SkippedKind::Unknown.label()]).inc();
             tracing::warn!(event = ?other, "skipping a replication event this version does not know");
             return None;
         }

@@ -9,7 +9,7 @@ use tokio_postgres::Client;
 
 use crate::config::{RelayConfig, SourceMode};
 use crate::error::RelayError;
-use crate::sampler::BACKLOG_COUNT_CAP;
+use crate::observe::sampler::BACKLOG_COUNT_CAP;
 
 /// One line of the report: what, and its value.
 pub type Line = (&'static str, String);
@@ -101,7 +101,7 @@ async fn slot(client: &Client, slot: &str) -> Result<Vec<Line>, RelayError> {
 }
 
 async fn backlog(client: &Client, config: &RelayConfig) -> Result<Vec<Line>, RelayError> {
-    let (count, age) = crate::sampler::backlog(config, client).await?;
+    let (count, age) = crate::observe::sampler::backlog(config, client).await?;
     let mut lines = vec![(
         "backlog (unpublished rows)",
         match count >= BACKLOG_COUNT_CAP {
@@ -131,13 +131,13 @@ async fn relay_view(url: &str) -> Vec<Line> {
             .and_then(|v| v.parse::<f64>().ok())
     };
     let ready = get(url, "/readyz").await.unwrap_or_default();
-    let leader = match sample(crate::metrics::LEADER) {
+    let leader = match sample(crate::observe::metrics::LEADER) {
         Some(v) if v >= 1.0 => "yes (this instance streams or polls)",
         Some(_) => "no (standby, or not running its source)",
         None => "-",
     };
     let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs_f64();
-    let confirmed = match sample(crate::metrics::LAST_CONFIRM) {
+    let confirmed = match sample(crate::observe::metrics::LAST_CONFIRM) {
         Some(at) if at > 0.0 => format!("{:.1} s ago", (now - at).max(0.0)),
         _ => "never, by this instance".into(),
     };

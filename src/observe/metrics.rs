@@ -12,7 +12,11 @@ use prometheus::{
     Opts, Registry, TextEncoder,
 };
 
-use crate::position::Lsn;
+use crate::lsn::Lsn;
+
+mod labels;
+pub(crate) use labels::labels;
+pub use labels::{ErrorType, Mode, ScanResult, SkippedKind, WalStatus};
 
 pub const EVENTS_READ: &str = "outbox_relay_events_read_total";
 pub const EVENTS_PUBLISHED: &str = "outbox_relay_events_published_total";
@@ -111,36 +115,6 @@ pub const ALL: &[(&str, &str)] = &[
         "Topics read back before a session's first record to them, by result (complete, topic_missing; truncated and limit may send older replayed events again)",
     ),
     (DEDUP_SCANNED_RECORDS, "Records read back from topics to find what they already hold"),
-];
-
-/// `kind` values of the skipped stream messages counter.
-pub const SKIPPED_KINDS: &[&str] = &[
-    "outbox_update",
-    "outbox_delete",
-    "outbox_truncate",
-    "other_table",
-    "type",
-    "origin",
-    "foreign_message",
-    "untrusted_message",
-    "stopped_at",
-    "unknown",
-];
-
-/// wal_status values of pg_replication_slots, exported one series each (1 = current).
-pub const WAL_STATUSES: &[&str] = &["reserved", "extended", "unreserved", "lost"];
-
-/// `error_type` values of the publish error counter.
-pub const ERROR_TYPES: &[&str] = &[
-    "permanent",
-    "timeout",
-    "fatal_producer",
-    "broker_down",
-    "not_enough_replicas",
-    "leader_change",
-    "queue_full",
-    "stalled",
-    "other",
 ];
 
 /// Buckets from 1 ms to 60 s.
@@ -268,28 +242,28 @@ impl Metrics {
 
     /// Creates every labelled series at zero, so a scrape lists each metric from the start and
     /// `rate()`/`increase()` see the first event.
-    pub fn initialize(&self, mode: &str, version: &str) {
+    pub fn initialize(&self, mode: Mode, version: &str) {
         for counter in
             [&self.events_read, &self.events_published, &self.events_dead_lettered, &self.dedup_skipped]
         {
-            counter.with_label_values(&[mode]);
+            counter.with_label_values(&[mode.label()]);
         }
-        for error_type in ERROR_TYPES {
-            self.publish_errors.with_label_values(&[error_type]);
+        for error_type in ErrorType::ALL {
+            self.publish_errors.with_label_values(&[error_type.label()]);
         }
-        for status in WAL_STATUSES {
-            self.slot_wal_status.with_label_values(&[status]);
+        for status in WalStatus::ALL {
+            self.slot_wal_status.with_label_values(&[status.label()]);
         }
         for reason in crate::error::FatalReason::ALL {
             self.fatal.with_label_values(&[reason.label()]);
         }
-        for kind in SKIPPED_KINDS {
-            self.stream_messages_skipped.with_label_values(&[kind]);
+        for kind in SkippedKind::ALL {
+            self.stream_messages_skipped.with_label_values(&[kind.label()]);
         }
-        for result in crate::sink::dedup::SCAN_RESULTS {
-            self.dedup_scans.with_label_values(&[result]);
+        for result in ScanResult::ALL {
+            self.dedup_scans.with_label_values(&[result.label()]);
         }
-        self.build_info.with_label_values(&[version, mode]).set(1.0);
+        self.build_info.with_label_values(&[version, mode.label()]).set(1.0);
         self.slot_idle_timeout_remaining.set(-1.0);
     }
 
@@ -365,7 +339,7 @@ mod tests {
             assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing");
         }
         assert!(text.contains("outbox_relay_end_to_end_latency_seconds_bucket{le=\"0.001\"}"));
-        m.initialize("replication", "0");
+        m.initialize(Mode::Replication, "0");
         let text = m.render();
         for (name, help) in ALL {
             assert!(text.contains(&format!("# HELP {name} {help}")), "{name} missing after initialize");

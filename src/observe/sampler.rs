@@ -11,7 +11,7 @@ use tokio_postgres::Client;
 
 use crate::config::{Endpoint, RelayConfig, SourceMode};
 use crate::error::RelayError;
-use crate::metrics::{WAL_STATUSES, metrics};
+use crate::observe::metrics::{WalStatus, metrics};
 use crate::source::handover;
 use crate::source::replication::failover;
 use crate::table::OutboxTable;
@@ -89,8 +89,8 @@ async fn sample_slot(
         m.slot_active.set(0);
         m.slot_confirmed_lag.set(0);
         m.slot_retained_wal.set(0);
-        for s in WAL_STATUSES {
-            m.slot_wal_status.with_label_values(&[s]).set(0);
+        for status in WalStatus::ALL {
+            m.slot_wal_status.with_label_values(&[status.label()]).set(0);
         }
         m.slot_failover.set(0);
         m.slot_inactive.set(0.0);
@@ -99,9 +99,9 @@ async fn sample_slot(
     };
     m.slot_confirmed_lag.set(row.get::<_, Option<i64>>("confirmed_lag").unwrap_or(0));
     m.slot_retained_wal.set(row.get::<_, Option<i64>>("retained").unwrap_or(0));
-    let status: Option<String> = row.get("wal_status");
-    for s in WAL_STATUSES {
-        m.slot_wal_status.with_label_values(&[s]).set(i64::from(status.as_deref() == Some(*s)));
+    let current = row.get::<_, Option<String>>("wal_status").as_deref().and_then(WalStatus::parse);
+    for status in WalStatus::ALL {
+        m.slot_wal_status.with_label_values(&[status.label()]).set(i64::from(current == Some(*status)));
     }
     // NULL safe_wal_size means max_slot_wal_keep_size = -1: no limit; export -1 to say so
     m.slot_safe_wal_size.set(row.get::<_, Option<i64>>("safe_wal_size").unwrap_or(-1));

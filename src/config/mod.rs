@@ -6,15 +6,15 @@
 //! - secrets are wrapped in [`Secret`], whose `Debug`, `Display` and `Serialize` print a
 //!   placeholder, so the effective configuration can be logged as it is.
 
-use std::collections::BTreeMap;
 use std::fmt;
-use std::path::Path;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 mod kafka;
+mod load;
 mod postgres;
 pub use kafka::{KafkaConfig, KafkaProperty, built_in_features, is_secret_kafka_property};
+pub use load::load_layered;
 pub use postgres::{Endpoint, PostgresConfig, SslMode};
 
 pub const ENV_PREFIX: &str = "OUTBOX_RELAY";
@@ -455,27 +455,6 @@ impl Default for MetricsConfig {
 }
 
 impl RelayConfig {
-    /// Loads `file`, applies `OUTBOX_RELAY__*` environment overrides, and validates.
-    pub fn load(file: &Path) -> Result<RelayConfig, ConfigError> {
-        let env = std::env::vars().collect();
-        Self::load_with_env(file, env)
-    }
-
-    /// As [`RelayConfig::load`], with the environment given (tests do not touch the process's).
-    pub fn load_with_env(file: &Path, env: config::Map<String, String>) -> Result<RelayConfig, ConfigError> {
-        let secret_env: BTreeMap<String, String> = env
-            .iter()
-            .filter(|(name, _)| name.starts_with(kafka::SECRET_ENV_PREFIX))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let mut relay: RelayConfig =
-            load_layered(file, ENV_PREFIX, env, "see deploy/relay.example.toml for a documented example")?;
-        relay.move_deprecated()?;
-        relay.kafka.load_secrets(&secret_env)?;
-        relay.validate()?;
-        Ok(relay)
-    }
-
     /// Moves settings from their old place to their new one, leaving a warning in
     /// [`RelayConfig::deprecations`]. Both places set to different values is an error.
     fn move_deprecated(&mut self) -> Result<(), ConfigError> {
@@ -718,129 +697,6 @@ fn validate_topic_template(template: &str) -> Result<(), ConfigError> {
         rest = &rest[open + close + 1..];
     }
     Ok(())
-}
-
-/// Loads `file` (TOML) with `PREFIX__SECTION__FIELD` overrides from `env` into `T`; errors name
-/// the file and the field. `example` says where a documented example is, for a missing file.
-/// The relay and the example services share it, so they read configuration alike.
-pub fn load_layered<T: serde::de::DeserializeOwned>(
-    file: &Path,
-    prefix: &str,
-    env: config::Map<String, String>,
-    example: &str,
-) -> Result<T, ConfigError> {
-    if !file.is_file() {
-        return Err(ConfigError::Load(format!("config file {}: not found ({example})", file.display())));
-    }
-    let env_keys: Vec<String> = env.keys().cloned().collect();
-    let layered = config::Config::builder()
-        .add_source(config::File::from(file).format(config::FileFormat::Toml))
-        .add_source(
-            config::Environment::with_prefix(prefix).prefix_separator("__").separator("__").source(Some(env)),
-        )
-        .build()
-        .map_err(|e| {
-            ConfigError::Load(format!(
-                "config file {}: {}",
-                file.display(),
-                without_source_lines(&e.to_string())
-            ))
-        })?;
-    let tree: config::Value = layered.try_deserialize().map_err(|e| {
-        ConfigError::Load(format!("config file {}: {}", file.display(), without_source_lines(&e.to_string())))
-    })?;
-    serde_path_to_error::deserialize(tree).map_err(|e| {
-        let path = e.path().to_string();
-        let error = describe_serde_error(&path, &e.into_inner().to_string());
-        match (error, env_override(&env_keys, prefix, &path)) {
-            (ConfigError::Invalid { path, message }, Some(variable)) => ConfigError::invalid(
-                path,
-                format!("{message} (the value comes from the environment variable {variable})"),
-            ),
-            (error, _) => error,
-        }
-    })
-}
-
-/// The environment variable among `keys` that sets `path` (`postgres.port` is
-/// `<PREFIX>__POSTGRES__PORT`, in any case), if one does.
-fn env_override(keys: &[String], prefix: &str, path: &str) -> Option<String> {
-    let wanted = format!("{prefix}__{}", path.replace('.', "__"));
-    keys.iter().find(|k| k.eq_ignore_ascii_case(&wanted)).cloned()
-}
-
-/// The valid values of one of the configuration's enums, by its type name, as serde lists them
-/// ("`replication` or `polling`"); `None` for a type this does not know.
-fn enum_values(type_name: &str) -> Option<String> {
-    let probe = || serde_json::Value::String(String::new());
-    let error = match type_name {
-        "SourceMode" => serde_json::from_value::<SourceMode>(probe()).err()?,
-        "SslMode" => serde_json::from_value::<SslMode>(probe()).err()?,
-        "AfterPublish" => serde_json::from_value::<AfterPublish>(probe()).err()?,
-        "OnPoison" => serde_json::from_value::<OnPoison>(probe()).err()?,
-        _ => return None,
-    };
-    // serde says "expected `a` or `b`", or "expected one of `a`, `b`, `c`"
-    let values = error.to_string().split_once("expected ").map(|(_, values)| values.to_string())?;
-    Some(values.strip_prefix("one of ").map(str::to_string).unwrap_or(values))
-}
-
-/// A parse error without the lines of the file it quotes: the offending line may hold a secret
-/// (`password = "...` with the closing quote missing). Line and column stay.
-fn without_source_lines(message: &str) -> String {
-    message
-        .lines()
-        .filter(|line| {
-            let t = line.trim_start();
-            let gutter = t.trim_start_matches(|c: char| c.is_ascii_digit()).trim_start();
-            !(gutter.starts_with('|') || t.starts_with('^'))
-        })
-        .map(str::trim)
-        .filter(|line| !line.is_empty())
-        .collect::<Vec<_>>()
-        .join(": ")
-}
-
-/// Paths whose values are secrets: their values never appear in an error.
-fn is_secret_path(path: &str) -> bool {
-    path == "postgres.password"
-        || path
-            .strip_prefix("kafka.properties.")
-            .is_some_and(|k| is_secret_kafka_property(k.trim_matches('"')))
-}
-
-/// Turns serde's wording into a path and advice. serde_path_to_error puts an unknown field in
-/// the path already; a missing one is reported at its parent, so its name is moved into the path.
-fn describe_serde_error(path: &str, inner: &str) -> ConfigError {
-    // (the config crate appends " for key `path`": the path is said once, first)
-    let inner = inner.split(" for key `").next().unwrap_or(inner);
-    if is_secret_path(path) {
-        return ConfigError::invalid(path, "invalid value (not shown: it is a secret); it must be a string");
-    }
-    // the config crate's words for an unknown enum value: "enum SourceMode does not have variant
-    // constructor logical"
-    if let Some((head, value)) = inner.split_once(" does not have variant constructor ") {
-        let type_name = head.trim_start_matches("enum ").trim();
-        let valid =
-            enum_values(type_name).map_or_else(String::new, |values| format!("; it must be one of {values}"));
-        let value = value.trim();
-        return ConfigError::invalid(path, format!("\"{value}\" is not a valid value{valid}"));
-    }
-    if inner.starts_with("unknown field") {
-        return ConfigError::invalid(
-            path,
-            "unknown setting; remove it or fix its spelling (deploy/relay.example.toml lists every option)",
-        );
-    }
-    if inner.starts_with("missing") {
-        let field = inner.split(['`', '"']).nth(1).unwrap_or_default();
-        let child = match path {
-            "" | "." => field.to_string(),
-            parent => format!("{parent}.{field}"),
-        };
-        return ConfigError::invalid(child, "is required");
-    }
-    ConfigError::invalid(path, inner)
 }
 
 #[cfg(test)]

@@ -28,8 +28,8 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use crate::health::Health;
-use crate::metrics::metrics;
+use crate::observe::health::Health;
+use crate::observe::metrics::metrics;
 
 /// A request's headers must have arrived by then.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);

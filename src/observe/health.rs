@@ -3,7 +3,7 @@
 //! Invariants:
 //! - the [`Phase`] (starting, active, standby, retrying, fatal) and the facts sources report
 //!   (alive, Kafka stalled, held at an unpublishable event) arrive through the supervisor's
-//!   [`crate::supervisor::Pulse`]; readiness is derived from all of them when asked, and
+//!   [`crate::observe::pulse::Pulse`]; readiness is derived from all of them when asked, and
 //!   `outbox_relay_events_blocked` follows the blocked fact wherever it changes;
 //! - `outbox_relay_leader` is 1 exactly while the phase is `Active`: it means leadership, not
 //!   health (a stalled or blocked leader is still the leader);
@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::metrics::metrics;
+use crate::observe::metrics::metrics;
 
 /// Where the supervisor is.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,13 @@
+//! What SREs see: the metrics (names and typed labels), health and the pulse that writes it, the
+//! HTTP listener (`/metrics`, `/healthz`, `/readyz`) and the sampler of server-side numbers.
+//!
+//! Invariants:
+//! - nothing here decides what the relay does next: a session writes facts (through its
+//!   [`pulse::Pulse`]) and the listener reads them;
+//! - every metric name is a const in [`metrics`], and every label value one of its enums.
+
+pub(crate) mod health;
+pub(crate) mod http;
+pub mod metrics;
+pub mod pulse;
+pub(crate) mod sampler;
