@@ -72,3 +72,13 @@ fn the_runbook_explains_every_fatal_reason() {
         assert!(runbook.contains(&label), "the OutboxRelayFatal runbook does not explain reason {label}");
     }
 }
+
+#[test]
+fn docker_compose_runs_the_kafka_version_the_tests_run() {
+    let pom = std::fs::read_to_string(repo_root().join("deploy/local/kafka/pom.xml")).unwrap();
+    let version = pom.split("<kafka.version>").nth(1).and_then(|rest| rest.split('<').next()).unwrap();
+    let compose = std::fs::read_to_string(repo_root().join("deploy/docker-compose.yml")).unwrap();
+    let image = compose.lines().find_map(|l| l.trim().strip_prefix("image: apache/kafka:")).unwrap();
+    let tag = image.split_whitespace().next().unwrap();
+    assert_eq!(tag, version, "docker-compose's apache/kafka:{tag} is not the {version} the tests run");
+}

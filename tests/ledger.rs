@@ -58,10 +58,12 @@ async fn two_consumers_debiting_one_wallet_at_once_never_overdraw_it() {
     l.fund("bob", 10_000).await;
     let first = l.start("first");
     let second = l.start("second");
-    // tansu 0.6 answers DescribeGroups without the group, so the membership an operator would
-    // read with kafka-consumer-groups is not observable here: the ledgers' own report is
-    wait_until("both ledgers to be assigned partitions", async || {
-        first.log_text().contains("partitions assigned") && second.log_text().contains("partitions assigned")
+    // the group as its coordinator describes it, and each ledger's own word that it has
+    // partitions (a stable group's members take their assignment a moment later)
+    wait_until("both ledgers to join the group and be assigned partitions", async || {
+        l.stable_group_members() == 2
+            && first.log_text().contains("partitions assigned")
+            && second.log_text().contains("partitions assigned")
     })
     .await;
 
@@ -175,6 +177,51 @@ async fn a_consumer_killed_mid_stream_loses_nothing_and_applies_nothing_twice() 
     eprintln!(
         "{redelivered} record(s) redelivered after the kills, skipped; {debited} debited, {declined} declined"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_of_two_consumers_in_a_group_killed_mid_stream_leaves_each_payment_applied_once() {
+    // given 50 wallets, 1,000 orders over 4 partitions, and two ledgers in one consumer group
+    const CUSTOMERS: i64 = 50;
+    const EVENTS: i64 = 1_000;
+    const INITIAL: i64 = 5_000;
+    let l = Ledger::new(4, &[]).await;
+    let wallets = format!(
+        "INSERT INTO wallets (customer_id, balance_cents) \
+         SELECT 'c' || g, {INITIAL} FROM generate_series(0, {CUSTOMERS} - 1) g"
+    );
+    l.db.client().await.batch_execute(&wallets).await.unwrap();
+    let first = l.start("first");
+    let mut second = l.start("second");
+    wait_until("both ledgers to join the group and be assigned partitions", async || {
+        l.stable_group_members() == 2
+            && first.log_text().contains("partitions assigned")
+            && second.log_text().contains("partitions assigned")
+    })
+    .await;
+
+    // when the orders arrive and one ledger is killed with SIGKILL mid-stream
+    let records: Vec<Record> = (1..=EVENTS)
+        .map(|i| {
+            order_placed(i, &format!("c{}", i % CUSTOMERS), 50 + (i * 37) % 500).on_partition((i % 4) as i32)
+        })
+        .collect();
+    l.produce(&records).await;
+    let processed = async || l.scalar("SELECT count(*) FROM processed_events").await;
+    wait_until("a fifth of the events to be processed", async || processed().await >= EVENTS / 5).await;
+    second.kill9();
+
+    // then the group rebalances to the survivor (the coordinator drops the dead member after its
+    // session timeout), which applies the rest
+    wait_until("the group to have one member", async || l.stable_group_members() == 1).await;
+    wait_until_within(Duration::from_secs(180), "every event processed", async || {
+        processed().await == EVENTS
+    })
+    .await;
+    l.committed().wait_for(EVENTS).await;
+    let (debited, declined) = assert_each_applied_once(&l, EVENTS, INITIAL).await;
+    assert!(declined > 0 && debited > 0, "the workload must exercise both outcomes");
+    assert!(first.log_text().contains("debited"), "{}", first.log_text());
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -41,14 +41,13 @@ impl Run {
     }
 
     async fn start_with_env(mode: &str, env: &[(&str, &str)]) -> Run {
-        let broker = OwnBroker::start(None);
+        let broker = OwnBroker::start();
         let s = Setup::create(&broker.brokers(), "", false, |slot| {
             format!(
                 "[source]\nmode = \"{mode}\"\n[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n"
             )
         })
         .await;
-        broker.wait_listening().await;
         create_topic_on(&broker.brokers(), &s.topic, 4).await;
         let relay = s.start_with_env("relay", env);
         relay.wait_ready("active").await;

@@ -194,7 +194,7 @@ fn alert_state(port: u16, alert: &str) -> Option<Option<String>> {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_real_prometheus_fires_the_slot_lag_and_kafka_silence_alerts_while_kafka_is_frozen() {
     // given a replication relay on a broker of its own, with low lag thresholds
-    let broker = OwnBroker::start(None);
+    let broker = OwnBroker::start();
     let s = Setup::create(&broker.brokers(), QUICK_KAFKA_SETTINGS, false, |slot| {
         format!(
             "[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n[metrics]\n\
@@ -202,7 +202,6 @@ async fn a_real_prometheus_fires_the_slot_lag_and_kafka_silence_alerts_while_kaf
         )
     })
     .await;
-    broker.wait_listening().await;
     create_topic_on(&broker.brokers(), &s.topic, 1).await;
     create_aggregates(&s.db.client().await, 10).await;
     let mut relay = s.start("relay");

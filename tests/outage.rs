@@ -19,7 +19,7 @@ const CLAIM_TIMEOUT_MS: u64 = 3_000;
 #[tokio::test(flavor = "multi_thread")]
 async fn a_frozen_broker_never_pins_the_xmin_horizon_past_the_claim_bound() {
     // given a polling relay publishing to a broker of its own
-    let broker = OwnBroker::start(None);
+    let broker = OwnBroker::start();
     let s = Setup::create(&broker.brokers(), "", false, |_| {
         format!(
             "[source]\nmode = \"polling\"\n[polling]\npoll_interval_ms = 200\nbatch_size = 200\n\
@@ -27,7 +27,6 @@ async fn a_frozen_broker_never_pins_the_xmin_horizon_past_the_claim_bound() {
         )
     })
     .await;
-    broker.wait_listening().await;
     create_topic_on(&broker.brokers(), &s.topic, 4).await;
     let client = s.db.client().await;
     create_aggregates(&client, 20).await;
@@ -43,9 +42,12 @@ async fn a_frozen_broker_never_pins_the_xmin_horizon_past_the_claim_bound() {
 
     // when the broker freezes while 1,000 events are written
     broker.freeze();
-    let committed = write_concurrently(&s.db.url, &s.aggregate_type, 20, 1_000, 4).await;
+    let writer = {
+        let (url, aggregate_type) = (s.db.url.clone(), s.aggregate_type.clone());
+        tokio::spawn(async move { write_concurrently(&url, &aggregate_type, 20, 1_000, 4).await })
+    };
 
-    // then for as long as it stays frozen, no relay session is in a transaction older than the
+    // then for as long as it stays frozen (from the first write on), no relay session is in a transaction older than the
     // bound (plus a margin for the rollback and a sampling interval)
     let limit = Duration::from_millis(CLAIM_TIMEOUT_MS) + Duration::from_secs(3);
     // (a transaction holds the horizon through its snapshot, backend_xmin, or through the
@@ -71,6 +73,7 @@ async fn a_frozen_broker_never_pins_the_xmin_horizon_past_the_claim_bound() {
     assert!(timeouts > 0.0, "no claim timed out: {}", relay.log_text());
 
     // and once the broker is back, every committed event arrives, first arrivals in order
+    let committed = writer.await.unwrap();
     broker.thaw();
     records.extend(consume_unique(&consumer, 1_000, IDLE, LINGER).await);
     let report = assert_delivered(&records, &committed);

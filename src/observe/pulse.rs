@@ -54,6 +54,12 @@ impl Pulse {
         self.health.set_stalled(why);
     }
 
+    /// Where [`Pulse::stalled`] reports to, for a task that outlives the borrow of this pulse
+    /// (a stall's diagnosis).
+    pub(crate) fn health(&self) -> Arc<Health> {
+        self.health.clone()
+    }
+
     /// Held at an unpublishable event (`Some(why)`), or released (`None`).
     pub fn blocked(&self, why: Option<String>) {
         self.health.set_blocked(why);

@@ -10,7 +10,6 @@ use tokio_postgres::Client;
 
 use crate::config::{Endpoint, RelayConfig, SourceMode};
 use crate::error::{FatalReason, RelayError};
-use crate::sink::kafka;
 use crate::source::replication::publication::{self, Problem};
 use crate::table::OutboxTable;
 
@@ -524,8 +523,10 @@ fn setting_check_name(name: &str) -> &'static str {
 async fn kafka_check(config: &RelayConfig) -> (Finding, Option<std::collections::BTreeSet<String>>) {
     let kafka = config.kafka.clone();
     let brokers = kafka.brokers.join(",");
-    let fetched =
-        tokio::task::spawn_blocking(move || kafka::fetch_cluster_info(&kafka, Duration::from_secs(10))).await;
+    let fetched = tokio::task::spawn_blocking(move || {
+        crate::sink::cluster::fetch_cluster_info(&kafka, Duration::from_secs(10))
+    })
+    .await;
     match fetched {
         Ok(Ok(info)) => (
             Finding::ok(

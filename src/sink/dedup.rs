@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use rdkafka::ClientConfig;
 use rdkafka::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
-use rdkafka::consumer::{BaseConsumer, ConsumerContext};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tokio::sync::watch;
 
@@ -149,14 +149,28 @@ pub(crate) struct Dedup {
 
 /// The read-back client's context: reaching a partition's end is how a read-back ends, not an
 /// error to log (librdkafka reports it as a global error too).
-struct ReadBackContext;
+#[derive(Default)]
+struct ReadBackContext {
+    /// The brokers refused the relay's login (SASL): nothing the relay can retry its way out of.
+    /// librdkafka reports it as an error and a log line, both when the client's queue is served
+    /// (the scan serves it while a metadata request fails).
+    refused_login: Arc<std::sync::Mutex<Option<String>>>,
+}
 
 impl ClientContext for ReadBackContext {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        if fac == "FAIL" && message.contains("SASL authentication error") {
+            self.refused_login.lock().unwrap().get_or_insert_with(|| message.to_string());
+        }
         crate::sink::kafka::log_librdkafka(level, fac, message);
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
+        if let Some(RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed) =
+            error.rdkafka_error_code()
+        {
+            self.refused_login.lock().unwrap().get_or_insert_with(|| reason.to_string());
+        }
         if !matches!(error, KafkaError::Global(RDKafkaErrorCode::PartitionEOF)) {
             tracing::warn!(%error, reason, "reading topics back");
         }
@@ -230,6 +244,7 @@ impl Dedup {
         let _cancel = CancelOnDrop(cancelled.clone());
         let scan = scan::Scan {
             cancelled,
+            refused_login: consumer.context().refused_login.clone(),
             topic: topic.to_string(),
             source: self.source.clone(),
             lookback: self.lookback,
@@ -238,7 +253,8 @@ impl Dedup {
             deadline: Instant::now() + self.timeout,
         };
         let started = Instant::now();
-        let mut reading = tokio::task::spawn_blocking(move || scan.run(&consumer));
+        let reader = consumer.clone();
+        let mut reading = tokio::task::spawn_blocking(move || scan.run(&reader));
         let mut stall = StallWatch::new(&self.kafka);
         let mut check = tokio::time::interval(stall.period());
         let read = loop {
@@ -257,9 +273,23 @@ impl Dedup {
                 }
             }
         };
-        let outcome = read
-            .map_err(|e| RelayError::Kafka(format!("reading topic \"{topic}\" back stopped: {e}; retrying")))?
-            .map_err(|e| read_back_error(topic, e))?;
+        let read = read.map_err(|e| {
+            RelayError::Kafka(format!("reading topic \"{topic}\" back stopped: {e}; retrying"))
+        })?;
+        if read.is_err()
+            && let Some(reason) = consumer.context().refused_login.lock().unwrap().take()
+        {
+            return Err(RelayError::fatal(
+                FatalReason::Auth,
+                format!(
+                    "Kafka refused the login of {} ({reason}): check kafka.properties.\"sasl.username\", \
+                     \"sasl.mechanisms\" and the password (OUTBOX_RELAY_KAFKA_SASL_PASSWORD or \
+                     kafka.secret_properties_file)",
+                    self.kafka.principal()
+                ),
+            ));
+        }
+        let outcome = read.map_err(|e| read_back_error(&self.kafka, topic, e))?;
         stall.progressed(Instant::now(), pulse);
         outcome.report(topic, self.lookback, started.elapsed());
         self.topics.insert(topic.to_string(), outcome.keys);
@@ -272,7 +302,7 @@ impl Dedup {
             return Ok(consumer.clone());
         }
         let consumer: BaseConsumer<ReadBackContext> =
-            self.client.create_with_context(ReadBackContext).map_err(|e| {
+            self.client.create_with_context(ReadBackContext::default()).map_err(|e| {
                 RelayError::fatal(
                     FatalReason::Config,
                     format!("cannot create the Kafka client that reads topics back (check kafka.*): {e}"),
@@ -292,18 +322,25 @@ impl Drop for Dedup {
 }
 
 /// A read-back that failed: refused reads are an operator's to fix, the rest is retried.
-fn read_back_error(topic: &str, error: KafkaError) -> RelayError {
-    let refused = matches!(
-        error.rdkafka_error_code(),
-        Some(RDKafkaErrorCode::TopicAuthorizationFailed | RDKafkaErrorCode::ClusterAuthorizationFailed)
-    );
-    if refused {
+fn read_back_error(kafka: &KafkaConfig, topic: &str, error: KafkaError) -> RelayError {
+    let refused = match error.rdkafka_error_code() {
+        Some(RDKafkaErrorCode::TopicAuthorizationFailed | RDKafkaErrorCode::ClusterAuthorizationFailed) => {
+            Some(format!("to read topic \"{topic}\""))
+        }
+        Some(RDKafkaErrorCode::GroupAuthorizationFailed) => {
+            Some(format!("to find the coordinator of group \"{}-read-back\"", kafka.client_id))
+        }
+        _ => None,
+    };
+    if let Some(what) = refused {
         return RelayError::fatal(
             FatalReason::Privilege,
             format!(
-                "Kafka refuses to let the relay read topic \"{topic}\" ({error}): with dedup.enabled the relay \
-                 reads its topics back after every restart; grant it READ and DESCRIBE on its topics, or set \
-                 dedup.enabled = false (at-least-once)"
+                "Kafka refuses {} {what} ({error}): with dedup.enabled the relay reads its topics back after \
+                 every restart; grant it READ and DESCRIBE on its topics and DESCRIBE on group \
+                 \"{}-read-back\", or set dedup.enabled = false (at-least-once)",
+                kafka.principal(),
+                kafka.client_id
             ),
         );
     }

@@ -17,7 +17,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use rdkafka::config::RDKafkaLogLevel;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
@@ -56,7 +55,9 @@ pub fn client_config(kafka: &KafkaConfig) -> ClientConfig {
 
 /// The librdkafka settings of a client that reads topics without committing anything (the
 /// read-back, `verify`): the user's (TLS, SASL), group `<client_id>-<purpose>` (librdkafka
-/// assigns partitions only in a group, which is never joined), each partition's end reported, a
+/// assigns partitions only in a group, which is never joined, but it looks the group's
+/// coordinator up: under an authorizer the principal needs DESCRIBE on that group, besides
+/// READ and DESCRIBE on the topics), each partition's end reported, a
 /// short fetch wait (every read ends at a partition's end), librdkafka's own log at errors only.
 pub(crate) fn reader_config(kafka: &KafkaConfig, purpose: &str, fetch_wait_ms: u32) -> ClientConfig {
     let mut cc = client_config(kafka);
@@ -246,6 +247,10 @@ pub(crate) struct StallWatch {
     after: Duration,
     last_progress: Instant,
     stalled: bool,
+    /// For the stall's diagnosis ([`super::cluster::unhealthy_partitions`]).
+    kafka: KafkaConfig,
+    /// Counts stalls: a diagnosis that returns after its stall ended is dropped.
+    stall_number: Arc<AtomicUsize>,
 }
 
 impl StallWatch {
@@ -259,6 +264,8 @@ impl StallWatch {
             after: Duration::from_millis(kafka.stall_warning_ms),
             last_progress: since,
             stalled: false,
+            kafka: kafka.clone(),
+            stall_number: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -283,6 +290,7 @@ impl StallWatch {
     fn unstall(&mut self, pulse: &Pulse) {
         if self.stalled {
             self.stalled = false;
+            self.stall_number.fetch_add(1, Ordering::SeqCst);
             tracing::info!("Kafka acknowledges records again");
             pulse.stalled(None);
         }
@@ -305,8 +313,24 @@ impl StallWatch {
                 "Kafka has acknowledged nothing; records are retried until acknowledged"
             );
             metrics().publish_errors.with_label_values(&["stalled"]).inc();
-            pulse.stalled(Some(format!("Kafka has acknowledged nothing for {} s", quiet.as_secs())));
+            let stalled = format!("Kafka has acknowledged nothing for {} s", quiet.as_secs());
+            pulse.stalled(Some(stalled.clone()));
+            self.diagnose(stalled, pulse);
         }
+    }
+
+    /// Asks the brokers' metadata why nothing is acknowledged, off the runtime's threads; a
+    /// finding is logged and added to the stall's `/readyz` text while the stall lasts.
+    fn diagnose(&self, stalled: String, pulse: &Pulse) {
+        let (kafka, health, number) = (self.kafka.clone(), pulse.health(), self.stall_number.clone());
+        let this_stall = number.load(Ordering::SeqCst);
+        tokio::task::spawn_blocking(move || {
+            let Some(why) = super::cluster::unhealthy_partitions(&kafka, METADATA_TIMEOUT) else { return };
+            if number.load(Ordering::SeqCst) == this_stall {
+                tracing::warn!(diagnosis = %why, "why Kafka may acknowledge nothing");
+                health.set_stalled(Some(format!("{stalled}; {why}")));
+            }
+        });
     }
 }
 
@@ -489,10 +513,14 @@ impl KafkaSink {
                     "topic \"{topic}\" does not exist and the broker does not create topics automatically ({error})"
                 ))
             }
+            Some(RDKafkaErrorCode::TopicAuthorizationFailed) => PublishError::Permanent(format!(
+                "Kafka refuses {} to write topic \"{topic}\" ({error}): grant it WRITE and DESCRIBE on the topic \
+                 (and READ, for the read-back)",
+                self.config.principal()
+            )),
             Some(
                 RDKafkaErrorCode::MessageSizeTooLarge
                 | RDKafkaErrorCode::InvalidTopic
-                | RDKafkaErrorCode::TopicAuthorizationFailed
                 | RDKafkaErrorCode::InvalidRecord
                 | RDKafkaErrorCode::InvalidMessageSize,
             ) => PublishError::Permanent(format!("{error}")),
@@ -573,24 +601,6 @@ fn error_type(code: Option<RDKafkaErrorCode>) -> &'static str {
         Some(RDKafkaErrorCode::QueueFull) => "queue_full",
         _ => "other",
     }
-}
-
-/// Broker metadata, as the preflight reports it.
-#[derive(Debug)]
-pub(crate) struct ClusterInfo {
-    pub(crate) brokers: usize,
-    /// The names of the topics the brokers know.
-    pub(crate) topics: std::collections::BTreeSet<String>,
-}
-
-/// Fetches cluster metadata through the bootstrap brokers; blocking, so run it off the runtime.
-pub(crate) fn fetch_cluster_info(kafka: &KafkaConfig, timeout: Duration) -> Result<ClusterInfo, String> {
-    let consumer: BaseConsumer =
-        client_config(kafka).create().map_err(|e| format!("cannot create a Kafka client: {e}"))?;
-    let metadata = consumer.fetch_metadata(None, timeout).map_err(|e| e.to_string())?;
-    let topics =
-        metadata.topics().iter().filter(|t| t.error().is_none()).map(|t| t.name().to_string()).collect();
-    Ok(ClusterInfo { brokers: metadata.brokers().len(), topics })
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
 //! Sinks: where events go. Kafka is the one sink.
 
+pub(crate) mod cluster;
 pub(crate) mod dedup;
 pub mod kafka;

@@ -33,15 +33,6 @@ impl MockKafka {
         );
     }
 
-    /// Every fetch fails with TOPIC_AUTHORIZATION_FAILED: a principal that may write the topics
-    /// but not read them.
-    pub fn refuse_reads(&self) {
-        self.cluster.request_errors(
-            RDKafkaApiKey::Fetch,
-            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED; 10_000],
-        );
-    }
-
     pub fn accept_produce(&self) {
         self.cluster.clear_request_errors(RDKafkaApiKey::Produce);
     }

@@ -142,6 +142,22 @@ impl Ledger {
         std::fs::write(self.config(), toml).unwrap();
     }
 
+    /// How many members the ledger's consumer group has once it is stable (every member
+    /// assigned its partitions), as the group coordinator describes it (what
+    /// `kafka-consumer-groups --describe` shows an operator); 0 while it is rebalancing.
+    pub fn stable_group_members(&self) -> usize {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let client: BaseConsumer =
+            rdkafka::ClientConfig::new().set("bootstrap.servers", &services().kafka).create().unwrap();
+        // (a coordinator still loading its partition answers with an error: not stable yet)
+        let Ok(groups) = client.fetch_group_list(Some(&self.group), std::time::Duration::from_secs(10))
+        else {
+            return 0;
+        };
+        let group = groups.groups().iter().find(|g| g.name() == self.group);
+        group.filter(|g| g.state() == "Stable").map_or(0, |g| g.members().len())
+    }
+
     /// `ledger run`, logging to `NAME.log` (appended, so restarts share a log).
     pub fn start(&self, name: &str) -> ServiceProcess {
         let log = self.dir.path().join(format!("{name}.log"));

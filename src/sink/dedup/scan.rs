@@ -123,6 +123,8 @@ struct Partition {
 pub(super) struct Scan {
     /// Set when the read-back's future is dropped (shutdown): the read stops at its next step.
     pub(super) cancelled: Arc<AtomicBool>,
+    /// Set when the brokers refused the client's login: retrying cannot help, the read stops.
+    pub(super) refused_login: Arc<std::sync::Mutex<Option<String>>>,
     pub(super) topic: String,
     pub(super) source: Arc<str>,
     pub(super) lookback: Lookback,
@@ -218,6 +220,9 @@ impl Scan {
             match request(limit) {
                 Ok(answer) => return Ok(answer),
                 Err(e) if self.remaining().is_err() => return Err(e),
+                Err(_) if self.refused_login.lock().unwrap().is_some() => {
+                    return Err(KafkaError::Global(RDKafkaErrorCode::Authentication));
+                }
                 Err(e) => {
                     tracing::debug!(topic = %self.topic, error = %e, "reading back: trying again");
                     std::thread::sleep(POLL);
@@ -231,7 +236,15 @@ impl Scan {
         &self,
         consumer: &BaseConsumer<ReadBackContext>,
     ) -> Result<Option<Vec<Partition>>, KafkaError> {
-        let metadata = self.patiently(|limit| consumer.fetch_metadata(Some(&self.topic), limit))?;
+        let metadata = self.patiently(|limit| {
+            let answer = consumer.fetch_metadata(Some(&self.topic), limit);
+            if answer.is_err() {
+                // nothing is assigned yet: serving the queue delivers librdkafka's errors and
+                // log lines (a refused login among them) to the context, and no record
+                let _ = consumer.poll(Duration::ZERO);
+            }
+            answer
+        })?;
         let Some(topic) = metadata.topics().iter().find(|t| t.name() == self.topic) else { return Ok(None) };
         if topic.error().is_some() || topic.partitions().is_empty() {
             return Ok(None);
@@ -434,6 +447,7 @@ mod tests {
     fn scan(lookback: Lookback) -> Scan {
         Scan {
             cancelled: Arc::new(AtomicBool::new(false)),
+            refused_login: Default::default(),
             topic: "t".into(),
             source: "s".into(),
             lookback,
