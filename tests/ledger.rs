@@ -98,6 +98,19 @@ async fn two_consumers_debiting_one_wallet_at_once_never_overdraw_it() {
     }
 }
 
+/// Waits until all `events` records were processed and their offsets committed, then asserts
+/// each was applied once ([`assert_each_applied_once`]) and that both outcomes occurred.
+async fn assert_all_applied_once(l: &Ledger, events: i64, initial: i64) -> (i64, i64) {
+    wait_until_within(Duration::from_secs(180), "every event processed", async || {
+        l.scalar("SELECT count(*) FROM processed_events").await == events
+    })
+    .await;
+    l.committed().wait_for(events).await;
+    let (debited, declined) = assert_each_applied_once(l, events, initial).await;
+    assert!(declined > 0 && debited > 0, "the workload must exercise both outcomes");
+    (debited, declined)
+}
+
 /// Asserts that each of `events` records was applied once, with `initial` cents in every wallet
 /// at the start; returns how many were debited and declined.
 async fn assert_each_applied_once(l: &Ledger, events: i64, initial: i64) -> (i64, i64) {
@@ -163,15 +176,9 @@ async fn a_consumer_killed_mid_stream_loses_nothing_and_applies_nothing_twice() 
         ledger.kill9();
         ledger = l.start("ledger");
     }
-    wait_until_within(Duration::from_secs(180), "every event processed", async || {
-        processed().await == EVENTS
-    })
-    .await;
-    l.committed().wait_for(EVENTS).await;
 
     // then every event was applied once: one inbox row, one effect, one follow-up event each
-    let (debited, declined) = assert_each_applied_once(&l, EVENTS, INITIAL).await;
-    assert!(declined > 0 && debited > 0, "the workload must exercise both outcomes");
+    let (debited, declined) = assert_all_applied_once(&l, EVENTS, INITIAL).await;
     let log = std::fs::read_to_string(l.dir.path().join("ledger.log")).unwrap();
     let redelivered = log.matches("duplicate delivery skipped").count();
     eprintln!(
@@ -214,13 +221,7 @@ async fn one_of_two_consumers_in_a_group_killed_mid_stream_leaves_each_payment_a
     // then the group rebalances to the survivor (the coordinator drops the dead member after its
     // session timeout), which applies the rest
     wait_until("the group to have one member", async || l.stable_group_members() == 1).await;
-    wait_until_within(Duration::from_secs(180), "every event processed", async || {
-        processed().await == EVENTS
-    })
-    .await;
-    l.committed().wait_for(EVENTS).await;
-    let (debited, declined) = assert_each_applied_once(&l, EVENTS, INITIAL).await;
-    assert!(declined > 0 && debited > 0, "the workload must exercise both outcomes");
+    assert_all_applied_once(&l, EVENTS, INITIAL).await;
     assert!(first.log_text().contains("debited"), "{}", first.log_text());
 }
 

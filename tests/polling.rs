@@ -229,8 +229,8 @@ fn assert_roles_kept(relays: &[(&str, RelayProcess)], leader: usize, standby: us
 #[tokio::test(flavor = "multi_thread")]
 async fn poison_rows_are_dead_lettered_and_the_rest_flows() {
     // given a relay with a short metadata wait that does not ask the broker to create topics
-    // (tansu creates any topic a producer's metadata request allows it to), and rows that
-    // cannot be published among good ones
+    // (the test broker, as Kafka's default, creates any topic a producer's metadata request
+    // allows it to), and rows that cannot be published among good ones
     let s = Setup::polling("").await;
     let text = std::fs::read_to_string(s.config()).unwrap().replace(
         "[kafka]\n",

@@ -7,11 +7,8 @@
 //! StandardAuthorizer lets a SCRAM user do only what an ACL allows ([`OwnBroker::allow`]).
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-
-use super::repo_root;
 
 pub struct OwnBroker {
     holder: Option<Child>,
@@ -103,25 +100,8 @@ impl OwnBroker {
     }
 
     fn start_nodes(nodes: usize) -> OwnBroker {
-        let mut holder = Command::new(repo_root().join("deploy/local/services"))
-            .arg("hold-kafka")
-            .env("OUTBOX_KAFKA_NODES", nodes.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start deploy/local/services hold-kafka");
-        let stdout = holder.stdout.take().unwrap();
-        let mut env = HashMap::new();
-        for line in BufReader::new(stdout).lines() {
-            let line = line.expect("read services output");
-            if line == "READY" {
-                break;
-            }
-            if let Some((k, v)) = line.split_once('=') {
-                env.insert(k.to_string(), v.to_string());
-            }
-        }
-        assert!(env.contains_key("OUTBOX_RELAY_TEST_KAFKA"), "deploy/local/services hold-kafka failed");
+        let (holder, env) =
+            super::spawn_services("hold-kafka", &[("OUTBOX_KAFKA_NODES", &nodes.to_string())]);
         OwnBroker { holder: Some(holder), env }
     }
 

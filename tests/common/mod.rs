@@ -70,6 +70,17 @@ pub fn services() -> &'static Services {
 /// Runs `deploy/local/services MODE` and returns the KEY=VALUE lines it prints before READY.
 /// The services live until the test binary exits.
 pub fn hold(mode: &str, env: &[(&str, &str)]) -> std::collections::HashMap<String, String> {
+    let (child, vars) = spawn_services(mode, env);
+    HELD.lock().unwrap().push(child);
+    vars
+}
+
+/// Starts `deploy/local/services MODE` (a `hold` form) and reads the KEY=VALUE lines it prints
+/// before READY. The services stop when the returned child's stdin closes.
+pub fn spawn_services(
+    mode: &str,
+    env: &[(&str, &str)],
+) -> (Child, std::collections::HashMap<String, String>) {
     let mut child = Command::new(repo_root().join("deploy/local/services"))
         .arg(mode)
         .envs(env.iter().copied())
@@ -88,9 +99,8 @@ pub fn hold(mode: &str, env: &[(&str, &str)]) -> std::collections::HashMap<Strin
             vars.insert(k.to_string(), v.to_string());
         }
     }
-    assert!(vars.contains_key("OUTBOX_RELAY_TEST_PG_URL"), "deploy/local/services {mode} failed");
-    HELD.lock().unwrap().push(child);
-    vars
+    assert!(vars.contains_key("OUTBOX_LOCAL_STATE"), "deploy/local/services {mode} failed");
+    (child, vars)
 }
 
 /// Runs `PG_BIN/pg_ctl ARGS` (as the postgres user when the tests run as root) and asserts it
@@ -319,8 +329,8 @@ pub fn consumer(topics: &[&str]) -> StreamConsumer {
 }
 
 /// As [`consumer`], on `brokers`. The consumer is assigned every partition of `topics` from the
-/// beginning, without a consumer group: a group join can take the broker seconds, and a test
-/// wants every record anyway. A topic that does not exist yet is subscribed to instead.
+/// beginning, without joining its consumer group: a test wants every record and commits
+/// nothing. A topic that does not exist yet is subscribed to instead.
 pub fn consumer_on(brokers: &str, topics: &[&str]) -> StreamConsumer {
     let consumer: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)

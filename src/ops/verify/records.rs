@@ -2,8 +2,8 @@
 //! window's start (or each partition's beginning) to the partition's end, with
 //! `isolation.level=read_committed`, checked against the [`Expected`] rows as it streams by.
 //!
-//! A partition is read until librdkafka reports its end (PartitionEOF), never to the reported
-//! high watermark: tansu 0.6 reports it low (see `sink::dedup::scan`). Per aggregate key, the
+//! A partition is read until librdkafka reports its end (PartitionEOF), never to a high
+//! watermark read before (records can land meanwhile; see `sink::dedup::scan`). Per aggregate key, the
 //! last record's place in commit order is kept (its commit LSN for streamed records, else its
 //! id) to see records of one key out of order.
 

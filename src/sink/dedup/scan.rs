@@ -2,8 +2,8 @@
 //! replay can repeat, as keys (see the parent module for the rule and why it cannot lose).
 //!
 //! Each partition is read backwards in windows of [`FIRST_WINDOW`], then twice as many, from its
-//! end, and forward inside each window to the true end (tansu 0.6 reports a partition's end as
-//! the start of its last record batch + 1, so the reported end is never where reading stops).
+//! end, and forward inside each window until librdkafka reports the partition's end (records can
+//! land while it reads, so a high watermark read before is never where reading stops).
 //! Newest first, records are taken until one is older than anything the replay can repeat.
 
 use std::collections::HashSet;
