@@ -380,8 +380,15 @@ start_kafka() {
             names+=("node-$id")
         done
     fi
-    # a cluster id as Kafka makes them: 16 random bytes, base64url without padding
-    cluster=$(python3 -c "import base64, os; print(base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip('='))")
+    # a cluster id as Kafka makes them: 16 random bytes, base64url without padding, never
+    # starting with "-" (the storage tool would take it for an option, as Kafka's Uuid avoids)
+    cluster=$(python3 -c "
+import base64, os
+while True:
+    id = base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip('=')
+    if not id.startswith('-'):
+        break
+print(id)")
     for node in "${names[@]}"; do
         KAFKA_LOG4J=$dir/$node/log4j2.yaml kafka_java kafka.tools.StorageTool format -t "$cluster" \
             -c "$dir/$node/server.properties" \
