@@ -321,6 +321,19 @@ ensure_kafka() {
     cmp -s "$KAFKA_HOME/jars.sha256" "$KAFKA_PIN" || install_kafka
 }
 
+# with_kafka_fetched CMD...: runs CMD (a build) while Kafka's jars are fetched in the background,
+# when they are missing: from an empty Maven repository the fetch took about 2 minutes, as
+# long as compiling the relay, and neither needs the other. Fails if either fails.
+with_kafka_fetched() {
+    local fetch status=0
+    if cmp -s "$KAFKA_HOME/jars.sha256" "$KAFKA_PIN"; then "$@"; return; fi
+    (ensure_kafka) &
+    fetch=$!
+    "$@" || status=$?
+    wait "$fetch" || die "fetching Apache Kafka failed (see above)"
+    return $status
+}
+
 # kafka_java ARGS...: java with the broker's classpath, its logging to the file
 # $KAFKA_LOG4J names (or quiet on stderr).
 kafka_java() {
