@@ -29,6 +29,7 @@ pub mod backoff;
 pub(crate) mod checkpoint;
 pub mod config;
 pub(crate) mod dead_letter;
+pub(crate) mod delivery;
 pub mod error;
 pub(crate) mod event;
 pub mod lsn;

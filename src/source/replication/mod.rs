@@ -12,12 +12,12 @@
 //! - at most `replication.max_in_flight_events` records are unacknowledged; reading pauses at
 //!   the bound, so memory stays flat however large the backlog.
 //!
-//! Files: [`slot`] (publication, slot, first copy), [`stream`] (one streaming session's loop),
+//! Files: [`slot`] (publication, slot), [`copy`] (the first copy of a new slot), [`stream`] (one streaming session's loop),
 //! [`decode`] (pgoutput), [`transport`] (the replication connection, behind our own seam).
 
+mod copy;
 mod decode;
 pub(crate) mod failover;
-mod in_flight;
 pub(crate) mod publication;
 mod slot;
 mod stream;

@@ -15,24 +15,18 @@
 
 use std::str::FromStr;
 
-use futures::{StreamExt, pin_mut};
 use tokio::sync::watch;
 use tokio_postgres::Client;
 
+use super::copy::FirstCopy;
 use super::transport::{self, Command};
 use super::{MODE, ReplicationSource};
 use crate::config::{Endpoint, RelayConfig};
-use crate::dead_letter::DeadLetter;
 use crate::error::{FatalReason, RelayError};
-use crate::event::{OutboxEvent, Position};
 use crate::lsn::Lsn;
 use crate::observe::pulse::Pulse;
 use crate::sink::dedup::{Dedup, Lookback};
-use crate::sink::kafka::PublishError;
-use crate::table::{OutboxTable, quote_ident, quote_literal, raw_event};
-
-/// Rows of the initial copy published (and awaited) together.
-const COPY_CHUNK: usize = 2_000;
+use crate::table::{OutboxTable, quote_ident};
 
 /// The relay's own memory of its slots (sql/006_relay_slots.sql, sql/007_relay_slots_timeline.sql,
 /// sql/008_relay_slots_owner.sql).
@@ -359,137 +353,9 @@ pub(super) async fn create_and_copy(
     // any row of the table may be in the topic already (a copy that was interrupted, or the
     // slot recreated after it was lost): read back everything the topics hold from this source
     let dedup = Dedup::new(&source.config, MODE, Lookback::Everything, source.sink.source(), shutdown);
-    let mut copy =
-        Copy { source, server, dead_letters: client, pulse, point: consistent_point, dedup, rows: 0 };
-    let copied = copy.run(&snapshot, shutdown).await?;
+    let copy = FirstCopy { source, server, dead_letters: client, pulse, point: consistent_point };
+    let copied = copy.run(&snapshot, dedup, shutdown).await?;
     client.execute(COPIED_SQL, &[slot]).await?;
     tracing::info!(%slot, rows = copied, "pre-existing rows published; streaming from the slot");
     Ok(consistent_point)
-}
-
-/// The first copy: the rows of the slot's snapshot, published in id order.
-struct Copy<'a> {
-    source: &'a ReplicationSource,
-    /// The server whose replication session exported the snapshot: only it knows the snapshot.
-    server: &'a Endpoint,
-    /// Where dead letters are written (the copy's own session is read-only).
-    dead_letters: &'a Client,
-    pulse: &'a Pulse,
-    /// The slot's consistent point, in each record's position.
-    point: Lsn,
-    /// Rows the topic already holds (from an interrupted copy, or the slot's previous life).
-    dedup: Dedup,
-    /// Rows read so far: the next row's index in its position.
-    rows: u64,
-}
-
-impl Copy<'_> {
-    async fn run(&mut self, snapshot: &str, shutdown: &mut watch::Receiver<bool>) -> Result<u64, RelayError> {
-        let mut client = crate::postgres::connect_to(&self.source.config.postgres, self.server).await?;
-        let tx = client
-            .build_transaction()
-            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await?;
-        tx.batch_execute(&format!("SET TRANSACTION SNAPSHOT {}", quote_literal(snapshot))).await?;
-        let encoding: String = tx.query_one(OutboxTable::SERVER_ENCODING_SQL, &[]).await?.get(0);
-        let table = self.source.table.clone().for_server_encoding(&encoding);
-        let rows = tx.query_raw(&table.copy_sql(), std::iter::empty::<i32>()).await?;
-        pin_mut!(rows);
-        let mut copied = 0u64;
-        let mut chunk = Vec::with_capacity(COPY_CHUNK);
-        loop {
-            let next = rows.next().await.transpose()?;
-            if let Some(row) = &next {
-                let (raw, created_at) = raw_event(row)?;
-                let index = self.rows;
-                self.rows += 1;
-                match self.source.mapping.to_event(raw, created_at) {
-                    Ok(mut event) => {
-                        event.position = Some(Position::Copy { point: self.point, index });
-                        if self.dedup.written(&event, self.pulse).await? {
-                            copied += 1;
-                        } else {
-                            chunk.push(event);
-                        }
-                    }
-                    Err(unpublishable) => {
-                        // what precedes the row goes first
-                        copied += self.publish(&mut chunk, shutdown).await?;
-                        self.unpublishable(DeadLetter::unmapped(*unpublishable), None, shutdown).await?;
-                    }
-                }
-            }
-            if chunk.len() == COPY_CHUNK || next.is_none() {
-                copied += self.publish(&mut chunk, shutdown).await?;
-            }
-            if next.is_none() {
-                break;
-            }
-        }
-        tx.commit().await?;
-        Ok(copied)
-    }
-
-    /// Publishes and empties `chunk`; returns how many Kafka acknowledged.
-    async fn publish(
-        &mut self,
-        chunk: &mut Vec<OutboxEvent>,
-        shutdown: &mut watch::Receiver<bool>,
-    ) -> Result<u64, RelayError> {
-        if chunk.is_empty() {
-            return Ok(0);
-        }
-        let mut acknowledged = 0;
-        let results = self.source.sink.publish(chunk, self.pulse).await;
-        for (event, result) in std::mem::take(chunk).into_iter().zip(results) {
-            match result {
-                Ok(()) => acknowledged += 1,
-                Err(PublishError::Permanent(reason)) => {
-                    // the record is kept for retries only when the policy holds at it
-                    let retry = self.source.dead_letters.blocks().then(|| event.clone());
-                    let letter = DeadLetter::refused(event, reason);
-                    acknowledged += self.unpublishable(letter, retry.as_ref(), shutdown).await?;
-                }
-                Err(PublishError::Transient { detail, .. }) => return Err(RelayError::Kafka(detail)),
-            }
-        }
-        // refused records that got through after a hold count here as well: every one is published
-        crate::observe::metrics::metrics()
-            .events_published
-            .with_label_values(&[MODE.label()])
-            .inc_by(acknowledged);
-        Ok(acknowledged)
-    }
-
-    /// Dead-letters `letter`, or holds at it: retrying `refused` (a record Kafka refused) until
-    /// accepted, or, for a row that cannot map, until shutdown. Returns 1 when it got through.
-    async fn unpublishable(
-        &self,
-        letter: DeadLetter,
-        refused: Option<&OutboxEvent>,
-        shutdown: &mut watch::Receiver<bool>,
-    ) -> Result<u64, RelayError> {
-        let dead_letters = &self.source.dead_letters;
-        if !dead_letters.blocks() {
-            dead_letters.write_committed(self.dead_letters, std::slice::from_ref(&letter)).await?;
-            return Ok(0);
-        }
-        let mut hold = dead_letters.hold(letter, self.pulse);
-        loop {
-            if !hold.wait(self.pulse, shutdown).await {
-                return Err(RelayError::Interrupted);
-            }
-            let Some(event) = refused else { continue };
-            match self.source.sink.publish(std::slice::from_ref(event), self.pulse).await.remove(0) {
-                Ok(()) => {
-                    hold.release(self.pulse);
-                    return Ok(1);
-                }
-                Err(PublishError::Permanent(_)) => continue,
-                Err(PublishError::Transient { detail, .. }) => return Err(RelayError::Kafka(detail)),
-            }
-        }
-    }
 }

@@ -4,40 +4,44 @@
 //! acknowledgements (they free room and move the confirmed position), then the stream (only
 //! while in-flight records are under the bound and nothing is held), then the timers.
 //!
+//! Records go to Kafka through the delivery stage ([`crate::delivery`]), each with its
+//! transaction as its position; what this session keeps is the stream's own: the transactions
+//! ([`Tracker`]), the bounds on what is in flight, the publication check, the confirmations.
+//!
 //! Holding (`dead_letter.on_poison = "block"`): reading stops at the unpublishable event. Records
 //! already handed to Kafka still settle and their transactions are confirmed; the held
-//! transaction and everything after it are not. A refused record is sent again at backoff until
-//! Kafka takes it; a row that cannot map is reported at backoff until the relay is restarted with
-//! another policy. The session is never ended for it, so nothing acknowledged is sent again.
+//! transaction and everything after it are not. The stage sends a refused record again at
+//! backoff until Kafka takes it, and reports a row that cannot map at backoff until the relay
+//! is restarted with another policy. The session is never ended for it, so nothing acknowledged
+//! is sent again.
 
-use std::collections::VecDeque;
 use std::time::{Duration, Instant, SystemTime};
 
 use prometheus::IntCounter;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio_postgres::Client;
 
 use super::decode::{self, Change, Decoder};
-use super::in_flight::{InFlight, Sent};
 use super::transport::{WalEvent, WalStream};
 use super::{HEARTBEAT_PREFIX, MODE, ReplicationSource, publication};
 use crate::checkpoint::{Tracker, TxnId};
-use crate::dead_letter::{DeadLetter, Hold};
+use crate::dead_letter::DeadLetter;
+use crate::delivery::sink::Reports;
+use crate::delivery::{Delivery, Settled};
 use crate::error::{FatalReason, RelayError};
-use crate::event::{OutboxEvent, Position, RawEvent};
+use crate::event::{Position, RawEvent};
 use crate::lsn::Lsn;
 use crate::observe::metrics::{Clock, SkippedKind, metrics};
 use crate::observe::pulse::Pulse;
 use crate::sink::dedup::Dedup;
-use crate::sink::kafka::{PublishError, Report, StallWatch};
+use crate::sink::kafka::KafkaSink;
+use crate::sink::kafka::Report;
 
 /// Stream events handled in one turn of the loop, at most, before reports are looked at again:
 /// one clock read and one `select!` for the run instead of one per event.
 const READ_TURN: usize = 128;
 /// Delivery reports taken in one turn, at most (one clock read for the run).
 const REPORT_TURN: usize = 256;
-
-type Reports = mpsc::UnboundedReceiver<Report>;
 
 /// At shutdown, how long the last status update (sent at once) is given to leave before the
 /// stream ends.
@@ -53,42 +57,23 @@ struct OpenTxn {
     next_index: u32,
 }
 
-/// Held at an unpublishable event.
-struct Held {
-    /// Reports the first unpublishable event and paces the retries.
-    hold: Hold,
-    /// Records Kafka refused, in the order they were sent; the first is sent again first.
-    refused: VecDeque<(TxnId, OutboxEvent)>,
-    /// A row that can never map was read: only a restart with another policy moves past it.
-    unmapped: bool,
-    /// A resend of `refused[0]` is in flight.
-    resending: bool,
-    next_try: tokio::time::Instant,
-}
-
 pub(super) struct StreamSession<'a> {
     source: &'a ReplicationSource,
     client: &'a Client,
-    pulse: &'a Pulse,
     wal: WalStream,
     tracker: Tracker,
     decoder: Decoder,
-    /// Records handed to Kafka and not yet reported.
-    in_flight: InFlight,
+    /// The path to Kafka: each record's position is its transaction.
+    delivery: Delivery<'a, KafkaSink, TxnId>,
     /// When the current turn of reading began: the send time of the records it hands over.
     turn_at: Instant,
     open: Option<OpenTxn>,
-    stall: StallWatch,
-    held: Option<Held>,
     /// The publication was verified to deliver every insert committed before this position.
     verified: Lsn,
     /// The last position confirmed to PostgreSQL: never past `verified`.
     confirmed: Lsn,
-    /// Replayed events Kafka already holds are not sent again.
-    dedup: Dedup,
-    /// This mode's `events_read_total` and `events_published_total` (looked up once).
+    /// This mode's `events_read_total` (looked up once).
     read: IntCounter,
-    published: IntCounter,
 }
 
 impl<'a> StreamSession<'a> {
@@ -103,20 +88,22 @@ impl<'a> StreamSession<'a> {
         StreamSession {
             source,
             client,
-            pulse,
             wal,
             tracker: Tracker::new(confirmed),
             decoder: Decoder::new(&source.config.outbox),
-            in_flight: InFlight::default(),
+            delivery: Delivery::new(
+                &source.sink,
+                &source.dead_letters,
+                &source.config.kafka,
+                dedup,
+                pulse,
+                MODE,
+            ),
             turn_at: Instant::now(),
             open: None,
-            stall: StallWatch::new(&source.config.kafka),
-            held: None,
             verified: confirmed,
             confirmed,
-            dedup,
             read: metrics().events_read.with_label_values(&[MODE.label()]),
-            published: metrics().events_published.with_label_values(&[MODE.label()]),
         }
     }
 
@@ -129,25 +116,24 @@ impl<'a> StreamSession<'a> {
 
     async fn stream(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<(), RelayError> {
         // this session is the one sending: reports of earlier sessions' records are passed over
-        let mut reports = self.source.sink.reports().await;
+        let mut reports = self.delivery.reports().await;
         let mut batch = Vec::with_capacity(REPORT_TURN);
         self.verified = publication::verify(&self.source.config, self.client).await?;
         let first = tokio::time::Instant::now() + publication::CHECK_INTERVAL;
         let mut verify = tokio::time::interval_at(first, publication::CHECK_INTERVAL);
         verify.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let heartbeat_ms = self.source.config.replication.heartbeat_interval_ms;
-        let mut stall_check = tokio::time::interval(self.stall.period());
+        let mut stall_check = tokio::time::interval(self.delivery.stall_period());
         let mut heartbeat = tokio::time::interval(Duration::from_millis(heartbeat_ms.max(1)));
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let reading = self.reading();
-            let retry_at = self.held.as_ref().filter(|h| !h.resending).map(|h| h.next_try);
             tokio::select! {
                 biased;
                 // 1. shutdown: stop reading, settle what is in flight, confirm it
                 _ = shutdown.changed() => return self.drain(&mut reports).await,
                 // 2. acknowledgements
-                _ = reports.recv_many(&mut batch, REPORT_TURN), if self.in_flight.records() > 0 => {
+                _ = reports.recv_many(&mut batch, REPORT_TURN), if self.delivery.records() > 0 => {
                     let clock = Clock::now();
                     for report in batch.drain(..) {
                         self.settle(report, &clock).await?;
@@ -162,7 +148,7 @@ impl<'a> StreamSession<'a> {
                 }
                 // 4. liveness and the stall watch, at most every stall period (not per event); what
                 //    waits is the records sent, not held ones
-                _ = stall_check.tick() => self.stall.check(self.in_flight.records(), self.pulse),
+                _ = stall_check.tick() => self.delivery.check_stall(),
                 // 5. heartbeat: a WAL record of our own, so an idle outbox in a busy database
                 //    still sees positions it may confirm (see `message` below)
                 _ = heartbeat.tick(), if heartbeat_ms > 0 => {
@@ -174,8 +160,8 @@ impl<'a> StreamSession<'a> {
                     self.confirm(self.tracker.confirmed());
                 }
                 // 7. held: try the refused record again, or report the held row again
-                _ = tokio::time::sleep_until(retry_at.unwrap_or_else(far_future)), if retry_at.is_some() => {
-                    self.retry_held().await;
+                _ = self.delivery.retry_due() => {
+                    self.delivery.retry_held().await;
                 }
             }
             self.confirm_acknowledged();
@@ -186,9 +172,9 @@ impl<'a> StreamSession<'a> {
     /// record may take the bytes over the budget; the next waits).
     fn reading(&self) -> bool {
         let r = &self.source.config.replication;
-        self.held.is_none()
+        !self.delivery.holding()
             && self.tracker.in_flight_events() < r.max_in_flight_events
-            && self.in_flight.bytes() < r.max_in_flight_bytes
+            && self.delivery.bytes() < r.max_in_flight_bytes
     }
 
     /// Handles `first` and the events the transport has read already, up to [`READ_TURN`], as
@@ -210,7 +196,7 @@ impl<'a> StreamSession<'a> {
 
     /// Shutdown: settle what is in flight, confirm it, give the status update time to leave.
     async fn drain(&mut self, reports: &mut Reports) -> Result<(), RelayError> {
-        while self.in_flight.records() > 0 {
+        while self.delivery.records() > 0 {
             let report = reports.recv().await.expect("the sink holds a sender");
             self.settle(report, &Clock::now()).await?;
         }
@@ -229,7 +215,7 @@ impl<'a> StreamSession<'a> {
         }
         let m = metrics();
         m.events_in_flight.set(self.tracker.in_flight_events() as i64);
-        m.bytes_in_flight.set(self.in_flight.bytes() as i64);
+        m.bytes_in_flight.set(self.delivery.bytes() as i64);
         m.transactions_in_flight.set(self.tracker.open_transactions() as i64);
     }
 
@@ -243,7 +229,7 @@ impl<'a> StreamSession<'a> {
             return;
         }
         self.confirmed = lsn;
-        if self.in_flight.records() == 0 {
+        if self.delivery.records() == 0 {
             self.wal.confirm_now(lsn);
         } else {
             self.wal.confirm(lsn);
@@ -353,133 +339,62 @@ impl<'a> StreamSession<'a> {
                      rolls back); emit events with outbox_emit() or pg_logical_emit_message(true, ...)"
                 .into(),
         );
-        if self.source.dead_letters.blocks() {
-            // held like a row that cannot map: nothing after it is read, nothing past it confirmed
-            self.hold(letter, None);
-            return Ok(());
-        }
-        self.source.dead_letters.write_committed(self.client, &[letter]).await?;
+        // its own unit of the position; held like a row that cannot map: nothing after it is
+        // read, nothing past it confirmed
         let txn = self.tracker.begin();
-        self.tracker.commit(txn, lsn);
+        if let Settled::DeadLettered(_, letter) = self.delivery.unpublishable(txn, letter) {
+            self.source.dead_letters.write_committed(self.client, &[*letter]).await?;
+            self.tracker.commit(txn, lsn);
+        }
         Ok(())
     }
 
     /// Publishes the event at `txn`'s current index (see [`next_event`]).
     async fn publish(&mut self, raw: RawEvent, txn: OpenTxn) -> Result<(), RelayError> {
         self.read.inc();
-        match self.source.mapping.to_event(raw, Some(txn.commit_time)) {
+        let settled = match self.source.mapping.to_event(raw, Some(txn.commit_time)) {
             Ok(mut event) => {
                 event.position = Some(Position::Stream { commit: txn.commit_lsn, index: txn.next_index });
-                if self.dedup.written(&event, self.pulse).await? {
-                    return Ok(()); // settled: an earlier session's record of it is in the topic
-                }
                 self.tracker.sent(txn.id);
-                self.send(txn.id, event, self.turn_at).await;
-                Ok(())
+                self.delivery.send(txn.id, event, self.turn_at).await?
             }
-            Err(unpublishable) => {
-                let letter = DeadLetter::unmapped(*unpublishable);
-                if self.source.dead_letters.blocks() {
-                    self.hold(letter, None);
-                    Ok(())
-                } else {
-                    self.source.dead_letters.write_committed(self.client, &[letter]).await.map(drop)
+            // (never sent, so never counted in the transaction: dead-lettering it releases nothing)
+            Err(unpublishable) => match self
+                .delivery
+                .unpublishable(txn.id, DeadLetter::unmapped(*unpublishable))
+            {
+                Settled::DeadLettered(_, letter) => {
+                    return self.source.dead_letters.write_committed(self.client, &[*letter]).await.map(drop);
                 }
-            }
-        }
-    }
-
-    /// Hands `event` to the producer (`at`: when, as the turn's clock read it); its report
-    /// arrives on the sink's reports.
-    async fn send(&mut self, txn: TxnId, event: OutboxEvent, at: Instant) {
-        let bytes = event.size();
-        let seq = self.source.sink.enqueue(&event).await;
-        self.in_flight.insert(seq, Sent { txn, event, at, bytes });
-    }
-
-    /// An acknowledgement, or a failure: permanent ones are unpublishable, transient ones end
-    /// the session. A report of no record of this session's is passed over.
-    async fn settle(&mut self, report: Report, clock: &Clock) -> Result<(), RelayError> {
-        let Some(Sent { txn, event, at, .. }) = self.in_flight.take(report.seq) else { return Ok(()) };
-        let outcome = report.outcome;
-        let resent = self.held.as_ref().is_some_and(|h| {
-            h.resending && h.refused.front().is_some_and(|(t, e)| *t == txn && e.id == event.id)
-        });
-        let Err(e) = outcome else {
-            self.stall.progressed(clock.now, self.pulse);
-            self.pulse.progressed();
-            metrics().acknowledged_at(&self.published, at, event.created_at, clock);
-            self.tracker.acked(txn);
-            if resent {
-                self.resent_accepted();
-            }
-            return Ok(());
+                held => Some(held),
+            },
         };
-        let failure = self.source.sink.classify(&event.topic, &e).await;
-        metrics().publish_errors.with_label_values(&[failure.error_type()]).inc();
-        match failure {
-            PublishError::Transient { detail, .. } => {
-                Err(RelayError::Kafka(format!("event {} not acknowledged: {detail}", event.id)))
-            }
-            PublishError::Permanent(_) if resent => {
-                self.held.as_mut().expect("held").resending = false;
-                Ok(())
-            }
-            PublishError::Permanent(reason) if self.source.dead_letters.blocks() => {
-                self.hold(DeadLetter::refused(event.clone(), reason), Some((txn, event)));
-                Ok(())
-            }
-            PublishError::Permanent(reason) => {
-                self.source
-                    .dead_letters
-                    .write_committed(self.client, &[DeadLetter::refused(event, reason)])
-                    .await?;
+        match settled {
+            Some(settled) => self.settled(settled).await,
+            None => Ok(()),
+        }
+    }
+
+    /// A report from the sink, settled by the delivery stage.
+    async fn settle(&mut self, report: Report, clock: &Clock) -> Result<(), RelayError> {
+        match self.delivery.settle(report, clock).await? {
+            Some(settled) => self.settled(settled).await,
+            None => Ok(()),
+        }
+    }
+
+    /// What a settled record means to the stream: its transaction counts it as acknowledged
+    /// once Kafka or the dead-letter table holds it; a held one keeps its transaction open.
+    async fn settled(&mut self, settled: Settled<TxnId>) -> Result<(), RelayError> {
+        match settled {
+            Settled::Acked(txn) => self.tracker.acked(txn),
+            Settled::DeadLettered(txn, letter) => {
+                self.source.dead_letters.write_committed(self.client, &[*letter]).await?;
                 self.tracker.acked(txn);
-                Ok(())
             }
+            Settled::Held(_) => {}
         }
-    }
-
-    /// Starts holding (or adds a refused record to the hold).
-    fn hold(&mut self, letter: DeadLetter, refused: Option<(TxnId, OutboxEvent)>) {
-        let unmapped = refused.is_none();
-        let held = self.held.get_or_insert_with(|| Held {
-            hold: self.source.dead_letters.hold(letter, self.pulse),
-            refused: VecDeque::new(),
-            unmapped: false,
-            resending: false,
-            next_try: tokio::time::Instant::now(),
-        });
-        held.unmapped |= unmapped;
-        held.refused.extend(refused);
-        if held.refused.len() + usize::from(held.unmapped) == 1 {
-            held.next_try = tokio::time::Instant::now() + held.hold.next_delay();
-        }
-    }
-
-    /// The retry timer: send the first refused record again, or report the held row again.
-    async fn retry_held(&mut self) {
-        let held = self.held.as_mut().expect("held");
-        held.next_try = tokio::time::Instant::now() + held.hold.next_delay();
-        match held.refused.front().cloned() {
-            Some((txn, event)) => {
-                held.resending = true;
-                tracing::info!(event_id = %event.id, "sending the held record again");
-                self.send(txn, event, Instant::now()).await;
-            }
-            None => held.hold.report(self.pulse),
-        }
-    }
-
-    /// The first refused record was taken: move on to the next, or stop holding.
-    fn resent_accepted(&mut self) {
-        let held = self.held.as_mut().expect("held");
-        held.refused.pop_front();
-        held.resending = false;
-        if held.refused.is_empty() && !held.unmapped {
-            let held = self.held.take().expect("held");
-            held.hold.release(self.pulse);
-        }
+        Ok(())
     }
 }
 
@@ -489,9 +404,4 @@ fn next_event(txn: &mut OpenTxn) -> OpenTxn {
     let current = *txn;
     txn.next_index += 1;
     current
-}
-
-/// A deadline that never comes (for a disabled `select!` branch's placeholder).
-fn far_future() -> tokio::time::Instant {
-    tokio::time::Instant::now() + Duration::from_secs(86_400 * 365)
 }

@@ -1,35 +1,40 @@
-//! The records a streaming session handed to Kafka and has no report for yet, found by the
-//! number the sink gave each ([`crate::sink::kafka::Report::seq`]). A ring in send order: a
+//! The records the delivery stage handed to the sink and has no report for yet, found by the
+//! number the sink gave each ([`crate::sink::kafka::Report::seq`]), each with the source's position. A ring in send order: a
 //! report finds its record by index, not by search, and once the ring has grown to the
 //! in-flight bound nothing is allocated per record.
 
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use crate::checkpoint::TxnId;
 use crate::event::OutboxEvent;
 
 /// One record waiting for its report.
-pub(super) struct Sent {
-    pub(super) txn: TxnId,
+pub(super) struct Sent<P> {
+    /// Where the source read it.
+    pub(super) position: P,
     pub(super) event: OutboxEvent,
     /// When it was handed to the producer (read once per turn of reading, not per record).
     pub(super) at: Instant,
-    /// What it counts against `replication.max_in_flight_bytes`.
+    /// What it counts against the in-flight byte bound.
     pub(super) bytes: usize,
 }
 
-#[derive(Default)]
-pub(super) struct InFlight {
+pub(super) struct InFlight<P> {
     /// The number of `slots[0]`.
     base: usize,
     /// `None`: reported already (or a number the sink gave to no record of this session).
-    slots: VecDeque<Option<Sent>>,
+    slots: VecDeque<Option<Sent<P>>>,
     records: usize,
     bytes: usize,
 }
 
-impl InFlight {
+impl<P> Default for InFlight<P> {
+    fn default() -> Self {
+        InFlight { base: 0, slots: VecDeque::new(), records: 0, bytes: 0 }
+    }
+}
+
+impl<P> InFlight<P> {
     pub(super) fn records(&self) -> usize {
         self.records
     }
@@ -39,7 +44,7 @@ impl InFlight {
     }
 
     /// Keeps `sent` under `seq`, a number higher than any kept before.
-    pub(super) fn insert(&mut self, seq: usize, sent: Sent) {
+    pub(super) fn insert(&mut self, seq: usize, sent: Sent<P>) {
         if self.slots.is_empty() {
             self.base = seq;
         }
@@ -53,7 +58,7 @@ impl InFlight {
 
     /// The record numbered `seq`, if it waits here (a report of an earlier session's record
     /// does not).
-    pub(super) fn take(&mut self, seq: usize) -> Option<Sent> {
+    pub(super) fn take(&mut self, seq: usize) -> Option<Sent<P>> {
         let index = seq.checked_sub(self.base)?;
         let sent = self.slots.get_mut(index)?.take()?;
         self.records -= 1;
@@ -70,20 +75,8 @@ impl InFlight {
 mod tests {
     use super::*;
 
-    fn sent(id: &str, bytes: usize) -> Sent {
-        let event = OutboxEvent {
-            id: id.into(),
-            topic: "t".into(),
-            key: "k".into(),
-            payload: Vec::new(),
-            event_type: "E".into(),
-            aggregate_type: "a".into(),
-            row_headers: Vec::new(),
-            created_at: None,
-            position: None,
-        };
-        let txn = crate::checkpoint::Tracker::new(crate::lsn::Lsn(0)).begin();
-        Sent { txn, event, at: Instant::now(), bytes }
+    fn sent(id: &str, bytes: usize) -> Sent<()> {
+        Sent { position: (), event: crate::delivery::scripted::record(id), at: Instant::now(), bytes }
     }
 
     #[test]

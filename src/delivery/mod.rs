@@ -1,0 +1,271 @@
+//! The delivery stage: the one path from a source to a sink. A source hands it
+//! `(position, record)`, or `(position, dead letter)` for a row that cannot become a record, and
+//! gets back settled outcomes by position: [`Settled::Acked`], [`Settled::DeadLettered`],
+//! [`Settled::Held`]. What the source then does with a position (confirm an LSN, release a
+//! claimed row, count a copied row) is the source's; how a record gets to Kafka is this stage's.
+//!
+//! Invariants:
+//! - every position handed over settles exactly once, in one of three ways: `Acked` (Kafka
+//!   acknowledged its record, or the read-back found it written by an earlier session: it is
+//!   not sent again), `DeadLettered` (unpublishable under `dead_letter.on_poison =
+//!   "dead_letter"`: the source writes the letter where it releases the position), or `Held`
+//!   (`on_poison = "block"`: nothing at or after the position may be released). A transient
+//!   failure settles nothing: it ends the session with an error, and the source's unreleased
+//!   positions are read again by the next one;
+//! - `dead_letter.on_poison` is consulted here and nowhere else;
+//! - records go to the sink in the order they are handed over; the stage keeps each in flight
+//!   until its report, and says how many records and bytes are in flight, for the source's
+//!   bounds;
+//! - while held, the first refused record is sent again at the hold's backoff until Kafka
+//!   takes it (it then settles `Acked`), then the next; a row that cannot map is reported again
+//!   at backoff and stays held until the relay restarts with another policy;
+//! - the stall watch sees exactly the records in flight.
+//!
+//! Room for what comes next: a Kafka transaction spanning whole source transactions is a
+//! boundary the source marks between positions, at which the stage commits and settles what
+//! precedes it; several outbox tables are several mappings in front of one stage (a position
+//! already says where a record came from); a serializer is the step that makes the record the
+//! source hands over.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use prometheus::IntCounter;
+use tokio::sync::MutexGuard;
+
+use crate::config::KafkaConfig;
+use crate::dead_letter::{DeadLetter, DeadLetters, Hold};
+use crate::error::RelayError;
+use crate::event::OutboxEvent;
+use crate::observe::metrics::{Clock, Mode, metrics};
+use crate::observe::pulse::Pulse;
+use crate::sink::dedup::Dedup;
+use crate::sink::kafka::StallWatch;
+use crate::sink::kafka::{PublishError, Report};
+
+mod in_flight;
+#[cfg(test)]
+pub(crate) mod scripted;
+pub(crate) mod sink;
+#[cfg(test)]
+mod tests;
+
+use in_flight::{InFlight, Sent};
+use sink::{Reports, Sink};
+
+/// What became of a position.
+#[derive(Debug)]
+pub(crate) enum Settled<P> {
+    /// Kafka holds the record.
+    Acked(P),
+    /// Unpublishable, and the policy is to dead-letter: the source writes `DeadLetter`.
+    DeadLettered(P, Box<DeadLetter>),
+    /// Unpublishable, and the policy is to block: the stage holds at it.
+    Held(P),
+}
+
+/// Held at an unpublishable event.
+struct Held<P> {
+    /// Reports the first unpublishable event and paces the retries.
+    hold: Hold,
+    /// Records Kafka refused, in the order they were sent; the first is sent again first.
+    refused: VecDeque<(P, OutboxEvent)>,
+    /// A row that can never map was handed over: only a restart with another policy moves on.
+    unmapped: bool,
+    /// The number of the resend of `refused[0]` in flight.
+    resending: Option<usize>,
+    next_try: tokio::time::Instant,
+}
+
+pub(crate) struct Delivery<'a, S: Sink, P> {
+    sink: &'a S,
+    dead_letters: &'a DeadLetters,
+    pulse: &'a Pulse,
+    /// Events an earlier session already wrote are settled without being sent.
+    dedup: Dedup,
+    in_flight: InFlight<P>,
+    stall: StallWatch,
+    held: Option<Held<P>>,
+    /// The mode's `events_published_total` (looked up once).
+    published: IntCounter,
+}
+
+impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
+    pub(crate) fn new(
+        sink: &'a S,
+        dead_letters: &'a DeadLetters,
+        kafka: &KafkaConfig,
+        dedup: Dedup,
+        pulse: &'a Pulse,
+        mode: Mode,
+    ) -> Delivery<'a, S, P> {
+        Delivery {
+            sink,
+            dead_letters,
+            pulse,
+            dedup,
+            in_flight: InFlight::default(),
+            stall: StallWatch::new(kafka),
+            held: None,
+            published: metrics().events_published.with_label_values(&[mode.label()]),
+        }
+    }
+
+    /// The sink's delivery reports, for [`Delivery::settle`]: this stage is the one sending
+    /// while the guard is held.
+    pub(crate) async fn reports(&self) -> MutexGuard<'a, Reports> {
+        let sink: &'a S = self.sink;
+        sink.reports().await
+    }
+
+    /// Hands `record`, read at `position`, to the sink (`at`: when, as the caller's clock read
+    /// it); `Some(Acked)` at once when the topic already holds it.
+    pub(crate) async fn send(
+        &mut self,
+        position: P,
+        record: OutboxEvent,
+        at: Instant,
+    ) -> Result<Option<Settled<P>>, RelayError> {
+        if self.dedup.written(&record, self.pulse).await? {
+            return Ok(Some(Settled::Acked(position)));
+        }
+        self.enqueue(position, record, at).await;
+        Ok(None)
+    }
+
+    async fn enqueue(&mut self, position: P, event: OutboxEvent, at: Instant) -> usize {
+        let bytes = event.size();
+        let seq = self.sink.enqueue(&event).await;
+        self.in_flight.insert(seq, Sent { position, event, at, bytes });
+        seq
+    }
+
+    /// A row read at `position` cannot become a record: `letter` says why.
+    pub(crate) fn unpublishable(&mut self, position: P, letter: DeadLetter) -> Settled<P> {
+        if self.dead_letters.blocks() {
+            self.hold(letter, None);
+            Settled::Held(position)
+        } else {
+            Settled::DeadLettered(position, Box::new(letter))
+        }
+    }
+
+    /// One report from the sink: what its record's position became. `None`: a report of no
+    /// record of this stage's (an earlier session's), or a refused resend (still held).
+    pub(crate) async fn settle(
+        &mut self,
+        report: Report,
+        clock: &Clock,
+    ) -> Result<Option<Settled<P>>, RelayError> {
+        let Some(Sent { position, event, at, .. }) = self.in_flight.take(report.seq) else { return Ok(None) };
+        let resent = self.held.as_ref().is_some_and(|h| h.resending == Some(report.seq));
+        let Err(e) = report.outcome else {
+            self.stall.progressed(clock.now, self.pulse);
+            self.pulse.progressed();
+            metrics().acknowledged_at(&self.published, at, event.created_at, clock);
+            if resent {
+                self.resent_accepted();
+            }
+            return Ok(Some(Settled::Acked(position)));
+        };
+        let failure = self.sink.classify(&event.topic, &e).await;
+        metrics().publish_errors.with_label_values(&[failure.error_type()]).inc();
+        match failure {
+            PublishError::Transient { detail, .. } => {
+                Err(RelayError::Kafka(format!("event {} not acknowledged: {detail}", event.id)))
+            }
+            PublishError::Permanent(_) if resent => {
+                self.held.as_mut().expect("held").resending = None;
+                Ok(None)
+            }
+            PublishError::Permanent(reason) if self.dead_letters.blocks() => {
+                self.hold(DeadLetter::refused(event.clone(), reason), Some((position.clone(), event)));
+                Ok(Some(Settled::Held(position)))
+            }
+            PublishError::Permanent(reason) => {
+                Ok(Some(Settled::DeadLettered(position, Box::new(DeadLetter::refused(event, reason)))))
+            }
+        }
+    }
+
+    /// Starts holding (or adds a refused record to the hold).
+    fn hold(&mut self, letter: DeadLetter, refused: Option<(P, OutboxEvent)>) {
+        let unmapped = refused.is_none();
+        let held = self.held.get_or_insert_with(|| Held {
+            hold: self.dead_letters.hold(letter, self.pulse),
+            refused: VecDeque::new(),
+            unmapped: false,
+            resending: None,
+            next_try: tokio::time::Instant::now(),
+        });
+        held.unmapped |= unmapped;
+        held.refused.extend(refused);
+        if held.refused.len() + usize::from(held.unmapped) == 1 {
+            held.next_try = tokio::time::Instant::now() + held.hold.next_delay();
+        }
+    }
+
+    /// When to call [`Delivery::retry_held`]: while held and no resend is in flight.
+    pub(crate) fn retry_at(&self) -> Option<tokio::time::Instant> {
+        self.held.as_ref().filter(|h| h.resending.is_none()).map(|h| h.next_try)
+    }
+
+    /// Resolves when [`Delivery::retry_held`] is due; never while nothing is held or a resend
+    /// is in flight.
+    pub(crate) async fn retry_due(&self) {
+        match self.retry_at() {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Sends the first refused record again, or reports the held row again.
+    pub(crate) async fn retry_held(&mut self) {
+        let held = self.held.as_mut().expect("held");
+        held.next_try = tokio::time::Instant::now() + held.hold.next_delay();
+        match held.refused.front().cloned() {
+            Some((position, event)) => {
+                tracing::info!(event_id = %event.id, "sending the held record again");
+                let seq = self.enqueue(position, event, Instant::now()).await;
+                self.held.as_mut().expect("held").resending = Some(seq);
+            }
+            None => held.hold.report(self.pulse),
+        }
+    }
+
+    /// The first refused record was taken: move on to the next, or stop holding.
+    fn resent_accepted(&mut self) {
+        let held = self.held.as_mut().expect("held");
+        held.refused.pop_front();
+        held.resending = None;
+        if held.refused.is_empty() && !held.unmapped {
+            let held = self.held.take().expect("held");
+            held.hold.release(self.pulse);
+        }
+    }
+
+    /// Whether the stage holds at an unpublishable event.
+    pub(crate) fn holding(&self) -> bool {
+        self.held.is_some()
+    }
+
+    /// Records handed to the sink and not yet reported.
+    pub(crate) fn records(&self) -> usize {
+        self.in_flight.records()
+    }
+
+    /// The bytes of those records.
+    pub(crate) fn bytes(&self) -> usize {
+        self.in_flight.bytes()
+    }
+
+    /// How often [`Delivery::check_stall`] should run.
+    pub(crate) fn stall_period(&self) -> Duration {
+        self.stall.period()
+    }
+
+    /// The periodic liveness tick and stall check, over the records in flight (not held ones).
+    pub(crate) fn check_stall(&mut self) {
+        self.stall.check(self.in_flight.records(), self.pulse);
+    }
+}

@@ -1,0 +1,144 @@
+//! A sink whose faults a test scripts, per record id and per attempt, after supabase/etl's test
+//! destination: reject a record, fail after the write, hold a response, delay it. What reached
+//! "Kafka" is kept, in order, so a test can check loss, duplicates and order.
+//!
+//! Invariants (those of [`Sink`], kept as a real sink keeps them):
+//! - every record handed over gets exactly one report, under a number that only grows;
+//! - a record is in [`ScriptedSink::written`] when the broker would hold it: acknowledged,
+//!   held, delayed, or failed after the write; a rejected one is not;
+//! - a record without a scripted fault is acknowledged at once.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use tokio::sync::{MutexGuard, mpsc};
+
+use super::sink::{Reports, Sink};
+use crate::event::OutboxEvent;
+use crate::sink::kafka::{PublishError, Report};
+
+/// What happens to one attempt at sending a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fault {
+    /// The broker refuses the record for good (message too large): nothing is written.
+    Reject,
+    /// The record is written, but its report is a transient failure (a lost acknowledgement):
+    /// sending it again writes a duplicate.
+    FailAfterWrite,
+    /// The record is written; its acknowledgement waits for [`ScriptedSink::release`].
+    Hold,
+    /// The record is written and acknowledged this much later.
+    Delay(Duration),
+}
+
+pub(crate) struct ScriptedSink {
+    /// The faults of the next attempts at each id, first attempt first.
+    faults: Mutex<HashMap<String, VecDeque<Fault>>>,
+    /// Ids in the order they were handed over (every attempt).
+    sent: Mutex<Vec<String>>,
+    /// Ids in the order the broker wrote them.
+    written: Mutex<Vec<String>>,
+    /// Numbers of held records, waiting for [`ScriptedSink::release`].
+    held: Mutex<Vec<usize>>,
+    reports: tokio::sync::Mutex<Reports>,
+    sender: mpsc::UnboundedSender<Report>,
+    next_seq: AtomicUsize,
+}
+
+impl ScriptedSink {
+    pub(crate) fn new() -> ScriptedSink {
+        let (sender, reports) = mpsc::unbounded_channel();
+        ScriptedSink {
+            faults: Mutex::default(),
+            sent: Mutex::default(),
+            written: Mutex::default(),
+            held: Mutex::default(),
+            reports: tokio::sync::Mutex::new(reports),
+            sender,
+            next_seq: AtomicUsize::new(0),
+        }
+    }
+
+    /// The next attempts at record `id` meet `faults`, in order; later ones succeed.
+    pub(crate) fn script(&self, id: &str, faults: impl IntoIterator<Item = Fault>) {
+        self.faults.lock().unwrap().entry(id.to_string()).or_default().extend(faults);
+    }
+
+    /// Acknowledges every held record, in the order they were sent.
+    pub(crate) fn release(&self) {
+        for seq in self.held.lock().unwrap().drain(..) {
+            let _ = self.sender.send(Report { seq, outcome: Ok(()) });
+        }
+    }
+
+    /// Every id handed over, each attempt, in order.
+    pub(crate) fn sent(&self) -> Vec<String> {
+        self.sent.lock().unwrap().clone()
+    }
+
+    /// The ids the broker holds, in the order it wrote them.
+    pub(crate) fn written(&self) -> Vec<String> {
+        self.written.lock().unwrap().clone()
+    }
+}
+
+impl Sink for ScriptedSink {
+    async fn enqueue(&self, record: &OutboxEvent) -> usize {
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        self.sent.lock().unwrap().push(record.id.clone());
+        let fault = self.faults.lock().unwrap().get_mut(&record.id).and_then(VecDeque::pop_front);
+        if fault != Some(Fault::Reject) {
+            self.written.lock().unwrap().push(record.id.clone());
+        }
+        let failed = |code| Report { seq, outcome: Err(KafkaError::MessageProduction(code)) };
+        let report = match fault {
+            None => Report { seq, outcome: Ok(()) },
+            Some(Fault::Reject) => failed(RDKafkaErrorCode::MessageSizeTooLarge),
+            Some(Fault::FailAfterWrite) => failed(RDKafkaErrorCode::RequestTimedOut),
+            Some(Fault::Hold) => {
+                self.held.lock().unwrap().push(seq);
+                return seq;
+            }
+            Some(Fault::Delay(delay)) => {
+                let sender = self.sender.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    let _ = sender.send(Report { seq, outcome: Ok(()) });
+                });
+                return seq;
+            }
+        };
+        let _ = self.sender.send(report);
+        seq
+    }
+
+    async fn reports(&self) -> MutexGuard<'_, Reports> {
+        self.reports.lock().await
+    }
+
+    /// A rejection is permanent, anything else transient (what the faults stand for).
+    async fn classify(&self, _topic: &str, error: &KafkaError) -> PublishError {
+        match error.rdkafka_error_code() {
+            Some(RDKafkaErrorCode::MessageSizeTooLarge) => PublishError::Permanent(format!("{error}")),
+            _ => PublishError::Transient { error_type: "timeout", detail: format!("{error}") },
+        }
+    }
+}
+
+/// A record with id `id` for topic `t`, keyed `k`.
+pub(crate) fn record(id: &str) -> OutboxEvent {
+    OutboxEvent {
+        id: id.to_string(),
+        topic: "t".into(),
+        key: "k".into(),
+        payload: id.as_bytes().to_vec(),
+        event_type: "e".into(),
+        aggregate_type: "a".into(),
+        row_headers: Vec::new(),
+        created_at: None,
+        position: None,
+    }
+}

@@ -1,0 +1,297 @@
+//! The delivery stage against the scripted sink: settled outcomes by position, the in-flight
+//! counts, the poison policy under each setting, hold and resend, and (with the stream's
+//! tracker) confirming only the contiguous acknowledged prefix.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use super::scripted::{Fault, ScriptedSink, record};
+use super::sink::Reports;
+use super::{Delivery, Settled};
+use crate::checkpoint::{Tracker, TxnId};
+use crate::config::RelayConfig;
+use crate::dead_letter::{DeadLetter, DeadLetters};
+use crate::error::RelayError;
+use crate::event::RawEvent;
+use crate::lsn::Lsn;
+use crate::observe::health::{Health, Phase};
+use crate::observe::metrics::{Clock, Mode};
+use crate::observe::pulse::Pulse;
+use crate::sink::dedup::{Dedup, Lookback};
+
+/// How long a test waits for the stage to settle before it fails.
+const PATIENCE: Duration = Duration::from_secs(5);
+
+struct Fixture {
+    config: RelayConfig,
+    sink: ScriptedSink,
+    dead_letters: DeadLetters,
+    health: Arc<Health>,
+    pulse: Pulse,
+}
+
+impl Fixture {
+    fn new(on_poison: &str) -> Fixture {
+        let config: RelayConfig = serde_json::from_value(serde_json::json!({
+            "kafka": {"brokers": ["127.0.0.1:1"], "stall_warning_ms": 100},
+            "dead_letter": {"on_poison": on_poison},
+            "retry": {"initial_backoff_ms": 10, "max_backoff_ms": 20},
+        }))
+        .unwrap();
+        let health = Arc::new(Health::new(Duration::from_secs(1)));
+        health.set_phase(Phase::Active);
+        Fixture {
+            dead_letters: DeadLetters::new(&config, Mode::Replication),
+            sink: ScriptedSink::new(),
+            pulse: Pulse::new(health.clone()),
+            health,
+            config,
+        }
+    }
+
+    /// A stage whose read-back is off (the sink has no source identity).
+    fn delivery<P: Clone>(&self) -> Delivery<'_, ScriptedSink, P> {
+        let (_, shutdown) = watch::channel(false);
+        let dedup = Dedup::new(&self.config, Mode::Replication, Lookback::Everything, None, &shutdown);
+        Delivery::new(
+            &self.sink,
+            &self.dead_letters,
+            &self.config.kafka,
+            dedup,
+            &self.pulse,
+            Mode::Replication,
+        )
+    }
+}
+
+/// The next outcome: a report settled, or a held record sent again when due.
+async fn next<P: Clone>(
+    delivery: &mut Delivery<'_, ScriptedSink, P>,
+    reports: &mut Reports,
+) -> Result<Option<Settled<P>>, RelayError> {
+    let step = async {
+        tokio::select! {
+            report = reports.recv(), if delivery.records() > 0 => {
+                delivery.settle(report.expect("the sink holds a sender"), &Clock::now()).await
+            }
+            _ = delivery.retry_due() => {
+                delivery.retry_held().await;
+                Ok(None)
+            }
+        }
+    };
+    tokio::time::timeout(PATIENCE, step).await.expect("the stage settled nothing in time")
+}
+
+/// Every outcome until nothing is in flight and nothing is held.
+async fn settle_all<P: Clone>(
+    delivery: &mut Delivery<'_, ScriptedSink, P>,
+    reports: &mut Reports,
+) -> Vec<Settled<P>> {
+    let mut settled = Vec::new();
+    while delivery.records() > 0 || delivery.holding() {
+        settled.extend(next(delivery, reports).await.unwrap());
+    }
+    settled
+}
+
+fn acked<P: Copy>(settled: &[Settled<P>]) -> Vec<P> {
+    settled.iter().filter_map(|s| if let Settled::Acked(p) = s { Some(*p) } else { None }).collect()
+}
+
+async fn send_all(delivery: &mut Delivery<'_, ScriptedSink, u32>, ids: &[u32]) {
+    for id in ids {
+        let settled = delivery.send(*id, record(&id.to_string()), Instant::now()).await.unwrap();
+        assert!(settled.is_none(), "nothing is read back: every record is sent");
+    }
+}
+
+#[tokio::test]
+async fn records_settle_by_position_and_in_flight_counts_records_and_bytes() {
+    // given a stage whose second record's acknowledgement is held
+    let f = Fixture::new("dead_letter");
+    f.sink.script("2", [Fault::Hold]);
+    let mut delivery = f.delivery();
+    let mut reports = delivery.reports().await;
+    // when three records are sent
+    send_all(&mut delivery, &[1, 2, 3]).await;
+    let size = record("1").size();
+    assert_eq!((delivery.records(), delivery.bytes()), (3, 3 * size));
+    // then the two acknowledged settle by their positions, and only the held one stays counted
+    let mut settled = vec![next(&mut delivery, &mut reports).await.unwrap().unwrap()];
+    settled.push(next(&mut delivery, &mut reports).await.unwrap().unwrap());
+    assert_eq!(acked(&settled), [1, 3]);
+    assert_eq!((delivery.records(), delivery.bytes()), (1, size));
+    f.sink.release();
+    assert_eq!(acked(&settle_all(&mut delivery, &mut reports).await), [2]);
+    assert_eq!((delivery.records(), delivery.bytes()), (0, 0));
+    assert_eq!(f.sink.written(), ["1", "2", "3"]);
+}
+
+#[tokio::test]
+async fn a_held_response_is_a_stall_until_it_comes() {
+    // given a record whose acknowledgement is held, and a stall warning after 100 ms
+    let f = Fixture::new("dead_letter");
+    f.sink.script("1", [Fault::Hold]);
+    let mut delivery = f.delivery();
+    let mut reports = delivery.reports().await;
+    send_all(&mut delivery, &[1]).await;
+    // when nothing is acknowledged for longer than that
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    delivery.check_stall();
+    // then readiness says Kafka stalled, and the record is still in flight
+    let stalled = f.health.readiness().unwrap_err();
+    assert!(stalled.contains("Kafka has acknowledged nothing"), "{stalled}");
+    assert_eq!(delivery.records(), 1);
+    // and once it is acknowledged, the stall is over
+    f.sink.release();
+    assert_eq!(acked(&settle_all(&mut delivery, &mut reports).await), [1]);
+    delivery.check_stall();
+    assert_eq!(f.health.readiness(), Ok("active".into()));
+}
+
+#[tokio::test]
+async fn a_refused_record_is_dead_lettered_under_dead_letter() {
+    let f = Fixture::new("dead_letter");
+    f.sink.script("2", [Fault::Reject]);
+    let mut delivery = f.delivery();
+    let mut reports = delivery.reports().await;
+    send_all(&mut delivery, &[1, 2, 3]).await;
+    let settled = settle_all(&mut delivery, &mut reports).await;
+    assert_eq!(acked(&settled), [1, 3]);
+    let letters: Vec<&DeadLetter> = settled
+        .iter()
+        .filter_map(|s| if let Settled::DeadLettered(2, l) = s { Some(&**l) } else { None })
+        .collect();
+    assert_eq!(letters.len(), 1, "{settled:?}");
+    assert_eq!(letters[0].id, "2");
+    assert!(letters[0].reason.contains("size"), "{}", letters[0].reason);
+    assert!(!delivery.holding());
+    assert_eq!(f.sink.sent(), ["1", "2", "3"], "a dead-lettered record is not sent again");
+}
+
+#[tokio::test]
+async fn a_refused_record_is_held_and_sent_again_under_block_until_kafka_takes_it() {
+    // given the block policy and a record Kafka refuses twice
+    let f = Fixture::new("block");
+    f.sink.script("2", [Fault::Reject, Fault::Reject]);
+    let mut delivery = f.delivery();
+    let mut reports = delivery.reports().await;
+    send_all(&mut delivery, &[1, 2, 3]).await;
+    // when the reports come
+    let mut settled = Vec::new();
+    while settled.len() < 3 {
+        settled.extend(next(&mut delivery, &mut reports).await.unwrap());
+    }
+    // then the refused record is held, readiness says so, and the others settle
+    assert!(matches!(settled[1], Settled::Held(2)), "{settled:?}");
+    assert_eq!(acked(&settled), [1, 3]);
+    assert!(delivery.holding());
+    let blocked = f.health.readiness().unwrap_err();
+    assert!(blocked.contains("blocked at event 2"), "{blocked}");
+    // and it is sent again at backoff until taken, then settles acknowledged and the hold ends
+    assert_eq!(acked(&settle_all(&mut delivery, &mut reports).await), [2]);
+    assert_eq!(f.sink.sent(), ["1", "2", "3", "2", "2"]);
+    assert_eq!(f.sink.written(), ["1", "3", "2"]);
+    assert!(!delivery.holding());
+    assert_eq!(f.health.readiness(), Ok("active".into()));
+}
+
+#[tokio::test]
+async fn a_row_that_cannot_map_is_dead_lettered_or_held_by_the_policy() {
+    let letter =
+        || DeadLetter::row(RawEvent { id: Some("7".into()), ..RawEvent::default() }, "no topic".into());
+    let f = Fixture::new("dead_letter");
+    let mut delivery = f.delivery::<u32>();
+    assert!(matches!(delivery.unpublishable(7, letter()), Settled::DeadLettered(7, l) if l.id == "7"));
+    assert!(!delivery.holding());
+
+    let f = Fixture::new("block");
+    let mut delivery = f.delivery::<u32>();
+    let mut reports = delivery.reports().await;
+    assert!(matches!(delivery.unpublishable(7, letter()), Settled::Held(7)));
+    // held for good: reported again at each retry, never sent, never released
+    for _ in 0..3 {
+        assert!(next(&mut delivery, &mut reports).await.unwrap().is_none());
+        assert!(delivery.holding());
+    }
+    assert!(f.sink.sent().is_empty());
+    assert!(f.health.readiness().unwrap_err().contains("blocked at event 7"));
+}
+
+#[tokio::test]
+async fn a_lost_acknowledgement_ends_the_session() {
+    // a record written but not acknowledged: the source must send it again from its position
+    let f = Fixture::new("block");
+    f.sink.script("1", [Fault::FailAfterWrite]);
+    let mut delivery = f.delivery();
+    let mut reports = delivery.reports().await;
+    send_all(&mut delivery, &[1]).await;
+    let error = next(&mut delivery, &mut reports).await.unwrap_err();
+    assert!(matches!(&error, RelayError::Kafka(m) if m.contains("event 1")), "{error}");
+    assert!(!delivery.holding(), "a transient failure is not poison");
+}
+
+/// Three one-event transactions committed at 100, 200 and 300, their records sent in order.
+async fn stream_of_three(
+    delivery: &mut Delivery<'_, ScriptedSink, TxnId>,
+    tracker: &mut Tracker,
+) -> Vec<TxnId> {
+    let mut txns = Vec::new();
+    for (i, end) in [100u64, 200, 300].into_iter().enumerate() {
+        let txn = tracker.begin();
+        tracker.sent(txn);
+        assert!(delivery.send(txn, record(&(i + 1).to_string()), Instant::now()).await.unwrap().is_none());
+        tracker.commit(txn, Lsn(end));
+        txns.push(txn);
+    }
+    txns
+}
+
+#[tokio::test]
+async fn only_the_contiguous_acknowledged_prefix_is_confirmed() {
+    // given three transactions whose first record is acknowledged last
+    let f = Fixture::new("dead_letter");
+    f.sink.script("1", [Fault::Delay(Duration::from_millis(50))]);
+    let mut delivery = f.delivery();
+    let mut reports = delivery.reports().await;
+    let mut tracker = Tracker::new(Lsn(0));
+    let txns = stream_of_three(&mut delivery, &mut tracker).await;
+    // when the later two are acknowledged, nothing may be confirmed
+    for _ in 0..2 {
+        let Some(Settled::Acked(txn)) = next(&mut delivery, &mut reports).await.unwrap() else { panic!() };
+        assert_ne!(txn, txns[0]);
+        tracker.acked(txn);
+        assert_eq!(tracker.advance(), None, "confirmed past an unacknowledged transaction");
+    }
+    // then the first's acknowledgement confirms all three at once
+    let Some(Settled::Acked(txn)) = next(&mut delivery, &mut reports).await.unwrap() else { panic!() };
+    tracker.acked(txn);
+    assert_eq!(tracker.advance(), Some(Lsn(300)));
+}
+
+#[tokio::test]
+async fn a_held_transaction_stops_confirmation_until_its_record_is_taken() {
+    // given the block policy and the second transaction's record refused once
+    let f = Fixture::new("block");
+    f.sink.script("2", [Fault::Reject]);
+    let mut delivery = f.delivery();
+    let mut reports = delivery.reports().await;
+    let mut tracker = Tracker::new(Lsn(0));
+    stream_of_three(&mut delivery, &mut tracker).await;
+    // when every report is handled (the held record sent again and taken)
+    let mut confirmed = Vec::new();
+    while delivery.records() > 0 || delivery.holding() {
+        match next(&mut delivery, &mut reports).await.unwrap() {
+            Some(Settled::Acked(txn)) => tracker.acked(txn),
+            Some(Settled::Held(_)) | None => {}
+            Some(Settled::DeadLettered(..)) => panic!("dead-lettered under block"),
+        }
+        confirmed.extend(tracker.advance());
+    }
+    // then the first transaction was confirmed alone while the second was held, and the rest after
+    assert_eq!(confirmed, [Lsn(100), Lsn(300)]);
+    assert_eq!(f.sink.written(), ["1", "3", "2"]);
+}

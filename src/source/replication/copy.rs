@@ -1,0 +1,155 @@
+//! The first copy of a new slot: the rows of the slot's exported snapshot, published in id
+//! order through the delivery stage, chunk by chunk, before the slot is streamed from.
+//!
+//! Invariants:
+//! - the copy reads in the snapshot the slot was created with, so it and the stream together
+//!   see every row exactly once: the rows committed before the slot's consistent point here,
+//!   the later ones in the stream;
+//! - each chunk is awaited whole (every record settled) before the next is read, and what
+//!   precedes an unpublishable row settles before it; a held row or record (`on_poison =
+//!   "block"`) holds the copy until Kafka takes it, or, for a row that cannot map, until
+//!   shutdown (the copy is then done again by the next session);
+//! - a row's position is its place in the copy (`copy:<point>:<index>`), so a copy done again
+//!   numbers every row the same way.
+
+use std::time::Instant;
+
+use futures::{StreamExt, pin_mut};
+use tokio::sync::watch;
+use tokio_postgres::Client;
+
+use super::{MODE, ReplicationSource};
+use crate::config::Endpoint;
+use crate::dead_letter::DeadLetter;
+use crate::delivery::sink::Reports;
+use crate::delivery::{Delivery, Settled};
+use crate::error::RelayError;
+use crate::event::Position;
+use crate::lsn::Lsn;
+use crate::observe::metrics::Clock;
+use crate::observe::pulse::Pulse;
+use crate::sink::dedup::Dedup;
+use crate::sink::kafka::KafkaSink;
+use crate::table::{OutboxTable, quote_literal, raw_event};
+
+/// Rows of the initial copy published (and awaited) together.
+const COPY_CHUNK: usize = 2_000;
+/// Delivery reports taken in one turn, at most.
+const REPORT_TURN: usize = 256;
+
+/// A copy's delivery stage: a record's position is its row's index in the copy.
+type CopyDelivery<'a> = Delivery<'a, KafkaSink, u64>;
+
+/// The first copy: the rows of the slot's snapshot, published in id order.
+pub(super) struct FirstCopy<'a> {
+    pub(super) source: &'a ReplicationSource,
+    /// The server whose replication session exported the snapshot: only it knows the snapshot.
+    pub(super) server: &'a Endpoint,
+    /// Where dead letters are written (the copy's own session is read-only).
+    pub(super) dead_letters: &'a Client,
+    pub(super) pulse: &'a Pulse,
+    /// The slot's consistent point, in each record's position.
+    pub(super) point: Lsn,
+}
+
+impl FirstCopy<'_> {
+    /// Publishes the rows of `snapshot`; `dedup` knows the rows the topics already hold (from an
+    /// interrupted copy, or the slot's previous life). Returns how many rows Kafka holds.
+    pub(super) async fn run(
+        &self,
+        snapshot: &str,
+        dedup: Dedup,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<u64, RelayError> {
+        let source = self.source;
+        let mut client = crate::postgres::connect_to(&source.config.postgres, self.server).await?;
+        let tx = client
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await?;
+        tx.batch_execute(&format!("SET TRANSACTION SNAPSHOT {}", quote_literal(snapshot))).await?;
+        let encoding: String = tx.query_one(OutboxTable::SERVER_ENCODING_SQL, &[]).await?.get(0);
+        let table = source.table.clone().for_server_encoding(&encoding);
+        let rows = tx.query_raw(&table.copy_sql(), std::iter::empty::<i32>()).await?;
+        pin_mut!(rows);
+        let mut delivery =
+            Delivery::new(&source.sink, &source.dead_letters, &source.config.kafka, dedup, self.pulse, MODE);
+        let mut reports = delivery.reports().await;
+        let (mut copied, mut index) = (0u64, 0u64);
+        loop {
+            let next = rows.next().await.transpose()?;
+            if let Some(row) = &next {
+                let (raw, created_at) = raw_event(row)?;
+                let settled = match source.mapping.to_event(raw, created_at) {
+                    Ok(mut event) => {
+                        event.position = Some(Position::Copy { point: self.point, index });
+                        delivery.send(index, event, Instant::now()).await?
+                    }
+                    Err(unpublishable) => {
+                        // what precedes the row goes first
+                        copied += self.settle_all(&mut delivery, &mut reports, shutdown).await?;
+                        Some(delivery.unpublishable(index, DeadLetter::unmapped(*unpublishable)))
+                    }
+                };
+                index += 1;
+                if let Some(settled) = settled {
+                    copied += self.settled(settled).await?;
+                }
+            }
+            if delivery.records() >= COPY_CHUNK || delivery.holding() || next.is_none() {
+                copied += self.settle_all(&mut delivery, &mut reports, shutdown).await?;
+            }
+            if next.is_none() {
+                break;
+            }
+        }
+        tx.commit().await?;
+        Ok(copied)
+    }
+
+    /// Waits until every record handed over is settled and nothing is held; returns how many
+    /// Kafka took. Held at a row that cannot map, it waits for shutdown: `Interrupted`.
+    async fn settle_all(
+        &self,
+        delivery: &mut CopyDelivery<'_>,
+        reports: &mut Reports,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<u64, RelayError> {
+        let mut copied = 0;
+        let mut stall_check = tokio::time::interval(delivery.stall_period());
+        let mut batch = Vec::with_capacity(REPORT_TURN);
+        while delivery.records() > 0 || delivery.holding() {
+            if delivery.holding() && *shutdown.borrow() {
+                return Err(RelayError::Interrupted);
+            }
+            tokio::select! {
+                _ = reports.recv_many(&mut batch, REPORT_TURN), if delivery.records() > 0 => {
+                    let clock = Clock::now();
+                    for report in batch.drain(..) {
+                        if let Some(settled) = delivery.settle(report, &clock).await? {
+                            copied += self.settled(settled).await?;
+                        }
+                    }
+                }
+                _ = stall_check.tick() => delivery.check_stall(),
+                _ = delivery.retry_due() => delivery.retry_held().await,
+                _ = shutdown.changed(), if delivery.holding() => {}
+            }
+        }
+        Ok(copied)
+    }
+
+    /// 1 when Kafka holds the row's record; a dead letter is written at once.
+    async fn settled(&self, settled: Settled<u64>) -> Result<u64, RelayError> {
+        match settled {
+            Settled::Acked(_) => Ok(1),
+            Settled::DeadLettered(_, letter) => {
+                self.source.dead_letters.write_committed(self.dead_letters, &[*letter]).await?;
+                Ok(0)
+            }
+            Settled::Held(_) => Ok(0),
+        }
+    }
+}
