@@ -29,7 +29,7 @@ use bytes::{BufMut, BytesMut};
 use tokio_postgres::types::{IsNull, ToSql, Type, accepts, to_sql_checked};
 
 use crate::backoff::{Backoff, wait_or_shutdown};
-use crate::event::{OutboxEvent, RawEvent, Unpublishable};
+use crate::delivery::record::{KafkaRecord, OutboxRow, Unpublishable};
 use crate::observe::metrics::{Mode, metrics};
 use crate::observe::pulse::Pulse;
 use crate::table::{OutboxTable, qualified_name};
@@ -47,8 +47,8 @@ pub struct DeadLetter {
 /// large payload is not copied once more on its way there.
 #[derive(Debug, Clone)]
 pub enum LetterRow {
-    Row(RawEvent),
-    Record(OutboxEvent),
+    Row(OutboxRow),
+    Record(KafkaRecord),
 }
 
 impl ToSql for LetterRow {
@@ -75,12 +75,12 @@ impl DeadLetter {
     }
 
     /// A row that is not published, for `reason`.
-    pub fn row(row: RawEvent, reason: String) -> DeadLetter {
+    pub fn row(row: OutboxRow, reason: String) -> DeadLetter {
         DeadLetter { id: row.id.clone().unwrap_or_default(), row: LetterRow::Row(row), reason }
     }
 
     /// A record Kafka refused permanently.
-    pub fn refused(event: OutboxEvent, reason: String) -> DeadLetter {
+    pub fn refused(event: KafkaRecord, reason: String) -> DeadLetter {
         DeadLetter { id: event.id.clone(), row: LetterRow::Record(event), reason }
     }
 }
@@ -97,7 +97,7 @@ pub struct LetterKey {
 
 impl LetterKey {
     /// The key of a row; `None` for a row without an id.
-    pub fn of(raw: &RawEvent) -> Option<LetterKey> {
+    pub fn of(raw: &OutboxRow) -> Option<LetterKey> {
         Some(LetterKey {
             id: raw.id.clone().filter(|id| !id.is_empty())?,
             aggregate_id: raw.aggregate_id.clone(),
@@ -111,7 +111,7 @@ impl LetterKey {
 #[derive(Debug, Clone)]
 pub struct DeadLetters {
     insert_sql: String,
-    lettered_sql: String,
+    dead_lettered_sql: String,
     source_table: String,
     policy: OnPoison,
     mode: Mode,
@@ -129,7 +129,7 @@ impl DeadLetters {
                  FROM unnest($2::text[], $3::text[], $4::text[]) AS u(event_id, row_data, reason)",
                 qualified_name(schema, table)
             ),
-            lettered_sql: format!(
+            dead_lettered_sql: format!(
                 "SELECT event_id, row_data ->> 'aggregate_id', row_data ->> 'event_type', row_data ->> 'payload' \
                  FROM {} WHERE source_table = $1 AND event_id <> ''",
                 qualified_name(schema, table)
@@ -148,8 +148,11 @@ impl DeadLetters {
 
     /// The events of this outbox the dead-letter table holds; none when there is no such table
     /// (`on_poison = "block"` needs none).
-    pub async fn lettered(&self, client: &tokio_postgres::Client) -> Result<HashSet<LetterKey>, RelayError> {
-        match client.query(&self.lettered_sql, &[&self.source_table]).await {
+    pub async fn dead_lettered(
+        &self,
+        client: &tokio_postgres::Client,
+    ) -> Result<HashSet<LetterKey>, RelayError> {
+        match client.query(&self.dead_lettered_sql, &[&self.source_table]).await {
             Ok(rows) => Ok(rows
                 .iter()
                 .map(|r| LetterKey {

@@ -13,8 +13,9 @@
 //!   commands (`check`, `status`, `verify`);
 //! - [`supervisor`]: runs a source: the error policy, backoff, standby wait, shutdown flush;
 //! - [`source`]: where events come from (polling, replication);
-//! - [`event`]: how a row becomes a Kafka record (one mapping for both modes);
-//!   [`dead_letter`]: the one path for an event that cannot be published;
+//! - [`delivery`]: the one path from a source to Kafka (read-back, the poison policy, hold and
+//!   resend, the stall watch), and how a row becomes a Kafka record (`delivery::record`, one
+//!   mapping for both modes); [`dead_letter`]: the one row shape and INSERT of a dead letter;
 //! - [`sink`]: the Kafka producer (`acks=all`, idempotent), failures classified, the read-back;
 //! - [`checkpoint`]: which LSN may be confirmed; [`table`]: the outbox table and its SQL;
 //!   [`postgres`]: connecting, with `sslmode`, certificates and password files;
@@ -31,7 +32,12 @@ pub mod config;
 pub(crate) mod dead_letter;
 pub(crate) mod delivery;
 pub mod error;
-pub(crate) mod event;
+/// The old paths of the record types, for sink/kafka.rs and sink/dedup{,/scan}.rs alone: those
+/// files have uncommitted edits on main for issue 26 and are left alone until they are
+/// committed; then they import `delivery::record` and this module goes.
+pub(crate) mod event {
+    pub(crate) use crate::delivery::record::{KafkaRecord as OutboxEvent, Position};
+}
 pub mod lsn;
 pub mod observe;
 pub mod ops;

@@ -8,11 +8,9 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use outbox_relay::config::RelayConfig;
-use outbox_relay::metrics::Mode;
 use outbox_relay::ops::check::{self, Status};
+use outbox_relay::ops::setup::{self, SetupReport};
 use outbox_relay::ops::verify;
-use outbox_relay::sink::kafka::KafkaSink;
-use outbox_relay::source::replication::ReplicationSource;
 
 const EXIT_FAILURE: u8 = 1;
 const EXIT_CONFIG: u8 = 2;
@@ -288,27 +286,16 @@ async fn run_verify(config: &RelayConfig, options: &verify::Options, format: Log
 async fn run_setup(config: RelayConfig, recreate_slot: bool) -> ExitCode {
     let slot = config.replication.slot.clone();
     let publication = config.replication.publication.clone();
-    let sink = match KafkaSink::new(&config.kafka) {
-        Ok(sink) => sink,
-        Err(e) => {
-            eprintln!("error: cannot create the Kafka producer: {e}");
-            return ExitCode::from(EXIT_FAILURE);
-        }
-    };
-    match ReplicationSource::new(config, sink).setup(recreate_slot).await {
-        Ok(consistent_point) => {
+    match setup::run(config, recreate_slot).await {
+        Ok(report) => {
             println!("publication \"{publication}\": present");
-            match consistent_point {
-                Some(lsn) => {
-                    let m = outbox_relay::metrics::metrics();
-                    let published = m.events_published.with_label_values(&[Mode::Replication.label()]).get();
-                    let skipped = m.dedup_skipped.with_label_values(&[Mode::Replication.label()]).get();
-                    println!(
-                        "slot \"{slot}\": created at {lsn}; rows already in the table: {published} published, \
-                         {skipped} already in Kafka (not sent again)"
-                    )
-                }
-                None => println!("slot \"{slot}\": present, nothing to do"),
+            match report {
+                SetupReport::SlotCreated { at, copy } => println!(
+                    "slot \"{slot}\": created at {at}; rows already in the table: {} published, {} already in \
+                     Kafka (not sent again), {} dead-lettered",
+                    copy.published, copy.already_in_kafka, copy.dead_lettered
+                ),
+                SetupReport::SlotPresent => println!("slot \"{slot}\": present, nothing to do"),
             }
             ExitCode::SUCCESS
         }

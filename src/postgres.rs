@@ -7,8 +7,11 @@
 //!   encrypts when the server offers it, without verifying the certificate; `require` always
 //!   encrypts (and verifies the chain, like `verify-ca`, when `sslrootcert` is set, as libpq
 //!   does); `verify-ca` verifies the chain; `verify-full` verifies the chain and the host name;
-//! - one TLS stack (rustls with the ring provider) for both the SQL client and the replication
-//!   transport;
+//! - one TLS library (rustls with the ring provider) and one reading of the settings for both
+//!   the SQL client and the replication transport, but two certificate verifiers: the SQL
+//!   client's (`Verifier`, here) and the one inside pgwire-replication, which
+//!   [`replication_tls`] configures; a unit test checks both map each `sslmode` to the same
+//!   checks;
 //! - a certificate the relay cannot trust is a fatal error naming the settings to fix, never a
 //!   retry loop; the password never appears in an error.
 
@@ -147,18 +150,18 @@ pub(crate) fn replication_tls(pg: &PostgresConfig) -> pgwire_replication::TlsCon
 
 /// What the server's certificate must prove under `sslmode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Verify {
+enum CertCheck {
     Nothing,
     Chain,
     ChainAndName,
 }
 
-fn verify(pg: &PostgresConfig) -> Verify {
+fn cert_check(pg: &PostgresConfig) -> CertCheck {
     match pg.sslmode {
-        SslMode::Disable | SslMode::Prefer => Verify::Nothing,
-        SslMode::Require if pg.sslrootcert.is_empty() => Verify::Nothing,
-        SslMode::Require | SslMode::VerifyCa => Verify::Chain,
-        SslMode::VerifyFull => Verify::ChainAndName,
+        SslMode::Disable | SslMode::Prefer => CertCheck::Nothing,
+        SslMode::Require if pg.sslrootcert.is_empty() => CertCheck::Nothing,
+        SslMode::Require | SslMode::VerifyCa => CertCheck::Chain,
+        SslMode::VerifyFull => CertCheck::ChainAndName,
     }
 }
 
@@ -172,7 +175,7 @@ fn client_tls(pg: &PostgresConfig) -> Result<ClientConfig, RelayError> {
     let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
         .build()
         .map_err(|e| tls_setup(format!("postgres.sslrootcert: {e}")))?;
-    let verifier = Arc::new(Verifier { verify: verify(pg), webpki });
+    let verifier = Arc::new(Verifier { check: cert_check(pg), webpki });
     let builder = builder.dangerous().with_custom_certificate_verifier(verifier);
     if pg.sslcert.is_empty() {
         return Ok(builder.with_no_client_auth());
@@ -214,7 +217,7 @@ fn tls_setup(message: String) -> RelayError {
 /// Checks the server certificate as `sslmode` asks.
 #[derive(Debug)]
 struct Verifier {
-    verify: Verify,
+    check: CertCheck,
     webpki: Arc<WebPkiServerVerifier>,
 }
 
@@ -227,13 +230,13 @@ impl ServerCertVerifier for Verifier {
         ocsp: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        if self.verify == Verify::Nothing {
+        if self.check == CertCheck::Nothing {
             return Ok(ServerCertVerified::assertion());
         }
         match self.webpki.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-            )) if self.verify == Verify::Chain => Ok(ServerCertVerified::assertion()),
+            )) if self.check == CertCheck::Chain => Ok(ServerCertVerified::assertion()),
             other => other,
         }
     }
@@ -371,12 +374,12 @@ mod tests {
 
     #[test]
     fn sslmode_decides_what_is_verified_as_libpq_does() {
-        assert_eq!(verify(&pg(SslMode::Disable, "")), Verify::Nothing);
-        assert_eq!(verify(&pg(SslMode::Prefer, "ca.pem")), Verify::Nothing);
-        assert_eq!(verify(&pg(SslMode::Require, "")), Verify::Nothing);
-        assert_eq!(verify(&pg(SslMode::Require, "ca.pem")), Verify::Chain);
-        assert_eq!(verify(&pg(SslMode::VerifyCa, "")), Verify::Chain);
-        assert_eq!(verify(&pg(SslMode::VerifyFull, "")), Verify::ChainAndName);
+        assert_eq!(cert_check(&pg(SslMode::Disable, "")), CertCheck::Nothing);
+        assert_eq!(cert_check(&pg(SslMode::Prefer, "ca.pem")), CertCheck::Nothing);
+        assert_eq!(cert_check(&pg(SslMode::Require, "")), CertCheck::Nothing);
+        assert_eq!(cert_check(&pg(SslMode::Require, "ca.pem")), CertCheck::Chain);
+        assert_eq!(cert_check(&pg(SslMode::VerifyCa, "")), CertCheck::Chain);
+        assert_eq!(cert_check(&pg(SslMode::VerifyFull, "")), CertCheck::ChainAndName);
         use pgwire_replication::SslMode as R;
         assert_eq!(replication_tls(&pg(SslMode::Require, "ca.pem")).mode, R::VerifyCa);
         assert_eq!(replication_tls(&pg(SslMode::VerifyFull, "")).mode, R::VerifyFull);

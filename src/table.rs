@@ -4,7 +4,7 @@
 //! - every identifier that comes from configuration reaches SQL only through [`quote_ident`], so
 //!   a column called `type` (Debezium's layout) or a mixed-case table name works as configured;
 //! - the rows are read as PostgreSQL text output under fixed aliases ([`col`]), by name, so both
-//!   modes see the same [`RawEvent`] for the same row;
+//!   modes see the same [`OutboxRow`] for the same row;
 //! - "unpublished" is defined once ([`OutboxTable::unpublished`]): every row in `delete` mode,
 //!   rows whose `published_at_column` is NULL in `mark` mode.
 
@@ -13,8 +13,8 @@ use std::time::SystemTime;
 use tokio_postgres::Row;
 
 use crate::config::{AfterPublish, ColumnsConfig, RelayConfig};
+use crate::delivery::record::OutboxRow;
 use crate::error::{FatalReason, RelayError};
-use crate::event::RawEvent;
 
 /// Quotes a PostgreSQL identifier: `order` becomes `"order"`, `a"b` becomes `"a""b"`.
 pub fn quote_ident(name: &str) -> String {
@@ -304,7 +304,7 @@ impl OutboxTable {
 /// is kept with the bad bytes replaced, the column is marked unreadable, and the mapping makes
 /// the row unpublishable. A column the query did not return as text is the relay's own bug, an
 /// error: it is never mistaken for a NULL in the row.
-pub fn raw_event(row: &Row) -> Result<(RawEvent, Option<SystemTime>), tokio_postgres::Error> {
+pub fn outbox_row(row: &Row) -> Result<(OutboxRow, Option<SystemTime>), tokio_postgres::Error> {
     let mut unreadable = None;
     let mut text = |column: &'static str| -> Result<Option<String>, tokio_postgres::Error> {
         let bytes: Option<TextBytes<'_>> = row.try_get(column)?;
@@ -316,7 +316,7 @@ pub fn raw_event(row: &Row) -> Result<(RawEvent, Option<SystemTime>), tokio_post
             }
         }))
     };
-    let raw = RawEvent {
+    let raw = OutboxRow {
         id: text(col::ID)?,
         aggregate_type: text(col::AGGREGATE_TYPE)?,
         aggregate_id: text(col::AGGREGATE_ID)?,
@@ -327,7 +327,7 @@ pub fn raw_event(row: &Row) -> Result<(RawEvent, Option<SystemTime>), tokio_post
         unreadable: None,
     };
     let created_at = row.try_get(col::CREATED_AT)?;
-    Ok((RawEvent { unreadable, ..raw }, created_at))
+    Ok((OutboxRow { unreadable, ..raw }, created_at))
 }
 
 /// A text (or `convert_to` bytea) value as its bytes, before any UTF-8 check.

@@ -6,13 +6,13 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use crate::event::OutboxEvent;
+use crate::delivery::record::KafkaRecord;
 
 /// One record waiting for its report.
 pub(super) struct Sent<P> {
     /// Where the source read it.
     pub(super) position: P,
-    pub(super) event: OutboxEvent,
+    pub(super) event: KafkaRecord,
     /// When it was handed to the producer (read once per turn of reading, not per record).
     pub(super) at: Instant,
     /// What it counts against the in-flight byte bound.

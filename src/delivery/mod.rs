@@ -35,8 +35,8 @@ use tokio::sync::MutexGuard;
 
 use crate::config::KafkaConfig;
 use crate::dead_letter::{DeadLetter, DeadLetters, Hold};
+use crate::delivery::record::KafkaRecord;
 use crate::error::RelayError;
-use crate::event::OutboxEvent;
 use crate::observe::metrics::{Clock, Mode, metrics};
 use crate::observe::pulse::Pulse;
 use crate::sink::dedup::Dedup;
@@ -44,6 +44,7 @@ use crate::sink::kafka::StallWatch;
 use crate::sink::kafka::{PublishError, Report};
 
 mod in_flight;
+pub(crate) mod record;
 #[cfg(test)]
 pub(crate) mod scripted;
 pub(crate) mod sink;
@@ -69,7 +70,7 @@ struct Held<P> {
     /// Reports the first unpublishable event and paces the retries.
     hold: Hold,
     /// Records Kafka refused, in the order they were sent; the first is sent again first.
-    refused: VecDeque<(P, OutboxEvent)>,
+    refused: VecDeque<(P, KafkaRecord)>,
     /// A row that can never map was handed over: only a restart with another policy moves on.
     unmapped: bool,
     /// The number of the resend of `refused[0]` in flight.
@@ -123,7 +124,7 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
     pub(crate) async fn send(
         &mut self,
         position: P,
-        record: OutboxEvent,
+        record: KafkaRecord,
         at: Instant,
     ) -> Result<Option<Settled<P>>, RelayError> {
         if self.dedup.written(&record, self.pulse).await? {
@@ -133,7 +134,7 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
         Ok(None)
     }
 
-    async fn enqueue(&mut self, position: P, event: OutboxEvent, at: Instant) -> usize {
+    async fn enqueue(&mut self, position: P, event: KafkaRecord, at: Instant) -> usize {
         let bytes = event.size();
         let seq = self.sink.enqueue(&event).await;
         self.in_flight.insert(seq, Sent { position, event, at, bytes });
@@ -189,7 +190,7 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
     }
 
     /// Starts holding (or adds a refused record to the hold).
-    fn hold(&mut self, letter: DeadLetter, refused: Option<(P, OutboxEvent)>) {
+    fn hold(&mut self, letter: DeadLetter, refused: Option<(P, KafkaRecord)>) {
         let unmapped = refused.is_none();
         let held = self.held.get_or_insert_with(|| Held {
             hold: self.dead_letters.hold(letter, self.pulse),

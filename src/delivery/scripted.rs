@@ -17,7 +17,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tokio::sync::{MutexGuard, mpsc};
 
 use super::sink::{Reports, Sink};
-use crate::event::OutboxEvent;
+use crate::delivery::record::KafkaRecord;
 use crate::sink::kafka::{PublishError, Report};
 
 /// What happens to one attempt at sending a record.
@@ -86,7 +86,7 @@ impl ScriptedSink {
 }
 
 impl Sink for ScriptedSink {
-    async fn enqueue(&self, record: &OutboxEvent) -> usize {
+    async fn enqueue(&self, record: &KafkaRecord) -> usize {
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         self.sent.lock().unwrap().push(record.id.clone());
         let fault = self.faults.lock().unwrap().get_mut(&record.id).and_then(VecDeque::pop_front);
@@ -129,8 +129,8 @@ impl Sink for ScriptedSink {
 }
 
 /// A record with id `id` for topic `t`, keyed `k`.
-pub(crate) fn record(id: &str) -> OutboxEvent {
-    OutboxEvent {
+pub(crate) fn record(id: &str) -> KafkaRecord {
+    KafkaRecord {
         id: id.to_string(),
         topic: "t".into(),
         key: "k".into(),

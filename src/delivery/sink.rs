@@ -18,7 +18,7 @@ use std::future::Future;
 use rdkafka::error::KafkaError;
 use tokio::sync::{MutexGuard, mpsc};
 
-use crate::event::OutboxEvent;
+use crate::delivery::record::KafkaRecord;
 
 use crate::sink::kafka::{self, PublishError, Report};
 
@@ -32,7 +32,7 @@ pub(crate) trait Sink: Send + Sync {
     /// Hands `record` over after every record handed over before it, waiting out back-pressure,
     /// and returns its number: its report arrives on [`Sink::reports`] (a record refused at once
     /// is reported there too).
-    fn enqueue(&self, record: &OutboxEvent) -> impl Future<Output = usize> + Send;
+    fn enqueue(&self, record: &KafkaRecord) -> impl Future<Output = usize> + Send;
 
     /// The delivery reports, for the one session that sends: hold the guard while sending. A
     /// report numbered before the holder's first record is an earlier session's: pass it over.
@@ -44,7 +44,7 @@ pub(crate) trait Sink: Send + Sync {
 
 /// The Kafka sink's own methods are the seam's: the trait forwards to them.
 impl Sink for kafka::KafkaSink {
-    fn enqueue(&self, record: &OutboxEvent) -> impl Future<Output = usize> + Send {
+    fn enqueue(&self, record: &KafkaRecord) -> impl Future<Output = usize> + Send {
         kafka::KafkaSink::enqueue(self, record)
     }
 

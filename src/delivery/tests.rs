@@ -13,8 +13,8 @@ use super::{Delivery, Settled};
 use crate::checkpoint::{Tracker, TxnId};
 use crate::config::RelayConfig;
 use crate::dead_letter::{DeadLetter, DeadLetters};
+use crate::delivery::record::OutboxRow;
 use crate::error::RelayError;
-use crate::event::RawEvent;
 use crate::lsn::Lsn;
 use crate::observe::health::{Health, Phase};
 use crate::observe::metrics::{Clock, Mode};
@@ -202,7 +202,7 @@ async fn a_refused_record_is_held_and_sent_again_under_block_until_kafka_takes_i
 #[tokio::test]
 async fn a_row_that_cannot_map_is_dead_lettered_or_held_by_the_policy() {
     let letter =
-        || DeadLetter::row(RawEvent { id: Some("7".into()), ..RawEvent::default() }, "no topic".into());
+        || DeadLetter::row(OutboxRow { id: Some("7".into()), ..OutboxRow::default() }, "no topic".into());
     let f = Fixture::new("dead_letter");
     let mut delivery = f.delivery::<u32>();
     assert!(matches!(delivery.unpublishable(7, letter()), Settled::DeadLettered(7, l) if l.id == "7"));

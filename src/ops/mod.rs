@@ -1,9 +1,11 @@
-//! The operator commands: `check` (preflight), `status` (one look at a running relay and its
-//! slot or backlog), `verify` (did every committed row reach Kafka).
+//! The operator commands: `check` (preflight), `setup` (the publication and slot of replication
+//! mode), `status` (one look at a running relay and its slot or backlog), `verify` (did every
+//! committed row reach Kafka).
 //!
-//! Invariant: a command reads, and returns what it found for `main` to print; the only command
-//! that changes anything (`setup`) lives with the replication source, whose slot it creates.
+//! Invariant: a command returns what it found or did for `main` to print; only `setup` changes
+//! anything (through the replication source, which owns the slot and its first copy).
 
 pub mod check;
+pub mod setup;
 pub mod status;
 pub mod verify;

@@ -4,7 +4,12 @@
 
 use std::time::{Duration, SystemTime};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use http_body_util::{BodyExt, Empty};
+use hyper::Request;
+use hyper::body::Bytes;
+use hyper::client::conn::http1;
+use hyper::header::HOST;
+use hyper_util::rt::TokioIo;
 use tokio_postgres::Client;
 
 use crate::config::{RelayConfig, SourceMode};
@@ -159,16 +164,23 @@ fn default_url(listen: &str) -> Option<String> {
     Some(format!("http://{address}"))
 }
 
-/// A plain HTTP/1.0 GET; the body, or None without an answer.
+/// A GET through hyper's HTTP/1 client: the body whatever the status (`/readyz` says why it
+/// is not ready in a 503's body), or None without an answer in time.
 async fn get(url: &str, path: &str) -> Option<String> {
-    let address = url.trim_start_matches("http://").trim_end_matches('/').to_string();
+    let authority = url.trim_start_matches("http://").trim_end_matches('/').to_string();
     let fetch = async {
-        let mut stream = tokio::net::TcpStream::connect(&address).await.ok()?;
-        let request = format!("GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n");
-        stream.write_all(request.as_bytes()).await.ok()?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await.ok()?;
-        response.split_once("\r\n\r\n").map(|(_, body)| body.to_string())
+        let stream = tokio::net::TcpStream::connect(&authority).await.ok()?;
+        let (mut sender, connection) = http1::handshake(TokioIo::new(stream)).await.ok()?;
+        // the connection is driven by its own task, and ends with the response
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "metrics endpoint connection ended");
+            }
+        });
+        let request = Request::get(path).header(HOST, authority.as_str()).body(Empty::<Bytes>::new()).ok()?;
+        let response = sender.send_request(request).await.ok()?;
+        let body = response.into_body().collect().await.ok()?.to_bytes();
+        String::from_utf8(body.to_vec()).ok()
     };
     tokio::time::timeout(HTTP_TIMEOUT, fetch).await.ok().flatten()
 }

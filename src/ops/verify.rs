@@ -24,8 +24,8 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio_postgres::Client;
 
 use crate::config::{AfterPublish, RelayConfig, SourceMode};
-use crate::event::Mapping;
-use crate::table::{OutboxTable, raw_event};
+use crate::delivery::record::Mapping;
+use crate::table::{OutboxTable, outbox_row};
 use expected::{Expected, fingerprint};
 use records::{Located, Reader};
 use report::Report;
@@ -183,9 +183,9 @@ async fn read_rows(
     loop {
         let rows = txn.query_portal(&portal, ROW_BATCH).await?;
         for row in &rows {
-            let (raw, created_at) = raw_event(row)?;
+            let (raw, created_at) = outbox_row(row)?;
             let id = raw.id.clone().unwrap_or_default();
-            match mapping.to_event(raw, created_at) {
+            match mapping.to_record(raw, created_at) {
                 Ok(event) => {
                     let headers = event.headers().map(|(k, v)| (k, v.as_bytes()));
                     let print = fingerprint(&event.topic, event.key.as_bytes(), &event.payload, headers);

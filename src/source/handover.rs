@@ -130,14 +130,14 @@ pub(crate) async fn unfinished_switch(
             ),
         ));
     }
-    let lettered = dead_letters.lettered(client).await?;
+    let dead_lettered = dead_letters.dead_lettered(client).await?;
     tracing::warn!(
         slot = %slot.name,
         retained_bytes = slot.retained_bytes,
-        dead_lettered = lettered.len(),
+        dead_lettered = dead_lettered.len(),
         "switching from replication mode: each topic is read back whole before this session publishes, so \
          rows replication mode published or dead-lettered are not sent again; {}",
         slot.remedy()
     );
-    Ok(Some(lettered))
+    Ok(Some(dead_lettered))
 }

@@ -21,16 +21,16 @@ use tokio_postgres::Client;
 use super::{MODE, ReplicationSource};
 use crate::config::Endpoint;
 use crate::dead_letter::DeadLetter;
+use crate::delivery::record::Position;
 use crate::delivery::sink::Reports;
 use crate::delivery::{Delivery, Settled};
 use crate::error::RelayError;
-use crate::event::Position;
 use crate::lsn::Lsn;
 use crate::observe::metrics::Clock;
 use crate::observe::pulse::Pulse;
 use crate::sink::dedup::Dedup;
 use crate::sink::kafka::KafkaSink;
-use crate::table::{OutboxTable, quote_literal, raw_event};
+use crate::table::{OutboxTable, outbox_row, quote_literal};
 
 /// Rows of the initial copy published (and awaited) together.
 const COPY_CHUNK: usize = 2_000;
@@ -39,6 +39,17 @@ const REPORT_TURN: usize = 256;
 
 /// A copy's delivery stage: a record's position is its row's index in the copy.
 type CopyDelivery<'a> = Delivery<'a, KafkaSink, u64>;
+
+/// What a first copy did with the rows of its snapshot.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CopyReport {
+    /// Rows whose records Kafka acknowledged.
+    pub published: u64,
+    /// Rows the topics held already (an interrupted copy, the slot's previous life): not sent.
+    pub already_in_kafka: u64,
+    /// Rows that cannot be published, moved to the dead-letter table.
+    pub dead_lettered: u64,
+}
 
 /// The first copy: the rows of the slot's snapshot, published in id order.
 pub(super) struct FirstCopy<'a> {
@@ -54,13 +65,13 @@ pub(super) struct FirstCopy<'a> {
 
 impl FirstCopy<'_> {
     /// Publishes the rows of `snapshot`; `dedup` knows the rows the topics already hold (from an
-    /// interrupted copy, or the slot's previous life). Returns how many rows Kafka holds.
+    /// interrupted copy, or the slot's previous life).
     pub(super) async fn run(
         &self,
         snapshot: &str,
         dedup: Dedup,
         shutdown: &mut watch::Receiver<bool>,
-    ) -> Result<u64, RelayError> {
+    ) -> Result<CopyReport, RelayError> {
         let source = self.source;
         let mut client = crate::postgres::connect_to(&source.config.postgres, self.server).await?;
         let tx = client
@@ -77,47 +88,48 @@ impl FirstCopy<'_> {
         let mut delivery =
             Delivery::new(&source.sink, &source.dead_letters, &source.config.kafka, dedup, self.pulse, MODE);
         let mut reports = delivery.reports().await;
-        let (mut copied, mut index) = (0u64, 0u64);
+        let (mut report, mut index) = (CopyReport::default(), 0u64);
         loop {
             let next = rows.next().await.transpose()?;
             if let Some(row) = &next {
-                let (raw, created_at) = raw_event(row)?;
-                let settled = match source.mapping.to_event(raw, created_at) {
-                    Ok(mut event) => {
-                        event.position = Some(Position::Copy { point: self.point, index });
-                        delivery.send(index, event, Instant::now()).await?
+                let (raw, created_at) = outbox_row(row)?;
+                match source.mapping.to_record(raw, created_at) {
+                    Ok(mut record) => {
+                        record.position = Some(Position::Copy { point: self.point, index });
+                        // settled at once only when the topic holds it already
+                        if delivery.send(index, record, Instant::now()).await?.is_some() {
+                            report.already_in_kafka += 1;
+                        }
                     }
                     Err(unpublishable) => {
                         // what precedes the row goes first
-                        copied += self.settle_all(&mut delivery, &mut reports, shutdown).await?;
-                        Some(delivery.unpublishable(index, DeadLetter::unmapped(*unpublishable)))
+                        self.settle_all(&mut delivery, &mut reports, &mut report, shutdown).await?;
+                        let settled = delivery.unpublishable(index, DeadLetter::unmapped(*unpublishable));
+                        self.settled(settled, &mut report).await?;
                     }
-                };
-                index += 1;
-                if let Some(settled) = settled {
-                    copied += self.settled(settled).await?;
                 }
+                index += 1;
             }
             if delivery.records() >= COPY_CHUNK || delivery.holding() || next.is_none() {
-                copied += self.settle_all(&mut delivery, &mut reports, shutdown).await?;
+                self.settle_all(&mut delivery, &mut reports, &mut report, shutdown).await?;
             }
             if next.is_none() {
                 break;
             }
         }
         tx.commit().await?;
-        Ok(copied)
+        Ok(report)
     }
 
-    /// Waits until every record handed over is settled and nothing is held; returns how many
-    /// Kafka took. Held at a row that cannot map, it waits for shutdown: `Interrupted`.
+    /// Waits until every record handed over is settled and nothing is held, counting in
+    /// `report`. Held at a row that cannot map, it waits for shutdown: `Interrupted`.
     async fn settle_all(
         &self,
         delivery: &mut CopyDelivery<'_>,
         reports: &mut Reports,
+        report: &mut CopyReport,
         shutdown: &mut watch::Receiver<bool>,
-    ) -> Result<u64, RelayError> {
-        let mut copied = 0;
+    ) -> Result<(), RelayError> {
         let mut stall_check = tokio::time::interval(delivery.stall_period());
         let mut batch = Vec::with_capacity(REPORT_TURN);
         while delivery.records() > 0 || delivery.holding() {
@@ -127,9 +139,9 @@ impl FirstCopy<'_> {
             tokio::select! {
                 _ = reports.recv_many(&mut batch, REPORT_TURN), if delivery.records() > 0 => {
                     let clock = Clock::now();
-                    for report in batch.drain(..) {
-                        if let Some(settled) = delivery.settle(report, &clock).await? {
-                            copied += self.settled(settled).await?;
+                    for sent in batch.drain(..) {
+                        if let Some(settled) = delivery.settle(sent, &clock).await? {
+                            self.settled(settled, report).await?;
                         }
                     }
                 }
@@ -138,18 +150,19 @@ impl FirstCopy<'_> {
                 _ = shutdown.changed(), if delivery.holding() => {}
             }
         }
-        Ok(copied)
+        Ok(())
     }
 
-    /// 1 when Kafka holds the row's record; a dead letter is written at once.
-    async fn settled(&self, settled: Settled<u64>) -> Result<u64, RelayError> {
+    /// Counts a settled row in `report`; a dead letter is written at once.
+    async fn settled(&self, settled: Settled<u64>, report: &mut CopyReport) -> Result<(), RelayError> {
         match settled {
-            Settled::Acked(_) => Ok(1),
+            Settled::Acked(_) => report.published += 1,
             Settled::DeadLettered(_, letter) => {
                 self.source.dead_letters.write_committed(self.dead_letters, &[*letter]).await?;
-                Ok(0)
+                report.dead_lettered += 1;
             }
-            Settled::Held(_) => Ok(0),
+            Settled::Held(_) => {}
         }
+        Ok(())
     }
 }

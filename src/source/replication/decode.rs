@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 
 use crate::config::OutboxConfig;
-use crate::event::RawEvent;
+use crate::delivery::record::OutboxRow;
 use crate::observe::metrics::SkippedKind;
 
 /// A decoding failure: the stream is not what protocol version 1 says it is.
@@ -22,7 +22,7 @@ pub struct DecodeError(String);
 #[derive(Debug, PartialEq, Eq)]
 pub enum Change {
     /// An outbox row was inserted.
-    Insert(RawEvent),
+    Insert(OutboxRow),
     /// A relation description was (re)learnt; nothing to publish.
     Relation,
     /// Deliberately not an event, by kind (the `kind` label of
@@ -171,7 +171,7 @@ impl Decoder {
                 }
             })
         };
-        let raw = RawEvent {
+        let raw = OutboxRow {
             id: text(layout.id, &c.id),
             aggregate_type: text(layout.aggregate_type, &c.aggregate_type),
             aggregate_id: text(layout.aggregate_id, &c.aggregate_id),
@@ -181,7 +181,7 @@ impl Decoder {
             topic: text(layout.topic, &c.topic),
             unreadable: None,
         };
-        Ok(Change::Insert(RawEvent { unreadable, ..raw }))
+        Ok(Change::Insert(OutboxRow { unreadable, ..raw }))
     }
 }
 
@@ -209,11 +209,11 @@ fn tuple(r: &mut Reader<'_>, spans: &mut Vec<Option<(usize, usize)>>) -> Result<
 /// The outbox event carried by a logical decoding message emitted by `outbox_emit()` (see
 /// `sql/005_outbox_emit.sql`): a JSON object whose `payload` is the payload's text, so the
 /// record value is byte-identical to the same event written to the table.
-pub fn message_event(content: &[u8]) -> Result<RawEvent, String> {
+pub fn message_event(content: &[u8]) -> Result<OutboxRow, String> {
     let value: serde_json::Value =
         serde_json::from_slice(content).map_err(|e| format!("message content is not JSON: {e}"))?;
     let object = value.as_object().ok_or("message content is not a JSON object")?;
-    Ok(RawEvent::from_json(object))
+    Ok(OutboxRow::from_json(object))
 }
 
 struct Reader<'a> {

@@ -16,6 +16,7 @@
 //! [`decode`] (pgoutput), [`transport`] (the replication connection, behind our own seam).
 
 mod copy;
+pub use copy::CopyReport;
 mod decode;
 pub(crate) mod failover;
 pub(crate) mod publication;
@@ -29,8 +30,8 @@ use tokio::sync::watch;
 
 use crate::config::RelayConfig;
 use crate::dead_letter::DeadLetters;
+use crate::delivery::record::Mapping;
 use crate::error::RelayError;
-use crate::event::Mapping;
 use crate::lsn::Lsn;
 use crate::observe::metrics::Mode;
 use crate::observe::pulse::Pulse;
@@ -85,8 +86,9 @@ impl ReplicationSource {
     }
 
     /// `outbox-relay setup`: the publication, and the slot with its first copy when missing.
-    /// Returns the new slot's consistent point, or `None` when the slot was there.
-    pub async fn setup(&mut self, recreate: bool) -> Result<Option<Lsn>, RelayError> {
+    /// Returns the new slot's consistent point and what its copy did, or `None` when the slot
+    /// was there.
+    pub async fn setup(&mut self, recreate: bool) -> Result<Option<(Lsn, CopyReport)>, RelayError> {
         let (client, server) = crate::postgres::connect_primary(&self.config.postgres).await?;
         self.sink.set_source(&dedup::source_identity(&client, &self.config).await?);
         let plan = slot::prepare(&self.config, &client, recreate).await?;
@@ -97,9 +99,9 @@ impl ReplicationSource {
         let pulse = Pulse::detached();
         let (_never, mut shutdown) = watch::channel(false);
         let mut replication = transport::connect(&self.config, &server, Lsn::ZERO).await?;
-        let point =
+        let created =
             slot::create_and_copy(self, &server, &mut replication, &client, &pulse, &mut shutdown).await?;
-        Ok(Some(point))
+        Ok(Some(created))
     }
 
     /// One replication session: prepare the slot, (copy,) stream until shutdown or an error.
@@ -123,7 +125,7 @@ impl ReplicationSource {
             }
             SlotPlan::Create => {
                 let mut replication = transport::connect(&self.config, &server, Lsn::ZERO).await?;
-                let point =
+                let (point, _) =
                     slot::create_and_copy(self, &server, &mut replication, &client, pulse, shutdown).await?;
                 (replication, point)
             }

@@ -4,7 +4,7 @@
 //! TABLE`, `SET (publish = 'update')`, a row filter, or a column list without a column the relay
 //! reads, its inserts are simply not sent, and a relay that kept confirming would confirm past
 //! them: silent loss. So the stream verifies the publication every
-//! [`CHECK_INTERVAL`] and confirms no position past the last one verified.
+//! [`CHECK_INTERVAL`] and confirms no position past the last one checked.
 //!
 //! Invariant: [`verify`] reads the WAL position *before* it looks at the catalog, in a separate
 //! statement. A publication change that committed before that position is therefore visible to
@@ -133,9 +133,10 @@ fn column_list_problem(
     )))
 }
 
-/// The WAL position through which the publication is verified, or the fatal error that stops
-/// the relay before it confirms past an insert it was never sent.
-pub async fn verify(config: &RelayConfig, client: &Client) -> Result<Lsn, RelayError> {
+/// The WAL position through which the publication is known to deliver every insert of the
+/// outbox (checked now), or the fatal error that stops the relay before it confirms past an
+/// insert it was never sent.
+pub async fn delivers_through(config: &RelayConfig, client: &Client) -> Result<Lsn, RelayError> {
     let lsn: String = client.query_one("SELECT pg_current_wal_lsn()::text", &[]).await?.get(0);
     let lsn =
         Lsn::from_str(&lsn).map_err(|_| RelayError::Protocol(format!("pg_current_wal_lsn() = {lsn}")))?;

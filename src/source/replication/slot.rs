@@ -18,7 +18,7 @@ use std::str::FromStr;
 use tokio::sync::watch;
 use tokio_postgres::Client;
 
-use super::copy::FirstCopy;
+use super::copy::{CopyReport, FirstCopy};
 use super::transport::{self, Command};
 use super::{MODE, ReplicationSource};
 use crate::config::{Endpoint, RelayConfig};
@@ -321,7 +321,8 @@ async fn ensure_publication(config: &RelayConfig, client: &Client) -> Result<(),
 }
 
 /// Creates the slot on the (not yet streaming) replication session, remembers it, and
-/// publishes the rows visible in its exported snapshot. Returns the slot's consistent point.
+/// publishes the rows visible in its exported snapshot. Returns the slot's consistent point,
+/// and what the copy did.
 pub(super) async fn create_and_copy(
     source: &ReplicationSource,
     server: &Endpoint,
@@ -329,7 +330,7 @@ pub(super) async fn create_and_copy(
     client: &Client,
     pulse: &Pulse,
     shutdown: &mut watch::Receiver<bool>,
-) -> Result<Lsn, RelayError> {
+) -> Result<(Lsn, CopyReport), RelayError> {
     let slot = &source.config.replication.slot;
     let owner = OutboxTable::new(&source.config).display_name();
     client.execute(&format!("{CURRENT_TIMELINE_CTE}{REMEMBER_SQL}"), &[slot, &owner]).await?;
@@ -354,8 +355,11 @@ pub(super) async fn create_and_copy(
     // slot recreated after it was lost): read back everything the topics hold from this source
     let dedup = Dedup::new(&source.config, MODE, Lookback::Everything, source.sink.source(), shutdown);
     let copy = FirstCopy { source, server, dead_letters: client, pulse, point: consistent_point };
-    let copied = copy.run(&snapshot, dedup, shutdown).await?;
+    let report = copy.run(&snapshot, dedup, shutdown).await?;
     client.execute(COPIED_SQL, &[slot]).await?;
-    tracing::info!(%slot, rows = copied, "pre-existing rows published; streaming from the slot");
-    Ok(consistent_point)
+    let CopyReport { published, already_in_kafka, dead_lettered } = report;
+    // `rows`: every row Kafka holds now (tests read this figure from the log)
+    let rows = published + already_in_kafka;
+    tracing::info!(%slot, rows, published, already_in_kafka, dead_lettered, "pre-existing rows published; streaming from the slot");
+    Ok((consistent_point, report))
 }

@@ -26,10 +26,10 @@ use super::transport::{WalEvent, WalStream};
 use super::{HEARTBEAT_PREFIX, MODE, ReplicationSource, publication};
 use crate::checkpoint::{Tracker, TxnId};
 use crate::dead_letter::DeadLetter;
+use crate::delivery::record::{OutboxRow, Position};
 use crate::delivery::sink::Reports;
 use crate::delivery::{Delivery, Settled};
 use crate::error::{FatalReason, RelayError};
-use crate::event::{Position, RawEvent};
 use crate::lsn::Lsn;
 use crate::observe::metrics::{Clock, SkippedKind, metrics};
 use crate::observe::pulse::Pulse;
@@ -68,9 +68,9 @@ pub(super) struct StreamSession<'a> {
     /// When the current turn of reading began: the send time of the records it hands over.
     turn_at: Instant,
     open: Option<OpenTxn>,
-    /// The publication was verified to deliver every insert committed before this position.
-    verified: Lsn,
-    /// The last position confirmed to PostgreSQL: never past `verified`.
+    /// The publication was checked to deliver every insert committed before this position.
+    publication_ok_through: Lsn,
+    /// The last position confirmed to PostgreSQL: never past `publication_ok_through`.
     confirmed: Lsn,
     /// This mode's `events_read_total` (looked up once).
     read: IntCounter,
@@ -101,7 +101,7 @@ impl<'a> StreamSession<'a> {
             ),
             turn_at: Instant::now(),
             open: None,
-            verified: confirmed,
+            publication_ok_through: confirmed,
             confirmed,
             read: metrics().events_read.with_label_values(&[MODE.label()]),
         }
@@ -118,7 +118,7 @@ impl<'a> StreamSession<'a> {
         // this session is the one sending: reports of earlier sessions' records are passed over
         let mut reports = self.delivery.reports().await;
         let mut batch = Vec::with_capacity(REPORT_TURN);
-        self.verified = publication::verify(&self.source.config, self.client).await?;
+        self.publication_ok_through = publication::delivers_through(&self.source.config, self.client).await?;
         let first = tokio::time::Instant::now() + publication::CHECK_INTERVAL;
         let mut verify = tokio::time::interval_at(first, publication::CHECK_INTERVAL);
         verify.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -156,7 +156,7 @@ impl<'a> StreamSession<'a> {
                 }
                 // 6. the publication still delivers every insert: confirmations may go that far
                 _ = verify.tick() => {
-                    self.verified = publication::verify(&self.source.config, self.client).await?;
+                    self.publication_ok_through = publication::delivers_through(&self.source.config, self.client).await?;
                     self.confirm(self.tracker.confirmed());
                 }
                 // 7. held: try the refused record again, or report the held row again
@@ -200,7 +200,7 @@ impl<'a> StreamSession<'a> {
             let report = reports.recv().await.expect("the sink holds a sender");
             self.settle(report, &Clock::now()).await?;
         }
-        self.verified = publication::verify(&self.source.config, self.client).await?;
+        self.publication_ok_through = publication::delivers_through(&self.source.config, self.client).await?;
         // with nothing in flight the update is sent at once; the stream's end must not overtake it
         self.confirm_acknowledged();
         let interval = Duration::from_millis(self.source.config.replication.status_interval_ms);
@@ -219,12 +219,12 @@ impl<'a> StreamSession<'a> {
         m.transactions_in_flight.set(self.tracker.open_transactions() as i64);
     }
 
-    /// Confirms `lsn` to PostgreSQL, as far as the publication was verified, and records it.
+    /// Confirms `lsn` to PostgreSQL, as far as the publication was checked, and records it.
     /// With nothing in flight the status update leaves at once: the end of a run of records (a
     /// drain's last one, a quiet outbox) is not held back by the status interval. While records
     /// are in flight, updates go once per `replication.status_interval_ms`.
     fn confirm(&mut self, lsn: Lsn) {
-        let lsn = lsn.min(self.verified);
+        let lsn = lsn.min(self.publication_ok_through);
         if lsn <= self.confirmed {
             return;
         }
@@ -316,7 +316,7 @@ impl<'a> StreamSession<'a> {
         }
         let raw = decode::message_event(content).unwrap_or_else(|reason| {
             tracing::warn!(%lsn, %reason, "an outbox message is not an event object");
-            RawEvent::default()
+            OutboxRow::default()
         });
         match self.open.as_mut() {
             Some(txn) if transactional => {
@@ -330,7 +330,7 @@ impl<'a> StreamSession<'a> {
     /// A non-transactional message with the outbox prefix: written even when its transaction
     /// rolls back, and by anyone who may call `pg_logical_emit_message`, so never published.
     /// It takes the dead-letter path, as its own unit of the position.
-    async fn untrusted(&mut self, raw: RawEvent, lsn: Lsn) -> Result<(), RelayError> {
+    async fn untrusted(&mut self, raw: OutboxRow, lsn: Lsn) -> Result<(), RelayError> {
         metrics().stream_messages_skipped.with_label_values(&[SkippedKind::UntrustedMessage.label()]).inc();
         tracing::warn!(%lsn, event_id = ?raw.id, "a non-transactional outbox message is not published");
         let letter = DeadLetter::row(
@@ -350,9 +350,9 @@ impl<'a> StreamSession<'a> {
     }
 
     /// Publishes the event at `txn`'s current index (see [`next_event`]).
-    async fn publish(&mut self, raw: RawEvent, txn: OpenTxn) -> Result<(), RelayError> {
+    async fn publish(&mut self, raw: OutboxRow, txn: OpenTxn) -> Result<(), RelayError> {
         self.read.inc();
-        let settled = match self.source.mapping.to_event(raw, Some(txn.commit_time)) {
+        let settled = match self.source.mapping.to_record(raw, Some(txn.commit_time)) {
             Ok(mut event) => {
                 event.position = Some(Position::Stream { commit: txn.commit_lsn, index: txn.next_index });
                 self.tracker.sent(txn.id);

@@ -1,9 +1,12 @@
 //! The replication transport behind our own seam.
 //!
 //! Upstream tokio-postgres cannot open a replication connection, so the stream comes from
-//! `pgwire-replication` (pure Rust, proto v1). Only this file knows that crate: the rest of
-//! the relay sees [`WalEvent`]s and confirms [`Lsn`]s, so swapping the transport (for
-//! `pg_walstream`, or tokio-postgres once it speaks CopyBoth) touches nothing else.
+//! `pgwire-replication` (pure Rust, proto v1). This file wraps its stream: the streaming
+//! session sees [`WalEvent`]s and confirms [`Lsn`]s. Two other files know the crate:
+//! `slot.rs` sends the slot commands (`CREATE_REPLICATION_SLOT`, `ALTER_REPLICATION_SLOT`) on
+//! the connection before it streams, and `postgres.rs` turns `postgres.sslmode` and the
+//! certificates into its TLS settings. Swapping the transport (for `pg_walstream`, or
+//! tokio-postgres once it speaks CopyBoth) touches those three files.
 
 use std::time::{Duration, SystemTime};
 

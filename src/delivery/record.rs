@@ -1,6 +1,6 @@
 //! How an outbox row becomes a Kafka record. One mapping for both source modes.
 //!
-//! Both sources hand over the row's columns as PostgreSQL text output ([`RawEvent`]): polling
+//! Both sources hand over the row's columns as PostgreSQL text output ([`OutboxRow`]): polling
 //! selects them `::text`, pgoutput sends them in text format. So the two modes produce
 //! byte-identical records for the same row.
 //!
@@ -18,7 +18,7 @@ use crate::lsn::Lsn;
 
 /// An outbox row as text, before validation.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RawEvent {
+pub struct OutboxRow {
     pub id: Option<String>,
     pub aggregate_type: Option<String>,
     pub aggregate_id: Option<String>,
@@ -31,7 +31,7 @@ pub struct RawEvent {
     pub unreadable: Option<String>,
 }
 
-impl RawEvent {
+impl OutboxRow {
     /// The bytes of its text, as the claim budget counts them.
     pub fn size(&self) -> usize {
         [
@@ -63,9 +63,9 @@ impl RawEvent {
 
     /// A row from a JSON object of the [`RowData`] shape (the default column names, text values):
     /// how `outbox_emit()` messages carry an event, and what `row_data` reads back as.
-    pub fn from_json(object: &serde_json::Map<String, serde_json::Value>) -> RawEvent {
+    pub fn from_json(object: &serde_json::Map<String, serde_json::Value>) -> OutboxRow {
         let text = |key: &str| object.get(key).and_then(|v| v.as_str()).map(String::from);
-        RawEvent {
+        OutboxRow {
             id: text("id"),
             aggregate_type: text("aggregate_type"),
             aggregate_id: text("aggregate_id"),
@@ -94,7 +94,7 @@ pub struct RowData<'a> {
 
 /// A record ready for the sink.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OutboxEvent {
+pub struct KafkaRecord {
     pub id: String,
     pub topic: String,
     pub key: String,
@@ -102,7 +102,7 @@ pub struct OutboxEvent {
     pub event_type: String,
     pub aggregate_type: String,
     /// The string entries of the row's `headers` object; the record's headers are these after
-    /// the built-in ones ([`OutboxEvent::headers`]).
+    /// the built-in ones ([`KafkaRecord::headers`]).
     pub row_headers: Vec<(String, String)>,
     /// When the event was written (commit time in replication mode, `created_at` in polling
     /// mode), for end-to-end latency; `None` when the table has no such column.
@@ -161,7 +161,7 @@ impl FromStr for Position {
     }
 }
 
-impl OutboxEvent {
+impl KafkaRecord {
     /// The bytes this record holds (payload, key, topic, headers), for in-flight byte budgets.
     pub fn size(&self) -> usize {
         let headers: usize = self.headers().map(|(k, v)| k.len() + v.len()).sum();
@@ -200,7 +200,7 @@ impl OutboxEvent {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unpublishable {
     pub reason: PoisonReason,
-    pub row: RawEvent,
+    pub row: OutboxRow,
 }
 
 /// Why a row cannot become a record. The row is dead-lettered or blocks, never dropped.
@@ -259,11 +259,11 @@ impl Mapping {
     }
 
     /// Turns a row into a record, or says which column is wrong (handing the row back).
-    pub fn to_event(
+    pub fn to_record(
         &self,
-        raw: RawEvent,
+        raw: OutboxRow,
         created_at: Option<SystemTime>,
-    ) -> Result<OutboxEvent, Box<Unpublishable>> {
+    ) -> Result<KafkaRecord, Box<Unpublishable>> {
         let (topic, row_headers) = match self.check(&raw) {
             Ok(checked) => checked,
             Err(reason) => return Err(Box::new(Unpublishable { reason, row: raw })),
@@ -274,7 +274,7 @@ impl Mapping {
         else {
             unreachable!("checked above")
         };
-        Ok(OutboxEvent {
+        Ok(KafkaRecord {
             id,
             topic,
             key,
@@ -289,7 +289,7 @@ impl Mapping {
 
     /// Everything that can make a row unpublishable, without taking it apart: the topic and
     /// the row's own headers when it is fine.
-    fn check(&self, raw: &RawEvent) -> Result<(String, Vec<(String, String)>), PoisonReason> {
+    fn check(&self, raw: &OutboxRow) -> Result<(String, Vec<(String, String)>), PoisonReason> {
         if let Some(column) = &raw.unreadable {
             return Err(PoisonReason::NotUtf8 { column: column.clone() });
         }
@@ -381,125 +381,4 @@ fn validate_topic(topic: &str) -> Result<(), PoisonReason> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn raw() -> RawEvent {
-        RawEvent {
-            id: Some("7".into()),
-            aggregate_type: Some("order".into()),
-            aggregate_id: Some("42".into()),
-            event_type: Some("OrderPlaced".into()),
-            payload: Some("{\"a\": 1}".into()),
-            headers: Some("{\"traceparent\": \"00-abc-01\", \"n\": 3}".into()),
-            topic: None,
-            unreadable: None,
-        }
-    }
-
-    fn mapping() -> Mapping {
-        Mapping::new(&OutboxConfig::default())
-    }
-
-    #[test]
-    fn row_becomes_record() {
-        let event = mapping().to_event(raw(), None).unwrap();
-        assert_eq!(event.topic, "outbox.event.order");
-        assert_eq!(event.key, "42");
-        assert_eq!(event.payload, b"{\"a\": 1}");
-        let headers: Vec<(&str, &str)> = event.headers().collect();
-        assert_eq!(
-            headers,
-            [
-                ("id", "7"),
-                ("event_type", "OrderPlaced"),
-                ("aggregate_type", "order"),
-                ("traceparent", "00-abc-01")
-            ]
-        );
-    }
-
-    #[test]
-    fn row_topic_overrides_template() {
-        let event = mapping().to_event(RawEvent { topic: Some("billing".into()), ..raw() }, None).unwrap();
-        assert_eq!(event.topic, "billing");
-    }
-
-    #[test]
-    fn template_parts_render_in_order() {
-        let outbox =
-            OutboxConfig { topic_template: "x.{event_type}-{aggregate_type}.y".into(), ..Default::default() };
-        assert_eq!(Mapping::new(&outbox).render_topic("order", "Placed"), "x.Placed-order.y");
-        let outbox = OutboxConfig { topic_template: "plain".into(), ..Default::default() };
-        assert_eq!(Mapping::new(&outbox).render_topic("order", "Placed"), "plain");
-    }
-
-    #[test]
-    fn template_uses_event_type() {
-        let outbox =
-            OutboxConfig { topic_template: "{aggregate_type}.{event_type}".into(), ..Default::default() };
-        let event = Mapping::new(&outbox).to_event(raw(), None).unwrap();
-        assert_eq!(event.topic, "order.OrderPlaced");
-    }
-
-    #[test]
-    fn null_aggregate_id_is_poison_naming_the_column() {
-        let row = RawEvent { aggregate_id: None, ..raw() };
-        let err = mapping().to_event(row.clone(), None).unwrap_err();
-        assert_eq!(err.reason.to_string(), "column aggregate_id is NULL");
-        assert_eq!(err.row, row, "the row comes back whole, for the dead-letter table");
-    }
-
-    #[test]
-    fn bad_headers_and_topics_are_poison() {
-        let err = mapping().to_event(RawEvent { headers: Some("[1]".into()), ..raw() }, None).unwrap_err();
-        assert!(matches!(err.reason, PoisonReason::BadHeaders { .. }), "{}", err.reason);
-        let err = mapping().to_event(RawEvent { topic: Some("a b".into()), ..raw() }, None).unwrap_err();
-        assert!(matches!(err.reason, PoisonReason::BadTopic { .. }), "{}", err.reason);
-        let err =
-            mapping().to_event(RawEvent { aggregate_type: Some("ü".into()), ..raw() }, None).unwrap_err();
-        assert!(matches!(err.reason, PoisonReason::BadTopic { .. }), "{}", err.reason);
-    }
-
-    #[test]
-    fn unreadable_text_is_poison_naming_the_column() {
-        let row =
-            RawEvent { payload: Some("caf\u{fffd}".into()), unreadable: Some("payload".into()), ..raw() };
-        let err = mapping().to_event(row, None).unwrap_err();
-        assert_eq!(err.reason.to_string(), "column payload is not valid UTF-8 text");
-    }
-
-    #[test]
-    fn positions_print_and_parse_back() {
-        for position in [
-            Position::Stream { commit: Lsn(0x16_B374_D848), index: 3 },
-            Position::Copy { point: Lsn(0x16_B300_0000), index: 41 },
-            Position::Batch { session: 0x9f2c_4e1a_0b7d_3c55, batch: 12, index: 7 },
-        ] {
-            assert_eq!(position.to_string().parse::<Position>(), Ok(position));
-        }
-        assert_eq!(
-            Position::Stream { commit: Lsn(0x16_B374_D848), index: 3 }.to_string(),
-            "lsn:16/B374D848:3"
-        );
-        for bad in ["", "lsn:16/B374D848", "lsn:x:1", "batch:zz-1:2", "other:0/0:1"] {
-            assert!(bad.parse::<Position>().is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn a_record_gives_back_the_row_it_came_from() {
-        let event = mapping().to_event(raw(), None).unwrap();
-        let json = serde_json::to_value(event.row_data()).unwrap();
-        let back = RawEvent::from_json(json.as_object().unwrap());
-        assert_eq!(back.id.as_deref(), Some("7"));
-        assert_eq!(back.aggregate_type.as_deref(), Some("order"));
-        assert_eq!(back.aggregate_id.as_deref(), Some("42"));
-        assert_eq!(back.event_type.as_deref(), Some("OrderPlaced"));
-        assert_eq!(back.payload.as_deref(), Some("{\"a\": 1}"));
-        assert_eq!(back.headers.as_deref(), Some("{\"traceparent\":\"00-abc-01\"}"));
-        assert_eq!(back.topic.as_deref(), Some("outbox.event.order"));
-        // and maps to the same record again
-        assert_eq!(mapping().to_event(back, None).unwrap(), event);
-    }
-}
+mod tests;

@@ -16,7 +16,7 @@
 
 use std::collections::HashSet;
 use std::future::Future;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
@@ -24,26 +24,21 @@ use tokio_postgres::{AsyncMessage, Client, Transaction};
 
 use crate::config::RelayConfig;
 use crate::dead_letter::{DeadLetter, DeadLetters, Hold, LetterKey};
+use crate::delivery::record::{KafkaRecord, Mapping, Position};
 use crate::error::RelayError;
-use crate::event::{Mapping, OutboxEvent, Position, RawEvent};
 use crate::observe::metrics::{Clock, ErrorType, Mode, metrics};
 use crate::observe::pulse::Pulse;
 use crate::sink::dedup::{self, Dedup, Lookback};
 use crate::sink::kafka::{KafkaSink, PublishError};
 use crate::source::handover;
 use crate::supervisor::Source;
-use crate::table::{OutboxTable, quote_ident, raw_event};
+use crate::table::{OutboxTable, quote_ident};
+use claim::{Claimed, HeldRow, Statements, already_dead_lettered};
+
+mod claim;
 
 /// The `mode` label of this source's metrics.
 const MODE: Mode = Mode::Polling;
-
-/// The statements of one configured outbox table (they need the id column's type).
-struct Statements {
-    claim: String,
-    unpublished_count: String,
-    release: String,
-    delete: String,
-}
 
 /// A leader session: the connection that holds the lock, claims, and LISTENs.
 struct Session {
@@ -53,7 +48,7 @@ struct Session {
     dedup: Dedup,
     /// Switching from replication mode (see [`handover`]): the events it dead-lettered (id and
     /// content), which are released unsent. Empty otherwise.
-    lettered: HashSet<LetterKey>,
+    dead_lettered: HashSet<LetterKey>,
     /// This session's batches are `batch:<nonce>-<n>` in their records' positions.
     nonce: u64,
     batches: u64,
@@ -82,17 +77,6 @@ struct BatchOutcome {
     held: Option<DeadLetter>,
     /// The row held at before this batch left the outbox (fixed by deleting or marking it).
     held_row_gone: bool,
-}
-
-/// Where the row the relay holds at stands in a claim.
-#[derive(Debug, PartialEq, Eq)]
-enum HeldRow {
-    /// Not holding, or the held row came first.
-    Claimed,
-    /// Still unpublished but passed over: another session locks it (while fixing it, say).
-    Skipped,
-    /// No longer in the outbox.
-    Gone,
 }
 
 pub struct PollingSource {
@@ -175,7 +159,7 @@ impl PollingSource {
             client,
             notified,
             dedup,
-            lettered: HashSet::new(),
+            dead_lettered: HashSet::new(),
             nonce: rand::random(),
             batches: 0,
             switch_checked: None,
@@ -202,12 +186,12 @@ impl PollingSource {
             )));
         }
         // (only the leader looks: a standby would repeat the warning and the dead-letter read)
-        if let Some(lettered) =
+        if let Some(dead_lettered) =
             handover::unfinished_switch(&self.config, &session.client, &self.dead_letters).await?
         {
             session.dedup =
                 Dedup::new(&self.config, MODE, Lookback::Everything, self.sink.source(), shutdown);
-            session.lettered = lettered;
+            session.dead_lettered = dead_lettered;
             session.switch_checked = Some(Instant::now());
         }
         let channel = &self.config.polling.notify_channel;
@@ -299,8 +283,8 @@ impl PollingSource {
         let tx = session.client.transaction().await?;
         // while holding at a row, only that row (the first in id order) is claimed
         let limit = if self.hold.is_some() { 1 } else { self.config.polling.batch_size as usize };
-        let (rows, full) = self.claim(&tx, statements, limit).await?;
-        let held_row = self.held_row(&tx, statements, &rows).await?;
+        let (rows, full) = claim::claim(&tx, statements, limit, self.config.polling.max_batch_bytes).await?;
+        let held_row = claim::held_row(&tx, statements, self.hold.as_ref(), &rows).await?;
         if held_row == HeldRow::Skipped {
             // nothing past the held row is published while it waits
             tx.rollback().await?;
@@ -314,7 +298,7 @@ impl PollingSource {
         }
         let mut letters = Vec::new();
         let claimed = rows.len();
-        let (rows, lettered) = already_lettered(&session.lettered, rows);
+        let (rows, dead_lettered) = already_dead_lettered(&session.dead_lettered, rows);
         let events = self.map_rows(rows, (session.nonce, batch), &mut letters, &mut outcome);
         let unread: Vec<String> = session.dedup.unread(&events).into_iter().map(String::from).collect();
         if !unread.is_empty() {
@@ -327,7 +311,7 @@ impl PollingSource {
             return Ok(BatchOutcome { full: true, ..Default::default() });
         }
         let (events, mut settled) = self.already_written(&mut session.dedup, events, pulse).await?;
-        settled.extend(lettered);
+        settled.extend(dead_lettered);
         let delivered = self
             .settle_or_publish(events, settled, claimed, deadline, pulse, &mut letters, &mut outcome)
             .await?;
@@ -347,7 +331,7 @@ impl PollingSource {
     #[allow(clippy::too_many_arguments)]
     async fn settle_or_publish(
         &self,
-        events: Vec<OutboxEvent>,
+        events: Vec<KafkaRecord>,
         mut settled: Vec<String>,
         claimed: usize,
         deadline: tokio::time::Instant,
@@ -373,14 +357,14 @@ impl PollingSource {
     /// `letters`, or the held row (which ends the batch).
     fn map_rows(
         &self,
-        rows: Vec<(RawEvent, Option<SystemTime>)>,
+        rows: Claimed,
         (session, batch): (u64, u64),
         letters: &mut Vec<DeadLetter>,
         outcome: &mut BatchOutcome,
-    ) -> Vec<OutboxEvent> {
+    ) -> Vec<KafkaRecord> {
         let mut events = Vec::with_capacity(rows.len());
         for (index, (raw, created_at)) in rows.into_iter().enumerate() {
-            match self.mapping.to_event(raw, created_at) {
+            match self.mapping.to_record(raw, created_at) {
                 Ok(mut event) => {
                     event.position = Some(Position::Batch { session, batch, index: index as u32 });
                     events.push(event);
@@ -402,9 +386,9 @@ impl PollingSource {
     async fn already_written(
         &self,
         dedup: &mut Dedup,
-        events: Vec<OutboxEvent>,
+        events: Vec<KafkaRecord>,
         pulse: &Pulse,
-    ) -> Result<(Vec<OutboxEvent>, Vec<String>), RelayError> {
+    ) -> Result<(Vec<KafkaRecord>, Vec<String>), RelayError> {
         let mut to_publish = Vec::with_capacity(events.len());
         let mut written = Vec::new();
         for event in events {
@@ -417,59 +401,6 @@ impl PollingSource {
         Ok((to_publish, written))
     }
 
-    /// Claims up to `limit` rows in id order through a portal, in chunks, and stops fetching
-    /// once they hold `polling.max_batch_bytes`: rows not fetched are not locked. The first
-    /// chunk is one row; each next one is sized from the largest row seen so far (and at most
-    /// doubles), so a batch overshoots the budget by at most one chunk of rows like those seen.
-    /// Returns the rows, and whether the claim ended at the limit or the budget.
-    async fn claim(
-        &self,
-        tx: &Transaction<'_>,
-        statements: &Statements,
-        limit: usize,
-    ) -> Result<(Vec<(RawEvent, Option<SystemTime>)>, bool), RelayError> {
-        let budget = self.config.polling.max_batch_bytes;
-        let portal = tx.bind(statements.claim.as_str(), &[&(limit as i64)]).await?;
-        let mut claimed = Vec::new();
-        let (mut bytes, mut largest, mut chunk) = (0usize, 0usize, 1usize);
-        loop {
-            let rows = tx.query_portal(&portal, chunk as i32).await?;
-            let fetched = rows.len();
-            for row in rows {
-                let (raw, created_at) = raw_event(&row)?;
-                let size = raw.size();
-                (bytes, largest) = (bytes + size, largest.max(size));
-                claimed.push((raw, created_at));
-            }
-            let left = limit - claimed.len();
-            if fetched < chunk {
-                return Ok((claimed, false));
-            }
-            if left == 0 || bytes >= budget {
-                return Ok((claimed, true));
-            }
-            chunk = ((budget - bytes) / largest.max(1)).clamp(1, left.min(chunk * 2));
-        }
-    }
-
-    /// While holding: whether the claim (one row, SKIP LOCKED) got the held row, passed over it,
-    /// or found it gone.
-    async fn held_row(
-        &self,
-        tx: &Transaction<'_>,
-        statements: &Statements,
-        rows: &[(RawEvent, Option<SystemTime>)],
-    ) -> Result<HeldRow, RelayError> {
-        let Some(hold) = &self.hold else { return Ok(HeldRow::Claimed) };
-        let id = hold.letter.id.as_str();
-        // (a row without an id cannot be looked up: it is only ever the first row claimed)
-        if id.is_empty() || rows.first().is_some_and(|(raw, _)| raw.id.as_deref() == Some(id)) {
-            return Ok(HeldRow::Claimed);
-        }
-        let waiting: i64 = tx.query_one(&statements.unpublished_count, &[&vec![id]]).await?.get(0);
-        Ok(if waiting > 0 { HeldRow::Skipped } else { HeldRow::Gone })
-    }
-
     /// Publishes `events`; returns the ids Kafka acknowledged. Refused records become
     /// `letters` (or the held row), transient failures `outcome.failed`. Kafka taking past
     /// `deadline` (the claim's `polling.claim_timeout_ms`) is an error: the claim is rolled back.
@@ -477,7 +408,7 @@ impl PollingSource {
     /// twice while it is dead-lettered.
     async fn publish(
         &self,
-        events: Vec<OutboxEvent>,
+        events: Vec<KafkaRecord>,
         deadline: tokio::time::Instant,
         pulse: &Pulse,
         letters: &mut Vec<DeadLetter>,
@@ -485,7 +416,7 @@ impl PollingSource {
     ) -> Result<Vec<String>, RelayError> {
         let m = metrics();
         m.events_in_flight.set(events.len() as i64);
-        m.bytes_in_flight.set(events.iter().map(OutboxEvent::size).sum::<usize>() as i64);
+        m.bytes_in_flight.set(events.iter().map(KafkaRecord::size).sum::<usize>() as i64);
         let sent = Instant::now();
         let results = tokio::time::timeout_at(deadline, self.sink.publish(&events, pulse)).await;
         m.events_in_flight.set(0);
@@ -550,21 +481,4 @@ impl PollingSource {
         outcome.published = delivered.len();
         Ok(())
     }
-}
-
-/// Splits claimed rows into those to map and the ids of rows replication mode dead-lettered
-/// (`lettered`, while switching modes): those are released unsent.
-fn already_lettered(
-    lettered: &HashSet<LetterKey>,
-    rows: Vec<(RawEvent, Option<SystemTime>)>,
-) -> (Vec<(RawEvent, Option<SystemTime>)>, Vec<String>) {
-    if lettered.is_empty() {
-        return (rows, Vec::new());
-    }
-    let (settled, rows): (Vec<_>, Vec<_>) =
-        rows.into_iter().partition(|(raw, _)| LetterKey::of(raw).is_some_and(|key| lettered.contains(&key)));
-    if !settled.is_empty() {
-        tracing::info!(rows = settled.len(), "released unsent: replication mode dead-lettered them");
-    }
-    (rows, settled.into_iter().filter_map(|(raw, _)| raw.id).collect())
 }

@@ -1,0 +1,216 @@
+//! Checking a loaded configuration: deprecated settings moved to their new place, then every
+//! section validated.
+//!
+//! Invariants:
+//! - every error names the offending path (`kafka.brokers: must not be empty`) and says what
+//!   would be valid;
+//! - a deprecated setting and its replacement set to different values is an error, never a
+//!   silent choice.
+
+use super::*;
+
+impl RelayConfig {
+    /// Moves settings from their old place to their new one, leaving a warning in
+    /// [`RelayConfig::deprecations`]. Both places set to different values is an error.
+    pub(super) fn move_deprecated(&mut self) -> Result<(), ConfigError> {
+        let defaults = DeadLetterConfig::default();
+        if let Some(on_poison) = self.polling.on_poison.take() {
+            if self.dead_letter.on_poison != defaults.on_poison && self.dead_letter.on_poison != on_poison {
+                return Err(ConfigError::invalid(
+                    "polling.on_poison",
+                    "deprecated and in conflict with dead_letter.on_poison; remove polling.on_poison",
+                ));
+            }
+            self.dead_letter.on_poison = on_poison;
+            self.deprecations
+                .push("polling.on_poison is deprecated: set dead_letter.on_poison instead".into());
+        }
+        if let Some(table) = self.polling.dead_letter_table.take() {
+            let table = if table.contains('.') { table } else { format!("public.{table}") };
+            if self.dead_letter.table != defaults.table && self.dead_letter.table != table {
+                return Err(ConfigError::invalid(
+                    "polling.dead_letter_table",
+                    "deprecated and in conflict with dead_letter.table; remove polling.dead_letter_table",
+                ));
+            }
+            self.dead_letter.table = table;
+            self.deprecations.push(
+                "polling.dead_letter_table is deprecated: set dead_letter.table (schema.table) instead"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Checks what types alone cannot. Each error names the path to fix.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.kafka.validate()?;
+        self.postgres.validate()?;
+        self.validate_outbox()?;
+        self.validate_polling()?;
+        self.validate_replication()?;
+        self.validate_dead_letter()?;
+        self.validate_dedup()?;
+        self.validate_metrics()?;
+        if self.retry.initial_backoff_ms == 0 {
+            return Err(ConfigError::invalid("retry.initial_backoff_ms", "must be > 0"));
+        }
+        if self.retry.max_backoff_ms < self.retry.initial_backoff_ms {
+            return Err(ConfigError::invalid("retry.max_backoff_ms", "must be >= retry.initial_backoff_ms"));
+        }
+        Ok(())
+    }
+
+    fn validate_replication(&self) -> Result<(), ConfigError> {
+        let r = &self.replication;
+        for (path, name) in [("replication.slot", &r.slot), ("replication.publication", &r.publication)] {
+            let ok = !name.is_empty()
+                && name.len() <= 63
+                && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            if !ok {
+                return Err(ConfigError::invalid(path, "must be 1-63 characters of a-z, 0-9 and _"));
+            }
+        }
+        if !(100..=60_000).contains(&r.status_interval_ms) {
+            return Err(ConfigError::invalid(
+                "replication.status_interval_ms",
+                "must be between 100 and 60000",
+            ));
+        }
+        if r.message_prefix.is_empty() {
+            return Err(ConfigError::invalid("replication.message_prefix", "must not be empty"));
+        }
+        if !(1..=1_000_000).contains(&r.max_in_flight_events) {
+            return Err(ConfigError::invalid(
+                "replication.max_in_flight_events",
+                "must be between 1 and 1000000",
+            ));
+        }
+        if !((1 << 20)..=(4 << 30)).contains(&r.max_in_flight_bytes) {
+            return Err(ConfigError::invalid(
+                "replication.max_in_flight_bytes",
+                "must be between 1048576 (1 MiB) and 4294967296 (4 GiB)",
+            ));
+        }
+        if !((1 << 20)..=(1 << 30)).contains(&r.max_message_bytes) {
+            return Err(ConfigError::invalid(
+                "replication.max_message_bytes",
+                "must be between 1048576 (1 MiB) and 1073741824 (1 GiB)",
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_dedup(&self) -> Result<(), ConfigError> {
+        let d = &self.dedup;
+        if d.enabled && !self.kafka.source_headers {
+            return Err(ConfigError::invalid(
+                "dedup.enabled",
+                "needs kafka.source_headers = true (the relay recognises its own records by them); \
+                 set dedup.enabled = false as well, or keep the headers",
+            ));
+        }
+        if d.max_scan_records == 0 {
+            return Err(ConfigError::invalid("dedup.max_scan_records", "must be > 0"));
+        }
+        if !(1_000..=3_600_000).contains(&d.scan_timeout_ms) {
+            return Err(ConfigError::invalid("dedup.scan_timeout_ms", "must be between 1000 and 3600000"));
+        }
+        Ok(())
+    }
+
+    fn validate_metrics(&self) -> Result<(), ConfigError> {
+        let m = &self.metrics;
+        if !m.listen.is_empty() && m.listen.parse::<std::net::SocketAddr>().is_err() {
+            return Err(ConfigError::invalid("metrics.listen", format!("\"{}\" is not ip:port", m.listen)));
+        }
+        if !(1..=3600).contains(&m.sample_interval_secs) {
+            return Err(ConfigError::invalid("metrics.sample_interval_secs", "must be between 1 and 3600"));
+        }
+        if m.slot_lag_warning_bytes > m.slot_lag_critical_bytes {
+            return Err(ConfigError::invalid(
+                "metrics.slot_lag_warning_bytes",
+                "must be <= metrics.slot_lag_critical_bytes",
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_outbox(&self) -> Result<(), ConfigError> {
+        let o = &self.outbox;
+        if o.schema.is_empty() {
+            return Err(ConfigError::invalid("outbox.schema", "must not be empty"));
+        }
+        if o.table.is_empty() {
+            return Err(ConfigError::invalid("outbox.table", "must not be empty"));
+        }
+        for (key, name) in o.columns.required() {
+            if name.is_empty() {
+                return Err(ConfigError::invalid(
+                    format!("outbox.columns.{key}"),
+                    "must not be empty: the column is required",
+                ));
+            }
+        }
+        validate_topic_template(&o.topic_template)
+    }
+
+    fn validate_polling(&self) -> Result<(), ConfigError> {
+        let p = &self.polling;
+        if !(1..=100_000).contains(&p.batch_size) {
+            return Err(ConfigError::invalid("polling.batch_size", "must be between 1 and 100000"));
+        }
+        if p.poll_interval_ms == 0 {
+            return Err(ConfigError::invalid("polling.poll_interval_ms", "must be > 0"));
+        }
+        if !(100..=600_000).contains(&p.claim_timeout_ms) {
+            return Err(ConfigError::invalid("polling.claim_timeout_ms", "must be between 100 and 600000"));
+        }
+        if !((64 << 10)..=(1 << 30)).contains(&p.max_batch_bytes) {
+            return Err(ConfigError::invalid(
+                "polling.max_batch_bytes",
+                "must be between 65536 (64 KiB) and 1073741824 (1 GiB)",
+            ));
+        }
+        if p.after_publish == AfterPublish::Mark && p.published_at_column.is_empty() {
+            return Err(ConfigError::invalid(
+                "polling.published_at_column",
+                "must not be empty when polling.after_publish = \"mark\"",
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_dead_letter(&self) -> Result<(), ConfigError> {
+        let (schema, table) = self.dead_letter.schema_and_table();
+        if schema.is_empty() || table.is_empty() || table.contains('.') {
+            return Err(ConfigError::invalid(
+                "dead_letter.table",
+                format!("\"{}\" is not schema.table or table", self.dead_letter.table),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn validate_topic_template(template: &str) -> Result<(), ConfigError> {
+    const PATH: &str = "outbox.topic_template";
+    if template.is_empty() {
+        return Err(ConfigError::invalid(PATH, "must not be empty"));
+    }
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let Some(close) = rest[open..].find('}') else {
+            return Err(ConfigError::invalid(PATH, "has a '{' without a closing '}'"));
+        };
+        let name = &rest[open + 1..open + close];
+        if !TOPIC_PLACEHOLDERS.contains(&name) {
+            return Err(ConfigError::invalid(
+                PATH,
+                format!("unknown placeholder {{{name}}}; use {{aggregate_type}} or {{event_type}}"),
+            ));
+        }
+        rest = &rest[open + close + 1..];
+    }
+    Ok(())
+}
