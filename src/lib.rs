@@ -32,12 +32,6 @@ pub mod config;
 pub(crate) mod dead_letter;
 pub(crate) mod delivery;
 pub mod error;
-/// The old paths of the record types, for sink/kafka.rs and sink/dedup{,/scan}.rs alone: those
-/// files have uncommitted edits on main for issue 26 and are left alone until they are
-/// committed; then they import `delivery::record` and this module goes.
-pub(crate) mod event {
-    pub(crate) use crate::delivery::record::{KafkaRecord as OutboxEvent, Position};
-}
 pub mod lsn;
 pub mod observe;
 pub mod ops;

@@ -24,9 +24,7 @@ use crate::backoff::{Backoff, wait_or_shutdown};
 use crate::config::RetryConfig;
 use crate::error::{Action, RelayError};
 use crate::observe::health::{Health, Phase};
-// (re-exported for sink/kafka.rs alone, which is being edited on main for issue 26 and must not
-// change under it; its split imports observe::pulse directly and drops the `pub(crate)`)
-pub(crate) use crate::observe::pulse::Pulse;
+use crate::observe::pulse::Pulse;
 
 /// How often a standby asks again to become active (the advisory lock in polling mode, the slot
 /// in replication mode): the failover time once the active instance's session has ended.

@@ -1,5 +1,5 @@
 //! The records the delivery stage handed to the sink and has no report for yet, found by the
-//! number the sink gave each ([`crate::sink::kafka::Report::seq`]), each with the source's position. A ring in send order: a
+//! number the sink gave each ([`crate::sink::Report::seq`]), each with the source's position. A ring in send order: a
 //! report finds its record by index, not by search, and once the ring has grown to the
 //! in-flight bound nothing is allocated per record.
 
@@ -76,7 +76,7 @@ mod tests {
     use super::*;
 
     fn sent(id: &str, bytes: usize) -> Sent<()> {
-        Sent { position: (), event: crate::delivery::scripted::record(id), at: Instant::now(), bytes }
+        Sent { position: (), event: crate::sink::scripted::record(id), at: Instant::now(), bytes }
     }
 
     #[test]

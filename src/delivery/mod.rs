@@ -41,18 +41,16 @@ use crate::observe::metrics::{Clock, Mode, metrics};
 use crate::observe::pulse::Pulse;
 use crate::sink::dedup::Dedup;
 use crate::sink::kafka::StallWatch;
-use crate::sink::kafka::{PublishError, Report};
+use crate::sink::{PublishError, Report, Reports, Sink};
 
+#[cfg(test)]
+pub(crate) mod fixture;
 mod in_flight;
 pub(crate) mod record;
-#[cfg(test)]
-pub(crate) mod scripted;
-pub(crate) mod sink;
 #[cfg(test)]
 mod tests;
 
 use in_flight::{InFlight, Sent};
-use sink::{Reports, Sink};
 
 /// What became of a position.
 #[derive(Debug)]
@@ -170,7 +168,7 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
             return Ok(Some(Settled::Acked(position)));
         };
         let failure = self.sink.classify(&event.topic, &e).await;
-        metrics().publish_errors.with_label_values(&[failure.error_type()]).inc();
+        metrics().publish_errors.with_label_values(&[failure.error_type().label()]).inc();
         match failure {
             PublishError::Transient { detail, .. } => {
                 Err(RelayError::Kafka(format!("event {} not acknowledged: {detail}", event.id)))

@@ -2,69 +2,21 @@
 //! counts, the poison policy under each setting, hold and resend, and (with the stream's
 //! tracker) confirming only the contiguous acknowledged prefix.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
-
-use super::scripted::{Fault, ScriptedSink, record};
-use super::sink::Reports;
+use super::fixture::Fixture;
 use super::{Delivery, Settled};
 use crate::checkpoint::{Tracker, TxnId};
-use crate::config::RelayConfig;
-use crate::dead_letter::{DeadLetter, DeadLetters};
+use crate::dead_letter::DeadLetter;
 use crate::delivery::record::OutboxRow;
 use crate::error::RelayError;
 use crate::lsn::Lsn;
-use crate::observe::health::{Health, Phase};
-use crate::observe::metrics::{Clock, Mode};
-use crate::observe::pulse::Pulse;
-use crate::sink::dedup::{Dedup, Lookback};
+use crate::observe::metrics::Clock;
+use crate::sink::Reports;
+use crate::sink::scripted::{Fault, ScriptedSink, record};
 
 /// How long a test waits for the stage to settle before it fails.
 const PATIENCE: Duration = Duration::from_secs(5);
-
-struct Fixture {
-    config: RelayConfig,
-    sink: ScriptedSink,
-    dead_letters: DeadLetters,
-    health: Arc<Health>,
-    pulse: Pulse,
-}
-
-impl Fixture {
-    fn new(on_poison: &str) -> Fixture {
-        let config: RelayConfig = serde_json::from_value(serde_json::json!({
-            "kafka": {"brokers": ["127.0.0.1:1"], "stall_warning_ms": 100},
-            "dead_letter": {"on_poison": on_poison},
-            "retry": {"initial_backoff_ms": 10, "max_backoff_ms": 20},
-        }))
-        .unwrap();
-        let health = Arc::new(Health::new(Duration::from_secs(1)));
-        health.set_phase(Phase::Active);
-        Fixture {
-            dead_letters: DeadLetters::new(&config, Mode::Replication),
-            sink: ScriptedSink::new(),
-            pulse: Pulse::new(health.clone()),
-            health,
-            config,
-        }
-    }
-
-    /// A stage whose read-back is off (the sink has no source identity).
-    fn delivery<P: Clone>(&self) -> Delivery<'_, ScriptedSink, P> {
-        let (_, shutdown) = watch::channel(false);
-        let dedup = Dedup::new(&self.config, Mode::Replication, Lookback::Everything, None, &shutdown);
-        Delivery::new(
-            &self.sink,
-            &self.dead_letters,
-            &self.config.kafka,
-            dedup,
-            &self.pulse,
-            Mode::Replication,
-        )
-    }
-}
 
 /// The next outcome: a report settled, or a held record sent again when due.
 async fn next<P: Clone>(

@@ -39,8 +39,8 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tokio::sync::watch;
 
 use crate::config::{KafkaConfig, RelayConfig};
+use crate::delivery::record::{KafkaRecord, Position};
 use crate::error::{FatalReason, RelayError};
-use crate::event::{OutboxEvent, Position};
 use crate::lsn::Lsn;
 use crate::observe::metrics::{Mode, metrics};
 use crate::observe::pulse::Pulse;
@@ -71,7 +71,7 @@ struct Content<'a> {
 }
 
 impl<'a> Content<'a> {
-    fn of(event: &'a OutboxEvent) -> Content<'a> {
+    fn of(event: &'a KafkaRecord) -> Content<'a> {
         Content {
             id: &event.id,
             key: event.key.as_bytes(),
@@ -206,7 +206,7 @@ impl Dedup {
     }
 
     /// The topics of `events` this session has not read back yet (none when off).
-    pub(crate) fn unread<'e>(&self, events: &'e [OutboxEvent]) -> Vec<&'e str> {
+    pub(crate) fn unread<'e>(&self, events: &'e [KafkaRecord]) -> Vec<&'e str> {
         let mut unread: Vec<&str> = Vec::new();
         for event in events.iter().filter(|e| self.enabled && e.position.is_some()) {
             if !self.topics.contains_key(&event.topic) && !unread.contains(&event.topic.as_str()) {
@@ -219,7 +219,7 @@ impl Dedup {
     /// True when Kafka already holds `event` from an earlier session: settle it without sending.
     /// The first call for a topic reads the topic back (an error ends the session: nothing is
     /// sent to a topic the relay could not read).
-    pub(crate) async fn written(&mut self, event: &OutboxEvent, pulse: &Pulse) -> Result<bool, RelayError> {
+    pub(crate) async fn written(&mut self, event: &KafkaRecord, pulse: &Pulse) -> Result<bool, RelayError> {
         let Some(position) = (self.enabled).then_some(event.position).flatten() else { return Ok(false) };
         if !self.topics.contains_key(&event.topic) {
             self.read_back(&event.topic, pulse).await?;

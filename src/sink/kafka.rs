@@ -25,9 +25,9 @@ use rdkafka::{ClientConfig, ClientContext};
 use tokio::sync::{Mutex, MutexGuard, mpsc};
 
 use crate::config::KafkaConfig;
-use crate::event::OutboxEvent;
-use crate::metrics::metrics;
-use crate::supervisor::Pulse;
+use crate::delivery::record::KafkaRecord;
+use crate::observe::metrics::{ErrorType, metrics};
+use crate::observe::pulse::Pulse;
 
 /// How long a metadata request may take when classifying a timed-out record.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
@@ -92,22 +92,22 @@ pub(crate) enum PublishError {
     /// The broker will never take this record (too large, topic missing, not authorized).
     Permanent(String),
     /// Worth retrying: broker down, timeout, leader change, back-pressure.
-    Transient { error_type: &'static str, detail: String },
+    Transient { error_type: ErrorType, detail: String },
 }
 
 impl PublishError {
     /// The `error_type` label of `outbox_relay_publish_errors_total`.
-    pub(crate) fn error_type(&self) -> &'static str {
+    pub(crate) fn error_type(&self) -> ErrorType {
         match self {
-            PublishError::Permanent(_) => "permanent",
-            PublishError::Transient { error_type, .. } => error_type,
+            PublishError::Permanent(_) => ErrorType::Permanent,
+            PublishError::Transient { error_type, .. } => *error_type,
         }
     }
 }
 
 /// The header naming the database and table a record came from (see [`KafkaSink::set_source`]).
 pub(crate) const SOURCE_HEADER: &str = "outbox_relay_source";
-/// The header saying where the source read the record ([`crate::event::Position`]).
+/// The header saying where the source read the record ([`crate::delivery::record::Position`]).
 pub(crate) const POSITION_HEADER: &str = "outbox_relay_position";
 
 /// One record's delivery report: the number [`KafkaSink::enqueue`] gave it, and whether Kafka
@@ -312,7 +312,7 @@ impl StallWatch {
                 quiet_ms = quiet.as_millis() as u64,
                 "Kafka has acknowledged nothing; records are retried until acknowledged"
             );
-            metrics().publish_errors.with_label_values(&["stalled"]).inc();
+            metrics().publish_errors.with_label_values(&[ErrorType::Stalled.label()]).inc();
             let stalled = format!("Kafka has acknowledged nothing for {} s", quiet.as_secs());
             pulse.stalled(Some(stalled.clone()));
             self.diagnose(stalled, pulse);
@@ -407,7 +407,7 @@ impl KafkaSink {
     /// Publishes `events` in order and waits for every delivery report.
     pub(crate) async fn publish(
         &self,
-        events: &[OutboxEvent],
+        events: &[KafkaRecord],
         pulse: &Pulse,
     ) -> Vec<Result<(), PublishError>> {
         let mut reports = self.reports().await;
@@ -463,7 +463,7 @@ impl KafkaSink {
     /// Enqueues one record, waiting out a full local queue, and returns its number: its report
     /// arrives on [`KafkaSink::reports`] (a record refused at once is reported there too).
     /// Callers that enqueue in order keep per-partition order.
-    pub(crate) async fn enqueue(&self, event: &OutboxEvent) -> usize {
+    pub(crate) async fn enqueue(&self, event: &KafkaRecord) -> usize {
         self.look_up(&event.topic);
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = self.send(event, seq).await {
@@ -473,7 +473,7 @@ impl KafkaSink {
     }
 
     /// Hands one record to the producer, waiting out a full local queue.
-    async fn send(&self, event: &OutboxEvent, seq: usize) -> Result<(), KafkaError> {
+    async fn send(&self, event: &KafkaRecord, seq: usize) -> Result<(), KafkaError> {
         loop {
             let mut headers = OwnedHeaders::new_with_capacity(event.row_headers.len() + 5);
             // the relay's own headers first: a row header of the same name does not shadow them
@@ -587,19 +587,21 @@ fn topic_is_unknown(producer: &RecordProducer, topic: &str) -> bool {
 }
 
 /// A low-cardinality label for metrics and logs.
-fn error_type(code: Option<RDKafkaErrorCode>) -> &'static str {
+fn error_type(code: Option<RDKafkaErrorCode>) -> ErrorType {
     match code {
-        Some(RDKafkaErrorCode::MessageTimedOut) => "timeout",
-        Some(RDKafkaErrorCode::Fatal) => "fatal_producer",
-        Some(RDKafkaErrorCode::AllBrokersDown | RDKafkaErrorCode::BrokerTransportFailure) => "broker_down",
+        Some(RDKafkaErrorCode::MessageTimedOut) => ErrorType::Timeout,
+        Some(RDKafkaErrorCode::Fatal) => ErrorType::FatalProducer,
+        Some(RDKafkaErrorCode::AllBrokersDown | RDKafkaErrorCode::BrokerTransportFailure) => {
+            ErrorType::BrokerDown
+        }
         Some(RDKafkaErrorCode::NotEnoughReplicas | RDKafkaErrorCode::NotEnoughReplicasAfterAppend) => {
-            "not_enough_replicas"
+            ErrorType::NotEnoughReplicas
         }
         Some(RDKafkaErrorCode::NotLeaderForPartition | RDKafkaErrorCode::LeaderNotAvailable) => {
-            "leader_change"
+            ErrorType::LeaderChange
         }
-        Some(RDKafkaErrorCode::QueueFull) => "queue_full",
-        _ => "other",
+        Some(RDKafkaErrorCode::QueueFull) => ErrorType::QueueFull,
+        _ => ErrorType::Other,
     }
 }
 

@@ -1,5 +1,61 @@
-//! Sinks: where events go. Kafka is the one sink.
+//! Sinks: where records go. [`Sink`] is the seam between the delivery stage
+//! ([`crate::delivery`]) and Kafka; [`kafka::KafkaSink`] is the one real sink, and
+//! `scripted::ScriptedSink` (tests only) a double whose faults a test scripts.
+//!
+//! Invariants every sink keeps:
+//! - records are handed over in the order given, and a sink keeps that order per partition
+//!   (key); back-pressure is waited out, never skipped;
+//! - every record handed over gets exactly one [`Report`], under the number
+//!   [`Sink::enqueue`] gave it; numbers only grow over a sink's life, across sessions;
+//! - a report is `Ok` only when the record is durably written (`acks=all`); a failed report is
+//!   classified by [`Sink::classify`]: permanent (poison) or transient (send again).
+
+use std::future::Future;
+
+use rdkafka::error::KafkaError;
+use tokio::sync::{MutexGuard, mpsc};
+
+use crate::delivery::record::KafkaRecord;
 
 pub(crate) mod cluster;
 pub(crate) mod dedup;
 pub mod kafka;
+#[cfg(test)]
+pub(crate) mod scripted;
+
+pub(crate) use kafka::{PublishError, Report};
+
+/// Where a sink's reports arrive.
+pub(crate) type Reports = mpsc::UnboundedReceiver<Report>;
+
+/// Where records go, in order, each acknowledged or refused by one report. (The sink's life
+/// between sessions, `set_source`, `recover`, `retired`, `flush`, is still `KafkaSink`'s own:
+/// it joins the trait when the sources are generic over their sink.)
+pub(crate) trait Sink: Send + Sync {
+    /// Hands `record` over after every record handed over before it, waiting out back-pressure,
+    /// and returns its number: its report arrives on [`Sink::reports`] (a record refused at once
+    /// is reported there too).
+    fn enqueue(&self, record: &KafkaRecord) -> impl Future<Output = usize> + Send;
+
+    /// The delivery reports, for the one session that sends: hold the guard while sending. A
+    /// report numbered before the holder's first record is an earlier session's: pass it over.
+    fn reports(&self) -> impl Future<Output = MutexGuard<'_, Reports>> + Send;
+
+    /// What the failed report `error` of a record for `topic` means.
+    fn classify(&self, topic: &str, error: &KafkaError) -> impl Future<Output = PublishError> + Send;
+}
+
+/// The Kafka sink's own methods are the seam's: the trait forwards to them.
+impl Sink for kafka::KafkaSink {
+    fn enqueue(&self, record: &KafkaRecord) -> impl Future<Output = usize> + Send {
+        kafka::KafkaSink::enqueue(self, record)
+    }
+
+    fn reports(&self) -> impl Future<Output = MutexGuard<'_, Reports>> + Send {
+        kafka::KafkaSink::reports(self)
+    }
+
+    fn classify(&self, topic: &str, error: &KafkaError) -> impl Future<Output = PublishError> + Send {
+        kafka::KafkaSink::classify(self, topic, error)
+    }
+}

@@ -19,7 +19,7 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use super::expected::{Expected, fingerprint};
 use super::report::Class;
 use crate::config::KafkaConfig;
-use crate::event::Position;
+use crate::delivery::record::Position;
 use crate::sink::kafka::{POSITION_HEADER, SOURCE_HEADER};
 
 /// How long one metadata or offsets request may take.

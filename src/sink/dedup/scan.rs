@@ -17,7 +17,7 @@ use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::{Content, Fingerprint, Lookback, ReadBackContext};
-use crate::event::Position;
+use crate::delivery::record::Position;
 use crate::observe::metrics::{ScanResult, metrics};
 use crate::sink::kafka::{POSITION_HEADER, SOURCE_HEADER};
 

@@ -440,7 +440,7 @@ impl PollingSource {
                     delivered.push(event.id);
                 }
                 Err(e) => {
-                    m.publish_errors.with_label_values(&[e.error_type()]).inc();
+                    m.publish_errors.with_label_values(&[e.error_type().label()]).inc();
                     match e {
                         // the first refused record comes before any row held for its mapping
                         // (that row ended the batch); later refused rows stay in the table

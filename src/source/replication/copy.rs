@@ -22,23 +22,19 @@ use super::{MODE, ReplicationSource};
 use crate::config::Endpoint;
 use crate::dead_letter::DeadLetter;
 use crate::delivery::record::Position;
-use crate::delivery::sink::Reports;
 use crate::delivery::{Delivery, Settled};
 use crate::error::RelayError;
 use crate::lsn::Lsn;
 use crate::observe::metrics::Clock;
 use crate::observe::pulse::Pulse;
 use crate::sink::dedup::Dedup;
-use crate::sink::kafka::KafkaSink;
+use crate::sink::{Reports, Sink};
 use crate::table::{OutboxTable, outbox_row, quote_literal};
 
 /// Rows of the initial copy published (and awaited) together.
 const COPY_CHUNK: usize = 2_000;
 /// Delivery reports taken in one turn, at most.
 const REPORT_TURN: usize = 256;
-
-/// A copy's delivery stage: a record's position is its row's index in the copy.
-type CopyDelivery<'a> = Delivery<'a, KafkaSink, u64>;
 
 /// What a first copy did with the rows of its snapshot.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +85,7 @@ impl FirstCopy<'_> {
             Delivery::new(&source.sink, &source.dead_letters, &source.config.kafka, dedup, self.pulse, MODE);
         let mut reports = delivery.reports().await;
         let (mut report, mut index) = (CopyReport::default(), 0u64);
+        let mut letters = Vec::new();
         loop {
             let next = rows.next().await.transpose()?;
             if let Some(row) = &next {
@@ -103,15 +100,17 @@ impl FirstCopy<'_> {
                     }
                     Err(unpublishable) => {
                         // what precedes the row goes first
-                        self.settle_all(&mut delivery, &mut reports, &mut report, shutdown).await?;
+                        settle_all(&mut delivery, &mut reports, &mut report, &mut letters, shutdown).await?;
                         let settled = delivery.unpublishable(index, DeadLetter::unmapped(*unpublishable));
-                        self.settled(settled, &mut report).await?;
+                        count(settled, &mut report, &mut letters);
+                        self.write(&mut letters).await?;
                     }
                 }
                 index += 1;
             }
             if delivery.records() >= COPY_CHUNK || delivery.holding() || next.is_none() {
-                self.settle_all(&mut delivery, &mut reports, &mut report, shutdown).await?;
+                settle_all(&mut delivery, &mut reports, &mut report, &mut letters, shutdown).await?;
+                self.write(&mut letters).await?;
             }
             if next.is_none() {
                 break;
@@ -121,48 +120,61 @@ impl FirstCopy<'_> {
         Ok(report)
     }
 
-    /// Waits until every record handed over is settled and nothing is held, counting in
-    /// `report`. Held at a row that cannot map, it waits for shutdown: `Interrupted`.
-    async fn settle_all(
-        &self,
-        delivery: &mut CopyDelivery<'_>,
-        reports: &mut Reports,
-        report: &mut CopyReport,
-        shutdown: &mut watch::Receiver<bool>,
-    ) -> Result<(), RelayError> {
-        let mut stall_check = tokio::time::interval(delivery.stall_period());
-        let mut batch = Vec::with_capacity(REPORT_TURN);
-        while delivery.records() > 0 || delivery.holding() {
-            if delivery.holding() && *shutdown.borrow() {
-                return Err(RelayError::Interrupted);
-            }
-            tokio::select! {
-                _ = reports.recv_many(&mut batch, REPORT_TURN), if delivery.records() > 0 => {
-                    let clock = Clock::now();
-                    for sent in batch.drain(..) {
-                        if let Some(settled) = delivery.settle(sent, &clock).await? {
-                            self.settled(settled, report).await?;
-                        }
-                    }
-                }
-                _ = stall_check.tick() => delivery.check_stall(),
-                _ = delivery.retry_due() => delivery.retry_held().await,
-                _ = shutdown.changed(), if delivery.holding() => {}
-            }
-        }
-        Ok(())
-    }
-
-    /// Counts a settled row in `report`; a dead letter is written at once.
-    async fn settled(&self, settled: Settled<u64>, report: &mut CopyReport) -> Result<(), RelayError> {
-        match settled {
-            Settled::Acked(_) => report.published += 1,
-            Settled::DeadLettered(_, letter) => {
-                self.source.dead_letters.write_committed(self.dead_letters, &[*letter]).await?;
-                report.dead_lettered += 1;
-            }
-            Settled::Held(_) => {}
+    /// Writes `letters` to the dead-letter table (committed at once: the copy's own session is
+    /// read-only), and empties it.
+    async fn write(&self, letters: &mut Vec<DeadLetter>) -> Result<(), RelayError> {
+        if !letters.is_empty() {
+            self.source.dead_letters.write_committed(self.dead_letters, letters).await?;
+            letters.clear();
         }
         Ok(())
     }
 }
+
+/// Waits until every record handed over is settled and nothing is held, counting in `report`
+/// and collecting the dead letters to write in `letters`. Held at a row that cannot map, it
+/// waits for shutdown: `Interrupted`.
+async fn settle_all<S: Sink>(
+    delivery: &mut Delivery<'_, S, u64>,
+    reports: &mut Reports,
+    report: &mut CopyReport,
+    letters: &mut Vec<DeadLetter>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<(), RelayError> {
+    let mut stall_check = tokio::time::interval(delivery.stall_period());
+    let mut batch = Vec::with_capacity(REPORT_TURN);
+    while delivery.records() > 0 || delivery.holding() {
+        if delivery.holding() && *shutdown.borrow() {
+            return Err(RelayError::Interrupted);
+        }
+        tokio::select! {
+            _ = reports.recv_many(&mut batch, REPORT_TURN), if delivery.records() > 0 => {
+                let clock = Clock::now();
+                for sent in batch.drain(..) {
+                    if let Some(settled) = delivery.settle(sent, &clock).await? {
+                        count(settled, report, letters);
+                    }
+                }
+            }
+            _ = stall_check.tick() => delivery.check_stall(),
+            _ = delivery.retry_due() => delivery.retry_held().await,
+            _ = shutdown.changed(), if delivery.holding() => {}
+        }
+    }
+    Ok(())
+}
+
+/// Counts a settled row in `report`; its dead letter, if any, goes to `letters`.
+fn count(settled: Settled<u64>, report: &mut CopyReport, letters: &mut Vec<DeadLetter>) {
+    match settled {
+        Settled::Acked(_) => report.published += 1,
+        Settled::DeadLettered(_, letter) => {
+            report.dead_lettered += 1;
+            letters.push(*letter);
+        }
+        Settled::Held(_) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -27,7 +27,6 @@ use super::{HEARTBEAT_PREFIX, MODE, ReplicationSource, publication};
 use crate::checkpoint::{Tracker, TxnId};
 use crate::dead_letter::DeadLetter;
 use crate::delivery::record::{OutboxRow, Position};
-use crate::delivery::sink::Reports;
 use crate::delivery::{Delivery, Settled};
 use crate::error::{FatalReason, RelayError};
 use crate::lsn::Lsn;
@@ -35,7 +34,7 @@ use crate::observe::metrics::{Clock, SkippedKind, metrics};
 use crate::observe::pulse::Pulse;
 use crate::sink::dedup::Dedup;
 use crate::sink::kafka::KafkaSink;
-use crate::sink::kafka::Report;
+use crate::sink::{Report, Reports};
 
 /// Stream events handled in one turn of the loop, at most, before reports are looked at again:
 /// one clock read and one `select!` for the run instead of one per event.

@@ -16,9 +16,10 @@ use std::time::Duration;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tokio::sync::{MutexGuard, mpsc};
 
-use super::sink::{Reports, Sink};
+use super::{PublishError, Report};
+use super::{Reports, Sink};
 use crate::delivery::record::KafkaRecord;
-use crate::sink::kafka::{PublishError, Report};
+use crate::observe::metrics::ErrorType;
 
 /// What happens to one attempt at sending a record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,7 +124,7 @@ impl Sink for ScriptedSink {
     async fn classify(&self, _topic: &str, error: &KafkaError) -> PublishError {
         match error.rdkafka_error_code() {
             Some(RDKafkaErrorCode::MessageSizeTooLarge) => PublishError::Permanent(format!("{error}")),
-            _ => PublishError::Transient { error_type: "timeout", detail: format!("{error}") },
+            _ => PublishError::Transient { error_type: ErrorType::Timeout, detail: format!("{error}") },
         }
     }
 }

@@ -1,0 +1,61 @@
+//! A delivery stage over the scripted sink, for the stage's tests and its users' (the first
+//! copy's): a configuration with the poison policy under test, its dead letters, and a pulse
+//! whose health a test can read.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::Delivery;
+use crate::config::RelayConfig;
+use crate::dead_letter::DeadLetters;
+use crate::observe::health::{Health, Phase};
+use crate::observe::metrics::Mode;
+use crate::observe::pulse::Pulse;
+use crate::sink::dedup::{Dedup, Lookback};
+use crate::sink::scripted::ScriptedSink;
+
+/// What a delivery stage over the scripted sink needs: a configuration with `on_poison`, its
+/// dead letters, and a pulse whose health a test can read.
+pub(crate) struct Fixture {
+    pub(crate) config: RelayConfig,
+    pub(crate) sink: ScriptedSink,
+    pub(crate) dead_letters: DeadLetters,
+    pub(crate) health: Arc<Health>,
+    pub(crate) pulse: Pulse,
+}
+
+impl Fixture {
+    pub(crate) fn new(on_poison: &str) -> Fixture {
+        let config: RelayConfig = serde_json::from_value(serde_json::json!({
+            "kafka": {"brokers": ["127.0.0.1:1"], "stall_warning_ms": 100},
+            "dead_letter": {"on_poison": on_poison},
+            "retry": {"initial_backoff_ms": 10, "max_backoff_ms": 20},
+        }))
+        .unwrap();
+        let health = Arc::new(Health::new(Duration::from_secs(1)));
+        health.set_phase(Phase::Active);
+        Fixture {
+            dead_letters: DeadLetters::new(&config, Mode::Replication),
+            sink: ScriptedSink::new(),
+            pulse: Pulse::new(health.clone()),
+            health,
+            config,
+        }
+    }
+
+    /// A stage whose read-back is off (the sink has no source identity).
+    pub(crate) fn delivery<P: Clone>(&self) -> Delivery<'_, ScriptedSink, P> {
+        let (_, shutdown) = watch::channel(false);
+        let dedup = Dedup::new(&self.config, Mode::Replication, Lookback::Everything, None, &shutdown);
+        Delivery::new(
+            &self.sink,
+            &self.dead_letters,
+            &self.config.kafka,
+            dedup,
+            &self.pulse,
+            Mode::Replication,
+        )
+    }
+}

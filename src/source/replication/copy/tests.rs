@@ -1,0 +1,85 @@
+//! The first copy's chunk loop ([`settle_all`]) against the scripted sink: what a chunk counts,
+//! and how a poison row holds the copy under each policy.
+
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use super::{CopyReport, settle_all};
+use crate::dead_letter::DeadLetter;
+use crate::delivery::fixture::Fixture;
+use crate::delivery::record::OutboxRow;
+use crate::error::RelayError;
+use crate::sink::scripted::{Fault, record};
+
+/// How long a test waits for a chunk before it fails.
+const PATIENCE: Duration = Duration::from_secs(5);
+
+#[tokio::test]
+async fn a_chunk_settles_whole_counting_what_kafka_took_and_what_it_refused() {
+    // given a chunk whose second record Kafka refuses, under dead_letter
+    let f = Fixture::new("dead_letter");
+    f.sink.script("2", [Fault::Reject]);
+    f.sink.script("3", [Fault::Delay(Duration::from_millis(30))]);
+    let mut delivery = f.delivery::<u64>();
+    let mut reports = delivery.reports().await;
+    for index in 1..=3u64 {
+        assert!(delivery.send(index, record(&index.to_string()), Instant::now()).await.unwrap().is_none());
+    }
+    // when the chunk is awaited
+    let (mut report, mut letters) = (CopyReport::default(), Vec::new());
+    let (_stop, mut shutdown) = watch::channel(false);
+    let settled = settle_all(&mut delivery, &mut reports, &mut report, &mut letters, &mut shutdown);
+    tokio::time::timeout(PATIENCE, settled).await.unwrap().unwrap();
+    // then every record settled: two published, the refused one's letter to write
+    assert_eq!(report, CopyReport { published: 2, already_in_kafka: 0, dead_lettered: 1 });
+    assert_eq!(letters.iter().map(|l| l.id.as_str()).collect::<Vec<_>>(), ["2"]);
+    assert_eq!(delivery.records(), 0);
+}
+
+#[tokio::test]
+async fn a_refused_record_holds_the_copy_until_kafka_takes_it() {
+    // given the block policy and a record Kafka refuses twice
+    let f = Fixture::new("block");
+    f.sink.script("2", [Fault::Reject, Fault::Reject]);
+    let mut delivery = f.delivery::<u64>();
+    let mut reports = delivery.reports().await;
+    for index in 1..=3u64 {
+        delivery.send(index, record(&index.to_string()), Instant::now()).await.unwrap();
+    }
+    // when the chunk is awaited
+    let (mut report, mut letters) = (CopyReport::default(), Vec::new());
+    let (_stop, mut shutdown) = watch::channel(false);
+    let settled = settle_all(&mut delivery, &mut reports, &mut report, &mut letters, &mut shutdown);
+    tokio::time::timeout(PATIENCE, settled).await.unwrap().unwrap();
+    // then it returned only once the record was sent again and taken: nothing dead-lettered
+    assert_eq!(report, CopyReport { published: 3, already_in_kafka: 0, dead_lettered: 0 });
+    assert!(letters.is_empty());
+    assert_eq!(f.sink.sent(), ["1", "2", "3", "2", "2"]);
+    assert!(!delivery.holding());
+}
+
+#[tokio::test]
+async fn a_row_that_cannot_map_holds_the_copy_until_shutdown() {
+    // given the block policy and a row that cannot become a record
+    let f = Fixture::new("block");
+    let mut delivery = f.delivery::<u64>();
+    let mut reports = delivery.reports().await;
+    let row = OutboxRow { id: Some("9".into()), ..OutboxRow::default() };
+    delivery.unpublishable(0, DeadLetter::row(row, "no topic".into()));
+    // when the copy awaits it and shutdown comes 100 ms later
+    let (stop, mut shutdown) = watch::channel(false);
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        stop.send(true).unwrap();
+    });
+    let (mut report, mut letters) = (CopyReport::default(), Vec::new());
+    let started = Instant::now();
+    let settled = settle_all(&mut delivery, &mut reports, &mut report, &mut letters, &mut shutdown);
+    let result = tokio::time::timeout(PATIENCE, settled).await.unwrap();
+    // then the copy waited for it, and ends interrupted with nothing sent or dead-lettered
+    assert!(matches!(result, Err(RelayError::Interrupted)), "{result:?}");
+    assert!(started.elapsed() >= Duration::from_millis(100));
+    assert_eq!(report, CopyReport::default());
+    assert!(letters.is_empty() && f.sink.sent().is_empty());
+}
