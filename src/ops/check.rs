@@ -10,11 +10,11 @@ use tokio_postgres::Client;
 
 use crate::config::{Endpoint, RelayConfig, SourceMode};
 use crate::error::{FatalReason, RelayError};
-use crate::source::replication::publication::{self, Problem};
 use crate::table::OutboxTable;
 
 mod failover;
 mod privileges;
+mod replication;
 mod topics;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -156,7 +156,7 @@ async fn postgres_checks(config: &RelayConfig, client: &Client, server: &Endpoin
     };
     match config.source.mode {
         SourceMode::Replication => {
-            findings.extend(replication_checks(config, client).await);
+            findings.extend(replication::checks(config, client).await);
             findings.extend(failover::findings(config, client, server).await);
         }
         SourceMode::Polling => findings.extend(leftover_slot_checks(config, client).await),
@@ -323,199 +323,6 @@ async fn table_check(
             format!("table {} lacks the configured column(s): {}", table.display_name(), missing.join(", ")),
             "set the outbox.columns.* names to the table's columns (an optional column can be set to \"\")",
         ))
-    }
-}
-
-async fn replication_checks(config: &RelayConfig, client: &Client) -> Vec<Finding> {
-    let mut findings = Vec::new();
-    match query_setting(client, "wal_level").await {
-        Ok(level) if level == "logical" => findings.push(Finding::ok("postgres.wal_level", "wal_level = logical")),
-        Ok(level) => findings.push(Finding::fail(
-            "postgres.wal_level",
-            format!("wal_level = {level}; replication mode needs logical"),
-            "set wal_level = logical in postgresql.conf (ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL, or use source.mode = \"polling\"",
-        )),
-        Err(e) => findings.push(Finding::fail("postgres.wal_level", format!("cannot read wal_level: {e}"), "check the role can run SHOW")),
-    }
-    let role = client
-        .query_one("SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user", &[])
-        .await;
-    match role {
-        Ok(row) if row.get::<_, bool>(0) => findings
-            .push(Finding::ok("postgres.role", format!("role {} has REPLICATION", config.postgres.user))),
-        Ok(_) => findings.push(Finding::fail(
-            "postgres.role",
-            format!("role {} lacks the REPLICATION attribute", config.postgres.user),
-            format!("ALTER ROLE {} WITH REPLICATION (see sql/100_relay_role.sql)", config.postgres.user),
-        )),
-        Err(e) => findings.push(Finding::fail(
-            "postgres.role",
-            format!("cannot read role attributes: {e}"),
-            "check the role can read pg_roles",
-        )),
-    }
-    for name in ["max_replication_slots", "max_wal_senders"] {
-        match query_setting(client, name).await.map(|v| v.parse::<i64>().unwrap_or(0)) {
-            Ok(n) if n > 0 => findings.push(Finding::ok(setting_check_name(name), format!("{name} = {n}"))),
-            Ok(n) => findings.push(Finding::fail(
-                setting_check_name(name),
-                format!("{name} = {n}; replication needs at least 1"),
-                format!("set {name} >= 1 in postgresql.conf and restart PostgreSQL"),
-            )),
-            Err(e) => findings.push(Finding::fail(
-                setting_check_name(name),
-                format!("cannot read {name}: {e}"),
-                "check the role can run SHOW",
-            )),
-        }
-    }
-    findings.push(slot_check(config, client).await);
-    findings.push(publication_check(config, client).await);
-    findings.push(emit_check(client).await);
-    match query_setting(client, "max_slot_wal_keep_size").await {
-        Ok(size) if size == "-1" => findings.push(Finding::warn(
-            "postgres.max_slot_wal_keep_size",
-            "max_slot_wal_keep_size = -1: a stalled relay makes PostgreSQL keep WAL without limit until the disk fills",
-            "set max_slot_wal_keep_size to WAL rate x the longest relay outage you accept (README, PostgreSQL settings)",
-        )),
-        Ok(size) => findings.push(Finding::ok("postgres.max_slot_wal_keep_size", format!("max_slot_wal_keep_size = {size}"))),
-        Err(e) => findings.push(Finding::warn("postgres.max_slot_wal_keep_size", format!("cannot read it: {e}"), "PostgreSQL 13 or newer is required")),
-    }
-    findings
-}
-
-async fn slot_check(config: &RelayConfig, client: &Client) -> Finding {
-    let slot = &config.replication.slot;
-    let row = client
-        .query_opt(
-            "SELECT wal_status, active, confirmed_flush_lsn::text, \
-                    pg_size_pretty(pg_current_wal_lsn() - confirmed_flush_lsn) \
-             FROM pg_replication_slots WHERE slot_name = $1",
-            &[slot],
-        )
-        .await;
-    match row {
-        Ok(None) if config.replication.create_slot => Finding::ok(
-            "replication.slot",
-            format!("slot \"{slot}\" does not exist yet; `run` or `setup` creates it"),
-        ),
-        Ok(None) => Finding::fail(
-            "replication.slot",
-            format!("slot \"{slot}\" does not exist and replication.create_slot = false"),
-            "run `outbox-relay setup` or set replication.create_slot = true",
-        ),
-        Ok(Some(r)) => {
-            let wal_status: Option<String> = r.get(0);
-            let detail = format!(
-                "slot \"{slot}\": wal_status = {}, active = {}, confirmed_flush_lsn = {}, lag {}",
-                wal_status.as_deref().unwrap_or("?"),
-                r.get::<_, bool>(1),
-                r.get::<_, Option<String>>(2).unwrap_or_default(),
-                r.get::<_, Option<String>>(3).unwrap_or_default()
-            );
-            match wal_status.as_deref() {
-                Some("lost") => Finding::fail(
-                    "replication.slot",
-                    detail,
-                    "the slot was invalidated; raise max_slot_wal_keep_size and run `outbox-relay setup --recreate-slot`",
-                ),
-                Some("unreserved") => Finding::warn(
-                    "replication.slot",
-                    detail,
-                    "the slot is about to lose WAL it needs: get the relay running and caught up now",
-                ),
-                _ => Finding::ok("replication.slot", detail),
-            }
-        }
-        Err(e) => Finding::fail(
-            "replication.slot",
-            format!("cannot read pg_replication_slots: {e}"),
-            "check the role's privileges",
-        ),
-    }
-}
-
-async fn publication_check(config: &RelayConfig, client: &Client) -> Finding {
-    let publication = &config.replication.publication;
-    let table = OutboxTable::new(config);
-    let exists = client.query_opt("SELECT 1 FROM pg_publication WHERE pubname = $1", &[publication]).await;
-    let problem = match exists {
-        Ok(Some(_)) => publication::problem(config, client).await,
-        Ok(None) if config.replication.create_publication => {
-            return Finding::ok(
-                "replication.publication",
-                format!(
-                    "publication \"{publication}\" does not exist yet; the relay creates it (as the table owner)"
-                ),
-            );
-        }
-        Ok(None) => {
-            return Finding::fail(
-                "replication.publication",
-                format!(
-                    "publication \"{publication}\" does not exist and replication.create_publication = false"
-                ),
-                table.create_publication_sql(publication),
-            );
-        }
-        Err(e) => Err(e),
-    };
-    match problem {
-        Ok(None) => Finding::ok(
-            "replication.publication",
-            format!("publication \"{publication}\" delivers every insert of {}", table.display_name()),
-        ),
-        Ok(Some(problem @ Problem::TableMissing(_))) => Finding::fail(
-            "replication.publication",
-            format!(
-                "publication \"{publication}\" cannot include {}: it does not exist",
-                table.display_name()
-            ),
-            format!("see outbox.table: {problem}"),
-        ),
-        Ok(Some(problem)) => Finding::fail(
-            "replication.publication",
-            problem.to_string(),
-            "the publication must publish inserts of every row and every column the relay reads (README, replication mode)",
-        ),
-        Err(e) => Finding::fail(
-            "replication.publication",
-            format!("cannot read pg_publication: {e}"),
-            "check the role's privileges",
-        ),
-    }
-}
-
-/// Who can emit outbox messages: a transactional message with the outbox prefix is published
-/// to the topic it names, so PUBLIC must not be able to call `pg_logical_emit_message`.
-async fn emit_check(client: &Client) -> Finding {
-    let row = client
-        .query_one(
-            "SELECT coalesce(bool_or(has_function_privilege('public', oid, 'EXECUTE')), false) AS public \
-             FROM pg_proc WHERE proname = 'pg_logical_emit_message'",
-            &[],
-        )
-        .await;
-    match row {
-        Ok(row) if row.get::<_, bool>("public") => Finding::warn(
-            "replication.emit",
-            "any database login can call pg_logical_emit_message and so put an event on any topic",
-            "as a superuser: REVOKE EXECUTE ON every signature of pg_logical_emit_message FROM PUBLIC \
-             (sql/005_outbox_emit.sql does it), then GRANT outbox_writer TO the application role",
-        ),
-        Ok(_) => Finding::ok("replication.emit", "pg_logical_emit_message is not executable by PUBLIC"),
-        Err(e) => Finding::warn(
-            "replication.emit",
-            format!("cannot check pg_logical_emit_message: {e}"),
-            "check the role can read pg_proc",
-        ),
-    }
-}
-
-fn setting_check_name(name: &str) -> &'static str {
-    match name {
-        "max_replication_slots" => "postgres.max_replication_slots",
-        _ => "postgres.max_wal_senders",
     }
 }
 

@@ -1,0 +1,128 @@
+//! The librdkafka clients' settings (the relay's and the example services'), and librdkafka's
+//! log lines at the relay's levels.
+//!
+//! Invariant: the settings the delivery guarantee depends on (`acks=all`, idempotence,
+//! gapless) are set after the user's pass-through properties, and `RelayConfig::validate`
+//! refuses user overrides of them.
+
+use rdkafka::ClientConfig;
+use rdkafka::config::RDKafkaLogLevel;
+
+use crate::config::KafkaConfig;
+
+/// The librdkafka settings every client built from `kafka` shares: the brokers, the client id,
+/// and the pass-through and secret properties (TLS, SASL). The example services build their
+/// consumers and producers on it.
+pub fn client_config(kafka: &KafkaConfig) -> ClientConfig {
+    let mut cc = ClientConfig::new();
+    for (key, value) in kafka.client_properties() {
+        cc.set(key, value);
+    }
+    cc.set("bootstrap.servers", kafka.brokers.join(",")).set("client.id", &kafka.client_id);
+    cc
+}
+
+/// The librdkafka settings of a client that reads topics without committing anything (the
+/// read-back, `verify`): the user's (TLS, SASL), group `<client_id>-<purpose>` (librdkafka
+/// assigns partitions only in a group, which is never joined, but it looks the group's
+/// coordinator up: under an authorizer the principal needs DESCRIBE on that group, besides
+/// READ and DESCRIBE on the topics), each partition's end reported, a
+/// short fetch wait (every read ends at a partition's end), librdkafka's own log at errors only.
+pub(crate) fn reader_config(kafka: &KafkaConfig, purpose: &str, fetch_wait_ms: u32) -> ClientConfig {
+    let mut cc = client_config(kafka);
+    cc.set("group.id", format!("{}-{purpose}", kafka.client_id))
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "true")
+        .set("auto.offset.reset", "earliest")
+        .set("fetch.wait.max.ms", fetch_wait_ms.to_string())
+        .set("log_level", "3");
+    cc
+}
+
+/// The librdkafka client configuration for a producer built from `kafka`: acks=all, idempotent,
+/// gapless.
+pub fn producer_config(kafka: &KafkaConfig) -> ClientConfig {
+    let mut cc = client_config(kafka);
+    cc.set("message.timeout.ms", kafka.message_timeout_ms.to_string())
+        .set("linger.ms", kafka.linger_ms.to_string())
+        .set("compression.codec", &kafka.compression)
+        .set("acks", "all")
+        .set("enable.idempotence", "true")
+        // A record that fails permanently stops the producer instead of letting later records
+        // of its partition through: a gap would reorder an aggregate's events on retry.
+        .set("enable.gapless.guarantee", "true");
+    cc
+}
+
+/// The relay's level for one of librdkafka's log lines, or `None` to drop it.
+///
+/// - `CONFWARN ... gapless`: librdkafka calls enable.gapless.guarantee experimental at every
+///   producer's creation; the README says what it does and why it is always on, once.
+/// - `FAIL` at error level: a broker connection that failed (a refused connect, a dropped
+///   connection). librdkafka then also hands the same failure to [`ClientContext::error`]
+///   (`rd_kafka_broker_set_error` pairs an error op with a FAIL line only from LOG_ERR up),
+///   which logs it once at INFO or WARN, or at ERROR for what is not a plain transport failure
+///   (TLS, authentication): an ERROR line per reconnect would page for what the stall watch
+///   already reports. Its FAIL lines below error level have no such pair (a connection closed
+///   during the ApiVersion request, which names a likely security.protocol or SASL mistake; a
+///   connection setup timeout) and keep their level.
+fn log_level(level: RDKafkaLogLevel, fac: &str, message: &str) -> Option<tracing::Level> {
+    if fac == "CONFWARN" && message.contains("gapless") {
+        return None;
+    }
+    let relay_level = match level {
+        RDKafkaLogLevel::Emerg
+        | RDKafkaLogLevel::Alert
+        | RDKafkaLogLevel::Critical
+        | RDKafkaLogLevel::Error => tracing::Level::ERROR,
+        RDKafkaLogLevel::Warning => tracing::Level::WARN,
+        RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => tracing::Level::INFO,
+        RDKafkaLogLevel::Debug => tracing::Level::DEBUG,
+    };
+    if fac == "FAIL" && relay_level == tracing::Level::ERROR {
+        return Some(tracing::Level::DEBUG);
+    }
+    Some(relay_level)
+}
+
+/// Logs one of librdkafka's log lines at the relay's level ([`log_level`]); every client of the
+/// relay's (the producer, the read-back consumer) logs through this.
+pub(crate) fn log_librdkafka(level: RDKafkaLogLevel, fac: &str, message: &str) {
+    match log_level(level, fac, message) {
+        Some(tracing::Level::ERROR) => tracing::error!(target: "librdkafka", "{fac} {message}"),
+        Some(tracing::Level::WARN) => tracing::warn!(target: "librdkafka", "{fac} {message}"),
+        Some(tracing::Level::INFO) => tracing::info!(target: "librdkafka", "{fac} {message}"),
+        Some(_) => tracing::debug!(target: "librdkafka", "{fac} {message}"),
+        None => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rdkafka::config::RDKafkaLogLevel;
+    use tracing::Level;
+
+    use super::log_level;
+
+    #[test]
+    fn a_failed_broker_connection_is_not_an_error_line() {
+        // librdkafka's own words for a broker it cannot reach (rdkafka_broker.c)
+        let refused = "127.0.0.1:9092/bootstrap: Connect to ipv4#127.0.0.1:9092 failed: Connection refused";
+        assert_eq!(log_level(RDKafkaLogLevel::Error, "FAIL", refused), Some(Level::DEBUG));
+        // a FAIL line below error level has no error-callback twin: it keeps its level
+        let api_version = "Disconnected while requesting ApiVersion: might be caused by incorrect \
+                           security.protocol configuration (connecting to a SSL listener?)";
+        assert_eq!(log_level(RDKafkaLogLevel::Warning, "FAIL", api_version), Some(Level::WARN));
+        assert_eq!(
+            log_level(RDKafkaLogLevel::Info, "FAIL", "Disconnected (after 5000ms in state UP)"),
+            Some(Level::INFO)
+        );
+        assert_eq!(log_level(RDKafkaLogLevel::Error, "SSL", "certificate verify failed"), Some(Level::ERROR));
+        assert_eq!(
+            log_level(RDKafkaLogLevel::Warning, "CONFWARN", "enable.gapless.guarantee is experimental"),
+            None
+        );
+        assert_eq!(log_level(RDKafkaLogLevel::Warning, "CONFWARN", "some other setting"), Some(Level::WARN));
+    }
+}

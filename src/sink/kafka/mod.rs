@@ -1,0 +1,318 @@
+//! The Kafka producer: `acks=all` and the idempotent producer, always.
+//!
+//! Invariants:
+//! - records are enqueued in the order given; a full local queue is waited out, never skipped,
+//!   so the idempotent producer keeps per-partition order;
+//! - [`KafkaSink::publish`] resolves only when every record has a delivery report;
+//! - each failure is classified where it happens: permanent (the record can never be accepted:
+//!   it is poison) or transient (retry the batch).
+//!
+//! Files by concern: [`client`] (librdkafka settings, log levels), [`producer`] (the producer,
+//! its numbered reports, the relay's headers), [`classify`] (what a failed report means),
+//! [`stall`] (the stall watch); this file is the sink that uses them.
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, Producer};
+use tokio::sync::{Mutex, MutexGuard, mpsc};
+
+use crate::config::KafkaConfig;
+use crate::delivery::record::KafkaRecord;
+use crate::observe::pulse::Pulse;
+
+mod classify;
+mod client;
+mod producer;
+mod stall;
+
+pub(crate) use classify::PublishError;
+use classify::{error_type, topic_is_unknown};
+pub use client::{client_config, producer_config};
+pub(crate) use client::{log_librdkafka, reader_config};
+use producer::{Channel, RecordProducer, create_producer};
+pub(crate) use producer::{POSITION_HEADER, Report, SOURCE_HEADER};
+pub(crate) use stall::StallWatch;
+
+/// How long a metadata request may take when classifying a timed-out record.
+const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long shutdown waits for records handed to the producer.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+/// Delivery reports taken per wake-up, at most.
+const REPORT_BATCH: usize = 256;
+/// Pause before re-enqueueing after librdkafka's local queue was full.
+const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(5);
+/// Topics a producer looks up on first sight, at most (a `topic` column with unbounded values
+/// must not grow memory without bound); topics past it are not looked up.
+const LOOKED_UP_TOPICS: usize = 10_000;
+
+pub struct KafkaSink {
+    config: KafkaConfig,
+    producer: Arc<RecordProducer>,
+    /// The reports of `producer`'s records. One session sends at a time and holds the lock
+    /// while it does ([`KafkaSink::reports`]); a report numbered before the holder's first
+    /// record is an earlier session's, and is passed over.
+    reports: Mutex<mpsc::UnboundedReceiver<Report>>,
+    /// A record refused at enqueue is reported on the same channel.
+    refusals: mpsc::UnboundedSender<Report>,
+    /// The number of the next record enqueued.
+    next_seq: AtomicUsize,
+    /// Since when `publish` has waited with nothing acknowledged: a claim abandoned at its
+    /// deadline and sent again does not restart the silence (`outbox_relay_kafka_unacknowledged_seconds`).
+    silent_since: std::sync::Mutex<Option<Instant>>,
+    /// `outbox_relay_source` of every record, once the session knows its database.
+    source: Option<std::sync::Arc<str>>,
+    /// The topics this producer was given a record for, each looked up in the metadata once
+    /// ([`KafkaSink::look_up`]).
+    looked_up: std::sync::Mutex<HashSet<String>>,
+    /// The producer replaced by [`KafkaSink::reset`], being destroyed; a read-back waits for it,
+    /// so none of its records lands after the relay looked.
+    retiring: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl KafkaSink {
+    pub fn new(config: &KafkaConfig) -> Result<KafkaSink, KafkaError> {
+        let Channel { producer, reports, refusals } = create_producer(config)?;
+        Ok(KafkaSink {
+            config: config.clone(),
+            producer,
+            reports: Mutex::new(reports),
+            refusals,
+            next_seq: AtomicUsize::new(0),
+            silent_since: std::sync::Mutex::new(None),
+            source: None,
+            looked_up: std::sync::Mutex::new(HashSet::new()),
+            retiring: None,
+        })
+    }
+
+    /// The delivery reports, for the one session that sends: hold the guard while sending.
+    pub(crate) async fn reports(&self) -> MutexGuard<'_, mpsc::UnboundedReceiver<Report>> {
+        self.reports.lock().await
+    }
+
+    /// The source identity written as `outbox_relay_source` (when `kafka.source_headers`).
+    pub(crate) fn set_source(&mut self, source: &str) {
+        if self.config.source_headers && self.source.as_deref() != Some(source) {
+            self.source = Some(source.into());
+        }
+    }
+
+    pub(crate) fn source(&self) -> Option<&str> {
+        self.source.as_deref()
+    }
+
+    /// Waits (at most `limit`) until the producer replaced after a failed session is gone: its
+    /// records still queued or in flight are purged by then, so a read-back of the topic sees
+    /// everything it will ever write.
+    pub(crate) async fn retired(&mut self, limit: Duration) {
+        if let Some(retiring) = self.retiring.take()
+            && tokio::time::timeout(limit, retiring).await.is_err()
+        {
+            tracing::warn!(
+                limit_ms = limit.as_millis() as u64,
+                "the previous Kafka producer is still shutting down; a record of it landing later is a duplicate"
+            );
+        }
+    }
+
+    /// After a failed session: a fresh producer (see [`KafkaSink::reset`]); a failure to make
+    /// one is logged, and the next session fails on the old one and tries again.
+    pub(crate) fn recover(&mut self) {
+        if let Err(e) = self.reset() {
+            tracing::warn!(error = %e, "cannot recreate the Kafka producer");
+        }
+    }
+
+    /// Replaces the producer. A producer that hit a fatal idempotence error is unusable, and
+    /// one that outlived a broker restart can retry forever with an unknown producer id; a
+    /// fresh one starts clean. Records of the old one still in flight carry the same event ids,
+    /// so at worst they are duplicates, never gaps.
+    fn reset(&mut self) -> Result<(), KafkaError> {
+        let Channel { producer, reports, refusals } = create_producer(&self.config)?;
+        let old = std::mem::replace(&mut self.producer, producer);
+        self.reports = Mutex::new(reports);
+        self.refusals = refusals;
+        self.looked_up.get_mut().unwrap().clear();
+        // destroying a producer waits for its threads, which a frozen broker can hold up: not
+        // on a runtime thread
+        self.retiring = Some(tokio::task::spawn_blocking(move || drop(old)));
+        Ok(())
+    }
+
+    /// Publishes `events` in order and waits for every delivery report.
+    pub(crate) async fn publish(
+        &self,
+        events: &[KafkaRecord],
+        pulse: &Pulse,
+    ) -> Vec<Result<(), PublishError>> {
+        let mut reports = self.reports().await;
+        let mut first = None;
+        for event in events {
+            let seq = self.enqueue(event).await;
+            first.get_or_insert(seq);
+        }
+        let Some(first) = first else { return Vec::new() };
+        let mut outcomes: Vec<Option<Result<(), KafkaError>>> = vec![None; events.len()];
+        let mut waiting = events.len();
+        let since = *self.silent_since.lock().unwrap().get_or_insert_with(Instant::now);
+        let mut watch = StallWatch::since(&self.config, since);
+        let mut check = tokio::time::interval(watch.period());
+        let mut batch = Vec::with_capacity(REPORT_BATCH);
+        while waiting > 0 {
+            tokio::select! {
+                _ = reports.recv_many(&mut batch, REPORT_BATCH) => {
+                    let mut acknowledged = false;
+                    for Report { seq, outcome } in batch.drain(..) {
+                        // an earlier batch's report (one abandoned at its deadline) is passed over
+                        if let Some(slot) = seq.checked_sub(first).and_then(|i| outcomes.get_mut(i))
+                            && slot.is_none()
+                        {
+                            acknowledged |= outcome.is_ok();
+                            *slot = Some(outcome);
+                            waiting -= 1;
+                        }
+                    }
+                    // (once per run of reports: one clock read and one lock)
+                    if acknowledged {
+                        let now = Instant::now();
+                        *self.silent_since.lock().unwrap() = Some(now);
+                        watch.progressed(now, pulse);
+                    }
+                }
+                _ = check.tick() => watch.check(waiting, pulse),
+            }
+        }
+        // every record has its report: nothing waits any more, whatever the reports say
+        *self.silent_since.lock().unwrap() = None;
+        watch.settled(pulse);
+        let mut results = Vec::with_capacity(outcomes.len());
+        for (event, outcome) in events.iter().zip(outcomes) {
+            results.push(match outcome.expect("every record reported") {
+                Ok(()) => Ok(()),
+                Err(e) => Err(self.classify(&event.topic, &e).await),
+            });
+        }
+        results
+    }
+
+    /// Enqueues one record, waiting out a full local queue, and returns its number: its report
+    /// arrives on [`KafkaSink::reports`] (a record refused at once is reported there too).
+    /// Callers that enqueue in order keep per-partition order.
+    pub(crate) async fn enqueue(&self, event: &KafkaRecord) -> usize {
+        self.look_up(&event.topic);
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = self.send(event, seq).await {
+            let _ = self.refusals.send(Report { seq, outcome: Err(e) });
+        }
+        seq
+    }
+
+    /// Hands one record to the producer, waiting out a full local queue.
+    async fn send(&self, event: &KafkaRecord, seq: usize) -> Result<(), KafkaError> {
+        loop {
+            let mut headers = OwnedHeaders::new_with_capacity(event.row_headers.len() + 5);
+            // the relay's own headers first: a row header of the same name does not shadow them
+            if let (Some(source), Some(position)) = (&self.source, &event.position) {
+                let mut text = [0u8; 64];
+                let mut cursor = &mut text[..];
+                write!(cursor, "{position}").expect("a position fits in 64 bytes");
+                let written = 64 - cursor.len();
+                headers = headers
+                    .insert(Header { key: SOURCE_HEADER, value: Some(source.as_bytes()) })
+                    .insert(Header { key: POSITION_HEADER, value: Some(&text[..written]) });
+            }
+            for (key, value) in event.headers() {
+                headers = headers.insert(Header { key, value: Some(value.as_bytes()) });
+            }
+            let record = BaseRecord::with_opaque_to(&event.topic, seq)
+                .key(&event.key)
+                .payload(&event.payload)
+                .headers(headers);
+            match self.producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                    tokio::time::sleep(QUEUE_FULL_PAUSE).await;
+                }
+                Err((e, _)) => return Err(e),
+            }
+        }
+    }
+
+    /// Classifies one failure. A timeout is checked against the topic's metadata: a topic the
+    /// broker does not know (auto-create off) is permanent, anything else transient.
+    pub(crate) async fn classify(&self, topic: &str, error: &KafkaError) -> PublishError {
+        let code = error.rdkafka_error_code();
+        match code {
+            Some(RDKafkaErrorCode::UnknownTopic | RDKafkaErrorCode::UnknownTopicOrPartition) => {
+                PublishError::Permanent(format!(
+                    "topic \"{topic}\" does not exist and the broker does not create topics automatically ({error})"
+                ))
+            }
+            Some(RDKafkaErrorCode::TopicAuthorizationFailed) => PublishError::Permanent(format!(
+                "Kafka refuses {} to write topic \"{topic}\" ({error}): grant it WRITE and DESCRIBE on the topic \
+                 (and READ, for the read-back)",
+                self.config.principal()
+            )),
+            Some(
+                RDKafkaErrorCode::MessageSizeTooLarge
+                | RDKafkaErrorCode::InvalidTopic
+                | RDKafkaErrorCode::InvalidRecord
+                | RDKafkaErrorCode::InvalidMessageSize,
+            ) => PublishError::Permanent(format!("{error}")),
+            Some(RDKafkaErrorCode::MessageTimedOut) if self.topic_is_unknown(topic).await => {
+                PublishError::Permanent(format!(
+                    "topic \"{topic}\" does not exist and the broker does not create topics automatically"
+                ))
+            }
+            _ => PublishError::Transient { error_type: error_type(code), detail: format!("{error}") },
+        }
+    }
+
+    /// The first time this producer is given a record for `topic`, asks the broker in the
+    /// background whether the topic exists, and says at once when it does not: otherwise the
+    /// first word would be the stall warning, which reads like a Kafka outage.
+    fn look_up(&self, topic: &str) {
+        let mut looked_up = self.looked_up.lock().unwrap();
+        if looked_up.contains(topic) || looked_up.len() >= LOOKED_UP_TOPICS {
+            return;
+        }
+        looked_up.insert(topic.to_string());
+        let producer = self.producer.clone();
+        let topic = topic.to_string();
+        tokio::task::spawn_blocking(move || {
+            if topic_is_unknown(&producer, &topic) {
+                tracing::warn!(
+                    topic,
+                    "the broker's metadata has no such topic: create it (the relay does not create topics). \
+                     Unless the broker creates topics on first use, its records wait for it and are then refused \
+                     and dead-lettered (or held, under on_poison = block)"
+                );
+            }
+        });
+    }
+
+    /// Asks the broker (off the runtime's threads: the request blocks) whether `topic` exists.
+    async fn topic_is_unknown(&self, topic: &str) -> bool {
+        let producer = self.producer.clone();
+        let name = topic.to_string();
+        let unknown = tokio::task::spawn_blocking(move || topic_is_unknown(&producer, &name));
+        unknown.await.unwrap_or(false)
+    }
+
+    /// Waits up to [`FLUSH_TIMEOUT`] for everything enqueued to be delivered or to fail
+    /// (shutdown), off the runtime's threads.
+    pub(crate) async fn flush(&self) {
+        let timeout = FLUSH_TIMEOUT;
+        let producer = self.producer.clone();
+        let flushed = tokio::task::spawn_blocking(move || producer.flush(timeout)).await;
+        if let Ok(Err(e)) = flushed {
+            tracing::warn!(error = %e, "records still unacknowledged at shutdown are published again at the next start");
+        }
+    }
+}

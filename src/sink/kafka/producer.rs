@@ -1,0 +1,82 @@
+//! The record producer: librdkafka's producer with the relay's context, whose delivery reports
+//! arrive numbered on a channel, and the relay's own headers.
+//!
+//! Invariant: every record handed to a producer gets exactly one report on its channel: from
+//! librdkafka's delivery callback, or (refused at once) from the sink's `enqueue`.
+
+use std::sync::Arc;
+
+use rdkafka::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{DeliveryResult, ProducerContext, ThreadedProducer};
+use tokio::sync::mpsc;
+
+use super::client::{log_librdkafka, producer_config};
+use crate::config::KafkaConfig;
+
+/// The header naming the database and table a record came from (see [`super::KafkaSink::set_source`]).
+pub(crate) const SOURCE_HEADER: &str = "outbox_relay_source";
+/// The header saying where the source read the record ([`crate::delivery::record::Position`]).
+pub(crate) const POSITION_HEADER: &str = "outbox_relay_position";
+
+/// One record's delivery report: the number [`super::KafkaSink::enqueue`] gave it, and whether Kafka
+/// acknowledged it.
+#[derive(Debug)]
+pub(crate) struct Report {
+    pub(crate) seq: usize,
+    pub(crate) outcome: Result<(), KafkaError>,
+}
+
+/// Delivery reports from librdkafka's callback (on the producer's polling thread) into a
+/// channel, numbered by the record's delivery opaque: no future, oneshot or box per record.
+pub(super) struct Reporter(mpsc::UnboundedSender<Report>);
+
+/// librdkafka's log lines and global errors, at the relay's levels.
+impl ClientContext for Reporter {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        log_librdkafka(level, fac, message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        match error.rdkafka_error_code() {
+            // a broker connection that dropped (idle, restarted, a leader moved): librdkafka
+            // reconnects by itself, and the stall watch says when Kafka stops acknowledging
+            Some(RDKafkaErrorCode::BrokerTransportFailure) => {
+                tracing::info!(%error, reason, "Kafka connection lost; reconnecting")
+            }
+            Some(RDKafkaErrorCode::AllBrokersDown) => {
+                tracing::warn!(%error, reason, "no Kafka broker reachable; reconnecting")
+            }
+            _ => tracing::error!(%error, reason, "Kafka producer error"),
+        }
+    }
+}
+
+impl ProducerContext for Reporter {
+    type DeliveryOpaque = usize;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, seq: usize) {
+        let outcome = match result {
+            Ok(_) => Ok(()),
+            Err((e, _)) => Err(e.clone()),
+        };
+        // closed: the sink replaced this producer, and nobody waits for its reports any more
+        let _ = self.0.send(Report { seq, outcome });
+    }
+}
+
+pub(super) type RecordProducer = ThreadedProducer<Reporter>;
+
+/// A producer, and the channel its reports arrive on (with a sender for refusals at enqueue).
+pub(super) struct Channel {
+    pub(super) producer: Arc<RecordProducer>,
+    pub(super) reports: mpsc::UnboundedReceiver<Report>,
+    pub(super) refusals: mpsc::UnboundedSender<Report>,
+}
+
+pub(super) fn create_producer(config: &KafkaConfig) -> Result<Channel, KafkaError> {
+    let (refusals, reports) = mpsc::unbounded_channel();
+    let producer = producer_config(config).create_with_context(Reporter(refusals.clone()))?;
+    Ok(Channel { producer: Arc::new(producer), reports, refusals })
+}

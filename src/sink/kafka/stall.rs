@@ -1,0 +1,109 @@
+//! The stall watch: notices when records wait and Kafka acknowledges nothing for
+//! `kafka.stall_warning_ms`, says so once per stall, and asks the brokers' metadata why.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use super::METADATA_TIMEOUT;
+use crate::config::KafkaConfig;
+use crate::observe::metrics::{ErrorType, metrics};
+use crate::observe::pulse::Pulse;
+
+/// Notices when records wait and Kafka acknowledges nothing for `kafka.stall_warning_ms`.
+/// Records are never failed for it (see `kafka.message_timeout_ms`): the relay only says so,
+/// once per stall, in the log, on `/readyz` (through the session's [`Pulse`]) and in
+/// `publish_errors_total{error_type="stalled"}`. A stall ends when something is acknowledged
+/// or nothing is waiting any more.
+pub(crate) struct StallWatch {
+    after: Duration,
+    last_progress: Instant,
+    stalled: bool,
+    /// For the stall's diagnosis ([`crate::sink::cluster::unhealthy_partitions`]).
+    kafka: KafkaConfig,
+    /// Counts stalls: a diagnosis that returns after its stall ended is dropped.
+    stall_number: Arc<AtomicUsize>,
+}
+
+impl StallWatch {
+    pub(crate) fn new(kafka: &KafkaConfig) -> StallWatch {
+        StallWatch::since(kafka, Instant::now())
+    }
+
+    /// A watch whose silence started at `since` (an earlier call's, still unanswered).
+    pub(super) fn since(kafka: &KafkaConfig, since: Instant) -> StallWatch {
+        StallWatch {
+            after: Duration::from_millis(kafka.stall_warning_ms),
+            last_progress: since,
+            stalled: false,
+            kafka: kafka.clone(),
+            stall_number: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// How often [`StallWatch::check`] should run.
+    pub(crate) fn period(&self) -> Duration {
+        (self.after / 4).max(Duration::from_millis(25))
+    }
+
+    /// Something was acknowledged at `now`.
+    pub(crate) fn progressed(&mut self, now: Instant, pulse: &Pulse) {
+        self.last_progress = now;
+        self.unstall(pulse);
+    }
+
+    /// Nothing waits any more: neither a stall nor a silence.
+    pub(super) fn settled(&mut self, pulse: &Pulse) {
+        self.last_progress = Instant::now();
+        metrics().kafka_unacknowledged.set(0.0);
+        self.unstall(pulse);
+    }
+
+    fn unstall(&mut self, pulse: &Pulse) {
+        if self.stalled {
+            self.stalled = false;
+            self.stall_number.fetch_add(1, Ordering::SeqCst);
+            tracing::info!("Kafka acknowledges records again");
+            pulse.stalled(None);
+        }
+    }
+
+    /// Periodic check with the number of records waiting.
+    pub(crate) fn check(&mut self, waiting: usize, pulse: &Pulse) {
+        pulse.tick();
+        if waiting == 0 {
+            self.settled(pulse);
+            return;
+        }
+        let quiet = self.last_progress.elapsed();
+        metrics().kafka_unacknowledged.set(quiet.as_secs_f64());
+        if !self.stalled && quiet >= self.after {
+            self.stalled = true;
+            tracing::warn!(
+                waiting,
+                quiet_ms = quiet.as_millis() as u64,
+                "Kafka has acknowledged nothing; records are retried until acknowledged"
+            );
+            metrics().publish_errors.with_label_values(&[ErrorType::Stalled.label()]).inc();
+            let stalled = format!("Kafka has acknowledged nothing for {} s", quiet.as_secs());
+            pulse.stalled(Some(stalled.clone()));
+            self.diagnose(stalled, pulse);
+        }
+    }
+
+    /// Asks the brokers' metadata why nothing is acknowledged, off the runtime's threads; a
+    /// finding is logged and added to the stall's `/readyz` text while the stall lasts.
+    fn diagnose(&self, stalled: String, pulse: &Pulse) {
+        let (kafka, health, number) = (self.kafka.clone(), pulse.health(), self.stall_number.clone());
+        let this_stall = number.load(Ordering::SeqCst);
+        tokio::task::spawn_blocking(move || {
+            let Some(why) = crate::sink::cluster::unhealthy_partitions(&kafka, METADATA_TIMEOUT) else {
+                return;
+            };
+            if number.load(Ordering::SeqCst) == this_stall {
+                tracing::warn!(diagnosis = %why, "why Kafka may acknowledge nothing");
+                health.set_stalled(Some(format!("{stalled}; {why}")));
+            }
+        });
+    }
+}
