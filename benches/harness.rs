@@ -37,7 +37,9 @@ use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::process::RelayProcess;
-use common::{TestDb, connect, create_topic, random_suffix, run_relay, services, wait_until_within};
+use common::{
+    RelayToml, TestDb, connect, create_topic, random_suffix, run_relay, services, wait_until_within,
+};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
@@ -177,9 +179,13 @@ fn relay_config(
         db,
         &services().kafka,
         kafka_extra,
-        &format!(
-            "[source]\nmode = \"{mode}\"\n[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n\
-             [metrics]\nsample_interval_secs = 1\n{extra}"
+        format!(
+            "{}{extra}",
+            RelayToml::replication(slot).set("source", "mode", mode).set(
+                "metrics",
+                "sample_interval_secs",
+                1
+            )
         ),
     );
     (dir, config)

@@ -28,10 +28,7 @@ impl Chain {
         let prefix = format!("c{}", random_suffix());
         let template = format!("{prefix}.{{aggregate_type}}");
         let relay = Setup::create(&services().kafka, "", false, |slot| {
-            format!(
-                "[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n\
-                 [outbox]\ntopic_template = \"{template}\"\n"
-            )
+            RelayToml::replication(slot).set("outbox", "topic_template", template)
         })
         .await;
         for (topic, partitions) in [("order", 4), ("payment", 4), ("order.dlq", 1)] {

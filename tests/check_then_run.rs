@@ -5,25 +5,26 @@ use crate::common;
 
 use common::*;
 
-/// (name, configuration, DDL to apply, an insert of one event with `$1` the aggregate type and
-/// `$2` the key).
-const LAYOUTS: &[(&str, &str, &str, &str)] = &[
+/// (name, the layout's configuration, DDL to apply, an insert of one event with `$1` the
+/// aggregate type and `$2` the key).
+type Layout = (&'static str, fn(RelayToml) -> RelayToml, &'static str, &'static str);
+
+const LAYOUTS: &[Layout] = &[
     (
         "default",
-        "",
+        |config| config,
         "",
         "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, 'E', '{}')",
     ),
     (
         "mark",
-        "[polling]\nafter_publish = \"mark\"\n",
+        |config| config.set("polling", "after_publish", "mark"),
         "",
         "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, 'E', '{}')",
     ),
     (
         "debezium",
-        "[outbox]\ntable = \"outboxevent\"\n[outbox.columns]\naggregate_type = \"aggregatetype\"\n\
-         aggregate_id = \"aggregateid\"\nevent_type = \"type\"\nheaders = \"\"\ntopic = \"\"\ncreated_at = \"\"\n",
+        RelayToml::debezium_table,
         "sql/examples/debezium_outbox.sql",
         "INSERT INTO outboxevent (id, aggregatetype, aggregateid, type, payload) VALUES (gen_random_uuid(), $1, $2, 'E', '{}')",
     ),
@@ -38,10 +39,11 @@ async fn a_database_check_passes_runs_in_each_mode_and_layout() {
             }
             let case = format!("{mode}, {layout} layout");
             let s = Setup::create(&services().kafka, "", true, |slot| {
-                format!(
-                    "[source]\nmode = \"{mode}\"\n[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n\
-                     [metrics]\nfatal_exit_delay_secs = 60\n{config}"
-                )
+                config(RelayToml::replication(slot).set("source", "mode", mode).set(
+                    "metrics",
+                    "fatal_exit_delay_secs",
+                    60,
+                ))
             })
             .await;
             let client = s.db.client().await;

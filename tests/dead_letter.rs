@@ -24,12 +24,10 @@ struct Held {
 impl Held {
     async fn new(mode: &str, dead_letter: &str, kafka_extra: &str) -> Held {
         let s = Setup::create(&services().kafka, kafka_extra, true, |slot| {
-            format!(
-                "[source]\nmode = \"{mode}\"\n[polling]\npoll_interval_ms = 200\n\
-                 [replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n\
-                 [retry]\ninitial_backoff_ms = 200\nmax_backoff_ms = 1000\n\
-                 [dead_letter]\non_poison = \"{dead_letter}\"\n"
-            )
+            RelayToml::either(mode, slot)
+                .set("retry", "initial_backoff_ms", 200)
+                .set("retry", "max_backoff_ms", 1000)
+                .set("dead_letter", "on_poison", dead_letter)
         })
         .await;
         let client = s.db.client().await;
@@ -249,13 +247,7 @@ async fn text_that_is_not_utf8_is_dead_lettered_or_stops_the_stream_loudly() {
     for mode in ["polling", "replication"] {
         // given a SQL_ASCII database, which stores any bytes, and a payload that is not UTF-8
         let db = TestDb::with_encoding("SQL_ASCII").await;
-        let s = Setup::create_on(db, &services().kafka, "", true, |slot| {
-            format!(
-                "[source]\nmode = \"{mode}\"\n[polling]\npoll_interval_ms = 200\n\
-                 [replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n"
-            )
-        })
-        .await;
+        let s = Setup::create_on(db, &services().kafka, "", true, |slot| RelayToml::either(mode, slot)).await;
         let client = s.db.client().await;
         let consumer = consumer(&[&s.topic]);
         // (a fatal error is kept on /metrics for a while before the relay exits)

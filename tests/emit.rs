@@ -12,12 +12,7 @@ use common::*;
 #[tokio::test(flavor = "multi_thread")]
 async fn a_role_with_only_connect_gets_nothing_onto_any_topic() {
     // given a streaming relay and a role that may only connect
-    let s = Setup::create(&services().kafka, "", true, |slot| {
-        format!(
-            "[source]\nmode = \"replication\"\n[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n"
-        )
-    })
-    .await;
+    let s = Setup::create(&services().kafka, "", true, RelayToml::replication).await;
     let admin = s.db.client().await;
     let intruder = format!("intruder_{}", random_suffix());
     admin.batch_execute(&format!("CREATE ROLE {intruder} LOGIN")).await.unwrap();

@@ -47,17 +47,16 @@ impl Rig {
         let broker = OwnBroker::start();
         let db = TestDb::create_at(&pg["OUTBOX_RELAY_TEST_PG_URL"], "", true).await;
         create_aggregates(&db.client().await, AGGREGATES).await;
-        let mode_settings = match mode {
-            "polling" => "[polling]\npoll_interval_ms = 100\nbatch_size = 200\n".to_string(),
-            _ => String::new(),
-        };
         let s = Setup::create_on(db, &broker.brokers(), QUICK_KAFKA_SETTINGS, false, |slot| {
-            format!(
-                "[source]\nmode = \"{mode}\"\n{mode_settings}\
-                 [replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n\
-                 [dedup]\nenabled = {dedup}\n\
-                 [retry]\ninitial_backoff_ms = 100\nmax_backoff_ms = 500\n"
-            )
+            let config = RelayToml::replication(slot)
+                .set("source", "mode", mode)
+                .set("dedup", "enabled", dedup)
+                .set("retry", "initial_backoff_ms", 100)
+                .set("retry", "max_backoff_ms", 500);
+            match mode {
+                "polling" => config.set("polling", "poll_interval_ms", 100).set("polling", "batch_size", 200),
+                _ => config,
+            }
         })
         .await;
         create_topic_on(&broker.brokers(), &s.topic, 4).await;
@@ -231,6 +230,22 @@ async fn run_faults(mode: &str, dedup: bool) -> DeliveryReport {
     let committed = committed_counts(&client).await;
     let total: i64 = committed.values().sum();
     let records = consume_relay_records(&consumer, total as usize).await;
+    let arrived: std::collections::HashSet<&str> = records.iter().filter_map(|r| r.header("id")).collect();
+    if arrived.len() < total as usize {
+        // (what the relays were doing when the records stopped coming: a loss, or a relay that
+        // had not caught up within the consumer's IDLE guard)
+        let unpublished = match mode {
+            "polling" => format!("{} rows still in the outbox", rig.s.outbox_rows().await),
+            _ => format!("slot confirmed up to {:?}", slot_confirmed_flush(&client, &rig.s.slot).await),
+        };
+        let ready: Vec<String> =
+            rig.relays.iter().map(|r| r.readyz().map(|(_, body)| body).unwrap_or_default()).collect();
+        panic!(
+            "{} of {total} committed events arrived; {unpublished}; the relays' /readyz: {ready:?}\nrelay logs:\n{}",
+            arrived.len(),
+            rig.logs()
+        );
+    }
     let report = assert_delivered(&records, &committed);
     eprintln!(
         "{mode}, dedup {}: {} committed events arrived with {} duplicates after {KILLS} kills (each a standby \
@@ -292,10 +307,7 @@ async fn polling_with_dedup_off_delivers_at_least_once_and_counts_duplicates() {
 
 /// A replication setup on the shared services, with the test's aggregates.
 async fn replication_setup() -> (Setup, tokio_postgres::Client) {
-    let s = Setup::create(&services().kafka, "", true, |slot| {
-        format!("[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n")
-    })
-    .await;
+    let s = Setup::create(&services().kafka, "", true, RelayToml::replication).await;
     let client = s.db.client().await;
     create_aggregates(&client, AGGREGATES).await;
     (s, client)
@@ -419,7 +431,7 @@ async fn a_batch_published_but_never_committed(dedup: bool) -> DeliveryReport {
 /// after Kafka acknowledged the batch; drop the trigger `hang` to let them through.
 async fn hanging_deletes(dedup: bool) -> (Setup, tokio_postgres::Client) {
     let s = Setup::create(&services().kafka, "", true, |_| {
-        format!("[source]\nmode = \"polling\"\n[polling]\nbatch_size = 100\n[dedup]\nenabled = {dedup}\n")
+        RelayToml::mode("polling").set("polling", "batch_size", 100).set("dedup", "enabled", dedup)
     })
     .await;
     let client = s.db.client().await;

@@ -123,11 +123,10 @@ async fn setup(pair: &Pair, failover: bool) -> Setup {
     let db = TestDb::create_at(pair.primary_url(), "", true).await;
     create_aggregates(&db.client().await, 8).await;
     Setup::create_on(db, &services().kafka, "", true, |slot| {
-        format!(
-            "[source]\nmode = \"replication\"\n\
-             [replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\nfailover = {failover}\n\
-             [retry]\ninitial_backoff_ms = 100\nmax_backoff_ms = 500\n"
-        )
+        RelayToml::replication(slot)
+            .set("replication", "failover", failover)
+            .set("retry", "initial_backoff_ms", 100)
+            .set("retry", "max_backoff_ms", 500)
     })
     .await
 }
@@ -224,12 +223,11 @@ async fn consume_until_all(
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn after_a_promotion_the_relay_goes_on_from_the_failover_slot_losing_and_inventing_nothing() {
-    let version = shared_server_version().await;
-    if version < 170_000 {
-        eprintln!("PostgreSQL {version} has no failover slots: the test below covers it");
-        return;
-    }
+async fn after_a_promotion_the_relay_goes_on_from_the_failover_slot_losing_and_inventing_nothing_since_pg17()
+{
+    // (before 17 there are no failover slots: check_says_what_failover_needs_on_each_version
+    // covers what the relay says there)
+    require_major(17).await;
     // given a relay streaming from a failover slot, whose copy the standby has synced
     let pair = Pair::start();
     let s = setup(&pair, true).await;
@@ -321,7 +319,7 @@ async fn a_promotion_without_a_failover_slot_stops_the_relay_saying_so() {
 async fn check_says_what_failover_needs_on_each_version() {
     // given a relay configured for failover slots against a lone server
     let s = Setup::create(&services().kafka, "", true, |slot| {
-        format!("[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\nfailover = true\n")
+        RelayToml::replication(slot).set("replication", "failover", true)
     })
     .await;
     let version = server_version(&s.db.client().await).await;
@@ -350,20 +348,15 @@ async fn check_says_what_failover_needs_on_each_version() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn an_idle_slot_is_timed_and_its_invalidation_foreseen() {
-    let version = shared_server_version().await;
-    if version < 170_000 {
-        eprintln!("PostgreSQL {version} does not say when a slot became inactive");
-        return;
-    }
+async fn an_idle_slot_is_timed_and_its_invalidation_foreseen_since_pg17() {
+    // (before 17 PostgreSQL does not say when a slot became inactive)
+    require_major(17).await;
     // given a server of this test's own (the setting is server-wide), with on 18 a slot timeout
     let server = hold("hold-postgres", &[]);
     let db = TestDb::create_at(&server["OUTBOX_RELAY_TEST_PG_URL"], "", true).await;
-    let s = Setup::create_on(db, &services().kafka, "", true, |slot| {
-        format!("[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n")
-    })
-    .await;
+    let s = Setup::create_on(db, &services().kafka, "", true, RelayToml::replication).await;
     let client = s.db.client().await;
+    let version = server_version(&client).await;
     if version >= 180_000 {
         client.batch_execute("ALTER SYSTEM SET idle_replication_slot_timeout = '2h'").await.unwrap();
         client.batch_execute("SELECT pg_reload_conf()").await.unwrap();
@@ -411,9 +404,11 @@ async fn polling_follows_a_promotion_to_the_new_primary_losing_nothing() {
     let db = TestDb::create_at(pair.primary_url(), "", true).await;
     create_aggregates(&db.client().await, 8).await;
     let s = Setup::create_on(db, &services().kafka, "", true, |_| {
-        "[source]\nmode = \"polling\"\n[polling]\npoll_interval_ms = 100\nafter_publish = \"mark\"\n\
-         [retry]\ninitial_backoff_ms = 100\nmax_backoff_ms = 500\n"
-            .to_string()
+        RelayToml::mode("polling")
+            .set("polling", "poll_interval_ms", 100)
+            .set("polling", "after_publish", "mark")
+            .set("retry", "initial_backoff_ms", 100)
+            .set("retry", "max_backoff_ms", 500)
     })
     .await;
     let consumer = consumer(&[&s.topic]);

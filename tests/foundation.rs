@@ -99,12 +99,27 @@ async fn broker_round_trip_with_acks_all() {
     assert_eq!(records[0].header("event_type"), Some("OrderPlaced"));
 }
 
+#[test]
+fn the_configuration_builder_keeps_each_section_in_its_first_place_and_each_key_at_its_last_value() {
+    let toml = RelayToml::polling()
+        .set("polling", "batch_size", 200)
+        .set("dedup", "enabled", false)
+        .set("polling", "poll_interval_ms", 100)
+        .kafka_property("retry.backoff.ms", "50")
+        .to_string();
+    assert_eq!(
+        toml,
+        "[source]\nmode = \"polling\"\n[polling]\npoll_interval_ms = 100\nbatch_size = 200\n\
+         [dedup]\nenabled = false\n[kafka.properties]\n\"retry.backoff.ms\" = \"50\"\n"
+    );
+}
+
 #[tokio::test]
 async fn check_passes_against_the_local_environment() {
     let db = TestDb::new().await;
     let dir = tempfile::tempdir().unwrap();
     for mode in ["replication", "polling"] {
-        let config = write_config(dir.path(), &db, &format!("[source]\nmode = \"{mode}\"\n"));
+        let config = write_config(dir.path(), &db, RelayToml::mode(mode));
         let (code, stdout, stderr) = run_relay(&["check", "--config", config.to_str().unwrap()], RUN_TIMEOUT);
         assert_eq!(code, 0, "check failed in {mode} mode:\n{stdout}\n{stderr}");
         assert!(stdout.contains("OK   postgres.connect"), "{stdout}");
@@ -133,7 +148,7 @@ async fn check_lists_the_topics_the_outbox_routes_to_and_warns_of_missing_ones()
     }
 
     // when check runs, then it names the missing topic, with how many rows go to it, as a WARN
-    let config = write_config(dir.path(), &db, "[source]\nmode = \"polling\"\n");
+    let config = write_config(dir.path(), &db, RelayToml::mode("polling"));
     let (code, stdout, stderr) = run_relay(&["check", "--config", config.to_str().unwrap()], RUN_TIMEOUT);
     assert_eq!(code, 0, "a missing topic is a warning, not a failure:\n{stdout}\n{stderr}");
     let line = stdout.lines().find(|l| l.contains("kafka.topics")).unwrap_or_default();
@@ -159,11 +174,8 @@ async fn check_names_a_missing_fixed_topic_and_a_row_s_own_topic() {
     let db = TestDb::new().await;
     let dir = tempfile::tempdir().unwrap();
     let fixed = format!("fixed{}", random_suffix());
-    let config = write_config(
-        dir.path(),
-        &db,
-        &format!("[source]\nmode = \"polling\"\n[outbox]\ntopic_template = \"{fixed}\"\n"),
-    );
+    let config =
+        write_config(dir.path(), &db, RelayToml::mode("polling").set("outbox", "topic_template", &fixed));
     let kafka_topics = || {
         let (_, stdout, _) = run_relay(&["check", "--config", config.to_str().unwrap()], RUN_TIMEOUT);
         stdout.lines().find(|l| l.contains("kafka.topics")).unwrap_or_default().to_string()
@@ -195,7 +207,7 @@ async fn check_names_a_missing_fixed_topic_and_a_row_s_own_topic() {
 async fn setup_in_polling_mode_sets_up_nothing_and_refuses_the_slot_flags() {
     let db = TestDb::new().await;
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), &db, "[source]\nmode = \"polling\"\n");
+    let config = write_config(dir.path(), &db, RelayToml::mode("polling"));
     let config = config.to_str().unwrap();
     let (code, stdout, stderr) = run_relay(&["setup", "--config", config], RUN_TIMEOUT);
     assert_eq!(code, 0, "{stderr}");

@@ -16,9 +16,7 @@ use common::*;
 async fn two_thousand_slow_connections_do_not_stop_health_or_relaying() {
     // given a relaying polling relay
     let s = Setup::create(&services().kafka, "", true, |_| {
-        "[source]\nmode = \"polling\"\n[polling]\npoll_interval_ms = 200\n\
-         [retry]\ninitial_backoff_ms = 100\nmax_backoff_ms = 1000\n"
-            .to_string()
+        RelayToml::polling().set("retry", "initial_backoff_ms", 100).set("retry", "max_backoff_ms", 1000)
     })
     .await;
     let client = s.db.client().await;
@@ -67,8 +65,7 @@ async fn two_thousand_slow_connections_do_not_stop_health_or_relaying() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_request_trickled_a_byte_at_a_time_is_cut_off() {
     // given a relay's listener
-    let s =
-        Setup::create(&services().kafka, "", true, |_| "[source]\nmode = \"polling\"\n".to_string()).await;
+    let s = Setup::create(&services().kafka, "", true, |_| RelayToml::mode("polling")).await;
     let mut relay = s.start("relay");
     relay.wait_ready("active").await;
     let port = relay.metrics_port();

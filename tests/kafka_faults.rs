@@ -29,9 +29,10 @@ async fn relay_on(broker: &OwnBroker, partitions: i32) -> (Setup, RelayProcess) 
 /// As [`relay_on`], on the brokers `brokers`.
 async fn relay_on_brokers(brokers: &str, partitions: i32) -> (Setup, RelayProcess) {
     let s = Setup::create(brokers, QUICK_KAFKA_SETTINGS, false, |slot| {
-        format!(
-            "[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n\
-             [retry]\ninitial_backoff_ms = 100\nmax_backoff_ms = 1000\n"
+        RelayToml::replication(slot).set("retry", "initial_backoff_ms", 100).set(
+            "retry",
+            "max_backoff_ms",
+            1000,
         )
     })
     .await;

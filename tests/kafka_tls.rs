@@ -27,10 +27,8 @@ fn scram_settings(ca: &Path) -> String {
     )
 }
 
-fn polling_on(topic: &str) -> String {
-    format!(
-        "[source]\nmode = \"polling\"\n[polling]\npoll_interval_ms = 200\n[outbox]\ntopic_template = \"{topic}\"\n"
-    )
+fn polling_on(topic: &str) -> RelayToml {
+    RelayToml::polling().set("outbox", "topic_template", topic)
 }
 
 /// A consumer over the SSL listener (principal ANONYMOUS, a super user of the test broker).
@@ -70,7 +68,7 @@ async fn the_relay_publishes_over_the_brokers_tls_with_zstd() {
     let db = TestDb::new().await;
     let dir = tempfile::tempdir().unwrap();
     let settings = format!("compression = \"zstd\"\n{}", ssl_settings(&kafka.ca()));
-    let config = write_config_with(dir.path(), &db, &kafka.ssl(), &settings, &polling_on(&topic));
+    let config = write_config_with(dir.path(), &db, &kafka.ssl(), &settings, polling_on(&topic));
     let (code, stdout, stderr) = run_relay(&["check", "--config", config.to_str().unwrap()], IDLE);
     assert_eq!(code, 0, "{stdout}{stderr}");
 
@@ -93,7 +91,7 @@ async fn a_broker_certificate_the_relay_cannot_trust_is_reported_by_check() {
     let dir = tempfile::tempdir().unwrap();
     // the system roots do not include the test CA
     let settings = "properties = { \"security.protocol\" = \"SSL\" }";
-    let config = write_config_with(dir.path(), &db, &kafka.ssl(), settings, "[source]\nmode = \"polling\"\n");
+    let config = write_config_with(dir.path(), &db, &kafka.ssl(), settings, RelayToml::mode("polling"));
     let (code, stdout, stderr) = run_relay(&["check", "--config", config.to_str().unwrap()], IDLE);
     assert_eq!(code, 1, "{stdout}{stderr}");
     let line =
@@ -114,7 +112,7 @@ async fn scram_with_the_right_password_publishes_with_only_its_topics_acls() {
     let db = TestDb::new().await;
     let dir = tempfile::tempdir().unwrap();
     let settings = format!("client_id = \"{client_id}\"\n{}", scram_settings(&kafka.ca()));
-    let config = write_config_with(dir.path(), &db, &kafka.sasl_ssl(), &settings, &polling_on(&topic));
+    let config = write_config_with(dir.path(), &db, &kafka.sasl_ssl(), &settings, polling_on(&topic));
     let password = kafka.password("relay");
     let env = [("OUTBOX_RELAY_KAFKA_SASL_PASSWORD", password.as_str())];
     let (code, stdout, stderr) =
@@ -169,7 +167,7 @@ async fn a_wrong_scram_password_fails_check_clearly_without_showing_it() {
         &db,
         &kafka.sasl_ssl(),
         &scram_settings(&kafka.ca()),
-        "[source]\nmode = \"polling\"\n",
+        RelayToml::mode("polling"),
     );
     let (code, stdout, stderr) = run_relay_with_env(
         &["check", "--config", config.to_str().unwrap()],
@@ -196,7 +194,7 @@ fn scram_relay(
     topic_template: &str,
 ) -> process::RelayProcess {
     let settings = format!("client_id = \"{client_id}\"\n{}", scram_settings(&kafka.ca()));
-    let config = write_config_with(dir, db, &kafka.sasl_ssl(), &settings, &polling_on(topic_template));
+    let config = write_config_with(dir, db, &kafka.sasl_ssl(), &settings, polling_on(topic_template));
     let password = kafka.password("relay");
     let env = [("OUTBOX_RELAY_KAFKA_SASL_PASSWORD", password.as_str())];
     process::RelayProcess::spawn(&config, &dir.join("relay.log"), process::TEST_LOG_LEVEL, &env)
@@ -304,7 +302,7 @@ async fn a_wrong_scram_password_stops_the_relay_naming_the_principal() {
     let dir = tempfile::tempdir().unwrap();
     insert_events(&db, &["k"], "{}").await;
     let settings = format!("client_id = \"relay-{}\"\n{}", random_suffix(), scram_settings(&kafka.ca()));
-    let config = write_config_with(dir.path(), &db, &kafka.sasl_ssl(), &settings, &polling_on(&topic));
+    let config = write_config_with(dir.path(), &db, &kafka.sasl_ssl(), &settings, polling_on(&topic));
     let env = [("OUTBOX_RELAY_KAFKA_SASL_PASSWORD", "SENTINEL-SASL-PASSWORD")];
     let mut relay =
         process::RelayProcess::spawn(&config, &dir.path().join("relay.log"), process::TEST_LOG_LEVEL, &env);

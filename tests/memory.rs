@@ -43,9 +43,7 @@ impl Run {
     async fn start_with_env(mode: &str, env: &[(&str, &str)]) -> Run {
         let broker = OwnBroker::start();
         let s = Setup::create(&broker.brokers(), "", false, |slot| {
-            format!(
-                "[source]\nmode = \"{mode}\"\n[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n"
-            )
+            RelayToml::replication(slot).set("source", "mode", mode)
         })
         .await;
         create_topic_on(&broker.brokers(), &s.topic, 4).await;

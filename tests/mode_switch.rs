@@ -8,13 +8,10 @@ use crate::common;
 use common::workload::*;
 use common::*;
 
-async fn setup(mode: &str, extra: &str) -> Setup {
+/// A relay in `mode`, configured for both, its configuration changed by `more`.
+async fn setup(mode: &str, more: impl FnOnce(RelayToml) -> RelayToml) -> Setup {
     Setup::create(&services().kafka, "", true, |slot| {
-        format!(
-            "[source]\nmode = \"{mode}\"\n[polling]\npoll_interval_ms = 200\n{extra}\n\
-             [replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n\
-             [dead_letter]\non_poison = \"dead_letter\"\n"
-        )
+        more(RelayToml::either(mode, slot).set("dead_letter", "on_poison", "dead_letter"))
     })
     .await
 }
@@ -42,7 +39,7 @@ async fn write_round(client: &mut tokio_postgres::Client, s: &Setup, per_aggrega
 async fn replication_to_polling_sends_nothing_twice_and_names_the_old_slot_until_it_is_dropped() {
     // given a replication relay that published 60 events and dead-lettered a row without an
     // aggregate id (replication mode leaves both in the outbox)
-    let s = setup("replication", "").await;
+    let s = setup("replication", |config| config).await;
     let mut client = s.db.client().await;
     client.batch_execute("ALTER TABLE outbox_events ALTER COLUMN aggregate_id DROP NOT NULL").await.unwrap();
     create_aggregates(&client, 3).await;
@@ -111,7 +108,10 @@ async fn replication_to_polling_sends_nothing_twice_and_names_the_old_slot_until
 #[tokio::test(flavor = "multi_thread")]
 async fn polling_with_marks_to_replication_sends_only_the_rows_not_marked() {
     // given a polling relay that marks published rows, and no read-back to hide a re-send
-    let s = setup("polling", "after_publish = \"mark\"\n[dedup]\nenabled = false").await;
+    let s = setup("polling", |config| {
+        config.set("polling", "after_publish", "mark").set("dedup", "enabled", false)
+    })
+    .await;
     let mut client = s.db.client().await;
     create_aggregates(&client, 3).await;
     let consumer = consumer(&[&s.topic]);
@@ -141,7 +141,7 @@ async fn polling_with_marks_to_replication_sends_only_the_rows_not_marked() {
 #[tokio::test(flavor = "multi_thread")]
 async fn polling_finishes_the_switch_for_a_slot_made_under_an_earlier_name_and_ignores_other_outboxes() {
     // given a slot replication mode made (`setup` creates and remembers it in outbox_relay_slots)
-    let s = setup("replication", "").await;
+    let s = setup("replication", |config| config).await;
     let client = s.db.client().await;
     let config = s.config();
     let (code, _, stderr) = run_relay(&["setup", "--config", config.to_str().unwrap()], IDLE);
@@ -197,7 +197,7 @@ async fn polling_finishes_the_switch_for_a_slot_made_under_an_earlier_name_and_i
 #[tokio::test(flavor = "multi_thread")]
 async fn a_replication_relay_started_during_an_unfinished_switch_sends_the_polling_relay_to_standby() {
     // given a polling relay active while the slot of replication mode still exists
-    let s = setup("replication", "").await;
+    let s = setup("replication", |config| config).await;
     let config = s.config();
     let (code, _, stderr) = run_relay(&["setup", "--config", config.to_str().unwrap()], IDLE);
     assert_eq!(code, 0, "{stderr}");

@@ -50,10 +50,7 @@ fn names_used_by_dashboards_and_alerts() -> BTreeSet<String> {
 async fn a_real_scrape_lists_every_metric_with_sane_values() {
     // given a replication relay with its metrics listener, and 200 events relayed
     let s = Setup::create(&services().kafka, "", true, |slot| {
-        format!(
-            "[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n\
-             [metrics]\nsample_interval_secs = 1\n"
-        )
+        RelayToml::replication(slot).set("metrics", "sample_interval_secs", 1)
     })
     .await;
     create_aggregates(&s.db.client().await, 10).await;
@@ -119,7 +116,7 @@ async fn a_real_scrape_lists_every_metric_with_sane_values() {
 async fn polling_backlog_and_degraded_readiness_while_kafka_is_down() {
     // given a polling relay whose Kafka is unreachable, and rows written
     let s = Setup::create("127.0.0.1:1", "stall_warning_ms = 1000", false, |_| {
-        "[source]\nmode = \"polling\"\n[metrics]\nsample_interval_secs = 1\n".to_string()
+        RelayToml::mode("polling").set("metrics", "sample_interval_secs", 1)
     })
     .await;
     let client = s.db.client().await;
@@ -196,10 +193,10 @@ async fn a_real_prometheus_fires_the_slot_lag_and_kafka_silence_alerts_while_kaf
     // given a replication relay on a broker of its own, with low lag thresholds
     let broker = OwnBroker::start();
     let s = Setup::create(&broker.brokers(), QUICK_KAFKA_SETTINGS, false, |slot| {
-        format!(
-            "[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n[metrics]\n\
-             sample_interval_secs = 1\nslot_lag_warning_bytes = 65536\nslot_lag_critical_bytes = 262144\n"
-        )
+        RelayToml::replication(slot)
+            .set("metrics", "sample_interval_secs", 1)
+            .set("metrics", "slot_lag_warning_bytes", 65536)
+            .set("metrics", "slot_lag_critical_bytes", 262144)
     })
     .await;
     create_topic_on(&broker.brokers(), &s.topic, 1).await;

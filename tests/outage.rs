@@ -21,10 +21,11 @@ async fn a_frozen_broker_never_pins_the_xmin_horizon_past_the_claim_bound() {
     // given a polling relay publishing to a broker of its own
     let broker = OwnBroker::start();
     let s = Setup::create(&broker.brokers(), "", false, |_| {
-        format!(
-            "[source]\nmode = \"polling\"\n[polling]\npoll_interval_ms = 200\nbatch_size = 200\n\
-             claim_timeout_ms = {CLAIM_TIMEOUT_MS}\n[retry]\ninitial_backoff_ms = 200\nmax_backoff_ms = 2000\n"
-        )
+        RelayToml::polling()
+            .set("polling", "batch_size", 200)
+            .set("polling", "claim_timeout_ms", CLAIM_TIMEOUT_MS)
+            .set("retry", "initial_backoff_ms", 200)
+            .set("retry", "max_backoff_ms", 2000)
     })
     .await;
     create_topic_on(&broker.brokers(), &s.topic, 4).await;
@@ -87,10 +88,7 @@ async fn a_broker_that_refuses_connections_is_logged_as_reconnecting_not_as_erro
     // given a relay whose broker refuses every connection (nothing listens on its port) and an
     // event to publish
     let brokers = format!("127.0.0.1:{}", common::http::free_port());
-    let s = Setup::create(&brokers, "", false, |_| {
-        "[source]\nmode = \"polling\"\n[polling]\npoll_interval_ms = 200\n".to_string()
-    })
-    .await;
+    let s = Setup::create(&brokers, "", false, |_| RelayToml::polling()).await;
     insert_event(&s.db.client().await, &s.aggregate_type, Some("agg-0")).await;
 
     // when it has tried for a while

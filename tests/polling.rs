@@ -10,22 +10,21 @@ use common::process::RelayProcess;
 use common::workload::*;
 use common::*;
 
-fn polling_config(extra_config: &str) -> String {
-    format!(
-        "[source]\nmode = \"polling\"\n[polling]\npoll_interval_ms = 200\nbatch_size = 200\n{extra_config}"
-    )
+fn polling_config() -> RelayToml {
+    RelayToml::polling().set("polling", "batch_size", 200)
 }
 
 impl Setup {
-    async fn polling(extra_config: &str) -> Setup {
-        Setup::create(&services().kafka, "", true, |_| polling_config(extra_config)).await
+    /// A polling setup in batches of 200, its configuration changed by `more`.
+    async fn polling(more: impl FnOnce(RelayToml) -> RelayToml) -> Setup {
+        Setup::create(&services().kafka, "", true, |_| more(polling_config())).await
     }
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn ten_thousand_concurrent_events_arrive_once_in_order() {
     // given a running relay and 100 aggregates
-    let s = Setup::polling("").await;
+    let s = Setup::polling(|config| config).await;
     create_aggregates(&s.db.client().await, 100).await;
     let consumer = consumer(&[&s.topic]);
     let mut relay = s.start("relay");
@@ -48,7 +47,7 @@ async fn ten_thousand_concurrent_events_arrive_once_in_order() {
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_9_mid_run_loses_nothing_and_keeps_order() {
     // given a relay publishing while writers write
-    let s = Setup::polling("").await;
+    let s = Setup::polling(|config| config).await;
     create_aggregates(&s.db.client().await, 100).await;
     let consumer = consumer(&[&s.topic]);
     let mut relay = s.start("first");
@@ -87,7 +86,7 @@ async fn write_concurrently_owned(
 async fn rows_stay_until_the_broker_acknowledges() {
     // given a relay whose broker (librdkafka's mock cluster) refuses every produce request
     let mock = MockKafka::start();
-    let s = Setup::on_mock(&mock, 2, |_| polling_config("")).await;
+    let s = Setup::on_mock(&mock, 2, |_| polling_config()).await;
     mock.refuse_produce();
     let client = s.db.client().await;
     create_aggregates(&client, 10).await;
@@ -136,7 +135,7 @@ async fn active_instance(client: &tokio_postgres::Client) -> Option<String> {
 #[tokio::test(flavor = "multi_thread")]
 async fn two_instances_keep_order_and_fail_over() {
     // given two relay instances against the same table
-    let s = Setup::polling("").await;
+    let s = Setup::polling(|config| config).await;
     let client = s.db.client().await;
     create_aggregates(&client, 50).await;
     let consumer = consumer(&[&s.topic]);
@@ -231,7 +230,7 @@ async fn poison_rows_are_dead_lettered_and_the_rest_flows() {
     // given a relay with a short metadata wait that does not ask the broker to create topics
     // (the test broker, as Kafka's default, creates any topic a producer's metadata request
     // allows it to), and rows that cannot be published among good ones
-    let s = Setup::polling("").await;
+    let s = Setup::polling(|config| config).await;
     let text = std::fs::read_to_string(s.config()).unwrap().replace(
         "[kafka]\n",
         "[kafka]\nproperties = { \"topic.metadata.propagation.max.ms\" = \"3000\", \"allow.auto.create.topics\" = \"false\" }\n",
@@ -303,7 +302,7 @@ async fn poison_rows_are_dead_lettered_and_the_rest_flows() {
 #[tokio::test(flavor = "multi_thread")]
 async fn block_policy_stops_at_the_poison_row_until_it_is_fixed() {
     // given on_poison = "block" and a NULL aggregate id between two good rows
-    let s = Setup::polling("on_poison = \"block\"\n").await;
+    let s = Setup::polling(|config| config.set("polling", "on_poison", "block")).await;
     let client = s.db.client().await;
     client.batch_execute("ALTER TABLE outbox_events ALTER COLUMN aggregate_id DROP NOT NULL").await.unwrap();
     for aggregate_id in [Some("before"), None, Some("after")] {
@@ -345,9 +344,7 @@ async fn block_policy_stops_at_the_poison_row_until_it_is_fixed() {
 #[tokio::test(flavor = "multi_thread")]
 async fn debezium_style_table_relays_with_column_names_changed() {
     // given a Debezium-layout table and only column names changed in the config
-    let config = "[outbox]\ntable = \"outboxevent\"\n[outbox.columns]\naggregate_type = \"aggregatetype\"\n\
-                  aggregate_id = \"aggregateid\"\nevent_type = \"type\"\nheaders = \"\"\ntopic = \"\"\ncreated_at = \"\"\n";
-    let s = Setup::polling(config).await;
+    let s = Setup::polling(RelayToml::debezium_table).await;
     let client = s.db.client().await;
     client
         .batch_execute(
@@ -393,7 +390,7 @@ async fn debezium_style_table_relays_with_column_names_changed() {
 #[tokio::test(flavor = "multi_thread")]
 async fn mark_mode_sets_published_at_and_publishes_once() {
     // given after_publish = "mark"
-    let s = Setup::polling("after_publish = \"mark\"\n").await;
+    let s = Setup::polling(|config| config.set("polling", "after_publish", "mark")).await;
     let client = s.db.client().await;
     create_aggregates(&client, 5).await;
     let mut writer = s.db.client().await;
@@ -421,7 +418,7 @@ async fn mark_mode_sets_published_at_and_publishes_once() {
 #[tokio::test(flavor = "multi_thread")]
 async fn postgres_session_terminated_mid_run_loses_nothing() {
     // given a relay publishing while a writer writes
-    let s = Setup::polling("").await;
+    let s = Setup::polling(|config| config).await;
     let client = s.db.client().await;
     create_aggregates(&client, 20).await;
     let consumer = consumer(&[&s.topic]);

@@ -9,12 +9,7 @@ use common::*;
 use tokio_postgres::Client;
 
 async fn setup() -> Setup {
-    Setup::create(&services().kafka, "", true, |slot| {
-        format!(
-            "[source]\nmode = \"replication\"\n[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n"
-        )
-    })
-    .await
+    Setup::create(&services().kafka, "", true, RelayToml::replication).await
 }
 
 async fn insert(client: &Client, s: &Setup, table: &str, key: &str) {
@@ -27,12 +22,6 @@ async fn insert(client: &Client, s: &Setup, table: &str, key: &str) {
         )
         .await
         .unwrap();
-}
-
-/// Row filters and column lists are PostgreSQL 15+ syntax: before 15, a publication cannot
-/// narrow a table that way, so there is nothing to test.
-fn needs_15(alter: &str) -> bool {
-    alter.contains("WHERE") || alter.contains("event_type)")
 }
 
 /// Starts a relay that lingers after a fatal error, so its metrics can be read.
@@ -61,16 +50,6 @@ const LEAVES_THE_STREAM: &[(&str, Option<&str>, &[Verdict])] = &[
         &[("publication", "does not publish inserts")],
     ),
     (
-        "ALTER PUBLICATION {p} SET TABLE outbox_events WHERE (aggregate_id <> 'x')",
-        Some("outbox_events"),
-        &[("publication", "has a row filter")],
-    ),
-    (
-        "ALTER PUBLICATION {p} SET TABLE outbox_events (id, aggregate_type, aggregate_id, event_type)",
-        Some("outbox_events"),
-        &[("publication", "not payload")],
-    ),
-    (
         "ALTER TABLE outbox_events RENAME TO outbox_old",
         Some("outbox_old"),
         &[TABLE_GONE, ("outbox_changed", "is now public.outbox_old")],
@@ -85,15 +64,39 @@ const LEAVES_THE_STREAM: &[(&str, Option<&str>, &[Verdict])] = &[
     ("DROP TABLE outbox_events CASCADE", None, &[TABLE_GONE]),
 ];
 
+/// The publication narrowed to less than every insert, by a row filter or a column list
+/// (PostgreSQL 15+ syntax: before 15 a publication cannot narrow a table).
+const NARROWED: &[(&str, Option<&str>, &[Verdict])] = &[
+    (
+        "ALTER PUBLICATION {p} SET TABLE outbox_events WHERE (aggregate_id <> 'x')",
+        Some("outbox_events"),
+        &[("publication", "has a row filter")],
+    ),
+    (
+        "ALTER PUBLICATION {p} SET TABLE outbox_events (id, aggregate_type, aggregate_id, event_type)",
+        Some("outbox_events"),
+        &[("publication", "not payload")],
+    ),
+];
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_outbox_leaving_the_stream_stops_the_relay_before_it_confirms_past_it() {
-    for (alter, table, verdicts) in LEAVES_THE_STREAM {
+    leaves_the_stream(LEAVES_THE_STREAM).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_narrowed_publication_stops_the_relay_before_it_confirms_past_it_since_pg15() {
+    require_major(15).await;
+    leaves_the_stream(NARROWED).await;
+}
+
+/// For each case: the relay stops loudly with one of its verdicts, never confirming past the
+/// change.
+async fn leaves_the_stream(cases: &[(&str, Option<&str>, &[Verdict])]) {
+    for (alter, table, verdicts) in cases {
         // given a streaming relay that has published an event
         let s = setup().await;
         let client = s.db.client().await;
-        if needs_15(alter) && server_version(&client).await < 150_000 {
-            continue;
-        }
         let consumer = consumer(&[&s.topic]);
         let mut relay = start(&s);
         relay.wait_ready("active").await;
@@ -132,6 +135,40 @@ async fn the_outbox_leaving_the_stream_stops_the_relay_before_it_confirms_past_i
 
 #[tokio::test(flavor = "multi_thread")]
 async fn check_fails_a_publication_that_would_not_deliver_every_insert() {
+    check_fails(|publication| {
+        vec![
+            (format!("ALTER PUBLICATION {publication} SET (publish = 'update')"), "does not publish inserts"),
+            (
+                format!(
+                    "ALTER PUBLICATION {publication} SET (publish = 'insert'); ALTER PUBLICATION {publication} SET TABLE outbox_dead_letter"
+                ),
+                "does not include public.outbox_events",
+            ),
+        ]
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn check_fails_a_publication_narrowed_by_a_row_filter_or_a_column_list_since_pg15() {
+    require_major(15).await;
+    check_fails(|publication| {
+        vec![
+            (format!("ALTER PUBLICATION {publication} SET TABLE outbox_events WHERE (aggregate_id <> 'x')"), "row filter"),
+            (
+                format!(
+                    "ALTER PUBLICATION {publication} SET TABLE outbox_events (id, aggregate_type, aggregate_id, event_type)"
+                ),
+                "not payload",
+            ),
+        ]
+    })
+    .await;
+}
+
+/// `check` passes a publication of every insert, then fails it after each of `changes` (with
+/// `$publication` its name: SQL, and what the FAIL line says).
+async fn check_fails(changes: impl FnOnce(&str) -> Vec<(String, &'static str)>) {
     let s = setup().await;
     let client = s.db.client().await;
     let publication = format!("p_{}", s.slot);
@@ -150,30 +187,7 @@ async fn check_fails_a_publication_that_would_not_deliver_every_insert() {
     let (code, line) = check();
     assert!(code == 0 && line.starts_with("OK"), "{line}");
 
-    for (alter, says) in [
-        (format!("ALTER PUBLICATION {publication} SET (publish = 'update')"), "does not publish inserts"),
-        (
-            format!(
-                "ALTER PUBLICATION {publication} SET (publish = 'insert'); ALTER PUBLICATION {publication} SET TABLE outbox_events WHERE (aggregate_id <> 'x')"
-            ),
-            "row filter",
-        ),
-        (
-            format!(
-                "ALTER PUBLICATION {publication} SET TABLE outbox_events (id, aggregate_type, aggregate_id, event_type)"
-            ),
-            "not payload",
-        ),
-        (
-            format!(
-                "ALTER PUBLICATION {publication} SET (publish = 'insert'); ALTER PUBLICATION {publication} SET TABLE outbox_dead_letter"
-            ),
-            "does not include public.outbox_events",
-        ),
-    ] {
-        if needs_15(&alter) && server_version(&client).await < 150_000 {
-            continue;
-        }
+    for (alter, says) in changes(&publication) {
         client.batch_execute(&alter).await.unwrap();
         let (code, line) = check();
         assert!(code == 1 && line.starts_with("FAIL") && line.contains(says), "{alter}: {line}");

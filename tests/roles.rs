@@ -6,10 +6,10 @@ use crate::common;
 use common::workload::insert_event;
 use common::*;
 
-/// A relay test whose relay logs in as `role`.
-async fn setup_as(role: &str, config: &str) -> Setup {
+/// A relay test whose relay logs in as `role`, in `mode`, its configuration changed by `more`.
+async fn setup_as(role: &str, mode: &str, more: impl FnOnce(RelayToml) -> RelayToml) -> Setup {
     let s = Setup::create(&services().kafka, "", true, |slot| {
-        format!("[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n{config}")
+        more(RelayToml::replication(slot).set("source", "mode", mode))
     })
     .await;
     let text = std::fs::read_to_string(s.config()).unwrap();
@@ -34,10 +34,9 @@ fn check(s: &Setup) -> (i32, String) {
 async fn the_polling_role_relays_in_both_release_modes_without_replication() {
     for after_publish in ["delete", "mark"] {
         // given the polling role, which has no REPLICATION attribute
-        let s = setup_as(
-            "outbox_relay_polling",
-            &format!("[source]\nmode = \"polling\"\n[polling]\nafter_publish = \"{after_publish}\"\npoll_interval_ms = 200\n"),
-        )
+        let s = setup_as("outbox_relay_polling", "polling", |config| {
+            config.set("polling", "after_publish", after_publish).set("polling", "poll_interval_ms", 200)
+        })
         .await;
         let admin = s.db.client().await;
         let replication: bool = admin
@@ -77,7 +76,7 @@ async fn the_polling_role_relays_in_both_release_modes_without_replication() {
 async fn the_replication_role_relays_without_changing_the_outbox() {
     // given the replication role, which may not delete or update outbox rows, and the
     // publication created by the table's owner
-    let s = setup_as("outbox_relay", "[source]\nmode = \"replication\"\n").await;
+    let s = setup_as("outbox_relay", "replication", |config| config).await;
     let admin = s.db.client().await;
     let row = admin
         .query_one(
@@ -111,11 +110,9 @@ async fn the_replication_role_relays_without_changing_the_outbox() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn check_names_the_missing_privilege_and_its_grant() {
-    let s = setup_as(
-        "outbox_relay_polling",
-        "[source]\nmode = \"polling\"\n[polling]\nafter_publish = \"mark\"\n",
-    )
-    .await;
+    let s =
+        setup_as("outbox_relay_polling", "polling", |config| config.set("polling", "after_publish", "mark"))
+            .await;
     let admin = s.db.client().await;
     admin
         .batch_execute("REVOKE UPDATE (published_at) ON outbox_events FROM outbox_relay_polling")
@@ -136,7 +133,7 @@ async fn check_names_the_missing_privilege_and_its_grant() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn check_fails_a_dead_letter_table_the_relay_cannot_write() {
-    let s = setup_as("outbox_relay_polling", "[source]\nmode = \"polling\"\n").await;
+    let s = setup_as("outbox_relay_polling", "polling", |config| config).await;
     let (code, out) = check(&s);
     assert!(code == 0 && out.contains("OK   dead_letter.table"), "{out}");
 

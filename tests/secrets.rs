@@ -32,12 +32,7 @@ fn assert_clean(what: &str, text: &str) {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sentinel_password_appears_nowhere() {
     // given a secret in every place one can be given
-    let s = Setup::create(&services().kafka, "", true, |slot| {
-        format!(
-            "[source]\nmode = \"replication\"\n[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n"
-        )
-    })
-    .await;
+    let s = Setup::create(&services().kafka, "", true, RelayToml::replication).await;
     let secrets = s.dir.path().join("kafka.properties");
     std::fs::write(&secrets, format!("ssl.key.password={SENTINEL}-file\n")).unwrap();
     let config = std::fs::read_to_string(s.config()).unwrap().replacen(

@@ -15,7 +15,7 @@ use tokio_postgres::Client;
 /// A streaming setup on a fresh server started with `env`; the relay has published one event
 /// and stopped, and a second event was written after it.
 async fn published_then_stopped(env: &[(&str, &str)]) -> (HashMap<String, String>, Setup, Client) {
-    let (server, s) = on_own_server(env, "").await;
+    let (server, s) = on_own_server(env, |config| config).await;
     let client = s.db.client().await;
     let consumer = consumer(&[&s.topic]);
     let mut relay = s.start("relay");
@@ -27,15 +27,16 @@ async fn published_then_stopped(env: &[(&str, &str)]) -> (HashMap<String, String
     (server, s, client)
 }
 
-/// A streaming setup (its configuration ending with `extra`) on a fresh server started with
+/// A streaming setup (its configuration changed by `more`) on a fresh server started with
 /// `env`.
-async fn on_own_server(env: &[(&str, &str)], extra: &str) -> (HashMap<String, String>, Setup) {
+async fn on_own_server(
+    env: &[(&str, &str)],
+    more: impl FnOnce(RelayToml) -> RelayToml,
+) -> (HashMap<String, String>, Setup) {
     let server = hold("hold-postgres", env);
     let db = TestDb::create_at(&server["OUTBOX_RELAY_TEST_PG_URL"], "", true).await;
-    let s = Setup::create_on(db, &services().kafka, "", true, |slot| {
-        format!("[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n{extra}")
-    })
-    .await;
+    let s =
+        Setup::create_on(db, &services().kafka, "", true, |slot| more(RelayToml::replication(slot))).await;
     (server, s)
 }
 
@@ -96,12 +97,9 @@ async fn a_slot_invalidated_for_removed_wal_is_refused_naming_the_setting() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_slot_invalidated_for_idling_is_refused_naming_the_timeout() {
-    let version = shared_server_version().await;
-    if version < 180_000 {
-        eprintln!("PostgreSQL {version} has no idle_replication_slot_timeout");
-        return;
-    }
+async fn a_slot_invalidated_for_idling_is_refused_naming_the_timeout_since_pg18() {
+    // (idle_replication_slot_timeout is new in 18)
+    require_major(18).await;
     // given a relay stopped, its slot idle, on a server whose slots may idle 1 s
     let (_server, s, client) = published_then_stopped(&[]).await;
     client.batch_execute("ALTER SYSTEM SET idle_replication_slot_timeout = '1s'").await.unwrap();
@@ -123,7 +121,7 @@ async fn a_lost_slot_recovered_with_skip_published_sends_only_what_kafka_lacks_a
     // given a relay with the read-back off (dedup.enabled = false) that published 200 events and
     // stopped, 50 more written meanwhile, on a server that keeps at most 1 MB of WAL for slots
     let env = [("OUTBOX_PG_EXTRA_OPTS", "-c max_slot_wal_keep_size=1MB")];
-    let (_server, s) = on_own_server(&env, "[dedup]\nenabled = false\n").await;
+    let (_server, s) = on_own_server(&env, |config| config.set("dedup", "enabled", false)).await;
     let client = s.db.client().await;
     let consumer = consumer(&[&s.topic]);
     let mut relay = s.start("relay");

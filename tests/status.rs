@@ -26,10 +26,7 @@ fn line<'a>(report: &'a str, key: &str) -> &'a str {
 #[tokio::test(flavor = "multi_thread")]
 async fn replication_status_shows_the_slot_its_holder_and_the_relay_s_own_view() {
     // given a streaming relay that published events
-    let s = Setup::create(&services().kafka, "", true, |slot| {
-        format!("[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n")
-    })
-    .await;
+    let s = Setup::create(&services().kafka, "", true, RelayToml::replication).await;
     let mut relay = s.start("relay");
     relay.wait_ready("active").await;
     insert_event(&s.db.client().await, &s.aggregate_type, Some("a-1")).await;
@@ -71,7 +68,7 @@ async fn replication_status_shows_the_slot_its_holder_and_the_relay_s_own_view()
 #[tokio::test(flavor = "multi_thread")]
 async fn polling_status_shows_the_backlog_and_its_oldest_row() {
     // given a polling relay that is not running, and three unpublished rows
-    let s = Setup::create(&services().kafka, "", true, |_| "[source]\nmode = \"polling\"\n".into()).await;
+    let s = Setup::create(&services().kafka, "", true, |_| RelayToml::mode("polling")).await;
     let client = s.db.client().await;
     for _ in 0..3 {
         insert_event(&client, &s.aggregate_type, Some("a-1")).await;

@@ -11,11 +11,11 @@ use serde_json::Value;
 
 const EVENTS: usize = 300;
 
-fn config(mode: &str) -> impl FnOnce(&str) -> String {
+fn config(mode: &str) -> impl FnOnce(&str) -> RelayToml {
     let mode = mode.to_string();
     move |slot| match mode.as_str() {
-        "polling" => "[source]\nmode = \"polling\"\n[polling]\nafter_publish = \"mark\"\n".into(),
-        _ => format!("[replication]\nslot = \"{slot}\"\npublication = \"p_{slot}\"\n"),
+        "polling" => RelayToml::mode("polling").set("polling", "after_publish", "mark"),
+        _ => RelayToml::replication(slot),
     }
 }
 

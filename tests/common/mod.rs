@@ -11,6 +11,7 @@
 #![allow(dead_code)]
 
 pub mod broker;
+pub mod config;
 pub mod http;
 pub mod mock;
 pub mod process;
@@ -30,6 +31,8 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Headers, Message};
 use tokio_postgres::{Client, NoTls};
+
+pub use config::RelayToml;
 
 pub struct Services {
     pub pg_url: String,
@@ -294,6 +297,23 @@ pub async fn shared_server_version() -> i32 {
     server_version(&connect(&services().pg_url).await).await
 }
 
+/// The gate of a test that needs PostgreSQL `major` or later. Such a test is named
+/// `..._since_pg<major>`, and `deploy/local/test` skips it on older majors, so the runner
+/// reports it skipped there: a gate that returned early would be a pass that tested nothing.
+/// Run on an older server anyway (a filter of one's own), it fails, saying so.
+pub async fn require_major(major: i32) {
+    let name = std::thread::current().name().unwrap_or_default().to_string();
+    assert!(
+        name.ends_with(&format!("_since_pg{major}")),
+        "{name}: a test gated on PostgreSQL {major} must be named *_since_pg{major}, for the runner to skip it on older majors"
+    );
+    let version = shared_server_version().await;
+    assert!(
+        version >= major * 10_000,
+        "{name} needs PostgreSQL {major} or later, and the server is {version}: deploy/local/test skips it there"
+    );
+}
+
 /// `slot`'s confirmed_flush_lsn, as a byte offset.
 pub async fn slot_confirmed_flush(client: &Client, slot: &str) -> i64 {
     client
@@ -409,13 +429,20 @@ pub async fn consume(consumer: &StreamConsumer, expected: usize, idle: Duration)
 }
 
 /// Writes a relay config file for `db` and the test broker; returns its path.
-pub fn write_config(dir: &Path, db: &TestDb, extra: &str) -> PathBuf {
+pub fn write_config(dir: &Path, db: &TestDb, extra: impl Display) -> PathBuf {
     write_config_with(dir, db, &services().kafka, "", extra)
 }
 
 /// As [`write_config`], with the brokers and extra lines for the `[kafka]` section given.
-pub fn write_config_with(dir: &Path, db: &TestDb, brokers: &str, kafka_extra: &str, extra: &str) -> PathBuf {
+pub fn write_config_with(
+    dir: &Path,
+    db: &TestDb,
+    brokers: &str,
+    kafka_extra: &str,
+    extra: impl Display,
+) -> PathBuf {
     let (host, port, user) = db.pg_parts();
+    let extra = extra.to_string();
     // many relays run at once in the tests: each gets an ephemeral metrics port unless the
     // test asks for one
     let metrics = if extra.contains("[metrics]") {
@@ -476,22 +503,22 @@ pub struct Setup {
 
 impl Setup {
     /// `config(slot)` gives the configuration below the `[postgres]` and `[kafka]` sections.
-    pub async fn create(
+    pub async fn create<C: Display>(
         brokers: &str,
         kafka_extra: &str,
         create: bool,
-        config: impl FnOnce(&str) -> String,
+        config: impl FnOnce(&str) -> C,
     ) -> Setup {
         Self::create_on(TestDb::new().await, brokers, kafka_extra, create, config).await
     }
 
     /// As [`Setup::create`], on the database `db`.
-    pub async fn create_on(
+    pub async fn create_on<C: Display>(
         db: TestDb,
         brokers: &str,
         kafka_extra: &str,
         create: bool,
-        config: impl FnOnce(&str) -> String,
+        config: impl FnOnce(&str) -> C,
     ) -> Setup {
         let aggregate_type = format!("t{}", random_suffix());
         let topic = format!("outbox.event.{aggregate_type}");
@@ -500,7 +527,7 @@ impl Setup {
         }
         let slot = format!("s_{}", random_suffix());
         let dir = tempfile::tempdir().unwrap();
-        write_config_with(dir.path(), &db, brokers, kafka_extra, &config(&slot));
+        write_config_with(dir.path(), &db, brokers, kafka_extra, config(&slot));
         Setup { db, dir, aggregate_type, topic, slot }
     }
 
@@ -510,10 +537,10 @@ impl Setup {
 
     /// As [`Setup::create`], on librdkafka's mock cluster with [`QUICK_KAFKA_SETTINGS`];
     /// the topic is created there with `partitions`.
-    pub async fn on_mock(
+    pub async fn on_mock<C: Display>(
         mock: &mock::MockKafka,
         partitions: i32,
-        config: impl FnOnce(&str) -> String,
+        config: impl FnOnce(&str) -> C,
     ) -> Setup {
         let s = Self::create(&mock.brokers(), QUICK_KAFKA_SETTINGS, false, config).await;
         mock.create_topic(&s.topic, partitions);
