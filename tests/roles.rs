@@ -3,6 +3,7 @@
 
 use crate::common;
 
+use common::service::apply_examples;
 use common::workload::insert_event;
 use common::*;
 
@@ -147,4 +148,68 @@ async fn check_fails_a_dead_letter_table_the_relay_cannot_write() {
     let (code, out) = check(&s);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("does not exist") && out.contains("sql/004_dead_letter.sql"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn no_writer_chooses_an_event_id_the_owner_included() {
+    // given the outbox with the example roles, a real event written by the order service's role
+    let db = TestDb::new().await;
+    let owner = db.client().await;
+    apply_examples(&owner, &["orders", "idempotency", "ledger", "roles"]).await;
+    let (host, port, _) = db.pg_parts();
+    let writer = connect(&format!("postgres://orders_service@{host}:{port}/{}", db.name)).await;
+    // (no RETURNING: the writer may not read the outbox)
+    let insert = "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+                  VALUES ('order', 'real', 'E', '{}')";
+    let newest_real = "SELECT max(id) FROM outbox_events WHERE aggregate_id = 'real'";
+    writer.batch_execute(insert).await.unwrap();
+    let real: i64 = owner.query_one(newest_real, &[]).await.unwrap().get(0);
+
+    // when the writer names an id (OVERRIDING SYSTEM VALUE) or a created_at, then it is refused
+    for forged in [
+        format!(
+            "INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, payload) \
+             OVERRIDING SYSTEM VALUE VALUES ({}, 'order', 'forged', 'E', '{{}}')",
+            real + 2
+        ),
+        "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, created_at) \
+         VALUES ('order', 'forged', 'E', '{}', now() - interval '1 day')"
+            .to_string(),
+    ] {
+        let error = writer.batch_execute(&forged).await.expect_err(&forged);
+        let message = error.as_db_error().map(|e| e.message().to_string()).unwrap_or(error.to_string());
+        assert!(message.contains("permission denied"), "{forged}: {message}");
+    }
+
+    // and when the owner names the real event's id under another created_at, and the id the
+    // sequence gave before the trigger (one more), each row gets the sequence's id instead, so
+    // the next real event takes none of them
+    let next = real + 1;
+    let mut given = Vec::new();
+    for (id, created_at) in [(real, "now() - interval '1 hour'"), (next, "now()")] {
+        let row = owner
+            .query_one(
+                &format!(
+                    "INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, payload, created_at) \
+                     OVERRIDING SYSTEM VALUE VALUES ({id}, 'order', 'forged', 'E', '{{}}', {created_at}) RETURNING id"
+                ),
+                &[],
+            )
+            .await
+            .unwrap();
+        given.push(row.get::<_, i64>(0));
+    }
+    assert!(!given.contains(&real), "the real event's id was taken: {given:?} (real {real})");
+    writer.batch_execute(insert).await.unwrap();
+    let next_real: i64 = owner.query_one(newest_real, &[]).await.unwrap().get(0);
+    let ids: Vec<i64> = owner
+        .query("SELECT id FROM outbox_events ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let unique: std::collections::HashSet<_> = ids.iter().collect();
+    assert_eq!(unique.len(), 4, "every event has an id of its own: {ids:?}");
+    assert!(next_real > real && !given.contains(&next_real), "{ids:?}");
 }

@@ -1,0 +1,39 @@
+-- Event ids come from the outbox's sequence, never from a writer.
+--
+-- The primary key is (id, created_at) (the partition key must be in it), so it does not stop a
+-- row that reuses a real event's id under another created_at, and any role with INSERT may
+-- write `OVERRIDING SYSTEM VALUE` with an id of its choice: the next one, to make the real event
+-- look like a duplicate to a consumer that keys its inbox on the id. This trigger gives every
+-- new row the sequence's next value, whatever the insert said, for every role, the table owner's
+-- included. (A plain insert naming id is refused by the identity column already; the trigger
+-- closes OVERRIDING SYSTEM VALUE.) sql/examples/roles.sql also grants writers INSERT on
+-- the event's columns only.
+--
+-- Cost: one more nextval per row (the identity default's value is replaced, so ids advance by
+-- two) and a PL/pgSQL call. An import that must keep its ids (a migration from another outbox)
+-- disables the trigger for its session's transaction as the table owner:
+--   ALTER TABLE outbox_events DISABLE TRIGGER outbox_events_assign_id; ... ENABLE TRIGGER ...
+-- (SECURITY DEFINER: a writer needs no privilege on the sequence, as with the identity default;
+-- the sequence's name comes qualified from the trigger's argument)
+CREATE OR REPLACE FUNCTION outbox_events_assign_id() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
+BEGIN
+    NEW.id := nextval(TG_ARGV[0]::regclass);
+    RETURN NEW;
+END
+$$;
+
+DO $$
+DECLARE
+    sequence text := pg_get_serial_sequence('outbox_events', 'id');
+BEGIN
+    IF sequence IS NULL THEN
+        RAISE NOTICE 'outbox_events.id has no sequence (a uuid id?): no id trigger';
+        RETURN;
+    END IF;
+    EXECUTE 'DROP TRIGGER IF EXISTS outbox_events_assign_id ON outbox_events';
+    EXECUTE format(
+        'CREATE TRIGGER outbox_events_assign_id BEFORE INSERT ON outbox_events '
+        'FOR EACH ROW EXECUTE FUNCTION outbox_events_assign_id(%L)', sequence);
+END
+$$;
