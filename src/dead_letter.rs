@@ -20,7 +20,6 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tokio_postgres::GenericClient;
 
 use crate::config::{OnPoison, RelayConfig, RetryConfig};
@@ -28,7 +27,7 @@ use crate::error::RelayError;
 use bytes::{BufMut, BytesMut};
 use tokio_postgres::types::{IsNull, ToSql, Type, accepts, to_sql_checked};
 
-use crate::backoff::{Backoff, wait_or_shutdown};
+use crate::backoff::Backoff;
 use crate::delivery::record::{KafkaRecord, OutboxRow, Unpublishable};
 use crate::observe::metrics::{Mode, metrics};
 use crate::observe::pulse::Pulse;
@@ -238,18 +237,6 @@ impl Hold {
     /// The next retry's delay (capped backoff).
     pub fn next_delay(&mut self) -> Duration {
         self.backoff.next_delay()
-    }
-
-    /// Waits for the next retry, reporting the event again; `false` when shutdown came first.
-    pub async fn wait(&mut self, pulse: &Pulse, shutdown: &mut watch::Receiver<bool>) -> bool {
-        let delay = self.next_delay();
-        wait_or_shutdown(delay, shutdown).await;
-        pulse.tick();
-        if *shutdown.borrow() {
-            return false;
-        }
-        self.report(pulse);
-        true
     }
 
     /// The event was published after all, or its row left the outbox.

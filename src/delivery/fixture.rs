@@ -10,6 +10,7 @@ use tokio::sync::watch;
 use super::Delivery;
 use crate::config::RelayConfig;
 use crate::dead_letter::DeadLetters;
+use crate::delivery::record::OutboxRow;
 use crate::observe::health::{Health, Phase};
 use crate::observe::metrics::Mode;
 use crate::observe::pulse::Pulse;
@@ -57,5 +58,18 @@ impl Fixture {
             &self.pulse,
             Mode::Replication,
         )
+    }
+}
+
+/// An outbox row with id `id` that maps to a record of that id (under the default outbox
+/// configuration); `!7` is row 7 when it cannot map (it has no aggregate id).
+pub(crate) fn outbox_row(id: &str) -> OutboxRow {
+    OutboxRow {
+        id: Some(id.trim_start_matches('!').to_string()),
+        aggregate_type: Some("order".into()),
+        aggregate_id: (!id.starts_with('!')).then(|| "42".into()),
+        event_type: Some("OrderPlaced".into()),
+        payload: Some("{}".into()),
+        ..OutboxRow::default()
     }
 }

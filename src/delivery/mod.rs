@@ -16,9 +16,13 @@
 //! - records go to the sink in the order they are handed over; the stage keeps each in flight
 //!   until its report, and says how many records and bytes are in flight, for the source's
 //!   bounds;
-//! - while held, the first refused record is sent again at the hold's backoff until Kafka
-//!   takes it (it then settles `Acked`), then the next; a row that cannot map is reported again
-//!   at backoff and stays held until the relay restarts with another policy;
+//! - while held, the first refused record (in send order, whatever the order of the reports) is
+//!   sent again at the hold's backoff until Kafka takes it (it then settles `Acked`), then the
+//!   next; a row that cannot map is reported again at backoff and stays held until the relay
+//!   restarts with another policy, unless the source reads it again fixed (polling:
+//!   [`Delivery::retry_held_as`]);
+//! - a hold and Kafka's silence outlive a session only when the source carries them over
+//!   ([`Delivery::carry`], [`Delivery::resume`]);
 //! - the stall watch sees exactly the records in flight.
 //!
 //! Room for what comes next: a Kafka transaction spanning whole source transactions is a
@@ -63,17 +67,35 @@ pub(crate) enum Settled<P> {
     Held(P),
 }
 
+/// A record Kafka refused, held.
+struct Refused<P> {
+    /// Its number when first sent: the held records keep their send order.
+    seq: usize,
+    position: P,
+    record: KafkaRecord,
+}
+
 /// Held at an unpublishable event.
 struct Held<P> {
     /// Reports the first unpublishable event and paces the retries.
     hold: Hold,
-    /// Records Kafka refused, in the order they were sent; the first is sent again first.
-    refused: VecDeque<(P, KafkaRecord)>,
-    /// A row that can never map was handed over: only a restart with another policy moves on.
-    unmapped: bool,
-    /// The number of the resend of `refused[0]` in flight.
-    resending: Option<usize>,
+    /// Records Kafka refused, in the order they were first sent (not the order of their
+    /// reports); the first is sent again first.
+    refused: VecDeque<Refused<P>>,
+    /// The id of a row that cannot map, handed over after `refused`: in the stream and the copy
+    /// only a restart with another policy moves on; polling reads the row again at each retry.
+    unmapped: Option<String>,
+    /// The resend in flight: its number, and the first number of the record it resends.
+    resending: Option<(usize, usize)>,
     next_try: tokio::time::Instant,
+}
+
+/// What a stage leaves to its source's next session (polling's): the hold, whose backoff keeps
+/// growing, and since when Kafka has acknowledged nothing, so a claim abandoned at its deadline
+/// and sent again does not restart the silence.
+pub(crate) struct Carried<P> {
+    held: Option<Held<P>>,
+    silent_since: Option<Instant>,
 }
 
 pub(crate) struct Delivery<'a, S: Sink, P> {
@@ -157,7 +179,8 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
         clock: &Clock,
     ) -> Result<Option<Settled<P>>, RelayError> {
         let Some(Sent { position, event, at, .. }) = self.in_flight.take(report.seq) else { return Ok(None) };
-        let resent = self.held.as_ref().is_some_and(|h| h.resending == Some(report.seq));
+        let resent =
+            self.held.as_ref().is_some_and(|h| h.resending.is_some_and(|(seq, _)| seq == report.seq));
         let Err(e) = report.outcome else {
             self.stall.progressed(clock.now, self.pulse);
             self.pulse.progressed();
@@ -178,7 +201,8 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
                 Ok(None)
             }
             PublishError::Permanent(reason) if self.dead_letters.blocks() => {
-                self.hold(DeadLetter::refused(event.clone(), reason), Some((position.clone(), event)));
+                let refused = Refused { seq: report.seq, position: position.clone(), record: event.clone() };
+                self.hold(DeadLetter::refused(event, reason), Some(refused));
                 Ok(Some(Settled::Held(position)))
             }
             PublishError::Permanent(reason) => {
@@ -187,20 +211,26 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
         }
     }
 
-    /// Starts holding (or adds a refused record to the hold).
-    fn hold(&mut self, letter: DeadLetter, refused: Option<(P, KafkaRecord)>) {
-        let unmapped = refused.is_none();
-        let held = self.held.get_or_insert_with(|| Held {
-            hold: self.dead_letters.hold(letter, self.pulse),
-            refused: VecDeque::new(),
-            unmapped: false,
-            resending: None,
-            next_try: tokio::time::Instant::now(),
-        });
-        held.unmapped |= unmapped;
-        held.refused.extend(refused);
-        if held.refused.len() + usize::from(held.unmapped) == 1 {
-            held.next_try = tokio::time::Instant::now() + held.hold.next_delay();
+    /// Starts holding (or adds to the hold: a refused record in its send order, which says so
+    /// when it is now the first held event).
+    fn hold(&mut self, letter: DeadLetter, refused: Option<Refused<P>>) {
+        let Some(held) = self.held.as_mut() else {
+            let unmapped = refused.is_none().then(|| letter.id.clone());
+            let mut hold = self.dead_letters.hold(letter, self.pulse);
+            let next_try = tokio::time::Instant::now() + hold.next_delay();
+            let refused = refused.into_iter().collect();
+            self.held = Some(Held { hold, refused, unmapped, resending: None, next_try });
+            return;
+        };
+        let Some(refused) = refused else {
+            held.unmapped = Some(letter.id);
+            return;
+        };
+        let place = held.refused.partition_point(|r| r.seq < refused.seq);
+        held.refused.insert(place, refused);
+        if place == 0 {
+            held.hold.letter = letter;
+            held.hold.report(self.pulse);
         }
     }
 
@@ -220,27 +250,104 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
 
     /// Sends the first refused record again, or reports the held row again.
     pub(crate) async fn retry_held(&mut self) {
-        let held = self.held.as_mut().expect("held");
-        held.next_try = tokio::time::Instant::now() + held.hold.next_delay();
-        match held.refused.front().cloned() {
-            Some((position, event)) => {
-                tracing::info!(event_id = %event.id, "sending the held record again");
-                let seq = self.enqueue(position, event, Instant::now()).await;
-                self.held.as_mut().expect("held").resending = Some(seq);
-            }
-            None => held.hold.report(self.pulse),
-        }
+        let first = self.held.as_ref().expect("held").refused.front();
+        let first = first.map(|r| (r.position.clone(), r.record.clone()));
+        self.retry_held_as(first).await
     }
 
-    /// The first refused record was taken: move on to the next, or stop holding.
+    /// Retries the hold with the first held event as the source read it again (polling claims
+    /// its row anew: the operator may have fixed it): `Some` is sent in its place, `None` (the
+    /// row still cannot map, or another session locks it) reports the hold again.
+    pub(crate) async fn retry_held_as(&mut self, first: Option<(P, KafkaRecord)>) {
+        let held = self.held.as_mut().expect("held");
+        held.next_try = tokio::time::Instant::now() + held.hold.next_delay();
+        let Some((position, record)) = first else { return held.hold.report(self.pulse) };
+        tracing::info!(event_id = %record.id, "sending the held record again");
+        let first_seq = match held.refused.front_mut() {
+            Some(front) => {
+                (front.position, front.record) = (position.clone(), record.clone());
+                front.seq
+            }
+            None => {
+                // the row that could not map maps now (polling read it again): it is sent
+                held.unmapped = None;
+                held.refused.push_back(Refused {
+                    seq: 0,
+                    position: position.clone(),
+                    record: record.clone(),
+                });
+                0
+            }
+        };
+        let seq = self.enqueue(position, record, Instant::now()).await;
+        self.held.as_mut().expect("held").resending = Some((seq, first_seq));
+    }
+
+    /// The record being sent again was taken: move on to the next held event, or stop holding.
     fn resent_accepted(&mut self) {
         let held = self.held.as_mut().expect("held");
-        held.refused.pop_front();
-        held.resending = None;
-        if held.refused.is_empty() && !held.unmapped {
+        let (_, first_seq) = held.resending.take().expect("a resend");
+        held.refused.retain(|r| r.seq != first_seq);
+        self.release_if_done();
+    }
+
+    /// The first held event left the source without being sent (polling: its row was deleted,
+    /// or Kafka or the dead-letter table turned out to hold it): move on to the next, or stop
+    /// holding.
+    pub(crate) fn held_gone(&mut self) {
+        let held = self.held.as_mut().expect("held");
+        if held.refused.pop_front().is_none() {
+            held.unmapped = None;
+        }
+        self.release_if_done();
+    }
+
+    fn release_if_done(&mut self) {
+        if self.held.as_ref().is_some_and(|h| h.refused.is_empty() && h.unmapped.is_none()) {
             let held = self.held.take().expect("held");
             held.hold.release(self.pulse);
         }
+    }
+
+    /// The id of the first held event: the one the source must read again first.
+    pub(crate) fn held_id(&self) -> Option<&str> {
+        let held = self.held.as_ref()?;
+        held.refused.front().map(|r| r.record.id.as_str()).or(held.unmapped.as_deref())
+    }
+
+    /// Ends the session's stage, keeping what the next session carries on with.
+    pub(crate) fn carry(self) -> Carried<P> {
+        let silent_since = (self.in_flight.records() > 0).then(|| self.stall.quiet_since());
+        let held = self.held.map(|held| Held { resending: None, ..held });
+        Carried { held, silent_since }
+    }
+
+    /// Carries on from an earlier session's stage: a hold is reported again at once.
+    pub(crate) fn resume(&mut self, carried: Option<Carried<P>>) {
+        let Some(Carried { held, silent_since }) = carried else { return };
+        if let Some(since) = silent_since {
+            self.stall.silent_since(since);
+        }
+        if let Some(held) = &held {
+            held.hold.report(self.pulse);
+        }
+        self.held = held;
+    }
+
+    /// The topics of `records` the read-back has not read yet (none when it is off).
+    pub(crate) fn unread<'r>(&self, records: impl IntoIterator<Item = &'r KafkaRecord>) -> Vec<&'r str> {
+        self.dedup.unread(records)
+    }
+
+    /// Reads `topic` back (polling does it outside its claim: it may take long).
+    pub(crate) async fn read_back(&mut self, topic: &str) -> Result<(), RelayError> {
+        self.dedup.read_back(topic, self.pulse).await
+    }
+
+    /// Whether Kafka holds `record` already, from an earlier session (polling asks before it
+    /// sends: a claim never mixes rows Kafka holds with records it sends).
+    pub(crate) async fn written(&mut self, record: &KafkaRecord) -> Result<bool, RelayError> {
+        self.dedup.written(record, self.pulse).await
     }
 
     /// Whether the stage holds at an unpublishable event.

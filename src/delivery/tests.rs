@@ -152,6 +152,28 @@ async fn a_refused_record_is_held_and_sent_again_under_block_until_kafka_takes_i
 }
 
 #[tokio::test]
+async fn held_records_are_sent_again_in_the_order_they_were_first_sent() {
+    // given the block policy and two records Kafka refuses, the first one's refusal reported last
+    let f = Fixture::new("block");
+    f.sink.script("1", [Fault::Hold]);
+    f.sink.script("2", [Fault::Reject]);
+    let mut delivery = f.delivery();
+    let mut reports = delivery.reports().await;
+    send_all(&mut delivery, &[1, 2]).await;
+    let second = delivery.settle(reports.recv().await.unwrap(), &Clock::now()).await.unwrap();
+    assert!(matches!(second, Some(Settled::Held(2))), "{second:?}");
+    f.sink.reject_held();
+    let first = delivery.settle(reports.recv().await.unwrap(), &Clock::now()).await.unwrap();
+    assert!(matches!(first, Some(Settled::Held(1))), "{first:?}");
+    // then the hold is at the first one sent, and it is sent again first
+    assert_eq!(delivery.held_id(), Some("1"));
+    assert!(f.health.readiness().unwrap_err().contains("blocked at event 1"));
+    assert_eq!(acked(&settle_all(&mut delivery, &mut reports).await), [1, 2]);
+    assert_eq!(f.sink.sent(), ["1", "2", "1", "2"]);
+    assert_eq!(f.sink.written(), ["1", "2"]);
+}
+
+#[tokio::test]
 async fn a_row_that_cannot_map_is_dead_lettered_or_held_by_the_policy() {
     let letter =
         || DeadLetter::row(OutboxRow { id: Some("7".into()), ..OutboxRow::default() }, "no topic".into());

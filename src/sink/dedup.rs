@@ -206,9 +206,9 @@ impl Dedup {
     }
 
     /// The topics of `events` this session has not read back yet (none when off).
-    pub(crate) fn unread<'e>(&self, events: &'e [KafkaRecord]) -> Vec<&'e str> {
+    pub(crate) fn unread<'e>(&self, events: impl IntoIterator<Item = &'e KafkaRecord>) -> Vec<&'e str> {
         let mut unread: Vec<&str> = Vec::new();
-        for event in events.iter().filter(|e| self.enabled && e.position.is_some()) {
+        for event in events.into_iter().filter(|e| self.enabled && e.position.is_some()) {
             if !self.topics.contains_key(&event.topic) && !unread.contains(&event.topic.as_str()) {
                 unread.push(&event.topic);
             }

@@ -8,9 +8,12 @@
 //! - every record handed over gets exactly one [`Report`], under the number
 //!   [`Sink::enqueue`] gave it; numbers only grow over a sink's life, across sessions;
 //! - a report is `Ok` only when the record is durably written (`acks=all`); a failed report is
-//!   classified by [`Sink::classify`]: permanent (poison) or transient (send again).
+//!   classified by [`Sink::classify`]: permanent (poison) or transient (send again);
+//! - a sink outlives the sessions of its source: [`Sink::recover`] after a failed one,
+//!   [`Sink::retired`] before the next one reads topics back, [`Sink::flush`] at shutdown.
 
 use std::future::Future;
+use std::time::Duration;
 
 use rdkafka::error::KafkaError;
 use tokio::sync::{MutexGuard, mpsc};
@@ -28,9 +31,8 @@ pub(crate) use kafka::{PublishError, Report};
 /// Where a sink's reports arrive.
 pub(crate) type Reports = mpsc::UnboundedReceiver<Report>;
 
-/// Where records go, in order, each acknowledged or refused by one report. (The sink's life
-/// between sessions, `set_source`, `recover`, `retired`, `flush`, is still `KafkaSink`'s own:
-/// it joins the trait when the sources are generic over their sink.)
+/// Where records go, in order, each acknowledged or refused by one report; and the sink's life
+/// across its source's sessions.
 pub(crate) trait Sink: Send + Sync {
     /// Hands `record` over after every record handed over before it, waiting out back-pressure,
     /// and returns its number: its report arrives on [`Sink::reports`] (a record refused at once
@@ -43,6 +45,23 @@ pub(crate) trait Sink: Send + Sync {
 
     /// What the failed report `error` of a record for `topic` means.
     fn classify(&self, topic: &str, error: &KafkaError) -> impl Future<Output = PublishError> + Send;
+
+    /// The source identity each record carries as `outbox_relay_source` (when
+    /// `kafka.source_headers`): a session sets it once it knows its database.
+    fn set_source(&mut self, source: &str);
+
+    /// That identity, once set: what the read-back recognises this relay's records by.
+    fn source(&self) -> Option<&str>;
+
+    /// Waits (at most `limit`) until nothing handed over in a failed session can still be
+    /// written, so a read-back sees everything the topics will ever hold of it.
+    fn retired(&mut self, limit: Duration) -> impl Future<Output = ()> + Send;
+
+    /// After a failed session: starts the next one clean.
+    fn recover(&mut self);
+
+    /// At shutdown: waits a little for what was handed over.
+    fn flush(&self) -> impl Future<Output = ()> + Send;
 }
 
 /// The Kafka sink's own methods are the seam's: the trait forwards to them.
@@ -57,5 +76,25 @@ impl Sink for kafka::KafkaSink {
 
     fn classify(&self, topic: &str, error: &KafkaError) -> impl Future<Output = PublishError> + Send {
         kafka::KafkaSink::classify(self, topic, error)
+    }
+
+    fn set_source(&mut self, source: &str) {
+        kafka::KafkaSink::set_source(self, source)
+    }
+
+    fn source(&self) -> Option<&str> {
+        kafka::KafkaSink::source(self)
+    }
+
+    fn retired(&mut self, limit: Duration) -> impl Future<Output = ()> + Send {
+        kafka::KafkaSink::retired(self, limit)
+    }
+
+    fn recover(&mut self) {
+        kafka::KafkaSink::recover(self)
+    }
+
+    fn flush(&self) -> impl Future<Output = ()> + Send {
+        kafka::KafkaSink::flush(self)
     }
 }

@@ -5,7 +5,7 @@
 //! Invariants (those of [`Sink`], kept as a real sink keeps them):
 //! - every record handed over gets exactly one report, under a number that only grows;
 //! - a record is in [`ScriptedSink::written`] when the broker would hold it: acknowledged,
-//!   held, delayed, or failed after the write; a rejected one is not;
+//!   held, delayed, or failed after the write; a rejected one (at once or once held) is not;
 //! - a record without a scripted fault is acknowledged at once.
 
 use std::collections::{HashMap, VecDeque};
@@ -29,7 +29,8 @@ pub(crate) enum Fault {
     /// The record is written, but its report is a transient failure (a lost acknowledgement):
     /// sending it again writes a duplicate.
     FailAfterWrite,
-    /// The record is written; its acknowledgement waits for [`ScriptedSink::release`].
+    /// The record is written; its report waits for [`ScriptedSink::release`] (acknowledged)
+    /// or [`ScriptedSink::reject_held`] (refused after all: then it was not written).
     Hold,
     /// The record is written and acknowledged this much later.
     Delay(Duration),
@@ -42,11 +43,12 @@ pub(crate) struct ScriptedSink {
     sent: Mutex<Vec<String>>,
     /// Ids in the order the broker wrote them.
     written: Mutex<Vec<String>>,
-    /// Numbers of held records, waiting for [`ScriptedSink::release`].
-    held: Mutex<Vec<usize>>,
+    /// Numbers and ids of held records, waiting for [`ScriptedSink::release`].
+    held: Mutex<Vec<(usize, String)>>,
     reports: tokio::sync::Mutex<Reports>,
     sender: mpsc::UnboundedSender<Report>,
     next_seq: AtomicUsize,
+    source: Option<String>,
 }
 
 impl ScriptedSink {
@@ -60,6 +62,7 @@ impl ScriptedSink {
             reports: tokio::sync::Mutex::new(reports),
             sender,
             next_seq: AtomicUsize::new(0),
+            source: None,
         }
     }
 
@@ -70,8 +73,16 @@ impl ScriptedSink {
 
     /// Acknowledges every held record, in the order they were sent.
     pub(crate) fn release(&self) {
-        for seq in self.held.lock().unwrap().drain(..) {
+        for (seq, _) in self.held.lock().unwrap().drain(..) {
             let _ = self.sender.send(Report { seq, outcome: Ok(()) });
+        }
+    }
+
+    /// Refuses every held record for good (after records sent behind them were reported).
+    pub(crate) fn reject_held(&self) {
+        for (seq, id) in self.held.lock().unwrap().drain(..) {
+            self.written.lock().unwrap().retain(|written| *written != id);
+            let _ = self.sender.send(refused(seq, RDKafkaErrorCode::MessageSizeTooLarge));
         }
     }
 
@@ -94,13 +105,12 @@ impl Sink for ScriptedSink {
         if fault != Some(Fault::Reject) {
             self.written.lock().unwrap().push(record.id.clone());
         }
-        let failed = |code| Report { seq, outcome: Err(KafkaError::MessageProduction(code)) };
         let report = match fault {
             None => Report { seq, outcome: Ok(()) },
-            Some(Fault::Reject) => failed(RDKafkaErrorCode::MessageSizeTooLarge),
-            Some(Fault::FailAfterWrite) => failed(RDKafkaErrorCode::RequestTimedOut),
+            Some(Fault::Reject) => refused(seq, RDKafkaErrorCode::MessageSizeTooLarge),
+            Some(Fault::FailAfterWrite) => refused(seq, RDKafkaErrorCode::RequestTimedOut),
             Some(Fault::Hold) => {
-                self.held.lock().unwrap().push(seq);
+                self.held.lock().unwrap().push((seq, record.id.clone()));
                 return seq;
             }
             Some(Fault::Delay(delay)) => {
@@ -127,6 +137,26 @@ impl Sink for ScriptedSink {
             _ => PublishError::Transient { error_type: ErrorType::Timeout, detail: format!("{error}") },
         }
     }
+
+    fn set_source(&mut self, source: &str) {
+        self.source = Some(source.to_string());
+    }
+
+    fn source(&self) -> Option<&str> {
+        self.source.as_deref()
+    }
+
+    /// Nothing of a failed session outlives it here: nothing to wait for, nothing to renew.
+    async fn retired(&mut self, _limit: Duration) {}
+
+    fn recover(&mut self) {}
+
+    async fn flush(&self) {}
+}
+
+/// The failed report of record `seq`.
+fn refused(seq: usize, code: RDKafkaErrorCode) -> Report {
+    Report { seq, outcome: Err(KafkaError::MessageProduction(code)) }
 }
 
 /// A record with id `id` for topic `t`, keyed `k`.

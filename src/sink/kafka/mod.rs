@@ -3,7 +3,7 @@
 //! Invariants:
 //! - records are enqueued in the order given; a full local queue is waited out, never skipped,
 //!   so the idempotent producer keeps per-partition order;
-//! - [`KafkaSink::publish`] resolves only when every record has a delivery report;
+//! - every record enqueued gets exactly one numbered report ([`KafkaSink::reports`]);
 //! - each failure is classified where it happens: permanent (the record can never be accepted:
 //!   it is poison) or transient (retry the batch).
 //!
@@ -15,7 +15,7 @@ use std::collections::HashSet;
 use std::io::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
@@ -24,7 +24,6 @@ use tokio::sync::{Mutex, MutexGuard, mpsc};
 
 use crate::config::KafkaConfig;
 use crate::delivery::record::KafkaRecord;
-use crate::observe::pulse::Pulse;
 
 mod classify;
 mod client;
@@ -43,8 +42,6 @@ pub(crate) use stall::StallWatch;
 const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long shutdown waits for records handed to the producer.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
-/// Delivery reports taken per wake-up, at most.
-const REPORT_BATCH: usize = 256;
 /// Pause before re-enqueueing after librdkafka's local queue was full.
 const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(5);
 /// Topics a producer looks up on first sight, at most (a `topic` column with unbounded values
@@ -62,9 +59,6 @@ pub struct KafkaSink {
     refusals: mpsc::UnboundedSender<Report>,
     /// The number of the next record enqueued.
     next_seq: AtomicUsize,
-    /// Since when `publish` has waited with nothing acknowledged: a claim abandoned at its
-    /// deadline and sent again does not restart the silence (`outbox_relay_kafka_unacknowledged_seconds`).
-    silent_since: std::sync::Mutex<Option<Instant>>,
     /// `outbox_relay_source` of every record, once the session knows its database.
     source: Option<std::sync::Arc<str>>,
     /// The topics this producer was given a record for, each looked up in the metadata once
@@ -84,7 +78,6 @@ impl KafkaSink {
             reports: Mutex::new(reports),
             refusals,
             next_seq: AtomicUsize::new(0),
-            silent_since: std::sync::Mutex::new(None),
             source: None,
             looked_up: std::sync::Mutex::new(HashSet::new()),
             retiring: None,
@@ -143,62 +136,6 @@ impl KafkaSink {
         // on a runtime thread
         self.retiring = Some(tokio::task::spawn_blocking(move || drop(old)));
         Ok(())
-    }
-
-    /// Publishes `events` in order and waits for every delivery report.
-    pub(crate) async fn publish(
-        &self,
-        events: &[KafkaRecord],
-        pulse: &Pulse,
-    ) -> Vec<Result<(), PublishError>> {
-        let mut reports = self.reports().await;
-        let mut first = None;
-        for event in events {
-            let seq = self.enqueue(event).await;
-            first.get_or_insert(seq);
-        }
-        let Some(first) = first else { return Vec::new() };
-        let mut outcomes: Vec<Option<Result<(), KafkaError>>> = vec![None; events.len()];
-        let mut waiting = events.len();
-        let since = *self.silent_since.lock().unwrap().get_or_insert_with(Instant::now);
-        let mut watch = StallWatch::since(&self.config, since);
-        let mut check = tokio::time::interval(watch.period());
-        let mut batch = Vec::with_capacity(REPORT_BATCH);
-        while waiting > 0 {
-            tokio::select! {
-                _ = reports.recv_many(&mut batch, REPORT_BATCH) => {
-                    let mut acknowledged = false;
-                    for Report { seq, outcome } in batch.drain(..) {
-                        // an earlier batch's report (one abandoned at its deadline) is passed over
-                        if let Some(slot) = seq.checked_sub(first).and_then(|i| outcomes.get_mut(i))
-                            && slot.is_none()
-                        {
-                            acknowledged |= outcome.is_ok();
-                            *slot = Some(outcome);
-                            waiting -= 1;
-                        }
-                    }
-                    // (once per run of reports: one clock read and one lock)
-                    if acknowledged {
-                        let now = Instant::now();
-                        *self.silent_since.lock().unwrap() = Some(now);
-                        watch.progressed(now, pulse);
-                    }
-                }
-                _ = check.tick() => watch.check(waiting, pulse),
-            }
-        }
-        // every record has its report: nothing waits any more, whatever the reports say
-        *self.silent_since.lock().unwrap() = None;
-        watch.settled(pulse);
-        let mut results = Vec::with_capacity(outcomes.len());
-        for (event, outcome) in events.iter().zip(outcomes) {
-            results.push(match outcome.expect("every record reported") {
-                Ok(()) => Ok(()),
-                Err(e) => Err(self.classify(&event.topic, &e).await),
-            });
-        }
-        results
     }
 
     /// Enqueues one record, waiting out a full local queue, and returns its number: its report

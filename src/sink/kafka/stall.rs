@@ -27,18 +27,23 @@ pub(crate) struct StallWatch {
 
 impl StallWatch {
     pub(crate) fn new(kafka: &KafkaConfig) -> StallWatch {
-        StallWatch::since(kafka, Instant::now())
-    }
-
-    /// A watch whose silence started at `since` (an earlier call's, still unanswered).
-    pub(super) fn since(kafka: &KafkaConfig, since: Instant) -> StallWatch {
         StallWatch {
             after: Duration::from_millis(kafka.stall_warning_ms),
-            last_progress: since,
+            last_progress: Instant::now(),
             stalled: false,
             kafka: kafka.clone(),
             stall_number: Arc::new(AtomicUsize::new(0)),
         }
+    }
+
+    /// The silence started at `since` (an earlier session's, still unanswered).
+    pub(crate) fn silent_since(&mut self, since: Instant) {
+        self.last_progress = since;
+    }
+
+    /// Since when nothing was acknowledged (while records wait).
+    pub(crate) fn quiet_since(&self) -> Instant {
+        self.last_progress
     }
 
     /// How often [`StallWatch::check`] should run.
@@ -53,7 +58,7 @@ impl StallWatch {
     }
 
     /// Nothing waits any more: neither a stall nor a silence.
-    pub(super) fn settled(&mut self, pulse: &Pulse) {
+    fn settled(&mut self, pulse: &Pulse) {
         self.last_progress = Instant::now();
         metrics().kafka_unacknowledged.set(0.0);
         self.unstall(pulse);

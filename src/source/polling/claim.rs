@@ -5,13 +5,12 @@
 //! - rows are fetched through a portal in chunks and fetching stops at the budget: rows not
 //!   fetched are not locked;
 //! - a batch overshoots the byte budget by at most one chunk of rows like those seen.
-
 use std::collections::HashSet;
 use std::time::SystemTime;
 
 use tokio_postgres::Transaction;
 
-use crate::dead_letter::{Hold, LetterKey};
+use crate::dead_letter::LetterKey;
 use crate::delivery::record::OutboxRow;
 use crate::error::RelayError;
 use crate::table::outbox_row;
@@ -38,10 +37,8 @@ pub(super) enum HeldRow {
     Gone,
 }
 
-/// Claims up to `limit` rows in id order through a portal, in chunks, and stops fetching
-/// once they hold `polling.max_batch_bytes`: rows not fetched are not locked. The first
-/// chunk is one row; each next one is sized from the largest row seen so far (and at most
-/// doubles), so a batch overshoots the budget by at most one chunk of rows like those seen.
+/// Claims up to `limit` rows in id order through a portal, in chunks sized by [`Chunks`], and
+/// stops fetching once they hold `polling.max_batch_bytes`: rows not fetched are not locked.
 /// Returns the rows, and whether the claim ended at the limit or the budget.
 pub(super) async fn claim(
     tx: &Transaction<'_>,
@@ -51,37 +48,73 @@ pub(super) async fn claim(
 ) -> Result<(Claimed, bool), RelayError> {
     let portal = tx.bind(statements.claim.as_str(), &[&(limit as i64)]).await?;
     let mut claimed = Vec::new();
-    let (mut bytes, mut largest, mut chunk) = (0usize, 0usize, 1usize);
+    let mut chunks = Chunks::new(limit, budget);
     loop {
-        let rows = tx.query_portal(&portal, chunk as i32).await?;
+        let rows = tx.query_portal(&portal, chunks.next() as i32).await?;
         let fetched = rows.len();
         for row in rows {
             let (raw, created_at) = outbox_row(&row)?;
-            let size = raw.size();
-            (bytes, largest) = (bytes + size, largest.max(size));
+            chunks.row(raw.size());
             claimed.push((raw, created_at));
         }
-        let left = limit - claimed.len();
-        if fetched < chunk {
-            return Ok((claimed, false));
+        if let Some(full) = chunks.fetched(fetched) {
+            return Ok((claimed, full));
         }
-        if left == 0 || bytes >= budget {
-            return Ok((claimed, true));
-        }
-        chunk = ((budget - bytes) / largest.max(1)).clamp(1, left.min(chunk * 2));
     }
 }
 
-/// While holding: whether the claim (one row, SKIP LOCKED) got the held row, passed over it,
-/// or found it gone.
+/// How much of the outbox a claim fetches next. The first chunk is one row; each next one is
+/// sized from the largest row seen so far (and at most doubles), so a batch overshoots the
+/// byte budget by at most one chunk of rows like those seen.
+#[derive(Debug)]
+pub(super) struct Chunks {
+    limit: usize,
+    budget: usize,
+    rows: usize,
+    bytes: usize,
+    largest: usize,
+    chunk: usize,
+}
+
+impl Chunks {
+    pub(super) fn new(limit: usize, budget: usize) -> Chunks {
+        Chunks { limit, budget, rows: 0, bytes: 0, largest: 0, chunk: 1 }
+    }
+
+    /// How many rows to fetch next.
+    pub(super) fn next(&self) -> usize {
+        self.chunk
+    }
+
+    /// A row of `size` bytes was fetched.
+    pub(super) fn row(&mut self, size: usize) {
+        (self.rows, self.bytes, self.largest) = (self.rows + 1, self.bytes + size, self.largest.max(size));
+    }
+
+    /// A fetch returned `fetched` rows: `Some(full)` when the claim ends here (`full`: at the
+    /// limit or the budget, so more rows may wait), `None` when it fetches [`Chunks::next`].
+    pub(super) fn fetched(&mut self, fetched: usize) -> Option<bool> {
+        if fetched < self.chunk {
+            return Some(false);
+        }
+        let left = self.limit.saturating_sub(self.rows);
+        if left == 0 || self.bytes >= self.budget {
+            return Some(true);
+        }
+        self.chunk = ((self.budget - self.bytes) / self.largest.max(1)).clamp(1, left.min(self.chunk * 2));
+        None
+    }
+}
+
+/// While holding at the row `held` (its id): whether the claim (one row, SKIP LOCKED) got it,
+/// passed over it, or found it gone.
 pub(super) async fn held_row(
     tx: &Transaction<'_>,
     statements: &Statements,
-    hold: Option<&Hold>,
+    held: Option<&str>,
     rows: &[(OutboxRow, Option<SystemTime>)],
 ) -> Result<HeldRow, RelayError> {
-    let Some(hold) = hold else { return Ok(HeldRow::Claimed) };
-    let id = hold.letter.id.as_str();
+    let Some(id) = held else { return Ok(HeldRow::Claimed) };
     // (a row without an id cannot be looked up: it is only ever the first row claimed)
     if id.is_empty() || rows.first().is_some_and(|(raw, _)| raw.id.as_deref() == Some(id)) {
         return Ok(HeldRow::Claimed);
@@ -106,4 +139,49 @@ pub(super) fn already_dead_lettered(
         tracing::info!(rows = settled.len(), "released unsent: replication mode dead-lettered them");
     }
     (rows, settled.into_iter().filter_map(|(raw, _)| raw.id).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Chunks;
+
+    /// The chunks a claim fetches from an outbox of rows of `sizes` bytes, and whether it ended
+    /// full.
+    fn claim(sizes: &[usize], limit: usize, budget: usize) -> (Vec<usize>, bool) {
+        let (mut chunks, mut fetches, mut rows) = (Chunks::new(limit, budget), Vec::new(), sizes.iter());
+        loop {
+            let chunk = chunks.next();
+            fetches.push(chunk);
+            let fetched: Vec<usize> = rows.by_ref().take(chunk).copied().collect();
+            fetched.iter().for_each(|size| chunks.row(*size));
+            if let Some(full) = chunks.fetched(fetched.len()) {
+                return (fetches, full);
+            }
+        }
+    }
+
+    #[test]
+    fn chunks_grow_from_one_row_and_at_most_double() {
+        let (fetches, full) = claim(&[10; 100], 100, 1_000_000);
+        assert_eq!(fetches, [1, 2, 4, 8, 16, 32, 37]);
+        assert!(full, "the claim ended at the limit: more rows may wait");
+    }
+
+    #[test]
+    fn a_claim_that_runs_out_of_rows_is_not_full() {
+        let (fetches, full) = claim(&[10; 5], 100, 1_000_000);
+        assert_eq!(fetches, [1, 2, 4]);
+        assert!(!full);
+    }
+
+    #[test]
+    fn the_byte_budget_stops_fetching_within_one_chunk_of_rows_like_those_seen() {
+        // rows of 100 bytes, a budget of 1,000: 1 + 2 + 4 rows, then the 3 that still fit
+        let (fetches, full) = claim(&[100; 50], 50, 1_000);
+        assert_eq!(fetches, [1, 2, 4, 3]);
+        assert!(full, "the claim ended at the budget");
+        // a large row seen first sizes the next chunks by it: one row at a time
+        let (fetches, full) = claim(&[600, 300, 200, 10, 10], 50, 1_000);
+        assert_eq!((fetches, full), (vec![1, 1, 1], true));
+    }
 }

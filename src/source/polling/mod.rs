@@ -1,4 +1,5 @@
-//! Polling mode: claim outbox rows in one transaction, publish them, release them, commit.
+//! Polling mode: claim outbox rows in one transaction, hand them to the delivery stage, write
+//! the dead letters, release what is settled, commit.
 //!
 //! Invariants:
 //! - a row is deleted (or marked) only in the transaction that claimed it, and only after Kafka
@@ -9,10 +10,12 @@
 //!   network) both releases the lock and rolls back the batch. A single claimer reading in `id`
 //!   order is what keeps one aggregate's events in order: `SKIP LOCKED` alone would let two
 //!   claimers publish them concurrently;
-//! - an unpublishable row goes through the one dead-letter path ([`DeadLetters`]): moved to the
-//!   dead-letter table in the same transaction that removes it, or held at. While holding, the
-//!   relay claims one row at a time (the held one comes first, in id order), so nothing after
-//!   it is published and nothing acknowledged is published again.
+//! - records go to Kafka through the delivery stage ([`crate::delivery`]), which applies the
+//!   poison policy: a dead-lettered row is moved to the dead-letter table in the same
+//!   transaction that removes it; a held one stays, and while the stage holds, the relay claims
+//!   one row at a time (the held one comes first, in id order), so nothing after it is
+//!   published and nothing acknowledged is published again. What is decided between the claim
+//!   and its release is [`batch`]'s; the claim's size is [`claim`]'s.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -23,18 +26,22 @@ use tokio::sync::{mpsc, watch};
 use tokio_postgres::{AsyncMessage, Client, Transaction};
 
 use crate::config::RelayConfig;
-use crate::dead_letter::{DeadLetter, DeadLetters, Hold, LetterKey};
-use crate::delivery::record::{KafkaRecord, Mapping, Position};
+use crate::dead_letter::{DeadLetters, LetterKey};
+use crate::delivery::record::Mapping;
+use crate::delivery::{Carried, Delivery};
 use crate::error::RelayError;
-use crate::observe::metrics::{Clock, ErrorType, Mode, metrics};
+use crate::observe::metrics::{Mode, metrics};
 use crate::observe::pulse::Pulse;
 use crate::sink::dedup::{self, Dedup, Lookback};
-use crate::sink::kafka::{KafkaSink, PublishError};
+use crate::sink::kafka::KafkaSink;
+use crate::sink::{Reports, Sink};
 use crate::source::handover;
 use crate::supervisor::Source;
 use crate::table::{OutboxTable, quote_ident};
-use claim::{Claimed, HeldRow, Statements, already_dead_lettered};
+use batch::{Deadline, Settlement};
+use claim::{HeldRow, Statements, already_dead_lettered};
 
+mod batch;
 mod claim;
 
 /// The `mode` label of this source's metrics.
@@ -44,8 +51,6 @@ const MODE: Mode = Mode::Polling;
 struct Session {
     client: Client,
     notified: mpsc::UnboundedReceiver<()>,
-    /// Rows of an earlier session's unfinished batch that Kafka already holds are not sent again.
-    dedup: Dedup,
     /// Switching from replication mode (see [`handover`]): the events it dead-lettered (id and
     /// content), which are released unsent. Empty otherwise.
     dead_lettered: HashSet<LetterKey>,
@@ -62,42 +67,48 @@ struct Session {
 /// both would publish, so the session ends and waits as a standby.
 const SWITCH_RECHECK: Duration = Duration::from_secs(2);
 
-/// What one claim-publish-release cycle did.
+/// What one claim-deliver-release cycle did.
 #[derive(Debug, Default)]
 struct BatchOutcome {
     claimed: usize,
-    /// The claim ended at `polling.batch_size` or `polling.max_batch_bytes`: more rows may wait.
+    /// The claim ended at `polling.batch_size` or `polling.max_batch_bytes`, or left rows for
+    /// the next claim: more rows may wait.
     full: bool,
-    published: usize,
+    released: usize,
     dead_lettered: u64,
     /// The first record that failed transiently; its row (and every row not acknowledged)
     /// stays and is published by a later session.
-    failed: Option<PublishError>,
-    /// `on_poison = "block"`: the row the relay holds at.
-    held: Option<DeadLetter>,
-    /// The row held at before this batch left the outbox (fixed by deleting or marking it).
-    held_row_gone: bool,
+    failed: Option<RelayError>,
 }
 
-pub struct PollingSource {
+pub(crate) struct PollingSource<S = KafkaSink> {
     config: RelayConfig,
     table: OutboxTable,
     mapping: Mapping,
-    sink: KafkaSink,
+    sink: S,
     dead_letters: DeadLetters,
     statements: Option<Statements>,
-    /// Kept across sessions so its backoff keeps growing.
-    hold: Option<Hold>,
+    /// The delivery stage's hold (its backoff keeps growing) and Kafka's silence, from one
+    /// session to the next.
+    carried: Option<Carried<String>>,
 }
 
-impl Source for PollingSource {
+impl<S: Sink> Source for PollingSource<S> {
     async fn session(
         &mut self,
         pulse: &Pulse,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), RelayError> {
-        let mut session = self.connect(shutdown).await?;
-        self.serve(&mut session, pulse, shutdown).await
+        let mut session = self.connect().await?;
+        let lookback = self.lead(&mut session, pulse).await?;
+        let dedup = Dedup::new(&self.config, MODE, lookback, self.sink.source(), shutdown);
+        let mut delivery =
+            Delivery::new(&self.sink, &self.dead_letters, &self.config.kafka, dedup, pulse, MODE);
+        delivery.resume(self.carried.take());
+        let result = self.serve(&mut session, &mut delivery, pulse, shutdown).await;
+        let carried = delivery.carry();
+        self.carried = Some(carried);
+        result
     }
 
     fn recover(&mut self) {
@@ -109,8 +120,8 @@ impl Source for PollingSource {
     }
 }
 
-impl PollingSource {
-    pub fn new(config: RelayConfig, sink: KafkaSink) -> PollingSource {
+impl<S: Sink> PollingSource<S> {
+    pub(crate) fn new(config: RelayConfig, sink: S) -> PollingSource<S> {
         PollingSource {
             table: OutboxTable::new(&config),
             mapping: Mapping::new(&config.outbox),
@@ -118,12 +129,12 @@ impl PollingSource {
             config,
             sink,
             statements: None,
-            hold: None,
+            carried: None,
         }
     }
 
-    /// A leader session's connection, and its skip rule (see [`Dedup`]).
-    async fn connect(&mut self, shutdown: &watch::Receiver<bool>) -> Result<Session, RelayError> {
+    /// A leader session's connection; the sink learns its source identity.
+    async fn connect(&mut self) -> Result<Session, RelayError> {
         let (client, mut connection, _) = crate::postgres::connect_raw(&self.config.postgres).await?;
         let (tx, notified) = mpsc::unbounded_channel();
         tokio::spawn(async move {
@@ -154,11 +165,9 @@ impl PollingSource {
         }
         self.sink.set_source(&dedup::source_identity(&client, &self.config).await?);
         self.sink.retired(dedup::RETIRE_LIMIT).await;
-        let dedup = Dedup::new(&self.config, MODE, Lookback::LastBatch, self.sink.source(), shutdown);
         Ok(Session {
             client,
             notified,
-            dedup,
             dead_lettered: HashSet::new(),
             nonce: rand::random(),
             batches: 0,
@@ -166,13 +175,9 @@ impl PollingSource {
         })
     }
 
-    /// Takes the leader lock (or returns [`RelayError::Standby`]), then relays until shutdown.
-    async fn serve(
-        &mut self,
-        session: &mut Session,
-        pulse: &Pulse,
-        shutdown: &mut watch::Receiver<bool>,
-    ) -> Result<(), RelayError> {
+    /// Takes the leader lock (or returns [`RelayError::Standby`]) and becomes active; returns how
+    /// far back the read-back looks (see [`Dedup`]).
+    async fn lead(&self, session: &mut Session, pulse: &Pulse) -> Result<Lookback, RelayError> {
         let leader: bool = session
             .client
             .query_one("SELECT pg_try_advisory_lock($1)", &[&self.config.polling.leader_lock_key])
@@ -185,12 +190,12 @@ impl PollingSource {
                 self.table.display_name()
             )));
         }
+        let mut lookback = Lookback::LastBatch;
         // (only the leader looks: a standby would repeat the warning and the dead-letter read)
         if let Some(dead_lettered) =
             handover::unfinished_switch(&self.config, &session.client, &self.dead_letters).await?
         {
-            session.dedup =
-                Dedup::new(&self.config, MODE, Lookback::Everything, self.sink.source(), shutdown);
+            lookback = Lookback::Everything;
             session.dead_lettered = dead_lettered;
             session.switch_checked = Some(Instant::now());
         }
@@ -200,9 +205,19 @@ impl PollingSource {
         }
         tracing::info!(table = %self.table.display_name(), "active: this instance now relays the outbox");
         pulse.active();
-        if let Some(hold) = &self.hold {
-            hold.report(pulse); // still held from the last session
-        }
+        Ok(lookback)
+    }
+
+    /// Relays until shutdown.
+    async fn serve(
+        &self,
+        session: &mut Session,
+        delivery: &mut Delivery<'_, S, String>,
+        pulse: &Pulse,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<(), RelayError> {
+        // this session is the one sending: reports of earlier sessions' records are passed over
+        let mut reports = delivery.reports().await;
         while !*shutdown.borrow() {
             pulse.tick();
             if session.switch_checked.is_some_and(|checked| checked.elapsed() >= SWITCH_RECHECK) {
@@ -210,27 +225,27 @@ impl PollingSource {
                 session.switch_checked = Some(Instant::now());
             }
             while session.notified.try_recv().is_ok() {}
-            let outcome = self.relay_batch(session, pulse).await?;
+            let outcome = self.relay_batch(session, delivery, &mut reports).await?;
             if outcome.claimed > 0 {
                 tracing::debug!(
                     claimed = outcome.claimed,
-                    published = outcome.published,
+                    released = outcome.released,
                     dead_lettered = outcome.dead_lettered,
                     "batch committed"
                 );
             }
             if let Some(failed) = outcome.failed {
-                let detail = match failed {
-                    PublishError::Transient { detail, .. } | PublishError::Permanent(detail) => detail,
-                };
-                return Err(RelayError::Kafka(format!("a record was not acknowledged: {detail}")));
+                return Err(failed);
             }
-            if outcome.published > 0 {
+            if outcome.released > 0 {
                 pulse.progressed();
             }
-            if self.held(outcome.held, outcome.claimed > 0 || outcome.held_row_gone, pulse) {
-                let hold = self.hold.as_mut().expect("held");
-                hold.wait(pulse, shutdown).await;
+            if delivery.holding() {
+                // the stage paces the retries: each is a claim of the held row alone
+                tokio::select! {
+                    _ = delivery.retry_due() => {}
+                    _ = shutdown.changed() => {}
+                }
                 continue;
             }
             if !outcome.full {
@@ -238,18 +253,6 @@ impl PollingSource {
             }
         }
         Ok(())
-    }
-
-    /// Updates the hold after a batch (`moved_on`: the held row was published or is gone); true
-    /// while holding.
-    fn held(&mut self, held: Option<DeadLetter>, moved_on: bool, pulse: &Pulse) -> bool {
-        match (held, self.hold.take()) {
-            (Some(letter), None) => self.hold = Some(self.dead_letters.hold(letter, pulse)),
-            (Some(_), Some(hold)) => self.hold = Some(hold),
-            (None, Some(hold)) if moved_on => hold.release(pulse),
-            (None, hold) => self.hold = hold,
-        }
-        self.hold.is_some()
     }
 
     /// Sleeps until a NOTIFY, the poll interval, or shutdown.
@@ -271,214 +274,95 @@ impl PollingSource {
         Ok(())
     }
 
-    /// One cycle: claim, publish, release or dead-letter, commit.
-    async fn relay_batch(&self, session: &mut Session, pulse: &Pulse) -> Result<BatchOutcome, RelayError> {
+    /// One cycle: claim, deliver, write the dead letters and release, commit.
+    async fn relay_batch(
+        &self,
+        session: &mut Session,
+        delivery: &mut Delivery<'_, S, String>,
+        reports: &mut Reports,
+    ) -> Result<BatchOutcome, RelayError> {
         let statements = self.statements.as_ref().expect("statements are prepared at connect");
+        let polling = &self.config.polling;
         let batch = session.batches;
         session.batches += 1;
         // the claim transaction holds row locks and the database's xmin horizon: waiting for Kafka
         // takes at most polling.claim_timeout_ms, then it rolls back (dropping `tx`)
-        let deadline =
-            tokio::time::Instant::now() + Duration::from_millis(self.config.polling.claim_timeout_ms);
+        let deadline = Deadline {
+            at: tokio::time::Instant::now() + Duration::from_millis(polling.claim_timeout_ms),
+            claim_timeout_ms: polling.claim_timeout_ms,
+        };
         let tx = session.client.transaction().await?;
         // while holding at a row, only that row (the first in id order) is claimed
-        let limit = if self.hold.is_some() { 1 } else { self.config.polling.batch_size as usize };
-        let (rows, full) = claim::claim(&tx, statements, limit, self.config.polling.max_batch_bytes).await?;
-        let held_row = claim::held_row(&tx, statements, self.hold.as_ref(), &rows).await?;
-        if held_row == HeldRow::Skipped {
-            // nothing past the held row is published while it waits
-            tx.rollback().await?;
-            return Ok(BatchOutcome::default());
+        let limit = if delivery.holding() { 1 } else { polling.batch_size as usize };
+        let (rows, full) = claim::claim(&tx, statements, limit, polling.max_batch_bytes).await?;
+        match claim::held_row(&tx, statements, delivery.held_id(), &rows).await? {
+            HeldRow::Claimed => {}
+            HeldRow::Skipped => {
+                // nothing past the held row is published while it waits
+                tx.rollback().await?;
+                delivery.retry_held_as(None).await;
+                return Ok(BatchOutcome::default());
+            }
+            HeldRow::Gone => {
+                delivery.held_gone();
+                if delivery.holding() {
+                    // the next held row is claimed at the next retry
+                    tx.rollback().await?;
+                    return Ok(BatchOutcome::default());
+                }
+            }
         }
-        let held_row_gone = held_row == HeldRow::Gone;
-        let mut outcome = BatchOutcome { claimed: rows.len(), full, held_row_gone, ..Default::default() };
         if rows.is_empty() {
             tx.commit().await?;
-            return Ok(outcome);
+            return Ok(BatchOutcome { full, ..BatchOutcome::default() });
         }
-        let mut letters = Vec::new();
         let claimed = rows.len();
         let (rows, dead_lettered) = already_dead_lettered(&session.dead_lettered, rows);
-        let events = self.map_rows(rows, (session.nonce, batch), &mut letters, &mut outcome);
-        let unread: Vec<String> = session.dedup.unread(&events).into_iter().map(String::from).collect();
+        let rows = batch::map(&self.mapping, rows, (session.nonce, batch));
+        let unread: Vec<String> =
+            delivery.unread(rows.iter().flatten()).into_iter().map(String::from).collect();
         if !unread.is_empty() {
             // a topic not read back yet is read outside the claim (it may take long: it must not
             // hold row locks and the xmin horizon), then the same rows are claimed again
             tx.rollback().await?;
             for topic in unread {
-                session.dedup.read_back(&topic, pulse).await?;
+                delivery.read_back(&topic).await?;
             }
-            return Ok(BatchOutcome { full: true, ..Default::default() });
+            return Ok(BatchOutcome { full: true, ..BatchOutcome::default() });
         }
-        let (events, mut settled) = self.already_written(&mut session.dedup, events, pulse).await?;
-        settled.extend(dead_lettered);
-        let delivered = self
-            .settle_or_publish(events, settled, claimed, deadline, pulse, &mut letters, &mut outcome)
-            .await?;
-        self.release(&tx, statements, &delivered, &letters, &mut outcome).await?;
+        let settlement = batch::deliver(delivery, reports, rows, dead_lettered, deadline).await?;
+        let read = if settlement.again { settlement.release.len() } else { claimed };
+        metrics().events_read.with_label_values(&[MODE.label()]).inc_by(read as u64);
+        let dead_lettered = self.release(&tx, statements, &settlement).await?;
         tx.commit().await?;
-        self.dead_letters.report(&letters);
-        Ok(outcome)
+        self.dead_letters.report(&settlement.letters);
+        Ok(BatchOutcome {
+            claimed,
+            full: full || settlement.again,
+            released: settlement.release.len(),
+            dead_lettered,
+            failed: settlement.failed,
+        })
     }
 
-    /// The ids to release: `settled` (rows Kafka or the dead-letter table already holds) on
-    /// their own when there are any besides new `events`, which are then claimed again; else
-    /// `settled` and the `events` Kafka acknowledged.
-    ///
-    /// A batch never mixes settled rows with new records, so only the newest batch can hold rows
-    /// still in the outbox (a later session reads back just that one). Mixed, a batch that did
-    /// not commit either would leave the older rows' records behind it, unread: duplicates.
-    #[allow(clippy::too_many_arguments)]
-    async fn settle_or_publish(
-        &self,
-        events: Vec<KafkaRecord>,
-        mut settled: Vec<String>,
-        claimed: usize,
-        deadline: tokio::time::Instant,
-        pulse: &Pulse,
-        letters: &mut Vec<DeadLetter>,
-        outcome: &mut BatchOutcome,
-    ) -> Result<Vec<String>, RelayError> {
-        let read = metrics().events_read.with_label_values(&[MODE.label()]);
-        if settled.is_empty() || events.is_empty() {
-            read.inc_by(claimed as u64);
-            let mut delivered = self.publish(events, deadline, pulse, letters, outcome).await?;
-            delivered.append(&mut settled);
-            return Ok(delivered);
-        }
-        read.inc_by(settled.len() as u64);
-        // a row held at comes again with the rest (holding now would pass it over forever)
-        outcome.held = None;
-        outcome.full = true;
-        Ok(settled)
-    }
-
-    /// The claimed rows as records at their batch positions; rows that cannot map become
-    /// `letters`, or the held row (which ends the batch).
-    fn map_rows(
-        &self,
-        rows: Claimed,
-        (session, batch): (u64, u64),
-        letters: &mut Vec<DeadLetter>,
-        outcome: &mut BatchOutcome,
-    ) -> Vec<KafkaRecord> {
-        let mut events = Vec::with_capacity(rows.len());
-        for (index, (raw, created_at)) in rows.into_iter().enumerate() {
-            match self.mapping.to_record(raw, created_at) {
-                Ok(mut event) => {
-                    event.position = Some(Position::Batch { session, batch, index: index as u32 });
-                    events.push(event);
-                }
-                Err(unpublishable) if self.dead_letters.blocks() => {
-                    // nothing after a held row is published
-                    outcome.held = Some(DeadLetter::unmapped(*unpublishable));
-                    break;
-                }
-                Err(unpublishable) => letters.push(DeadLetter::unmapped(*unpublishable)),
-            }
-        }
-        events
-    }
-
-    /// Splits `events` into those to publish and the ids of those Kafka already holds (from an
-    /// earlier session's batch that did not commit): they are released as if published now.
-    /// Every topic of `events` was read back already.
-    async fn already_written(
-        &self,
-        dedup: &mut Dedup,
-        events: Vec<KafkaRecord>,
-        pulse: &Pulse,
-    ) -> Result<(Vec<KafkaRecord>, Vec<String>), RelayError> {
-        let mut to_publish = Vec::with_capacity(events.len());
-        let mut written = Vec::new();
-        for event in events {
-            if dedup.written(&event, pulse).await? {
-                written.push(event.id);
-            } else {
-                to_publish.push(event);
-            }
-        }
-        Ok((to_publish, written))
-    }
-
-    /// Publishes `events`; returns the ids Kafka acknowledged. Refused records become
-    /// `letters` (or the held row), transient failures `outcome.failed`. Kafka taking past
-    /// `deadline` (the claim's `polling.claim_timeout_ms`) is an error: the claim is rolled back.
-    /// Each event is dropped once its report is handled: a refused large record is not held
-    /// twice while it is dead-lettered.
-    async fn publish(
-        &self,
-        events: Vec<KafkaRecord>,
-        deadline: tokio::time::Instant,
-        pulse: &Pulse,
-        letters: &mut Vec<DeadLetter>,
-        outcome: &mut BatchOutcome,
-    ) -> Result<Vec<String>, RelayError> {
-        let m = metrics();
-        m.events_in_flight.set(events.len() as i64);
-        m.bytes_in_flight.set(events.iter().map(KafkaRecord::size).sum::<usize>() as i64);
-        let sent = Instant::now();
-        let results = tokio::time::timeout_at(deadline, self.sink.publish(&events, pulse)).await;
-        m.events_in_flight.set(0);
-        m.bytes_in_flight.set(0);
-        let Ok(results) = results else {
-            m.publish_errors.with_label_values(&[ErrorType::Timeout.label()]).inc_by(events.len() as u64);
-            return Err(RelayError::Kafka(format!(
-                "{} record(s) not acknowledged within polling.claim_timeout_ms ({} ms): the claim was rolled \
-                 back so it does not hold row locks and the xmin horizon; the batch is published again",
-                events.len(),
-                self.config.polling.claim_timeout_ms
-            )));
-        };
-        let mut delivered = Vec::with_capacity(events.len());
-        let mut refused_held = false;
-        let (clock, published) = (Clock::now(), m.events_published.with_label_values(&[MODE.label()]));
-        for (event, result) in events.into_iter().zip(results) {
-            match result {
-                Ok(()) => {
-                    m.acknowledged_at(&published, sent, event.created_at, &clock);
-                    delivered.push(event.id);
-                }
-                Err(e) => {
-                    m.publish_errors.with_label_values(&[e.error_type().label()]).inc();
-                    match e {
-                        // the first refused record comes before any row held for its mapping
-                        // (that row ended the batch); later refused rows stay in the table
-                        PublishError::Permanent(reason) if self.dead_letters.blocks() => {
-                            if !refused_held {
-                                outcome.held = Some(DeadLetter::refused(event, reason));
-                                refused_held = true;
-                            }
-                        }
-                        PublishError::Permanent(reason) => letters.push(DeadLetter::refused(event, reason)),
-                        transient => {
-                            outcome.failed.get_or_insert(transient);
-                        }
-                    }
-                }
-            }
-        }
-        Ok(delivered)
-    }
-
-    /// Releases the delivered rows and moves `letters` to the dead-letter table, in `tx`.
+    /// Releases the settled rows and moves the dead letters to their table, in `tx`; returns how
+    /// many letters were written.
     async fn release(
         &self,
         tx: &Transaction<'_>,
         statements: &Statements,
-        delivered: &[String],
-        letters: &[DeadLetter],
-        outcome: &mut BatchOutcome,
-    ) -> Result<(), RelayError> {
-        if !delivered.is_empty() {
-            tx.execute(&statements.release, &[&delivered]).await?;
+        settlement: &Settlement,
+    ) -> Result<u64, RelayError> {
+        let Settlement { release, letters, .. } = settlement;
+        if !release.is_empty() {
+            tx.execute(&statements.release, &[release]).await?;
         }
-        if !letters.is_empty() {
-            outcome.dead_lettered = self.dead_letters.write(tx, letters).await?;
-            let ids: Vec<&str> = letters.iter().map(|l| l.id.as_str()).collect();
-            tx.execute(&statements.delete, &[&ids]).await?;
+        if letters.is_empty() {
+            return Ok(0);
         }
-        outcome.published = delivered.len();
-        Ok(())
+        let written = self.dead_letters.write(tx, letters).await?;
+        let ids: Vec<&str> = letters.iter().map(|l| l.id.as_str()).collect();
+        tx.execute(&statements.delete, &[&ids]).await?;
+        Ok(written)
     }
 }

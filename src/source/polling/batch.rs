@@ -1,0 +1,204 @@
+//! One claim's rows through the delivery stage: what polling decides between claiming rows and
+//! releasing them, apart from PostgreSQL (the claim's transaction is the caller's), so it is
+//! unit-tested against the scripted sink.
+//!
+//! Invariants:
+//! - a claim never mixes rows Kafka already holds (an earlier session's claim that did not
+//!   commit) with records it sends: it releases those alone and leaves the rest to the next
+//!   claim, so only the newest claim can hold rows still in the outbox (a later session reads
+//!   back just that one). Mixed, a claim that did not commit either would leave the older rows'
+//!   records behind it, unread: duplicates;
+//! - records are sent in id order; the poison policy is the stage's. Under `on_poison =
+//!   "block"` nothing after a row that cannot map is sent, and the row of a refused record stays
+//!   claimed by nobody: while the stage holds, each claim is the held row alone, mapped again
+//!   (an operator's fix included) and sent again at the hold's backoff;
+//! - a claim is settled when every record it sent has its report, at the latest by its
+//!   deadline (`polling.claim_timeout_ms`): past it the claim is rolled back rather than hold
+//!   row locks and the xmin horizon;
+//! - a transient failure ends the session, but only after what Kafka acknowledged in the same
+//!   claim is released: rows Kafka holds are not sent again.
+
+use std::time::Instant;
+
+use crate::dead_letter::DeadLetter;
+use crate::delivery::record::{KafkaRecord, Mapping, Position, Unpublishable};
+use crate::delivery::{Delivery, Settled};
+use crate::error::RelayError;
+use crate::observe::metrics::{Clock, ErrorType, metrics};
+use crate::sink::{Reports, Sink};
+
+use super::claim::Claimed;
+
+/// Delivery reports taken in one turn, at most (one clock read for the run).
+const REPORT_TURN: usize = 256;
+
+/// A claimed row: its record, or why it cannot become one.
+pub(super) type Row = Result<KafkaRecord, Box<Unpublishable>>;
+
+/// When a claim gives up waiting for Kafka.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Deadline {
+    pub(super) at: tokio::time::Instant,
+    /// `polling.claim_timeout_ms`, for the error that names it.
+    pub(super) claim_timeout_ms: u64,
+}
+
+/// What a claim's rows became once every record it sent is settled.
+#[derive(Debug, Default)]
+pub(super) struct Settlement {
+    /// Ids of the rows Kafka holds (acknowledged now, or written by an earlier session) or
+    /// replication mode dead-lettered: release them.
+    pub(super) release: Vec<String>,
+    /// Rows to move to the dead-letter table, in the claim's transaction.
+    pub(super) letters: Vec<DeadLetter>,
+    /// The first transient failure: the session ends once the claim is released and committed.
+    pub(super) failed: Option<RelayError>,
+    /// Rows were left for the next claim (they came with rows Kafka holds): claim again at once.
+    pub(super) again: bool,
+}
+
+impl Settlement {
+    fn add(&mut self, settled: Settled<String>) {
+        match settled {
+            Settled::Acked(id) => self.release.push(id),
+            Settled::DeadLettered(_, letter) => self.letters.push(*letter),
+            // the row stays: the stage holds at it
+            Settled::Held(_) => {}
+        }
+    }
+}
+
+/// The claimed rows as records at their claim positions (`batch:<session>-<batch>:<index>`).
+pub(super) fn map(mapping: &Mapping, rows: Claimed, (session, batch): (u64, u64)) -> Vec<Row> {
+    let to_record = |(index, (raw, created_at))| {
+        mapping.to_record(raw, created_at).map(|mut record: KafkaRecord| {
+            record.position = Some(Position::Batch { session, batch, index: index as u32 });
+            record
+        })
+    };
+    rows.into_iter().enumerate().map(to_record).collect()
+}
+
+/// Hands the claimed `rows` to the stage and waits until every record sent is settled.
+/// `settled`: ids of rows released unsent whatever happens (replication mode dead-lettered
+/// them). Every topic of `rows` was read back already.
+pub(super) async fn deliver<S: Sink>(
+    delivery: &mut Delivery<'_, S, String>,
+    reports: &mut Reports,
+    rows: Vec<Row>,
+    mut settled: Vec<String>,
+    deadline: Deadline,
+) -> Result<Settlement, RelayError> {
+    let mut to_send = Vec::with_capacity(rows.len());
+    for row in rows {
+        if let Ok(record) = &row
+            && delivery.written(record).await?
+        {
+            settled.push(record.id.clone());
+        } else {
+            to_send.push(row);
+        }
+    }
+    let mut settlement = Settlement::default();
+    if delivery.holding() {
+        retry_held(delivery, to_send, !settled.is_empty()).await;
+    } else if !settled.is_empty() && to_send.iter().any(Result::is_ok) {
+        // (a row held at comes again with the rest: holding now would pass it over forever)
+        return Ok(Settlement { release: settled, again: true, ..Settlement::default() });
+    } else {
+        send(delivery, to_send, &mut settlement).await?;
+    }
+    settlement.release.append(&mut settled);
+    let m = metrics();
+    m.events_in_flight.set(delivery.records() as i64);
+    m.bytes_in_flight.set(delivery.bytes() as i64);
+    let waited = settle(delivery, reports, deadline, &mut settlement).await;
+    m.events_in_flight.set(0);
+    m.bytes_in_flight.set(0);
+    waited.map(|()| settlement)
+}
+
+/// Sends the records of `rows` in order; a row that cannot map is dead-lettered, or held at
+/// (nothing after it is sent).
+async fn send<S: Sink>(
+    delivery: &mut Delivery<'_, S, String>,
+    rows: Vec<Row>,
+    settlement: &mut Settlement,
+) -> Result<(), RelayError> {
+    let at = Instant::now();
+    for row in rows {
+        let settled = match row {
+            Ok(record) => match delivery.send(record.id.clone(), record, at).await? {
+                Some(settled) => settled,
+                None => continue,
+            },
+            Err(unpublishable) => {
+                let letter = DeadLetter::unmapped(*unpublishable);
+                delivery.unpublishable(letter.id.clone(), letter)
+            }
+        };
+        let held = matches!(settled, Settled::Held(_));
+        settlement.add(settled);
+        if held {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// While holding, the claim is the held row alone (the first in id order): sent again as it
+/// maps now, or reported again when it still cannot map; `gone` when Kafka or the dead-letter
+/// table turned out to hold it.
+async fn retry_held<S: Sink>(delivery: &mut Delivery<'_, S, String>, rows: Vec<Row>, gone: bool) {
+    if gone {
+        return delivery.held_gone();
+    }
+    match rows.into_iter().next() {
+        Some(Ok(record)) => delivery.retry_held_as(Some((record.id.clone(), record))).await,
+        Some(Err(_)) => delivery.retry_held_as(None).await,
+        None => {}
+    }
+}
+
+/// Waits for the report of every record in flight, at most until `deadline`.
+async fn settle<S: Sink>(
+    delivery: &mut Delivery<'_, S, String>,
+    reports: &mut Reports,
+    deadline: Deadline,
+    settlement: &mut Settlement,
+) -> Result<(), RelayError> {
+    let mut stall_check = tokio::time::interval(delivery.stall_period());
+    let mut batch = Vec::with_capacity(REPORT_TURN);
+    while delivery.records() > 0 {
+        tokio::select! {
+            _ = reports.recv_many(&mut batch, REPORT_TURN) => {
+                let clock = Clock::now();
+                for report in batch.drain(..) {
+                    match delivery.settle(report, &clock).await {
+                        Ok(Some(settled)) => settlement.add(settled),
+                        Ok(None) => {}
+                        Err(e) => {
+                            settlement.failed.get_or_insert(e);
+                        }
+                    }
+                }
+            }
+            _ = stall_check.tick() => delivery.check_stall(),
+            _ = tokio::time::sleep_until(deadline.at) => {
+                let waiting = delivery.records();
+                metrics().publish_errors.with_label_values(&[ErrorType::Timeout.label()]).inc_by(waiting as u64);
+                return Err(RelayError::Kafka(format!(
+                    "{waiting} record(s) not acknowledged within polling.claim_timeout_ms ({} ms): the claim was \
+                     rolled back so it does not hold row locks and the xmin horizon; the batch is published again",
+                    deadline.claim_timeout_ms
+                )));
+            }
+        }
+    }
+    // nothing waits any more: a stall, if any, is over
+    delivery.check_stall();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
