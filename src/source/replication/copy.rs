@@ -12,16 +12,16 @@
 //! - a row's position is its place in the copy (`copy:<point>:<index>`), so a copy done again
 //!   numbers every row the same way.
 
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use futures::{StreamExt, pin_mut};
-use tokio::sync::watch;
+use tokio::sync::{MutexGuard, watch};
 use tokio_postgres::Client;
 
 use super::{MODE, ReplicationSource};
 use crate::config::Endpoint;
 use crate::dead_letter::DeadLetter;
-use crate::delivery::record::Position;
+use crate::delivery::record::{Mapping, OutboxRow, Position};
 use crate::delivery::{Delivery, Settled};
 use crate::error::RelayError;
 use crate::lsn::Lsn;
@@ -48,8 +48,8 @@ pub struct CopyReport {
 }
 
 /// The first copy: the rows of the slot's snapshot, published in id order.
-pub(super) struct FirstCopy<'a> {
-    pub(super) source: &'a ReplicationSource,
+pub(super) struct FirstCopy<'a, S: Sink> {
+    pub(super) source: &'a ReplicationSource<S>,
     /// The server whose replication session exported the snapshot: only it knows the snapshot.
     pub(super) server: &'a Endpoint,
     /// Where dead letters are written (the copy's own session is read-only).
@@ -59,7 +59,7 @@ pub(super) struct FirstCopy<'a> {
     pub(super) point: Lsn,
 }
 
-impl FirstCopy<'_> {
+impl<S: Sink> FirstCopy<'_, S> {
     /// Publishes the rows of `snapshot`; `dedup` knows the rows the topics already hold (from an
     /// interrupted copy, or the slot's previous life).
     pub(super) async fn run(
@@ -81,43 +81,25 @@ impl FirstCopy<'_> {
         let table = source.table.clone().for_server_encoding(&encoding);
         let rows = tx.query_raw(&table.copy_sql(), std::iter::empty::<i32>()).await?;
         pin_mut!(rows);
-        let mut delivery =
+        let delivery =
             Delivery::new(&source.sink, &source.dead_letters, &source.config.kafka, dedup, self.pulse, MODE);
-        let mut reports = delivery.reports().await;
-        let (mut report, mut index) = (CopyReport::default(), 0u64);
-        let mut letters = Vec::new();
+        let mut copying = Copying::new(delivery, &source.mapping, self.point, COPY_CHUNK).await;
         loop {
             let next = rows.next().await.transpose()?;
-            if let Some(row) = &next {
-                let (raw, created_at) = outbox_row(row)?;
-                match source.mapping.to_record(raw, created_at) {
-                    Ok(mut record) => {
-                        record.position = Some(Position::Copy { point: self.point, index });
-                        // settled at once only when the topic holds it already
-                        if delivery.send(index, record, Instant::now()).await?.is_some() {
-                            report.already_in_kafka += 1;
-                        }
-                    }
-                    Err(unpublishable) => {
-                        // what precedes the row goes first
-                        settle_all(&mut delivery, &mut reports, &mut report, &mut letters, shutdown).await?;
-                        let settled = delivery.unpublishable(index, DeadLetter::unmapped(*unpublishable));
-                        count(settled, &mut report, &mut letters);
-                        self.write(&mut letters).await?;
-                    }
+            match &next {
+                Some(row) => {
+                    let (raw, created_at) = outbox_row(row)?;
+                    copying.row(raw, created_at, shutdown).await?;
                 }
-                index += 1;
+                None => copying.settle(shutdown).await?,
             }
-            if delivery.records() >= COPY_CHUNK || delivery.holding() || next.is_none() {
-                settle_all(&mut delivery, &mut reports, &mut report, &mut letters, shutdown).await?;
-                self.write(&mut letters).await?;
-            }
+            self.write(&mut copying.letters).await?;
             if next.is_none() {
                 break;
             }
         }
         tx.commit().await?;
-        Ok(report)
+        Ok(copying.report)
     }
 
     /// Writes `letters` to the dead-letter table (committed at once: the copy's own session is
@@ -128,6 +110,72 @@ impl FirstCopy<'_> {
             letters.clear();
         }
         Ok(())
+    }
+}
+
+/// The copy's rows through the delivery stage, apart from PostgreSQL (the snapshot's rows and
+/// the dead-letter table are [`FirstCopy`]'s), so it is unit-tested against the scripted sink.
+struct Copying<'a, S: Sink> {
+    delivery: Delivery<'a, S, u64>,
+    reports: MutexGuard<'a, Reports>,
+    mapping: &'a Mapping,
+    point: Lsn,
+    /// Records in flight at most: a chunk is settled whole before the next row is read.
+    chunk: usize,
+    /// The place of the next row in the copy.
+    index: u64,
+    report: CopyReport,
+    /// Dead letters to write, emptied by the caller.
+    letters: Vec<DeadLetter>,
+}
+
+impl<'a, S: Sink> Copying<'a, S> {
+    async fn new(
+        delivery: Delivery<'a, S, u64>,
+        mapping: &'a Mapping,
+        point: Lsn,
+        chunk: usize,
+    ) -> Copying<'a, S> {
+        // the copy is the one sending: reports of earlier sessions' records are passed over
+        let reports = delivery.reports().await;
+        let report = CopyReport::default();
+        Copying { delivery, reports, mapping, point, chunk, index: 0, report, letters: Vec::new() }
+    }
+
+    /// Hands the next row over; settles the chunk when it is full, or held.
+    async fn row(
+        &mut self,
+        raw: OutboxRow,
+        created_at: Option<SystemTime>,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<(), RelayError> {
+        let index = self.index;
+        self.index += 1;
+        match self.mapping.to_record(raw, created_at) {
+            Ok(mut record) => {
+                record.position = Some(Position::Copy { point: self.point, index });
+                // settled at once only when the topic holds it already
+                if self.delivery.send(index, record, Instant::now()).await?.is_some() {
+                    self.report.already_in_kafka += 1;
+                }
+            }
+            Err(unpublishable) => {
+                // what precedes the row goes first
+                self.settle(shutdown).await?;
+                let settled = self.delivery.unpublishable(index, DeadLetter::unmapped(*unpublishable));
+                count(settled, &mut self.report, &mut self.letters);
+            }
+        }
+        if self.delivery.records() >= self.chunk || self.delivery.holding() {
+            self.settle(shutdown).await?;
+        }
+        Ok(())
+    }
+
+    /// Settles everything handed over (see [`settle_all`]).
+    async fn settle(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<(), RelayError> {
+        let (delivery, reports) = (&mut self.delivery, &mut *self.reports);
+        settle_all(delivery, reports, &mut self.report, &mut self.letters, shutdown).await
     }
 }
 

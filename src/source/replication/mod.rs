@@ -30,16 +30,19 @@ use tokio::sync::watch;
 
 use crate::config::RelayConfig;
 use crate::dead_letter::DeadLetters;
+use crate::delivery::Delivery;
 use crate::delivery::record::Mapping;
 use crate::error::RelayError;
 use crate::lsn::Lsn;
 use crate::observe::metrics::Mode;
 use crate::observe::pulse::Pulse;
+use crate::sink::Sink;
 use crate::sink::dedup::{self, Dedup, Lookback};
 use crate::sink::kafka::KafkaSink;
 use crate::supervisor::Source;
 use crate::table::OutboxTable;
 use slot::SlotPlan;
+use stream::{Feed, StreamSession};
 use transport::WalStream;
 
 /// Prefix of the relay's heartbeat messages (non-transactional, empty content).
@@ -48,15 +51,15 @@ pub const HEARTBEAT_PREFIX: &str = "outbox-relay-heartbeat";
 /// The `mode` label of this source's metrics.
 const MODE: Mode = Mode::Replication;
 
-pub struct ReplicationSource {
+pub(crate) struct ReplicationSource<S = KafkaSink> {
     config: RelayConfig,
-    sink: KafkaSink,
+    sink: S,
     mapping: Mapping,
     table: OutboxTable,
     dead_letters: DeadLetters,
 }
 
-impl Source for ReplicationSource {
+impl<S: Sink> Source for ReplicationSource<S> {
     async fn session(
         &mut self,
         pulse: &Pulse,
@@ -74,8 +77,8 @@ impl Source for ReplicationSource {
     }
 }
 
-impl ReplicationSource {
-    pub fn new(config: RelayConfig, sink: KafkaSink) -> ReplicationSource {
+impl<S: Sink> ReplicationSource<S> {
+    pub(crate) fn new(config: RelayConfig, sink: S) -> ReplicationSource<S> {
         ReplicationSource {
             mapping: Mapping::new(&config.outbox),
             table: OutboxTable::new(&config),
@@ -88,7 +91,7 @@ impl ReplicationSource {
     /// `outbox-relay setup`: the publication, and the slot with its first copy when missing.
     /// Returns the new slot's consistent point and what its copy did, or `None` when the slot
     /// was there.
-    pub async fn setup(&mut self, recreate: bool) -> Result<Option<(Lsn, CopyReport)>, RelayError> {
+    pub(crate) async fn setup(&mut self, recreate: bool) -> Result<Option<(Lsn, CopyReport)>, RelayError> {
         let (client, server) = crate::postgres::connect_primary(&self.config.postgres).await?;
         self.sink.set_source(&dedup::source_identity(&client, &self.config).await?);
         let plan = slot::prepare(&self.config, &client, recreate).await?;
@@ -134,6 +137,10 @@ impl ReplicationSource {
         tracing::info!(slot = %slot_name, %confirmed, table = %self.table.display_name(), "active: streaming from the slot");
         pulse.active();
         let dedup = Dedup::new(&self.config, MODE, Lookback::Since(confirmed), self.sink.source(), shutdown);
-        stream::StreamSession::new(self, &client, pulse, wal, confirmed, dedup).run(shutdown).await
+        let delivery = Delivery::new(&self.sink, &self.dead_letters, &self.config.kafka, dedup, pulse, MODE);
+        let (outbox, replication) = (&self.config.outbox, &self.config.replication);
+        let feed =
+            Feed::new(delivery, confirmed, outbox, &self.mapping, replication, self.table.display_name());
+        StreamSession::new(&self.config, &self.dead_letters, &client, wal, feed).run(shutdown).await
     }
 }

@@ -25,6 +25,7 @@ use crate::config::{Endpoint, RelayConfig};
 use crate::error::{FatalReason, RelayError};
 use crate::lsn::Lsn;
 use crate::observe::pulse::Pulse;
+use crate::sink::Sink;
 use crate::sink::dedup::{Dedup, Lookback};
 use crate::table::{OutboxTable, quote_ident};
 
@@ -323,8 +324,8 @@ async fn ensure_publication(config: &RelayConfig, client: &Client) -> Result<(),
 /// Creates the slot on the (not yet streaming) replication session, remembers it, and
 /// publishes the rows visible in its exported snapshot. Returns the slot's consistent point,
 /// and what the copy did.
-pub(super) async fn create_and_copy(
-    source: &ReplicationSource,
+pub(super) async fn create_and_copy<S: Sink>(
+    source: &ReplicationSource<S>,
     server: &Endpoint,
     replication: &mut pgwire_replication::ReplicationClient,
     client: &Client,

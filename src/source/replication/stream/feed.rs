@@ -1,0 +1,309 @@
+//! What the stream hands the delivery stage, and what it may confirm: the stream's decisions
+//! apart from its connections (the WAL transport and the SQL session are [`super`]'s), so they
+//! are unit-tested against the scripted sink.
+//!
+//! Invariants:
+//! - each outbox event of a transaction goes to the stage with its transaction as its position;
+//!   the transaction counts it once Kafka or the dead-letter table holds it ([`Tracker`]), and
+//!   only the contiguous prefix of transactions so counted is confirmed;
+//! - a dead letter is written before anything counts it: the session writes [`Feed::letters`],
+//!   then calls [`Feed::letters_written`];
+//! - reading stops while the stage holds, and while the records in flight reach either bound
+//!   (`replication.max_in_flight_events`, `replication.max_in_flight_bytes`: a record may take
+//!   the bytes over the budget; the next waits);
+//! - events are numbered by their place in their transaction, published or not, so a replay
+//!   numbers them the same way.
+
+use std::time::{Instant, SystemTime};
+
+use prometheus::IntCounter;
+
+use super::super::decode::{self, Change, Decoder};
+use super::super::transport::WalEvent;
+use super::super::{HEARTBEAT_PREFIX, MODE};
+use crate::checkpoint::{Tracker, TxnId};
+use crate::config::{OutboxConfig, ReplicationConfig};
+use crate::dead_letter::DeadLetter;
+use crate::delivery::record::{Mapping, OutboxRow, Position};
+use crate::delivery::{Delivery, Settled};
+use crate::error::{FatalReason, RelayError};
+use crate::lsn::Lsn;
+use crate::observe::metrics::{Clock, SkippedKind, metrics};
+use crate::sink::{Report, Sink};
+
+/// The transaction being read (between Begin and Commit).
+#[derive(Debug, Clone, Copy)]
+struct OpenTxn {
+    id: TxnId,
+    commit_lsn: Lsn,
+    commit_time: SystemTime,
+    /// The place of the next outbox event in the transaction (its position's index).
+    next_index: u32,
+}
+
+/// What a dead letter's transaction does once the letter is written.
+enum Written {
+    /// A row that cannot map: never sent, so its transaction never counted it.
+    Unsent,
+    /// A refused record: its transaction counts it as settled.
+    Acked(TxnId),
+    /// A non-transactional message: its own unit of the position, complete at `lsn`.
+    Committed(TxnId, Lsn),
+}
+
+pub(in crate::source::replication) struct Feed<'a, S: Sink> {
+    /// The path to Kafka: each record's position is its transaction.
+    pub(super) delivery: Delivery<'a, S, TxnId>,
+    tracker: Tracker,
+    decoder: Decoder,
+    mapping: &'a Mapping,
+    replication: &'a ReplicationConfig,
+    /// The outbox table's name, for the error that says it was renamed.
+    table: String,
+    /// When the current turn of reading began: the send time of the records it hands over.
+    turn_at: Instant,
+    open: Option<OpenTxn>,
+    /// Dead letters to write before [`Feed::letters_written`], and what each then settles.
+    letters: Vec<DeadLetter>,
+    written: Vec<Written>,
+    /// This mode's `events_read_total` (looked up once).
+    read: IntCounter,
+}
+
+impl<'a, S: Sink> Feed<'a, S> {
+    /// A feed that confirmed `confirmed` already.
+    pub(in crate::source::replication) fn new(
+        delivery: Delivery<'a, S, TxnId>,
+        confirmed: Lsn,
+        outbox: &OutboxConfig,
+        mapping: &'a Mapping,
+        replication: &'a ReplicationConfig,
+        table: String,
+    ) -> Feed<'a, S> {
+        Feed {
+            delivery,
+            tracker: Tracker::new(confirmed),
+            decoder: Decoder::new(outbox),
+            mapping,
+            replication,
+            table,
+            turn_at: Instant::now(),
+            open: None,
+            letters: Vec::new(),
+            written: Vec::new(),
+            read: metrics().events_read.with_label_values(&[MODE.label()]),
+        }
+    }
+
+    /// Whether to read on: nothing is held, and the records in flight are under both bounds.
+    pub(super) fn reading(&self) -> bool {
+        let r = self.replication;
+        !self.delivery.holding()
+            && self.tracker.in_flight_events() < r.max_in_flight_events
+            && self.delivery.bytes() < r.max_in_flight_bytes
+    }
+
+    /// A turn of reading begins: the records it hands over were sent now.
+    pub(super) fn begin_turn(&mut self) {
+        self.turn_at = Instant::now();
+    }
+
+    /// Handles one stream event; returns a position that may be confirmed now that nothing is
+    /// in flight (a keepalive's or a heartbeat's).
+    pub(super) async fn handle(&mut self, event: WalEvent) -> Result<Option<Lsn>, RelayError> {
+        match event {
+            WalEvent::Begin { commit_lsn, commit_time } => {
+                self.open =
+                    Some(OpenTxn { id: self.tracker.begin(), commit_lsn, commit_time, next_index: 0 });
+            }
+            WalEvent::Commit { end_lsn } => {
+                let txn =
+                    self.open.take().ok_or_else(|| RelayError::Protocol("Commit without Begin".into()))?;
+                self.tracker.commit(txn.id, end_lsn);
+                metrics().received_lsn.set(end_lsn.0 as f64);
+            }
+            WalEvent::Data(data) => {
+                match self.decoder.decode(&data).map_err(|e| RelayError::Protocol(e.to_string()))? {
+                    Change::Insert(raw) => {
+                        let txn = self
+                            .open
+                            .as_mut()
+                            .ok_or_else(|| RelayError::Protocol("Insert outside a transaction".into()))?;
+                        let txn = next_event(txn);
+                        self.publish(raw, txn).await?;
+                    }
+                    Change::Relation => {}
+                    Change::Skipped(kind) => {
+                        metrics().stream_messages_skipped.with_label_values(&[kind.label()]).inc()
+                    }
+                    Change::OutboxRenamed { now } => return Err(self.outbox_renamed(&now)),
+                }
+            }
+            WalEvent::Message { transactional, lsn, prefix, content } => {
+                return self.message(transactional, lsn, &prefix, &content).await;
+            }
+            WalEvent::KeepAlive { wal_end } => {
+                metrics().received_lsn.set(wal_end.0 as f64);
+                if self.open.is_none() {
+                    return Ok(self.tracker.idle_advance(wal_end));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    fn outbox_renamed(&self, now: &str) -> RelayError {
+        let table = &self.table;
+        RelayError::fatal(
+            FatalReason::OutboxChanged,
+            format!(
+                "the outbox table {table} is now {now} (renamed or moved while the relay streamed): its inserts \
+                 would no longer be recognised, so the relay stops without confirming past them; rename it back, \
+                 or set outbox.schema / outbox.table to the new name and restart"
+            ),
+        )
+    }
+
+    /// A logical decoding message: the relay's heartbeat, an outbox event, or someone else's.
+    async fn message(
+        &mut self,
+        transactional: bool,
+        lsn: Lsn,
+        prefix: &str,
+        content: &[u8],
+    ) -> Result<Option<Lsn>, RelayError> {
+        if prefix == HEARTBEAT_PREFIX && !transactional && self.open.is_none() {
+            // Every transaction that committed before this record was streamed before it; with
+            // none in flight, nothing before `lsn` is left to publish.
+            metrics().received_lsn.set(lsn.0 as f64);
+            return Ok(self.tracker.idle_advance(lsn));
+        }
+        if prefix != self.replication.message_prefix {
+            metrics().stream_messages_skipped.with_label_values(&[SkippedKind::ForeignMessage.label()]).inc();
+            return Ok(None);
+        }
+        let raw = decode::message_event(content).unwrap_or_else(|reason| {
+            tracing::warn!(%lsn, %reason, "an outbox message is not an event object");
+            OutboxRow::default()
+        });
+        match self.open.as_mut() {
+            Some(txn) if transactional => {
+                let txn = next_event(txn);
+                self.publish(raw, txn).await?;
+            }
+            _ => self.untrusted(raw, lsn),
+        }
+        Ok(None)
+    }
+
+    /// A non-transactional message with the outbox prefix: written even when its transaction
+    /// rolls back, and by anyone who may call `pg_logical_emit_message`, so never published.
+    /// It takes the dead-letter path, as its own unit of the position.
+    fn untrusted(&mut self, raw: OutboxRow, lsn: Lsn) {
+        metrics().stream_messages_skipped.with_label_values(&[SkippedKind::UntrustedMessage.label()]).inc();
+        tracing::warn!(%lsn, event_id = ?raw.id, "a non-transactional outbox message is not published");
+        let letter = DeadLetter::row(
+            raw,
+            "non-transactional outbox message: not published (it is written even when its transaction \
+                     rolls back); emit events with outbox_emit() or pg_logical_emit_message(true, ...)"
+                .into(),
+        );
+        // its own unit of the position; held like a row that cannot map: nothing after it is
+        // read, nothing past it confirmed
+        let txn = self.tracker.begin();
+        if let Settled::DeadLettered(_, letter) = self.delivery.unpublishable(txn, letter) {
+            self.letter(*letter, Written::Committed(txn, lsn));
+        }
+    }
+
+    /// Publishes the event at `txn`'s current index (see [`next_event`]).
+    async fn publish(&mut self, raw: OutboxRow, txn: OpenTxn) -> Result<(), RelayError> {
+        self.read.inc();
+        match self.mapping.to_record(raw, Some(txn.commit_time)) {
+            Ok(mut event) => {
+                event.position = Some(Position::Stream { commit: txn.commit_lsn, index: txn.next_index });
+                self.tracker.sent(txn.id);
+                if let Some(settled) = self.delivery.send(txn.id, event, self.turn_at).await? {
+                    self.settled(settled);
+                }
+            }
+            // (never sent, so never counted in the transaction: dead-lettering it releases nothing)
+            Err(unpublishable) => {
+                match self.delivery.unpublishable(txn.id, DeadLetter::unmapped(*unpublishable)) {
+                    Settled::DeadLettered(_, letter) => self.letter(*letter, Written::Unsent),
+                    held => self.settled(held),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A report from the sink, settled by the delivery stage.
+    pub(super) async fn settle(&mut self, report: Report, clock: &Clock) -> Result<(), RelayError> {
+        if let Some(settled) = self.delivery.settle(report, clock).await? {
+            self.settled(settled);
+        }
+        Ok(())
+    }
+
+    /// What a settled record means to the stream: its transaction counts it as acknowledged
+    /// once Kafka or the dead-letter table holds it; a held one keeps its transaction open.
+    fn settled(&mut self, settled: Settled<TxnId>) {
+        match settled {
+            Settled::Acked(txn) => self.tracker.acked(txn),
+            Settled::DeadLettered(txn, letter) => self.letter(*letter, Written::Acked(txn)),
+            Settled::Held(_) => {}
+        }
+    }
+
+    fn letter(&mut self, letter: DeadLetter, then: Written) {
+        self.letters.push(letter);
+        self.written.push(then);
+    }
+
+    /// The dead letters to write now (committed), before [`Feed::letters_written`].
+    pub(super) fn letters(&self) -> &[DeadLetter] {
+        &self.letters
+    }
+
+    /// [`Feed::letters`] are written: their transactions count them.
+    pub(super) fn letters_written(&mut self) {
+        self.letters.clear();
+        for written in self.written.drain(..) {
+            match written {
+                Written::Unsent => {}
+                Written::Acked(txn) => self.tracker.acked(txn),
+                Written::Committed(txn, lsn) => self.tracker.commit(txn, lsn),
+            }
+        }
+    }
+
+    /// The end of the contiguous prefix of settled transactions, when it moved.
+    pub(super) fn advance(&mut self) -> Option<Lsn> {
+        self.tracker.advance()
+    }
+
+    /// The position the tracker would confirm.
+    pub(super) fn confirmed(&self) -> Lsn {
+        self.tracker.confirmed()
+    }
+
+    /// The in-flight gauges.
+    pub(super) fn gauges(&self) {
+        let m = metrics();
+        m.events_in_flight.set(self.tracker.in_flight_events() as i64);
+        m.bytes_in_flight.set(self.delivery.bytes() as i64);
+        m.transactions_in_flight.set(self.tracker.open_transactions() as i64);
+    }
+}
+
+/// The open transaction as its next outbox event sees it, and the index moved past that event.
+/// Every event read counts, published or not, so a replay numbers them the same way.
+fn next_event(txn: &mut OpenTxn) -> OpenTxn {
+    let current = *txn;
+    txn.next_index += 1;
+    current
+}
+
+#[cfg(test)]
+mod tests;
