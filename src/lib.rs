@@ -12,7 +12,8 @@
 //! - [`relay`]: the daemon: listener, sampler, supervisor, signals; [`ops`]: the operator
 //!   commands (`check`, `status`, `verify`);
 //! - [`supervisor`]: runs a source: the error policy, backoff, standby wait, shutdown flush;
-//! - [`source`]: where events come from (polling, replication);
+//! - [`source`]: where events come from (polling, replication), and the sampler of what
+//!   PostgreSQL says of them (slot, backlog);
 //! - [`delivery`]: the one path from a source to Kafka (read-back, the poison policy, hold and
 //!   resend, the stall watch), and how a row becomes a Kafka record (`delivery::record`, one
 //!   mapping for both modes); [`dead_letter`]: the one row shape and INSERT of a dead letter;
@@ -20,7 +21,7 @@
 //! - [`checkpoint`]: which LSN may be confirmed; [`table`]: the outbox table and its SQL;
 //!   [`postgres`]: connecting, with `sslmode`, certificates and password files;
 //! - [`observe`]: metrics (with their typed labels), health and the session's pulse, the HTTP
-//!   listener, the sampler;
+//!   listener;
 //! - [`backoff`]: capped exponential backoff, shared with the example services;
 //! - [`config`]: the TOML + environment configuration, validated, secrets redacted;
 //!   [`error`]: the one error type and the one policy (retry, standby, fatal); [`lsn`]: LSN

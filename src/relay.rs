@@ -14,11 +14,12 @@ use tokio::sync::watch;
 use crate::config::{RelayConfig, SourceMode};
 use crate::error::{Action, FatalReason, RelayError};
 use crate::observe::health::{Health, Phase};
+use crate::observe::http;
 use crate::observe::metrics::metrics;
-use crate::observe::{http, sampler};
 use crate::sink::kafka::KafkaSink;
 use crate::source::polling::PollingSource;
 use crate::source::replication::ReplicationSource;
+use crate::source::sampler;
 use crate::supervisor;
 
 pub async fn run(config: RelayConfig) -> Result<(), RelayError> {

@@ -1,5 +1,6 @@
 //! What SREs see: the metrics (names and typed labels), health and the pulse that writes it, the
-//! HTTP listener (`/metrics`, `/healthz`, `/readyz`) and the sampler of server-side numbers.
+//! HTTP listener (`/metrics`, `/healthz`, `/readyz`). (What PostgreSQL says of a source, sampled
+//! into gauges, is the source's: [`crate::source::sampler`].)
 //!
 //! Invariants:
 //! - nothing here decides what the relay does next: a session writes facts (through its
@@ -10,4 +11,3 @@ pub(crate) mod health;
 pub(crate) mod http;
 pub mod metrics;
 pub mod pulse;
-pub(crate) mod sampler;

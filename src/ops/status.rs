@@ -14,7 +14,7 @@ use tokio_postgres::Client;
 
 use crate::config::{RelayConfig, SourceMode};
 use crate::error::RelayError;
-use crate::observe::sampler::BACKLOG_COUNT_CAP;
+use crate::source::sampler::BACKLOG_COUNT_CAP;
 
 /// One line of the report: what, and its value.
 pub type Line = (&'static str, String);
@@ -106,7 +106,7 @@ async fn slot(client: &Client, slot: &str) -> Result<Vec<Line>, RelayError> {
 }
 
 async fn backlog(client: &Client, config: &RelayConfig) -> Result<Vec<Line>, RelayError> {
-    let (count, age) = crate::observe::sampler::backlog(config, client).await?;
+    let (count, age) = crate::source::sampler::backlog(config, client).await?;
     let mut lines = vec![(
         "backlog (unpublished rows)",
         match count >= BACKLOG_COUNT_CAP {

@@ -3,3 +3,4 @@
 pub(crate) mod handover;
 pub(crate) mod polling;
 pub mod replication;
+pub(crate) mod sampler;
