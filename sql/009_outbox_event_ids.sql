@@ -14,11 +14,11 @@
 -- disables the trigger for its session's transaction as the table owner:
 --   ALTER TABLE outbox_events DISABLE TRIGGER outbox_events_assign_id; ... ENABLE TRIGGER ...
 -- (SECURITY DEFINER: a writer needs no privilege on the sequence, as with the identity default;
--- the sequence's name comes qualified from the trigger's argument)
+-- the trigger's argument is the sequence's OID, which a rename or a move to another schema keeps)
 CREATE OR REPLACE FUNCTION outbox_events_assign_id() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
 BEGIN
-    NEW.id := nextval(TG_ARGV[0]::regclass);
+    NEW.id := nextval(TG_ARGV[0]::oid::regclass);
     RETURN NEW;
 END
 $$;
@@ -34,6 +34,6 @@ BEGIN
     EXECUTE 'DROP TRIGGER IF EXISTS outbox_events_assign_id ON outbox_events';
     EXECUTE format(
         'CREATE TRIGGER outbox_events_assign_id BEFORE INSERT ON outbox_events '
-        'FOR EACH ROW EXECUTE FUNCTION outbox_events_assign_id(%L)', sequence);
+        'FOR EACH ROW EXECUTE FUNCTION outbox_events_assign_id(%L)', sequence::regclass::oid);
 END
 $$;
