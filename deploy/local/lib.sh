@@ -162,6 +162,17 @@ free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
+# free_ports N: N distinct free ports on one line, all held open until all are chosen (N calls
+# of free_port may get one port twice: a Kafka node given the same port for two listeners
+# refused to format, on a run where many tests started brokers at once)
+free_ports() {
+    python3 -c 'import socket, sys
+held = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in held:
+    s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in held))' "$1"
+}
+
 wait_for_port() { # port seconds
     local i
     for ((i = 0; i < $2 * 10; i++)); do
@@ -379,7 +390,7 @@ start_kafka() {
     KAFKA_BROKERS="" KAFKA_SSL_BROKERS="" KAFKA_SASL_BROKERS=""
     for ((id = 1; id <= brokers; id++)); do
         mkdir -p "$dir/node-$id"
-        printf '%s %s %s %s\n' "$(free_port)" "$(free_port)" "$(free_port)" "$(free_port)" >"$dir/node-$id/ports"
+        free_ports 4 >"$dir/node-$id/ports"
         read -r plain ssl sasl controller <"$dir/node-$id/ports"
         KAFKA_BROKERS+="${KAFKA_BROKERS:+,}127.0.0.1:$plain"
         KAFKA_SSL_BROKERS+="${KAFKA_SSL_BROKERS:+,}localhost:$ssl"
