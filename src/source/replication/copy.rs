@@ -18,16 +18,13 @@ use futures::{StreamExt, pin_mut};
 use tokio::sync::{MutexGuard, watch};
 use tokio_postgres::Client;
 
-use super::{MODE, ReplicationSource};
-use crate::config::Endpoint;
-use crate::dead_letter::DeadLetter;
+use crate::config::{Endpoint, PostgresConfig};
+use crate::dead_letter::{DeadLetter, DeadLetters};
 use crate::delivery::record::{Mapping, OutboxRow, Position};
 use crate::delivery::{Delivery, Settled};
 use crate::error::RelayError;
 use crate::lsn::Lsn;
 use crate::observe::metrics::Clock;
-use crate::observe::pulse::Pulse;
-use crate::sink::dedup::Dedup;
 use crate::sink::{Reports, Sink};
 use crate::table::{OutboxTable, outbox_row, quote_literal};
 
@@ -48,28 +45,29 @@ pub struct CopyReport {
 }
 
 /// The first copy: the rows of the slot's snapshot, published in id order.
-pub(super) struct FirstCopy<'a, S: Sink> {
-    pub(super) source: &'a ReplicationSource<S>,
+pub(super) struct FirstCopy<'a> {
+    pub(super) postgres: &'a PostgresConfig,
     /// The server whose replication session exported the snapshot: only it knows the snapshot.
     pub(super) server: &'a Endpoint,
+    pub(super) table: &'a OutboxTable,
+    pub(super) mapping: &'a Mapping,
+    pub(super) dead_letters: &'a DeadLetters,
     /// Where dead letters are written (the copy's own session is read-only).
-    pub(super) dead_letters: &'a Client,
-    pub(super) pulse: &'a Pulse,
+    pub(super) letters_to: &'a Client,
     /// The slot's consistent point, in each record's position.
     pub(super) point: Lsn,
 }
 
-impl<S: Sink> FirstCopy<'_, S> {
-    /// Publishes the rows of `snapshot`; `dedup` knows the rows the topics already hold (from an
-    /// interrupted copy, or the slot's previous life).
-    pub(super) async fn run(
+impl FirstCopy<'_> {
+    /// Publishes the rows of `snapshot` through `delivery`, whose read-back knows the rows the
+    /// topics already hold (from an interrupted copy, or the slot's previous life).
+    pub(super) async fn run<S: Sink>(
         &self,
         snapshot: &str,
-        dedup: Dedup,
+        delivery: Delivery<'_, S, u64>,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<CopyReport, RelayError> {
-        let source = self.source;
-        let mut client = crate::postgres::connect_to(&source.config.postgres, self.server).await?;
+        let mut client = crate::postgres::connect_to(self.postgres, self.server).await?;
         let tx = client
             .build_transaction()
             .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
@@ -78,12 +76,10 @@ impl<S: Sink> FirstCopy<'_, S> {
             .await?;
         tx.batch_execute(&format!("SET TRANSACTION SNAPSHOT {}", quote_literal(snapshot))).await?;
         let encoding: String = tx.query_one(OutboxTable::SERVER_ENCODING_SQL, &[]).await?.get(0);
-        let table = source.table.clone().for_server_encoding(&encoding);
+        let table = self.table.clone().for_server_encoding(&encoding);
         let rows = tx.query_raw(&table.copy_sql(), std::iter::empty::<i32>()).await?;
         pin_mut!(rows);
-        let delivery =
-            Delivery::new(&source.sink, &source.dead_letters, &source.config.kafka, dedup, self.pulse, MODE);
-        let mut copying = Copying::new(delivery, &source.mapping, self.point, COPY_CHUNK).await;
+        let mut copying = Copying::new(delivery, self.mapping, self.point, COPY_CHUNK).await;
         loop {
             let next = rows.next().await.transpose()?;
             match &next {
@@ -106,7 +102,7 @@ impl<S: Sink> FirstCopy<'_, S> {
     /// read-only), and empties it.
     async fn write(&self, letters: &mut Vec<DeadLetter>) -> Result<(), RelayError> {
         if !letters.is_empty() {
-            self.source.dead_letters.write_committed(self.dead_letters, letters).await?;
+            self.dead_letters.write_committed(self.letters_to, letters).await?;
             letters.clear();
         }
         Ok(())

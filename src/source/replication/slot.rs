@@ -22,6 +22,7 @@ use super::copy::{CopyReport, FirstCopy};
 use super::transport::{self, Command};
 use super::{MODE, ReplicationSource};
 use crate::config::{Endpoint, RelayConfig};
+use crate::delivery::Delivery;
 use crate::error::{FatalReason, RelayError};
 use crate::lsn::Lsn;
 use crate::observe::pulse::Pulse;
@@ -355,8 +356,18 @@ pub(super) async fn create_and_copy<S: Sink>(
     // any row of the table may be in the topic already (a copy that was interrupted, or the
     // slot recreated after it was lost): read back everything the topics hold from this source
     let dedup = Dedup::new(&source.config, MODE, Lookback::Everything, source.sink.source(), shutdown);
-    let copy = FirstCopy { source, server, dead_letters: client, pulse, point: consistent_point };
-    let report = copy.run(&snapshot, dedup, shutdown).await?;
+    let delivery =
+        Delivery::new(&source.sink, &source.dead_letters, &source.config.kafka, dedup, pulse, MODE);
+    let copy = FirstCopy {
+        postgres: &source.config.postgres,
+        server,
+        table: &source.table,
+        mapping: &source.mapping,
+        dead_letters: &source.dead_letters,
+        letters_to: client,
+        point: consistent_point,
+    };
+    let report = copy.run(&snapshot, delivery, shutdown).await?;
     client.execute(COPIED_SQL, &[slot]).await?;
     let CopyReport { published, already_in_kafka, dead_lettered } = report;
     // `rows`: every row Kafka holds now (tests read this figure from the log)
