@@ -45,20 +45,41 @@ async fn txn(feed: &mut Feed<'_, ScriptedSink>, end: u64, ids: &[&str]) {
     }
 }
 
+/// Three one-event transactions, events 1, 2 and 3, committed at 100, 200 and 300.
+async fn three_transactions(feed: &mut Feed<'_, ScriptedSink>) {
+    for (end, id) in [(100, "1"), (200, "2"), (300, "3")] {
+        txn(feed, end, &[id]).await;
+    }
+}
+
 /// Settles the next report.
 async fn settle_next(feed: &mut Feed<'_, ScriptedSink>, reports: &mut Reports) {
     let report = tokio::time::timeout(PATIENCE, reports.recv()).await.expect("a report in time");
     feed.settle(report.expect("the sink holds a sender"), &Clock::now()).await.unwrap();
 }
 
-/// The stage of `f` fed from position 0 with `replication`'s bounds.
-fn feed<'a>(
-    f: &'a Fixture,
-    mapping: &'a Mapping,
-    replication: &'a ReplicationConfig,
-) -> Feed<'a, ScriptedSink> {
-    let delivery = f.delivery::<TxnId>();
-    Feed::new(delivery, Lsn(0), &OutboxConfig::default(), mapping, replication, "public.outbox".into())
+/// What a feed borrows: a stage over the scripted sink, the default mapping, and the
+/// replication settings (the in-flight bounds).
+struct Rig {
+    f: Fixture,
+    mapping: Mapping,
+    replication: ReplicationConfig,
+}
+
+impl Rig {
+    fn new(on_poison: &str) -> Rig {
+        Rig::with(on_poison, ReplicationConfig::default())
+    }
+
+    fn with(on_poison: &str, replication: ReplicationConfig) -> Rig {
+        Rig { f: Fixture::new(on_poison), mapping: Mapping::new(&OutboxConfig::default()), replication }
+    }
+
+    /// A feed from position 0.
+    fn feed(&self) -> Feed<'_, ScriptedSink> {
+        let (outbox, table) = (&OutboxConfig::default(), "public.outbox".to_string());
+        Feed::new(self.f.delivery::<TxnId>(), Lsn(0), outbox, &self.mapping, &self.replication, table)
+    }
 }
 
 fn letter_ids(feed: &Feed<'_, ScriptedSink>) -> Vec<String> {
@@ -68,14 +89,11 @@ fn letter_ids(feed: &Feed<'_, ScriptedSink>) -> Vec<String> {
 #[tokio::test]
 async fn only_the_contiguous_acknowledged_prefix_is_confirmed() {
     // given three transactions whose first record is acknowledged last
-    let f = Fixture::new("dead_letter");
-    f.sink.script("1", [Fault::Delay(Duration::from_millis(50))]);
-    let (mapping, replication) = (Mapping::new(&OutboxConfig::default()), ReplicationConfig::default());
-    let mut feed = feed(&f, &mapping, &replication);
+    let rig = Rig::new("dead_letter");
+    rig.f.sink.script("1", [Fault::Delay(Duration::from_millis(50))]);
+    let mut feed = rig.feed();
     let mut reports = feed.delivery.reports().await;
-    for (end, id) in [(100, "1"), (200, "2"), (300, "3")] {
-        txn(&mut feed, end, &[id]).await;
-    }
+    three_transactions(&mut feed).await;
     // when the later two are acknowledged, nothing may be confirmed
     for _ in 0..2 {
         settle_next(&mut feed, &mut reports).await;
@@ -89,25 +107,24 @@ async fn only_the_contiguous_acknowledged_prefix_is_confirmed() {
 #[tokio::test]
 async fn reading_stops_at_either_in_flight_bound() {
     // given records whose acknowledgements wait, and a bound of two records
-    let f = Fixture::new("dead_letter");
-    for id in ["1", "2", "3"] {
-        f.sink.script(id, [Fault::Hold]);
+    let rig = Rig::with("dead_letter", ReplicationConfig { max_in_flight_events: 2, ..Default::default() });
+    for id in ["1", "2"] {
+        rig.f.sink.script(id, [Fault::Hold]);
     }
-    let mapping = Mapping::new(&OutboxConfig::default());
-    let replication = ReplicationConfig { max_in_flight_events: 2, ..ReplicationConfig::default() };
-    let mut feed = feed(&f, &mapping, &replication);
+    let mut feed = rig.feed();
     let mut reports = feed.delivery.reports().await;
     // when two are in flight, reading stops; once they are acknowledged, it goes on
     txn(&mut feed, 100, &["1"]).await;
     assert!(feed.reading());
     txn(&mut feed, 200, &["2"]).await;
     assert!(!feed.reading(), "read past max_in_flight_events");
-    f.sink.release();
+    rig.f.sink.release();
     settle_next(&mut feed, &mut reports).await;
     assert!(feed.reading());
     // and a byte bound of one record's size stops reading after one record
-    let replication = ReplicationConfig { max_in_flight_bytes: 1, ..ReplicationConfig::default() };
-    let mut feed = self::feed(&f, &mapping, &replication);
+    let rig = Rig::with("dead_letter", ReplicationConfig { max_in_flight_bytes: 1, ..Default::default() });
+    rig.f.sink.script("3", [Fault::Hold]);
+    let mut feed = rig.feed();
     assert!(feed.reading());
     txn(&mut feed, 300, &["3"]).await;
     assert!(!feed.reading(), "read past max_in_flight_bytes");
@@ -116,10 +133,9 @@ async fn reading_stops_at_either_in_flight_bound() {
 #[tokio::test]
 async fn under_dead_letter_a_refused_record_counts_only_once_its_letter_is_written() {
     // given a transaction whose record Kafka refuses
-    let f = Fixture::new("dead_letter");
-    f.sink.script("1", [Fault::Reject]);
-    let (mapping, replication) = (Mapping::new(&OutboxConfig::default()), ReplicationConfig::default());
-    let mut feed = feed(&f, &mapping, &replication);
+    let rig = Rig::new("dead_letter");
+    rig.f.sink.script("1", [Fault::Reject]);
+    let mut feed = rig.feed();
     let mut reports = feed.delivery.reports().await;
     txn(&mut feed, 100, &["1"]).await;
     // when its report comes, the letter is to be written, and nothing is confirmed yet
@@ -134,9 +150,8 @@ async fn under_dead_letter_a_refused_record_counts_only_once_its_letter_is_writt
 
 #[tokio::test]
 async fn under_dead_letter_a_row_that_cannot_map_is_a_letter_and_reading_goes_on() {
-    let f = Fixture::new("dead_letter");
-    let (mapping, replication) = (Mapping::new(&OutboxConfig::default()), ReplicationConfig::default());
-    let mut feed = feed(&f, &mapping, &replication);
+    let rig = Rig::new("dead_letter");
+    let mut feed = rig.feed();
     let mut reports = feed.delivery.reports().await;
     txn(&mut feed, 100, &["!1", "2"]).await;
     assert_eq!(letter_ids(&feed), ["1"]);
@@ -144,20 +159,17 @@ async fn under_dead_letter_a_row_that_cannot_map_is_a_letter_and_reading_goes_on
     feed.letters_written();
     settle_next(&mut feed, &mut reports).await;
     assert_eq!(feed.advance(), Some(Lsn(100)));
-    assert_eq!(f.sink.sent(), ["2"]);
+    assert_eq!(rig.f.sink.sent(), ["2"]);
 }
 
 #[tokio::test]
 async fn under_block_a_refused_record_holds_reading_and_confirmation_until_kafka_takes_it() {
     // given the block policy and the second transaction's record refused once
-    let f = Fixture::new("block");
-    f.sink.script("2", [Fault::Reject]);
-    let (mapping, replication) = (Mapping::new(&OutboxConfig::default()), ReplicationConfig::default());
-    let mut feed = feed(&f, &mapping, &replication);
+    let rig = Rig::new("block");
+    rig.f.sink.script("2", [Fault::Reject]);
+    let mut feed = rig.feed();
     let mut reports = feed.delivery.reports().await;
-    for (end, id) in [(100, "1"), (200, "2"), (300, "3")] {
-        txn(&mut feed, end, &[id]).await;
-    }
+    three_transactions(&mut feed).await;
     // when the reports come, the first is confirmed alone, and reading stops at the held one
     for _ in 0..3 {
         settle_next(&mut feed, &mut reports).await;
@@ -170,28 +182,26 @@ async fn under_block_a_refused_record_holds_reading_and_confirmation_until_kafka
     settle_next(&mut feed, &mut reports).await;
     assert_eq!(feed.advance(), Some(Lsn(300)));
     assert!(feed.reading());
-    assert_eq!(f.sink.sent(), ["1", "2", "3", "2"]);
+    assert_eq!(rig.f.sink.sent(), ["1", "2", "3", "2"]);
 }
 
 #[tokio::test]
 async fn under_block_a_row_that_cannot_map_stops_reading_and_confirmation() {
-    let f = Fixture::new("block");
-    let (mapping, replication) = (Mapping::new(&OutboxConfig::default()), ReplicationConfig::default());
-    let mut feed = feed(&f, &mapping, &replication);
+    let rig = Rig::new("block");
+    let mut feed = rig.feed();
     let mut reports = feed.delivery.reports().await;
     txn(&mut feed, 100, &["1", "!2"]).await;
     settle_next(&mut feed, &mut reports).await;
     assert!(!feed.reading());
     assert!(feed.letters().is_empty());
     assert_eq!(feed.advance(), None, "confirmed past a held row");
-    assert!(f.health.readiness().unwrap_err().contains("blocked at event 2"));
+    assert!(rig.f.health.readiness().unwrap_err().contains("blocked at event 2"));
 }
 
 #[tokio::test]
 async fn a_non_transactional_outbox_message_is_a_letter_confirmed_once_written() {
-    let f = Fixture::new("dead_letter");
-    let (mapping, replication) = (Mapping::new(&OutboxConfig::default()), ReplicationConfig::default());
-    let mut feed = feed(&f, &mapping, &replication);
+    let rig = Rig::new("dead_letter");
+    let mut feed = rig.feed();
     let WalEvent::Message { content, prefix, .. } = message("7", false) else { unreachable!() };
     let forged = WalEvent::Message { transactional: false, lsn: Lsn(150), prefix, content };
     assert_eq!(feed.handle(forged).await.unwrap(), None);
@@ -199,20 +209,19 @@ async fn a_non_transactional_outbox_message_is_a_letter_confirmed_once_written()
     assert_eq!(feed.advance(), None, "confirmed before the dead letter was written");
     feed.letters_written();
     assert_eq!(feed.advance(), Some(Lsn(150)));
-    assert!(f.sink.sent().is_empty(), "a non-transactional message is never published");
+    assert!(rig.f.sink.sent().is_empty(), "a non-transactional message is never published");
 }
 
 #[tokio::test]
 async fn a_keepalive_is_confirmed_only_while_nothing_is_in_flight() {
-    let f = Fixture::new("dead_letter");
-    f.sink.script("1", [Fault::Hold]);
-    let (mapping, replication) = (Mapping::new(&OutboxConfig::default()), ReplicationConfig::default());
-    let mut feed = feed(&f, &mapping, &replication);
+    let rig = Rig::new("dead_letter");
+    rig.f.sink.script("1", [Fault::Hold]);
+    let mut feed = rig.feed();
     let mut reports = feed.delivery.reports().await;
     assert_eq!(feed.handle(WalEvent::KeepAlive { wal_end: Lsn(50) }).await.unwrap(), Some(Lsn(50)));
     txn(&mut feed, 100, &["1"]).await;
     assert_eq!(feed.handle(WalEvent::KeepAlive { wal_end: Lsn(500) }).await.unwrap(), None);
-    f.sink.release();
+    rig.f.sink.release();
     settle_next(&mut feed, &mut reports).await;
     assert_eq!(feed.advance(), Some(Lsn(100)));
     assert_eq!(feed.handle(WalEvent::KeepAlive { wal_end: Lsn(500) }).await.unwrap(), Some(Lsn(500)));
