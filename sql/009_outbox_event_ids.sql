@@ -11,8 +11,14 @@
 --
 -- Cost: one more nextval per row (the identity default's value is replaced, so ids advance by
 -- two) and a PL/pgSQL call. An import that must keep its ids (a migration from another outbox)
--- disables the trigger for its session's transaction as the table owner:
---   ALTER TABLE outbox_events DISABLE TRIGGER outbox_events_assign_id; ... ENABLE TRIGGER ...
+-- disables the trigger as the table owner inside one transaction. DISABLE TRIGGER applies to
+-- every session once committed and locks the table against writers meanwhile, so never run it
+-- on its own (in autocommit, or without the ENABLE):
+--   BEGIN;
+--   ALTER TABLE outbox_events DISABLE TRIGGER outbox_events_assign_id;
+--   INSERT INTO outbox_events (id, ...) OVERRIDING SYSTEM VALUE ...;
+--   ALTER TABLE outbox_events ENABLE TRIGGER outbox_events_assign_id;
+--   COMMIT;
 -- (SECURITY DEFINER: a writer needs no privilege on the sequence, as with the identity default;
 -- the trigger's argument is the sequence's OID, which a rename or a move to another schema keeps)
 CREATE OR REPLACE FUNCTION outbox_events_assign_id() RETURNS trigger

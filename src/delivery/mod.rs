@@ -16,9 +16,10 @@
 //! - records go to the sink in the order they are handed over; the stage keeps each in flight
 //!   until its report, and says how many records and bytes are in flight, for the source's
 //!   bounds;
-//! - while held, the first refused record (in send order, whatever the order of the reports) is
-//!   sent again at the hold's backoff until Kafka takes it (it then settles `Acked`), then the
-//!   next; a row that cannot map is reported again at backoff and stays held until the relay
+//! - while held, the first refused record (in send order, among the refusals reported so far:
+//!   one of another partition may still be to come, but a partition's reports come in the order
+//!   its records were sent, so per key this is send order) is sent again at the hold's backoff
+//!   until Kafka takes it (it then settles `Acked`), then the next; a row that cannot map is reported again at backoff and stays held until the relay
 //!   restarts with another policy, unless the source reads it again fixed (polling:
 //!   [`Delivery::retry_held_as`]);
 //! - a hold and Kafka's silence outlive a session only when the source carries them over
@@ -158,6 +159,7 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
         let bytes = event.size();
         let seq = self.sink.enqueue(&event).await;
         self.in_flight.insert(seq, Sent { position, event, at, bytes });
+        self.stall.waiting();
         seq
     }
 

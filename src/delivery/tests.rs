@@ -105,6 +105,27 @@ async fn a_held_response_is_a_stall_until_it_comes() {
 }
 
 #[tokio::test]
+async fn idling_before_records_are_sent_is_no_stall() {
+    // given a stage that settled everything, then had nothing to send for longer than the
+    // stall warning (a polling session between claims, a hold before its resend)
+    let f = Fixture::new("dead_letter");
+    let mut delivery = f.delivery();
+    let mut reports = delivery.reports().await;
+    send_all(&mut delivery, &[1]).await;
+    assert_eq!(acked(&settle_all(&mut delivery, &mut reports).await), [1]);
+    delivery.check_stall();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // when a record is sent and checked at once, its acknowledgement held
+    f.sink.script("2", [Fault::Hold]);
+    send_all(&mut delivery, &[2]).await;
+    delivery.check_stall();
+    // then that is no stall: the silence began with the send
+    assert_eq!(f.health.readiness(), Ok("active".into()));
+    f.sink.release();
+    assert_eq!(acked(&settle_all(&mut delivery, &mut reports).await), [2]);
+}
+
+#[tokio::test]
 async fn a_refused_record_is_dead_lettered_under_dead_letter() {
     let f = Fixture::new("dead_letter");
     f.sink.script("2", [Fault::Reject]);

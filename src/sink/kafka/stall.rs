@@ -17,7 +17,10 @@ use crate::observe::pulse::Pulse;
 /// or nothing is waiting any more.
 pub(crate) struct StallWatch {
     after: Duration,
-    last_progress: Instant,
+    /// Since when records have waited with nothing acknowledged: None while nothing waits, so
+    /// a silence starts when records are handed over again, not when the last ones were settled
+    /// (a polling session idles between claims, and a hold between resends: no stall).
+    last_progress: Option<Instant>,
     stalled: bool,
     /// For the stall's diagnosis ([`crate::sink::cluster::unhealthy_partitions`]).
     kafka: KafkaConfig,
@@ -29,7 +32,7 @@ impl StallWatch {
     pub(crate) fn new(kafka: &KafkaConfig) -> StallWatch {
         StallWatch {
             after: Duration::from_millis(kafka.stall_warning_ms),
-            last_progress: Instant::now(),
+            last_progress: None,
             stalled: false,
             kafka: kafka.clone(),
             stall_number: Arc::new(AtomicUsize::new(0)),
@@ -38,12 +41,18 @@ impl StallWatch {
 
     /// The silence started at `since` (an earlier session's, still unanswered).
     pub(crate) fn silent_since(&mut self, since: Instant) {
-        self.last_progress = since;
+        self.last_progress = Some(since);
     }
 
-    /// Since when nothing was acknowledged (while records wait).
+    /// Records were handed to Kafka: if none waited, the silence starts now.
+    pub(crate) fn waiting(&mut self) {
+        self.last_progress.get_or_insert_with(Instant::now);
+    }
+
+    /// Since when nothing was acknowledged (while records wait; now if no check has seen them
+    /// wait yet).
     pub(crate) fn quiet_since(&self) -> Instant {
-        self.last_progress
+        self.last_progress.unwrap_or_else(Instant::now)
     }
 
     /// How often [`StallWatch::check`] should run.
@@ -53,13 +62,13 @@ impl StallWatch {
 
     /// Something was acknowledged at `now`.
     pub(crate) fn progressed(&mut self, now: Instant, pulse: &Pulse) {
-        self.last_progress = now;
+        self.last_progress = Some(now);
         self.unstall(pulse);
     }
 
     /// Nothing waits any more: neither a stall nor a silence.
     fn settled(&mut self, pulse: &Pulse) {
-        self.last_progress = Instant::now();
+        self.last_progress = None;
         metrics().kafka_unacknowledged.set(0.0);
         self.unstall(pulse);
     }
@@ -80,7 +89,7 @@ impl StallWatch {
             self.settled(pulse);
             return;
         }
-        let quiet = self.last_progress.elapsed();
+        let quiet = self.last_progress.get_or_insert_with(Instant::now).elapsed();
         metrics().kafka_unacknowledged.set(quiet.as_secs_f64());
         if !self.stalled && quiet >= self.after {
             self.stalled = true;
