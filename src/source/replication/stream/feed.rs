@@ -43,9 +43,7 @@ struct OpenTxn {
 
 /// What a dead letter's transaction does once the letter is written.
 enum Written {
-    /// A row that cannot map: never sent, so its transaction never counted it.
-    Unsent,
-    /// A refused record: its transaction counts it as settled.
+    /// A refused record, or a row that cannot map: its transaction counts it as settled.
     Acked(TxnId),
     /// A non-transactional message: its own unit of the position, complete at `lsn`.
     Committed(TxnId, Lsn),
@@ -227,10 +225,14 @@ impl<'a, S: Sink> Feed<'a, S> {
                     self.settled(settled);
                 }
             }
-            // (never sent, so never counted in the transaction: dead-lettering it releases nothing)
+            // (counted in its transaction like a record sent, so the transaction is not complete,
+            // nor confirmed, before the letter is written)
             Err(unpublishable) => {
                 match self.delivery.unpublishable(txn.id, DeadLetter::unmapped(*unpublishable)) {
-                    Settled::DeadLettered(_, letter) => self.letter(*letter, Written::Unsent),
+                    Settled::DeadLettered(_, letter) => {
+                        self.tracker.sent(txn.id);
+                        self.letter(*letter, Written::Acked(txn.id));
+                    }
                     held => self.settled(held),
                 }
             }
@@ -271,7 +273,6 @@ impl<'a, S: Sink> Feed<'a, S> {
         self.letters.clear();
         for written in self.written.drain(..) {
             match written {
-                Written::Unsent => {}
                 Written::Acked(txn) => self.tracker.acked(txn),
                 Written::Committed(txn, lsn) => self.tracker.commit(txn, lsn),
             }

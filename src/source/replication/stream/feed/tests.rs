@@ -163,6 +163,19 @@ async fn under_dead_letter_a_row_that_cannot_map_is_a_letter_and_reading_goes_on
 }
 
 #[tokio::test]
+async fn a_transaction_of_rows_that_cannot_map_is_confirmed_only_once_their_letters_are_written() {
+    // given a transaction whose only row cannot map, its Commit handled
+    let rig = Rig::new("dead_letter");
+    let mut feed = rig.feed();
+    txn(&mut feed, 100, &["!1"]).await;
+    // then nothing is confirmed until its letter is written, however often the session asks
+    assert_eq!(letter_ids(&feed), ["1"]);
+    assert_eq!(feed.advance(), None);
+    feed.letters_written();
+    assert_eq!(feed.advance(), Some(Lsn(100)));
+}
+
+#[tokio::test]
 async fn under_block_a_refused_record_holds_reading_and_confirmation_until_kafka_takes_it() {
     // given the block policy and the second transaction's record refused once
     let rig = Rig::new("block");
