@@ -514,6 +514,21 @@ async fn a_vanished_slot_is_fatal_until_recreated_on_purpose() {
     })
     .await;
     lingering.kill9();
+    // (setup refuses while another instance holds the slot's lock: wait until PostgreSQL has
+    // ended the killed relay's session, as an operator would see it in pg_locks)
+    wait_until("the killed relay's session to release the slot's lock", async || {
+        let held: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database \
+                 WHERE l.locktype = 'advisory' AND l.granted AND d.datname = current_database()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        held == 0
+    })
+    .await;
 
     // and `setup --recreate-slot` recreates it, copying the table: the row the topic already
     // holds is read back and not published again
