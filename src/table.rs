@@ -41,6 +41,9 @@ pub mod col {
     pub const HEADERS: &str = "headers";
     pub const TOPIC: &str = "topic";
     pub const CREATED_AT: &str = "created_at";
+    /// Polling's claim: the row's partition and its version's ctid (see [`super::RowAt`]).
+    pub const TABLEOID: &str = "relay_tableoid";
+    pub const CTID: &str = "relay_ctid";
 }
 
 /// The outbox table as the relay addresses it.
@@ -112,8 +115,8 @@ impl OutboxTable {
         }
     }
 
-    /// `SELECT <the event columns as text, aliased by [`col`]> FROM <table> t <tail>`.
-    fn select_events(&self, tail: &str) -> String {
+    /// `SELECT <the event columns as text, aliased by [`col`]><extra> FROM <table> t <tail>`.
+    fn select_events(&self, extra: &str, tail: &str) -> String {
         let c = &self.columns;
         let text = |name: &str| match self.raw_text {
             true => format!("convert_to(t.{}::text, 'SQL_ASCII')", quote_ident(name)),
@@ -126,7 +129,7 @@ impl OutboxTable {
             (false, _) => format!("t.{}::{ty} AS {alias}", quote_ident(name)),
         };
         format!(
-            "SELECT {}, {}, {}, {}, {}, {}, {}, {} FROM {} t {tail}",
+            "SELECT {}, {}, {}, {}, {}, {}, {}, {}{extra} FROM {} t {tail}",
             column(&c.id, col::ID),
             column(&c.aggregate_type, col::AGGREGATE_TYPE),
             column(&c.aggregate_id, col::AGGREGATE_ID),
@@ -139,25 +142,28 @@ impl OutboxTable {
         )
     }
 
-    /// Polling: claim the next `$1` unpublished rows in id order, skipping locked ones. ORDER BY
-    /// names the table's column (t.id), not the text output column, which would sort "10"
-    /// before "9".
+    /// Polling: claim the next `$1` unpublished rows in id order, skipping locked ones, with
+    /// where each lies ([`RowAt`]). ORDER BY names the table's column (t.id), not the text output
+    /// column, which would sort "10" before "9".
     pub fn claim_sql(&self) -> String {
-        self.select_events(&format!(
-            "WHERE {} ORDER BY t.{} LIMIT $1 FOR UPDATE SKIP LOCKED",
-            self.unpublished(),
-            quote_ident(&self.columns.id)
-        ))
+        let located = format!(", t.tableoid AS {}, t.ctid::text AS {}", col::TABLEOID, col::CTID);
+        self.select_events(
+            &located,
+            &format!(
+                "WHERE {} ORDER BY t.{} LIMIT $1 FOR UPDATE SKIP LOCKED",
+                self.unpublished(),
+                quote_ident(&self.columns.id)
+            ),
+        )
     }
 
     /// The first copy of a new slot: every unpublished row, in id order. (Rows polling mode
     /// marked published are not copied: a switch from polling with `after_publish = "mark"`.)
     pub fn copy_sql(&self) -> String {
-        self.select_events(&format!(
-            "WHERE {} ORDER BY t.{}",
-            self.unpublished(),
-            quote_ident(&self.columns.id)
-        ))
+        self.select_events(
+            "",
+            &format!("WHERE {} ORDER BY t.{}", self.unpublished(), quote_ident(&self.columns.id)),
+        )
     }
 
     /// `verify`: the rows whose `created_at` is in [`$1`, `$2`) (either NULL: unbounded), in id
@@ -171,7 +177,7 @@ impl OutboxTable {
                 c = quote_ident(created_at)
             ),
         };
-        self.select_events(&format!("{window} ORDER BY t.{}", quote_ident(&self.columns.id)))
+        self.select_events("", &format!("{window} ORDER BY t.{}", quote_ident(&self.columns.id)))
     }
 
     /// `verify`: which of the ids `$1` the table holds at all, and whether each is still
@@ -199,15 +205,22 @@ impl OutboxTable {
         format!("{} = ANY($1::text[]::{id_type}[])", quote_ident(&self.columns.id))
     }
 
-    /// Polling: release the published rows `$1` (delete, or mark).
-    pub fn release_sql(&self, id_type: &str) -> String {
+    /// The row versions `$1::oid[]` (tableoid) and `$2::text[]` (ctid), paired: exactly the rows
+    /// a claim holds, whatever their ids. (The first condition lets each partition look the
+    /// versions up by ctid; the second pairs them with their partitions.)
+    fn rows_at() -> &'static str {
+        "t.ctid = ANY($2::text[]::tid[]) AND (t.tableoid, t.ctid) IN (SELECT * FROM unnest($1::oid[], $2::text[]::tid[]))"
+    }
+
+    /// Polling: release the published rows at `$1`, `$2` ([`RowAt`]): delete, or mark.
+    pub fn release_sql(&self) -> String {
         match &self.published_at {
-            None => self.delete_sql(id_type),
+            None => self.delete_sql(),
             Some(column) => format!(
-                "UPDATE {} SET {} = now() WHERE {}",
+                "UPDATE {} t SET {} = now() WHERE {}",
                 self.qualified(),
                 quote_ident(column),
-                self.ids_match(id_type)
+                Self::rows_at()
             ),
         }
     }
@@ -222,16 +235,16 @@ impl OutboxTable {
         )
     }
 
-    /// Removes the rows `$1` (polling: dead-lettered rows leave the outbox).
-    pub fn delete_sql(&self, id_type: &str) -> String {
-        format!("DELETE FROM {} WHERE {}", self.qualified(), self.ids_match(id_type))
+    /// Removes the rows at `$1`, `$2` ([`RowAt`]; polling: dead-lettered rows leave the outbox).
+    pub fn delete_sql(&self) -> String {
+        format!("DELETE FROM {} t WHERE {}", self.qualified(), Self::rows_at())
     }
 
     /// The SQL type of the id column: `$1` the qualified table, `$2` the column.
     pub const ID_TYPE_SQL: &'static str = "SELECT format_type(atttypid, atttypmod) FROM pg_attribute \
          WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped";
 
-    /// The SQL type of the id column (for [`OutboxTable::release_sql`] and the like); a fatal
+    /// The SQL type of the id column (for [`OutboxTable::unpublished_count_sql`] and the like); a fatal
     /// `schema` error when the table or the column does not exist.
     pub async fn id_type(&self, client: &tokio_postgres::Client) -> Result<String, RelayError> {
         let id = &self.columns.id;
@@ -274,8 +287,8 @@ impl OutboxTable {
     /// The newest `limit` rows' (aggregate type, event type, topic) as text, with how many rows
     /// have each (`rows`): what `check` renders the routed topics from.
     pub fn topic_sample_sql(&self, limit: i64) -> String {
-        let newest =
-            self.select_events(&format!("ORDER BY t.{} DESC LIMIT {limit}", quote_ident(&self.columns.id)));
+        let newest = self
+            .select_events("", &format!("ORDER BY t.{} DESC LIMIT {limit}", quote_ident(&self.columns.id)));
         format!(
             "SELECT {}, {}, {}, count(*) AS rows FROM ({newest}) newest GROUP BY 1, 2, 3",
             col::AGGREGATE_TYPE,
@@ -296,6 +309,33 @@ impl OutboxTable {
     /// `ALTER PUBLICATION ... ADD TABLE`, for the message that says how to fix a publication.
     pub fn add_to_publication_sql(&self, publication: &str) -> String {
         format!("ALTER PUBLICATION {} ADD TABLE {}", quote_ident(publication), self.qualified())
+    }
+}
+
+/// Where a claimed row lies: its partition (`tableoid`) and the ctid of its version, with its id
+/// for messages. The claim's row lock keeps that version in place until the claim ends, so
+/// releasing by it touches that one row, even when another row carries the same id (which only
+/// the table's owner can write: sql/009_outbox_event_ids.sql).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowAt {
+    pub id: String,
+    pub tableoid: u32,
+    pub ctid: String,
+}
+
+impl RowAt {
+    /// The location columns of a [`OutboxTable::claim_sql`] row.
+    pub fn of(row: &Row, id: Option<&str>) -> Result<RowAt, tokio_postgres::Error> {
+        Ok(RowAt {
+            id: id.unwrap_or_default().to_string(),
+            tableoid: row.try_get(col::TABLEOID)?,
+            ctid: row.try_get(col::CTID)?,
+        })
+    }
+
+    /// `rows` as the parameters of [`OutboxTable::release_sql`] and [`OutboxTable::delete_sql`].
+    pub fn params<'r>(rows: impl IntoIterator<Item = &'r RowAt>) -> (Vec<u32>, Vec<&'r str>) {
+        rows.into_iter().map(|r| (r.tableoid, r.ctid.as_str())).unzip()
     }
 }
 
@@ -375,11 +415,8 @@ mod tests {
         }
         let delete = OutboxTable::new(&config(AfterPublish::Delete));
         assert!(delete.claim_sql().contains("WHERE TRUE ORDER BY t.\"id\""), "{}", delete.claim_sql());
-        assert!(delete.release_sql("bigint").starts_with("DELETE FROM \"public\".\"outbox_events\""));
-        assert!(
-            mark.release_sql("bigint")
-                .starts_with("UPDATE \"public\".\"outbox_events\" SET \"published_at\"")
-        );
+        assert!(delete.release_sql().starts_with("DELETE FROM \"public\".\"outbox_events\" t WHERE t.ctid"));
+        assert!(mark.release_sql().starts_with("UPDATE \"public\".\"outbox_events\" t SET \"published_at\""));
     }
 
     #[test]

@@ -447,3 +447,45 @@ async fn postgres_session_terminated_mid_run_loses_nothing() {
     relay.wait_ready("active").await;
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_sharing_an_id_are_each_published_and_released_alone() {
+    // given 20 events, then two rows the table owner wrote over the id trigger with the ids of
+    // the 5th and 10th and an earlier created_at (an id-keeping import gone wrong, or a forgery)
+    let s = Setup::polling(|config| config.set("polling", "batch_size", 1)).await;
+    let mut client = s.db.client().await;
+    for _ in 0..20 {
+        insert_event(&client, &s.aggregate_type, Some("real")).await;
+    }
+    let ids: Vec<i64> = client
+        .query("SELECT id FROM outbox_events ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let tx = client.transaction().await.unwrap();
+    tx.batch_execute("ALTER TABLE outbox_events DISABLE TRIGGER outbox_events_assign_id").await.unwrap();
+    for id in [ids[4], ids[9]] {
+        tx.execute(
+            "INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, payload, created_at) \
+             OVERRIDING SYSTEM VALUE VALUES ($1, $2, 'forged', 'E', '{}', now() - interval '1 minute')",
+            &[&id, &s.aggregate_type],
+        )
+        .await
+        .unwrap();
+    }
+    tx.batch_execute("ALTER TABLE outbox_events ENABLE TRIGGER outbox_events_assign_id").await.unwrap();
+    tx.commit().await.unwrap();
+    let consumer = consumer(&[&s.topic]);
+
+    // when the relay claims them one row at a time
+    let mut relay = s.start("relay");
+    let records = consume(&consumer, 22, IDLE).await;
+
+    // then each of the 22 rows reached Kafka: releasing one row deleted no other of the same id
+    let published = |aggregate: &str| records.iter().filter(|r| r.key.as_deref() == Some(aggregate)).count();
+    assert_eq!((published("real"), published("forged")), (20, 2), "{records:?}");
+    assert_eq!(s.outbox_rows().await, 0);
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+}

@@ -26,14 +26,15 @@ use crate::delivery::{Delivery, Settled};
 use crate::error::RelayError;
 use crate::observe::metrics::{Clock, ErrorType, metrics};
 use crate::sink::{Reports, Sink};
+use crate::table::RowAt;
 
 use super::claim::Claimed;
 
 /// Delivery reports taken in one turn, at most (one clock read for the run).
 const REPORT_TURN: usize = 256;
 
-/// A claimed row: its record, or why it cannot become one.
-pub(super) type Row = Result<KafkaRecord, Box<Unpublishable>>;
+/// A claimed row: where it lies, and its record or why it cannot become one.
+pub(super) type Row = (RowAt, Result<KafkaRecord, Box<Unpublishable>>);
 
 /// When a claim gives up waiting for Kafka.
 #[derive(Debug, Clone, Copy)]
@@ -46,11 +47,13 @@ pub(super) struct Deadline {
 /// What a claim's rows became once every record it sent is settled.
 #[derive(Debug, Default)]
 pub(super) struct Settlement {
-    /// Ids of the rows Kafka holds (acknowledged now, or written by an earlier session) or
+    /// The rows Kafka holds (acknowledged now, or written by an earlier session) or
     /// replication mode dead-lettered: release them.
-    pub(super) release: Vec<String>,
-    /// Rows to move to the dead-letter table, in the claim's transaction.
+    pub(super) release: Vec<RowAt>,
+    /// Letters to write to the dead-letter table, in the claim's transaction...
     pub(super) letters: Vec<DeadLetter>,
+    /// ...and their rows, to delete from the outbox.
+    pub(super) lettered: Vec<RowAt>,
     /// The first transient failure: the session ends once the claim is released and committed.
     pub(super) failed: Option<RelayError>,
     /// Rows were left for the next claim (they came with rows Kafka holds): claim again at once.
@@ -58,10 +61,13 @@ pub(super) struct Settlement {
 }
 
 impl Settlement {
-    fn add(&mut self, settled: Settled<String>) {
+    fn add(&mut self, settled: Settled<RowAt>) {
         match settled {
-            Settled::Acked(id) => self.release.push(id),
-            Settled::DeadLettered(_, letter) => self.letters.push(*letter),
+            Settled::Acked(at) => self.release.push(at),
+            Settled::DeadLettered(at, letter) => {
+                self.letters.push(*letter);
+                self.lettered.push(at);
+            }
             // the row stays: the stage holds at it
             Settled::Held(_) => {}
         }
@@ -70,39 +76,40 @@ impl Settlement {
 
 /// The claimed rows as records at their claim positions (`batch:<session>-<batch>:<index>`).
 pub(super) fn map(mapping: &Mapping, rows: Claimed, (session, batch): (u64, u64)) -> Vec<Row> {
-    let to_record = |(index, (raw, created_at))| {
-        mapping.to_record(raw, created_at).map(|mut record: KafkaRecord| {
+    let to_record = |(index, (at, raw, created_at))| {
+        let record = mapping.to_record(raw, created_at).map(|mut record: KafkaRecord| {
             record.position = Some(Position::Batch { session, batch, index: index as u32 });
             record
-        })
+        });
+        (at, record)
     };
     rows.into_iter().enumerate().map(to_record).collect()
 }
 
 /// Hands the claimed `rows` to the stage and waits until every record sent is settled.
-/// `settled`: ids of rows released unsent whatever happens (replication mode dead-lettered
-/// them). Every topic of `rows` was read back already.
+/// `settled`: rows released unsent whatever happens (replication mode dead-lettered them).
+/// Every topic of `rows` was read back already.
 pub(super) async fn deliver<S: Sink>(
-    delivery: &mut Delivery<'_, S, String>,
+    delivery: &mut Delivery<'_, S, RowAt>,
     reports: &mut Reports,
     rows: Vec<Row>,
-    mut settled: Vec<String>,
+    mut settled: Vec<RowAt>,
     deadline: Deadline,
 ) -> Result<Settlement, RelayError> {
     let mut to_send = Vec::with_capacity(rows.len());
-    for row in rows {
+    for (at, row) in rows {
         if let Ok(record) = &row
             && delivery.written(record).await?
         {
-            settled.push(record.id.clone());
+            settled.push(at);
         } else {
-            to_send.push(row);
+            to_send.push((at, row));
         }
     }
     let mut settlement = Settlement::default();
     if delivery.holding() {
         retry_held(delivery, to_send, !settled.is_empty()).await;
-    } else if !settled.is_empty() && to_send.iter().any(Result::is_ok) {
+    } else if !settled.is_empty() && to_send.iter().any(|(_, row)| row.is_ok()) {
         // (a row held at comes again with the rest: holding now would pass it over forever)
         return Ok(Settlement { release: settled, again: true, ..Settlement::default() });
     } else {
@@ -121,21 +128,18 @@ pub(super) async fn deliver<S: Sink>(
 /// Sends the records of `rows` in order; a row that cannot map is dead-lettered, or held at
 /// (nothing after it is sent).
 async fn send<S: Sink>(
-    delivery: &mut Delivery<'_, S, String>,
+    delivery: &mut Delivery<'_, S, RowAt>,
     rows: Vec<Row>,
     settlement: &mut Settlement,
 ) -> Result<(), RelayError> {
-    let at = Instant::now();
-    for row in rows {
+    let now = Instant::now();
+    for (at, row) in rows {
         let settled = match row {
-            Ok(record) => match delivery.send(record.id.clone(), record, at).await? {
+            Ok(record) => match delivery.send(at, record, now).await? {
                 Some(settled) => settled,
                 None => continue,
             },
-            Err(unpublishable) => {
-                let letter = DeadLetter::unmapped(*unpublishable);
-                delivery.unpublishable(letter.id.clone(), letter)
-            }
+            Err(unpublishable) => delivery.unpublishable(at, DeadLetter::unmapped(*unpublishable)),
         };
         let held = matches!(settled, Settled::Held(_));
         settlement.add(settled);
@@ -149,20 +153,20 @@ async fn send<S: Sink>(
 /// While holding, the claim is the held row alone (the first in id order): sent again as it
 /// maps now, or reported again when it still cannot map; `gone` when Kafka or the dead-letter
 /// table turned out to hold it.
-async fn retry_held<S: Sink>(delivery: &mut Delivery<'_, S, String>, rows: Vec<Row>, gone: bool) {
+async fn retry_held<S: Sink>(delivery: &mut Delivery<'_, S, RowAt>, rows: Vec<Row>, gone: bool) {
     if gone {
         return delivery.held_gone();
     }
     match rows.into_iter().next() {
-        Some(Ok(record)) => delivery.retry_held_as(Some((record.id.clone(), record))).await,
-        Some(Err(_)) => delivery.retry_held_as(None).await,
+        Some((at, Ok(record))) => delivery.retry_held_as(Some((at, record))).await,
+        Some((_, Err(_))) => delivery.retry_held_as(None).await,
         None => {}
     }
 }
 
 /// Waits for the report of every record in flight, at most until `deadline`.
 async fn settle<S: Sink>(
-    delivery: &mut Delivery<'_, S, String>,
+    delivery: &mut Delivery<'_, S, RowAt>,
     reports: &mut Reports,
     deadline: Deadline,
     settlement: &mut Settlement,

@@ -13,10 +13,10 @@ use tokio_postgres::Transaction;
 use crate::dead_letter::LetterKey;
 use crate::delivery::record::OutboxRow;
 use crate::error::RelayError;
-use crate::table::outbox_row;
+use crate::table::{RowAt, outbox_row};
 
-/// Claimed rows with their `created_at`.
-pub(super) type Claimed = Vec<(OutboxRow, Option<SystemTime>)>;
+/// Claimed rows: where each lies, the row, its `created_at`.
+pub(super) type Claimed = Vec<(RowAt, OutboxRow, Option<SystemTime>)>;
 
 /// The statements of one configured outbox table (they need the id column's type).
 pub(super) struct Statements {
@@ -55,7 +55,7 @@ pub(super) async fn claim(
         for row in rows {
             let (raw, created_at) = outbox_row(&row)?;
             chunks.row(raw.size());
-            claimed.push((raw, created_at));
+            claimed.push((RowAt::of(&row, raw.id.as_deref())?, raw, created_at));
         }
         if let Some(full) = chunks.fetched(fetched) {
             return Ok((claimed, full));
@@ -112,33 +112,33 @@ pub(super) async fn held_row(
     tx: &Transaction<'_>,
     statements: &Statements,
     held: Option<&str>,
-    rows: &[(OutboxRow, Option<SystemTime>)],
+    rows: &Claimed,
 ) -> Result<HeldRow, RelayError> {
     let Some(id) = held else { return Ok(HeldRow::Claimed) };
     // (a row without an id cannot be looked up: it is only ever the first row claimed)
-    if id.is_empty() || rows.first().is_some_and(|(raw, _)| raw.id.as_deref() == Some(id)) {
+    if id.is_empty() || rows.first().is_some_and(|(at, _, _)| at.id == id) {
         return Ok(HeldRow::Claimed);
     }
     let waiting: i64 = tx.query_one(&statements.unpublished_count, &[&vec![id]]).await?.get(0);
     Ok(if waiting > 0 { HeldRow::Skipped } else { HeldRow::Gone })
 }
 
-/// Splits claimed rows into those to map and the ids of rows replication mode dead-lettered
+/// Splits claimed rows into those to map and the rows replication mode dead-lettered
 /// (`dead_lettered`, while switching modes): those are released unsent.
 pub(super) fn already_dead_lettered(
     dead_lettered: &HashSet<LetterKey>,
     rows: Claimed,
-) -> (Claimed, Vec<String>) {
+) -> (Claimed, Vec<RowAt>) {
     if dead_lettered.is_empty() {
         return (rows, Vec::new());
     }
     let (settled, rows): (Vec<_>, Vec<_>) = rows
         .into_iter()
-        .partition(|(raw, _)| LetterKey::of(raw).is_some_and(|key| dead_lettered.contains(&key)));
+        .partition(|(_, raw, _)| LetterKey::of(raw).is_some_and(|key| dead_lettered.contains(&key)));
     if !settled.is_empty() {
         tracing::info!(rows = settled.len(), "released unsent: replication mode dead-lettered them");
     }
-    (rows, settled.into_iter().filter_map(|(raw, _)| raw.id).collect())
+    (rows, settled.into_iter().map(|(at, _, _)| at).collect())
 }
 
 #[cfg(test)]

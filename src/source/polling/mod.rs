@@ -37,7 +37,7 @@ use crate::sink::kafka::KafkaSink;
 use crate::sink::{Reports, Sink};
 use crate::source::handover;
 use crate::supervisor::Source;
-use crate::table::{OutboxTable, quote_ident};
+use crate::table::{OutboxTable, RowAt, quote_ident};
 use batch::{Deadline, Settlement};
 use claim::{HeldRow, Statements, already_dead_lettered};
 
@@ -90,7 +90,7 @@ pub(crate) struct PollingSource<S = KafkaSink> {
     statements: Option<Statements>,
     /// The delivery stage's hold (its backoff keeps growing) and Kafka's silence, from one
     /// session to the next.
-    carried: Option<Carried<String>>,
+    carried: Option<Carried<RowAt>>,
 }
 
 impl<S: Sink> Source for PollingSource<S> {
@@ -159,8 +159,8 @@ impl<S: Sink> PollingSource<S> {
             self.statements = Some(Statements {
                 claim: self.table.claim_sql(),
                 unpublished_count: self.table.unpublished_count_sql(&id_type),
-                release: self.table.release_sql(&id_type),
-                delete: self.table.delete_sql(&id_type),
+                release: self.table.release_sql(),
+                delete: self.table.delete_sql(),
             });
         }
         self.sink.set_source(&dedup::source_identity(&client, &self.config).await?);
@@ -212,7 +212,7 @@ impl<S: Sink> PollingSource<S> {
     async fn serve(
         &self,
         session: &mut Session,
-        delivery: &mut Delivery<'_, S, String>,
+        delivery: &mut Delivery<'_, S, RowAt>,
         pulse: &Pulse,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), RelayError> {
@@ -278,7 +278,7 @@ impl<S: Sink> PollingSource<S> {
     async fn relay_batch(
         &self,
         session: &mut Session,
-        delivery: &mut Delivery<'_, S, String>,
+        delivery: &mut Delivery<'_, S, RowAt>,
         reports: &mut Reports,
     ) -> Result<BatchOutcome, RelayError> {
         let statements = self.statements.as_ref().expect("statements are prepared at connect");
@@ -319,8 +319,11 @@ impl<S: Sink> PollingSource<S> {
         let claimed = rows.len();
         let (rows, dead_lettered) = already_dead_lettered(&session.dead_lettered, rows);
         let rows = batch::map(&self.mapping, rows, (session.nonce, batch));
-        let unread: Vec<String> =
-            delivery.unread(rows.iter().flatten()).into_iter().map(String::from).collect();
+        let unread: Vec<String> = delivery
+            .unread(rows.iter().filter_map(|(_, row)| row.as_ref().ok()))
+            .into_iter()
+            .map(String::from)
+            .collect();
         if !unread.is_empty() {
             // a topic not read back yet is read outside the claim (it may take long: it must not
             // hold row locks and the xmin horizon), then the same rows are claimed again
@@ -353,16 +356,17 @@ impl<S: Sink> PollingSource<S> {
         statements: &Statements,
         settlement: &Settlement,
     ) -> Result<u64, RelayError> {
-        let Settlement { release, letters, .. } = settlement;
+        let Settlement { release, letters, lettered, .. } = settlement;
         if !release.is_empty() {
-            tx.execute(&statements.release, &[release]).await?;
+            let (tableoids, ctids) = RowAt::params(release);
+            tx.execute(&statements.release, &[&tableoids, &ctids]).await?;
         }
         if letters.is_empty() {
             return Ok(0);
         }
         let written = self.dead_letters.write(tx, letters).await?;
-        let ids: Vec<&str> = letters.iter().map(|l| l.id.as_str()).collect();
-        tx.execute(&statements.delete, &[&ids]).await?;
+        let (tableoids, ctids) = RowAt::params(lettered);
+        tx.execute(&statements.delete, &[&tableoids, &ctids]).await?;
         Ok(written)
     }
 }

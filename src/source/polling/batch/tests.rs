@@ -12,14 +12,26 @@ use crate::delivery::record::Mapping;
 use crate::error::RelayError;
 use crate::sink::Reports;
 use crate::sink::scripted::{Fault, ScriptedSink};
+use crate::table::RowAt;
 
 /// How long a test waits for a claim to settle before it fails.
 const PATIENCE: Duration = Duration::from_secs(5);
 
-/// Claimed rows by id (see [`outbox_row`]: `!2` is row 2 when it cannot map).
+/// Claimed rows by id (see [`outbox_row`]: `!2` is row 2 when it cannot map), the n-th at
+/// ctid `(0,n)`.
 fn claimed(ids: &[&str]) -> Vec<Row> {
-    let rows = ids.iter().map(|id| (outbox_row(id), None)).collect();
+    let rows = ids.iter().enumerate().map(|(n, id)| (at(id, n), outbox_row(id), None)).collect();
     map(&Mapping::new(&OutboxConfig::default()), rows, (1, 0))
+}
+
+/// Where the `n`-th row of a claim, `id`, lies.
+fn at(id: &str, n: usize) -> RowAt {
+    RowAt { id: id.trim_start_matches('!').to_string(), tableoid: 16384, ctid: format!("(0,{n})") }
+}
+
+/// The ids of `rows`.
+fn ids(rows: &[RowAt]) -> Vec<&str> {
+    rows.iter().map(|r| r.id.as_str()).collect()
 }
 
 fn far() -> Deadline {
@@ -28,12 +40,12 @@ fn far() -> Deadline {
 
 /// One claim of `ids`, settled.
 async fn claim(
-    delivery: &mut Delivery<'_, ScriptedSink, String>,
+    delivery: &mut Delivery<'_, ScriptedSink, RowAt>,
     reports: &mut Reports,
     ids: &[&str],
     settled: &[&str],
 ) -> Settlement {
-    let settled = settled.iter().map(|id| id.to_string()).collect();
+    let settled = settled.iter().enumerate().map(|(n, id)| at(id, 100 + n)).collect();
     let claim = deliver(delivery, reports, claimed(ids), settled, far());
     tokio::time::timeout(PATIENCE, claim).await.expect("the claim settled in time").unwrap()
 }
@@ -53,7 +65,7 @@ async fn under_dead_letter_a_claim_releases_what_kafka_took_and_dead_letters_the
     // when it is delivered
     let settlement = claim(&mut delivery, &mut reports, &["1", "!2", "3", "4"], &[]).await;
     // then every record settled: the acknowledged rows are released, the others dead-lettered
-    assert_eq!(settlement.release, ["1", "4"]);
+    assert_eq!(ids(&settlement.release), ["1", "4"]);
     assert_eq!(letters(&settlement), ["2", "3"]);
     assert!(settlement.failed.is_none() && !settlement.again);
     assert_eq!(f.sink.sent(), ["1", "3", "4"]);
@@ -68,7 +80,7 @@ async fn under_block_nothing_after_a_row_that_cannot_map_is_sent_until_it_is_fix
     let mut reports = delivery.reports().await;
     // when the claim is delivered, only the row before it is sent and released
     let settlement = claim(&mut delivery, &mut reports, &["1", "!2", "3"], &[]).await;
-    assert_eq!(settlement.release, ["1"]);
+    assert_eq!(ids(&settlement.release), ["1"]);
     assert!(settlement.letters.is_empty());
     assert_eq!(f.sink.sent(), ["1"]);
     assert_eq!(delivery.held_id(), Some("2"));
@@ -79,7 +91,7 @@ async fn under_block_nothing_after_a_row_that_cannot_map_is_sent_until_it_is_fix
     assert!(f.health.readiness().unwrap_err().contains("blocked at event 2"));
     // and once its row is fixed, it is sent, released, and the hold ends
     let fixed = claim(&mut delivery, &mut reports, &["2"], &[]).await;
-    assert_eq!(fixed.release, ["2"]);
+    assert_eq!(ids(&fixed.release), ["2"]);
     assert_eq!(f.sink.sent(), ["1", "2"]);
     assert!(!delivery.holding());
     assert_eq!(f.health.readiness(), Ok("active".into()));
@@ -94,7 +106,7 @@ async fn under_block_a_refused_record_keeps_its_row_and_is_sent_again_until_kafk
     let mut reports = delivery.reports().await;
     // when the claim is delivered, the refused record's row stays, the others are released
     let settlement = claim(&mut delivery, &mut reports, &["1", "2", "3"], &[]).await;
-    assert_eq!(settlement.release, ["1", "3"]);
+    assert_eq!(ids(&settlement.release), ["1", "3"]);
     assert!(settlement.letters.is_empty(), "dead-lettered under block");
     assert_eq!(delivery.held_id(), Some("2"));
     // then each retry claims the held row alone and sends it again
@@ -102,7 +114,7 @@ async fn under_block_a_refused_record_keeps_its_row_and_is_sent_again_until_kafk
     assert!(refused.release.is_empty());
     assert!(delivery.holding());
     let taken = claim(&mut delivery, &mut reports, &["2"], &[]).await;
-    assert_eq!(taken.release, ["2"]);
+    assert_eq!(ids(&taken.release), ["2"]);
     assert!(!delivery.holding());
     assert_eq!(f.sink.sent(), ["1", "2", "3", "2", "2"]);
     assert_eq!(f.sink.written(), ["1", "3", "2"]);
@@ -119,7 +131,7 @@ async fn a_held_row_dead_lettered_elsewhere_is_released_and_ends_the_hold() {
     // when the held row is claimed again and found settled (replication mode dead-lettered it)
     let settlement = claim(&mut delivery, &mut reports, &[], &["1"]).await;
     // then it is released unsent and the hold ends
-    assert_eq!(settlement.release, ["1"]);
+    assert_eq!(ids(&settlement.release), ["1"]);
     assert!(!delivery.holding());
     assert!(f.sink.sent().is_empty());
 }
@@ -133,12 +145,12 @@ async fn a_claim_never_mixes_settled_rows_with_records_it_sends() {
     // when it is delivered
     let settlement = claim(&mut delivery, &mut reports, &["2", "3"], &["1"]).await;
     // then only the settled row is released, nothing is sent, and the rest is claimed again
-    assert_eq!(settlement.release, ["1"]);
+    assert_eq!(ids(&settlement.release), ["1"]);
     assert!(settlement.again);
     assert!(f.sink.sent().is_empty());
     // and settled rows beside rows that cannot map (nothing to send) go together
     let settlement = claim(&mut delivery, &mut reports, &["!4"], &["5"]).await;
-    assert_eq!((settlement.release.clone(), letters(&settlement)), (vec!["5".to_string()], vec!["4"]));
+    assert_eq!((ids(&settlement.release), letters(&settlement)), (vec!["5"], vec!["4"]));
 }
 
 #[tokio::test]
@@ -151,7 +163,7 @@ async fn a_lost_acknowledgement_ends_the_session_after_the_acknowledged_rows_are
     // when the claim is delivered
     let settlement = claim(&mut delivery, &mut reports, &["1", "2", "3"], &[]).await;
     // then the others are released, and the failure ends the session (the row is read again)
-    assert_eq!(settlement.release, ["1", "3"]);
+    assert_eq!(ids(&settlement.release), ["1", "3"]);
     let failed = settlement.failed.expect("a transient failure");
     assert!(matches!(&failed, RelayError::Kafka(m) if m.contains("event 2")), "{failed}");
     assert!(!delivery.holding(), "a transient failure is not poison");
@@ -197,7 +209,23 @@ async fn a_hold_is_carried_to_the_next_session() {
     let mut reports = delivery.reports().await;
     tokio::time::timeout(PATIENCE, delivery.retry_due()).await.expect("the retry comes");
     let taken = claim(&mut delivery, &mut reports, &["2"], &[]).await;
-    assert_eq!(taken.release, ["2"]);
+    assert_eq!(ids(&taken.release), ["2"]);
     assert!(!delivery.holding());
     assert_eq!(f.sink.sent(), ["1", "2", "3", "2"]);
+}
+
+#[tokio::test]
+async fn rows_sharing_an_id_are_released_and_dead_lettered_each_where_it_lies() {
+    // given a claim of two rows with the same id (the owner wrote one over the id trigger), the
+    // second of which cannot map
+    let f = Fixture::new("dead_letter");
+    let mut delivery = f.delivery();
+    let mut reports = delivery.reports().await;
+    // when it is delivered
+    let settlement = claim(&mut delivery, &mut reports, &["5", "!5"], &[]).await;
+    // then the first row alone is released and the second alone dead-lettered: neither
+    // statement touches the other row, as one by id would
+    assert_eq!(settlement.release, [at("5", 0)]);
+    assert_eq!(settlement.lettered, [at("5", 1)]);
+    assert_eq!(letters(&settlement), ["5"]);
 }
