@@ -243,3 +243,44 @@ async fn a_config_error_names_the_field_and_missing_tables_name_the_sql_file() {
     assert_eq!(code, 1, "{log}");
     assert!(log.contains("sql/examples/ledger.sql") && log.contains("wallets"), "{log}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_event_id_another_outbox_used_first_is_no_duplicate_and_an_untrusted_outbox_is_dead_lettered() {
+    // given a ledger that takes payments from two outboxes, and two funded wallets
+    let sources = r#"["*/ledger/public.outbox_events", "*/shop/public.outbox_events"]"#;
+    let l = Ledger::new(1, &[("sources", sources)]).await;
+    l.fund("alice", 1_000).await;
+    l.fund("bob", 1_000).await;
+    let shop = "7714106138773647812/shop/public.outbox_events";
+
+    // when event 1 of the shop's outbox arrives first, then event 1 of the ledger's own, then
+    // events of an outbox not listed and of none at all
+    let from_shop = order_placed(1, "bob", 100).with_header("outbox_relay_source", shop);
+    let real = order_placed(1, "alice", 300);
+    let rogue =
+        order_placed(2, "bob", 500).with_header("outbox_relay_source", "1/rogue/public.outbox_events");
+    let anonymous = order_placed(3, "bob", 700).without_header("outbox_relay_source");
+    l.produce(&[from_shop, real, rogue.clone(), anonymous.clone()]).await;
+    let _ledger = l.start("ledger");
+    l.committed().wait_for(4).await;
+
+    // then both events 1 were applied, each once: the shop's did not make the real one a
+    // "duplicate"
+    assert_eq!((l.balance("alice").await, l.balance("bob").await), (700, 900));
+    let inbox = "SELECT count(*) FROM processed_events WHERE event_id = '1' AND outcome = 'debited'";
+    assert_eq!(l.scalar(inbox).await, 2);
+    // and the other two were dead-lettered, naming the header and the setting
+    let dead_letters = consume(&l.dead_letters(), 2, LINGER).await;
+    let reason = |record: &Record| {
+        let traceparent = record.header("traceparent");
+        let dead =
+            dead_letters.iter().find(|d| d.header("traceparent") == traceparent).expect("its dead letter");
+        dead.header("dlq_reason").unwrap().to_string()
+    };
+    assert!(
+        reason(&rogue).contains("\"1/rogue/public.outbox_events\" is not one of consumer.sources"),
+        "{}",
+        reason(&rogue)
+    );
+    assert!(reason(&anonymous).contains("missing header outbox_relay_source"), "{}", reason(&anonymous));
+}

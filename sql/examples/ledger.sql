@@ -11,15 +11,20 @@ CREATE TABLE IF NOT EXISTS wallets (
     updated_at    timestamptz NOT NULL DEFAULT now()
 );
 
--- The inbox: one row per event applied (or dead-lettered), keyed by the record's event id.
+-- The inbox: one row per event applied (or dead-lettered), keyed by the outbox the event came
+-- from (its outbox_relay_source header) and its id there: an id is unique only within one outbox,
+-- so an event of another outbox that reuses it is never taken for a duplicate.
+-- (A ledger created before the source was part of the key: recreate these two tables.)
 CREATE TABLE IF NOT EXISTS processed_events (
-    event_id     text        PRIMARY KEY,
+    source       text        NOT NULL,
+    event_id     text        NOT NULL,
     topic        text        NOT NULL,
     "partition"  integer     NOT NULL,
     "offset"     bigint      NOT NULL,
     outcome      text        NOT NULL CHECK (outcome IN ('debited', 'declined', 'dead_lettered')),
     detail       text,
-    processed_at timestamptz NOT NULL DEFAULT now()
+    processed_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (source, event_id)
 );
 
 -- One debit per payment: a second guard, should the same payment ever arrive under a new event id.
@@ -29,6 +34,8 @@ CREATE TABLE IF NOT EXISTS ledger_entries (
     order_id     bigint      NOT NULL,
     customer_id  text        NOT NULL REFERENCES wallets,
     amount_cents bigint      NOT NULL CHECK (amount_cents > 0),
-    event_id     text        NOT NULL REFERENCES processed_events,
-    created_at   timestamptz NOT NULL DEFAULT now()
+    event_source text        NOT NULL,
+    event_id     text        NOT NULL,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    FOREIGN KEY (event_source, event_id) REFERENCES processed_events
 );

@@ -2,7 +2,8 @@
 //! follow-up event in the relay's outbox (`sql/examples/ledger.sql`).
 //!
 //! Invariants:
-//! - **once**: the transaction first inserts the event's `processed_events` row. A row that is
+//! - **once**: the transaction first inserts the event's `processed_events` row, keyed by the
+//!   event's source and id ([`Inbound::source`], the id header). A row that is
 //!   already there (the event was debited or declined) inserts nothing and the transaction
 //!   changes nothing else: a redelivered event is a [`Outcome::Duplicate`]. Only a
 //!   `dead_lettered` row is taken over, so an event replayed from the dead-letter topic is
@@ -36,10 +37,20 @@ use crate::retry::{Failure, describe};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     Debited,
-    /// Declined, with the reason (also in `processed_events.detail`).
-    Declined(String),
+    /// Declined, and why.
+    Declined(Decline),
     /// The event was applied before: nothing changed.
     Duplicate,
+}
+
+/// Why a payment was declined.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decline {
+    /// For the `PaymentDeclined` event, which every reader of its topic sees: no amount, no
+    /// balance.
+    pub reason: &'static str,
+    /// For `processed_events.detail` and the log: with the balance found.
+    pub detail: String,
 }
 
 /// What the inbox holds for an event.
@@ -59,31 +70,31 @@ pub const DEAD_LETTERED: &str = "dead_lettered";
 const TABLES: [&str; 4] = ["wallets", "processed_events", "ledger_entries", "outbox_events"];
 
 /// Takes the inbox row; a `dead_lettered` one is taken over (a replay), any other stays.
-const CLAIM_SQL: &str = "INSERT INTO processed_events (event_id, topic, \"partition\", \"offset\", outcome) \
-     VALUES ($1, $2, $3, $4, 'debited') \
-     ON CONFLICT (event_id) DO UPDATE SET topic = EXCLUDED.topic, \"partition\" = EXCLUDED.\"partition\", \
+const CLAIM_SQL: &str = "INSERT INTO processed_events (source, event_id, topic, \"partition\", \"offset\", outcome) \
+     VALUES ($1, $2, $3, $4, $5, 'debited') \
+     ON CONFLICT (source, event_id) DO UPDATE SET topic = EXCLUDED.topic, \"partition\" = EXCLUDED.\"partition\", \
      \"offset\" = EXCLUDED.\"offset\", outcome = EXCLUDED.outcome, processed_at = now(), \
      detail = 'replayed after: ' || processed_events.detail \
      WHERE processed_events.outcome = 'dead_lettered'";
 const DEBIT_SQL: &str = "UPDATE wallets SET balance_cents = balance_cents - $1, updated_at = now() \
      WHERE customer_id = $2 AND balance_cents >= $1";
 const LEDGER_ENTRY_SQL: &str = "INSERT INTO ledger_entries \
-     (payment_id, order_id, customer_id, amount_cents, event_id) \
-     VALUES ($1::text::uuid, $2, $3, $4, $5)";
+     (payment_id, order_id, customer_id, amount_cents, event_source, event_id) \
+     VALUES ($1::text::uuid, $2, $3, $4, $5, $6)";
 const BALANCE_SQL: &str = "SELECT balance_cents FROM wallets WHERE customer_id = $1";
 const DECLINED_SQL: &str =
-    "UPDATE processed_events SET outcome = 'declined', detail = $2 WHERE event_id = $1";
+    "UPDATE processed_events SET outcome = 'declined', detail = $3 WHERE source = $1 AND event_id = $2";
 const FOLLOW_UP_SQL: &str = "INSERT INTO outbox_events \
      (aggregate_type, aggregate_id, event_type, payload, headers) \
      VALUES ('payment', $1, $2, $3, $4)";
-const SEEN_SQL: &str = "SELECT outcome, topic = $2 AND \"partition\" = $3 AND \"offset\" = $4 \
-     FROM processed_events WHERE event_id = $1";
+const SEEN_SQL: &str = "SELECT outcome, topic = $3 AND \"partition\" = $4 AND \"offset\" = $5 \
+     FROM processed_events WHERE source = $1 AND event_id = $2";
 /// A `dead_lettered` row is moved to the newest copy dead-lettered (a replay that failed again),
 /// so a redelivery of that copy is known as one; any other row stays.
 const DEAD_LETTERED_SQL: &str = "INSERT INTO processed_events \
-     (event_id, topic, \"partition\", \"offset\", outcome, detail) \
-     VALUES ($1, $2, $3, $4, 'dead_lettered', $5) \
-     ON CONFLICT (event_id) DO UPDATE SET topic = EXCLUDED.topic, \"partition\" = EXCLUDED.\"partition\", \
+     (source, event_id, topic, \"partition\", \"offset\", outcome, detail) \
+     VALUES ($1, $2, $3, $4, $5, 'dead_lettered', $6) \
+     ON CONFLICT (source, event_id) DO UPDATE SET topic = EXCLUDED.topic, \"partition\" = EXCLUDED.\"partition\", \
      \"offset\" = EXCLUDED.\"offset\", detail = EXCLUDED.detail, processed_at = now() \
      WHERE processed_events.outcome = 'dead_lettered'";
 
@@ -177,9 +188,10 @@ impl Session {
         record: &Inbound,
     ) -> Result<Outcome, tokio_postgres::Error> {
         let st = &self.statements;
+        let source = record.source();
         let tx = self.client.transaction().await?;
         let claimed = tx
-            .execute(&st.claim, &[&order.event_id, &record.topic, &record.partition, &record.offset])
+            .execute(&st.claim, &[&source, &order.event_id, &record.topic, &record.partition, &record.offset])
             .await?;
         if claimed == 0 {
             tx.rollback().await?;
@@ -187,13 +199,19 @@ impl Session {
         }
         let debited = tx.execute(&st.debit, &[&order.total_cents, &order.customer_id]).await? == 1;
         let outcome = if debited {
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
-                [&order.payment_id, &order.order_id, &order.customer_id, &order.total_cents, &order.event_id];
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [
+                &order.payment_id,
+                &order.order_id,
+                &order.customer_id,
+                &order.total_cents,
+                &source,
+                &order.event_id,
+            ];
             tx.execute(&st.ledger_entry, &params).await?;
             Outcome::Debited
         } else {
             let reason = decline_reason(&tx, &st.balance, order).await?;
-            tx.execute(&st.declined, &[&order.event_id, &reason]).await?;
+            tx.execute(&st.declined, &[&source, &order.event_id, &reason.detail]).await?;
             Outcome::Declined(reason)
         };
         let (event_type, payload) = follow_up(order, &outcome);
@@ -209,8 +227,8 @@ impl Session {
         event_id: &str,
         record: &Inbound,
     ) -> Result<Option<Seen>, tokio_postgres::Error> {
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
-            [&event_id, &record.topic, &record.partition, &record.offset];
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+            [&record.source(), &event_id, &record.topic, &record.partition, &record.offset];
         let row = self.client.query_opt(&self.statements.seen, &params).await?;
         Ok(row.map(|row| Seen { outcome: row.get(0), same_record: row.get(1) }))
     }
@@ -224,8 +242,8 @@ impl Session {
         record: &Inbound,
         reason: &str,
     ) -> Result<(), tokio_postgres::Error> {
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
-            [&event_id, &record.topic, &record.partition, &record.offset, &reason];
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+            [&record.source(), &event_id, &record.topic, &record.partition, &record.offset, &reason];
         self.client.execute(&self.statements.dead_lettered, &params).await?;
         Ok(())
     }
@@ -237,13 +255,19 @@ async fn decline_reason(
     tx: &Transaction<'_>,
     balance: &Statement,
     order: &OrderPlaced,
-) -> Result<String, tokio_postgres::Error> {
+) -> Result<Decline, tokio_postgres::Error> {
     let row = tx.query_opt(balance, &[&order.customer_id]).await?;
     Ok(match row.map(|row| row.get::<_, i64>(0)) {
-        None => format!("no wallet for customer {}", order.customer_id),
-        Some(balance) => {
-            format!("insufficient balance: {balance} cents available, {} cents needed", order.total_cents)
+        None => {
+            Decline { reason: "no wallet", detail: format!("no wallet for customer {}", order.customer_id) }
         }
+        Some(balance) => Decline {
+            reason: "insufficient balance",
+            detail: format!(
+                "insufficient balance: {balance} cents available, {} cents needed",
+                order.total_cents
+            ),
+        },
     })
 }
 
@@ -256,8 +280,8 @@ fn follow_up(order: &OrderPlaced, outcome: &Outcome) -> (&'static str, Value) {
         "total_cents": order.total_cents,
     });
     match outcome {
-        Outcome::Declined(reason) => {
-            payload["reason"] = Value::String(reason.clone());
+        Outcome::Declined(decline) => {
+            payload["reason"] = Value::String(decline.reason.into());
             ("PaymentDeclined", payload)
         }
         _ => ("PaymentCompleted", payload),
@@ -302,10 +326,15 @@ mod tests {
 
     #[test]
     fn a_decline_is_followed_by_payment_declined_with_its_reason() {
-        let (event_type, payload) = follow_up(&order(None), &Outcome::Declined("no wallet".into()));
+        let decline = Decline {
+            reason: "insufficient balance",
+            detail: "insufficient balance: 120 cents available, 300 cents needed".into(),
+        };
+        let (event_type, payload) = follow_up(&order(None), &Outcome::Declined(decline));
         assert_eq!(event_type, "PaymentDeclined");
-        assert_eq!(payload["reason"], "no wallet");
+        assert_eq!(payload["reason"], "insufficient balance");
         assert_eq!(payload["total_cents"], 300);
+        assert!(!payload.to_string().contains("120"), "the balance is not published: {payload}");
     }
 
     #[test]

@@ -75,6 +75,10 @@ pub struct ConsumerConfig {
     pub max_backoff_ms: u64,
     /// `lock_timeout` of the ledger's session: how long one statement waits for a row lock.
     pub lock_timeout_ms: u64,
+    /// The outboxes whose events are applied (their `outbox_relay_source`):
+    /// `<system identifier>/<database>/<schema>.<table>`, or `*/<database>/<schema>.<table>`
+    /// in any cluster. Empty: any outbox that publishes to the topic.
+    pub sources: Vec<String>,
 }
 
 impl Default for ConsumerConfig {
@@ -87,6 +91,7 @@ impl Default for ConsumerConfig {
             initial_backoff_ms: DEFAULT_INITIAL_BACKOFF_MS,
             max_backoff_ms: DEFAULT_MAX_BACKOFF_MS,
             lock_timeout_ms: DEFAULT_LOCK_TIMEOUT_MS,
+            sources: Vec::new(),
         }
     }
 }
@@ -147,6 +152,18 @@ impl ConsumerConfig {
                 "consumer.lock_timeout_ms",
                 "must be > 0 (0 would wait for a lock forever)",
             ));
+        }
+        for (i, source) in self.sources.iter().enumerate() {
+            let parts: Vec<&str> = source.splitn(3, '/').collect();
+            if parts.len() < 3 || parts.iter().any(|p| p.is_empty()) || !parts[2].contains('.') {
+                return Err(ConfigError::invalid(
+                    format!("consumer.sources[{i}]"),
+                    format!(
+                        "{source:?} is not <system identifier>/<database>/<schema>.<table> (or \
+                         */<database>/<schema>.<table>): copy the outbox_relay_source header of a record"
+                    ),
+                ));
+            }
         }
         Ok(())
     }

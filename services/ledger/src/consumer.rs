@@ -43,7 +43,7 @@ use crate::apply::{DEAD_LETTERED, OpenError, Outcome, Seen, Session};
 use crate::config::{DEFAULT_SESSION_TIMEOUT_MS, LedgerConfig};
 use crate::dead_letter::DeadLetters;
 use crate::error::LedgerError;
-use crate::record::{Inbound, OrderPlaced, classify};
+use crate::record::{Inbound, OrderPlaced, Sources, classify};
 use crate::retry::{Backoff, Failure, contention_name, describe};
 
 /// Logs rebalances and failed offset commits.
@@ -114,6 +114,8 @@ pub struct Ledger {
     outage: Backoff,
     shutdown: watch::Receiver<bool>,
     tally: Tally,
+    /// `consumer.sources`.
+    sources: Sources,
 }
 
 impl Ledger {
@@ -126,7 +128,14 @@ impl Ledger {
         let backoff = config.consumer.backoff();
         let consumer = consumer(&config)?;
         let dead_letters = DeadLetters::new(&config.kafka, config.consumer.dead_letter_topic())?;
+        let sources = Sources(config.consumer.sources.clone());
+        if sources.0.is_empty() {
+            warn!(
+                "consumer.sources is empty: events of any outbox that publishes to the topic are applied; list yours"
+            );
+        }
         let mut ledger = Ledger {
+            sources,
             config,
             consumer,
             dead_letters,
@@ -189,7 +198,7 @@ impl Ledger {
     }
 
     async fn handle(&mut self, record: &Inbound) -> Result<Step, LedgerError> {
-        match classify(record) {
+        match classify(record, &self.sources) {
             Ok(order) => self.apply(record, &order).await,
             Err(poison) => self.dead_letter_poison(record, &poison.0).await,
         }
@@ -240,8 +249,9 @@ impl Ledger {
                 self.tally.debited += 1;
                 debug!(%event_id, %customer_id, total_cents, "debited");
             }
-            Outcome::Declined(reason) => {
+            Outcome::Declined(decline) => {
                 self.tally.declined += 1;
+                let reason = decline.detail;
                 info!(%event_id, %customer_id, total_cents, %reason, "payment declined");
             }
             Outcome::Duplicate => {

@@ -4,16 +4,17 @@
 //! the follow-up event (`PaymentCompleted` / `PaymentDeclined`) into the relay's outbox.
 //!
 //! The guarantee, in five lines:
-//! 1. one local transaction per event: the inbox row (`processed_events`, keyed by the `id`
-//!    header), the debit or the decline, and the follow-up outbox event ([`apply`]);
+//! 1. one local transaction per event: the inbox row (`processed_events`, keyed by the
+//!    `outbox_relay_source` and `id` headers), the debit or the decline, and the follow-up outbox
+//!    event ([`apply`]);
 //! 2. the Kafka offset is committed only after that transaction committed ([`consumer`]), so a
 //!    crash redelivers, and the inbox turns a redelivery into a no-op;
 //! 3. the debit is a single conditional UPDATE: two concurrent debits can never overdraw;
 //! 4. a lock timeout, serialization failure or deadlock is retried with backoff, then
 //!    dead-lettered; an unreachable database, or one out of disk, memory or otherwise failing
 //!    server-wide, is waited for, never dead-lettered ([`retry`]);
-//! 5. a record that can never apply (not JSON, a field missing, no usable `id` header, an unknown
-//!    event type) goes to the dead-letter topic at once, with every original header and the
+//! 5. a record that can never apply (not JSON, a field missing, no usable `id` or source header, an
+//!    unknown event type) goes to the dead-letter topic at once, with every original header and the
 //!    reason ([`dead_letter`]); nothing is skipped silently.
 //!
 //! Commands (exit status 0 ok, 1 failure, 2 invalid configuration; errors go to stderr as

@@ -6,11 +6,16 @@
 //!   dead-lettered at once, never retried;
 //! - a poison reason names what is wrong (the header, the field), because it travels with the
 //!   record to the dead-letter topic as `dlq_reason` for the operator who reads it;
-//! - the event id is the relay's `id` header (the outbox row id) when it is 1 to
-//!   [`MAX_EVENT_ID_CHARS`] characters of UTF-8 without a control character; a record without
-//!   such an id is poison, and is known by `<topic>/<partition>/<offset>`
-//!   ([`Inbound::event_id`]). So the inbox key the database gets is always one it can store and
-//!   index (a NUL byte would be refused, a multi-kilobyte key exceeds a btree row);
+//! - an event is known by its source and its id ([`Inbound::source`], [`Inbound::event_id`]):
+//!   ids are unique only within one outbox table, so the inbox is keyed by both, and an event
+//!   from another outbox that reuses an id is never taken for a duplicate;
+//! - the event id is the relay's `id` header (the outbox row id) and the source its
+//!   `outbox_relay_source` header, each when it is 1 to [`MAX_EVENT_ID_CHARS`] characters of
+//!   UTF-8 without a control character; a record without such an id is poison, and is known by
+//!   `<topic>/<partition>/<offset>`; a record without such a source, or from a source
+//!   `consumer.sources` does not list, is poison too. So the inbox key the database gets is
+//!   always one it can store and index (a NUL byte would be refused, a multi-kilobyte key
+//!   exceeds a btree row);
 //! - a reason quotes record data only escaped and shortened ([`excerpt`]): it is stored in
 //!   `processed_events.detail`, which must accept it whatever the record holds.
 
@@ -20,6 +25,9 @@ use serde_json::{Map, Value};
 
 /// The header holding the event id (the outbox row id), set by the relay.
 pub const ID_HEADER: &str = "id";
+/// The header naming the outbox the event came from
+/// (`<system identifier>/<database>/<schema>.<table>`), set by the relay.
+pub const SOURCE_HEADER: &str = "outbox_relay_source";
 /// The header holding the event type, set by the relay.
 pub const EVENT_TYPE_HEADER: &str = "event_type";
 /// The one event type this consumer applies.
@@ -70,16 +78,22 @@ impl Inbound {
 
     /// The event id: the `id` header, or `<topic>/<partition>/<offset>` without a valid one.
     pub fn event_id(&self) -> String {
-        match self.id_header() {
+        match self.key_header(ID_HEADER, "header id (the event id)") {
             Ok(id) => id.to_string(),
             Err(_) => self.position(),
         }
     }
 
-    /// The `id` header if it can be an event id, or the poison reason why not.
-    fn id_header(&self) -> Result<&str, String> {
-        let what = "header id (the event id)";
-        let Some((_, value)) = self.headers.iter().find(|(key, _)| key == ID_HEADER) else {
+    /// The outbox the event came from: the `outbox_relay_source` header, or empty without a
+    /// valid one.
+    pub fn source(&self) -> &str {
+        self.key_header(SOURCE_HEADER, "").unwrap_or_default()
+    }
+
+    /// The header `name` if it can be part of the inbox key, or the poison reason why not
+    /// (`what` names it there).
+    fn key_header(&self, name: &str, what: &str) -> Result<&str, String> {
+        let Some((_, value)) = self.headers.iter().find(|(key, _)| key == name) else {
             return Err(format!("missing {what}: the relay sets it on every record"));
         };
         let Some(value) = value.as_deref() else {
@@ -128,10 +142,35 @@ pub struct OrderPlaced {
 #[error("{0}")]
 pub struct Poison(pub String);
 
-/// Reads `record` as an `OrderPlaced` event, or says why it is not one.
-pub fn classify(record: &Inbound) -> Result<OrderPlaced, Poison> {
+/// The outboxes whose events the ledger applies: `consumer.sources`, each
+/// `<system identifier>/<database>/<schema>.<table>`, or `*/<database>/<schema>.<table>` for
+/// that table in any cluster. Empty: any source.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sources(pub Vec<String>);
+
+impl Sources {
+    pub fn trusts(&self, source: &str) -> bool {
+        let matches = |pattern: &String| match pattern.strip_prefix("*/") {
+            Some(rest) => source.split_once('/').is_some_and(|(_, after)| after == rest),
+            None => pattern == source,
+        };
+        self.0.is_empty() || self.0.iter().any(matches)
+    }
+}
+
+/// Reads `record` as an `OrderPlaced` event from one of `sources`, or says why it is not one.
+pub fn classify(record: &Inbound, sources: &Sources) -> Result<OrderPlaced, Poison> {
     let poison = |reason: String| Err(Poison(reason));
-    let event_id = record.id_header().map_err(Poison)?.to_string();
+    let event_id = record.key_header(ID_HEADER, "header id (the event id)").map_err(Poison)?.to_string();
+    let what = "header outbox_relay_source (the outbox the event came from)";
+    let source = record.key_header(SOURCE_HEADER, what).map_err(Poison)?;
+    if !sources.trusts(source) {
+        return poison(format!(
+            "header outbox_relay_source {} is not one of consumer.sources: an outbox this ledger does not \
+             take payments from wrote it",
+            excerpt(source)
+        ));
+    }
     match record.header(EVENT_TYPE_HEADER) {
         Some(ORDER_PLACED) => {}
         Some(other) => {
@@ -224,9 +263,13 @@ mod tests {
     use super::*;
 
     const PAYMENT: &str = "3f2b8c1e-9a4d-4e5f-8a7b-1c2d3e4f5a6b";
+    const SOURCE: &str = "7714106138773647812/shop/public.outbox_events";
 
     fn record(event_type: Option<&str>, payload: &str) -> Inbound {
-        let mut headers = vec![("id".to_string(), Some(b"42".to_vec()))];
+        let mut headers = vec![
+            ("id".to_string(), Some(b"42".to_vec())),
+            (SOURCE_HEADER.to_string(), Some(SOURCE.as_bytes().to_vec())),
+        ];
         if let Some(event_type) = event_type {
             headers.push(("event_type".into(), Some(event_type.as_bytes().to_vec())));
         }
@@ -246,12 +289,12 @@ mod tests {
     }
 
     fn reason(record: &Inbound) -> String {
-        classify(record).unwrap_err().0
+        classify(record, &Sources::default()).unwrap_err().0
     }
 
     #[test]
     fn an_order_placed_record_is_read() {
-        let order = classify(&record(Some("OrderPlaced"), &valid_payload())).unwrap();
+        let order = classify(&record(Some("OrderPlaced"), &valid_payload()), &Sources::default()).unwrap();
         assert_eq!(
             order,
             OrderPlaced {
@@ -336,8 +379,36 @@ mod tests {
         assert_eq!(reason(&with_id(None)), "header id (the event id) is null");
         // the longest id accepted, and any printable text
         let longest = "é".repeat(MAX_EVENT_ID_CHARS);
-        assert_eq!(classify(&with_id(Some(longest.as_bytes()))).unwrap().event_id, longest);
+        assert_eq!(
+            classify(&with_id(Some(longest.as_bytes())), &Sources::default()).unwrap().event_id,
+            longest
+        );
         assert_eq!(with_id(Some(b"order 42/a")).event_id(), "order 42/a");
+    }
+
+    #[test]
+    fn a_record_from_no_source_or_an_untrusted_one_is_poison() {
+        let order = record(Some("OrderPlaced"), &valid_payload());
+        let trusted = |patterns: &[&str]| {
+            let sources = Sources(patterns.iter().map(|p| p.to_string()).collect());
+            classify(&order, &sources).map(|o| o.event_id).map_err(|p| p.0)
+        };
+        // any source, one exact source, or the table in any cluster
+        assert_eq!(trusted(&[]), Ok("42".to_string()));
+        assert_eq!(trusted(&["1/other/public.outbox_events", SOURCE]), Ok("42".to_string()));
+        assert_eq!(trusted(&["*/shop/public.outbox_events"]), Ok("42".to_string()));
+        // another database, table or cluster is refused, naming the setting
+        for patterns in
+            [["*/other/public.outbox_events"], ["*/shop/public.outbox"], ["1/shop/public.outbox_events"]]
+        {
+            let reason = trusted(&patterns).unwrap_err();
+            assert!(reason.contains("is not one of consumer.sources"), "{reason}");
+        }
+        // a record without the header is poison, whatever consumer.sources says
+        let mut anonymous = order.clone();
+        anonymous.headers.retain(|(k, _)| k != SOURCE_HEADER);
+        assert!(reason(&anonymous).contains("missing header outbox_relay_source"), "{}", reason(&anonymous));
+        assert_eq!((order.source(), anonymous.source()), (SOURCE, ""));
     }
 
     #[test]
