@@ -10,7 +10,7 @@ use crate::common;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::broker::OwnBroker;
+use common::broker::{OwnBroker, signal};
 use common::process::RelayProcess;
 use common::*;
 use rdkafka::Message;
@@ -41,12 +41,19 @@ impl Run {
     }
 
     async fn start_with_env(mode: &str, env: &[(&str, &str)]) -> Run {
+        Self::start_after(mode, env, async |_| {}).await
+    }
+
+    /// As [`Run::start_with_env`], with `before` run before the relay starts (its rows are the
+    /// first copy's, in replication mode).
+    async fn start_after(mode: &str, env: &[(&str, &str)], before: impl AsyncFnOnce(&Setup)) -> Run {
         let broker = OwnBroker::start();
         let s = Setup::create(&broker.brokers(), "", false, |slot| {
             RelayToml::replication(slot).set("source", "mode", mode)
         })
         .await;
         create_topic_on(&broker.brokers(), &s.topic, 4).await;
+        before(&s).await;
         let relay = s.start_with_env("relay", env);
         relay.wait_ready("active").await;
         Run { broker, s, relay }
@@ -85,10 +92,20 @@ impl Run {
     }
 
     /// Asserts the peak RSS stayed under the StatefulSet's limit, and stops the relay.
-    fn finish(mut self, what: &str) {
+    fn finish(self, what: &str) {
+        self.finish_within(what, LIMIT_BYTES)
+    }
+
+    /// Asserts the peak RSS stayed under `limit` bytes, and stops the relay.
+    fn finish_within(mut self, what: &str, limit: u64) {
         let peak = peak_rss(self.relay.pid());
         eprintln!("peak RSS with {what}: {} MiB", peak >> 20);
-        assert!(peak < LIMIT_BYTES, "peak RSS {} MiB with {what} reached the 256 MiB limit", peak >> 20);
+        assert!(
+            peak < limit,
+            "peak RSS {} MiB with {what} reached the {} MiB limit",
+            peak >> 20,
+            limit >> 20
+        );
         assert_eq!(self.relay.terminate(EXIT_LIMIT), Some(0));
     }
 }
@@ -156,6 +173,55 @@ async fn a_polling_claim_ends_at_its_byte_budget() {
     assert!((50..=110).contains(&largest), "the largest claim held {largest} rows of 10 KB");
     run.assert_in_kafka_once(5_000).await;
     run.finish("5,000 rows of 10 KB in claims of 1 MiB");
+}
+
+/// Commits `rows` rows of 900 KB (Kafka takes records up to 1 MB), in transactions of 10.
+async fn write_large_rows(s: &Setup, rows: i64) {
+    let client = s.db.client().await;
+    for batch in 0..rows / 10 {
+        client
+            .execute(
+                "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+                 SELECT $1, 'agg-' || (g % 10), 'Large', jsonb_build_object('n', g, 'blob', repeat(md5(g::text), 28125)) \
+                 FROM generate_series($2::bigint, $2::bigint + 9) g",
+                &[&s.aggregate_type, &(batch * 10)],
+            )
+            .await
+            .unwrap();
+    }
+}
+
+/// 400 rows of 900 KB: a backlog the stream's read-ahead (1,024 changes) would have held whole.
+const LARGE_ROWS: i64 = 400;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_backlog_of_large_rows_streams_in_bounded_memory() {
+    // given a running relay with 4 MiB in flight at most, and a backlog of large rows written
+    // while it was stopped
+    let run =
+        Run::start_with_env("replication", &[("OUTBOX_RELAY__REPLICATION__MAX_IN_FLIGHT_BYTES", "4194304")])
+            .await;
+    signal(run.relay.pid(), "-STOP");
+    write_large_rows(&run.s, LARGE_ROWS).await;
+    signal(run.relay.pid(), "-CONT");
+    // then it is relayed whole, within the README's bound: an idle relay's 21 MiB plus 4.5 times
+    // the bytes it may hold, in flight (4 MiB) and read ahead (8 MiB; it read 1,024 changes
+    // ahead, whatever their size: 118 MiB here before)
+    run.wait_published("replication", LARGE_ROWS).await;
+    run.assert_in_kafka_once(LARGE_ROWS as usize).await;
+    let bound = (21 << 20) + (4 + 8) * (9 << 20) / 2;
+    run.finish_within(&format!("{LARGE_ROWS} rows of 900 KB streamed"), bound);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_first_copy_of_large_rows_is_chunked_in_bytes() {
+    // given large rows in the table before the slot exists
+    let run = Run::start_after("replication", &[], async |s| write_large_rows(s, LARGE_ROWS).await).await;
+    // then the first copy publishes them in bounded memory: a chunk ends at
+    // replication.max_in_flight_bytes, not only at 2,000 rows
+    run.wait_published("replication", LARGE_ROWS).await;
+    run.assert_in_kafka_once(LARGE_ROWS as usize).await;
+    run.finish(&format!("{LARGE_ROWS} rows of 900 KB copied"));
 }
 
 /// One 50 MB row between two small ones of the same aggregate: Kafka takes at most 1 MB, so

@@ -175,7 +175,7 @@ impl OwnBroker {
     }
 }
 
-fn signal(pid: u32, sig: &str) {
+pub fn signal(pid: u32, sig: &str) {
     // a node a test killed is gone: nothing to signal
     let _ = Command::new("kill").arg(sig).arg(pid.to_string()).stderr(Stdio::null()).status();
 }

@@ -5,7 +5,9 @@
 //! - the copy reads in the snapshot the slot was created with, so it and the stream together
 //!   see every row exactly once: the rows committed before the slot's consistent point here,
 //!   the later ones in the stream;
-//! - each chunk is awaited whole (every record settled) before the next is read, and what
+//! - each chunk (at most 2,000 rows, and at most `replication.max_in_flight_bytes` of records
+//!   but for the row that reached it) is awaited whole (every record settled) before the next
+//!   is read, and what
 //!   precedes an unpublishable row settles before it; a held row or record (`on_poison =
 //!   "block"`) holds the copy until Kafka takes it, or, for a row that cannot map, until
 //!   shutdown (the copy is then done again by the next session);
@@ -33,6 +35,13 @@ const COPY_CHUNK: usize = 2_000;
 /// Delivery reports taken in one turn, at most.
 const REPORT_TURN: usize = 256;
 
+/// When a chunk of the copy is full: at this many records, or bytes of them, in flight.
+#[derive(Debug, Clone, Copy)]
+struct Chunk {
+    rows: usize,
+    bytes: usize,
+}
+
 /// What a first copy did with the rows of its snapshot.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct CopyReport {
@@ -56,6 +65,8 @@ pub(super) struct FirstCopy<'a> {
     pub(super) letters_to: &'a Client,
     /// The slot's consistent point, in each record's position.
     pub(super) point: Lsn,
+    /// `replication.max_in_flight_bytes`: a chunk ends at this many bytes of records.
+    pub(super) chunk_bytes: usize,
 }
 
 impl FirstCopy<'_> {
@@ -79,7 +90,8 @@ impl FirstCopy<'_> {
         let table = self.table.clone().for_server_encoding(&encoding);
         let rows = tx.query_raw(&table.copy_sql(), std::iter::empty::<i32>()).await?;
         pin_mut!(rows);
-        let mut copying = Copying::new(delivery, self.mapping, self.point, COPY_CHUNK).await;
+        let chunk = Chunk { rows: COPY_CHUNK, bytes: self.chunk_bytes };
+        let mut copying = Copying::new(delivery, self.mapping, self.point, chunk).await;
         loop {
             let next = rows.next().await.transpose()?;
             match &next {
@@ -117,7 +129,7 @@ struct Copying<'a, S: Sink> {
     mapping: &'a Mapping,
     point: Lsn,
     /// Records in flight at most: a chunk is settled whole before the next row is read.
-    chunk: usize,
+    chunk: Chunk,
     /// The place of the next row in the copy.
     index: u64,
     report: CopyReport,
@@ -130,7 +142,7 @@ impl<'a, S: Sink> Copying<'a, S> {
         delivery: Delivery<'a, S, u64>,
         mapping: &'a Mapping,
         point: Lsn,
-        chunk: usize,
+        chunk: Chunk,
     ) -> Copying<'a, S> {
         // the copy is the one sending: reports of earlier sessions' records are passed over
         let reports = delivery.reports().await;
@@ -162,7 +174,8 @@ impl<'a, S: Sink> Copying<'a, S> {
                 count(settled, &mut self.report, &mut self.letters);
             }
         }
-        if self.delivery.records() >= self.chunk || self.delivery.holding() {
+        let full = self.delivery.records() >= self.chunk.rows || self.delivery.bytes() >= self.chunk.bytes;
+        if full || self.delivery.holding() {
             self.settle(shutdown).await?;
         }
         Ok(())

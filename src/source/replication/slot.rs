@@ -366,6 +366,7 @@ pub(super) async fn create_and_copy<S: Sink>(
         dead_letters: &source.dead_letters,
         letters_to: client,
         point: consistent_point,
+        chunk_bytes: source.config.replication.max_in_flight_bytes,
     };
     let report = copy.run(&snapshot, delivery, shutdown).await?;
     client.execute(COPIED_SQL, &[slot]).await?;

@@ -72,6 +72,8 @@ pub async fn connect(
     // the transport reads ahead of the relay into a channel of this many messages: with
     // its default (8,192) and 10 KB rows that alone is 80 MB, past any in-flight bound
     .with_buffer_size(STREAM_BUFFER_MESSAGES)
+    // and into at most this many bytes of them: 1,024 rows of 1 MB would be a gigabyte
+    .with_buffer_bytes(STREAM_BUFFER_BYTES)
     // one message (one change) is read whole: bound it, so a huge row stops the relay
     // with a reason instead of an out-of-memory kill
     .with_max_message_size(r.max_message_bytes)
@@ -86,6 +88,9 @@ pub async fn connect(
 
 /// Messages the transport may read ahead of the relay.
 const STREAM_BUFFER_MESSAGES: usize = 1_024;
+/// Bytes of messages the transport may read ahead of the relay (one larger message is read
+/// alone, up to `replication.max_message_bytes`).
+pub const STREAM_BUFFER_BYTES: usize = 8 << 20;
 
 /// The started stream.
 pub struct WalStream {

@@ -409,6 +409,13 @@ pub struct ReplicationConfig {
     /// Default: 8192 events
     pub buffer_events: usize,
 
+    /// outbox-relay patch: bytes of events (their WAL data) the worker may read ahead of the
+    /// consumer, beside [`buffer_events`](Self::buffer_events); one event larger than this is
+    /// read alone. Bounds the read-ahead's memory whatever the rows' size.
+    ///
+    /// Default: unbounded
+    pub buffer_bytes: usize,
+
     /// Request column values in PostgreSQL binary wire format.
     ///
     /// When `true`, the `binary 'true'` option is added to `START_REPLICATION`
@@ -507,6 +514,7 @@ impl Default for ReplicationConfig {
             status_interval: Duration::from_secs(10),
             idle_wakeup_interval: Duration::from_secs(10),
             buffer_events: 8192,
+            buffer_bytes: usize::MAX,
             binary: false,
             options: None,
             max_message_size: crate::protocol::framing::MAX_MESSAGE_SIZE,
@@ -667,6 +675,12 @@ impl ReplicationConfig {
     /// Set the event buffer size.
     pub fn with_buffer_size(mut self, size: usize) -> Self {
         self.buffer_events = size;
+        self
+    }
+
+    /// outbox-relay patch: set [`buffer_bytes`](Self::buffer_bytes).
+    pub fn with_buffer_bytes(mut self, bytes: usize) -> Self {
+        self.buffer_bytes = bytes;
         self
     }
 

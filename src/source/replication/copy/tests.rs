@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use super::{CopyReport, Copying, settle_all};
+use super::{Chunk, CopyReport, Copying, settle_all};
 use crate::config::OutboxConfig;
 use crate::dead_letter::DeadLetter;
 use crate::delivery::fixture::{Fixture, outbox_row};
@@ -106,7 +106,8 @@ async fn a_chunk_is_settled_whole_before_the_next_row_is_read() {
     let f = Fixture::new("dead_letter");
     f.sink.script("1", [Fault::Delay(Duration::from_millis(30))]);
     let mapping = Mapping::new(&OutboxConfig::default());
-    let mut copying = Copying::new(f.delivery(), &mapping, Lsn(100), 2).await;
+    let mut copying =
+        Copying::new(f.delivery(), &mapping, Lsn(100), Chunk { rows: 2, bytes: usize::MAX }).await;
     // when five rows are copied
     let in_flight = copy(&mut copying, &["1", "2", "3", "4", "5"]).await;
     // then never more than a chunk is in flight: each full chunk settles before the next row
@@ -119,12 +120,31 @@ async fn a_chunk_is_settled_whole_before_the_next_row_is_read() {
 }
 
 #[tokio::test]
+async fn a_chunk_also_ends_at_its_byte_bound() {
+    // given chunks of 2,000 rows but only a little more than two records' bytes
+    let f = Fixture::new("dead_letter");
+    let mapping = Mapping::new(&OutboxConfig::default());
+    let mut one = Copying::new(f.delivery(), &mapping, Lsn(100), Chunk { rows: 2, bytes: usize::MAX }).await;
+    copy(&mut one, &["0"]).await;
+    let bytes = one.delivery.bytes();
+    drop(one);
+    let chunk = Chunk { rows: 2_000, bytes: bytes * 2 + 1 };
+    let mut copying = Copying::new(f.delivery(), &mapping, Lsn(100), chunk).await;
+    // when five rows are copied
+    let in_flight = copy(&mut copying, &["1", "2", "3", "4", "5"]).await;
+    // then the chunk ends at the row that reached the byte bound: three rows at most in flight
+    assert!(bytes > 0);
+    assert_eq!(in_flight, [1, 2, 0, 1, 2]);
+}
+
+#[tokio::test]
 async fn what_precedes_a_row_that_cannot_map_settles_before_its_dead_letter() {
     // given the dead_letter policy and a late acknowledgement before a row that cannot map
     let f = Fixture::new("dead_letter");
     f.sink.script("1", [Fault::Delay(Duration::from_millis(30))]);
     let mapping = Mapping::new(&OutboxConfig::default());
-    let mut copying = Copying::new(f.delivery(), &mapping, Lsn(100), 2_000).await;
+    let mut copying =
+        Copying::new(f.delivery(), &mapping, Lsn(100), Chunk { rows: 2_000, bytes: usize::MAX }).await;
     // when the row after it cannot map
     let in_flight = copy(&mut copying, &["1", "!2", "3"]).await;
     // then the record before it was acknowledged first, and the row is a dead letter to write
@@ -138,7 +158,8 @@ async fn under_block_nothing_after_a_row_that_cannot_map_is_copied() {
     // given the block policy and a row that cannot map, and shutdown 100 ms later
     let f = Fixture::new("block");
     let mapping = Mapping::new(&OutboxConfig::default());
-    let mut copying = Copying::new(f.delivery(), &mapping, Lsn(100), 2_000).await;
+    let mut copying =
+        Copying::new(f.delivery(), &mapping, Lsn(100), Chunk { rows: 2_000, bytes: usize::MAX }).await;
     copy(&mut copying, &["1"]).await;
     let (stop, mut shutdown) = watch::channel(false);
     tokio::spawn(async move {

@@ -139,10 +139,14 @@ impl ReplicationClient {
         let (tx, rx) = mpsc::channel(cfg.buffer_events);
 
         // Progress is shared via atomics: cheap, monotonic, no async backpressure.
-        let progress = Arc::new(SharedProgress::with_timing(
-            cfg.ack_lsn.unwrap_or(cfg.start_lsn),
-            cfg.feedback_observer.is_some(),
-        ));
+        // outbox-relay patch: with_read_ahead
+        let progress = Arc::new(
+            SharedProgress::with_timing(
+                cfg.ack_lsn.unwrap_or(cfg.start_lsn),
+                cfg.feedback_observer.is_some(),
+            )
+            .with_read_ahead(cfg.buffer_bytes),
+        );
 
         let (stop_tx, stop_rx) = watch::channel(false);
         let (started_tx, started_rx) = watch::channel(false);
@@ -292,7 +296,11 @@ impl ReplicationClient {
     /// - `Err(e)`          => replication ended abnormally
     pub async fn recv(&mut self) -> Result<Option<ReplicationEvent>> {
         match self.rx.recv().await {
-            Some(Ok(ev)) => Ok(Some(ev)),
+            // outbox-relay patch: the event leaves the read-ahead
+            Some(Ok(ev)) => {
+                self.progress.read_ahead_released(&ev);
+                Ok(Some(ev))
+            }
             Some(Err(e)) => Err(e),
             None => self.handle_worker_shutdown().await,
         }
@@ -333,7 +341,11 @@ impl ReplicationClient {
     /// outbox-relay patch: the next event when one is already read, without waiting; `None`
     /// when none is ready (or the worker ended: [`Self::recv`] then says how).
     pub fn try_recv(&mut self) -> Option<Result<ReplicationEvent>> {
-        self.rx.try_recv().ok()
+        let event = self.rx.try_recv().ok();
+        if let Some(Ok(ev)) = &event {
+            self.progress.read_ahead_released(ev);
+        }
+        event
     }
 
     /// When the oldest applied-position raise not yet reported to the server

@@ -31,6 +31,11 @@ pub struct SharedProgress {
     /// outbox-relay patch: the next status update is due at once ([`Self::update_applied_now`]).
     urgent: std::sync::atomic::AtomicBool,
     urgent_wake: tokio::sync::Notify,
+    /// outbox-relay patch: the bytes of events read ahead of the consumer, at most
+    /// `read_ahead_limit` ([`ReplicationConfig::buffer_bytes`]): the worker takes an event's
+    /// bytes before it forwards it, the client gives them back when it hands the event out.
+    read_ahead: tokio::sync::Semaphore,
+    read_ahead_limit: usize,
 }
 
 /// Clock origin for pending starts (nanoseconds after it, plus one), shared
@@ -60,7 +65,34 @@ impl SharedProgress {
             changed: watch::Sender::new(0),
             urgent: std::sync::atomic::AtomicBool::new(false),
             urgent_wake: tokio::sync::Notify::new(),
+            read_ahead: tokio::sync::Semaphore::new(tokio::sync::Semaphore::MAX_PERMITS),
+            read_ahead_limit: tokio::sync::Semaphore::MAX_PERMITS,
         }
+    }
+
+    /// outbox-relay patch: at most `bytes` of events read ahead of the consumer (one event
+    /// larger than that is read alone).
+    pub fn with_read_ahead(mut self, bytes: usize) -> Self {
+        let bytes = bytes.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
+        self.read_ahead = tokio::sync::Semaphore::new(bytes);
+        self.read_ahead_limit = bytes;
+        self
+    }
+
+    /// outbox-relay patch: the read-ahead bytes `event` takes: its data, up to the limit.
+    fn read_ahead_cost(&self, event: &ReplicationEvent) -> u32 {
+        let bytes = match event {
+            ReplicationEvent::XLogData { data, .. } => data.len(),
+            ReplicationEvent::Message { content, .. } => content.len(),
+            _ => 0,
+        };
+        bytes.min(self.read_ahead_limit).min(u32::MAX as usize) as u32
+    }
+
+    /// outbox-relay patch: `event` left the read-ahead (the consumer has it).
+    pub(crate) fn read_ahead_released(&self, event: &ReplicationEvent) {
+        let cost = self.read_ahead_cost(event);
+        self.read_ahead.add_permits(cost as usize);
     }
 
     fn clock(&self) -> u64 {
@@ -691,6 +723,11 @@ impl WorkerState {
         event: std::result::Result<ReplicationEvent, PgWireError>,
         last_status_sent: &mut Instant,
     ) -> Result<bool> {
+        // outbox-relay patch: first the event's bytes of the read-ahead
+        let cost = event.as_ref().map_or(0, |e| self.progress.read_ahead_cost(e));
+        if cost > 0 && self.reserve_read_ahead(stream, cost, last_status_sent).await? {
+            return Ok(true);
+        }
         // Fast path: capacity available.
         match self.out.try_reserve() {
             Ok(permit) => {
@@ -742,6 +779,52 @@ impl WorkerState {
                 _ = tokio::time::sleep_until(deadline) => {}
             }
             // The status interval elapsed while parked.
+            let applied = self.progress.load_applied();
+            self.send_feedback(stream, applied, false).await?;
+            *last_status_sent = Instant::now();
+        }
+    }
+
+    /// outbox-relay patch: takes `cost` bytes of the read-ahead (given back when the client
+    /// hands the event out), waiting for them as [`Self::send_event_backpressured`] waits for
+    /// channel capacity: standby feedback keeps going out meanwhile. `Ok(true)`: a stop was
+    /// requested while waiting.
+    async fn reserve_read_ahead<S: AsyncWrite + Unpin>(
+        &mut self,
+        stream: &mut S,
+        cost: u32,
+        last_status_sent: &mut Instant,
+    ) -> Result<bool> {
+        let progress = Arc::clone(&self.progress);
+        if let Ok(permit) = progress.read_ahead.try_acquire_many(cost) {
+            permit.forget();
+            return Ok(false);
+        }
+        self.metrics.record_stall_begin();
+        let stall_start = Instant::now();
+        loop {
+            let deadline = *last_status_sent + self.cfg.status_interval;
+            tokio::select! {
+                biased;
+
+                _ = self.stop_rx.changed() => {
+                    if *self.stop_rx.borrow() {
+                        let _ = write_copy_done(stream).await;
+                        return Ok(true);
+                    }
+                    continue;
+                }
+
+                permit = progress.read_ahead.acquire_many(cost) => {
+                    self.metrics.record_stall_end(stall_start.elapsed().as_micros() as u64);
+                    if let Ok(permit) = permit {
+                        permit.forget();
+                    }
+                    return Ok(false);
+                }
+
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
             let applied = self.progress.load_applied();
             self.send_feedback(stream, applied, false).await?;
             *last_status_sent = Instant::now();
