@@ -94,6 +94,8 @@ async fn orders_with_lost_answers_through_relay_and_ledger_kills_are_charged_exa
         .args(["--url", &format!("http://127.0.0.1:{}", orders.port), "--orders", &ORDERS.to_string()])
         .args(["--customers", &CUSTOMERS.to_string(), "--concurrency", "4", "--rate", "60"])
         .args(["--lose-responses", "0.2", "--key-prefix", &chain.prefix])
+        .arg("--hs256-secret-file")
+        .arg(orders.hs256_secret_file())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()

@@ -64,6 +64,14 @@ impl Shop {
     }
 }
 
+/// POST /orders with BODY and `key` as customer-1, from a thread, so the test can act meanwhile.
+fn post_in_thread(service: &OrdersService, key: &'static str) -> thread::JoinHandle<Option<http::Answer>> {
+    let (port, bearer) = (service.port, format!("Bearer {}", service.token("customer-1", 3600)));
+    thread::spawn(move || {
+        http::post(port, "/orders", &[("Idempotency-Key", key), ("Authorization", &bearer)], BODY)
+    })
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_request_without_a_key_or_with_a_bad_body_is_refused_and_writes_nothing() {
     // given the service
@@ -142,12 +150,20 @@ async fn ten_concurrent_requests_with_one_key_on_two_replicas_create_one_order_a
     let shop = Shop::new().await;
     let (a, b) = (shop.start("a", "").await, shop.start("b", "").await);
     let replicas = [a.port, b.port];
+    let bearer = format!("Bearer {}", a.token("customer-1", 3600));
 
     // when 10 requests with one key arrive at once, 5 at each replica
     let answers: Vec<_> = (0..10)
         .map(|i| {
-            let port = replicas[i % 2];
-            thread::spawn(move || http::post(port, "/orders", &[("Idempotency-Key", "k-race")], BODY))
+            let (port, bearer) = (replicas[i % 2], bearer.clone());
+            thread::spawn(move || {
+                http::post(
+                    port,
+                    "/orders",
+                    &[("Idempotency-Key", "k-race"), ("Authorization", &bearer)],
+                    BODY,
+                )
+            })
         })
         .collect::<Vec<_>>()
         .into_iter()
@@ -259,9 +275,7 @@ async fn a_stalled_worker_whose_lease_was_taken_over_writes_nothing() {
     let other = shop.start("other", "").await;
 
     // when a request reaches A, its lease runs out, and the client's retry reaches B
-    let port = stalled.port;
-    let at_a =
-        thread::spawn(move || http::post(port, "/orders", &[("Idempotency-Key", "k-fence")], BODY).unwrap());
+    let at_a = post_in_thread(&stalled, "k-fence");
     wait_until("A to claim the key", async || shop.key_state("k-fence").await.is_some()).await;
     wait_until("A's lease to run out", async || {
         shop.count("SELECT count(*) FROM idempotency_keys WHERE lease_expires_at < now()").await == 1
@@ -271,7 +285,7 @@ async fn a_stalled_worker_whose_lease_was_taken_over_writes_nothing() {
 
     // then B places the order; A, waking up, fails its fencing check and writes nothing
     assert_eq!(at_b.status, 201, "{at_b:?}");
-    let at_a = at_a.join().unwrap();
+    let at_a = at_a.join().unwrap().unwrap();
     assert_eq!((at_a.status, at_a.json()["code"].as_str()), (409, Some("fenced")), "{at_a:?}");
     assert_eq!(shop.orders_and_events().await, (1, 1));
     // and A's client, retrying, gets B's answer
@@ -288,8 +302,8 @@ async fn a_takeover_racing_a_completing_write_replays_it_instead_of_writing_agai
     let fingerprint = shop.fingerprint_of(BODY, &service).await;
     shop.client
         .execute(
-            "INSERT INTO idempotency_keys (key, fingerprint, state, lease_token, lease_expires_at, expires_at) \
-             VALUES ('k-race-write', $1, 'in_progress', 1, now() - interval '1 second', now() + interval '1 day')",
+            "INSERT INTO idempotency_keys (caller, key, fingerprint, state, lease_token, lease_expires_at, expires_at) \
+             VALUES ('customer-1', 'k-race-write', $1, 'in_progress', 1, now() - interval '1 second', now() + interval '1 day')",
             &[&fingerprint],
         )
         .await
@@ -306,9 +320,7 @@ async fn a_takeover_racing_a_completing_write_replays_it_instead_of_writing_agai
     // when a retry reaches the service, sees the lapsed lease and tries to take the key over
     // (waiting on the row lock), and meanwhile the worker writes the order and its answer and
     // commits
-    let port = service.port;
-    let retry =
-        thread::spawn(move || http::post(port, "/orders", &[("Idempotency-Key", "k-race-write")], BODY));
+    let retry = post_in_thread(&service, "k-race-write");
     let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
          AND datname = current_database() AND query LIKE 'UPDATE idempotency_keys%'";
     wait_until("the retry to wait on the key's row lock", async || shop.count(waiting).await == 1).await;
@@ -377,8 +389,7 @@ async fn a_session_lost_mid_request_answers_503_and_frees_the_key_for_the_retry(
     let service = shop.start("orders", "[faults]\npause_after_claim_ms = 2000\n").await;
 
     // when its database session is terminated during the pause
-    let port = service.port;
-    let first = thread::spawn(move || http::post(port, "/orders", &[("Idempotency-Key", "k-lost")], BODY));
+    let first = post_in_thread(&service, "k-lost");
     wait_until("the key to be claimed", async || shop.key_state("k-lost").await.is_some()).await;
     let terminated = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
          WHERE datname = current_database() AND application_name = 'orders'";
@@ -401,9 +412,11 @@ async fn a_missing_table_or_a_bad_setting_stops_the_service_naming_the_fix() {
     let db = TestDb::new().await;
     let dir = tempfile::tempdir().unwrap();
     let (host, port, user) = db.pg_parts();
+    let secret = service::orders_hs256_secret(dir.path());
     let base = format!(
-        "[postgres]\nhost = \"{host}\"\nport = {port}\nuser = \"{user}\"\ndatabase = \"{}\"\n",
-        db.name
+        "[postgres]\nhost = \"{host}\"\nport = {port}\nuser = \"{user}\"\ndatabase = \"{}\"\n\
+         [auth]\nhs256_secret_file = {:?}\n",
+        db.name, secret
     );
     let run = |name: &str, toml: String| {
         let path = dir.path().join(format!("{name}.toml"));

@@ -26,6 +26,7 @@ mod memory;
 mod mode_switch;
 mod observability;
 mod orders;
+mod orders_security;
 mod outage;
 mod polling;
 mod publication;

@@ -43,6 +43,18 @@ pub async fn apply_examples(client: &tokio_postgres::Client, names: &[&str]) {
     }
 }
 
+/// The HS256 secret the order services of a test directory share (`auth.hs256_secret_file`,
+/// given as `ORDERS__AUTH__HS256_SECRET_FILE`): created on first use, so replicas started in one
+/// directory accept each other's tokens.
+pub fn orders_hs256_secret(dir: &Path) -> PathBuf {
+    let file = dir.join("orders-jwt-hs256.secret");
+    if !file.exists() {
+        std::fs::write(&file, format!("{:032x}{:032x}\n", rand::random::<u128>(), rand::random::<u128>()))
+            .unwrap();
+    }
+    file
+}
+
 /// The order service on a port of its own, for `db`.
 pub struct OrdersService {
     pub process: ServiceProcess,
@@ -52,7 +64,8 @@ pub struct OrdersService {
 
 impl OrdersService {
     /// Writes `DIR/NAME.toml` (the `[postgres]` of `db`, a free port, then `extra` TOML), starts
-    /// `orders run` on it, and waits until /healthz answers.
+    /// `orders run` on it with the directory's HS256 secret ([`orders_hs256_secret`]), and waits
+    /// until /healthz answers.
     pub async fn start(db: &super::TestDb, dir: &Path, name: &str, extra: &str) -> OrdersService {
         Self::start_as(db, dir, name, None, extra).await
     }
@@ -81,7 +94,9 @@ impl OrdersService {
     /// Starts `orders run --config CONFIG` (which listens on `port`) and waits for /healthz.
     pub async fn start_on(config: &Path, port: u16, log: &Path) -> OrdersService {
         let args = ["run", "--config", config.to_str().unwrap()];
-        let mut process = ServiceProcess::spawn("orders", &args, &[], log);
+        let secret = orders_hs256_secret(config.parent().unwrap());
+        let env = [("ORDERS__AUTH__HS256_SECRET_FILE", secret.to_str().unwrap())];
+        let mut process = ServiceProcess::spawn("orders", &args, &env, log);
         super::wait_until(format!("the order service on port {port} to answer /healthz"), async || {
             if let Some(code) = process.exited() {
                 panic!("orders exited with {code}; log:\n{}", process.log_text());
@@ -92,9 +107,45 @@ impl OrdersService {
         OrdersService { process, port, config: config.to_path_buf() }
     }
 
-    /// POST /orders with `key` (None: without the header) and `body`.
+    /// POST /orders with `key` (None: without the header) and `body`, as the customer the body
+    /// names (`customer-1` if it names none).
     pub fn order(&self, key: Option<&str>, body: &str) -> Option<super::http::Answer> {
-        let headers: Vec<(&str, &str)> = key.map(|k| ("Idempotency-Key", k)).into_iter().collect();
+        let named = serde_json::from_str::<serde_json::Value>(body)
+            .ok()
+            .and_then(|b| b.get("customer_id").and_then(|c| c.as_str()).map(str::to_string));
+        let token = self.token(named.as_deref().unwrap_or("customer-1"), 3600);
+        self.order_with(Some(&token), key, body)
+    }
+
+    /// POST /orders with `token` as the bearer (None: no Authorization header), `key` and `body`.
+    pub fn order_with(
+        &self,
+        token: Option<&str>,
+        key: Option<&str>,
+        body: &str,
+    ) -> Option<super::http::Answer> {
+        let bearer = token.map(|t| format!("Bearer {t}"));
+        let mut headers: Vec<(&str, &str)> = key.map(|k| ("Idempotency-Key", k)).into_iter().collect();
+        headers.extend(bearer.as_deref().map(|b| ("Authorization", b)));
         super::http::post(self.port, "/orders", &headers, body)
+    }
+
+    /// The HS256 secret file the service verifies tokens with (`orders-load --hs256-secret-file`).
+    pub fn hs256_secret_file(&self) -> PathBuf {
+        orders_hs256_secret(self.config.parent().unwrap())
+    }
+
+    /// A bearer token for `subject`, expiring in `ttl_secs` (negative: expired), from
+    /// `orders mint-token` with the service's config and secret.
+    pub fn token(&self, subject: &str, ttl_secs: i64) -> String {
+        let secret = self.hs256_secret_file();
+        let output = Command::new(workspace_bin("orders"))
+            .args(["mint-token", "--config", self.config.to_str().unwrap(), "--subject", subject])
+            .arg(format!("--ttl-secs={ttl_secs}"))
+            .env("ORDERS__AUTH__HS256_SECRET_FILE", &secret)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "orders mint-token: {}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8(output.stdout).unwrap().trim().to_string()
     }
 }

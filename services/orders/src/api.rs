@@ -2,14 +2,22 @@
 //!
 //! | request | answer |
 //! |---|---|
+//! | no `Authorization: Bearer <JWT>`, or a token that fails verification (`auth`) | 401, `WWW-Authenticate: Bearer`; why is logged, not sent |
+//! | more than the caller's `rate_limit` | 429, `Retry-After` |
 //! | no `Idempotency-Key`, or an empty or non-ASCII one | 400, nothing written |
-//! | body not `{"customer_id": text, "total_cents": 1..}` | 400 naming the field, nothing written |
+//! | body not `{"total_cents": 1..}` (a `customer_id` may be given too) | 400 naming the field, nothing written |
+//! | a body whose `customer_id` is not the caller (the token's `sub`) | 403, nothing written |
 //! | a new key | 201 with the order; order + `OrderPlaced` event + stored response in one transaction |
 //! | a key seen with the same request | the stored status and body, `Idempotent-Replayed: true` |
 //! | a key seen with a different request | 422 |
 //! | a key another attempt holds, for longer than `idempotency.wait_ms` | 409, `Retry-After` |
 //! | PostgreSQL unreachable or a transient error | 503, `Retry-After`; the key is freed for the retry, which tells whether the order was written |
-//! | the database refuses the write (a privilege, a constraint) | 500; the cause is logged, not sent |
+//! | not done within `http.request_timeout_ms` | 503, `Retry-After`; the work goes on, and a retry with the same key tells how it ended |
+//! | the database refuses the write (a privilege, a constraint), or any other internal error | 500 `{"error": "internal error", "request_id": ...}`; the cause is logged under that id, not sent |
+//!
+//! The customer is the caller: the token's subject, never the body. A key is the caller's own:
+//! the same `Idempotency-Key` from two callers names two requests. Every answer carries an
+//! `X-Request-Id`, which the service's log lines for the request carry too.
 //!
 //! A request's work runs in a task of its own: a client that hangs up mid-request does not cancel
 //! the transaction half-way, so its retry finds the finished response rather than a key in
@@ -20,32 +28,50 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Extension, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use prometheus::{Encoder, IntCounterVec, Opts, Registry, TextEncoder};
 use serde_json::json;
+use tracing::Instrument;
 
+use crate::auth::{Caller, Verifier};
 use crate::config::OrdersConfig;
 use crate::idempotency::{self, Begin, Lease};
-use crate::order::{self, OrderRequest, Written};
+use crate::order::{self, OrderRequest, Refusal, Written};
 use crate::pool::{Pool, Session};
+use crate::rate_limit::RateLimiter;
 use outbox_relay::error::RelayError;
 
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 pub const REPLAYED: &str = "idempotent-replayed";
+pub const REQUEST_ID: &str = "x-request-id";
 
 pub struct App {
     pub pool: Pool,
     pub config: OrdersConfig,
+    verifier: Verifier,
+    limiter: RateLimiter,
     requests: IntCounterVec,
     registry: Registry,
 }
 
+/// The id of one request: in its `X-Request-Id` answer header, its 500 body, and its log lines.
+#[derive(Debug, Clone)]
+pub struct RequestId(pub String);
+
+impl RequestId {
+    fn new() -> RequestId {
+        RequestId(format!("{:032x}", rand::random::<u128>()))
+    }
+}
+
 impl App {
-    pub fn new(config: OrdersConfig) -> App {
-        let pool = Pool::new(config.postgres.clone(), config.http.pool_size);
+    pub fn new(config: OrdersConfig, verifier: Verifier) -> App {
+        let pool = Pool::new(config.postgres.clone(), config.http.pool_size, config.http.pool_wait());
+        let limiter = RateLimiter::new(&config.rate_limit);
         let registry = Registry::new();
         let requests = IntCounterVec::new(
             Opts::new("orders_requests_total", "POST /orders answers, by outcome"),
@@ -53,7 +79,7 @@ impl App {
         )
         .expect("valid metric");
         registry.register(Box::new(requests.clone())).expect("registered once");
-        App { pool, config, requests, registry }
+        App { pool, config, verifier, limiter, requests, registry }
     }
 }
 
@@ -62,7 +88,30 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/orders", post(post_order))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
+        .layer(middleware::from_fn_with_state(app.clone(), per_request))
         .with_state(app)
+}
+
+/// Around every request: its id (header and log span) and `http.request_timeout_ms`, which
+/// covers reading the body too. A request's work runs in a task of its own and is not cut short
+/// by the timeout: a retry with the same key gets its outcome.
+async fn per_request(State(app): State<Arc<App>>, mut request: Request, next: Next) -> Response {
+    let id = RequestId::new();
+    request.extensions_mut().insert(id.clone());
+    let span = tracing::info_span!("request", id = %id.0);
+    let timeout = app.config.http.request_timeout();
+    let answer = tokio::time::timeout(timeout, next.run(request)).instrument(span.clone()).await;
+    let mut response = answer.unwrap_or_else(|_| {
+        span.in_scope(|| {
+            tracing::warn!(?timeout, "request not done within http.request_timeout_ms: answered 503")
+        });
+        app.requests.with_label_values(&["timeout"]).inc();
+        let message = "the request took too long; the order may or may not have been written: retry with the \
+                       same key, which tells";
+        Reply::error(503, "timeout", message.into()).retry_after(Duration::from_secs(1)).into_response()
+    });
+    response.headers_mut().insert(REQUEST_ID, HeaderValue::from_str(&id.0).expect("hex digits"));
+    response
 }
 
 /// One answer: status, JSON body, and the label it is counted under.
@@ -72,15 +121,33 @@ struct Reply {
     outcome: &'static str,
     retry_after: Option<Duration>,
     replayed: bool,
+    /// 401: ask for a bearer token.
+    challenge: bool,
 }
 
 impl Reply {
     fn ok(status: u16, body: serde_json::Value, outcome: &'static str) -> Reply {
-        Reply { status, body, outcome, retry_after: None, replayed: false }
+        Reply { status, body, outcome, retry_after: None, replayed: false, challenge: false }
     }
 
     fn error(status: u16, outcome: &'static str, message: String) -> Reply {
         Reply::ok(status, json!({ "error": message, "code": outcome }), outcome)
+    }
+
+    /// 500 saying nothing of the cause, which the caller has logged under `id`.
+    fn internal(id: &RequestId) -> Reply {
+        let body = json!({
+            "error": "internal error: the service's log has the details under this request_id",
+            "code": "error",
+            "request_id": id.0,
+        });
+        Reply::ok(500, body, "error")
+    }
+
+    /// 401 saying nothing of what was wrong with the token (the log says).
+    fn unauthorized() -> Reply {
+        let message = "a bearer token is required (Authorization: Bearer <token>)".into();
+        Reply { challenge: true, ..Reply::error(401, "unauthorized", message) }
     }
 
     fn retry_after(mut self, after: Duration) -> Reply {
@@ -94,41 +161,78 @@ impl IntoResponse for Reply {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut response = (status, axum::Json(self.body)).into_response();
         if let Some(after) = self.retry_after {
-            let secs = after.as_secs().max(1).to_string();
+            let secs = (after.as_secs_f64().ceil() as u64).max(1).to_string();
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_str(&secs).expect("digits"));
         }
         if self.replayed {
             response.headers_mut().insert(REPLAYED, HeaderValue::from_static("true"));
         }
+        if self.challenge {
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         response
     }
 }
 
-async fn post_order(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
-    let task_app = app.clone();
-    let reply = match tokio::spawn(async move { place(&task_app, &headers, &body).await }).await {
+async fn post_order(
+    State(app): State<Arc<App>>,
+    Extension(id): Extension<RequestId>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let (task_app, task_id) = (app.clone(), id.clone());
+    let work = async move { place(&task_app, &task_id, &headers, &body).await };
+    let reply = match tokio::spawn(work.in_current_span()).await {
         Ok(reply) => reply,
-        Err(e) => Reply::error(500, "error", format!("the request failed: {e}")),
+        Err(e) => {
+            tracing::error!(error = %e, "the request's task failed");
+            Reply::internal(&id)
+        }
     };
     app.requests.with_label_values(&[reply.outcome]).inc();
     reply.into_response()
 }
 
-async fn place(app: &App, headers: &HeaderMap, body: &[u8]) -> Reply {
+/// Who is calling, within their rate limit; or the 401 or 429 to answer.
+fn admit(app: &App, headers: &HeaderMap) -> Result<Caller, Reply> {
+    let caller = app.verifier.verify(headers).map_err(|refused| {
+        tracing::warn!(reason = %refused, "request refused: not authenticated");
+        Reply::unauthorized()
+    })?;
+    app.limiter.admit(&caller.subject).map_err(|wait| {
+        tracing::info!(caller = %caller.subject, ?wait, "request refused: over rate_limit");
+        let message = "too many requests from this caller: retry after the Retry-After seconds".into();
+        Reply::error(429, "rate_limited", message).retry_after(wait)
+    })?;
+    Ok(caller)
+}
+
+async fn place(app: &App, id: &RequestId, headers: &HeaderMap, body: &[u8]) -> Reply {
+    let caller = match admit(app, headers) {
+        Ok(caller) => caller,
+        Err(reply) => return reply,
+    };
     let key = match idempotency_key(headers) {
         Ok(key) => key,
         Err(message) => return Reply::error(400, "missing_key", message),
     };
-    let request = match OrderRequest::parse(body) {
+    let request = match OrderRequest::parse(body, &caller.subject) {
         Ok(request) => request,
-        Err(message) => return Reply::error(400, "invalid", message),
+        Err(Refusal::Invalid(message)) => return Reply::error(400, "invalid", message),
+        Err(Refusal::OtherCustomer) => {
+            tracing::warn!(caller = %caller.subject, "request refused: the body names another customer");
+            let message = "customer_id: an order is placed for the caller (the token's subject); \
+                           leave customer_id out, or give the caller's own";
+            return Reply::error(403, "forbidden", message.into());
+        }
     };
     let fingerprint = idempotency::fingerprint("POST", "/orders", &request.canonical());
     let session = match app.pool.get().await {
         Ok(session) => session,
         Err(e) => return unavailable(key, &e.to_string()),
     };
-    let lease = match idempotency::begin(&session, &app.config.idempotency, key, &fingerprint).await {
+    let config = &app.config.idempotency;
+    let lease = match idempotency::begin(&session, config, &caller.subject, key, &fingerprint).await {
         Ok(Begin::Owned(lease)) => lease,
         Ok(Begin::Replay { status, body }) => {
             return Reply { replayed: true, ..Reply::ok(status, body, "replayed") };
@@ -146,12 +250,13 @@ async fn place(app: &App, headers: &HeaderMap, body: &[u8]) -> Reply {
     }
     inject_faults(app).await;
     let traceparent = headers.get("traceparent").and_then(|v| v.to_str().ok());
-    complete(app, session, &lease, &request, traceparent).await
+    complete(app, id, session, &lease, &request, traceparent).await
 }
 
 /// The final write under `lease`, and what it means for the client.
 async fn complete(
     app: &App,
+    id: &RequestId,
     mut session: Session<'_>,
     lease: &Lease,
     request: &OrderRequest,
@@ -181,9 +286,7 @@ async fn complete(
                 return unavailable(key, &RelayError::Postgres(e).to_string());
             }
             tracing::error!(key, error = %RelayError::Postgres(e), "order not written: the database refused it");
-            let message = "the order could not be written: the database refused it (the service's log says why); \
-                           retrying will not help until that is fixed";
-            Reply::error(500, "error", message.into())
+            Reply::internal(id)
         }
     }
 }

@@ -1,7 +1,9 @@
 //! The Idempotency-Key store: who owns a request, and what every retry of it gets back.
 //!
 //! Invariants (the table is `idempotency_keys`, sql/examples/idempotency.sql):
-//! - The key's PRIMARY KEY decides between concurrent requests and replicas: the request whose
+//! - A key belongs to its caller (the token's subject): the PRIMARY KEY is (caller, key), so the
+//!   same key from two callers names two requests, and no caller can read or block another's.
+//! - That PRIMARY KEY decides between concurrent requests and replicas: the request whose
 //!   INSERT succeeds owns the key; an INSERT of the same key waits for it to commit, then sees
 //!   the row. No in-memory lock, no lock with a TTL, decides anything.
 //! - An owner holds a lease: `lease_token`, valid until `lease_expires_at`. After that (or at
@@ -39,6 +41,7 @@ pub enum Begin {
 /// Ownership of one key, proven by its token at the final write.
 #[derive(Debug, Clone)]
 pub struct Lease {
+    pub caller: String,
     pub key: String,
     pub token: i64,
     pub took_over: bool,
@@ -59,15 +62,15 @@ pub fn fingerprint(method: &str, path: &str, canonical_body: &str) -> Vec<u8> {
 }
 
 const CLAIM: &str = "INSERT INTO idempotency_keys \
-     (key, fingerprint, state, lease_token, lease_expires_at, expires_at) \
-     VALUES ($1, $2, 'in_progress', nextval('idempotency_lease_tokens'), \
+     (caller, key, fingerprint, state, lease_token, lease_expires_at, expires_at) \
+     VALUES ($5, $1, $2, 'in_progress', nextval('idempotency_lease_tokens'), \
              now() + make_interval(secs => $3), now() + make_interval(secs => $4)) \
-     ON CONFLICT (key) DO NOTHING RETURNING lease_token";
+     ON CONFLICT (caller, key) DO NOTHING RETURNING lease_token";
 
 const READ: &str = "SELECT fingerprint, state, lease_token, lease_expires_at < now(), \
      expires_at < now(), response_status, response_body, \
      extract(epoch FROM lease_expires_at - now())::float8 \
-     FROM idempotency_keys WHERE key = $1";
+     FROM idempotency_keys WHERE caller = $2 AND key = $1";
 
 /// A new token from the sequence, never one a stalled worker could still hold; the key is kept
 /// at least a TTL from the takeover.
@@ -75,12 +78,12 @@ const TAKE_OVER: &str = "UPDATE idempotency_keys \
      SET state = 'in_progress', lease_token = nextval('idempotency_lease_tokens'), \
          lease_expires_at = now() + make_interval(secs => $3), \
          expires_at = greatest(expires_at, now() + make_interval(secs => $4)) \
-     WHERE key = $1 AND lease_token = $2 \
+     WHERE caller = $5 AND key = $1 AND lease_token = $2 \
        AND (state = 'failed' OR (state = 'in_progress' AND lease_expires_at < now())) \
      RETURNING lease_token";
 
 const FORGET_EXPIRED: &str = "DELETE FROM idempotency_keys \
-     WHERE key = $1 AND lease_token = $2 AND expires_at < now() \
+     WHERE caller = $3 AND key = $1 AND lease_token = $2 AND expires_at < now() \
        AND (state <> 'in_progress' OR lease_expires_at < now())";
 
 /// The longest `Retry-After` of a 409: the holder's remaining lease, at most this.
@@ -112,11 +115,12 @@ impl Held {
     }
 }
 
-/// Claims `key` for a request with `fingerprint`, or says what to answer instead. Waits up to
-/// `idempotency.wait_ms` while another attempt holds the key.
+/// Claims `caller`'s `key` for a request with `fingerprint`, or says what to answer instead.
+/// Waits up to `idempotency.wait_ms` while another attempt holds the key.
 pub async fn begin(
     client: &Client,
     config: &IdempotencyConfig,
+    caller: &str,
     key: &str,
     fingerprint: &[u8],
 ) -> Result<Begin, tokio_postgres::Error> {
@@ -124,16 +128,24 @@ pub async fn begin(
     let ttl_secs = config.key_ttl_secs as f64;
     let deadline = Instant::now() + config.wait();
     loop {
-        if let Some(row) = client.query_opt(CLAIM, &[&key, &fingerprint, &lease_secs, &ttl_secs]).await? {
-            return Ok(Begin::Owned(Lease { key: key.into(), token: row.get(0), took_over: false }));
+        if let Some(row) =
+            client.query_opt(CLAIM, &[&key, &fingerprint, &lease_secs, &ttl_secs, &caller]).await?
+        {
+            return Ok(Begin::Owned(Lease {
+                caller: caller.into(),
+                key: key.into(),
+                token: row.get(0),
+                took_over: false,
+            }));
         }
-        let Some(held) = client.query_opt(READ, &[&key]).await?.map(|row| Held::from_row(&row)) else {
+        let Some(held) = client.query_opt(READ, &[&key, &caller]).await?.map(|row| Held::from_row(&row))
+        else {
             continue; // deleted by the cleanup in between: claim again
         };
         // an expired key is forgotten first: after its TTL a key names a new request, whatever
         // the body
         if held.expired && (held.state != "in_progress" || held.lapsed) {
-            client.execute(FORGET_EXPIRED, &[&key, &held.token]).await?;
+            client.execute(FORGET_EXPIRED, &[&key, &held.token, &caller]).await?;
             continue;
         }
         if held.fingerprint != fingerprint {
@@ -152,8 +164,20 @@ pub async fn begin(
                 continue;
             }
         }
-        if let Some(row) = client.query_opt(TAKE_OVER, &[&key, &held.token, &lease_secs, &ttl_secs]).await? {
-            return Ok(Begin::Owned(Lease { key: key.into(), token: row.get(0), took_over: true }));
+        let take_over = [
+            &key as &(dyn tokio_postgres::types::ToSql + Sync),
+            &held.token,
+            &lease_secs,
+            &ttl_secs,
+            &caller,
+        ];
+        if let Some(row) = client.query_opt(TAKE_OVER, &take_over).await? {
+            return Ok(Begin::Owned(Lease {
+                caller: caller.into(),
+                key: key.into(),
+                token: row.get(0),
+                took_over: true,
+            }));
         }
     }
 }
@@ -166,8 +190,9 @@ pub async fn fence(
 ) -> Result<bool, tokio_postgres::Error> {
     let row = txn
         .query_opt(
-            "SELECT 1 FROM idempotency_keys WHERE key = $1 AND lease_token = $2 AND state = 'in_progress' FOR UPDATE",
-            &[&lease.key, &lease.token],
+            "SELECT 1 FROM idempotency_keys \
+             WHERE caller = $3 AND key = $1 AND lease_token = $2 AND state = 'in_progress' FOR UPDATE",
+            &[&lease.key, &lease.token, &lease.caller],
         )
         .await?;
     Ok(row.is_some())
@@ -182,8 +207,8 @@ pub async fn store_response(
 ) -> Result<(), tokio_postgres::Error> {
     txn.execute(
         "UPDATE idempotency_keys SET state = 'completed', response_status = $3, response_body = $4 \
-         WHERE key = $1 AND lease_token = $2",
-        &[&lease.key, &lease.token, &(status as i16), body],
+         WHERE caller = $5 AND key = $1 AND lease_token = $2",
+        &[&lease.key, &lease.token, &(status as i16), body, &lease.caller],
     )
     .await?;
     Ok(())
@@ -195,8 +220,8 @@ pub async fn release(client: &Client, lease: &Lease) {
     let result = client
         .execute(
             "UPDATE idempotency_keys SET state = 'failed' \
-             WHERE key = $1 AND lease_token = $2 AND state = 'in_progress'",
-            &[&lease.key, &lease.token],
+             WHERE caller = $3 AND key = $1 AND lease_token = $2 AND state = 'in_progress'",
+            &[&lease.key, &lease.token, &lease.caller],
         )
         .await;
     if let Err(e) = result {

@@ -1,15 +1,20 @@
 //! `orders run --config orders.toml`: the order service. Exit codes: 0 after SIGTERM/SIGINT,
 //! 1 on a runtime error, 2 on a configuration error.
+//!
+//! `orders mint-token --config orders.toml --subject customer-1`: prints a bearer token signed
+//! with the configured HS256 secret, for demos and tests (a real deployment's tokens come from
+//! its identity provider).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use orders::api::{App, router};
+use orders::auth::{self, Claims, Verifier};
 use orders::config::OrdersConfig;
-use orders::idempotency;
+use orders::{idempotency, server};
 
 #[derive(Parser)]
 #[command(version, about = "Example order service: POST /orders under an Idempotency-Key")]
@@ -24,6 +29,18 @@ enum Command {
     Run {
         #[arg(long, env = "ORDERS_CONFIG")]
         config: PathBuf,
+    },
+    /// Prints an HS256 bearer token for SUBJECT, signed with the config's
+    /// auth.hs256_secret_file and carrying its auth.issuer and auth.audience.
+    MintToken {
+        #[arg(long, env = "ORDERS_CONFIG")]
+        config: PathBuf,
+        /// The caller, and so the customer its orders are for.
+        #[arg(long)]
+        subject: String,
+        /// Seconds until the token expires (negative: already expired, for tests).
+        #[arg(long, default_value_t = 3600, allow_negative_numbers = true)]
+        ttl_secs: i64,
     },
 }
 
@@ -41,7 +58,10 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let Command::Run { config } = Cli::parse().command;
+    let (config, mint) = match Cli::parse().command {
+        Command::Run { config } => (config, None),
+        Command::MintToken { config, subject, ttl_secs } => (config, Some((subject, ttl_secs))),
+    };
     let config = match OrdersConfig::load(&config) {
         Ok(config) => config,
         Err(e) => {
@@ -49,8 +69,18 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some((subject, ttl_secs)) = mint {
+        return mint_token(&config, subject, ttl_secs);
+    }
+    let verifier = match Verifier::from_config(&config.auth) {
+        Ok(verifier) => verifier,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
-    match runtime.block_on(serve(config)) {
+    match runtime.block_on(serve(config, verifier)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
@@ -59,10 +89,36 @@ fn main() -> ExitCode {
     }
 }
 
-async fn serve(config: OrdersConfig) -> Result<(), String> {
+fn mint_token(config: &OrdersConfig, subject: String, ttl_secs: i64) -> ExitCode {
+    if config.auth.hs256_secret_file.is_empty() {
+        eprintln!(
+            "error: auth.hs256_secret_file: mint-token signs with an HS256 secret; this config has none"
+        );
+        return ExitCode::from(2);
+    }
+    let secret = match auth::read_hs256_secret(Path::new(&config.auth.hs256_secret_file)) {
+        Ok(secret) => secret,
+        Err(e) => {
+            eprintln!("error: auth.hs256_secret_file: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let optional = |s: &str| (!s.is_empty()).then(|| s.to_string());
+    let claims = Claims {
+        sub: subject,
+        exp: auth::now_secs().saturating_add_signed(ttl_secs),
+        iss: optional(&config.auth.issuer),
+        aud: optional(&config.auth.audience),
+    };
+    println!("{}", auth::mint_hs256(&secret, &claims));
+    ExitCode::SUCCESS
+}
+
+async fn serve(config: OrdersConfig, verifier: Verifier) -> Result<(), String> {
     let listen = config.http.listen.clone();
     let cleanup_every = config.idempotency.cleanup_interval_secs;
-    let app = Arc::new(App::new(config));
+    let http = config.http.clone();
+    let app = Arc::new(App::new(config, verifier));
     check_tables(&app).await?;
     if cleanup_every > 0 {
         tokio::spawn(clean_up(app.clone(), Duration::from_secs(cleanup_every)));
@@ -70,10 +126,7 @@ async fn serve(config: OrdersConfig) -> Result<(), String> {
     let listener =
         tokio::net::TcpListener::bind(&listen).await.map_err(|e| format!("http.listen {listen}: {e}"))?;
     tracing::info!(%listen, "serving POST /orders");
-    axum::serve(listener, router(app))
-        .with_graceful_shutdown(stop_signal())
-        .await
-        .map_err(|e| e.to_string())?;
+    server::serve(listener, router(app), &http, stop_signal()).await;
     tracing::info!("stopped");
     Ok(())
 }
@@ -89,6 +142,14 @@ async fn check_tables(app: &App) -> Result<(), String> {
         if !row.get::<_, bool>(0) {
             return Err(format!("table {table} does not exist in this database: apply {file}"));
         }
+    }
+    let scoped = "SELECT count(*) FROM pg_attribute \
+         WHERE attrelid = 'idempotency_keys'::regclass AND attname = 'caller' AND NOT attisdropped";
+    let row = session.query_one(scoped, &[]).await.map_err(|e| e.to_string())?;
+    if row.get::<_, i64>(0) == 0 {
+        return Err("table idempotency_keys has no caller column (it predates keys scoped by caller): \
+                    apply sql/examples/idempotency.sql again, which adds it"
+            .into());
     }
     Ok(())
 }

@@ -14,30 +14,47 @@ use tokio_postgres::Client;
 
 use crate::idempotency::{self, Lease};
 
-/// The body of `POST /orders`.
+/// The body of `POST /orders`: `{"total_cents": 1999}`. The customer is the caller (the bearer
+/// token's subject); a body may still name it, and must then name the caller.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+struct Body {
+    #[serde(default)]
+    customer_id: Option<String>,
+    total_cents: i64,
+}
+
+/// An order as requested by its caller.
+#[derive(Debug)]
 pub struct OrderRequest {
     pub customer_id: String,
     pub total_cents: i64,
+}
+
+/// Why a body was refused.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// 400: the body is not what the API takes; says what is expected.
+    Invalid(String),
+    /// 403: the body names a customer other than the caller.
+    OtherCustomer,
 }
 
 /// The largest order accepted, in cents.
 pub const MAX_TOTAL_CENTS: i64 = 100_000_000;
 
 impl OrderRequest {
-    /// Parses and checks a body; the error names the field and says what is expected.
-    pub fn parse(body: &[u8]) -> Result<OrderRequest, String> {
-        let request: OrderRequest = serde_json::from_slice(body).map_err(|e| {
-            format!("the body must be JSON {{\"customer_id\": \"...\", \"total_cents\": 1999}}: {e}")
-        })?;
-        if request.customer_id.is_empty() || request.customer_id.len() > 100 {
-            return Err("customer_id: must be 1 to 100 characters".into());
+    /// Parses and checks `caller`'s body; an error names the field and says what is expected.
+    pub fn parse(body: &[u8], caller: &str) -> Result<OrderRequest, Refusal> {
+        let body: Body = serde_json::from_slice(body)
+            .map_err(|e| Refusal::Invalid(format!("the body must be JSON {{\"total_cents\": 1999}}: {e}")))?;
+        if body.customer_id.is_some_and(|named| named != caller) {
+            return Err(Refusal::OtherCustomer);
         }
-        if !(1..=MAX_TOTAL_CENTS).contains(&request.total_cents) {
-            return Err(format!("total_cents: must be between 1 and {MAX_TOTAL_CENTS}"));
+        if !(1..=MAX_TOTAL_CENTS).contains(&body.total_cents) {
+            return Err(Refusal::Invalid(format!("total_cents: must be between 1 and {MAX_TOTAL_CENTS}")));
         }
-        Ok(request)
+        Ok(OrderRequest { customer_id: caller.into(), total_cents: body.total_cents })
     }
 
     /// The request in one canonical form: two bodies that differ only in spacing or key order
@@ -106,33 +123,37 @@ pub async fn write(
 mod tests {
     use super::*;
 
+    fn invalid(body: &[u8]) -> String {
+        match OrderRequest::parse(body, "c") {
+            Err(Refusal::Invalid(message)) => message,
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[test]
-    fn a_body_differing_only_in_spacing_and_key_order_is_the_same_request() {
-        let a = OrderRequest::parse(br#"{"customer_id":"c-1","total_cents":5}"#).unwrap();
-        let b = OrderRequest::parse(b"{ \"total_cents\" : 5,\n \"customer_id\": \"c-1\" }").unwrap();
+    fn a_body_differing_only_in_spacing_key_order_or_the_named_caller_is_the_same_request() {
+        let a = OrderRequest::parse(br#"{"customer_id":"c-1","total_cents":5}"#, "c-1").unwrap();
+        let b = OrderRequest::parse(b"{ \"total_cents\" : 5,\n \"customer_id\": \"c-1\" }", "c-1").unwrap();
+        let unnamed = OrderRequest::parse(br#"{"total_cents":5}"#, "c-1").unwrap();
         assert_eq!(a.canonical(), b.canonical());
-        let c = OrderRequest::parse(br#"{"customer_id":"c-1","total_cents":6}"#).unwrap();
+        assert_eq!(a.canonical(), unnamed.canonical());
+        let c = OrderRequest::parse(br#"{"customer_id":"c-1","total_cents":6}"#, "c-1").unwrap();
         assert_ne!(a.canonical(), c.canonical());
     }
 
     #[test]
+    fn the_customer_is_the_caller_and_a_body_naming_another_is_refused() {
+        let request = OrderRequest::parse(br#"{"total_cents":5}"#, "c-1").unwrap();
+        assert_eq!(request.customer_id, "c-1");
+        let other = OrderRequest::parse(br#"{"customer_id":"c-2","total_cents":5}"#, "c-1");
+        assert_eq!(other.unwrap_err(), Refusal::OtherCustomer);
+    }
+
+    #[test]
     fn a_bad_body_is_refused_naming_the_field() {
-        assert!(OrderRequest::parse(br#"{"customer_id":"c-1"}"#).unwrap_err().contains("total_cents"));
-        assert!(
-            OrderRequest::parse(br#"{"customer_id":"","total_cents":5}"#)
-                .unwrap_err()
-                .starts_with("customer_id")
-        );
-        assert!(
-            OrderRequest::parse(br#"{"customer_id":"c","total_cents":0}"#)
-                .unwrap_err()
-                .starts_with("total_cents")
-        );
-        assert!(
-            OrderRequest::parse(br#"{"customer_id":"c","total_cents":1,"x":1}"#)
-                .unwrap_err()
-                .contains("unknown field")
-        );
-        assert!(OrderRequest::parse(b"not json").is_err());
+        assert!(invalid(br#"{"customer_id":"c"}"#).contains("total_cents"));
+        assert!(invalid(br#"{"customer_id":"c","total_cents":0}"#).starts_with("total_cents"));
+        assert!(invalid(br#"{"customer_id":"c","total_cents":1,"x":1}"#).contains("unknown field"));
+        assert!(invalid(b"not json").contains("JSON"));
     }
 }

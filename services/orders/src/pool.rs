@@ -1,8 +1,11 @@
 //! A small pool of PostgreSQL sessions, each opened with the relay's `postgres::connect` (TLS,
 //! multi-host, password files). A request holds one session for its transaction; a session that
-//! broke is dropped instead of returned, and the next request opens a fresh one.
+//! broke is dropped instead of returned, and the next request opens a fresh one. A request waits
+//! for a session at most `http.pool_wait_ms`: under overload, requests are refused (503) rather
+//! than queued without end.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use outbox_relay::config::PostgresConfig;
 use outbox_relay::error::RelayError;
@@ -11,6 +14,7 @@ use tokio_postgres::Client;
 
 pub struct Pool {
     pg: PostgresConfig,
+    wait: Duration,
     idle: Mutex<Vec<Client>>,
     permits: Arc<Semaphore>,
 }
@@ -22,14 +26,26 @@ pub struct Session<'a> {
     _permit: OwnedSemaphorePermit,
 }
 
+/// Why no session was lent.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error("every session stayed busy for {0:?} (http.pool_size sessions, http.pool_wait_ms)")]
+    Busy(Duration),
+    #[error(transparent)]
+    Connect(#[from] RelayError),
+}
+
 impl Pool {
-    pub fn new(pg: PostgresConfig, size: usize) -> Pool {
-        Pool { pg, idle: Mutex::new(Vec::new()), permits: Arc::new(Semaphore::new(size)) }
+    pub fn new(pg: PostgresConfig, size: usize, wait: Duration) -> Pool {
+        Pool { pg, wait, idle: Mutex::new(Vec::new()), permits: Arc::new(Semaphore::new(size)) }
     }
 
-    /// An idle session, or a new one; waits while `size` sessions are lent.
-    pub async fn get(&self) -> Result<Session<'_>, RelayError> {
-        let permit = self.permits.clone().acquire_owned().await.expect("the semaphore is never closed");
+    /// An idle session, or a new one; waits up to the pool's wait while `size` sessions are lent.
+    pub async fn get(&self) -> Result<Session<'_>, PoolError> {
+        let permit = tokio::time::timeout(self.wait, self.permits.clone().acquire_owned())
+            .await
+            .map_err(|_| PoolError::Busy(self.wait))?
+            .expect("the semaphore is never closed");
         let idle = self.idle.lock().unwrap().pop().filter(|c| !c.is_closed());
         let client = match idle {
             Some(client) => client,

@@ -2,6 +2,10 @@
 //! the retry policy of `orders::retry` and the same `Idempotency-Key` on every retry, and can
 //! pretend responses were lost (`--lose-responses`) to prove that retrying is safe.
 //!
+//! Each order is placed as a customer `customer-<n % customers>`, with a bearer token for that
+//! customer minted from `--hs256-secret-file` (the service's `auth.hs256_secret_file`); or, with
+//! `--token`, every order as that token's subject.
+//!
 //! Prints one JSON summary to stdout at the end; `--orders 0` runs until Ctrl-C, printing a
 //! progress line every 5 s. Every key's final answer is checked against any answer seen (and
 //! "lost") before it: a retry that got a different order counts as `inconsistent`.
@@ -11,16 +15,31 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{ArgGroup, Parser};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
+use orders::auth::{self, Claims};
 use orders::retry::{Decision, Outcome, Policy};
 use rand::Rng;
 use serde_json::json;
 
 #[derive(Parser, Clone)]
 #[command(about = "Places orders with retries and the same Idempotency-Key per order")]
+#[command(group(ArgGroup::new("credentials").required(true).args(["hs256_secret_file", "token"])))]
 struct Args {
+    /// The service's HS256 secret (auth.hs256_secret_file): each customer's token is minted
+    /// with it.
+    #[arg(long, env = "ORDERS_LOAD_HS256_SECRET_FILE")]
+    hs256_secret_file: Option<std::path::PathBuf>,
+    /// The `iss` of minted tokens (the service's auth.issuer, if set).
+    #[arg(long, default_value = "")]
+    issuer: String,
+    /// The `aud` of minted tokens (the service's auth.audience, if set).
+    #[arg(long, default_value = "")]
+    audience: String,
+    /// A bearer token: every order is placed as its subject (`--customers` is then ignored).
+    #[arg(long, env = "ORDERS_LOAD_TOKEN")]
+    token: Option<String>,
     /// The service, `http://host:port`.
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     url: String,
@@ -60,9 +79,47 @@ struct Tally {
     statuses: Mutex<BTreeMap<String, u64>>,
 }
 
+/// Where each attempt's bearer token comes from.
+enum Credentials {
+    Mint { secret: Vec<u8>, issuer: Option<String>, audience: Option<String> },
+    Fixed(String),
+}
+
+impl Credentials {
+    fn from_args(args: &Args) -> Credentials {
+        if let Some(token) = &args.token {
+            return Credentials::Fixed(token.clone());
+        }
+        let file = args.hs256_secret_file.as_ref().expect("clap requires one of the two");
+        let secret = auth::read_hs256_secret(file).unwrap_or_else(|e| {
+            eprintln!("orders-load: --hs256-secret-file: {e}");
+            std::process::exit(2);
+        });
+        let optional = |s: &str| (!s.is_empty()).then(|| s.to_string());
+        Credentials::Mint { secret, issuer: optional(&args.issuer), audience: optional(&args.audience) }
+    }
+
+    /// A token for `customer`, valid for ten minutes.
+    fn token(&self, customer: &str) -> String {
+        match self {
+            Credentials::Fixed(token) => token.clone(),
+            Credentials::Mint { secret, issuer, audience } => {
+                let claims = Claims {
+                    sub: customer.to_string(),
+                    exp: auth::now_secs() + 600,
+                    iss: issuer.clone(),
+                    aud: audience.clone(),
+                };
+                auth::mint_hs256(secret, &claims)
+            }
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
+    let credentials = Arc::new(Credentials::from_args(&args));
     let addr = args.url.trim_start_matches("http://").trim_end_matches('/').to_string();
     let tally = Arc::new(Tally::default());
     let pace = (args.rate > 0.0).then(|| {
@@ -71,6 +128,7 @@ async fn main() {
     let mut workers = Vec::new();
     for _ in 0..args.concurrency.max(1) {
         let (args, addr, tally, pace) = (args.clone(), addr.clone(), tally.clone(), pace.clone());
+        let credentials = credentials.clone();
         workers.push(tokio::spawn(async move {
             loop {
                 let n = tally.next.fetch_add(1, Ordering::Relaxed);
@@ -80,7 +138,7 @@ async fn main() {
                 if let Some(pace) = &pace {
                     pace.lock().await.tick().await;
                 }
-                place_one(&args, &addr, &tally, n).await;
+                place_one(&args, &credentials, &addr, &tally, n).await;
             }
         }));
     }
@@ -94,21 +152,16 @@ async fn main() {
 }
 
 /// Places order `n`: attempts until the policy says done or give up.
-async fn place_one(args: &Args, addr: &str, tally: &Tally, n: u64) {
+async fn place_one(args: &Args, credentials: &Credentials, addr: &str, tally: &Tally, n: u64) {
     let policy = Policy::default();
     let key = format!("{}-{n}", args.key_prefix);
-    let body = {
-        let mut rng = rand::rng();
-        json!({
-            "customer_id": format!("customer-{}", n % args.customers.max(1)),
-            "total_cents": rng.random_range(args.min_cents..=args.max_cents),
-        })
-        .to_string()
-    };
+    let customer = format!("customer-{}", n % args.customers.max(1));
+    let body =
+        json!({ "total_cents": rand::rng().random_range(args.min_cents..=args.max_cents) }).to_string();
     let mut first_seen: Option<serde_json::Value> = None;
     for attempt in 1.. {
         tally.attempts.fetch_add(1, Ordering::Relaxed);
-        let mut outcome = match post(addr, &key, &body).await {
+        let mut outcome = match post(addr, &credentials.token(&customer), &key, &body).await {
             Some((status, retry_after, replayed, answer)) => {
                 *tally.statuses.lock().unwrap().entry(status.to_string()).or_default() += 1;
                 if (200..300).contains(&status) {
@@ -142,7 +195,12 @@ async fn place_one(args: &Args, addr: &str, tally: &Tally, n: u64) {
 }
 
 /// One POST /orders: (status, Retry-After, replayed, JSON body), or None without an answer.
-async fn post(addr: &str, key: &str, body: &str) -> Option<(u16, Option<Duration>, bool, serde_json::Value)> {
+async fn post(
+    addr: &str,
+    token: &str,
+    key: &str,
+    body: &str,
+) -> Option<(u16, Option<Duration>, bool, serde_json::Value)> {
     let attempt = async {
         let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
         let (mut sender, connection) =
@@ -151,6 +209,7 @@ async fn post(addr: &str, key: &str, body: &str) -> Option<(u16, Option<Duration
         let request = hyper::Request::post("/orders")
             .header("host", addr)
             .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {token}"))
             .header("idempotency-key", key)
             .body(Full::new(Bytes::from(body.to_string())))
             .ok()?;
