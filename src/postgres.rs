@@ -6,7 +6,17 @@
 //! - `postgres.sslmode` means what it means to libpq: `disable` never encrypts; `prefer`
 //!   encrypts when the server offers it, without verifying the certificate; `require` always
 //!   encrypts (and verifies the chain, like `verify-ca`, when `sslrootcert` is set, as libpq
-//!   does); `verify-ca` verifies the chain; `verify-full` verifies the chain and the host name;
+//!   does); `verify-ca` verifies the chain against `sslrootcert` (never the public roots:
+//!   validation refuses it without); `verify-full` (the default) verifies the chain and the
+//!   host name;
+//! - over TLS that does not authenticate the server (`prefer`, `require` without
+//!   `sslrootcert`) a configured password goes only by SCRAM bound to the TLS channel
+//!   (`channel_binding = require`): tokio-postgres then refuses, before sending anything, a
+//!   cleartext or MD5 request, SCRAM without binding, and a `prefer` session the server did not
+//!   encrypt, any of which a man in the middle could use. The replication transport has no
+//!   channel binding, so there it sends no password at all over such TLS (the vendored
+//!   pgwire-replication's patch); under `disable` the operator chose no protection and the
+//!   password goes as the server asks;
 //! - one TLS library (rustls with the ring provider) and one reading of the settings for both
 //!   the SQL client and the replication transport, but two certificate verifiers: the SQL
 //!   client's (`Verifier`, here) and the one inside pgwire-replication, which
@@ -23,7 +33,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 use tokio_postgres::Client;
-use tokio_postgres::config::{SslMode as PgSslMode, TargetSessionAttrs};
+use tokio_postgres::config::{ChannelBinding, SslMode as PgSslMode, TargetSessionAttrs};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::config::{Endpoint, PostgresConfig, SslMode};
@@ -154,6 +164,12 @@ enum CertCheck {
     Nothing,
     Chain,
     ChainAndName,
+}
+
+/// Whether TLS may be on without proving the server's identity: then a password must not go
+/// unless bound to the TLS channel (see the module's invariants).
+fn unverified_tls(pg: &PostgresConfig) -> bool {
+    matches!(pg.sslmode, SslMode::Prefer | SslMode::Require) && cert_check(pg) == CertCheck::Nothing
 }
 
 fn cert_check(pg: &PostgresConfig) -> CertCheck {
@@ -289,6 +305,19 @@ fn classify_connect(pg: &PostgresConfig, endpoint: &Endpoint, e: tokio_postgres:
             ),
         );
     }
+    if e.as_db_error().is_none() && (e.to_string() + &cause).contains("channel binding") {
+        return RelayError::fatal(
+            FatalReason::Auth,
+            format!(
+                "postgres {endpoint}: the password was not sent: postgres.sslmode = {} does not verify the \
+                 server, and it asked for the password without SCRAM channel binding (in clear, as MD5, by \
+                 SCRAM not bound to TLS, or over an unencrypted session), which a man in the middle could \
+                 use; set postgres.sslmode = verify-full with postgres.sslrootcert, or make the server \
+                 authenticate by scram-sha-256 over TLS (ssl = on, password_encryption = scram-sha-256)",
+                pg.sslmode
+            ),
+        );
+    }
     let refused_plaintext = e.as_db_error().is_some_and(|db| db.message().contains("no encryption"));
     if refused_plaintext && pg.sslmode == SslMode::Disable {
         return RelayError::fatal(
@@ -341,6 +370,9 @@ impl PostgresConfig {
             });
         if let Some(password) = self.password()? {
             pg.password(password);
+            if unverified_tls(self) {
+                pg.channel_binding(ChannelBinding::Require);
+            }
         }
         Ok(pg)
     }
@@ -384,6 +416,31 @@ mod tests {
         assert_eq!(replication_tls(&pg(SslMode::Require, "ca.pem")).mode, R::VerifyCa);
         assert_eq!(replication_tls(&pg(SslMode::VerifyFull, "")).mode, R::VerifyFull);
         assert_eq!(replication_tls(&pg(SslMode::Disable, "")).mode, R::Disable);
+    }
+
+    #[test]
+    fn a_password_goes_only_by_channel_binding_over_unverified_tls() {
+        let with_password = |sslmode, sslrootcert: &str| PostgresConfig {
+            password: Some(crate::config::Secret::new("pw")),
+            ..pg(sslmode, sslrootcert)
+        };
+        let endpoint = Endpoint { host: "db".into(), port: 5432 };
+        let binding = |config: &PostgresConfig| {
+            config.client_config(&endpoint, TargetSessionAttrs::Any).unwrap().get_channel_binding()
+        };
+        for (sslmode, root, required) in [
+            (SslMode::Prefer, "", true),
+            (SslMode::Require, "", true),
+            (SslMode::Require, "ca.pem", false),
+            (SslMode::VerifyCa, "ca.pem", false),
+            (SslMode::VerifyFull, "", false),
+            (SslMode::Disable, "", false),
+        ] {
+            let required_here = binding(&with_password(sslmode, root)) == ChannelBinding::Require;
+            assert_eq!(required_here, required, "{sslmode} {root}");
+        }
+        // without a password there is nothing to protect (certificate or trust authentication)
+        assert_ne!(binding(&pg(SslMode::Require, "")), ChannelBinding::Require);
     }
 
     #[test]

@@ -51,7 +51,7 @@ impl Chain {
         let (host, port, _) = self.relay.db.pg_parts();
         let user = "ledger_service";
         let toml = format!(
-            "[postgres]\nhost = \"{host}\"\nport = {port}\nuser = \"{user}\"\ndatabase = \"{}\"\n\
+            "[postgres]\nhost = \"{host}\"\nport = {port}\nuser = \"{user}\"\ndatabase = \"{}\"\nsslmode = \"disable\"\n\
              [kafka]\nbrokers = [\"{}\"]\nclient_id = \"ledger\"\n\
              [kafka.properties]\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n\
              [consumer]\ntopic = \"{p}.order\"\ngroup_id = \"{p}-ledger\"\ndead_letter_topic = \"{p}.order.dlq\"\n",

@@ -255,7 +255,7 @@ async fn check_fails_on_wal_level_replica_in_replication_mode() {
     std::fs::write(
         &config,
         format!(
-            "[source]\nmode = \"replication\"\n[postgres]\nport = {port}\nuser = \"postgres\"\n\
+            "[source]\nmode = \"replication\"\n[postgres]\nport = {port}\nuser = \"postgres\"\nsslmode = \"disable\"\n\
              [kafka]\nbrokers = [\"{}\"]\n",
             services().kafka
         ),

@@ -415,7 +415,7 @@ async fn a_missing_table_or_a_bad_setting_stops_the_service_naming_the_fix() {
     let secret = service::orders_hs256_secret(dir.path());
     let base = format!(
         "[postgres]\nhost = \"{host}\"\nport = {port}\nuser = \"{user}\"\ndatabase = \"{}\"\n\
-         [auth]\nhs256_secret_file = {:?}\n",
+         sslmode = \"disable\"\n[auth]\nhs256_secret_file = {:?}\n",
         db.name, secret
     );
     let run = |name: &str, toml: String| {

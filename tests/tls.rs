@@ -204,3 +204,213 @@ async fn a_missing_password_is_named_and_stops_the_relay() {
     let (_, stdout, stderr) = run_relay_with_env(&["check", "--config", config], &env, IDLE);
     assert!(stdout.contains("OK   postgres.connect"), "{stdout}{stderr}");
 }
+
+/// What a man in the middle answering at `postgres.host` asks of the relay, and what it gets.
+mod man_in_the_middle {
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// Declines TLS (`tls` None) or offers it with `tls`'s certificate, then asks for the password
+    /// with authentication request `request` (3 cleartext, 5 MD5, 10 SCRAM-SHA-256 without
+    /// channel binding) and returns every byte the client sent after it.
+    pub fn listen(tls: Option<(&Path, &Path)>, request: i32) -> (u16, std::thread::JoinHandle<Vec<u8>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let config = tls.map(|(cert, key)| server_config(cert, key));
+        let handle = std::thread::spawn(move || {
+            let (mut socket, _) = listener.accept().unwrap();
+            socket.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut ssl_request = [0u8; 8];
+            socket.read_exact(&mut ssl_request).unwrap();
+            match config {
+                None => {
+                    socket.write_all(b"N").unwrap();
+                    ask_password(&mut socket, request)
+                }
+                Some(config) => {
+                    socket.write_all(b"S").unwrap();
+                    let connection = rustls::ServerConnection::new(config).unwrap();
+                    let mut tls = rustls::StreamOwned::new(connection, socket);
+                    ask_password(&mut tls, request)
+                }
+            }
+        });
+        (port, handle)
+    }
+
+    fn ask_password(stream: &mut impl ReadWrite, request: i32) -> Vec<u8> {
+        let mut len = [0u8; 4];
+        stream.read_exact(&mut len).unwrap();
+        let mut startup = vec![0u8; i32::from_be_bytes(len) as usize - 4];
+        stream.read_exact(&mut startup).unwrap();
+        let mut message = vec![b'R'];
+        let body: Vec<u8> = match request {
+            5 => [5i32.to_be_bytes().as_slice(), &[1, 2, 3, 4]].concat(),
+            10 => [10i32.to_be_bytes().as_slice(), b"SCRAM-SHA-256\0\0"].concat(),
+            code => code.to_be_bytes().to_vec(),
+        };
+        message.extend_from_slice(&(body.len() as i32 + 4).to_be_bytes());
+        message.extend_from_slice(&body);
+        stream.write_all(&message).unwrap();
+        stream.flush().unwrap();
+        let mut sent = Vec::new();
+        let mut buf = [0u8; 1024];
+        // until the client closes (or the read times out)
+        while let Ok(n @ 1..) = stream.read(&mut buf) {
+            sent.extend_from_slice(&buf[..n]);
+        }
+        sent
+    }
+
+    pub trait ReadWrite: Read + Write {}
+    impl<T: Read + Write> ReadWrite for T {}
+
+    fn server_config(cert: &Path, key: &Path) -> Arc<rustls::ServerConfig> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let certs = CertificateDer::pem_file_iter(cert).unwrap().collect::<Result<Vec<_>, _>>().unwrap();
+        let key = PrivateKeyDer::from_pem_file(key).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .unwrap();
+        Arc::new(config)
+    }
+
+    /// A self-signed certificate for localhost, made with openssl (as deploy/local makes the
+    /// test CA): (certificate, key).
+    pub fn self_signed(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+        let (cert, key) = (dir.join("mitm.crt"), dir.join("mitm.key"));
+        let status = std::process::Command::new("openssl")
+            .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost"])
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "openssl could not make a certificate");
+        (cert, key)
+    }
+}
+
+/// Under `prefer` and `require` the server is not authenticated: whoever answers may ask for
+/// the password in clear or as MD5. The relay sends nothing and says why.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_man_in_the_middle_asking_for_the_password_gets_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = man_in_the_middle::self_signed(dir.path());
+    for (sslmode, tls) in [("prefer", false), ("require", true), ("prefer", true)] {
+        for request in [3, 5] {
+            // given a server that asks for the password after declining or offering TLS
+            let (port, sent) = man_in_the_middle::listen(tls.then_some((&*cert, &*key)), request);
+            let config = dir.path().join("relay.toml");
+            std::fs::write(
+                &config,
+                format!(
+                    "[postgres]\nhost = \"localhost\"\nport = {port}\nuser = \"relay\"\npassword = \"SENTINEL-mitm\"\n\
+                     sslmode = \"{sslmode}\"\n[kafka]\nbrokers = [\"{}\"]\n[metrics]\nlisten = \"\"\n",
+                    services().kafka
+                ),
+            )
+            .unwrap();
+
+            // when check connects
+            let (_, stdout, stderr) = run_relay(&["check", "--config", config.to_str().unwrap()], IDLE);
+
+            // then the password never went, and check says what to set
+            let what = format!("sslmode {sslmode}, TLS {tls}, request {request}");
+            let sent = sent.join().unwrap();
+            let sent = String::from_utf8_lossy(&sent);
+            assert!(!sent.contains("SENTINEL") && !sent.starts_with('p'), "{what}: the relay sent {sent:?}");
+            assert!(
+                stdout.contains("FAIL postgres.connect") && stdout.contains("the password was not sent"),
+                "{what}: {stdout}{stderr}"
+            );
+            assert!(stdout.contains("verify-full"), "{what}: {stdout}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn verify_ca_without_a_root_certificate_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("relay.toml");
+    std::fs::write(&config, "[postgres]\nsslmode = \"verify-ca\"\n[kafka]\nbrokers = [\"127.0.0.1:9\"]\n")
+        .unwrap();
+    let (code, _, stderr) = run_relay(&["validate", "--config", config.to_str().unwrap()], IDLE);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("postgres.sslmode") && stderr.contains("postgres.sslrootcert"), "{stderr}");
+}
+
+/// The replication transport (the vendored pgwire-replication, which cannot bind SCRAM to TLS)
+/// sends no password at all, nor a SCRAM exchange, over TLS that does not verify the server.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_replication_connection_sends_no_password_over_unverified_tls() {
+    use pgwire_replication::{ReplicationClient, ReplicationConfig, SslMode, TlsConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = man_in_the_middle::self_signed(dir.path());
+    for (mode, tls) in [(SslMode::Prefer, false), (SslMode::Require, true)] {
+        for request in [3, 5, 10] {
+            // given a server that asks for the password
+            let (port, sent) = man_in_the_middle::listen(tls.then_some((&*cert, &*key)), request);
+            let mut tls_config = TlsConfig::disabled();
+            tls_config.mode = mode;
+            let config =
+                ReplicationConfig::new("localhost", "relay", "SENTINEL-repl", "db", "slot", "publication")
+                    .with_port(port)
+                    .with_tls(tls_config);
+
+            // when the replication client connects
+            let mut client = ReplicationClient::connect_gated(config).await.unwrap();
+            let error = client.simple_query("IDENTIFY_SYSTEM").await.unwrap_err().to_string();
+
+            // then nothing was sent after the request, and the error says why
+            let what = format!("{mode:?}, request {request}");
+            let sent = sent.join().unwrap();
+            assert!(sent.is_empty(), "{what}: the client sent {:?}", String::from_utf8_lossy(&sent));
+            assert!(error.contains("the password was not sent"), "{what}: {error}");
+        }
+    }
+}
+
+/// Under `require` with a password the SQL sessions authenticate by SCRAM-SHA-256-PLUS, bound to
+/// the TLS channel: against the real server (scram-sha-256 for outbox_pw over hostssl), `check`
+/// connects (with tokio-postgres-rustls 0.13, which never bound, it could not).
+#[tokio::test(flavor = "multi_thread")]
+async fn require_with_a_password_binds_scram_to_tls() {
+    let (database, client) = database().await;
+    client
+        .batch_execute(
+            "DO $$ BEGIN CREATE ROLE outbox_pw LOGIN PASSWORD 'the-right-one'; \
+             EXCEPTION WHEN duplicate_object THEN NULL; END $$",
+        )
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &database,
+        "host = \"127.0.0.1\"\nsslmode = \"require\"",
+        "polling",
+        &random_suffix(),
+    );
+    let text =
+        std::fs::read_to_string(&config).unwrap().replace("user = \"postgres\"", "user = \"outbox_pw\"");
+    std::fs::write(&config, text).unwrap();
+    let env = [("OUTBOX_RELAY__POSTGRES__PASSWORD", "the-right-one")];
+    let (_, stdout, stderr) =
+        run_relay_with_env(&["check", "--config", config.to_str().unwrap()], &env, IDLE);
+    assert!(
+        stdout.contains("OK   postgres.connect") && stdout.contains("session encrypted"),
+        "{stdout}{stderr}"
+    );
+    assert!(stdout.contains("WARN postgres.sslmode"), "{stdout}");
+}

@@ -1,6 +1,10 @@
 //! `[postgres]`: the servers (one, or a list tried for the one that accepts writes), the
 //! credentials and TLS. Every connection of the relay is made from this section
 //! (`crate::postgres`); `validate` names the `postgres.*` field to fix.
+//!
+//! Invariant: `verify-ca` always has its own trust anchors (`sslrootcert`): against the public
+//! roots, a chain check without the name check would accept any certificate any public CA
+//! issued, for any host.
 
 use std::fmt;
 use std::path::Path;
@@ -29,9 +33,12 @@ pub struct PostgresConfig {
     pub connect_timeout_secs: u64,
     /// Shown in `pg_stat_activity`; give each instance its own to tell them apart.
     pub application_name: String,
-    /// `disable`, `prefer` (default), `require`, `verify-ca` or `verify-full`, as libpq.
+    /// `disable`, `prefer`, `require`, `verify-ca` or `verify-full` (default), as libpq; under
+    /// `prefer` and `require` (without `sslrootcert`) a password is sent only by SCRAM with
+    /// channel binding (`crate::postgres`).
     pub sslmode: SslMode,
-    /// PEM file of the CA certificates to trust; empty: the Mozilla roots.
+    /// PEM file of the CA certificates to trust; empty: the Mozilla roots (under `verify-full`
+    /// only: `verify-ca` needs it).
     pub sslrootcert: String,
     /// PEM client certificate and key, for certificate authentication; both or neither.
     pub sslcert: String,
@@ -98,10 +105,11 @@ impl PostgresConfig {
 #[serde(rename_all = "kebab-case")]
 pub enum SslMode {
     Disable,
-    #[default]
     Prefer,
     Require,
     VerifyCa,
+    /// The default, as in the Kubernetes ConfigMap: the chain and the host name are checked.
+    #[default]
     VerifyFull,
 }
 
@@ -149,6 +157,14 @@ impl PostgresConfig {
             return Err(ConfigError::invalid(
                 "postgres.sslkey",
                 "postgres.sslcert and postgres.sslkey go together: set both or neither",
+            ));
+        }
+        if pg.sslmode == SslMode::VerifyCa && pg.sslrootcert.is_empty() {
+            return Err(ConfigError::invalid(
+                "postgres.sslmode",
+                "verify-ca needs postgres.sslrootcert: without it any certificate a public CA signed for \
+                 any name would pass; set postgres.sslrootcert to the CA that signed the server's \
+                 certificate, or use verify-full",
             ));
         }
         for (path, file) in [

@@ -306,3 +306,10 @@ fn a_bad_environment_override_names_the_variable() {
         "{err}"
     );
 }
+
+#[test]
+fn the_default_sslmode_is_verify_full_and_verify_ca_needs_a_root() {
+    assert_eq!(load(MINIMAL, &[]).unwrap().postgres.sslmode, SslMode::VerifyFull);
+    let err = load(&format!("{MINIMAL}[postgres]\nsslmode = \"verify-ca\"\n"), &[]).unwrap_err().to_string();
+    assert!(err.starts_with("postgres.sslmode: verify-ca needs postgres.sslrootcert"), "{err}");
+}

@@ -452,7 +452,7 @@ pub fn write_config_with(
     };
     let extra = format!("{extra}\n{metrics}");
     let toml = format!(
-        "[postgres]\nhost = \"{host}\"\nport = {port}\nuser = \"{user}\"\ndatabase = \"{}\"\n\n\
+        "[postgres]\nhost = \"{host}\"\nport = {port}\nuser = \"{user}\"\ndatabase = \"{}\"\nsslmode = \"disable\"\n\n\
          [kafka]\nbrokers = [\"{brokers}\"]\n{kafka_extra}\n\n{extra}",
         db.name
     );

@@ -82,7 +82,7 @@ impl OrdersService {
         let user = role.map_or(user, str::to_string);
         let http_port = super::http::free_port();
         let toml = format!(
-            "[postgres]\nhost = \"{host}\"\nport = {port}\nuser = \"{user}\"\ndatabase = \"{}\"\n\n\
+            "[postgres]\nhost = \"{host}\"\nport = {port}\nuser = \"{user}\"\ndatabase = \"{}\"\nsslmode = \"disable\"\n\n\
              [http]\nlisten = \"127.0.0.1:{http_port}\"\n\n{extra}\n",
             db.name
         );

@@ -316,7 +316,8 @@ impl std::fmt::Display for Publication {
 /// This struct is `#[non_exhaustive]`: construct it with [`ReplicationConfig::new`]
 /// (or [`unix`](ReplicationConfig::unix)) plus the `with_*` builder methods
 /// rather than a struct literal, so new fields can be added without breaking you.
-#[derive(Debug, Clone, PartialEq, Eq)]
+// outbox-relay patch: `Debug` by hand, without the password
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ReplicationConfig {
     /// PostgreSQL server hostname or IP address.
@@ -495,6 +496,33 @@ pub struct ReplicationConfig {
     ///
     /// Default: `None`
     pub feedback_observer: Option<crate::FeedbackObserver>,
+}
+
+/// outbox-relay patch: every field but the password, which shows as `<redacted>`.
+impl std::fmt::Debug for ReplicationConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicationConfig")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("user", &self.user)
+            .field("password", &"<redacted>")
+            .field("database", &self.database)
+            .field("tls", &self.tls)
+            .field("slot", &self.slot)
+            .field("publication", &self.publication)
+            .field("start_lsn", &self.start_lsn)
+            .field("ack_lsn", &self.ack_lsn)
+            .field("stop_at_lsn", &self.stop_at_lsn)
+            .field("status_interval", &self.status_interval)
+            .field("idle_wakeup_interval", &self.idle_wakeup_interval)
+            .field("buffer_events", &self.buffer_events)
+            .field("binary", &self.binary)
+            .field("options", &self.options)
+            .field("max_message_size", &self.max_message_size)
+            .field("application_name", &self.application_name)
+            .field("feedback_observer", &self.feedback_observer)
+            .finish()
+    }
 }
 
 impl Default for ReplicationConfig {
@@ -853,6 +881,14 @@ mod tests {
     }
 
     #[test]
+    /// outbox-relay patch
+    #[test]
+    fn debug_never_shows_the_password() {
+        let cfg = ReplicationConfig::new("db", "u", "SENTINEL-pw", "d", "s", "p");
+        let shown = format!("{cfg:?}");
+        assert!(!shown.contains("SENTINEL") && shown.contains("<redacted>"), "{shown}");
+    }
+
     fn display_connection_masks_password_and_shows_target() {
         let cfg = ReplicationConfig::new("db.example.com", "alice", "secret", "mydb", "s", "pub")
             .with_port(6432);

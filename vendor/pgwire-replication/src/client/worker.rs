@@ -858,6 +858,10 @@ impl WorkerState {
         code: i32,
         data: &[u8],
     ) -> Result<()> {
+        // outbox-relay patch: no password over TLS that does not authenticate the server
+        if matches!(code, 3 | 5 | 10) {
+            refuse_password_over_unverified_tls(self.cfg.tls.mode, code)?;
+        }
         match code {
             0 => Ok(()), // AuthenticationOk
             3 => {
@@ -1040,6 +1044,28 @@ async fn write_terminate<S: AsyncWrite + Unpin>(stream: &mut S) -> Result<()> {
     Ok(())
 }
 
+/// outbox-relay patch: under `Prefer` and `Require` the server is not authenticated, so a man in
+/// the middle could ask for the password in clear (3) or as MD5 (5), or relay a SCRAM exchange
+/// (10) that this client cannot bind to the TLS channel (it has no SCRAM-SHA-256-PLUS): no
+/// password is sent. `Disable` is the caller's explicit choice of no protection; `VerifyCa` and
+/// `VerifyFull` authenticate the server first.
+fn refuse_password_over_unverified_tls(mode: crate::config::SslMode, code: i32) -> Result<()> {
+    use crate::config::SslMode;
+    if !matches!(mode, SslMode::Prefer | SslMode::Require) {
+        return Ok(());
+    }
+    let asked = match code {
+        3 => "a cleartext password",
+        5 => "an MD5 password",
+        _ => "SCRAM, which this replication client cannot bind to TLS",
+    };
+    Err(PgWireError::Auth(format!(
+        "the password was not sent: the server asked for {asked} and sslmode {mode:?} does not \
+         verify the server's certificate (a man in the middle could use it); verify the \
+         certificate (verify-ca or verify-full) or authenticate without a password"
+    )))
+}
+
 /// Parse SASL mechanism list from auth data.
 fn parse_sasl_mechanisms(data: &[u8]) -> Vec<String> {
     let mut mechanisms = Vec::new();
@@ -1209,6 +1235,21 @@ fn postgres_md5(password: &str, user: &str, salt: &[u8; 4]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// outbox-relay patch
+    #[test]
+    fn no_password_goes_over_tls_that_does_not_verify_the_server() {
+        use crate::config::SslMode;
+        for mode in [SslMode::Prefer, SslMode::Require] {
+            for code in [3, 5, 10] {
+                let err = refuse_password_over_unverified_tls(mode, code).unwrap_err();
+                assert!(err.to_string().contains("not sent"), "{err}");
+            }
+        }
+        for mode in [SslMode::Disable, SslMode::VerifyCa, SslMode::VerifyFull] {
+            assert!(refuse_password_over_unverified_tls(mode, 3).is_ok());
+        }
+    }
 
     #[test]
     fn parse_sasl_mechanisms_single() {
