@@ -8,12 +8,20 @@
 //!   `OUTBOX_RELAY_KAFKA_SASL_PASSWORD` is `sasl.password`), so it never has to be in a
 //!   ConfigMap; those values are always redacted;
 //! - a value the binary's librdkafka was not built for (`security.protocol = SASL_SSL` without
-//!   SSL, `compression = zstd` without zstd) is refused at load, naming the setting.
+//!   SSL, `compression = zstd` without zstd) is refused at load, naming the setting;
+//! - every property is given to librdkafka once at load, alone: a name it does not know or a
+//!   value it refuses is a configuration error naming the key and never the value (librdkafka's
+//!   own message quotes the value, which may be a password), so no client is ever created from
+//!   properties librdkafka would refuse, and its error text never reaches a log, `check`,
+//!   `/readyz` or the example services' logs.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaConfRes;
 
 use super::{
     ConfigError, DEFAULT_KAFKA_CLIENT_ID, DEFAULT_KAFKA_COMPRESSION, DEFAULT_KAFKA_LINGER_MS,
@@ -95,14 +103,6 @@ impl Serialize for KafkaProperty {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&self.0)
     }
-}
-
-/// True for librdkafka keys whose values are credentials.
-pub fn is_secret_kafka_property(key: &str) -> bool {
-    let key = key.to_ascii_lowercase();
-    ["password", "secret", "sasl.oauthbearer.config", "ssl.key.pem", "ssl_key"]
-        .iter()
-        .any(|needle| key.contains(needle))
 }
 
 impl KafkaConfig {
@@ -199,7 +199,8 @@ impl KafkaConfig {
             ));
         }
         self.validate_properties()?;
-        self.validate_built_in()
+        self.validate_built_in()?;
+        self.validate_with_librdkafka()
     }
 
     fn validate_properties(&self) -> Result<(), ConfigError> {
@@ -217,6 +218,43 @@ impl KafkaConfig {
             }
         }
         Ok(())
+    }
+
+    /// Gives each property to librdkafka alone; a refusal names the key, never the value.
+    fn validate_with_librdkafka(&self) -> Result<(), ConfigError> {
+        let place = |key: &str| match self.properties.contains_key(key) {
+            true => "kafka.properties",
+            false => "kafka secret properties (file or OUTBOX_RELAY_KAFKA_*)",
+        };
+        for (key, value) in self.client_properties() {
+            if let Some(problem) = librdkafka_refuses(key, value) {
+                return Err(ConfigError::invalid(format!("{}.\"{key}\"", place(key)), problem));
+            }
+        }
+        Ok(())
+    }
+
+    /// What turns off the brokers' certificate checks, as (property, value) lines for `check`:
+    /// `enable.ssl.certificate.verification = false`, or `ssl.endpoint.identification.algorithm
+    /// = none` (the name is not checked) on a TLS protocol.
+    pub fn certificate_checks_off(&self) -> Vec<String> {
+        let property = |key: &str| {
+            self.client_properties().find(|(k, _)| *k == key).map(|(_, v)| v.trim().to_ascii_lowercase())
+        };
+        let protocol = property("security.protocol").unwrap_or_default();
+        if !matches!(protocol.as_str(), "ssl" | "sasl_ssl") {
+            return Vec::new();
+        }
+        let mut off = Vec::new();
+        if property("enable.ssl.certificate.verification").is_some_and(|v| v == "false") {
+            off.push("enable.ssl.certificate.verification = false (any certificate is accepted)".into());
+        }
+        if property("ssl.endpoint.identification.algorithm").is_some_and(|v| v == "none") {
+            off.push(
+                "ssl.endpoint.identification.algorithm = none (the broker's name is not checked)".into(),
+            );
+        }
+        off
     }
 
     /// Refuses what this binary's librdkafka cannot do, naming the setting.
@@ -274,6 +312,25 @@ impl KafkaConfig {
             }
         }
         Ok(())
+    }
+}
+
+/// Why librdkafka refuses `key = value`, without the value; `None` when it takes it.
+fn librdkafka_refuses(key: &str, value: &str) -> Option<String> {
+    let mut one = rdkafka::ClientConfig::new();
+    one.set(key, value);
+    match one.create_native_config() {
+        Ok(_) => None,
+        Err(KafkaError::ClientConfig(RDKafkaConfRes::RD_KAFKA_CONF_UNKNOWN, ..)) => Some(
+            "librdkafka has no such property; fix its spelling (librdkafka's CONFIGURATION.md lists them)"
+                .into(),
+        ),
+        Err(KafkaError::ClientConfig(..)) => Some(
+            "librdkafka refuses the value (not shown: it may be a secret); see librdkafka's \
+             CONFIGURATION.md for the values it takes"
+                .into(),
+        ),
+        Err(_) => Some("librdkafka cannot take it (a NUL character in the key or the value)".into()),
     }
 }
 

@@ -33,7 +33,22 @@ impl RelayConfig {
         relay.move_deprecated()?;
         relay.kafka.load_secrets(&secret_env)?;
         relay.validate()?;
+        let warnings = relay.secret_file_warnings();
+        relay.deprecations.extend(warnings);
         Ok(relay)
+    }
+
+    /// A warning for each secret file (`postgres.password_file`, `postgres.sslkey`,
+    /// `kafka.secret_properties_file`) that users other than its owner can read.
+    pub fn secret_file_warnings(&self) -> Vec<String> {
+        [
+            ("postgres.password_file", &self.postgres.password_file),
+            ("postgres.sslkey", &self.postgres.sslkey),
+            ("kafka.secret_properties_file", &self.kafka.secret_properties_file),
+        ]
+        .into_iter()
+        .filter_map(|(setting, path)| super::file_mode_warning(setting, path))
+        .collect()
     }
 }
 

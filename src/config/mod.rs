@@ -3,20 +3,23 @@
 //! Invariants:
 //! - every struct denies unknown fields, so a typo is an error, not a silently ignored setting;
 //! - every error names the offending path (`kafka.brokers: must not be empty`);
-//! - secrets are wrapped in [`Secret`], whose `Debug`, `Display` and `Serialize` print a
-//!   placeholder, so the effective configuration can be logged as it is.
+//! - secrets are wrapped in [`Secret`], whose `Debug` and `Serialize` print a placeholder, so the
+//!   effective configuration can be logged as it is; a `kafka.properties` value is redacted
+//!   unless its key is known to hold no credential (`secrets`).
 
 use std::fmt;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
 mod kafka;
 mod load;
 mod postgres;
+mod secrets;
 mod validate;
-pub use kafka::{KafkaConfig, KafkaProperty, built_in_features, is_secret_kafka_property};
+pub use kafka::{KafkaConfig, KafkaProperty, built_in_features};
 pub use load::load_layered;
 pub use postgres::{Endpoint, PostgresConfig, SslMode};
+pub use secrets::{Secret, file_mode_warning, is_secret_kafka_property};
 
 pub const ENV_PREFIX: &str = "OUTBOX_RELAY";
 pub const DEFAULT_PG_HOST: &str = "127.0.0.1";
@@ -78,37 +81,6 @@ impl ConfigError {
     }
 }
 
-/// A string that never reaches a log line.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(value: impl Into<String>) -> Self {
-        Secret(value.into())
-    }
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("\"<redacted>\"")
-    }
-}
-
-impl Serialize for Secret {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str("<redacted>")
-    }
-}
-
-impl<'de> Deserialize<'de> for Secret {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d).map(Secret)
-    }
-}
-
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RelayConfig {
@@ -133,7 +105,8 @@ pub struct RelayConfig {
     pub shutdown: ShutdownConfig,
     #[serde(default)]
     pub metrics: MetricsConfig,
-    /// Warnings about deprecated settings found while loading, logged at start-up.
+    /// Warnings found while loading, logged at start-up: deprecated settings, and secret files
+    /// other users can read ([`RelayConfig::secret_file_warnings`]).
     #[serde(skip)]
     pub deprecations: Vec<String>,
 }

@@ -313,3 +313,40 @@ fn the_default_sslmode_is_verify_full_and_verify_ca_needs_a_root() {
     let err = load(&format!("{MINIMAL}[postgres]\nsslmode = \"verify-ca\"\n"), &[]).unwrap_err().to_string();
     assert!(err.starts_with("postgres.sslmode: verify-ca needs postgres.sslrootcert"), "{err}");
 }
+
+#[test]
+fn a_property_librdkafka_refuses_is_named_without_its_value() {
+    for (key, problem) in [("sasl.pasword", "no such property"), ("enable.idempotence.x", "no such property")]
+    {
+        let toml = format!("{MINIMAL}[kafka.properties]\n\"{key}\" = \"SENTINEL-V\"\n");
+        let err = load(&toml, &[]).unwrap_err().to_string();
+        assert!(err.starts_with(&format!("kafka.properties.\"{key}\": librdkafka has {problem}")), "{err}");
+        assert!(!err.contains("SENTINEL"), "{err}");
+    }
+    let toml = format!("{MINIMAL}[kafka.properties]\n\"socket.keepalive.enable\" = \"SENTINEL-V\"\n");
+    let err = load(&toml, &[]).unwrap_err().to_string();
+    assert!(err.contains("librdkafka refuses the value (not shown") && !err.contains("SENTINEL"), "{err}");
+    // from the environment, the same
+    let err = load(MINIMAL, &[("OUTBOX_RELAY_KAFKA_SASL_PASWORD", "SENTINEL-V")]).unwrap_err().to_string();
+    assert!(
+        err.contains("\"sasl.pasword\": librdkafka has no such property") && !err.contains("SENTINEL"),
+        "{err}"
+    );
+}
+
+#[cfg(unix)]
+#[test]
+fn a_secret_file_others_can_read_is_a_start_up_warning() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pw");
+    std::fs::write(&file, "x\n").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let toml = format!("{MINIMAL}[postgres]\npassword_file = \"{}\"\n", file.display());
+    let cfg = load(&toml, &[]).unwrap();
+    assert!(
+        cfg.deprecations.iter().any(|w| w.starts_with("postgres.password_file")),
+        "{:?}",
+        cfg.deprecations
+    );
+}
