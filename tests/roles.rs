@@ -213,3 +213,39 @@ async fn no_writer_chooses_an_event_id_the_owner_included() {
     assert_eq!(unique.len(), 4, "every event has an id of its own: {ids:?}");
     assert!(next_real > real && !given.contains(&next_real), "{ids:?}");
 }
+
+/// `check` WARNs (`postgres.excess_privilege`) when the relay's role holds more than its mode
+/// needs: a superuser, the outbox table's owner, REPLICATION in polling mode; the example roles
+/// hold none of it.
+#[tokio::test(flavor = "multi_thread")]
+async fn check_warns_of_privilege_the_mode_does_not_need() {
+    const LINE: &str = "postgres.excess_privilege";
+    // the example roles, each in its own mode: nothing more than needed
+    for (role, mode) in [("outbox_relay_polling", "polling"), ("outbox_relay", "replication")] {
+        let (_, out) = check(&setup_as(role, mode, |config| config).await);
+        assert!(out.contains(&format!("OK   {LINE}")), "{role}: {out}");
+    }
+    // the replication role in polling mode: REPLICATION is not needed there
+    let (_, out) = check(&setup_as("outbox_relay", "polling", |config| config).await);
+    assert!(out.contains(&format!("WARN {LINE}")) && out.contains("has REPLICATION"), "{out}");
+    assert!(out.contains("NOREPLICATION"), "{out}");
+    // a superuser
+    let (_, out) = check(&setup_as("postgres", "polling", |config| config).await);
+    assert!(out.contains(&format!("WARN {LINE}")) && out.contains("is a superuser"), "{out}");
+    // the table's owner
+    let s = setup_as("outbox_relay_polling", "polling", |config| config).await;
+    let owner = format!("owner_{}", random_suffix());
+    let admin = s.db.client().await;
+    admin
+        .batch_execute(&format!("CREATE ROLE {owner} LOGIN; ALTER TABLE outbox_events OWNER TO {owner}"))
+        .await
+        .unwrap();
+    let text = std::fs::read_to_string(s.config()).unwrap();
+    std::fs::write(
+        s.config(),
+        text.replacen("user = \"outbox_relay_polling\"", &format!("user = \"{owner}\""), 1),
+    )
+    .unwrap();
+    let (_, out) = check(&s);
+    assert!(out.contains(&format!("WARN {LINE}")) && out.contains("owns public.outbox_events"), "{out}");
+}

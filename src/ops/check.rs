@@ -15,6 +15,7 @@ use crate::table::OutboxTable;
 mod failover;
 mod privileges;
 mod replication;
+mod security;
 mod topics;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -79,6 +80,7 @@ pub async fn run(config: &RelayConfig) -> Vec<Finding> {
     if let (Some(client), Some(topics)) = (&client, &topics) {
         findings.push(topics::finding(config, client, topics).await);
     }
+    findings.extend(security::config_findings(config));
     findings
 }
 
@@ -167,6 +169,7 @@ async fn postgres_checks(config: &RelayConfig, client: &Client, server: &Endpoin
     if table_exists {
         findings.push(privileges::check(config, client).await);
     }
+    findings.push(security::privilege_finding(config, client).await);
     findings
 }
 

@@ -1,0 +1,208 @@
+//! What `check` says about the relay's own exposure: TLS that does not verify a server (to
+//! PostgreSQL below `verify-full`, to Kafka with certificate checks off), secret files other
+//! users can read, and a role holding more than its mode needs (superuser, the outbox table's
+//! owner, REPLICATION in polling mode).
+//!
+//! Invariant: these are WARNs, never FAILs: each is a deliberate choice somewhere (a test
+//! cluster, a sidecar proxy), and the relay works; every WARN names the setting or the statement
+//! that removes it.
+
+use tokio_postgres::Client;
+
+use super::Finding;
+use crate::config::{RelayConfig, SourceMode, SslMode};
+use crate::table::{OutboxTable, quote_ident};
+
+/// The findings that need no connection: `postgres.sslmode`, Kafka's certificate checks, and
+/// the secret files' modes.
+pub(super) fn config_findings(config: &RelayConfig) -> Vec<Finding> {
+    vec![sslmode_finding(config), kafka_tls_finding(config), secret_files_finding(config)]
+}
+
+fn sslmode_finding(config: &RelayConfig) -> Finding {
+    const CHECK: &str = "postgres.sslmode";
+    let pg = &config.postgres;
+    let fix = "set postgres.sslmode = \"verify-full\" with postgres.sslrootcert the CA that signed the server's \
+               certificate";
+    let risk = match pg.sslmode {
+        SslMode::VerifyFull => {
+            return Finding::ok(CHECK, "verify-full: the chain and the host name are checked");
+        }
+        SslMode::Disable => {
+            "disable: the password (as the server asks for it) and every event cross the network \
+                             in clear, and any host answering at postgres.host is believed"
+        }
+        SslMode::Prefer => {
+            "prefer: a man in the middle can decline TLS or present any certificate; the relay then \
+                            sends its password only by SCRAM bound to TLS, but it reads events from whoever answers"
+        }
+        SslMode::Require if pg.sslrootcert.is_empty() => {
+            "require: any certificate is accepted, so a man in the middle can read and change every event (the \
+             password goes only by SCRAM bound to TLS)"
+        }
+        SslMode::Require | SslMode::VerifyCa => {
+            "the chain is checked but not the host name: any server holding a certificate from that CA can pose as \
+             PostgreSQL"
+        }
+    };
+    Finding::warn(CHECK, format!("sslmode {} below verify-full: {risk}", pg.sslmode), fix)
+}
+
+fn kafka_tls_finding(config: &RelayConfig) -> Finding {
+    const CHECK: &str = "kafka.tls";
+    let off = config.kafka.certificate_checks_off();
+    if off.is_empty() {
+        return Finding::ok(
+            CHECK,
+            "the brokers' certificate checks are librdkafka's defaults (or TLS is off)",
+        );
+    }
+    Finding::warn(
+        CHECK,
+        format!(
+            "the brokers' certificates are not fully checked: {}; a man in the middle can read the events and the \
+             SASL exchange",
+            off.join(", ")
+        ),
+        "remove those kafka.properties and set ssl.ca.location to the brokers' CA",
+    )
+}
+
+fn secret_files_finding(config: &RelayConfig) -> Finding {
+    const CHECK: &str = "secrets.file_mode";
+    let warnings = config.secret_file_warnings();
+    if warnings.is_empty() {
+        return Finding::ok(CHECK, "no secret file is readable by other users");
+    }
+    Finding::warn(CHECK, warnings.join("; "), "chmod 600 (or 400) the files named")
+}
+
+/// Superuser, owner of the outbox table (or a member of its owner), REPLICATION in polling
+/// mode: each is more than the relay needs (README, "The relay's roles").
+pub(super) async fn privilege_finding(config: &RelayConfig, client: &Client) -> Finding {
+    const CHECK: &str = "postgres.excess_privilege";
+    let table = OutboxTable::new(config);
+    let row = client
+        .query_one(
+            "SELECT r.rolsuper, r.rolreplication, \
+                    coalesce((SELECT pg_has_role(current_user, c.relowner, 'MEMBER') \
+                              FROM pg_class c WHERE c.oid = to_regclass($1)), false) \
+             FROM pg_roles r WHERE r.rolname = current_user",
+            &[&table.qualified()],
+        )
+        .await;
+    let (superuser, replication, owner): (bool, bool, bool) = match row {
+        Ok(row) => (row.get(0), row.get(1), row.get(2)),
+        Err(e) => {
+            return Finding::warn(CHECK, format!("cannot read pg_roles: {e}"), "check the role's privileges");
+        }
+    };
+    let role = &config.postgres.user;
+    let excess = excess_privileges(config, &table.display_name(), superuser, replication, owner);
+    if excess.is_empty() {
+        return Finding::ok(CHECK, format!("role {role} holds no more than its mode needs"));
+    }
+    let (what, fixes): (Vec<String>, Vec<String>) = excess.into_iter().unzip();
+    Finding::warn(
+        CHECK,
+        format!("role {role} {}", what.join("; ")),
+        format!("{} (sql/100_relay_role.sql makes least-privilege roles)", fixes.join("; ")),
+    )
+}
+
+/// (what the role can do beyond its job, how to take it away), for each excess privilege.
+fn excess_privileges(
+    config: &RelayConfig,
+    table: &str,
+    superuser: bool,
+    replication: bool,
+    owner: bool,
+) -> Vec<(String, String)> {
+    let role = quote_ident(&config.postgres.user);
+    let mut excess = Vec::new();
+    if superuser {
+        excess.push((
+            "is a superuser: it can read and change every table, and run programs on the server".into(),
+            format!("run the relay as a role without SUPERUSER (ALTER ROLE {role} NOSUPERUSER)"),
+        ));
+    }
+    if owner && !superuser {
+        excess.push((
+            format!(
+                "owns {table} (or is a member of its owner): it can alter or drop the table and its triggers, \
+                 and grant on it"
+            ),
+            "run `outbox-relay setup` as the owner once, and the relay as a role that does not own the table".into(),
+        ));
+    }
+    if replication && !superuser && config.source.mode == SourceMode::Polling {
+        excess.push((
+            "has REPLICATION, which polling mode does not use: with it a role can decode every table's changes \
+             through a logical slot of its own (test_decoding needs no publication), and where pg_hba.conf allows \
+             physical replication copy the whole cluster (pg_basebackup)"
+                .into(),
+            format!("ALTER ROLE {role} NOREPLICATION, or use the role outbox_relay_polling"),
+        ));
+    }
+    excess
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(mode: SourceMode, sslmode: SslMode) -> RelayConfig {
+        let mut config: RelayConfig =
+            toml_config("[kafka]\nbrokers = [\"127.0.0.1:9092\"]\n").expect("minimal config");
+        config.source.mode = mode;
+        config.postgres.sslmode = sslmode;
+        config
+    }
+
+    fn toml_config(text: &str) -> Option<RelayConfig> {
+        let dir = tempfile::tempdir().ok()?;
+        let file = dir.path().join("relay.toml");
+        std::fs::write(&file, text).ok()?;
+        RelayConfig::load_with_env(&file, Default::default()).ok()
+    }
+
+    #[test]
+    fn every_sslmode_below_verify_full_warns() {
+        let ok = sslmode_finding(&config(SourceMode::Polling, SslMode::VerifyFull));
+        assert_eq!(ok.status, super::super::Status::Ok);
+        for sslmode in [SslMode::Disable, SslMode::Prefer, SslMode::Require] {
+            let finding = sslmode_finding(&config(SourceMode::Polling, sslmode));
+            assert_eq!(finding.status, super::super::Status::Warn, "{sslmode}");
+            assert!(finding.fix.contains("verify-full"), "{finding}");
+        }
+    }
+
+    #[test]
+    fn kafka_certificate_checks_off_warn() {
+        let mut c = config(SourceMode::Polling, SslMode::VerifyFull);
+        assert_eq!(kafka_tls_finding(&c).status, super::super::Status::Ok);
+        let set = |c: &mut RelayConfig, k: &str, v: &str| {
+            c.kafka.properties.insert(k.into(), crate::config::KafkaProperty(v.into()));
+        };
+        set(&mut c, "security.protocol", "SASL_SSL");
+        set(&mut c, "enable.ssl.certificate.verification", "false");
+        set(&mut c, "ssl.endpoint.identification.algorithm", "none");
+        let finding = kafka_tls_finding(&c);
+        assert_eq!(finding.status, super::super::Status::Warn);
+        assert!(finding.detail.contains("enable.ssl.certificate.verification = false"), "{finding}");
+        assert!(finding.detail.contains("identification.algorithm = none"), "{finding}");
+    }
+
+    #[test]
+    fn excess_privilege_depends_on_the_mode() {
+        let polling = config(SourceMode::Polling, SslMode::VerifyFull);
+        let replication = config(SourceMode::Replication, SslMode::VerifyFull);
+        assert!(excess_privileges(&polling, "t", false, false, false).is_empty());
+        assert!(excess_privileges(&replication, "t", false, true, false).is_empty());
+        let polling_with_replication = excess_privileges(&polling, "t", false, true, false);
+        assert!(polling_with_replication[0].0.contains("REPLICATION"), "{polling_with_replication:?}");
+        assert!(excess_privileges(&replication, "t", false, false, true)[0].0.starts_with("owns t"));
+        // a superuser is told once: the rest follows from it
+        assert_eq!(excess_privileges(&polling, "t", true, true, true).len(), 1);
+    }
+}
