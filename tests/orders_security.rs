@@ -203,7 +203,7 @@ async fn start_rs256(shop: &Shop, public: &Path) -> OrdersService {
     let config = shop.dir.path().join("rs256.toml");
     let toml = format!(
         "[postgres]\nhost = \"{host}\"\nport = {port}\nuser = \"{user}\"\ndatabase = \"{}\"\n\
-         [http]\nlisten = \"127.0.0.1:{http_port}\"\n\
+         sslmode = \"disable\"\n[http]\nlisten = \"127.0.0.1:{http_port}\"\n\
          [auth]\nrs256_public_key_file = {:?}\nissuer = \"shop\"\naudience = \"orders\"\n",
         shop.db.name, public
     );
