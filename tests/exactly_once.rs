@@ -20,6 +20,7 @@ use common::workload::{
     DeliveryReport, assert_delivered, committed_counts, create_aggregates, try_write_txn, write_concurrently,
 };
 use common::*;
+use futures::StreamExt;
 use rdkafka::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -512,4 +513,50 @@ async fn polling_does_not_send_again_a_batch_that_never_committed() {
 #[tokio::test(flavor = "multi_thread")]
 async fn polling_with_dedup_off_sends_a_batch_that_never_committed_again() {
     assert_eq!(a_batch_published_but_never_committed(false).await.duplicates, 100);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_read_back_out_of_time_while_reading_falls_back_to_at_least_once_and_says_so() {
+    // given a topic holding a million records of other producers, more than a read-back gets
+    // through in dedup.scan_timeout_ms = 1000, and 20 events waiting
+    let broker = OwnBroker::start();
+    let s = Setup::create(&broker.brokers(), "", true, |slot| {
+        RelayToml::replication(slot).set("dedup", "scan_timeout_ms", 1_000)
+    })
+    .await;
+    create_topic_on(&broker.brokers(), &s.topic, 2).await;
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", broker.brokers())
+        .set("linger.ms", "50")
+        .set("compression.type", "none")
+        .create()
+        .unwrap();
+    let (junk, topic) = ("x".repeat(100), &s.topic);
+    let sends = (0..1_000_000).map(|n| {
+        let key = format!("junk-{}", n % 16);
+        let (producer, junk) = (&producer, &junk);
+        async move {
+            let record = FutureRecord::to(topic).key(&key).payload(junk);
+            producer.send(record, Duration::from_secs(60)).await.map_err(|(e, _)| e).unwrap();
+        }
+    });
+    futures::stream::iter(sends).buffer_unordered(10_000).collect::<Vec<()>>().await;
+    let client = s.db.client().await;
+    create_aggregates(&client, 4).await;
+    write_concurrently(&s.db.url, &s.aggregate_type, 4, 20, 1).await;
+
+    // when the relay starts and reads the topic back before it publishes
+    let mut relay = s.start("relay");
+
+    // then it stops reading at the timeout, says so, and Kafka acknowledges every event (it
+    // failed the session, and every next one, before)
+    let published = "outbox_relay_events_published_total{mode=\"replication\"}";
+    wait_until(relay.context("20 events acknowledged".into()), async || {
+        relay.metric(published).is_some_and(|n| n >= 20.0)
+    })
+    .await;
+    let timeouts = relay.metric("outbox_relay_dedup_scans_total{result=\"timeout\"}");
+    assert!(timeouts.is_some_and(|n| n >= 1.0), "{}", relay.log_text());
+    assert!(relay.log_text().contains("stopped reading the topic back at dedup.scan_timeout_ms"));
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
 }

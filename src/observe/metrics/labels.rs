@@ -119,6 +119,9 @@ labels! {
         Truncated = "truncated",
         /// `dedup.max_scan_records` was reached first: older replayed events are sent again.
         Limit = "limit",
+        /// `dedup.scan_timeout_ms` ran out while records were still arriving (a topic full of
+        /// other producers' records, say): older replayed events are sent again.
+        Timeout = "timeout",
     }
 }
 

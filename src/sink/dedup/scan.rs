@@ -25,6 +25,10 @@ use crate::sink::kafka::{POSITION_HEADER, SOURCE_HEADER};
 const FIRST_WINDOW: i64 = 256;
 /// One poll's wait while reading back.
 const POLL: Duration = Duration::from_millis(100);
+/// A read-back whose deadline passes while its last record arrived at most this long before
+/// was still reading (not waiting on a broker that does not answer): it ends `timeout`, with
+/// what it read, rather than fail.
+const READING: Duration = Duration::from_secs(3);
 /// The longest one blocking request may take before the read checks its deadline again.
 const STEP: Duration = Duration::from_secs(1);
 /// After reading back, the relay looks at the ends again this long later (longer after a slow
@@ -40,6 +44,8 @@ pub(super) struct ScanOutcome {
     partitions: usize,
     records: u64,
     foreign: u64,
+    /// When the last record arrived.
+    last_record: Option<Instant>,
 }
 
 impl ScanOutcome {
@@ -71,13 +77,21 @@ impl ScanOutcome {
                 took_ms,
                 "read the topic back: events it already holds are not sent again"
             ),
-            ScanResult::Truncated | ScanResult::Limit => {
-                let why = if self.result == ScanResult::Truncated {
-                    "read the topic back to the start of a partition whose older records are gone (retention or \
-                     deletion): replayed events older than what the topic still holds are sent again"
-                } else {
-                    "stopped reading the topic back at dedup.max_scan_records: older replayed events may be sent \
-                     again (raise dedup.max_scan_records to look further)"
+            ScanResult::Truncated | ScanResult::Limit | ScanResult::Timeout => {
+                let why = match self.result {
+                    ScanResult::Truncated => {
+                        "read the topic back to the start of a partition whose older records are gone (retention \
+                         or deletion): replayed events older than what the topic still holds are sent again"
+                    }
+                    ScanResult::Limit => {
+                        "stopped reading the topic back at dedup.max_scan_records: older replayed events may be \
+                         sent again (raise dedup.max_scan_records to look further)"
+                    }
+                    _ => {
+                        "stopped reading the topic back at dedup.scan_timeout_ms, records still arriving: older \
+                         replayed events may be sent again (raise dedup.scan_timeout_ms, or clear what other \
+                         producers wrote to the topic)"
+                    }
                 };
                 tracing::warn!(
                     topic,
@@ -141,6 +155,7 @@ impl Scan {
             partitions: 0,
             records: 0,
             foreign: 0,
+            last_record: None,
         };
         let Some(mut partitions) = self.partitions(consumer)? else {
             outcome.result = ScanResult::TopicMissing;
@@ -153,7 +168,20 @@ impl Scan {
                 outcome.result = ScanResult::Limit;
                 break;
             }
-            self.read_windows(consumer, &mut partitions, &mut outcome)?;
+            if let Err(e) = self.read_windows(consumer, &mut partitions, &mut outcome) {
+                // out of time while records still arrived: the windows read whole count (one read
+                // in part may lack its newest records, which a polling lookback starts from), the
+                // rest is sent again; anything else (a broker that does not answer) fails the read
+                if !self.out_of_time_reading(&outcome) {
+                    return Err(e);
+                }
+                for partition in partitions.iter_mut().filter(|p| !p.done && p.read) {
+                    self.take_window(partition, &mut outcome);
+                }
+                outcome.result = ScanResult::Timeout;
+                consumer.unassign()?;
+                return Ok(outcome);
+            }
             for partition in partitions.iter_mut().filter(|p| !p.done) {
                 self.take_window(partition, &mut outcome);
             }
@@ -197,6 +225,14 @@ impl Scan {
             p.done = true;
         }
         Ok(())
+    }
+
+    /// Whether the deadline passed while records were arriving (see [`READING`]).
+    fn out_of_time_reading(&self, outcome: &ScanOutcome) -> bool {
+        let now = Instant::now();
+        now >= self.deadline
+            && !self.cancelled.load(Ordering::Relaxed)
+            && outcome.last_record.is_some_and(|at| now.duration_since(at) <= READING)
     }
 
     /// Time left for the next step; an error once the deadline passed or the read was dropped.
@@ -339,6 +375,7 @@ impl Scan {
                 continue;
             }
             outcome.records += 1;
+            outcome.last_record = Some(Instant::now());
             match self.written(&message) {
                 Some(written) => p.written.push(written),
                 None => outcome.foreign += 1,
@@ -480,6 +517,7 @@ mod tests {
             partitions: 1,
             records: 0,
             foreign: 0,
+            last_record: None,
         };
         let mut partition = read_to_start(low);
         scan(lookback).take_window(&mut partition, &mut outcome);
