@@ -9,7 +9,14 @@
 --   COMMIT;
 --
 -- Polling mode cannot see these events: use it only with source.mode = "replication".
--- `prefix` must match the relay's replication.message_prefix (default 'outbox').
+-- The prefix is pinned to 'outbox' (the relay's replication.message_prefix default) inside the
+-- function: the `prefix` argument is kept for existing callers and must be 'outbox'. (Running as
+-- its owner, the function would otherwise write messages under any prefix a caller names, for
+-- whatever else reads the WAL.) A relay configured with another prefix needs this file edited
+-- to match.
+-- Size: an event over 1,000,000 bytes (payload and headers as text; Kafka's default
+-- message.max.bytes is about 1 MB) is refused here, in the writer's transaction, rather than
+-- reach the WAL and be dead-lettered by the relay. Raise it together with the broker's limit.
 --
 -- Who may emit: the relay publishes a transactional message with its prefix to the topic the
 -- message names, so emitting is a privilege. outbox_emit() runs as its owner (SECURITY
@@ -34,6 +41,13 @@ DECLARE
 BEGIN
     IF aggregate_type IS NULL OR aggregate_id IS NULL OR event_type IS NULL OR payload IS NULL THEN
         RAISE EXCEPTION 'outbox_emit: aggregate_type, aggregate_id, event_type and payload must not be NULL';
+    END IF;
+    IF prefix IS DISTINCT FROM 'outbox' THEN
+        RAISE EXCEPTION 'outbox_emit: prefix % is not allowed: the prefix is pinned to ''outbox'' (edit sql/005_outbox_emit.sql to match replication.message_prefix)', quote_literal(prefix);
+    END IF;
+    IF octet_length(payload::text) + coalesce(octet_length(headers::text), 0) > 1000000 THEN
+        RAISE EXCEPTION 'outbox_emit: event of % bytes (payload and headers), more than 1000000: Kafka would refuse it; store large data elsewhere and send a reference',
+            octet_length(payload::text) + coalesce(octet_length(headers::text), 0);
     END IF;
     -- payload and headers travel as their jsonb text, so the Kafka value is byte-identical to
     -- the same event written to outbox_events.

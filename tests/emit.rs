@@ -69,3 +69,26 @@ async fn a_role_with_only_connect_gets_nothing_onto_any_topic() {
     assert!(stdout.contains("OK   replication.emit"), "{stdout}");
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn outbox_emit_refuses_another_prefix_and_an_event_kafka_could_not_take() {
+    // given the outbox schema (no relay needed: the function refuses in the writer's transaction)
+    let db = TestDb::new().await;
+    let client = db.client().await;
+
+    // when an event is emitted under another prefix, or over 1 MB
+    let other_prefix = "SELECT outbox_emit('order', '1', 'Placed', '{}', NULL, NULL, 'someone-else')";
+    let too_large =
+        "SELECT outbox_emit('order', '1', 'Placed', jsonb_build_object('blob', repeat('x', 1000000)))";
+
+    // then each is refused, saying why, and an ordinary event is still emitted
+    let refusal = async |sql: &str| {
+        let err = client.batch_execute(sql).await.expect_err(sql);
+        err.as_db_error().map(|e| e.message().to_string()).unwrap_or_else(|| err.to_string())
+    };
+    let why = refusal(other_prefix).await;
+    assert!(why.contains("prefix 'someone-else' is not allowed"), "{why}");
+    let why = refusal(too_large).await;
+    assert!(why.contains("more than 1000000"), "{why}");
+    client.batch_execute("SELECT outbox_emit('order', '1', 'Placed', '{}')").await.unwrap();
+}

@@ -281,39 +281,47 @@ async fn a_transaction_of_two_hundred_thousand_events_arrives_whole() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_change_over_the_stream_limit_stops_the_relay_until_the_limit_is_raised() {
+async fn changes_over_the_stream_limit_are_dead_lettered_by_reference_or_skipped_not_fatal() {
     // given a streaming relay that reads changes of at most 1 MiB
-    let limit = [
-        ("OUTBOX_RELAY__REPLICATION__MAX_MESSAGE_BYTES", "1048576"),
-        ("OUTBOX_RELAY__METRICS__FATAL_EXIT_DELAY_SECS", "60"),
-    ];
-    let mut run = Run::start_with_env("replication", &limit).await;
+    let limit = [("OUTBOX_RELAY__REPLICATION__MAX_MESSAGE_BYTES", "1048576")];
+    let run = Run::start_with_env("replication", &limit).await;
     let client = run.s.db.client().await;
     let insert = "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
-                  VALUES ($1, 'agg', 'E', jsonb_build_object('blob', repeat('x', $2)))";
-    client.execute(insert, &[&run.s.aggregate_type, &1]).await.unwrap();
-    run.wait_published("replication", 1).await;
+                  VALUES ($1, 'agg', 'E', jsonb_build_object('blob', repeat('x', $2))) RETURNING id::text";
+    let write = async |size: i32| -> String {
+        client.query_one(insert, &[&run.s.aggregate_type, &size]).await.unwrap().get(0)
+    };
 
-    // when a 2 MB row is committed, and a small one after it
-    client.execute(insert, &[&run.s.aggregate_type, &2_000_000]).await.unwrap();
-    // (the big row's COMMIT starts before this; keepalives may lawfully confirm up to it)
-    let after_big = wal_lsn(&client).await;
-    client.execute(insert, &[&run.s.aggregate_type, &1]).await.unwrap();
+    // when a 2 MB row is committed between two small ones, and someone else's 2 MB logical
+    // decoding message after them (it stopped the relay for good before, whatever its prefix)
+    write(1).await;
+    let big = write(2_000_000).await;
+    write(1).await;
+    let message = "SELECT pg_logical_emit_message(true, 'someone-else', repeat('y', 2000000))";
+    client.execute(message, &[]).await.unwrap();
+    write(1).await;
 
-    // then the relay stops naming the setting, without confirming past the big row
-    run.relay.wait_metric("outbox_relay_fatal_error{reason=\"too_large\"}", |v| v == 1.0).await;
-    let (_, body) = run.relay.readyz().unwrap_or_default();
-    assert!(body.contains("replication.max_message_bytes"), "{body}");
-    assert!(slot_confirmed_flush(&client, &run.s.slot).await < after_big, "confirmed past the big row");
-    run.relay.kill9();
-
-    // and once the limit is raised (the default), the big row is dead-lettered (Kafka takes
-    // 1 MB) and the small one published: nothing is lost
-    run.relay = run.s.start("relay-raised");
-    run.wait_published("replication", 1).await;
-    let dead: i64 = client.query_one("SELECT count(*) FROM outbox_dead_letter", &[]).await.unwrap().get(0);
-    assert_eq!(dead, 1);
-    // (the first event may come twice: the relay was killed before it confirmed it)
-    assert_eq!(run.ids_in_kafka(2).await.0.len(), 2);
-    run.finish("a 2 MB row after raising the stream limit");
+    // then the small ones are published, the big row is dead-lettered by reference (its id and
+    // size: its content was never read), the message is skipped, and the slot moves past them
+    run.wait_published("replication", 3).await;
+    let dead: Vec<(Option<String>, String)> = client
+        .query("SELECT row_data->>'id', reason FROM outbox_dead_letter", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].0.as_deref(), Some(big.as_str()));
+    assert!(dead[0].1.contains("more than replication.max_message_bytes (1048576)"), "{}", dead[0].1);
+    assert!(dead[0].1.contains("dead-lettered by reference"), "{}", dead[0].1);
+    let skipped = "outbox_relay_stream_messages_skipped_total{kind=\"foreign_message\"}";
+    assert!(run.relay.metric(skipped).is_some_and(|n| n >= 1.0), "{}", run.relay.log_text());
+    let end = wal_lsn(&client).await;
+    wait_until(run.relay.context("the slot confirmed past the big changes".into()), async || {
+        slot_confirmed_flush(&client, &run.s.slot).await >= end
+    })
+    .await;
+    run.assert_in_kafka_once(3).await;
+    run.finish("a 2 MB row and a 2 MB message over a 1 MiB stream limit");
 }

@@ -301,8 +301,9 @@ pub struct ReplicationConfig {
     /// Bytes of those events (payload, key, topic, headers); reading pauses at this bound too,
     /// so memory stays bounded whatever the rows' size.
     pub max_in_flight_bytes: usize,
-    /// The largest single change the stream reads (a row's Insert message); a larger one stops
-    /// the relay (fatal `too_large`) instead of exhausting memory.
+    /// The largest single change the stream reads whole (a row's Insert message); of a larger
+    /// one only the start is read: an outbox event is dead-lettered by reference, anything else
+    /// skipped, instead of exhausting memory.
     pub max_message_bytes: usize,
 }
 

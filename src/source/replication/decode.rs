@@ -101,6 +101,48 @@ impl Decoder {
         }
     }
 
+    /// What a change over `replication.max_message_bytes` is, from its first bytes `head`.
+    pub fn oversized(&mut self, head: &[u8]) -> Oversized {
+        let mut r = Reader { data: head, pos: 0 };
+        match r.u8() {
+            Ok(b'I') => self.oversized_insert(&mut r),
+            Ok(b'M') => {
+                let transactional = r.u8().is_ok_and(|flags| flags & 1 == 1);
+                match r.bytes(8).and_then(|_| r.cstr()) {
+                    Ok(prefix) => Oversized::Message { transactional, prefix: prefix.to_string() },
+                    Err(_) => Oversized::Other(SkippedKind::ForeignMessage),
+                }
+            }
+            Ok(b'U') => Oversized::Other(
+                r.u32()
+                    .map_or(SkippedKind::OtherTable, |oid| self.skipped_kind(oid, SkippedKind::OutboxUpdate)),
+            ),
+            _ => Oversized::Other(SkippedKind::OtherTable),
+        }
+    }
+
+    /// An insert read in part: the outbox's, with its id when the part holds the id column
+    /// whole, or another table's.
+    fn oversized_insert(&mut self, r: &mut Reader<'_>) -> Oversized {
+        let Ok(oid) = r.u32() else { return Oversized::Other(SkippedKind::OtherTable) };
+        let Some(layout) = self.relations.get(&oid) else { return Oversized::Other(SkippedKind::OtherTable) };
+        let Some(id_column) = layout.id else { return Oversized::OutboxInsert { id: None } };
+        let data = r.data;
+        // the tuple as far as the part goes: columns cut off have no span
+        let _ = r.u8().and_then(|_| tuple(r, &mut self.spans));
+        let id = self
+            .spans
+            .get(id_column)
+            .copied()
+            .flatten()
+            .map(|(start, len)| String::from_utf8_lossy(&data[start..start + len]).into_owned());
+        Oversized::OutboxInsert { id }
+    }
+
+    fn skipped_kind(&self, relation: u32, outbox_kind: SkippedKind) -> SkippedKind {
+        if self.relations.contains_key(&relation) { outbox_kind } else { SkippedKind::OtherTable }
+    }
+
     fn skipped(&self, relation: u32, outbox_kind: SkippedKind) -> Change {
         Change::Skipped(if self.relations.contains_key(&relation) {
             outbox_kind
@@ -183,6 +225,17 @@ impl Decoder {
         };
         Ok(Change::Insert(OutboxRow { unreadable, ..raw }))
     }
+}
+
+/// A change over `replication.max_message_bytes`, as far as its first bytes tell.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Oversized {
+    /// An insert into the outbox, with its id when the bytes read hold it.
+    OutboxInsert { id: Option<String> },
+    /// A logical decoding message with this prefix.
+    Message { transactional: bool, prefix: String },
+    /// Anything else (another table's change, an outbox update): nothing the relay publishes.
+    Other(SkippedKind),
 }
 
 /// TupleData into `spans`, reused across rows: Int16 column count, then per column 'n' (NULL),
@@ -291,6 +344,29 @@ mod tests {
 
     const COLUMNS: &[&str] =
         &["id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers", "topic", "created_at"];
+
+    #[test]
+    fn a_change_read_in_part_says_what_it_is() {
+        let mut d = Decoder::new(&OutboxConfig::default());
+        d.decode(&relation(7, "public", "outbox_events", COLUMNS)).unwrap();
+        let big = "x".repeat(1_000);
+        let row =
+            insert(7, &[Some("17"), Some("order"), Some("42"), Some("Placed"), Some(&big), None, None, None]);
+        // the head of an outbox row holds its id; a head cut inside the id holds none
+        assert_eq!(d.oversized(&row[..200]), Oversized::OutboxInsert { id: Some("17".into()) });
+        assert_eq!(d.oversized(&row[..14]), Oversized::OutboxInsert { id: None });
+        // another table's row, and a logical message named by its prefix
+        assert_eq!(
+            d.oversized(&insert(8, &[Some("1"), Some(&big)])[..100]),
+            Oversized::Other(SkippedKind::OtherTable)
+        );
+        let mut message = vec![b'M', 1];
+        message.extend(0u64.to_be_bytes());
+        message.extend(b"someone-else\0");
+        message.extend(1_000_000u32.to_be_bytes());
+        let prefix = "someone-else".to_string();
+        assert_eq!(d.oversized(&message), Oversized::Message { transactional: true, prefix });
+    }
 
     #[test]
     fn decodes_an_outbox_insert_by_column_name() {

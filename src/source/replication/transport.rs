@@ -42,6 +42,14 @@ pub enum WalEvent {
         prefix: String,
         content: Bytes,
     },
+    /// A change over `replication.max_message_bytes`: only its first [`OVERSIZED_HEAD`] bytes
+    /// were read (enough for an outbox row's id, or a logical message's prefix), the rest was
+    /// skipped on the wire.
+    Oversized {
+        lsn: Lsn,
+        head: Bytes,
+        bytes: usize,
+    },
     /// The server's last sent position.
     KeepAlive {
         wal_end: Lsn,
@@ -77,6 +85,8 @@ pub async fn connect(
     // one message (one change) is read whole: bound it, so a huge row stops the relay
     // with a reason instead of an out-of-memory kill
     .with_max_message_size(r.max_message_bytes)
+    // ...and a larger change is read only in part, to be skipped or dead-lettered by reference
+    .with_oversized_head(OVERSIZED_HEAD)
     .with_start_lsn(pgwire_replication::Lsn::ZERO) // 0/0: resume at the slot's confirmed position
     .with_ack_lsn(pgwire_replication::Lsn(ack.0))
     .with_status_interval(Duration::from_millis(r.status_interval_ms))
@@ -85,6 +95,9 @@ pub async fn connect(
     // connect_gated spawns the session task; connection errors surface on the first call.
     ReplicationClient::connect_gated(cfg).await.map_err(classify)
 }
+
+/// How much of a change over `replication.max_message_bytes` is read.
+pub const OVERSIZED_HEAD: usize = 64 << 10;
 
 /// Messages the transport may read ahead of the relay.
 const STREAM_BUFFER_MESSAGES: usize = 1_024;
@@ -168,6 +181,9 @@ fn wal_event(event: ReplicationEvent) -> Option<WalEvent> {
             WalEvent::Message { transactional, lsn: Lsn(lsn.0), prefix, content }
         }
         ReplicationEvent::KeepAlive { wal_end, .. } => WalEvent::KeepAlive { wal_end: Lsn(wal_end.0) },
+        ReplicationEvent::Oversized { wal_start, head, bytes, .. } => {
+            WalEvent::Oversized { lsn: Lsn(wal_start.0), head, bytes }
+        }
         ReplicationEvent::StoppedAt { .. } => {
             metrics().stream_messages_skipped.with_label_values(&[SkippedKind::StoppedAt.label()]).inc();
             return None;

@@ -417,6 +417,14 @@ pub struct ReplicationConfig {
     /// Default: unbounded
     pub buffer_bytes: usize,
 
+    /// outbox-relay patch: instead of failing on WAL data over
+    /// [`max_message_size`](Self::max_message_size), read its first this many bytes, skip the
+    /// rest, and emit [`ReplicationEvent::Oversized`](crate::ReplicationEvent). 0: fail, as
+    /// upstream.
+    ///
+    /// Default: 0
+    pub oversized_head: usize,
+
     /// Request column values in PostgreSQL binary wire format.
     ///
     /// When `true`, the `binary 'true'` option is added to `START_REPLICATION`
@@ -543,6 +551,7 @@ impl Default for ReplicationConfig {
             idle_wakeup_interval: Duration::from_secs(10),
             buffer_events: 8192,
             buffer_bytes: usize::MAX,
+            oversized_head: 0,
             binary: false,
             options: None,
             max_message_size: crate::protocol::framing::MAX_MESSAGE_SIZE,
@@ -703,6 +712,12 @@ impl ReplicationConfig {
     /// Set the event buffer size.
     pub fn with_buffer_size(mut self, size: usize) -> Self {
         self.buffer_events = size;
+        self
+    }
+
+    /// outbox-relay patch: set [`oversized_head`](Self::oversized_head).
+    pub fn with_oversized_head(mut self, bytes: usize) -> Self {
+        self.oversized_head = bytes;
         self
     }
 

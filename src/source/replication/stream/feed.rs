@@ -140,6 +140,7 @@ impl<'a, S: Sink> Feed<'a, S> {
             WalEvent::Message { transactional, lsn, prefix, content } => {
                 return self.message(transactional, lsn, &prefix, &content).await;
             }
+            WalEvent::Oversized { lsn, head, bytes } => self.oversized(lsn, &head, bytes)?,
             WalEvent::KeepAlive { wal_end } => {
                 metrics().received_lsn.set(wal_end.0 as f64);
                 if self.open.is_none() {
@@ -194,6 +195,72 @@ impl<'a, S: Sink> Feed<'a, S> {
         Ok(None)
     }
 
+    /// A change over `replication.max_message_bytes`, read only in part: an outbox row or an
+    /// outbox message is dead-lettered by reference (its id, or its position, and its size: its
+    /// content was never read) in its transaction; anything else is skipped, as it would be whole.
+    fn oversized(&mut self, lsn: Lsn, head: &[u8], bytes: usize) -> Result<(), RelayError> {
+        let limit = self.replication.max_message_bytes;
+        let what = match self.decoder.oversized(head) {
+            decode::Oversized::OutboxInsert { id } => {
+                let event = id
+                    .as_deref()
+                    .map_or_else(|| "an outbox row".to_string(), |id| format!("outbox row {id}"));
+                (OutboxRow { id, ..OutboxRow::default() }, event)
+            }
+            decode::Oversized::Message { transactional, prefix }
+                if prefix == self.replication.message_prefix =>
+            {
+                if !transactional || self.open.is_none() {
+                    self.untrusted(OutboxRow::default(), lsn);
+                    return Ok(());
+                }
+                (OutboxRow::default(), format!("an outbox message at {lsn}"))
+            }
+            decode::Oversized::Message { .. } => {
+                tracing::warn!(%lsn, bytes, "a logical decoding message over replication.max_message_bytes, not the outbox's: skipped");
+                metrics()
+                    .stream_messages_skipped
+                    .with_label_values(&[SkippedKind::ForeignMessage.label()])
+                    .inc();
+                return Ok(());
+            }
+            decode::Oversized::Other(kind) => {
+                tracing::warn!(%lsn, bytes, kind = kind.label(), "a change over replication.max_message_bytes, not an outbox insert: skipped");
+                metrics().stream_messages_skipped.with_label_values(&[kind.label()]).inc();
+                return Ok(());
+            }
+        };
+        let (raw, event) = what;
+        tracing::warn!(%lsn, bytes, limit, "{event} is over replication.max_message_bytes: dead-lettered by reference");
+        let reason = format!(
+            "{event} is {bytes} bytes in the WAL, more than replication.max_message_bytes ({limit}): it was not \
+             read (the relay would hold it several times over); dead-lettered by reference. Its row, if any, is \
+             still in the outbox table: publish it by hand, or raise replication.max_message_bytes and the \
+             memory limit with it"
+        );
+        let txn = self
+            .open
+            .as_mut()
+            .ok_or_else(|| RelayError::Protocol("a change outside a transaction".into()))?;
+        let txn = next_event(txn);
+        self.read.inc();
+        self.unpublishable(txn.id, DeadLetter::row(raw, reason));
+        Ok(())
+    }
+
+    /// An event of transaction `txn` that cannot be published: dead-lettered, counted in its
+    /// transaction like a record sent (so the transaction is not complete, nor confirmed, before
+    /// the letter is written), or held.
+    fn unpublishable(&mut self, txn: TxnId, letter: DeadLetter) {
+        match self.delivery.unpublishable(txn, letter) {
+            Settled::DeadLettered(_, letter) => {
+                self.tracker.sent(txn);
+                self.letter(*letter, Written::Acked(txn));
+            }
+            held => self.settled(held),
+        }
+    }
+
     /// A non-transactional message with the outbox prefix: written even when its transaction
     /// rolls back, and by anyone who may call `pg_logical_emit_message`, so never published.
     /// It takes the dead-letter path, as its own unit of the position.
@@ -225,17 +292,7 @@ impl<'a, S: Sink> Feed<'a, S> {
                     self.settled(settled);
                 }
             }
-            // (counted in its transaction like a record sent, so the transaction is not complete,
-            // nor confirmed, before the letter is written)
-            Err(unpublishable) => {
-                match self.delivery.unpublishable(txn.id, DeadLetter::unmapped(*unpublishable)) {
-                    Settled::DeadLettered(_, letter) => {
-                        self.tracker.sent(txn.id);
-                        self.letter(*letter, Written::Acked(txn.id));
-                    }
-                    held => self.settled(held),
-                }
-            }
+            Err(unpublishable) => self.unpublishable(txn.id, DeadLetter::unmapped(*unpublishable)),
         }
         Ok(())
     }

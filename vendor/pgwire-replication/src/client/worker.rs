@@ -213,6 +213,18 @@ pub enum ReplicationEvent {
         content: Bytes,
     },
 
+    /// outbox-relay patch: WAL data over `max_message_size`, of which only the start was read
+    /// (see [`ReplicationConfig::oversized_head`](crate::config::ReplicationConfig)); the rest
+    /// was skipped on the wire.
+    Oversized {
+        wal_start: Lsn,
+        wal_end: Lsn,
+        /// The first bytes of the pgoutput message.
+        head: Bytes,
+        /// The pgoutput message's full length.
+        bytes: usize,
+    },
+
     /// Emitted when `stop_at_lsn` has been reached.
     ///
     /// After this event, no more events will be emitted and the
@@ -421,7 +433,10 @@ impl WorkerState {
         // Wakes the wait phase when the consumer raises the applied LSN.
         let mut applied_rx = self.progress.subscribe();
         // Cancellation-safe message reader, partial reads survive dropped futures.
-        let mut reader = MessageReader::new().with_max_message_size(self.cfg.max_message_size);
+        // (outbox-relay patch: with_oversized_head)
+        let mut reader = MessageReader::new()
+            .with_max_message_size(self.cfg.max_message_size)
+            .with_oversized_head(self.cfg.oversized_head);
         // How many messages to process in the tight loop before checking
         // stop signal and sending periodic status feedback.
         const DRAIN_BATCH: usize = 256;
@@ -458,6 +473,7 @@ impl WorkerState {
                         .handle_copy_data(
                             stream,
                             msg.payload,
+                            reader.take_truncated(),
                             &mut last_applied,
                             &mut last_status_sent,
                         )
@@ -544,6 +560,7 @@ impl WorkerState {
                     .handle_copy_data(
                         stream,
                         msg.payload,
+                        reader.take_truncated(),
                         &mut last_applied,
                         &mut last_status_sent,
                     )
@@ -555,13 +572,18 @@ impl WorkerState {
     }
 
     /// Handle a CopyData message. Returns true if we should stop.
+    /// (outbox-relay patch: `truncated`, the full length of a message read only in part.)
     async fn handle_copy_data<S: AsyncRead + AsyncWrite + Unpin>(
         &mut self,
         stream: &mut BufReader<S>,
         payload: Bytes,
+        truncated: Option<usize>,
         last_applied: &mut Lsn,
         last_status_sent: &mut Instant,
     ) -> Result<bool> {
+        if let Some(full) = truncated {
+            return self.handle_oversized(stream, payload, full, last_status_sent).await;
+        }
         let cd = parse_copy_data(payload)?;
 
         match cd {
@@ -783,6 +805,35 @@ impl WorkerState {
             self.send_feedback(stream, applied, false).await?;
             *last_status_sent = Instant::now();
         }
+    }
+
+    /// outbox-relay patch: a CopyData message over `max_message_size`, of which `head` is the
+    /// start: an XLogData one becomes [`ReplicationEvent::Oversized`], anything else is refused
+    /// as before.
+    async fn handle_oversized<S: AsyncRead + AsyncWrite + Unpin>(
+        &mut self,
+        stream: &mut BufReader<S>,
+        head: Bytes,
+        full: usize,
+        last_status_sent: &mut Instant,
+    ) -> Result<bool> {
+        const XLOG_HEADER: usize = 25;
+        if head.len() < XLOG_HEADER || head[0] != b'w' {
+            return Err(PgWireError::MessageTooLarge {
+                payload_bytes: full,
+                limit_bytes: self.cfg.max_message_size,
+            });
+        }
+        let lsn = |at: usize| Lsn::from_u64(u64::from_be_bytes(head[at..at + 8].try_into().unwrap()));
+        let (wal_start, wal_end) = (lsn(1), lsn(9));
+        self.metrics.set_last_wal_end(wal_end);
+        let event = ReplicationEvent::Oversized {
+            wal_start,
+            wal_end,
+            head: head.slice(XLOG_HEADER..),
+            bytes: full - XLOG_HEADER,
+        };
+        self.send_event_backpressured(stream, Ok(event), last_status_sent).await
     }
 
     /// outbox-relay patch: takes `cost` bytes of the read-ahead (given back when the client

@@ -83,6 +83,15 @@ pub struct MessageReader {
     /// The refused payload is still on the wire and is never consumed, so
     /// the reader cannot resynchronize: every later read fails the same way.
     refused: Option<(usize, usize)>,
+    /// outbox-relay patch: keep this many bytes of a CopyData message over `max_payload` and
+    /// skip the rest, instead of refusing it (0: refuse).
+    oversized_head: usize,
+    /// outbox-relay patch: bytes of the message being read still to skip past its head.
+    skip: usize,
+    /// outbox-relay patch: the full payload length of the message being read, when only its
+    /// head is kept; of the message last returned, once it is complete.
+    oversized: Option<usize>,
+    truncated: Option<usize>,
 }
 
 impl MessageReader {
@@ -100,7 +109,26 @@ impl MessageReader {
             tag: 0,
             max_payload: MAX_MESSAGE_SIZE,
             refused: None,
+            oversized_head: 0,
+            skip: 0,
+            oversized: None,
+            truncated: None,
         }
+    }
+
+    /// outbox-relay patch: return the first `head` bytes of a CopyData message over the size
+    /// limit, skipping the rest on the wire (never buffered), instead of refusing it; the
+    /// message's full length is then [`take_truncated`](Self::take_truncated). Other messages
+    /// over the limit are still refused.
+    pub fn with_oversized_head(mut self, head: usize) -> Self {
+        self.oversized_head = head;
+        self
+    }
+
+    /// outbox-relay patch: the full payload length of the message last returned, when it was
+    /// returned truncated to its head.
+    pub fn take_truncated(&mut self) -> Option<usize> {
+        self.truncated.take()
     }
 
     /// Refuse any message whose payload is larger than `max` bytes.
@@ -163,20 +191,28 @@ impl MessageReader {
 
             let payload_len = (len - 4) as usize;
 
-            if payload_len > self.max_payload {
+            // outbox-relay patch: a CopyData message over the limit is kept in part
+            let keep = self.oversized_head.min(self.max_payload);
+            let kept = if payload_len <= self.max_payload {
+                payload_len
+            } else if keep > 0 && self.hdr[0] == b'd' {
+                self.skip = payload_len - keep;
+                self.oversized = Some(payload_len);
+                keep
+            } else {
                 self.hdr_filled = 0;
                 self.refused = Some((payload_len, self.max_payload));
                 return Err(PgWireError::MessageTooLarge {
                     payload_bytes: payload_len,
                     limit_bytes: self.max_payload,
                 });
-            }
+            };
 
             self.tag = self.hdr[0];
             self.payload.clear();
-            self.payload.resize(payload_len, 0);
+            self.payload.resize(kept, 0);
             self.payload_filled = 0;
-            self.payload_len = Some(payload_len);
+            self.payload_len = Some(kept);
         }
 
         let payload_len = self.payload_len.unwrap();
@@ -192,6 +228,21 @@ impl MessageReader {
             }
             self.payload_filled += n;
         }
+
+        // outbox-relay patch: Phase 3b: skip the rest of a message kept in part
+        let mut scratch = [0u8; 8192];
+        while self.skip > 0 {
+            let want = self.skip.min(scratch.len());
+            let n = rd.read(&mut scratch[..want]).await?;
+            if n == 0 {
+                return Err(PgWireError::Io(std::sync::Arc::new(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "EOF while skipping an oversized backend message",
+                ))));
+            }
+            self.skip -= n;
+        }
+        self.truncated = self.oversized.take();
 
         // Phase 4: take payload, reset state for next message
         let payload = self.payload.split().freeze();
