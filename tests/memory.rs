@@ -112,14 +112,20 @@ impl Run {
 
 /// Commits `rows` rows of 10 KB, in transactions of 1,000.
 async fn write_ten_kilobyte_rows(s: &Setup, rows: i64) {
+    write_rows(s, rows, 1_000, 320).await
+}
+
+/// Commits `rows` rows whose payload holds `md5s` MD5 digests (32 bytes each), `per_txn` to a
+/// transaction.
+async fn write_rows(s: &Setup, rows: i64, per_txn: i64, md5s: i32) {
     let client = s.db.client().await;
-    for batch in 0..rows / 1_000 {
+    for batch in 0..rows / per_txn {
         client
             .execute(
                 "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
-                 SELECT $1, 'agg-' || (g % 100), 'Big', jsonb_build_object('n', g, 'blob', repeat(md5(g::text), 320)) \
-                 FROM generate_series($2::bigint, $2::bigint + 999) g",
-                &[&s.aggregate_type, &(batch * 1_000)],
+                 SELECT $1, 'agg-' || (g % 100), 'Big', jsonb_build_object('n', g, 'blob', repeat(md5(g::text), $4)) \
+                 FROM generate_series($2::bigint, $2::bigint + $3 - 1) g",
+                &[&s.aggregate_type, &(batch * per_txn), &per_txn, &md5s],
             )
             .await
             .unwrap();
@@ -177,18 +183,7 @@ async fn a_polling_claim_ends_at_its_byte_budget() {
 
 /// Commits `rows` rows of 900 KB (Kafka takes records up to 1 MB), in transactions of 10.
 async fn write_large_rows(s: &Setup, rows: i64) {
-    let client = s.db.client().await;
-    for batch in 0..rows / 10 {
-        client
-            .execute(
-                "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
-                 SELECT $1, 'agg-' || (g % 10), 'Large', jsonb_build_object('n', g, 'blob', repeat(md5(g::text), 28125)) \
-                 FROM generate_series($2::bigint, $2::bigint + 9) g",
-                &[&s.aggregate_type, &(batch * 10)],
-            )
-            .await
-            .unwrap();
-    }
+    write_rows(s, rows, 10, 28_125).await
 }
 
 /// 400 rows of 900 KB: a backlog the stream's read-ahead (1,024 changes) would have held whole.

@@ -457,13 +457,7 @@ async fn rows_sharing_an_id_are_each_published_and_released_alone() {
     for _ in 0..20 {
         insert_event(&client, &s.aggregate_type, Some("real")).await;
     }
-    let ids: Vec<i64> = client
-        .query("SELECT id FROM outbox_events ORDER BY id", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let ids = outbox_ids(&client).await;
     let tx = client.transaction().await.unwrap();
     tx.batch_execute("ALTER TABLE outbox_events DISABLE TRIGGER outbox_events_assign_id").await.unwrap();
     for id in [ids[4], ids[9]] {

@@ -4,7 +4,7 @@
 use crate::common;
 
 use common::service::apply_examples;
-use common::workload::insert_event;
+use common::workload::{insert_event, outbox_ids};
 use common::*;
 
 /// A relay test whose relay logs in as `role`, in `mode`, its configuration changed by `more`.
@@ -202,13 +202,7 @@ async fn no_writer_chooses_an_event_id_the_owner_included() {
     assert!(!given.contains(&real), "the real event's id was taken: {given:?} (real {real})");
     writer.batch_execute(insert).await.unwrap();
     let next_real: i64 = owner.query_one(newest_real, &[]).await.unwrap().get(0);
-    let ids: Vec<i64> = owner
-        .query("SELECT id FROM outbox_events ORDER BY id", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let ids = outbox_ids(&owner).await;
     let unique: std::collections::HashSet<_> = ids.iter().collect();
     assert_eq!(unique.len(), 4, "every event has an id of its own: {ids:?}");
     assert!(next_real > real && !given.contains(&next_real), "{ids:?}");

@@ -26,6 +26,12 @@ pub async fn insert_event(client: &Client, aggregate_type: &str, aggregate_id: O
         .unwrap();
 }
 
+/// The ids of the outbox's rows, in order.
+pub async fn outbox_ids(client: &Client) -> Vec<i64> {
+    let rows = client.query("SELECT id FROM outbox_events ORDER BY id", &[]).await.unwrap();
+    rows.iter().map(|r| r.get(0)).collect()
+}
+
 /// Creates `count` aggregates named `agg-0` .. `agg-{count-1}`.
 pub async fn create_aggregates(client: &Client, count: usize) {
     client.batch_execute(AGGREGATE_SQL).await.unwrap();
