@@ -119,11 +119,12 @@ async fn rows_stay_until_the_broker_acknowledges() {
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
 }
 
-/// application_name of the session holding the leader lock, if any.
+/// application_name of the session holding the leader lock, if any (the leader also holds
+/// `polling.leader_lock_key` itself, for relays from before the per-table lock).
 async fn active_instance(client: &tokio_postgres::Client) -> Option<String> {
     client
         .query_opt(
-            "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+            "SELECT DISTINCT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
              WHERE l.locktype = 'advisory' AND l.granted AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
             &[],
         )
@@ -482,4 +483,96 @@ async fn rows_sharing_an_id_are_each_published_and_released_alone() {
     assert_eq!((published("real"), published("forged")), (20, 2), "{records:?}");
     assert_eq!(s.outbox_rows().await, 0);
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+}
+
+/// The polling lock's key as README ("Polling mode") documents it: derived from the outbox
+/// table's name and `polling.leader_lock_key` (default 122550254464888).
+const LOCK_KEY_SQL: &str = "SELECT hashtextextended('public.outbox_events', 122550254464888)";
+
+/// A session of a new role that may only log in (no grant on the outbox): no relay.
+async fn stranger(s: &Setup) -> (String, tokio_postgres::Client) {
+    let role = format!("stranger_{}", random_suffix());
+    s.db.client().await.batch_execute(&format!("CREATE ROLE {role} LOGIN")).await.unwrap();
+    let mut config: tokio_postgres::Config = s.db.url.parse().unwrap();
+    config.user(&role).application_name("psql");
+    let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    (role, client)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_that_is_no_relay_holding_the_lock_is_named_on_readyz() {
+    // given a session of a role with no grant on the outbox holding the polling lock
+    let s = Setup::polling(|config| config).await;
+    let client = s.db.client().await;
+    create_aggregates(&client, 1).await;
+    let consumer = consumer(&[&s.topic]);
+    let (role, stranger) = stranger(&s).await;
+    let pid: i32 = stranger.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    stranger.query_one(&format!("SELECT pg_advisory_lock(({LOCK_KEY_SQL}))"), &[]).await.unwrap();
+
+    // when the relay starts
+    let mut relay = s.start("relay");
+
+    // then /readyz (from loopback) is degraded and names the holder and the remedy, and so does the log
+    let named = relay.context(format!("/readyz to name pid {pid} as no relay"));
+    wait_until(named, async || {
+        relay.readyz().is_some_and(|(status, body)| {
+            status == 503
+                && body.starts_with("degraded")
+                && body.contains(&format!("pid {pid} (role \"{role}\", application \"psql\""))
+                && body.contains("not a relay")
+                && body.contains(&format!("pg_terminate_backend({pid})"))
+        })
+    })
+    .await;
+    assert!(relay.log_text().contains("not a relay"), "{}", relay.log_text());
+
+    // when the holder's session ends, then the relay takes over and relays
+    let ended: bool = client.query_one("SELECT pg_terminate_backend($1)", &[&pid]).await.unwrap().get(0);
+    assert!(ended);
+    relay.wait_ready("active").await;
+    let mut writer = s.db.client().await;
+    write_events(&mut writer, &s.aggregate_type, "agg-0", 3, true).await;
+    assert_eq!(consume(&consumer, 3, IDLE).await.len(), 3, "{}", relay.log_text());
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_old_fixed_lock_key_held_by_no_relay_does_not_stall_polling() {
+    // given a session of a role with no grant holding polling.leader_lock_key itself (the fixed
+    // key every relay took before the lock was derived per table)
+    let s = Setup::polling(|config| config).await;
+    let client = s.db.client().await;
+    create_aggregates(&client, 1).await;
+    let consumer = consumer(&[&s.topic]);
+    let (_, stranger) = stranger(&s).await;
+    stranger.query_one("SELECT pg_advisory_lock(122550254464888)", &[]).await.unwrap();
+
+    // when the relay starts, then it is active and relays
+    let mut relay = s.start("relay");
+    relay.wait_ready("active").await;
+    let mut writer = s.db.client().await;
+    write_events(&mut writer, &s.aggregate_type, "agg-0", 3, true).await;
+    assert_eq!(consume(&consumer, 3, IDLE).await.len(), 3, "{}", relay.log_text());
+
+    // and a session that could claim rows (an older relay, as far as this one can tell) holding
+    // the old key keeps a second relay a standby that names it
+    let older = s.db.client().await;
+    let older_pid: i32 = older.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+    drop(stranger);
+    wait_until("the stranger's lock to go", async || {
+        older.query_one("SELECT pg_try_advisory_lock(122550254464888)", &[]).await.unwrap().get::<_, bool>(0)
+    })
+    .await;
+    let mut second = s.start("second");
+    let named = second.context(format!("/readyz to say standby, naming pid {older_pid}"));
+    wait_until(named, async || {
+        second.readyz().is_some_and(|(status, body)| {
+            status == 200 && body.starts_with("standby") && body.contains(&format!("pid {older_pid}"))
+        })
+    })
+    .await;
+    assert_eq!(second.terminate(EXIT_LIMIT), Some(0));
 }

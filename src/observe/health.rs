@@ -2,7 +2,8 @@
 //!
 //! Invariants:
 //! - the [`Phase`] (starting, active, standby, retrying, fatal) and the facts sources report
-//!   (alive, Kafka stalled, held at an unpublishable event) arrive through the supervisor's
+//!   (alive, Kafka stalled, held at an unpublishable event, the polling lock held by a session
+//!   that is no relay) arrive through the supervisor's
 //!   [`crate::observe::pulse::Pulse`]; readiness is derived from all of them when asked, and
 //!   `outbox_relay_events_blocked` follows the blocked fact wherever it changes;
 //! - `outbox_relay_leader` is 1 exactly while the phase is `Active`: it means leadership, not
@@ -37,6 +38,18 @@ struct Facts {
     stalled: Option<String>,
     /// Held at an unpublishable event (`on_poison = "block"`).
     blocked: Option<String>,
+    /// Who keeps this standby from the polling lock, as its last session found it.
+    lock_holder: Option<LockHolder>,
+}
+
+/// The session holding the polling lock, as a standby found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LockHolder {
+    /// Who it is (pid, role, application), and what to do when it is no relay.
+    pub said: String,
+    /// Its role could claim rows: another relay. When it is not, nobody relays, so the standby
+    /// is degraded, not ready.
+    pub relay: bool,
 }
 
 /// The process's health; shared by the supervisor (writer) and the HTTP listener (reader).
@@ -57,7 +70,12 @@ impl Health {
         Health {
             last_tick_ms: AtomicU64::new(now_ms()),
             stale_after_ms: (max_backoff * 2).max(Duration::from_secs(60)).as_millis() as u64,
-            facts: Mutex::new(Facts { phase: Phase::Starting, stalled: None, blocked: None }),
+            facts: Mutex::new(Facts {
+                phase: Phase::Starting,
+                stalled: None,
+                blocked: None,
+                lock_holder: None,
+            }),
         }
     }
 
@@ -76,6 +94,10 @@ impl Health {
             facts.blocked = None;
             metrics().events_blocked.set(0);
         }
+        if phase != Phase::Standby {
+            // (a standby session reports the holder before the supervisor sets the phase)
+            facts.lock_holder = None;
+        }
         facts.phase = phase;
     }
 
@@ -86,6 +108,15 @@ impl Health {
     pub(crate) fn set_blocked(&self, blocked: Option<String>) {
         metrics().events_blocked.set(i64::from(blocked.is_some()));
         self.facts.lock().unwrap().blocked = blocked;
+    }
+
+    /// Who holds the polling lock this standby wants (None: nobody it could see); returns
+    /// whether that changed, so the caller logs a new holder once.
+    pub(crate) fn set_lock_holder(&self, holder: Option<LockHolder>) -> bool {
+        let mut facts = self.facts.lock().unwrap();
+        let changed = facts.lock_holder != holder;
+        facts.lock_holder = holder;
+        changed
     }
 
     #[cfg(test)]
@@ -106,7 +137,11 @@ impl Health {
             (_, Some(blocked), _) => Err(format!("degraded: {blocked}")),
             (Phase::Starting, None, _) => Err("starting".into()),
             (Phase::Retrying(e), None, _) => Err(format!("degraded: {e}")),
-            (Phase::Standby, None, _) => Ok("standby: another instance is active".into()),
+            (Phase::Standby, None, _) => match &facts.lock_holder {
+                Some(LockHolder { said, relay: false }) => Err(format!("degraded: {said}")),
+                Some(LockHolder { said, relay: true }) => Ok(format!("standby: {said}")),
+                None => Ok("standby: another instance is active".into()),
+            },
             (Phase::Active, None, Some(stalled)) => Err(format!("degraded: {stalled}")),
             (Phase::Active, None, None) => Ok("active".into()),
         }
@@ -140,5 +175,27 @@ mod tests {
         h.set_phase(Phase::Starting);
         h.set_blocked(Some("blocked at event 3: column id is NULL".into()));
         assert!(h.readiness().unwrap_err().contains("blocked at event 3"), "a first copy that holds says so");
+    }
+
+    #[test]
+    fn a_lock_held_by_no_relay_degrades_the_standby_until_it_is_active() {
+        let h = Health::new(Duration::from_secs(1));
+        let said = "the polling lock 7 of public.outbox_events is held by pid 42 (role \"mallory\"), which is not a relay";
+        let stranger = LockHolder { said: said.into(), relay: false };
+        assert!(h.set_lock_holder(Some(stranger.clone())), "a new holder is news");
+        h.set_phase(Phase::Standby);
+        assert_eq!(h.readiness(), Err(format!("degraded: {said}")));
+        assert!(!h.set_lock_holder(Some(stranger.clone())), "the same holder is not news");
+        let relay = LockHolder { said: "another instance is active: pid 43".into(), relay: true };
+        assert!(h.set_lock_holder(Some(relay)));
+        assert_eq!(h.readiness(), Ok("standby: another instance is active: pid 43".into()));
+        h.set_lock_holder(Some(stranger));
+        h.set_phase(Phase::Active);
+        h.set_phase(Phase::Standby);
+        assert_eq!(
+            h.readiness(),
+            Ok("standby: another instance is active".into()),
+            "becoming active forgets the holder"
+        );
     }
 }

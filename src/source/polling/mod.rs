@@ -5,8 +5,8 @@
 //! - a row is deleted (or marked) only in the transaction that claimed it, and only after Kafka
 //!   acknowledged its record with `acks=all`; a crash before COMMIT leaves the row to be
 //!   published again (at-least-once, same `id` header);
-//! - one instance is active at a time: the session that holds the advisory lock
-//!   `polling.leader_lock_key`. It is the same session that claims rows, so losing it (crash,
+//! - one instance is active at a time: the session that holds the table's advisory lock
+//!   ([`leader`]: derived from the table's name and `polling.leader_lock_key`). It is the same session that claims rows, so losing it (crash,
 //!   network) both releases the lock and rolls back the batch. A single claimer reading in `id`
 //!   order is what keeps one aggregate's events in order: `SKIP LOCKED` alone would let two
 //!   claimers publish them concurrently;
@@ -30,6 +30,7 @@ use crate::dead_letter::{DeadLetters, LetterKey};
 use crate::delivery::record::Mapping;
 use crate::delivery::{Carried, Delivery};
 use crate::error::RelayError;
+use crate::observe::health::LockHolder;
 use crate::observe::metrics::{Mode, metrics};
 use crate::observe::pulse::Pulse;
 use crate::sink::dedup::{self, Dedup, Lookback};
@@ -43,6 +44,7 @@ use claim::{HeldRow, Statements, already_dead_lettered};
 
 mod batch;
 mod claim;
+mod leader;
 
 /// The `mode` label of this source's metrics.
 const MODE: Mode = Mode::Polling;
@@ -175,21 +177,28 @@ impl<S: Sink> PollingSource<S> {
         })
     }
 
-    /// Takes the leader lock (or returns [`RelayError::Standby`]) and becomes active; returns how
-    /// far back the read-back looks (see [`Dedup`]).
+    /// Takes the leader lock (or returns [`RelayError::Standby`], naming its holder) and becomes
+    /// active; returns how far back the read-back looks (see [`Dedup`]).
     async fn lead(&self, session: &mut Session, pulse: &Pulse) -> Result<Lookback, RelayError> {
-        let leader: bool = session
-            .client
-            .query_one("SELECT pg_try_advisory_lock($1)", &[&self.config.polling.leader_lock_key])
-            .await?
-            .get(0);
-        if !leader {
-            return Err(RelayError::Standby(format!(
-                "another instance holds the polling lock {} on {}",
-                self.config.polling.leader_lock_key,
-                self.table.display_name()
-            )));
-        }
+        let health = pulse.health();
+        let key = match leader::take(&self.config, &self.table, &session.client).await? {
+            Ok(key) => {
+                health.set_lock_holder(None);
+                key
+            }
+            Err(refused) => {
+                // a holder that is no relay stops polling until an operator ends it: said once per holder
+                let said = refused.to_string();
+                let holder = refused
+                    .holder
+                    .as_ref()
+                    .map(|_| LockHolder { said: said.clone(), relay: !refused.foreign() });
+                if health.set_lock_holder(holder) && refused.foreign() {
+                    tracing::warn!(table = %self.table.display_name(), "{said}");
+                }
+                return Err(RelayError::Standby(said));
+            }
+        };
         let mut lookback = Lookback::LastBatch;
         // (only the leader looks: a standby would repeat the warning and the dead-letter read)
         if let Some(dead_lettered) =
@@ -203,7 +212,7 @@ impl<S: Sink> PollingSource<S> {
         if !channel.is_empty() {
             session.client.batch_execute(&format!("LISTEN {}", quote_ident(channel))).await?;
         }
-        tracing::info!(table = %self.table.display_name(), "active: this instance now relays the outbox");
+        tracing::info!(table = %self.table.display_name(), lock = key, "active: this instance now relays the outbox");
         pulse.active();
         Ok(lookback)
     }
