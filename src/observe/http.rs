@@ -5,13 +5,16 @@
 //!   backoff, idle); 503 when it has not ticked for twice the retry cap: restart it.
 //! - `/readyz` is 200 when connected and relaying (body `active`) or healthy standby (body
 //!   `standby`; a standby must be Ready or a StatefulSet rollout would stall on it), 503 while
-//!   starting or degraded (body says why).
+//!   starting or degraded. The body is that one word; why (an error, a hostname, a session's
+//!   role) follows it only for a client on loopback (`kubectl port-forward`, `kubectl exec`, a
+//!   sidecar, the tests): the log says it too.
 //!
-//! Limits: at most [`max_connections`] connections at once (one more is accepted and closed at
-//! once, so the backlog cannot grow); a request's headers must arrive within
-//! [`HEADER_TIMEOUT`] and a whole connection, response included, is closed after
-//! [`CONNECTION_DEADLINE`]; only GET and HEAD; an accept error (out of file descriptors) pauses
-//! the loop instead of spinning a core.
+//! Limits: at most [`max_connections`] connections at once, and [`PROBE_RESERVE`] more that
+//! answer only `/healthz` and `/readyz` and are cut after [`PROBE_HEADER_TIMEOUT`], so a probe
+//! still gets in while slow clients hold every other slot (one more is accepted and closed at
+//! once, so the backlog cannot grow); a request's headers must arrive within [`HEADER_TIMEOUT`]
+//! and a whole connection, response included, is closed after [`CONNECTION_DEADLINE`]; only GET
+//! and HEAD; an accept error (out of file descriptors) pauses the loop instead of spinning a core.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -35,6 +38,11 @@ use crate::observe::metrics::metrics;
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// A connection is closed this long after it was accepted, whatever it is doing.
 pub const CONNECTION_DEADLINE: Duration = Duration::from_secs(30);
+/// Connections beyond [`max_connections`] kept for `/healthz` and `/readyz`.
+pub const PROBE_RESERVE: usize = 8;
+/// A reserved connection's request must have arrived by then, so slow clients that reach the
+/// reserve give it back within a second or two.
+pub const PROBE_HEADER_TIMEOUT: Duration = Duration::from_secs(1);
 /// Pause after an accept error (e.g. EMFILE), so a persistent one does not spin a core.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 
@@ -49,37 +57,59 @@ pub fn max_connections() -> usize {
     quarter.clamp(16, 4_096)
 }
 
+/// Who asked: a request's answer depends on it.
+#[derive(Debug, Clone, Copy)]
+struct Peer {
+    /// On loopback: `/readyz` says why, not only its word.
+    local: bool,
+    /// Holds a reserved slot: only `/healthz` and `/readyz` are answered.
+    reserved: bool,
+}
+
 /// Binds `listen` and serves until the process ends.
 pub(crate) async fn serve(listen: SocketAddr, health: Arc<Health>) -> std::io::Result<()> {
     let listener = TcpListener::bind(listen).await?;
     let bound = listener.local_addr()?;
     let cap = max_connections();
-    tracing::info!(listen = %bound, max_connections = cap, "serving /metrics, /healthz and /readyz");
+    tracing::info!(listen = %bound, max_connections = cap, probe_reserve = PROBE_RESERVE, "serving /metrics, /healthz and /readyz");
     let slots = Arc::new(Semaphore::new(cap));
+    let reserve = Arc::new(Semaphore::new(PROBE_RESERVE));
     tokio::spawn(async move {
         loop {
-            let socket = match listener.accept().await {
-                Ok((socket, _)) => socket,
+            let (socket, address) = match listener.accept().await {
+                Ok(accepted) => accepted,
                 Err(e) => {
                     tracing::debug!(error = %e, "metrics listener: accept failed");
                     tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
                     continue;
                 }
             };
-            // full: the connection is dropped (closed) at once
-            let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
+            // both full: the connection is dropped (closed) at once
+            let (slot, reserved) = match slots.clone().try_acquire_owned() {
+                Ok(slot) => (slot, false),
+                Err(_) => match reserve.clone().try_acquire_owned() {
+                    Ok(slot) => (slot, true),
+                    Err(_) => continue,
+                },
+            };
+            let peer = Peer { local: address.ip().to_canonical().is_loopback(), reserved };
+            let (header_timeout, deadline) = if reserved {
+                (PROBE_HEADER_TIMEOUT, PROBE_HEADER_TIMEOUT * 2)
+            } else {
+                (HEADER_TIMEOUT, CONNECTION_DEADLINE)
+            };
             let health = health.clone();
             tokio::spawn(async move {
                 let service = service_fn(move |request| {
                     let health = health.clone();
-                    async move { Ok::<_, Infallible>(respond(&request, &health)) }
+                    async move { Ok::<_, Infallible>(respond(&request, &health, peer)) }
                 });
                 let connection = http1::Builder::new()
                     .timer(TokioTimer::new())
-                    .header_read_timeout(HEADER_TIMEOUT)
+                    .header_read_timeout(header_timeout)
                     .keep_alive(false)
                     .serve_connection(TokioIo::new(socket), service);
-                let _ = tokio::time::timeout(CONNECTION_DEADLINE, connection).await;
+                let _ = tokio::time::timeout(deadline, connection).await;
                 drop(slot);
             });
         }
@@ -87,13 +117,29 @@ pub(crate) async fn serve(listen: SocketAddr, health: Arc<Health>) -> std::io::R
     Ok(())
 }
 
-fn respond(request: &Request<Incoming>, health: &Health) -> Response<Full<Bytes>> {
+/// `/readyz`'s answer to `peer`: the readiness word, and why only on loopback.
+fn readyz(health: &Health, peer: Peer) -> (StatusCode, String) {
+    let (status, detail) = match health.readiness() {
+        Ok(body) => (StatusCode::OK, body),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+    };
+    if peer.local {
+        return (status, format!("{detail}\n"));
+    }
+    let word = detail.split([':', ' ']).next().unwrap_or_default();
+    (status, format!("{word}\n"))
+}
+
+fn respond(request: &Request<Incoming>, health: &Health, peer: Peer) -> Response<Full<Bytes>> {
     const TEXT: &str = "text/plain; charset=utf-8";
     let (status, content_type, body) = if request.method() != Method::GET && request.method() != Method::HEAD
     {
         (StatusCode::METHOD_NOT_ALLOWED, TEXT, "GET only\n".to_string())
     } else {
         match request.uri().path() {
+            "/metrics" if peer.reserved => {
+                (StatusCode::SERVICE_UNAVAILABLE, TEXT, "busy: only /healthz and /readyz answer now\n".into())
+            }
             "/metrics" => (StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", metrics().render()),
             "/healthz" if health.live() => (StatusCode::OK, TEXT, "ok\n".into()),
             "/healthz" => (
@@ -101,10 +147,10 @@ fn respond(request: &Request<Incoming>, health: &Health) -> Response<Full<Bytes>
                 TEXT,
                 "the relay loop made no progress: restart it\n".into(),
             ),
-            "/readyz" => match health.readiness() {
-                Ok(body) => (StatusCode::OK, TEXT, format!("{body}\n")),
-                Err(why) => (StatusCode::SERVICE_UNAVAILABLE, TEXT, format!("{why}\n")),
-            },
+            "/readyz" => {
+                let (status, body) = readyz(health, peer);
+                (status, TEXT, body)
+            }
             _ => (StatusCode::NOT_FOUND, TEXT, "try /metrics, /healthz or /readyz\n".into()),
         }
     };
@@ -112,4 +158,26 @@ fn respond(request: &Request<Incoming>, health: &Health) -> Response<Full<Bytes>
     *response.status_mut() = status;
     response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::observe::health::Phase;
+
+    #[test]
+    fn readyz_says_why_only_on_loopback() {
+        let health = Health::new(Duration::from_secs(1));
+        health.set_phase(Phase::Retrying("postgres: db.internal:5432: connection refused".into()));
+        let stranger = Peer { local: false, reserved: false };
+        let local = Peer { local: true, reserved: true };
+        assert_eq!(readyz(&health, stranger), (StatusCode::SERVICE_UNAVAILABLE, "degraded\n".into()));
+        let (status, body) = readyz(&health, local);
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("db.internal:5432"), "{body}");
+        health.set_phase(Phase::Standby);
+        assert_eq!(readyz(&health, stranger), (StatusCode::OK, "standby\n".into()));
+        health.set_phase(Phase::Active);
+        assert_eq!(readyz(&health, stranger), (StatusCode::OK, "active\n".into()));
+    }
 }
