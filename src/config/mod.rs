@@ -245,7 +245,9 @@ pub struct PollingConfig {
     pub dead_letter_table: Option<String>,
     /// Channel of the NOTIFY trigger shipped in `sql/`; empty disables LISTEN.
     pub notify_channel: String,
-    /// Advisory lock key that elects the single active polling instance.
+    /// The seed of the advisory lock that elects the single active polling instance: the key
+    /// is worked out from it and the outbox table's name (`source::polling::leader`), so each
+    /// table has its own.
     pub leader_lock_key: i64,
     /// How long the claim transaction waits for Kafka's acknowledgements before it rolls back:
     /// while it waits it holds the rows' locks and the database's xmin horizon (vacuum).
