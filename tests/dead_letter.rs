@@ -1,7 +1,9 @@
 //! The one dead-letter path: `dead_letter.on_poison = "block"` behaves the same in the
 //! replication stream and the first copy as in polling mode (it holds at the event, reports it,
 //! and publishes nothing acknowledged again while it holds), and a dead-lettered row looks the
-//! same whichever mode wrote it.
+//! same whichever mode wrote it. Row data that would choose a topic outside
+//! `outbox.allowed_topics` (or any topic, without `outbox.row_topics`), or a header of the
+//! relay's, takes the same path, with a reason naming the topic or header and the setting.
 
 use crate::common;
 
@@ -21,13 +23,35 @@ struct Held {
     client: Client,
 }
 
+/// Rows may name their topic among the tests' own and `missing-*` ([`random_topic`]).
+fn row_topics(config: RelayToml) -> RelayToml {
+    config.set("outbox", "row_topics", true).set_literal(
+        "outbox",
+        "allowed_topics",
+        "[\"outbox.event.*\", \"missing-*\"]",
+    )
+}
+
 impl Held {
+    /// With rows naming their topic allowed as [`row_topics`] says.
     async fn new(mode: &str, dead_letter: &str, kafka_extra: &str) -> Held {
+        Held::with(mode, dead_letter, kafka_extra, row_topics).await
+    }
+
+    /// As [`Held::new`], the outbox settings as `outbox` makes them.
+    async fn with(
+        mode: &str,
+        dead_letter: &str,
+        kafka_extra: &str,
+        outbox: impl FnOnce(RelayToml) -> RelayToml,
+    ) -> Held {
         let s = Setup::create(&services().kafka, kafka_extra, true, |slot| {
-            RelayToml::either(mode, slot)
-                .set("retry", "initial_backoff_ms", 200)
-                .set("retry", "max_backoff_ms", 1000)
-                .set("dead_letter", "on_poison", dead_letter)
+            outbox(
+                RelayToml::either(mode, slot)
+                    .set("retry", "initial_backoff_ms", 200)
+                    .set("retry", "max_backoff_ms", 1000)
+                    .set("dead_letter", "on_poison", dead_letter),
+            )
         })
         .await;
         let client = s.db.client().await;
@@ -361,4 +385,93 @@ async fn after_a_dead_letter_readiness_and_leadership_say_the_present() {
         assert_eq!(relay.readyz().map(|(status, _)| status), Some(200), "{mode}");
         assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{mode}");
     }
+}
+
+/// The reason the dead-letter table holds for the row of aggregate id `key`.
+async fn reason_of(client: &Client, key: &str) -> String {
+    let sql = "SELECT reason FROM outbox_dead_letter WHERE row_data->>'aggregate_id' = $1";
+    client.query_one(sql, &[&key]).await.unwrap_or_else(|e| panic!("no dead letter for {key}: {e}")).get(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_row_topic_outside_the_allowlist_and_a_relay_header_are_dead_lettered_naming_them() {
+    for mode in ["polling", "replication"] {
+        // given rows may name topics among outbox.event.* and missing-*, and a topic outside them
+        let h = Held::new(mode, "dead_letter", "").await;
+        let outside = random_topic("ledger-internal");
+        create_topic(&outside, 1).await;
+        let consumer = consumer(&[&h.s.topic, &outside]);
+        let mut relay = h.s.start("relay");
+        relay.wait_ready("active").await;
+
+        // when one row names that topic, one carries the relay's source header, one is good
+        let insert = "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, headers, topic) \
+                      VALUES ($1, $2, 'E', '{}', $3::text::jsonb, $4)";
+        let forged_headers = "{\"outbox_relay_source\": \"1/other/public.outbox_events\"}";
+        for (key, headers, topic) in [
+            ("outside", None, Some(outside.as_str())),
+            ("forged", Some(forged_headers), None),
+            ("good", None, None),
+        ] {
+            h.client.execute(insert, &[&h.s.aggregate_type, &key, &headers, &topic]).await.unwrap();
+        }
+
+        // then only the good row is published, to the template's topic
+        let records = consume(&consumer, 1, IDLE).await;
+        let late = consume(&consumer, 2, LINGER).await;
+        let keys: Vec<_> = records.iter().chain(&late).map(|r| (r.key.clone(), r.topic.clone())).collect();
+        assert_eq!(keys, [(Some("good".to_string()), h.s.topic.clone())], "{mode}");
+        // and the other two are dead-lettered, each reason naming what and the setting
+        relay
+            .wait_metric(&format!("outbox_relay_events_dead_lettered_total{{mode=\"{mode}\"}}"), |v| v >= 2.0)
+            .await;
+        let reason = reason_of(&h.client, "outside").await;
+        assert_eq!(
+            reason,
+            format!(
+                "topic \"{outside}\" (from column topic) is not in outbox.allowed_topics; add it, or a \
+                 prefix of it ending in *, to outbox.allowed_topics"
+            ),
+            "{mode}"
+        );
+        let reason = reason_of(&h.client, "forged").await;
+        assert!(
+            reason.starts_with("header \"outbox_relay_source\" in column headers is reserved"),
+            "{mode}: {reason}"
+        );
+        assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{mode}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_row_topics_a_row_naming_a_topic_is_dead_lettered_naming_the_setting() {
+    // given the default: rows may not choose their topic
+    let h = Held::with("replication", "dead_letter", "", |config| config).await;
+    let other = random_topic("other");
+    create_topic(&other, 1).await;
+    let consumer = consumer(&[&h.s.topic, &other]);
+    let mut relay = h.s.start("relay");
+    relay.wait_ready("active").await;
+
+    // when a row names another topic, and one names the template's own (as a dead letter does)
+    let insert = "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, topic) \
+                  VALUES ($1, $2, 'E', '{}', $3)";
+    for (key, topic) in [("elsewhere", &other), ("own", &h.s.topic)] {
+        h.client.execute(insert, &[&h.s.aggregate_type, &key, topic]).await.unwrap();
+    }
+
+    // then the first is dead-lettered naming outbox.row_topics, the second published
+    let records = consume(&consumer, 1, IDLE).await;
+    let late = consume(&consumer, 1, LINGER).await;
+    let keys: Vec<_> = records.iter().chain(&late).map(|r| (r.key.clone(), r.topic.clone())).collect();
+    assert_eq!(keys, [(Some("own".to_string()), h.s.topic.clone())]);
+    relay.wait_metric("outbox_relay_events_dead_lettered_total{mode=\"replication\"}", |v| v >= 1.0).await;
+    let reason = reason_of(&h.client, "elsewhere").await;
+    assert!(
+        reason.starts_with(&format!(
+            "topic \"{other}\" from column topic is refused: outbox.row_topics = false"
+        )),
+        "{reason}"
+    );
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
 }

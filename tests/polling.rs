@@ -230,8 +230,13 @@ fn assert_roles_kept(relays: &[(&str, RelayProcess)], leader: usize, standby: us
 async fn poison_rows_are_dead_lettered_and_the_rest_flows() {
     // given a relay with a short metadata wait that does not ask the broker to create topics
     // (the test broker, as Kafka's default, creates any topic a producer's metadata request
-    // allows it to), and rows that cannot be published among good ones
-    let s = Setup::polling(|config| config).await;
+    // allows it to), and rows that cannot be published among good ones (one naming its own
+    // topic, which rows may here)
+    let s = Setup::polling(|config| {
+        let allowed = "[\"outbox.event.*\", \"no-such-topic-anywhere\"]";
+        config.set("outbox", "row_topics", true).set_literal("outbox", "allowed_topics", allowed)
+    })
+    .await;
     let text = std::fs::read_to_string(s.config()).unwrap().replace(
         "[kafka]\n",
         "[kafka]\nproperties = { \"topic.metadata.propagation.max.ms\" = \"3000\", \"allow.auto.create.topics\" = \"false\" }\n",

@@ -363,7 +363,7 @@ fn default_compression() -> String {
     DEFAULT_KAFKA_COMPRESSION.into()
 }
 
-fn string_or_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+pub(super) fn string_or_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum OneOrMany {

@@ -145,8 +145,16 @@ pub struct OutboxConfig {
     pub schema: String,
     pub table: String,
     /// Topic for each event; `{aggregate_type}` and `{event_type}` are replaced from the row.
-    /// A non-NULL per-row topic column wins over the template.
     pub topic_template: String,
+    /// Whether a row's own topic (`columns.topic`, when set and not empty) chooses its topic
+    /// instead of the template. Off (default): a row naming any other topic than the template's
+    /// is unpublishable (`dead_letter.on_poison`). On: needs `allowed_topics`.
+    pub row_topics: bool,
+    /// The topics events may go to: exact names, or prefixes ending in `*` (`"billing.*"`).
+    /// Empty (default): whatever the template renders. Set: every topic, the template's too,
+    /// must match one, or the event is unpublishable.
+    #[serde(deserialize_with = "kafka::string_or_list")]
+    pub allowed_topics: Vec<String>,
     pub columns: ColumnsConfig,
 }
 
@@ -156,6 +164,8 @@ impl Default for OutboxConfig {
             schema: DEFAULT_OUTBOX_SCHEMA.into(),
             table: DEFAULT_OUTBOX_TABLE.into(),
             topic_template: DEFAULT_TOPIC_TEMPLATE.into(),
+            row_topics: false,
+            allowed_topics: Vec::new(),
             columns: ColumnsConfig::default(),
         }
     }

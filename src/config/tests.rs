@@ -350,3 +350,47 @@ fn a_secret_file_others_can_read_is_a_start_up_warning() {
         cfg.deprecations
     );
 }
+
+#[test]
+fn row_topics_are_off_and_the_allowlist_empty_by_default() {
+    let cfg = load(MINIMAL, &[]).unwrap();
+    assert!(!cfg.outbox.row_topics);
+    assert!(cfg.outbox.allowed_topics.is_empty());
+    let cfg = load(
+        &format!(
+            "{MINIMAL}[outbox]\nrow_topics = true\nallowed_topics = [\"billing\", \"outbox.event.*\"]\n"
+        ),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(cfg.outbox.allowed_topics, ["billing", "outbox.event.*"]);
+    let env = [("OUTBOX_RELAY__OUTBOX__ALLOWED_TOPICS", "outbox.event.*,audit")];
+    assert_eq!(load(MINIMAL, &env).unwrap().outbox.allowed_topics, ["outbox.event.*", "audit"]);
+}
+
+#[test]
+fn contradictory_topic_routing_is_refused_naming_the_setting() {
+    for (outbox, path) in [
+        ("row_topics = true\n", "outbox.row_topics: needs outbox.allowed_topics"),
+        (
+            "row_topics = true\nallowed_topics = [\"outbox.event.*\"]\ncolumns = { topic = \"\" }\n",
+            "outbox.row_topics: needs outbox.columns.topic",
+        ),
+        ("allowed_topics = [\"bad topic\"]\n", "outbox.allowed_topics[0]: \"bad topic\" is neither"),
+        ("allowed_topics = [\"a*b*\"]\n", "outbox.allowed_topics[0]:"),
+        ("allowed_topics = [\"\"]\n", "outbox.allowed_topics[0]:"),
+        ("allowed_topics = [\"billing\"]\n", "outbox.allowed_topics: allows no topic outbox.topic_template"),
+        (
+            "topic_template = \"events\"\nallowed_topics = [\"events.*\"]\n",
+            "outbox.allowed_topics: allows no topic",
+        ),
+    ] {
+        let err = load(&format!("{MINIMAL}[outbox]\n{outbox}"), &[]).unwrap_err().to_string();
+        assert!(err.starts_with(path), "{outbox}: {err}");
+    }
+    // what the template can render is enough
+    for allowed in ["\"outbox.*\"", "\"outbox.event.order\"", "\"outbox.event.order*\"", "\"*\""] {
+        let toml = format!("{MINIMAL}[outbox]\nallowed_topics = [{allowed}]\n");
+        assert!(load(&toml, &[]).is_ok(), "{allowed}");
+    }
+}

@@ -152,7 +152,8 @@ impl RelayConfig {
                 ));
             }
         }
-        validate_topic_template(&o.topic_template)
+        validate_topic_template(&o.topic_template)?;
+        validate_topic_routing(o)
     }
 
     fn validate_polling(&self) -> Result<(), ConfigError> {
@@ -191,6 +192,64 @@ impl RelayConfig {
         }
         Ok(())
     }
+}
+
+/// `outbox.allowed_topics` entries are topic names or prefixes ending in `*`; `row_topics`
+/// needs a topic column and a list; a set list must leave the template some topic.
+fn validate_topic_routing(o: &OutboxConfig) -> Result<(), ConfigError> {
+    for (i, entry) in o.allowed_topics.iter().enumerate() {
+        let name = entry.strip_suffix('*').unwrap_or(entry);
+        let valid = name.len() <= 249
+            && (!name.is_empty() || entry == "*")
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        if !valid {
+            return Err(ConfigError::invalid(
+                format!("outbox.allowed_topics[{i}]"),
+                format!(
+                    "\"{entry}\" is neither a topic name nor a prefix ending in * (a-z, A-Z, 0-9, '.', '_' \
+                     and '-', at most 249, and * only at the end)"
+                ),
+            ));
+        }
+    }
+    if o.row_topics && o.columns.topic.is_empty() {
+        return Err(ConfigError::invalid(
+            "outbox.row_topics",
+            "needs outbox.columns.topic, which is \"\" (no topic column); name the column, or set \
+             outbox.row_topics = false",
+        ));
+    }
+    if o.row_topics && o.allowed_topics.is_empty() {
+        return Err(ConfigError::invalid(
+            "outbox.row_topics",
+            "needs outbox.allowed_topics, the topics a row may name (e.g. [\"billing\", \"audit.*\"]); \
+             without it every row naming a topic would be dead-lettered",
+        ));
+    }
+    // the template's fixed start (up to its first placeholder) must be able to match an entry
+    let start = o.topic_template.split('{').next().unwrap_or_default();
+    let whole = !o.topic_template.contains('{');
+    let reachable = o.allowed_topics.iter().any(|entry| match entry.strip_suffix('*') {
+        Some(prefix) => start.starts_with(prefix) || (!whole && prefix.starts_with(start)),
+        None => {
+            if whole {
+                entry == start
+            } else {
+                entry.starts_with(start)
+            }
+        }
+    });
+    if !o.allowed_topics.is_empty() && !reachable {
+        return Err(ConfigError::invalid(
+            "outbox.allowed_topics",
+            format!(
+                "allows no topic outbox.topic_template (\"{}\") renders, so every event would be \
+                 dead-lettered; add the template's topics (e.g. \"{start}*\")",
+                o.topic_template
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn validate_topic_template(template: &str) -> Result<(), ConfigError> {

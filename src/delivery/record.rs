@@ -4,9 +4,18 @@
 //! selects them `::text`, pgoutput sends them in text format. So the two modes produce
 //! byte-identical records for the same row.
 //!
-//! The record: topic from the template (a non-NULL per-row topic wins), key = aggregate id,
-//! value = the payload as stored, headers `id`, `event_type`, `aggregate_type` and every string
-//! entry of the row's `headers` JSON object.
+//! The record: topic from the template, key = aggregate id, value = the payload as stored,
+//! headers `id`, `event_type`, `aggregate_type` and every string entry of the row's `headers`
+//! JSON object.
+//!
+//! Invariants (row data must not choose where an event goes, nor speak for the relay):
+//! - a row's own topic is used only with `outbox.row_topics = true`; otherwise a row naming any
+//!   topic but the template's is unpublishable (naming the same one is how a dead letter's
+//!   `row_data` comes back, and chooses nothing);
+//! - with `outbox.allowed_topics` set, every topic must match it; with it empty, only the
+//!   template's topic is published;
+//! - a row header named like one of the relay's ([`RESERVED_HEADERS`], `outbox_relay_*`, in any
+//!   case) makes the row unpublishable: a consumer reading the first `id` must get the relay's.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -15,6 +24,15 @@ use std::time::SystemTime;
 
 use crate::config::OutboxConfig;
 use crate::lsn::Lsn;
+
+mod topics;
+use topics::AllowedTopics;
+
+/// Header names the relay writes itself; a row's `headers` may not use them (nor any name
+/// starting with [`RESERVED_HEADER_PREFIX`]), in any case.
+pub const RESERVED_HEADERS: [&str; 3] = ["id", "event_type", "aggregate_type"];
+/// The prefix of the relay's own headers (`outbox_relay_source`, `outbox_relay_position`).
+pub const RESERVED_HEADER_PREFIX: &str = "outbox_relay_";
 
 /// An outbox row as text, before validation.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -214,6 +232,22 @@ pub enum PoisonReason {
     BadTopic { topic: String, detail: &'static str },
     #[error("column {column} is not valid UTF-8 text")]
     NotUtf8 { column: String },
+    #[error(
+        "topic \"{topic}\" from column {column} is refused: outbox.row_topics = false (rows may not \
+         choose their topic); set outbox.row_topics = true and list the topic in \
+         outbox.allowed_topics, or leave the column NULL"
+    )]
+    RowTopicOff { column: String, topic: String },
+    #[error(
+        "topic \"{topic}\" ({from}) is not in outbox.allowed_topics; add it, or a prefix of it \
+         ending in *, to outbox.allowed_topics"
+    )]
+    TopicNotAllowed { topic: String, from: String },
+    #[error(
+        "header \"{name}\" in column {column} is reserved for the relay (id, event_type, \
+         aggregate_type, outbox_relay_*); rename it in the row's headers"
+    )]
+    ReservedHeader { name: String, column: String },
 }
 
 /// A piece of the topic template, parsed once (the hot path only concatenates).
@@ -229,6 +263,9 @@ enum TopicPart {
 pub struct Mapping {
     topic_template: Vec<TopicPart>,
     columns: crate::config::ColumnsConfig,
+    /// `outbox.row_topics`: a row's own topic may differ from the template's.
+    row_topics: bool,
+    allowed_topics: AllowedTopics,
 }
 
 /// Splits a (validated) template into text and placeholders.
@@ -255,7 +292,12 @@ fn parse_template(template: &str) -> Vec<TopicPart> {
 
 impl Mapping {
     pub fn new(outbox: &OutboxConfig) -> Self {
-        Mapping { topic_template: parse_template(&outbox.topic_template), columns: outbox.columns.clone() }
+        Mapping {
+            topic_template: parse_template(&outbox.topic_template),
+            columns: outbox.columns.clone(),
+            row_topics: outbox.row_topics,
+            allowed_topics: AllowedTopics::new(&outbox.allowed_topics),
+        }
     }
 
     /// Turns a row into a record, or says which column is wrong (handing the row back).
@@ -299,16 +341,55 @@ impl Mapping {
         required(&raw.aggregate_id, &c.aggregate_id)?;
         let event_type = required(&raw.event_type, &c.event_type)?;
         required(&raw.payload, &c.payload)?;
-        let topic = self.topic_for(aggregate_type, event_type, raw.topic.as_deref());
-        validate_topic(&topic)?;
+        let topic = self.allowed_topic(aggregate_type, event_type, raw.topic.as_deref())?;
         let headers = match &raw.headers {
-            Some(text) => string_headers(text)?,
+            Some(text) => string_headers(text, &c.headers)?,
             None => Vec::new(),
         };
         Ok((topic, headers))
     }
 
-    /// The topic an event of these columns goes to: its own `topic` when set, else the template.
+    /// The topic of an event, if it may go there: the template's, or with `row_topics` its own;
+    /// either one must be in `allowed_topics` when that is set.
+    fn allowed_topic(
+        &self,
+        aggregate_type: &str,
+        event_type: &str,
+        own: Option<&str>,
+    ) -> Result<String, PoisonReason> {
+        let (topic, from_row) = match own.filter(|t| !t.is_empty()) {
+            None => (self.render_topic(aggregate_type, event_type), false),
+            Some(own) if self.row_topics => (own.to_string(), true),
+            Some(own) => {
+                let rendered = self.render_topic(aggregate_type, event_type);
+                if own != rendered {
+                    let column = self.topic_column().to_string();
+                    return Err(PoisonReason::RowTopicOff { column, topic: own.to_string() });
+                }
+                (rendered, false)
+            }
+        };
+        validate_topic(&topic)?;
+        if (from_row || !self.allowed_topics.is_empty()) && !self.allowed_topics.permits(&topic) {
+            let from = if from_row {
+                format!("from column {}", self.topic_column())
+            } else {
+                "rendered by outbox.topic_template".to_string()
+            };
+            return Err(PoisonReason::TopicNotAllowed { topic, from });
+        }
+        Ok(topic)
+    }
+
+    /// The topic column's name for a reason (`outbox_emit()` messages carry `topic` whatever
+    /// the table calls it).
+    fn topic_column(&self) -> &str {
+        if self.columns.topic.is_empty() { "topic" } else { &self.columns.topic }
+    }
+
+    /// The topic a row of these columns names: its own `topic` when set, else the template's.
+    /// Whether it may go there is [`Mapping::to_record`]'s decision (`outbox.row_topics`,
+    /// `outbox.allowed_topics`).
     pub fn topic_for(&self, aggregate_type: &str, event_type: &str, topic: Option<&str>) -> String {
         match topic.filter(|t| !t.is_empty()) {
             Some(topic) => topic.to_string(),
@@ -334,21 +415,36 @@ fn required<'a>(value: &'a Option<String>, column: &str) -> Result<&'a str, Pois
 }
 
 /// The string entries of a JSON object; other value types are not headers and are skipped
-/// (they stay in the row, and the payload is untouched).
-fn string_headers(text: &str) -> Result<Vec<(String, String)>, PoisonReason> {
+/// (they stay in the row, and the payload is untouched). A reserved name, of any value type, is
+/// refused.
+fn string_headers(text: &str, column: &str) -> Result<Vec<(String, String)>, PoisonReason> {
     let value: serde_json::Value =
         serde_json::from_str(text).map_err(|e| PoisonReason::BadHeaders { detail: e.to_string() })?;
     match value {
-        serde_json::Value::Object(map) => Ok(map
-            .into_iter()
-            .filter_map(|(k, v)| match v {
-                serde_json::Value::String(s) => Some((k, s)),
-                _ => None,
-            })
-            .collect()),
+        serde_json::Value::Object(map) => {
+            if let Some(name) = map.keys().find(|name| is_reserved_header(name)) {
+                let column = if column.is_empty() { "headers" } else { column };
+                return Err(PoisonReason::ReservedHeader { name: name.clone(), column: column.to_string() });
+            }
+            Ok(map
+                .into_iter()
+                .filter_map(|(k, v)| match v {
+                    serde_json::Value::String(s) => Some((k, s)),
+                    _ => None,
+                })
+                .collect())
+        }
         serde_json::Value::Null => Ok(Vec::new()),
         other => Err(PoisonReason::BadHeaders { detail: format!("got {}", json_kind(&other)) }),
     }
+}
+
+/// One of the relay's header names ([`RESERVED_HEADERS`], `outbox_relay_*`), in any case: a
+/// consumer may look headers up without regard to case.
+fn is_reserved_header(name: &str) -> bool {
+    let prefix = RESERVED_HEADER_PREFIX.len();
+    RESERVED_HEADERS.iter().any(|reserved| reserved.eq_ignore_ascii_case(name))
+        || name.get(..prefix).is_some_and(|start| start.eq_ignore_ascii_case(RESERVED_HEADER_PREFIX))
 }
 
 fn json_kind(value: &serde_json::Value) -> &'static str {

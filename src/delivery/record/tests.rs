@@ -35,10 +35,99 @@ fn row_becomes_record() {
     );
 }
 
+/// A mapping where rows may choose topics among `allowed`.
+fn row_topics(allowed: &[&str]) -> Mapping {
+    Mapping::new(&OutboxConfig {
+        row_topics: true,
+        allowed_topics: allowed.iter().map(|a| a.to_string()).collect(),
+        ..Default::default()
+    })
+}
+
 #[test]
-fn row_topic_overrides_template() {
-    let event = mapping().to_record(OutboxRow { topic: Some("billing".into()), ..raw() }, None).unwrap();
-    assert_eq!(event.topic, "billing");
+fn a_row_topic_is_refused_by_default_naming_the_setting() {
+    let row = OutboxRow { topic: Some("ledger.internal".into()), ..raw() };
+    let err = mapping().to_record(row.clone(), None).unwrap_err();
+    assert!(matches!(err.reason, PoisonReason::RowTopicOff { .. }), "{}", err.reason);
+    let reason = err.reason.to_string();
+    assert!(reason.contains("\"ledger.internal\"") && reason.contains("outbox.row_topics"), "{reason}");
+    assert_eq!(err.row, row);
+    // (NULL and empty are no choice)
+    for topic in [None, Some(String::new())] {
+        let event = mapping().to_record(OutboxRow { topic, ..raw() }, None).unwrap();
+        assert_eq!(event.topic, "outbox.event.order");
+    }
+}
+
+#[test]
+fn a_row_naming_the_templates_topic_chooses_nothing() {
+    // (a dead letter's row_data holds the resolved topic; inserted again it must map alike)
+    let row = OutboxRow { topic: Some("outbox.event.order".into()), ..raw() };
+    assert_eq!(mapping().to_record(row, None).unwrap().topic, "outbox.event.order");
+}
+
+#[test]
+fn with_row_topics_a_row_topic_must_be_allowed() {
+    let mapping = row_topics(&["billing", "audit.*"]);
+    for topic in ["billing", "audit.eu"] {
+        let event = mapping.to_record(OutboxRow { topic: Some(topic.into()), ..raw() }, None).unwrap();
+        assert_eq!(event.topic, topic);
+    }
+    let err =
+        mapping.to_record(OutboxRow { topic: Some("ledger.internal".into()), ..raw() }, None).unwrap_err();
+    assert_eq!(
+        err.reason.to_string(),
+        "topic \"ledger.internal\" (from column topic) is not in outbox.allowed_topics; add it, or a \
+         prefix of it ending in *, to outbox.allowed_topics"
+    );
+    // without a list no row topic is allowed, validated or not
+    let err =
+        row_topics(&[]).to_record(OutboxRow { topic: Some("billing".into()), ..raw() }, None).unwrap_err();
+    assert!(matches!(err.reason, PoisonReason::TopicNotAllowed { .. }), "{}", err.reason);
+}
+
+#[test]
+fn a_set_allowlist_applies_to_the_templates_topics_too() {
+    // the template's topic is allowed while the list is empty, and must match once it is set
+    let outbox = OutboxConfig { allowed_topics: vec!["outbox.event.order".into()], ..Default::default() };
+    let mapping = Mapping::new(&outbox);
+    assert_eq!(mapping.to_record(raw(), None).unwrap().topic, "outbox.event.order");
+    let err =
+        mapping.to_record(OutboxRow { aggregate_type: Some("wallet".into()), ..raw() }, None).unwrap_err();
+    let reason = err.reason.to_string();
+    assert!(reason.contains("rendered by outbox.topic_template"), "{reason}");
+    assert!(reason.starts_with("topic \"outbox.event.wallet\""), "{reason}");
+}
+
+#[test]
+fn a_row_header_with_a_relay_name_is_refused_naming_it() {
+    for name in [
+        "id",
+        "event_type",
+        "aggregate_type",
+        "outbox_relay_source",
+        "outbox_relay_position",
+        "ID",
+        "Outbox_Relay_x",
+    ] {
+        let row = OutboxRow { headers: Some(format!("{{\"{name}\": \"forged\"}}")), ..raw() };
+        let err = mapping().to_record(row, None).unwrap_err();
+        assert_eq!(
+            err.reason.to_string(),
+            format!(
+                "header \"{name}\" in column headers is reserved for the relay (id, event_type, \
+                 aggregate_type, outbox_relay_*); rename it in the row's headers"
+            )
+        );
+    }
+    // a reserved name is refused whatever its value (a number is not a header, but says the same)
+    let err =
+        mapping().to_record(OutboxRow { headers: Some("{\"id\": 5}".into()), ..raw() }, None).unwrap_err();
+    assert!(matches!(err.reason, PoisonReason::ReservedHeader { .. }), "{}", err.reason);
+    // look-alikes are the application's own
+    let headers = Some("{\"identity\": \"a\", \"outbox_relayer\": \"b\", \"event\": \"c\"}".into());
+    let event = mapping().to_record(OutboxRow { headers, ..raw() }, None).unwrap();
+    assert_eq!(event.row_headers.len(), 3);
 }
 
 #[test]
@@ -70,7 +159,8 @@ fn null_aggregate_id_is_poison_naming_the_column() {
 fn bad_headers_and_topics_are_poison() {
     let err = mapping().to_record(OutboxRow { headers: Some("[1]".into()), ..raw() }, None).unwrap_err();
     assert!(matches!(err.reason, PoisonReason::BadHeaders { .. }), "{}", err.reason);
-    let err = mapping().to_record(OutboxRow { topic: Some("a b".into()), ..raw() }, None).unwrap_err();
+    let err =
+        row_topics(&["*"]).to_record(OutboxRow { topic: Some("a b".into()), ..raw() }, None).unwrap_err();
     assert!(matches!(err.reason, PoisonReason::BadTopic { .. }), "{}", err.reason);
     let err = mapping().to_record(OutboxRow { aggregate_type: Some("ü".into()), ..raw() }, None).unwrap_err();
     assert!(matches!(err.reason, PoisonReason::BadTopic { .. }), "{}", err.reason);
