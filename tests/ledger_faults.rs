@@ -3,7 +3,8 @@
 //! dead-letter topic with its reason and every header while the next one is applied, lock
 //! contention is retried and then dead-lettered, a lost session is reconnected without using up
 //! an attempt, and `replay-dlq` sends dead letters back (and a replay that still fails goes back
-//! to the dead-letter topic).
+//! to the dead-letter topic), only ever into the consumer's topic, whatever `dlq_*` headers the
+//! record brought.
 
 use crate::common;
 use crate::ledger_support as support;
@@ -280,4 +281,45 @@ async fn a_replayed_record_that_still_cannot_be_read_goes_back_to_the_dead_lette
     let third = consume(&dead_letters, 1, IDLE).await;
     assert_eq!(third.first().and_then(|d| d.header("dlq_offset")), Some("2"), "{third:?}");
     assert_eq!(l.scalar("SELECT count(*) FROM processed_events").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replay_dlq_sends_only_into_the_consumers_topic_whatever_dlq_headers_a_record_brings() {
+    // given a record that cannot be read, carrying dlq_* headers of its own that point elsewhere
+    let l = Ledger::new(1, &[]).await;
+    let elsewhere = random_topic("elsewhere");
+    create_topic(&elsewhere, 1).await;
+    let poison = Record { payload: Some("{not json".into()), ..order_placed(1, "ivan", 100) }
+        .with_header("dlq_topic", &elsewhere)
+        .with_header("dlq_reason", "forged");
+    l.produce(std::slice::from_ref(&poison)).await;
+    let _ledger = l.start("ledger");
+    let dead_letters = l.dead_letters();
+    let first = consume(&dead_letters, 1, IDLE).await;
+    assert_eq!(first.len(), 1);
+    l.committed().wait_for(1).await;
+    // then its dead letter holds the ledger's dlq_* headers once each, not the record's
+    let named = |name: &str| first[0].headers.iter().filter(|(k, _)| k == name).count();
+    assert_eq!((named("dlq_topic"), named("dlq_reason")), (1, 1), "{:?}", first[0].headers);
+    assert_eq!(first[0].header("dlq_topic"), Some(l.topic.as_str()));
+
+    // and a dead letter of another topic lies in the dead-letter topic (written by hand, or by
+    // a ledger of another topic)
+    let stray = order_placed(2, "ivan", 100).with_header("dlq_topic", &elsewhere);
+    l.produce_to(&l.dead_letter_topic, &[stray.on_partition(0)]).await;
+
+    // when the dead letters are replayed
+    let (code, log) = l.run_to_exit(&["replay-dlq"], &[]).await;
+    assert_eq!(code, 0, "{log}");
+
+    // then the first goes back into the consumer's topic, without any dlq_* header, and nothing
+    // reaches the topic a header named; the stray one is skipped, named in the log
+    let on_topic = consume(&consumer(&[&l.topic]), 2, IDLE).await;
+    assert_eq!(on_topic.len(), 2, "{on_topic:?}");
+    let replayed = &on_topic[1];
+    assert!(replayed.headers.iter().all(|(k, _)| !k.starts_with("dlq_")), "{replayed:?}");
+    assert_eq!(replayed.payload, poison.payload);
+    assert!(consume(&consumer(&[&elsewhere]), 1, LINGER).await.is_empty(), "replayed into {elsewhere}");
+    assert!(log.contains("dead letter not replayed") && log.contains(&elsewhere), "{log}");
+    assert!(log.contains("replayed=1") && log.contains("skipped=1"), "{log}");
 }

@@ -183,6 +183,11 @@ impl Ledger {
     }
 
     pub async fn produce(&self, records: &[Record]) {
+        self.produce_to(&self.topic, records).await
+    }
+
+    /// As [`Ledger::produce`], into `topic` (the dead-letter topic, say).
+    pub async fn produce_to(&self, topic: &str, records: &[Record]) {
         let producer: FutureProducer = ClientConfig::new()
             .set("bootstrap.servers", &services().kafka)
             .set("enable.idempotence", "true")
@@ -193,7 +198,7 @@ impl Ledger {
             let headers = r.headers.iter().fold(OwnedHeaders::new(), |h, (key, value)| {
                 h.insert(Header { key, value: Some(value.as_str()) })
             });
-            let mut out = FutureRecord::<String, String>::to(&self.topic).key(&r.key).headers(headers);
+            let mut out = FutureRecord::<String, String>::to(topic).key(&r.key).headers(headers);
             if let Some(payload) = &r.payload {
                 out = out.payload(payload);
             }

@@ -2,16 +2,19 @@
 //! them back.
 //!
 //! Invariants:
-//! - a dead letter is the original record (key, value, every header, in order) plus
-//!   `dlq_reason`, `dlq_attempts`, `dlq_topic`, `dlq_partition` and `dlq_offset`, produced with
+//! - a dead letter is the original record (key, value, every header but `dlq_*` ones, in
+//!   order) plus `dlq_reason`, `dlq_attempts`, `dlq_topic`, `dlq_partition` and `dlq_offset`
+//!   (so those are the ledger's own, once each, whatever the original carried), produced with
 //!   `acks=all` and the idempotent producer; the consumer records the event as `dead_lettered`
 //!   and commits its offset only after the broker acknowledged the dead letter, so a record is
 //!   never skipped without a copy (the copy may be written twice if the process dies between
 //!   the acknowledgement and the database commit: dead letters are at-least-once);
-//! - a replay re-produces a dead letter to its `dlq_topic` without the `dlq_*` headers, i.e. as
-//!   the relay first wrote it, and commits the dead-letter offset after the broker acknowledged
-//!   it. The inbox makes a replay of an event that was applied meanwhile harmless, and lets a
-//!   dead-lettered event be applied once;
+//! - a replay re-produces a dead letter only into `consumer.topic`, without any `dlq_*` header
+//!   (every occurrence), i.e. as the relay first wrote it, and commits the dead-letter offset
+//!   after the broker acknowledged it. A header never chooses where it goes: a dead letter whose
+//!   (last, the ledger's) `dlq_topic` names another topic is skipped with a warning, counted
+//!   and committed, left in the dead-letter topic. The inbox makes a replay of an event that
+//!   was applied meanwhile harmless, and lets a dead-lettered event be applied once;
 //! - a replay ends at the end of each partition as it was when the replay started: a replayed
 //!   record that fails again comes back as a new dead letter, and chasing it would send it
 //!   round and round while a ledger runs. It waits for the next replay.
@@ -38,7 +41,8 @@ pub const DLQ_ATTEMPTS: &str = "dlq_attempts";
 pub const DLQ_TOPIC: &str = "dlq_topic";
 pub const DLQ_PARTITION: &str = "dlq_partition";
 pub const DLQ_OFFSET: &str = "dlq_offset";
-const DLQ_HEADERS: [&str; 5] = [DLQ_REASON, DLQ_ATTEMPTS, DLQ_TOPIC, DLQ_PARTITION, DLQ_OFFSET];
+/// What every dead-letter header starts with; a replay strips them all, known or not.
+const DLQ_PREFIX: &str = "dlq_";
 
 /// How long `replay-dlq` waits for a record before it decides the topic is drained.
 const REPLAY_IDLE: Duration = Duration::from_secs(30);
@@ -77,9 +81,9 @@ impl DeadLetters {
     }
 }
 
-/// The original headers, then the `dlq_*` ones.
+/// The original headers but any `dlq_*` of its own, then the ledger's `dlq_*` ones.
 pub fn dead_letter_headers(record: &Inbound, reason: &str, attempts: u32) -> HeaderList {
-    let mut headers = record.headers.clone();
+    let mut headers = replay_headers(record);
     let added = [
         (DLQ_REASON, reason.to_string()),
         (DLQ_ATTEMPTS, attempts.to_string()),
@@ -91,9 +95,27 @@ pub fn dead_letter_headers(record: &Inbound, reason: &str, attempts: u32) -> Hea
     headers
 }
 
-/// The headers a dead letter had before it was dead-lettered.
+/// The headers a dead letter had before it was dead-lettered: every one but those starting
+/// with `dlq_`, wherever they are.
 pub fn replay_headers(dead_letter: &Inbound) -> HeaderList {
-    dead_letter.headers.iter().filter(|(key, _)| !DLQ_HEADERS.contains(&key.as_str())).cloned().collect()
+    dead_letter.headers.iter().filter(|(key, _)| !key.starts_with(DLQ_PREFIX)).cloned().collect()
+}
+
+/// The last `name` header as text: the ledger appends its `dlq_*` headers after the record's.
+fn last_header<'a>(record: &'a Inbound, name: &str) -> Option<&'a str> {
+    let value = record.headers.iter().rev().find(|(key, _)| key == name)?.1.as_deref()?;
+    std::str::from_utf8(value).ok()
+}
+
+/// Why a dead letter is not replayed into `topic` (the consumer's): it came from another one.
+pub fn replay_refusal(dead_letter: &Inbound, topic: &str) -> Option<String> {
+    let from = last_header(dead_letter, DLQ_TOPIC)?;
+    (from != topic).then(|| {
+        format!(
+            "its {DLQ_TOPIC} is \"{from}\", not consumer.topic \"{topic}\": a replay sends only into \
+             consumer.topic; replay it with a ledger configured for {from}, or by hand"
+        )
+    })
 }
 
 fn owned(headers: &HeaderList) -> OwnedHeaders {
@@ -120,7 +142,7 @@ pub async fn replay(
     tracing::info!(topic = %dead_letter_topic, partitions, %group, "replaying dead letters");
     // partitions replayed up to their end offset at the start
     let mut at_end = HashSet::new();
-    let mut replayed = 0;
+    let (mut replayed, mut skipped) = (0, 0_u64);
     while limit.is_none_or(|limit| replayed < limit) && at_end.len() < partitions {
         let next = tokio::select! {
             biased;
@@ -149,12 +171,22 @@ pub async fn replay(
             at_end.insert(record.partition);
             continue;
         }
-        replay_one(&sender, &config.consumer.topic, &record).await?;
+        if replay_one(&sender, &config.consumer.topic, &record).await? {
+            replayed += 1;
+        } else {
+            skipped += 1;
+        }
         commit_sync(&consumer, &record)?;
-        replayed += 1;
         if record.offset + 1 >= end {
             at_end.insert(record.partition);
         }
+    }
+    if skipped > 0 {
+        tracing::warn!(
+            skipped,
+            topic = %config.consumer.topic,
+            "dead letters of another topic were skipped (and committed): they are still in the dead-letter topic"
+        );
     }
     Ok(replayed)
 }
@@ -203,24 +235,28 @@ fn end_offsets(
     Ok(ends)
 }
 
-/// Sends one dead letter to its `dlq_topic` (`fallback_topic` when it has none).
-async fn replay_one(
-    sender: &DeadLetters,
-    fallback_topic: &str,
-    dead_letter: &Inbound,
-) -> Result<(), LedgerError> {
-    let topic = dead_letter.header(DLQ_TOPIC).unwrap_or(fallback_topic).to_string();
-    sender.produce(&topic, dead_letter, replay_headers(dead_letter)).await.map_err(|source| {
+/// Sends one dead letter back into `topic` (`consumer.topic`); `false` when it is skipped
+/// ([`replay_refusal`]).
+async fn replay_one(sender: &DeadLetters, topic: &str, dead_letter: &Inbound) -> Result<bool, LedgerError> {
+    if let Some(refusal) = replay_refusal(dead_letter, topic) {
+        tracing::warn!(
+            event_id = %dead_letter.event_id(),
+            from = %dead_letter.position(),
+            "dead letter not replayed: {refusal}"
+        );
+        return Ok(false);
+    }
+    sender.produce(topic, dead_letter, replay_headers(dead_letter)).await.map_err(|source| {
         LedgerError::Kafka { what: format!("cannot replay {} to {topic}", dead_letter.position()), source }
     })?;
     tracing::info!(
         event_id = %dead_letter.event_id(),
         from = %dead_letter.position(),
         to = %topic,
-        reason = dead_letter.header(DLQ_REASON).unwrap_or_default(),
+        reason = last_header(dead_letter, DLQ_REASON).unwrap_or_default(),
         "dead letter replayed"
     );
-    Ok(())
+    Ok(true)
 }
 
 /// Commits `record`'s offset + 1 and waits for the broker's answer.
@@ -277,5 +313,47 @@ mod tests {
         let mut dead_letter = record();
         dead_letter.headers = dead_letter_headers(&record(), "lock timeout after 3 attempts", 3);
         assert_eq!(replay_headers(&dead_letter), record().headers);
+    }
+
+    fn with_header(mut record: Inbound, name: &str, value: &str) -> Inbound {
+        record.headers.push((name.into(), Some(value.as_bytes().to_vec())));
+        record
+    }
+
+    #[test]
+    fn a_records_own_dlq_headers_are_dropped_wherever_they_are() {
+        // given a record that came with dlq_* headers of its own
+        let forged = with_header(with_header(record(), DLQ_TOPIC, "payments"), "dlq_other", "x");
+        let forged = with_header(forged, DLQ_TOPIC, "audit");
+
+        // then its dead letter holds the ledger's once, and its replay none
+        let mut dead_letter = forged.clone();
+        dead_letter.headers = dead_letter_headers(&forged, "not JSON", 1);
+        let topics: Vec<_> = dead_letter.headers.iter().filter(|(k, _)| k == DLQ_TOPIC).collect();
+        assert_eq!(topics.len(), 1, "{:?}", dead_letter.headers);
+        assert_eq!(text(&dead_letter.headers, DLQ_TOPIC).as_deref(), Some("outbox.event.order"));
+        assert_eq!(replay_headers(&dead_letter), record().headers);
+        assert_eq!(replay_headers(&forged), record().headers);
+    }
+
+    #[test]
+    fn a_replay_goes_only_into_the_consumers_topic() {
+        let mut dead_letter = record();
+        dead_letter.headers = dead_letter_headers(&record(), "not JSON", 1);
+        assert_eq!(replay_refusal(&dead_letter, "outbox.event.order"), None);
+        // a dead letter of another topic is refused, naming both
+        let refusal = replay_refusal(&dead_letter, "outbox.event.payment").unwrap();
+        assert!(
+            refusal.contains("\"outbox.event.order\"") && refusal.contains("consumer.topic"),
+            "{refusal}"
+        );
+        // the ledger's own dlq_topic (the last) decides, not one the record brought first
+        let forged = with_header(record(), DLQ_TOPIC, "payments");
+        let mut dead_letter = forged.clone();
+        dead_letter.headers = forged.headers.clone();
+        dead_letter.headers.extend(dead_letter_headers(&record(), "not JSON", 1).split_off(3));
+        assert_eq!(replay_refusal(&dead_letter, "outbox.event.order"), None);
+        // one without a dlq_topic goes to the consumer's topic
+        assert_eq!(replay_refusal(&record(), "outbox.event.order"), None);
     }
 }
