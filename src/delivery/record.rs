@@ -221,30 +221,40 @@ pub struct Unpublishable {
     pub row: OutboxRow,
 }
 
+/// Row data quoted in a reason: escaped (a control character stays visible and harmless in a
+/// log line) and cut at 64 characters (a reason is logged and stored, whatever the row holds).
+fn excerpt(text: &str) -> String {
+    const CHARS: usize = 64;
+    let cut: String = text.chars().take(CHARS).collect();
+    let more = if text.chars().nth(CHARS).is_some() { "..." } else { "" };
+    format!("{cut:?}{more}")
+}
+
 /// Why a row cannot become a record. The row is dead-lettered or blocks, never dropped.
+/// (Row data it quotes is an [`excerpt`].)
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PoisonReason {
     #[error("column {column} is NULL")]
     NullColumn { column: String },
     #[error("headers column is not a JSON object: {detail}")]
     BadHeaders { detail: String },
-    #[error("topic \"{topic}\" is not a valid Kafka topic name ({detail})")]
+    #[error("topic {topic} is not a valid Kafka topic name ({detail})")]
     BadTopic { topic: String, detail: &'static str },
     #[error("column {column} is not valid UTF-8 text")]
     NotUtf8 { column: String },
     #[error(
-        "topic \"{topic}\" from column {column} is refused: outbox.row_topics = false (rows may not \
+        "topic {topic} from column {column} is refused: outbox.row_topics = false (rows may not \
          choose their topic); set outbox.row_topics = true and list the topic in \
          outbox.allowed_topics, or leave the column NULL"
     )]
     RowTopicOff { column: String, topic: String },
     #[error(
-        "topic \"{topic}\" ({from}) is not in outbox.allowed_topics; add it, or a prefix of it \
+        "topic {topic} ({from}) is not in outbox.allowed_topics; add it, or a prefix of it \
          ending in *, to outbox.allowed_topics"
     )]
     TopicNotAllowed { topic: String, from: String },
     #[error(
-        "header \"{name}\" in column {column} is reserved for the relay (id, event_type, \
+        "header {name} in column {column} is reserved for the relay (id, event_type, \
          aggregate_type, outbox_relay_*); rename it in the row's headers"
     )]
     ReservedHeader { name: String, column: String },
@@ -364,7 +374,7 @@ impl Mapping {
                 let rendered = self.render_topic(aggregate_type, event_type);
                 if own != rendered {
                     let column = self.topic_column().to_string();
-                    return Err(PoisonReason::RowTopicOff { column, topic: own.to_string() });
+                    return Err(PoisonReason::RowTopicOff { column, topic: excerpt(own) });
                 }
                 (rendered, false)
             }
@@ -376,7 +386,7 @@ impl Mapping {
             } else {
                 "rendered by outbox.topic_template".to_string()
             };
-            return Err(PoisonReason::TopicNotAllowed { topic, from });
+            return Err(PoisonReason::TopicNotAllowed { topic: excerpt(&topic), from });
         }
         Ok(topic)
     }
@@ -424,7 +434,7 @@ fn string_headers(text: &str, column: &str) -> Result<Vec<(String, String)>, Poi
         serde_json::Value::Object(map) => {
             if let Some(name) = map.keys().find(|name| is_reserved_header(name)) {
                 let column = if column.is_empty() { "headers" } else { column };
-                return Err(PoisonReason::ReservedHeader { name: name.clone(), column: column.to_string() });
+                return Err(PoisonReason::ReservedHeader { name: excerpt(name), column: column.to_string() });
             }
             Ok(map
                 .into_iter()
@@ -471,7 +481,7 @@ fn validate_topic(topic: &str) -> Result<(), PoisonReason> {
         None
     };
     match detail {
-        Some(detail) => Err(PoisonReason::BadTopic { topic: topic.to_string(), detail }),
+        Some(detail) => Err(PoisonReason::BadTopic { topic: excerpt(topic), detail }),
         None => Ok(()),
     }
 }

@@ -203,3 +203,13 @@ fn a_record_gives_back_the_row_it_came_from() {
     // and maps to the same record again
     assert_eq!(mapping().to_record(back, None).unwrap(), event);
 }
+
+#[test]
+fn row_data_in_a_reason_is_escaped_and_cut() {
+    // a topic of a megabyte holding a newline and a NUL
+    let topic = format!("a\nb\0{}", "c".repeat(1_000_000));
+    let reason = validate_topic(&topic).unwrap_err().to_string();
+    assert!(reason.starts_with(r#"topic "a\nb\0cc"#), "{}", &reason[..80]);
+    assert!(reason.len() < 200, "a reason quotes an excerpt: {} bytes", reason.len());
+    assert!(!reason.contains('\n') && !reason.contains('\0'));
+}
