@@ -30,13 +30,7 @@ async fn two_thousand_slow_connections_do_not_stop_health_or_relaying() {
     let port = relay.metrics_port();
 
     // when 2,000 connections each send half a request and wait
-    let slow: Vec<TcpStream> = (0..2_000)
-        .map(|_| {
-            let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-            stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").unwrap();
-            stream
-        })
-        .collect();
+    let slow = half_requests(port, "/healthz", 2_000);
 
     // then /healthz still answers, at once
     let (status, body) = get(port, "/healthz").expect("/healthz did not answer");
@@ -125,13 +119,7 @@ async fn slow_clients_in_every_slot_leave_a_reserve_for_probes() {
         .await;
 
     // when 64 connections each send half a request and wait
-    let slow: Vec<TcpStream> = (0..64)
-        .map(|_| {
-            let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-            stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n").unwrap();
-            stream
-        })
-        .collect();
+    let slow = half_requests(port, "/metrics", 64);
 
     // then /healthz answers while the first of them is still held open (it has 5 s to finish its
     // headers): a reserved slot took the probe, not a slot a slow client gave back
@@ -187,4 +175,16 @@ async fn readyz_tells_a_stranger_one_word_and_loopback_why() {
     assert!(response.starts_with("HTTP/1.1 503"), "{response}");
     assert_eq!(response.split_once("\r\n\r\n").map(|(_, body)| body), Some("degraded\n"), "{response}");
     drop(relay);
+}
+
+/// `count` connections to `port`, each holding half a GET of `path`: headers begun, never ended.
+fn half_requests(port: u16, path: &str, count: usize) -> Vec<TcpStream> {
+    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\n");
+    (0..count)
+        .map(|_| {
+            let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+            stream.write_all(request.as_bytes()).unwrap();
+            stream
+        })
+        .collect()
 }

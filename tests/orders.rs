@@ -12,26 +12,35 @@ use tokio_postgres::Client;
 
 const BODY: &str = r#"{"customer_id": "customer-1", "total_cents": 1999}"#;
 
-struct Shop {
-    db: TestDb,
-    client: Client,
-    dir: tempfile::TempDir,
+/// One test's shop: a database with the service's tables, and a directory for its files
+/// (tests/orders_security.rs shares it).
+pub(crate) struct Shop {
+    pub(crate) db: TestDb,
+    pub(crate) client: Client,
+    pub(crate) dir: tempfile::TempDir,
 }
 
 impl Shop {
-    async fn new() -> Shop {
+    pub(crate) async fn new() -> Shop {
         let db = TestDb::new().await;
         let client = db.client().await;
         apply_examples(&client, &["orders", "idempotency"]).await;
         Shop { db, client, dir: tempfile::tempdir().unwrap() }
     }
 
-    async fn start(&self, name: &str, extra: &str) -> OrdersService {
+    /// `extra` is appended inside `[http]` until its first table header.
+    pub(crate) async fn start(&self, name: &str, extra: &str) -> OrdersService {
         OrdersService::start(&self.db, self.dir.path(), name, extra).await
     }
 
-    async fn count(&self, sql: &str) -> i64 {
+    pub(crate) async fn count(&self, sql: &str) -> i64 {
         self.client.query_one(sql, &[]).await.unwrap().get(0)
+    }
+
+    /// (orders, OrderPlaced events, idempotency keys)
+    pub(crate) async fn written(&self) -> (i64, i64, i64) {
+        let (orders, events) = self.orders_and_events().await;
+        (orders, events, self.count("SELECT count(*) FROM idempotency_keys").await)
     }
 
     /// (orders, OrderPlaced events)

@@ -11,40 +11,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::service::{OrdersService, ServiceProcess, apply_examples, workspace_bin};
+use crate::orders::Shop;
+use common::service::{OrdersService, ServiceProcess, workspace_bin};
 use common::*;
-use tokio_postgres::Client;
-
-struct Shop {
-    db: TestDb,
-    client: Client,
-    dir: tempfile::TempDir,
-}
-
-impl Shop {
-    async fn new() -> Shop {
-        let db = TestDb::new().await;
-        let client = db.client().await;
-        apply_examples(&client, &["orders", "idempotency"]).await;
-        Shop { db, client, dir: tempfile::tempdir().unwrap() }
-    }
-
-    /// `extra` is appended inside `[http]` until its first table header.
-    async fn start(&self, name: &str, extra: &str) -> OrdersService {
-        OrdersService::start(&self.db, self.dir.path(), name, extra).await
-    }
-
-    async fn count(&self, sql: &str) -> i64 {
-        self.client.query_one(sql, &[]).await.unwrap().get(0)
-    }
-
-    /// (orders, OrderPlaced events, idempotency keys)
-    async fn written(&self) -> (i64, i64, i64) {
-        let orders = self.count("SELECT count(*) FROM orders").await;
-        let events = self.count("SELECT count(*) FROM outbox_events WHERE event_type = 'OrderPlaced'").await;
-        (orders, events, self.count("SELECT count(*) FROM idempotency_keys").await)
-    }
-}
 
 /// JWT's base64url, unpadded (RFC 7515, section 2).
 fn base64url(bytes: &[u8]) -> String {

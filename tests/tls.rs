@@ -170,13 +170,7 @@ async fn sslmode_disable_against_a_tls_only_server_is_refused_clearly() {
 async fn a_missing_password_is_named_and_stops_the_relay() {
     // given a role the server lets in only with its password (pg_hba.conf: scram-sha-256)
     let (database, client) = database().await;
-    client
-        .batch_execute(
-            "DO $$ BEGIN CREATE ROLE outbox_pw LOGIN PASSWORD 'the-right-one'; \
-             EXCEPTION WHEN duplicate_object THEN NULL; END $$",
-        )
-        .await
-        .unwrap();
+    create_password_role(&client).await;
     let dir = tempfile::tempdir().unwrap();
     let postgres =
         format!("host = \"localhost\"\nsslmode = \"verify-full\"\nsslrootcert = \"{}\"", ca("ca.crt"));
@@ -387,13 +381,7 @@ async fn the_replication_connection_sends_no_password_over_unverified_tls() {
 #[tokio::test(flavor = "multi_thread")]
 async fn require_with_a_password_binds_scram_to_tls() {
     let (database, client) = database().await;
-    client
-        .batch_execute(
-            "DO $$ BEGIN CREATE ROLE outbox_pw LOGIN PASSWORD 'the-right-one'; \
-             EXCEPTION WHEN duplicate_object THEN NULL; END $$",
-        )
-        .await
-        .unwrap();
+    create_password_role(&client).await;
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(
         dir.path(),
@@ -413,4 +401,16 @@ async fn require_with_a_password_binds_scram_to_tls() {
         "{stdout}{stderr}"
     );
     assert!(stdout.contains("WARN postgres.sslmode"), "{stdout}");
+}
+
+/// The role `outbox_pw`, whose password is `the-right-one` (the server's pg_hba.conf lets it in
+/// only with it).
+async fn create_password_role(client: &tokio_postgres::Client) {
+    client
+        .batch_execute(
+            "DO $$ BEGIN CREATE ROLE outbox_pw LOGIN PASSWORD 'the-right-one'; \
+             EXCEPTION WHEN duplicate_object THEN NULL; END $$",
+        )
+        .await
+        .unwrap();
 }
