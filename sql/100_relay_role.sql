@@ -7,6 +7,7 @@
 --   SELECT on outbox          the first copy of the rows that predate the slot
 --   INSERT dead letter        unpublishable events, with their reason
 --   outbox_relay_slots        the relay's memory of its slot (006_relay_slots.sql)
+--   outbox_relay_published    the ids it published, for `verify` (010_published.sql)
 --   pg_logical_emit_message   its heartbeat (replication.heartbeat_interval_ms)
 --   No DELETE or UPDATE on the outbox: replication mode never changes it.
 --   REPLICATION lets a role read, through a slot of its own, the changes of every table in any
@@ -17,6 +18,7 @@
 --   SELECT, DELETE on outbox  claim and delete published rows (after_publish = "delete")
 --   UPDATE (published_at)     after_publish = "mark"; no other column
 --   INSERT dead letter        unpublishable rows are moved there with their reason
+--   outbox_relay_published    the ids it published, for `verify` (010_published.sql)
 --
 -- Neither is a superuser, and neither can read or write any other table.
 -- Replication mode also needs a publication, and creating one needs ownership of the table.
@@ -46,6 +48,7 @@ REVOKE DELETE, UPDATE ON outbox_events FROM outbox_relay;
 GRANT SELECT ON outbox_events TO outbox_relay;
 GRANT SELECT, INSERT ON outbox_dead_letter TO outbox_relay;
 GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_relay_slots TO outbox_relay;
+GRANT SELECT, INSERT, UPDATE ON outbox_relay_published TO outbox_relay, outbox_relay_polling;
 DO $$
 DECLARE
     f regprocedure;

@@ -37,6 +37,7 @@ pub mod lsn;
 pub mod observe;
 pub mod ops;
 pub mod postgres;
+pub mod published;
 pub mod relay;
 pub mod sink;
 pub mod source;

@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use outbox_relay::config::RelayConfig;
 use outbox_relay::ops::check::{self, Status};
 use outbox_relay::ops::setup::{self, SetupReport};
-use outbox_relay::ops::verify;
+use outbox_relay::ops::{replay, verify};
 
 const EXIT_FAILURE: u8 = 1;
 const EXIT_CONFIG: u8 = 2;
@@ -113,6 +113,23 @@ enum Command {
         #[arg(long, default_value_t = 10)]
         show: usize,
     },
+    /// Publish this outbox's dead letters again, each under its event's own id, once their cause
+    /// is fixed (the letter's row_data, a topic, a size limit). A letter Kafka acknowledged is
+    /// removed together with its event's row in one transaction; one that still cannot be
+    /// published stays, and the command exits 1 saying why. Run it as the outbox's owner (it
+    /// deletes from the outbox and the dead-letter table).
+    ReplayDeadLetters {
+        /// Configuration file (TOML).
+        #[arg(long, short, env = "OUTBOX_RELAY_CONFIG")]
+        config: PathBuf,
+        /// Letter ids (the dead-letter table's `id`), comma-separated. Default: every letter of
+        /// this outbox.
+        #[arg(long, value_delimiter = ',')]
+        ids: Vec<i64>,
+        /// Print what would be sent; send nothing, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 #[derive(Copy, Clone, Debug, ValueEnum)]
@@ -130,6 +147,7 @@ fn main() -> ExitCode {
         | Command::Validate { config }
         | Command::Setup { config, .. }
         | Command::Verify { config, .. }
+        | Command::ReplayDeadLetters { config, .. }
         | Command::Status { config, .. } => config,
     };
     let config = match RelayConfig::load(config_path) {
@@ -163,7 +181,28 @@ fn main() -> ExitCode {
             let options = verify::Options { since, until, wait: Duration::from_secs(wait_secs), show };
             runtime.block_on(run_verify(&config, &options, format))
         }
+        Command::ReplayDeadLetters { ids, dry_run, .. } => {
+            runtime.block_on(run_replay(&config, &replay::Options { ids, dry_run }))
+        }
         Command::Run { .. } => run(config, &runtime),
+    }
+}
+
+async fn run_replay(config: &RelayConfig, options: &replay::Options) -> ExitCode {
+    match replay::run(config, options).await {
+        Ok(outcome) => {
+            for line in &outcome.lines {
+                println!("{line}");
+            }
+            let verb = if options.dry_run { "would replay" } else { "replayed" };
+            let ready = if options.dry_run { outcome.lines.len() as u64 - outcome.refused } else { outcome.replayed };
+            println!("{verb} {ready} letter(s); {} cannot be, and stay", outcome.refused);
+            ExitCode::from(if outcome.refused == 0 { 0 } else { EXIT_FAILURE })
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(EXIT_FAILURE)
+        }
     }
 }
 

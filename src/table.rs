@@ -235,6 +235,12 @@ impl OutboxTable {
         )
     }
 
+    /// Removes the rows whose ids are `$1` (text, of the id column's type `id_type`): a replayed
+    /// dead letter's event.
+    pub fn delete_ids_sql(&self, id_type: &str) -> String {
+        format!("DELETE FROM {} WHERE {}", self.qualified(), self.ids_match(id_type))
+    }
+
     /// Removes the rows at `$1`, `$2` ([`RowAt`]; polling: dead-lettered rows leave the outbox).
     pub fn delete_sql(&self) -> String {
         format!("DELETE FROM {} t WHERE {}", self.qualified(), Self::rows_at())

@@ -14,6 +14,7 @@ use crate::table::OutboxTable;
 
 mod failover;
 mod privileges;
+mod published;
 mod replication;
 mod security;
 mod topics;
@@ -168,6 +169,7 @@ async fn postgres_checks(config: &RelayConfig, client: &Client, server: &Endpoin
     }
     if table_exists {
         findings.push(privileges::check(config, client).await);
+        findings.push(published::finding(client, &config.postgres.user).await);
     }
     findings.push(security::privilege_finding(config, client).await);
     findings

@@ -6,6 +6,7 @@
 //! anything (through the replication source, which owns the slot and its first copy).
 
 pub mod check;
+pub mod replay;
 pub mod setup;
 pub mod status;
 pub mod verify;

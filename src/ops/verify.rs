@@ -23,10 +23,11 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio_postgres::Client;
 
-use crate::config::{AfterPublish, RelayConfig, SourceMode};
+use crate::config::{RelayConfig, SourceMode};
 use crate::delivery::record::Mapping;
 use crate::table::{OutboxTable, outbox_row};
 use expected::{Expected, fingerprint};
+use crate::published::{IdBits, Record};
 use records::{Located, Reader};
 use report::Report;
 
@@ -69,13 +70,6 @@ impl From<tokio_postgres::Error> for VerifyError {
 
 pub async fn run(config: &RelayConfig, options: &Options) -> Result<Report, VerifyError> {
     let started = Instant::now();
-    if config.source.mode == SourceMode::Polling && config.polling.after_publish == AfterPublish::Delete {
-        return Err(VerifyError::Usage(
-            "polling.after_publish = \"delete\" removes every published row: there is nothing left to \
-             compare with Kafka. verify works in replication mode and in polling with after_publish = \"mark\""
-                .into(),
-        ));
-    }
     let (mut client, _) = crate::postgres::connect_primary(&config.postgres).await?;
     let table = OutboxTable::new(config);
     let (since, until) = window(&client, &table, options).await?;
@@ -89,12 +83,15 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Report, Veri
     };
     let mut expected =
         read_rows(&mut client, &table, config, (since, until), options.show, &mut report).await?;
+    // read before the slot's target position: every id recorded by then was committed before it
+    let touched_since = since.map(|at| at.checked_sub(records::CLOCK_SLACK).unwrap_or(SystemTime::UNIX_EPOCH));
+    let record = Record::load(&client, &table.display_name(), touched_since, since).await?;
     let caught_up = match config.source.mode {
         SourceMode::Replication => slot_caught_up(&client, &config.replication.slot, options.wait).await?,
         SourceMode::Polling => Ok(()),
     };
     let reader_source = config.kafka.source_headers.then_some(source);
-    let reader = Reader::new(&config.kafka, reader_source, since, options.show)
+    let reader = Reader::new(&config.kafka, reader_source, since, record.published, options.show)
         .map_err(|e| VerifyError::Failed(format!("cannot create a Kafka client: {e}")))?;
     let (scan, expected) = tokio::task::spawn_blocking(move || {
         let scan = reader.scan(&mut expected);
@@ -102,15 +99,26 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Report, Veri
     })
     .await
     .map_err(|e| VerifyError::Failed(format!("reading Kafka failed: {e}")))?;
-    let scan = scan.map_err(VerifyError::Failed)?;
+    let mut scan = scan.map_err(VerifyError::Failed)?;
     report.partitions = scan.partitions;
     report.records = scan.records;
     report.records_of_other_sources = scan.foreign;
-    report.missing_topics = scan.missing_topics;
-    report.out_of_order = scan.out_of_order;
-    let id_type = table.id_type(&client).await?;
-    classify_rows(&client, &table, &id_type, &expected, caught_up, options.show, &mut report).await?;
-    classify_outside(&client, &table, &id_type, &scan.outside, options.show, &mut report).await?;
+    report.missing_topics = std::mem::take(&mut scan.missing_topics);
+    report.out_of_order = std::mem::take(&mut scan.out_of_order);
+    report.published_elsewhere = scan.published_elsewhere;
+    report.replayed = scan.replayed;
+    report.record_kept = record.kept;
+    let lookup = Lookup {
+        client: &client,
+        table: &table,
+        id_type: table.id_type(&client).await?,
+        letters: letters_sql(config),
+    };
+    let caught = caught_up.is_ok();
+    classify_rows(&lookup, &expected, caught_up, options.show, &mut report).await?;
+    classify_outside(&lookup, &scan.outside, options.show, &mut report).await?;
+    let floor = if since.is_some() { Some(0) } else { scan.lowest_id };
+    classify_recorded(&lookup, &expected, &record.recent, &scan, floor, caught, options.show, &mut report).await?;
     report.memory_bytes = expected.memory_bytes();
     report.seconds = started.elapsed().as_secs_f64();
     Ok(report)
@@ -245,11 +253,28 @@ async fn slot_caught_up(
     }
 }
 
-/// Rows Kafka held more than once or differently, and rows it lacks: missing or pending.
+/// What the lookups in PostgreSQL need.
+struct Lookup<'a> {
+    client: &'a Client,
+    table: &'a OutboxTable,
+    id_type: String,
+    /// `$1` the source table, `$2` event ids: those dead-lettered, with the reason.
+    letters: String,
+}
+
+fn letters_sql(config: &RelayConfig) -> String {
+    let (schema, table) = config.dead_letter.schema_and_table();
+    format!(
+        "SELECT DISTINCT ON (event_id) event_id, reason FROM {} WHERE source_table = $1 AND event_id = ANY($2::text[]) \
+         ORDER BY event_id, id DESC",
+        crate::table::qualified_name(schema, table)
+    )
+}
+
+/// Rows Kafka held more than once or differently, and rows it lacks: dead-lettered, missing or
+/// pending.
 async fn classify_rows(
-    client: &Client,
-    table: &OutboxTable,
-    id_type: &str,
+    lookup: &Lookup<'_>,
     expected: &Expected,
     caught_up: Result<(), String>,
     show: usize,
@@ -269,6 +294,47 @@ async fn classify_rows(
             report.mismatched.note(show, || id.clone());
         }
     }
+    let unseen = unlettered(lookup, unseen, show, report).await?;
+    owed(unseen, caught_up, lookup, show, report).await
+}
+
+/// Ids Kafka lacks that were dead-lettered are `unpublishable` (with the letter's reason); the
+/// others are returned.
+async fn unlettered(
+    lookup: &Lookup<'_>,
+    ids: Vec<String>,
+    show: usize,
+    report: &mut Report,
+) -> Result<Vec<String>, VerifyError> {
+    let mut letters = std::collections::HashMap::new();
+    let source_table = lookup.table.display_name();
+    for batch in ids.chunks(10_000) {
+        match lookup.client.query(&lookup.letters, &[&source_table, &batch]).await {
+            Ok(rows) => letters.extend(rows.iter().map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))),
+            // no dead-letter table: nothing was dead-lettered there
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => break,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let mut rest = Vec::with_capacity(ids.len() - letters.len().min(ids.len()));
+    for id in ids {
+        match letters.get(&id) {
+            Some(reason) => report.unpublishable.note(show, || format!("{id} (dead-lettered: {reason})")),
+            None => rest.push(id),
+        }
+    }
+    Ok(rest)
+}
+
+/// Rows Kafka lacks, not dead-lettered: pending when the slot has not confirmed past them or the
+/// row is not yet marked published, else missing.
+async fn owed(
+    unseen: Vec<String>,
+    caught_up: Result<(), String>,
+    lookup: &Lookup<'_>,
+    show: usize,
+    report: &mut Report,
+) -> Result<(), VerifyError> {
     if let Err(reason) = caught_up {
         for id in unseen {
             report.pending.note(show, || id);
@@ -276,7 +342,7 @@ async fn classify_rows(
         report.pending_reason = Some(reason);
         return Ok(());
     }
-    let present = lookup(client, table, id_type, &unseen).await?;
+    let present = present(lookup, &unseen).await?;
     for id in unseen {
         match present.get(&id) {
             Some(true) => report.pending.note(show, || id),
@@ -289,40 +355,71 @@ async fn classify_rows(
     Ok(())
 }
 
-/// Records whose id the window does not hold: a row outside the window, or no row at all.
+/// Records whose id the window does not hold and the relay did not record as published: a row
+/// outside the window, or no row at all.
 async fn classify_outside(
-    client: &Client,
-    table: &OutboxTable,
-    id_type: &str,
+    lookup: &Lookup<'_>,
     outside: &[Located],
     show: usize,
     report: &mut Report,
 ) -> Result<(), VerifyError> {
     let ids: Vec<String> = outside.iter().map(|l| l.id.clone()).collect();
-    let present = lookup(client, table, id_type, &ids).await?;
+    let present = present(lookup, &ids).await?;
     for located in outside.iter().filter(|l| !present.contains_key(&l.id)) {
         report.unexpected.note(show, || format!("{} ({})", located.id, located.at));
     }
     Ok(())
 }
 
+/// Ids recorded as published in blocks first written within the window (at or above `floor`,
+/// the oldest id Kafka still holds, when there is no window) whose rows are gone: Kafka must
+/// hold them. Without `floor` (no window, and no record of this source in Kafka) none is asked.
+#[allow(clippy::too_many_arguments)]
+async fn classify_recorded(
+    lookup: &Lookup<'_>,
+    expected: &Expected,
+    recent: &IdBits,
+    scan: &records::Scan,
+    floor: Option<i64>,
+    caught_up: bool,
+    show: usize,
+    report: &mut Report,
+) -> Result<(), VerifyError> {
+    let Some(floor) = floor else { return Ok(()) };
+    let mut gone: Vec<String> = recent
+        .ids()
+        .filter(|id| *id >= floor && !scan.seen_published.contains(*id))
+        .map(|id| id.to_string())
+        .filter(|id| !expected.contains(id))
+        .collect();
+    gone.sort_by_key(|id| id.parse::<i64>().unwrap_or_default());
+    let present = present(lookup, &gone).await?;
+    gone.retain(|id| !present.contains_key(id));
+    for id in unlettered(lookup, gone, show, report).await? {
+        if caught_up {
+            report.missing.note(show, || format!("{id} (published, row deleted)"));
+        } else {
+            report.pending.note(show, || id);
+        }
+    }
+    Ok(())
+}
+
 /// Which of `ids` the table holds, each with whether it is still unpublished (mark mode). Ids
-/// that cannot be of the id column's type (`id_type`) are not held.
-async fn lookup(
-    client: &Client,
-    table: &OutboxTable,
-    id_type: &str,
+/// that cannot be of the id column's type are not held.
+async fn present(
+    lookup: &Lookup<'_>,
     ids: &[String],
 ) -> Result<std::collections::HashMap<String, bool>, VerifyError> {
     let mut present = std::collections::HashMap::new();
-    let integer = matches!(id_type, "bigint" | "integer" | "smallint");
-    let sql = table.ids_present_sql(id_type);
+    let integer = matches!(lookup.id_type.as_str(), "bigint" | "integer" | "smallint");
+    let sql = lookup.table.ids_present_sql(&lookup.id_type);
     for batch in ids.chunks(10_000) {
         let batch: Vec<&String> = batch.iter().filter(|id| !integer || id.parse::<i64>().is_ok()).collect();
         if batch.is_empty() {
             continue;
         }
-        for row in client.query(&sql, &[&batch]).await? {
+        for row in lookup.client.query(&sql, &[&batch]).await? {
             present.insert(row.get::<_, String>(0), row.get::<_, bool>(1));
         }
     }

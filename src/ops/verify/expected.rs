@@ -90,6 +90,15 @@ impl Expected {
         }
     }
 
+    /// Whether the window holds the row `id`.
+    pub fn contains(&self, id: &str) -> bool {
+        let dense = match (self.first, id.parse::<i64>()) {
+            (Some(first), Ok(n)) if n >= first => self.dense.get((n - first) as usize),
+            _ => None,
+        };
+        dense.is_some_and(|s| s.is_row()) || self.sparse.get(id).is_some_and(|s| s.is_row())
+    }
+
     /// Every row with its entry, in id order for the numeric ones.
     pub fn slots(&self) -> impl Iterator<Item = (String, &Slot)> {
         let first = self.first.unwrap_or(0);

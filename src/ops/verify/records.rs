@@ -20,7 +20,12 @@ use super::expected::{Expected, fingerprint};
 use super::report::Class;
 use crate::config::KafkaConfig;
 use crate::delivery::record::Position;
+use crate::published::{IdBits, numeric_id};
 use crate::sink::kafka::{POSITION_HEADER, SOURCE_HEADER};
+
+/// The header `outbox-relay replay-dead-letters` marks a replayed record with (the letter's id):
+/// a replay comes after later events of its key, and carries the letter's data as fixed.
+pub const REPLAYED_HEADER: &str = "outbox_relay_replayed";
 
 /// How long one metadata or offsets request may take.
 const REQUEST: Duration = Duration::from_secs(10);
@@ -28,7 +33,7 @@ const REQUEST: Duration = Duration::from_secs(10);
 const POLL: Duration = Duration::from_millis(200);
 /// How far before `--since` reading starts: records carry their produce time, after the row's
 /// `created_at`, but the relay's and the database's clocks may disagree a little.
-const CLOCK_SLACK: Duration = Duration::from_secs(300);
+pub const CLOCK_SLACK: Duration = Duration::from_secs(300);
 
 /// A record whose id the window does not hold, and where it is.
 #[derive(Debug, Clone)]
@@ -45,8 +50,17 @@ pub struct Scan {
     pub foreign: u64,
     pub partitions: usize,
     pub missing_topics: Vec<String>,
-    /// This source's records whose id is not a row of the window: looked up in the table later.
+    /// This source's records whose id is not a row of the window and not recorded as
+    /// published: looked up in the table later.
     pub outside: Vec<Located>,
+    /// Records whose id is not a row of the window but was recorded as published (its row was
+    /// deleted, or lies outside the window), and those ids.
+    pub published_elsewhere: u64,
+    pub seen_published: IdBits,
+    /// The smallest numeric id of this source's records read.
+    pub lowest_id: Option<i64>,
+    /// Records `replay-dead-letters` sent ([`REPLAYED_HEADER`]): neither compared nor ordered.
+    pub replayed: u64,
     pub out_of_order: Class,
 }
 
@@ -79,6 +93,8 @@ struct Checker {
     source: Option<String>,
     /// Per key (hashed): the last record's place in commit order, and its id.
     last: HashMap<u64, (Place, String)>,
+    /// The ids the relay recorded as published (`crate::published`).
+    published: IdBits,
     keep: usize,
 }
 
@@ -87,11 +103,12 @@ impl Reader {
         kafka: &KafkaConfig,
         source: Option<String>,
         since: Option<SystemTime>,
+        published: IdBits,
         keep: usize,
     ) -> Result<Reader, KafkaError> {
         let consumer = reader_config(kafka).create()?;
         let idle_limit = Duration::from_millis(kafka.message_timeout_ms.max(30_000));
-        let checker = Checker { source, last: HashMap::new(), keep };
+        let checker = Checker { source, last: HashMap::new(), published, keep };
         Ok(Reader { consumer, since, idle_limit, checker })
     }
 
@@ -185,6 +202,20 @@ impl Checker {
             return;
         };
         scan.records += 1;
+        if let Some(n) = numeric_id(id) {
+            scan.lowest_id = Some(scan.lowest_id.map_or(n, |lowest| lowest.min(n)));
+        }
+        let at = format!("{topic}[{}]@{}", message.partition(), message.offset(), topic = message.topic());
+        let Some(slot) = expected.get_mut(id) else {
+            scan.replayed += u64::from(header(REPLAYED_HEADER).is_some());
+            return self.outside(Located { id: id.to_string(), at }, scan);
+        };
+        slot.seen += 1;
+        if header(REPLAYED_HEADER).is_some() {
+            // the letter's data as fixed, after later events of its key: neither compared nor ordered
+            scan.replayed += 1;
+            return;
+        }
         let (topic, key, payload) = (message.topic(), message.key().unwrap_or_default(), message.payload());
         // the relay's two headers come first; a row's own header of the same name stays
         let own = headers
@@ -194,12 +225,6 @@ impl Checker {
             .filter(|(i, h)| !(*i < 2 && (h.key == SOURCE_HEADER || h.key == POSITION_HEADER)))
             .map(|(_, h)| (h.key, h.value.unwrap_or_default()));
         let record = fingerprint(topic, key, payload.unwrap_or_default(), own);
-        let at = format!("{topic}[{}]@{}", message.partition(), message.offset());
-        let Some(slot) = expected.get_mut(id) else {
-            scan.outside.push(Located { id: id.to_string(), at });
-            return;
-        };
-        slot.seen += 1;
         if record != slot.fingerprint {
             slot.mismatched += 1;
         }
@@ -208,6 +233,18 @@ impl Checker {
                 .and_then(|v| std::str::from_utf8(v).ok())
                 .and_then(|v| v.parse::<Position>().ok());
             self.check_order(key, id, position, at, scan);
+        }
+    }
+
+    /// A record whose id is no row of the window: a published id's (its row was deleted, or lies
+    /// outside the window), or one to look up in the table.
+    fn outside(&mut self, located: Located, scan: &mut Scan) {
+        match numeric_id(&located.id).filter(|n| self.published.contains(*n)) {
+            Some(n) => {
+                scan.published_elsewhere += 1;
+                scan.seen_published.insert(n);
+            }
+            None => scan.outside.push(located),
         }
     }
 

@@ -46,6 +46,14 @@ pub struct Report {
     pub mismatched: Class,
     /// Rows the relay cannot publish (dead-lettered instead), with the reason.
     pub unpublishable: Class,
+    /// Records of ids the relay recorded as published whose rows are not in the window: deleted
+    /// after publishing (polling delete mode, a cleanup, a dropped partition), or outside it.
+    pub published_elsewhere: u64,
+    /// Records `replay-dead-letters` sent.
+    pub replayed: u64,
+    /// Whether the record of what was published exists (`sql/010_published.sql`): without it a
+    /// record whose row was deleted is `unexpected`.
+    pub record_kept: bool,
     /// Topics the rows route to that do not exist.
     pub missing_topics: Vec<String>,
     /// Why pending rows could not be told from missing ones, when they could not.
@@ -113,6 +121,19 @@ impl Report {
                 out.push_str(&format!("; first: {}", class.first.join(", ")));
             }
             out.push('\n');
+        }
+        out.push_str(&format!(
+            "  {:<14}{:>10}  (records of published ids whose rows were deleted or lie outside the window)\n",
+            "rows gone", self.published_elsewhere
+        ));
+        if self.replayed > 0 {
+            out.push_str(&format!("  {:<14}{:>10}  (records sent by replay-dead-letters)\n", "replayed", self.replayed));
+        }
+        if !self.record_kept {
+            out.push_str(
+                "  no record of what was published (apply sql/010_published.sql): a record whose row was deleted is \
+                 counted unexpected\n",
+            );
         }
         if !self.missing_topics.is_empty() {
             out.push_str(&format!("  topics that do not exist: {}\n", self.missing_topics.join(", ")));

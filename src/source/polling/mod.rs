@@ -38,6 +38,7 @@ use crate::sink::kafka::KafkaSink;
 use crate::sink::{Reports, Sink};
 use crate::source::handover;
 use crate::supervisor::Source;
+use crate::published::Recorder;
 use crate::table::{OutboxTable, RowAt, quote_ident};
 use batch::{Deadline, Settlement};
 use claim::{HeldRow, Statements, already_dead_lettered};
@@ -89,6 +90,8 @@ pub(crate) struct PollingSource<S = KafkaSink> {
     mapping: Mapping,
     sink: S,
     dead_letters: DeadLetters,
+    /// The record of what was published (`sql/010_published.sql`), opened with the statements.
+    recorder: Recorder,
     statements: Option<Statements>,
     /// The delivery stage's hold (its backoff keeps growing) and Kafka's silence, from one
     /// session to the next.
@@ -128,6 +131,7 @@ impl<S: Sink> PollingSource<S> {
             table: OutboxTable::new(&config),
             mapping: Mapping::new(&config.outbox),
             dead_letters: DeadLetters::new(&config, MODE),
+            recorder: Recorder::disabled(),
             config,
             sink,
             statements: None,
@@ -158,6 +162,7 @@ impl<S: Sink> PollingSource<S> {
             let encoding: String = client.query_one(OutboxTable::SERVER_ENCODING_SQL, &[]).await?.get(0);
             self.table = self.table.clone().for_server_encoding(&encoding);
             let id_type = self.table.id_type(&client).await?;
+            self.recorder = Recorder::open(&client, &self.table.display_name()).await?;
             self.statements = Some(Statements {
                 claim: self.table.claim_sql(),
                 unpublished_count: self.table.unpublished_count_sql(&id_type),
@@ -369,6 +374,7 @@ impl<S: Sink> PollingSource<S> {
         if !release.is_empty() {
             let (tableoids, ctids) = RowAt::params(release);
             tx.execute(&statements.release, &[&tableoids, &ctids]).await?;
+            self.recorder.record(tx, release.iter().map(|r| r.id.as_str())).await?;
         }
         if letters.is_empty() {
             return Ok(0);

@@ -27,6 +27,7 @@ use crate::delivery::{Delivery, Settled};
 use crate::error::RelayError;
 use crate::lsn::Lsn;
 use crate::observe::metrics::Clock;
+use crate::published::Recorder;
 use crate::sink::{Reports, Sink};
 use crate::table::{OutboxTable, outbox_row, quote_literal};
 
@@ -61,8 +62,9 @@ pub(super) struct FirstCopy<'a> {
     pub(super) table: &'a OutboxTable,
     pub(super) mapping: &'a Mapping,
     pub(super) dead_letters: &'a DeadLetters,
-    /// Where dead letters are written (the copy's own session is read-only).
+    /// Where dead letters and published ids are written (the copy's own session is read-only).
     pub(super) letters_to: &'a Client,
+    pub(super) recorder: &'a Recorder,
     /// The slot's consistent point, in each record's position.
     pub(super) point: Lsn,
     /// `replication.max_in_flight_bytes`: a chunk ends at this many bytes of records.
@@ -102,6 +104,10 @@ impl FirstCopy<'_> {
                 None => copying.settle(shutdown).await?,
             }
             self.write(&mut copying.letters).await?;
+            if next.is_none() || copying.sent_ids.len() >= COPY_CHUNK {
+                // before the copy is marked done (the caller), every id handed to Kafka is recorded
+                self.recorder.record_numbers(self.letters_to, &std::mem::take(&mut copying.sent_ids)).await?;
+            }
             if next.is_none() {
                 break;
             }
@@ -135,6 +141,8 @@ struct Copying<'a, S: Sink> {
     report: CopyReport,
     /// Dead letters to write, emptied by the caller.
     letters: Vec<DeadLetter>,
+    /// Ids handed to Kafka (or found there), to record as published; emptied by the caller.
+    sent_ids: Vec<i64>,
 }
 
 impl<'a, S: Sink> Copying<'a, S> {
@@ -147,7 +155,8 @@ impl<'a, S: Sink> Copying<'a, S> {
         // the copy is the one sending: reports of earlier sessions' records are passed over
         let reports = delivery.reports().await;
         let report = CopyReport::default();
-        Copying { delivery, reports, mapping, point, chunk, index: 0, report, letters: Vec::new() }
+        let (letters, sent_ids) = (Vec::new(), Vec::new());
+        Copying { delivery, reports, mapping, point, chunk, index: 0, report, letters, sent_ids }
     }
 
     /// Hands the next row over; settles the chunk when it is full, or held.
@@ -162,6 +171,7 @@ impl<'a, S: Sink> Copying<'a, S> {
         match self.mapping.to_record(raw, created_at) {
             Ok(mut record) => {
                 record.position = Some(Position::Copy { point: self.point, index });
+                self.sent_ids.extend(crate::published::numeric_id(&record.id));
                 // settled at once only when the topic holds it already
                 if self.delivery.send(index, record, Instant::now()).await?.is_some() {
                     self.report.already_in_kafka += 1;

@@ -36,6 +36,7 @@ use crate::error::RelayError;
 use crate::lsn::Lsn;
 use crate::observe::metrics::Mode;
 use crate::observe::pulse::Pulse;
+use crate::published::Recorder;
 use crate::sink::Sink;
 use crate::sink::dedup::{self, Dedup, Lookback};
 use crate::sink::kafka::KafkaSink;
@@ -57,6 +58,8 @@ pub(crate) struct ReplicationSource<S = KafkaSink> {
     mapping: Mapping,
     table: OutboxTable,
     dead_letters: DeadLetters,
+    /// The record of what was published, opened by each session.
+    recorder: Recorder,
 }
 
 impl<S: Sink> Source for ReplicationSource<S> {
@@ -83,6 +86,7 @@ impl<S: Sink> ReplicationSource<S> {
             mapping: Mapping::new(&config.outbox),
             table: OutboxTable::new(&config),
             dead_letters: DeadLetters::new(&config, MODE),
+            recorder: Recorder::disabled(),
             config,
             sink,
         }
@@ -98,6 +102,7 @@ impl<S: Sink> ReplicationSource<S> {
         if let SlotPlan::Stream { .. } = plan {
             return Ok(None);
         }
+        self.recorder = Recorder::open(&client, &self.table.display_name()).await?;
         // a command, not a daemon: no supervisor, no shutdown but Ctrl-C ending the process
         let pulse = Pulse::detached();
         let (_never, mut shutdown) = watch::channel(false);
@@ -116,6 +121,7 @@ impl<S: Sink> ReplicationSource<S> {
         let (client, server) = crate::postgres::connect_primary(&self.config.postgres).await?;
         self.sink.set_source(&dedup::source_identity(&client, &self.config).await?);
         self.sink.retired(dedup::RETIRE_LIMIT).await;
+        self.recorder = Recorder::open(&client, &self.table.display_name()).await?;
         let plan = slot::prepare(&self.config, &client, false).await?;
         let slot_name = &self.config.replication.slot;
         let (replication, confirmed) = match plan {
@@ -141,6 +147,6 @@ impl<S: Sink> ReplicationSource<S> {
         let (outbox, replication) = (&self.config.outbox, &self.config.replication);
         let feed =
             Feed::new(delivery, confirmed, outbox, &self.mapping, replication, self.table.display_name());
-        StreamSession::new(&self.config, &self.dead_letters, &client, wal, feed).run(shutdown).await
+        StreamSession::new(&self.config, &self.dead_letters, &self.recorder, &client, wal, feed).run(shutdown).await
     }
 }

@@ -365,6 +365,7 @@ pub(super) async fn create_and_copy<S: Sink>(
         mapping: &source.mapping,
         dead_letters: &source.dead_letters,
         letters_to: client,
+        recorder: &source.recorder,
         point: consistent_point,
         chunk_bytes: source.config.replication.max_in_flight_bytes,
     };

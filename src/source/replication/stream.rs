@@ -17,7 +17,7 @@
 //! is restarted with another policy. The session is never ended for it, so nothing acknowledged
 //! is sent again.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use tokio_postgres::Client;
@@ -29,6 +29,7 @@ use crate::dead_letter::DeadLetters;
 use crate::error::RelayError;
 use crate::lsn::Lsn;
 use crate::observe::metrics::{Clock, metrics};
+use crate::published::Recorder;
 use crate::sink::{Reports, Sink};
 pub(super) use feed::Feed;
 
@@ -55,6 +56,10 @@ pub(super) struct StreamSession<'a, S: Sink> {
     publication_ok_through: Lsn,
     /// The last position confirmed to PostgreSQL: never past `publication_ok_through`.
     confirmed: Lsn,
+    /// Records the ids handed to Kafka before a position past them is confirmed.
+    recorder: &'a Recorder,
+    /// When ids were last recorded: while records are in flight, once per status interval.
+    recorded_at: Instant,
 }
 
 impl<'a, S: Sink> StreamSession<'a, S> {
@@ -62,6 +67,7 @@ impl<'a, S: Sink> StreamSession<'a, S> {
     pub(super) fn new(
         config: &'a RelayConfig,
         dead_letters: &'a DeadLetters,
+        recorder: &'a Recorder,
         client: &'a Client,
         wal: WalStream,
         feed: Feed<'a, S>,
@@ -75,6 +81,8 @@ impl<'a, S: Sink> StreamSession<'a, S> {
             feed,
             publication_ok_through: confirmed,
             confirmed,
+            recorder,
+            recorded_at: Instant::now(),
         }
     }
 
@@ -129,14 +137,14 @@ impl<'a, S: Sink> StreamSession<'a, S> {
                 // 6. the publication still delivers every insert: confirmations may go that far
                 _ = verify.tick() => {
                     self.publication_ok_through = publication::delivers_through(self.config, self.client).await?;
-                    self.confirm(self.feed.confirmed());
+                    self.confirm(self.feed.confirmed()).await?;
                 }
                 // 7. held: try the refused record again, or report the held row again
                 _ = self.feed.delivery.retry_due() => {
                     self.feed.delivery.retry_held().await;
                 }
             }
-            self.confirm_acknowledged();
+            self.confirm_acknowledged().await?;
         }
     }
 
@@ -159,7 +167,7 @@ impl<'a, S: Sink> StreamSession<'a, S> {
 
     async fn handle(&mut self, event: WalEvent) -> Result<(), RelayError> {
         if let Some(idle) = self.feed.handle(event).await? {
-            self.confirm(idle);
+            self.confirm(idle).await?;
         }
         self.write_letters().await
     }
@@ -182,28 +190,42 @@ impl<'a, S: Sink> StreamSession<'a, S> {
         }
         self.publication_ok_through = publication::delivers_through(self.config, self.client).await?;
         // with nothing in flight the update is sent at once; the stream's end must not overtake it
-        self.confirm_acknowledged();
+        self.confirm_acknowledged().await?;
         let interval = Duration::from_millis(self.config.replication.status_interval_ms);
         tokio::time::sleep(interval.min(STATUS_LEAVES)).await;
         Ok(())
     }
 
-    fn confirm_acknowledged(&mut self) {
+    async fn confirm_acknowledged(&mut self) -> Result<(), RelayError> {
         if let Some(lsn) = self.feed.advance() {
-            tracing::trace!(%lsn, "confirmed");
-            self.confirm(lsn);
+            tracing::trace!(%lsn, "acknowledged");
         }
+        // (a confirmation put off until the ids are recorded is made here too)
+        self.confirm(self.feed.confirmed()).await?;
         self.feed.gauges();
+        Ok(())
     }
 
     /// Confirms `lsn` to PostgreSQL, as far as the publication was checked, and records it.
     /// With nothing in flight the status update leaves at once: the end of a run of records (a
     /// drain's last one, a quiet outbox) is not held back by the status interval. While records
     /// are in flight, updates go once per `replication.status_interval_ms`.
-    fn confirm(&mut self, lsn: Lsn) {
+    ///
+    /// Every id handed to Kafka so far is recorded as published first (one statement); while
+    /// records are in flight that is done once per status interval, and the confirmation waits
+    /// for it (the position would not leave sooner).
+    async fn confirm(&mut self, lsn: Lsn) -> Result<(), RelayError> {
         let lsn = lsn.min(self.publication_ok_through);
         if lsn <= self.confirmed {
-            return;
+            return Ok(());
+        }
+        if self.feed.has_sent_ids() {
+            let interval = Duration::from_millis(self.config.replication.status_interval_ms);
+            if self.feed.delivery.records() > 0 && self.recorded_at.elapsed() < interval {
+                return Ok(());
+            }
+            self.recorder.record_numbers(self.client, &self.feed.take_sent_ids()).await?;
+            self.recorded_at = Instant::now();
         }
         self.confirmed = lsn;
         if self.feed.delivery.records() == 0 {
@@ -212,5 +234,6 @@ impl<'a, S: Sink> StreamSession<'a, S> {
             self.wal.confirm(lsn);
         }
         metrics().confirmed(lsn);
+        Ok(())
     }
 }

@@ -64,6 +64,9 @@ pub(in crate::source::replication) struct Feed<'a, S: Sink> {
     /// Dead letters to write before [`Feed::letters_written`], and what each then settles.
     letters: Vec<DeadLetter>,
     written: Vec<Written>,
+    /// Ids handed to Kafka and not yet recorded as published (see [`crate::published`]): the
+    /// session records them before it confirms a position past them.
+    sent_ids: Vec<i64>,
     /// This mode's `events_read_total` (looked up once).
     read: IntCounter,
 }
@@ -89,6 +92,7 @@ impl<'a, S: Sink> Feed<'a, S> {
             open: None,
             letters: Vec::new(),
             written: Vec::new(),
+            sent_ids: Vec::new(),
             read: metrics().events_read.with_label_values(&[MODE.label()]),
         }
     }
@@ -288,6 +292,7 @@ impl<'a, S: Sink> Feed<'a, S> {
             Ok(mut event) => {
                 event.position = Some(Position::Stream { commit: txn.commit_lsn, index: txn.next_index });
                 self.tracker.sent(txn.id);
+                self.sent_ids.extend(crate::published::numeric_id(&event.id));
                 if let Some(settled) = self.delivery.send(txn.id, event, self.turn_at).await? {
                     self.settled(settled);
                 }
@@ -339,6 +344,15 @@ impl<'a, S: Sink> Feed<'a, S> {
     /// The end of the contiguous prefix of settled transactions, when it moved.
     pub(super) fn advance(&mut self) -> Option<Lsn> {
         self.tracker.advance()
+    }
+
+    pub(super) fn has_sent_ids(&self) -> bool {
+        !self.sent_ids.is_empty()
+    }
+
+    /// The ids handed to Kafka since the last call, for the record of what was published.
+    pub(super) fn take_sent_ids(&mut self) -> Vec<i64> {
+        std::mem::take(&mut self.sent_ids)
     }
 
     /// The position the tracker would confirm.

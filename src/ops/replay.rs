@@ -1,0 +1,217 @@
+//! `outbox-relay replay-dead-letters`: publishes dead letters of this outbox again, each under
+//! its event's own id, once their cause is fixed (the data in `row_data`, a topic created, a
+//! size limit raised).
+//!
+//! Invariants:
+//! - the letters are locked (`FOR UPDATE`) for the whole replay, so two replays do not both send
+//!   one; the privileges to remove them are checked before anything is sent;
+//! - a letter is removed, with its event's row still in the outbox (replication mode keeps it)
+//!   and its id recorded as published, in one transaction committed only after Kafka
+//!   acknowledged every record sent; a letter that still cannot map, or that Kafka refuses,
+//!   stays, and the command says why and exits 1;
+//! - a replayed record carries the relay's headers (`id`, the source) and
+//!   `outbox_relay_replayed: <letter id>`, and no position: it comes after later events of its
+//!   key, so `verify` neither orders nor compares it, and the relay's read-back passes it over.
+//!   A replay that dies after Kafka acknowledged and before the commit leaves the letters: run
+//!   again, the events are sent again under the same ids (consumers deduplicate by id).
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use tokio_postgres::Transaction;
+
+use crate::config::RelayConfig;
+use crate::delivery::record::{KafkaRecord, Mapping, OutboxRow};
+use crate::error::{FatalReason, RelayError};
+use crate::ops::verify::records::REPLAYED_HEADER;
+use crate::published::Recorder;
+use crate::sink::kafka::KafkaSink;
+use crate::table::{OutboxTable, qualified_name};
+
+/// Which letters, and whether to send them.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Letter ids (`outbox_dead_letter.id`); empty: every letter of this outbox.
+    pub ids: Vec<i64>,
+    pub dry_run: bool,
+}
+
+/// One line per letter, and the counts.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub lines: Vec<String>,
+    pub replayed: u64,
+    /// Letters that still cannot be published, or ids not found: the exit code is 1.
+    pub refused: u64,
+}
+
+/// A letter read for replay.
+struct Letter {
+    id: i64,
+    event_id: String,
+    row_data: String,
+}
+
+pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, RelayError> {
+    let (mut client, _) = crate::postgres::connect_primary(&config.postgres).await?;
+    let table = OutboxTable::new(config);
+    let letters_table = {
+        let (schema, name) = config.dead_letter.schema_and_table();
+        qualified_name(schema, name)
+    };
+    let mut outcome = Outcome::default();
+    let recorder = Recorder::open(&client, &table.display_name()).await?;
+    let source = crate::sink::dedup::source_identity(&client, config).await?;
+    let id_type = table.id_type(&client).await?;
+    let tx = client.transaction().await?;
+    let letters = read(&tx, &letters_table, &table.display_name(), &options.ids, &mut outcome).await?;
+    let mapping = Mapping::new(&config.outbox);
+    let mut records = Vec::new();
+    for letter in letters {
+        match record_of(&mapping, &letter) {
+            Ok(record) => records.push((letter, record)),
+            Err(reason) => {
+                outcome.refused += 1;
+                outcome.lines.push(format!(
+                    "letter {} (event {}): still cannot be published: {reason} -- fix row_data first, e.g. UPDATE \
+                     {letters_table} SET row_data = jsonb_set(row_data, '{{topic}}', '\"orders\"') WHERE id = {}",
+                    letter.id, letter.event_id, letter.id
+                ));
+            }
+        }
+    }
+    if options.dry_run {
+        for (letter, record) in &records {
+            outcome.lines.push(format!("letter {} (event {}): would send {}", letter.id, letter.event_id, describe(record)));
+        }
+        return Ok(outcome);
+    }
+    if records.is_empty() {
+        return Ok(outcome);
+    }
+    may_remove(&tx, &letters_table, &table).await?;
+    let mut sink = KafkaSink::new(&config.kafka).map_err(|e| RelayError::Kafka(format!("cannot create a producer: {e}")))?;
+    sink.set_source(&source);
+    let acked = send(&sink, &records, config.kafka.message_timeout_ms, &mut outcome).await;
+    let sent: Vec<&(Letter, KafkaRecord)> = records.iter().filter(|(l, _)| acked.contains(&l.id)).collect();
+    remove(&tx, &letters_table, &table.delete_ids_sql(&id_type), &sent).await?;
+    recorder.record(&tx, sent.iter().map(|(l, _)| l.event_id.as_str())).await?;
+    tx.commit().await?;
+    for (letter, record) in sent {
+        outcome.replayed += 1;
+        outcome.lines.push(format!("letter {} (event {}): sent {}", letter.id, letter.event_id, describe(record)));
+    }
+    Ok(outcome)
+}
+
+/// The letters of this outbox (all, or those of `ids`), locked; ids not found are refused.
+async fn read(
+    tx: &Transaction<'_>,
+    letters_table: &str,
+    source_table: &str,
+    ids: &[i64],
+    outcome: &mut Outcome,
+) -> Result<Vec<Letter>, RelayError> {
+    let sql = format!(
+        "SELECT id, event_id, row_data::text FROM {letters_table} WHERE source_table = $1 \
+         AND (cardinality($2::bigint[]) = 0 OR id = ANY($2)) ORDER BY id FOR UPDATE"
+    );
+    let rows = tx.query(&sql, &[&source_table, &ids]).await?;
+    let letters: Vec<Letter> =
+        rows.iter().map(|r| Letter { id: r.get(0), event_id: r.get(1), row_data: r.get(2) }).collect();
+    for id in ids.iter().filter(|id| !letters.iter().any(|l| l.id == **id)) {
+        outcome.refused += 1;
+        outcome.lines.push(format!("letter {id}: no dead letter of {source_table} has this id"));
+    }
+    Ok(letters)
+}
+
+/// The record `letter` becomes now, or why it still cannot be published.
+fn record_of(mapping: &Mapping, letter: &Letter) -> Result<KafkaRecord, String> {
+    let object = match serde_json::from_str::<serde_json::Value>(&letter.row_data) {
+        Ok(serde_json::Value::Object(object)) => object,
+        _ => return Err("row_data is not a JSON object".into()),
+    };
+    if letter.event_id.is_empty() {
+        return Err("the letter has no event id (its row had none)".into());
+    }
+    let mut row = OutboxRow::from_json(&object);
+    // the letter names the event; a row_data of another id would publish someone else's
+    row.id = Some(letter.event_id.clone());
+    let mut record = mapping.to_record(row, None).map_err(|refused| refused.reason.to_string())?;
+    record.row_headers.push((REPLAYED_HEADER.to_string(), letter.id.to_string()));
+    Ok(record)
+}
+
+fn describe(record: &KafkaRecord) -> String {
+    format!("to {} (key {:?}, {} bytes)", record.topic, record.key, record.payload.len())
+}
+
+/// Fails before anything is sent when this role could not remove the letters and rows.
+async fn may_remove(tx: &Transaction<'_>, letters_table: &str, table: &OutboxTable) -> Result<(), RelayError> {
+    let row = tx
+        .query_one(
+            "SELECT has_table_privilege($1, 'DELETE'), has_table_privilege($2, 'DELETE')",
+            &[&letters_table, &table.qualified()],
+        )
+        .await?;
+    let (letters, outbox): (bool, bool) = (row.get(0), row.get(1));
+    if letters && outbox {
+        return Ok(());
+    }
+    Err(RelayError::fatal(FatalReason::Privilege, format!(
+        "this role may not DELETE from {}: a replayed letter is removed with its event's row in one transaction -- \
+         run replay-dead-letters as the outbox's owner, or GRANT DELETE ON {letters_table}, {} TO the role",
+        if letters { table.display_name() } else { letters_table.to_string() },
+        table.qualified()
+    )))
+}
+
+/// Sends every record and waits for its report; returns the letters Kafka acknowledged, and
+/// notes each refusal.
+async fn send(
+    sink: &KafkaSink,
+    records: &[(Letter, KafkaRecord)],
+    message_timeout_ms: u64,
+    outcome: &mut Outcome,
+) -> HashSet<i64> {
+    let mut reports = sink.reports().await;
+    let mut waiting = HashMap::new();
+    for (letter, record) in records {
+        waiting.insert(sink.enqueue(record).await, letter.id);
+    }
+    let mut acked = HashSet::new();
+    let limit = Duration::from_millis(message_timeout_ms) + Duration::from_secs(10);
+    while !waiting.is_empty() {
+        let Ok(Some(report)) = tokio::time::timeout(limit, reports.recv()).await else { break };
+        let Some(letter) = waiting.remove(&report.seq) else { continue };
+        match report.outcome {
+            Ok(()) => {
+                acked.insert(letter);
+            }
+            Err(e) => {
+                outcome.refused += 1;
+                outcome.lines.push(format!("letter {letter}: Kafka refused it: {e}; it stays"));
+            }
+        }
+    }
+    for letter in waiting.into_values() {
+        outcome.refused += 1;
+        outcome.lines.push(format!("letter {letter}: no answer from Kafka; it stays"));
+    }
+    acked
+}
+
+/// Removes the letters of `sent` and their events' rows (`delete_rows_sql`, by id).
+async fn remove(
+    tx: &Transaction<'_>,
+    letters_table: &str,
+    delete_rows_sql: &str,
+    sent: &[&(Letter, KafkaRecord)],
+) -> Result<(), RelayError> {
+    let ids: Vec<i64> = sent.iter().map(|(l, _)| l.id).collect();
+    let events: Vec<&str> = sent.iter().map(|(l, _)| l.event_id.as_str()).collect();
+    tx.execute(&format!("DELETE FROM {letters_table} WHERE id = ANY($1)"), &[&ids]).await?;
+    tx.execute(delete_rows_sql, &[&events]).await?;
+    Ok(())
+}

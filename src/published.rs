@@ -1,0 +1,213 @@
+//! The record of what the relay published: one bit per event id, per source table
+//! (`sql/010_published.sql`), so `verify` can tell a row deleted after it was published from a
+//! phantom, and a published event Kafka lost from one never sent.
+//!
+//! Invariants:
+//! - an id is recorded only once Kafka acknowledged its record (polling: in the transaction that
+//!   releases the row), or once it was handed to Kafka and before the slot confirms past it
+//!   (replication: a restart sends it again from the slot until Kafka has it);
+//! - recording is idempotent (bits are OR-ed), so a replay records nothing new;
+//! - ids that are not non-negative integers are not recorded (a uuid id column);
+//! - without the table or the privilege the relay says so once at start and records nothing:
+//!   verify then cannot vouch for deleted rows, and says so.
+
+use std::collections::HashMap;
+use std::time::SystemTime;
+
+use tokio_postgres::GenericClient;
+
+use crate::error::RelayError;
+
+/// Ids per block: one `bit(8192)` row.
+pub const BLOCK: i64 = 8192;
+const WORDS: usize = (BLOCK / 64) as usize;
+
+const RECORD_SQL: &str = "INSERT INTO outbox_relay_published AS p (source_table, block, ids) \
+     SELECT $1::text, id / 8192, bit_or(B'1'::bit(8192) >> (id % 8192)::int) \
+     FROM unnest($2::bigint[]) AS id GROUP BY id / 8192 ORDER BY 2 \
+     ON CONFLICT (source_table, block) DO UPDATE SET ids = p.ids | EXCLUDED.ids, last_published_at = now()";
+
+/// Whether the table exists and this role may write it.
+pub const USABLE_SQL: &str = "SELECT CASE WHEN to_regclass('outbox_relay_published') IS NULL THEN false \
+     ELSE has_table_privilege('outbox_relay_published', 'INSERT') \
+     AND has_table_privilege('outbox_relay_published', 'UPDATE') END";
+
+const LOAD_SQL: &str = "SELECT block, ids::text, first_published_at FROM outbox_relay_published \
+     WHERE source_table = $1 AND last_published_at >= coalesce($2, '-infinity'::timestamptz)";
+
+/// Writes the record for one source table.
+#[derive(Debug, Clone)]
+pub struct Recorder {
+    /// `schema.table`, as the dead-letter table names it.
+    source_table: String,
+    enabled: bool,
+}
+
+impl Recorder {
+    /// A recorder for `source_table` when the table exists and this role may write it; otherwise
+    /// a warning that says what to apply, and a recorder that records nothing.
+    pub async fn open(client: &impl GenericClient, source_table: &str) -> Result<Recorder, RelayError> {
+        let enabled: bool = client.query_one(USABLE_SQL, &[]).await?.get(0);
+        if !enabled {
+            tracing::warn!(
+                "outbox_relay_published is missing or this role may not INSERT and UPDATE it: published ids are \
+                 not recorded, so `verify` cannot tell rows deleted after publishing from phantoms -- fix: apply \
+                 sql/010_published.sql and sql/100_relay_role.sql"
+            );
+        }
+        Ok(Recorder { source_table: source_table.to_string(), enabled })
+    }
+
+    /// A recorder that records nothing (unit tests, and ids that are not numbers).
+    pub fn disabled() -> Recorder {
+        Recorder { source_table: String::new(), enabled: false }
+    }
+
+    /// Records `ids` (those that are not non-negative integers are passed over).
+    pub async fn record<'a>(
+        &self,
+        client: &impl GenericClient,
+        ids: impl IntoIterator<Item = &'a str>,
+    ) -> Result<(), RelayError> {
+        if !self.enabled {
+            return Ok(());
+        }
+        let numbers: Vec<i64> = ids.into_iter().filter_map(numeric_id).collect();
+        self.record_numbers(client, &numbers).await
+    }
+
+    /// Records `ids`, every one a non-negative integer.
+    pub async fn record_numbers(&self, client: &impl GenericClient, ids: &[i64]) -> Result<(), RelayError> {
+        if !self.enabled || ids.is_empty() {
+            return Ok(());
+        }
+        client.execute(RECORD_SQL, &[&self.source_table, &ids]).await?;
+        Ok(())
+    }
+}
+
+/// `id` as a number the record can hold.
+pub fn numeric_id(id: &str) -> Option<i64> {
+    id.parse::<i64>().ok().filter(|n| *n >= 0)
+}
+
+/// A set of non-negative ids, one bit each, in blocks of [`BLOCK`].
+#[derive(Debug, Default)]
+pub struct IdBits {
+    blocks: HashMap<i64, Box<[u64; WORDS]>>,
+}
+
+impl IdBits {
+    pub fn insert(&mut self, id: i64) {
+        let block = self.blocks.entry(id / BLOCK).or_insert_with(|| Box::new([0; WORDS]));
+        let bit = (id % BLOCK) as usize;
+        block[bit / 64] |= 1 << (bit % 64);
+    }
+
+    pub fn contains(&self, id: i64) -> bool {
+        let bit = (id % BLOCK) as usize;
+        id >= 0 && self.blocks.get(&(id / BLOCK)).is_some_and(|b| b[bit / 64] & (1 << (bit % 64)) != 0)
+    }
+
+    /// The ids of block `block` as `bit(8192)` text puts them (the first character is bit 0).
+    fn set_block(&mut self, block: i64, text: &str) {
+        let mut words = Box::new([0u64; WORDS]);
+        for (bit, c) in text.bytes().enumerate().take(BLOCK as usize) {
+            if c == b'1' {
+                words[bit / 64] |= 1 << (bit % 64);
+            }
+        }
+        self.blocks.insert(block, words);
+    }
+
+    /// Every id held, in no particular order.
+    pub fn ids(&self) -> impl Iterator<Item = i64> + '_ {
+        self.blocks.iter().flat_map(|(block, words)| {
+            words.iter().enumerate().flat_map(move |(w, word)| {
+                (0..64).filter(move |b| word & (1 << b) != 0).map(move |b| block * BLOCK + (w * 64 + b) as i64)
+            })
+        })
+    }
+
+    pub fn memory_bytes(&self) -> usize {
+        self.blocks.len() * (WORDS * 8 + 32)
+    }
+}
+
+/// The record of one source table as `verify` reads it.
+#[derive(Debug, Default)]
+pub struct Record {
+    /// Whether the table exists: without it nothing can be said of deleted rows.
+    pub kept: bool,
+    pub published: IdBits,
+    /// Blocks first written at or after the window's start: ids the window may call missing.
+    pub recent: IdBits,
+}
+
+impl Record {
+    /// Reads the blocks of `source_table` written at or after `touched_since` (all without it);
+    /// those first written at or after `since` also go to `recent`.
+    pub async fn load(
+        client: &impl GenericClient,
+        source_table: &str,
+        touched_since: Option<SystemTime>,
+        since: Option<SystemTime>,
+    ) -> Result<Record, RelayError> {
+        let exists: bool =
+            client.query_one("SELECT to_regclass('outbox_relay_published') IS NOT NULL", &[]).await?.get(0);
+        let mut record = Record { kept: exists, ..Record::default() };
+        if !exists {
+            return Ok(record);
+        }
+        for row in client.query(LOAD_SQL, &[&source_table, &touched_since]).await? {
+            let (block, text, first): (i64, String, SystemTime) = (row.get(0), row.get(1), row.get(2));
+            record.published.set_block(block, &text);
+            if since.is_none_or(|since| first >= since) {
+                record.recent.set_block(block, &text);
+            }
+        }
+        Ok(record)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bits_hold_exactly_the_ids_inserted() {
+        let mut bits = IdBits::default();
+        for id in [0, 63, 64, 8191, 8192, 1_000_003] {
+            bits.insert(id);
+        }
+        for id in [0, 63, 64, 8191, 8192, 1_000_003] {
+            assert!(bits.contains(id), "{id}");
+        }
+        for id in [1, 62, 65, 8190, 8193, 1_000_002, -1] {
+            assert!(!bits.contains(id), "{id}");
+        }
+        let mut ids: Vec<i64> = bits.ids().collect();
+        ids.sort();
+        assert_eq!(ids, [0, 63, 64, 8191, 8192, 1_000_003]);
+    }
+
+    #[test]
+    fn a_block_reads_as_postgresql_prints_it() {
+        let mut text = "0".repeat(8192);
+        text.replace_range(0..1, "1");
+        text.replace_range(100..101, "1");
+        text.replace_range(8191..8192, "1");
+        let mut bits = IdBits::default();
+        bits.set_block(3, &text);
+        let mut ids: Vec<i64> = bits.ids().collect();
+        ids.sort();
+        assert_eq!(ids, [3 * 8192, 3 * 8192 + 100, 3 * 8192 + 8191]);
+    }
+
+    #[test]
+    fn only_non_negative_integers_are_recorded() {
+        assert_eq!(numeric_id("42"), Some(42));
+        assert_eq!(numeric_id("-1"), None);
+        assert_eq!(numeric_id("3f2c9a2e-1b1d-4c1e-9a55-2f8e3c1d0b7a"), None);
+    }
+}
