@@ -8,12 +8,14 @@
 -- once the event with id b*8192+i was acknowledged by Kafka (polling: in the transaction that
 -- releases the row; replication: before the slot confirms past it). 1 KiB per 8,192 ids, so
 -- 128 KiB per million ids, whatever the events' size; ids that are not numbers are not recorded.
+-- `topics` tells verify which topics to read when no row is left to say it.
 -- Nothing prunes it: past Kafka's retention a block only costs its kilobyte; to drop old ones:
 --   DELETE FROM outbox_relay_published WHERE last_published_at < now() - interval '35 days';
 CREATE TABLE IF NOT EXISTS outbox_relay_published (
     source_table       text        NOT NULL,   -- schema.table, as in outbox_dead_letter
     block              bigint      NOT NULL,   -- id / 8192
     ids                bit(8192)   NOT NULL,
+    topics             text[]      NOT NULL,   -- the topics the block's events went to (at most)
     first_published_at timestamptz NOT NULL DEFAULT now(),
     last_published_at  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (source_table, block)

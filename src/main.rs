@@ -195,7 +195,8 @@ async fn run_replay(config: &RelayConfig, options: &replay::Options) -> ExitCode
                 println!("{line}");
             }
             let verb = if options.dry_run { "would replay" } else { "replayed" };
-            let ready = if options.dry_run { outcome.lines.len() as u64 - outcome.refused } else { outcome.replayed };
+            let ready =
+                if options.dry_run { outcome.lines.len() as u64 - outcome.refused } else { outcome.replayed };
             println!("{verb} {ready} letter(s); {} cannot be, and stay", outcome.refused);
             ExitCode::from(if outcome.refused == 0 { 0 } else { EXIT_FAILURE })
         }

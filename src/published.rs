@@ -11,7 +11,7 @@
 //! - without the table or the privilege the relay says so once at start and records nothing:
 //!   verify then cannot vouch for deleted rows, and says so.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::time::SystemTime;
 
 use tokio_postgres::GenericClient;
@@ -22,17 +22,19 @@ use crate::error::RelayError;
 pub const BLOCK: i64 = 8192;
 const WORDS: usize = (BLOCK / 64) as usize;
 
-const RECORD_SQL: &str = "INSERT INTO outbox_relay_published AS p (source_table, block, ids) \
-     SELECT $1::text, id / 8192, bit_or(B'1'::bit(8192) >> (id % 8192)::int) \
+const RECORD_SQL: &str = "INSERT INTO outbox_relay_published AS p (source_table, block, ids, topics) \
+     SELECT $1::text, id / 8192, bit_or(B'1'::bit(8192) >> (id % 8192)::int), $3::text[] \
      FROM unnest($2::bigint[]) AS id GROUP BY id / 8192 ORDER BY 2 \
-     ON CONFLICT (source_table, block) DO UPDATE SET ids = p.ids | EXCLUDED.ids, last_published_at = now()";
+     ON CONFLICT (source_table, block) DO UPDATE SET ids = p.ids | EXCLUDED.ids, last_published_at = now(), \
+     topics = CASE WHEN EXCLUDED.topics <@ p.topics THEN p.topics \
+                   ELSE ARRAY(SELECT DISTINCT unnest(p.topics || EXCLUDED.topics)) END";
 
 /// Whether the table exists and this role may write it.
 pub const USABLE_SQL: &str = "SELECT CASE WHEN to_regclass('outbox_relay_published') IS NULL THEN false \
      ELSE has_table_privilege('outbox_relay_published', 'INSERT') \
      AND has_table_privilege('outbox_relay_published', 'UPDATE') END";
 
-const LOAD_SQL: &str = "SELECT block, ids::text, first_published_at FROM outbox_relay_published \
+const LOAD_SQL: &str = "SELECT block, ids::text, first_published_at, topics FROM outbox_relay_published \
      WHERE source_table = $1 AND last_published_at >= coalesce($2, '-infinity'::timestamptz)";
 
 /// Writes the record for one source table.
@@ -63,26 +65,47 @@ impl Recorder {
         Recorder { source_table: String::new(), enabled: false }
     }
 
-    /// Records `ids` (those that are not non-negative integers are passed over).
-    pub async fn record<'a>(
-        &self,
-        client: &impl GenericClient,
-        ids: impl IntoIterator<Item = &'a str>,
-    ) -> Result<(), RelayError> {
-        if !self.enabled {
+    /// Records what `sent` holds.
+    pub async fn record(&self, client: &impl GenericClient, sent: &Sent) -> Result<(), RelayError> {
+        if !self.enabled || sent.ids.is_empty() {
             return Ok(());
         }
-        let numbers: Vec<i64> = ids.into_iter().filter_map(numeric_id).collect();
-        self.record_numbers(client, &numbers).await
+        let topics: Vec<&String> = sent.topics.iter().collect();
+        client.execute(RECORD_SQL, &[&self.source_table, &sent.ids, &topics]).await?;
+        Ok(())
+    }
+}
+
+/// Events handed to Kafka (or acknowledged), to record: their ids and topics.
+#[derive(Debug, Default)]
+pub struct Sent {
+    ids: Vec<i64>,
+    topics: BTreeSet<String>,
+}
+
+impl Sent {
+    /// Notes the event `id` sent to `topic` (an id that is not a non-negative integer is not
+    /// recorded).
+    pub fn add(&mut self, id: &str, topic: &str) {
+        if let Some(id) = numeric_id(id) {
+            self.ids.push(id);
+            if !self.topics.contains(topic) {
+                self.topics.insert(topic.to_string());
+            }
+        }
     }
 
-    /// Records `ids`, every one a non-negative integer.
-    pub async fn record_numbers(&self, client: &impl GenericClient, ids: &[i64]) -> Result<(), RelayError> {
-        if !self.enabled || ids.is_empty() {
-            return Ok(());
-        }
-        client.execute(RECORD_SQL, &[&self.source_table, &ids]).await?;
-        Ok(())
+    /// The events `ids`, sent to some of `topics`.
+    pub fn of<'a>(ids: impl IntoIterator<Item = &'a str>, topics: BTreeSet<String>) -> Sent {
+        Sent { ids: ids.into_iter().filter_map(numeric_id).collect(), topics }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.ids.len()
     }
 }
 
@@ -124,7 +147,9 @@ impl IdBits {
     pub fn ids(&self) -> impl Iterator<Item = i64> + '_ {
         self.blocks.iter().flat_map(|(block, words)| {
             words.iter().enumerate().flat_map(move |(w, word)| {
-                (0..64).filter(move |b| word & (1 << b) != 0).map(move |b| block * BLOCK + (w * 64 + b) as i64)
+                (0..64)
+                    .filter(move |b| word & (1 << b) != 0)
+                    .map(move |b| block * BLOCK + (w * 64 + b) as i64)
             })
         })
     }
@@ -142,6 +167,8 @@ pub struct Record {
     pub published: IdBits,
     /// Blocks first written at or after the window's start: ids the window may call missing.
     pub recent: IdBits,
+    /// The topics of the blocks read.
+    pub topics: BTreeSet<String>,
 }
 
 impl Record {
@@ -162,6 +189,7 @@ impl Record {
         for row in client.query(LOAD_SQL, &[&source_table, &touched_since]).await? {
             let (block, text, first): (i64, String, SystemTime) = (row.get(0), row.get(1), row.get(2));
             record.published.set_block(block, &text);
+            record.topics.extend(row.get::<_, Vec<String>>(3));
             if since.is_none_or(|since| first >= since) {
                 record.recent.set_block(block, &text);
             }

@@ -30,6 +30,7 @@ mod orders_security;
 mod outage;
 mod polling;
 mod publication;
+mod replay;
 mod replication;
 mod roles;
 mod secrets;

@@ -205,3 +205,63 @@ async fn skipped_rows(s: &Setup, client: &tokio_postgres::Client, n: usize, mode
     }
     ids
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_deleted_after_publishing_are_vouched_for_and_a_phantom_and_a_lost_record_still_named() {
+    for mode in ["polling", "replication"] {
+        deleted_rows_are_vouched_for(mode).await;
+    }
+}
+
+/// Polling in `delete` mode, or replication with the rows deleted after publishing (a cleanup).
+async fn deleted_rows_are_vouched_for(mode: &str) {
+    // given a relay that published every event, and no row left of them
+    let s = Setup::create(&services().kafka, "", true, |slot| RelayToml::either(mode, slot)).await;
+    let mut client = s.db.client().await;
+    create_aggregates(&client, 10).await;
+    let consumer = consumer(&[&s.topic]);
+    let mut relay = s.start("relay");
+    relay.wait_ready("active").await;
+    for i in 0..EVENTS / 3 {
+        write_events(&mut client, &s.aggregate_type, &format!("agg-{}", i % 10), 3, true).await;
+    }
+    let records = consume_unique(&consumer, EVENTS, IDLE, LINGER).await;
+    // (the relay goes on streaming: verify knows what the slot has confirmed)
+    client.execute("DELETE FROM outbox_events", &[]).await.unwrap();
+
+    // when verify compares the (empty) table with the topic
+    let (code, report) = verify(&s, &[]);
+
+    // then no record is unexpected: the relay's record of what it published vouches for each
+    assert_eq!(code, 0, "{mode}: {report}");
+    assert_eq!(report["published_elsewhere"], EVENTS, "{mode}: {report}");
+    for class in ["missing", "pending", "unexpected", "duplicated", "out_of_order", "mismatched"] {
+        assert_eq!(count(&report, class), 0, "{mode} {class}: {report}");
+    }
+
+    // when a record appears that no row ever had, and the record says an id was published that
+    // Kafka lacks (an id between the events', which no row had)
+    let mut phantom = records[1].clone();
+    set_header(&mut phantom, "id", "987654321");
+    produce_again(&phantom).await;
+    let ids: std::collections::HashSet<i64> =
+        records.iter().map(|r| r.header("id").unwrap().parse().unwrap()).collect();
+    let lost = (*ids.iter().min().unwrap()..*ids.iter().max().unwrap()).find(|id| !ids.contains(id)).unwrap();
+    client
+        .execute(
+            "UPDATE outbox_relay_published SET ids = ids | (B'1'::bit(8192) >> ($1::bigint % 8192)::int) \
+             WHERE block = $1::bigint / 8192",
+            &[&lost],
+        )
+        .await
+        .unwrap();
+
+    // then verify names both
+    let (code, report) = verify(&s, &["--show", "50"]);
+    assert_eq!(code, 1, "{mode}: {report}");
+    assert_eq!(count(&report, "unexpected"), 1, "{mode}: {report}");
+    assert!(report["unexpected"]["first"][0].as_str().unwrap().starts_with("987654321 ("), "{report}");
+    assert_eq!(count(&report, "missing"), 1, "{mode}: {report}");
+    assert_eq!(report["missing"]["first"][0], format!("{lost} (published, row deleted)"), "{mode}: {report}");
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
+}

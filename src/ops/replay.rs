@@ -24,7 +24,7 @@ use crate::config::RelayConfig;
 use crate::delivery::record::{KafkaRecord, Mapping, OutboxRow};
 use crate::error::{FatalReason, RelayError};
 use crate::ops::verify::records::REPLAYED_HEADER;
-use crate::published::Recorder;
+use crate::published::{Recorder, Sent};
 use crate::sink::kafka::KafkaSink;
 use crate::table::{OutboxTable, qualified_name};
 
@@ -82,7 +82,12 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, Rel
     }
     if options.dry_run {
         for (letter, record) in &records {
-            outcome.lines.push(format!("letter {} (event {}): would send {}", letter.id, letter.event_id, describe(record)));
+            outcome.lines.push(format!(
+                "letter {} (event {}): would send {}",
+                letter.id,
+                letter.event_id,
+                describe(record)
+            ));
         }
         return Ok(outcome);
     }
@@ -90,16 +95,23 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, Rel
         return Ok(outcome);
     }
     may_remove(&tx, &letters_table, &table).await?;
-    let mut sink = KafkaSink::new(&config.kafka).map_err(|e| RelayError::Kafka(format!("cannot create a producer: {e}")))?;
+    let mut sink = KafkaSink::new(&config.kafka)
+        .map_err(|e| RelayError::Kafka(format!("cannot create a producer: {e}")))?;
     sink.set_source(&source);
     let acked = send(&sink, &records, config.kafka.message_timeout_ms, &mut outcome).await;
     let sent: Vec<&(Letter, KafkaRecord)> = records.iter().filter(|(l, _)| acked.contains(&l.id)).collect();
     remove(&tx, &letters_table, &table.delete_ids_sql(&id_type), &sent).await?;
-    recorder.record(&tx, sent.iter().map(|(l, _)| l.event_id.as_str())).await?;
+    let topics = sent.iter().map(|(_, r)| r.topic.clone()).collect();
+    recorder.record(&tx, &Sent::of(sent.iter().map(|(l, _)| l.event_id.as_str()), topics)).await?;
     tx.commit().await?;
     for (letter, record) in sent {
         outcome.replayed += 1;
-        outcome.lines.push(format!("letter {} (event {}): sent {}", letter.id, letter.event_id, describe(record)));
+        outcome.lines.push(format!(
+            "letter {} (event {}): sent {}",
+            letter.id,
+            letter.event_id,
+            describe(record)
+        ));
     }
     Ok(outcome)
 }
@@ -148,7 +160,11 @@ fn describe(record: &KafkaRecord) -> String {
 }
 
 /// Fails before anything is sent when this role could not remove the letters and rows.
-async fn may_remove(tx: &Transaction<'_>, letters_table: &str, table: &OutboxTable) -> Result<(), RelayError> {
+async fn may_remove(
+    tx: &Transaction<'_>,
+    letters_table: &str,
+    table: &OutboxTable,
+) -> Result<(), RelayError> {
     let row = tx
         .query_one(
             "SELECT has_table_privilege($1, 'DELETE'), has_table_privilege($2, 'DELETE')",
@@ -159,12 +175,15 @@ async fn may_remove(tx: &Transaction<'_>, letters_table: &str, table: &OutboxTab
     if letters && outbox {
         return Ok(());
     }
-    Err(RelayError::fatal(FatalReason::Privilege, format!(
-        "this role may not DELETE from {}: a replayed letter is removed with its event's row in one transaction -- \
+    Err(RelayError::fatal(
+        FatalReason::Privilege,
+        format!(
+            "this role may not DELETE from {}: a replayed letter is removed with its event's row in one transaction -- \
          run replay-dead-letters as the outbox's owner, or GRANT DELETE ON {letters_table}, {} TO the role",
-        if letters { table.display_name() } else { letters_table.to_string() },
-        table.qualified()
-    )))
+            if letters { table.display_name() } else { letters_table.to_string() },
+            table.qualified()
+        ),
+    ))
 }
 
 /// Sends every record and waits for its report; returns the letters Kafka acknowledged, and

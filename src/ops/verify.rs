@@ -25,9 +25,9 @@ use tokio_postgres::Client;
 
 use crate::config::{RelayConfig, SourceMode};
 use crate::delivery::record::Mapping;
+use crate::published::{IdBits, Record};
 use crate::table::{OutboxTable, outbox_row};
 use expected::{Expected, fingerprint};
-use crate::published::{IdBits, Record};
 use records::{Located, Reader};
 use report::Report;
 
@@ -84,13 +84,17 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Report, Veri
     let mut expected =
         read_rows(&mut client, &table, config, (since, until), options.show, &mut report).await?;
     // read before the slot's target position: every id recorded by then was committed before it
-    let touched_since = since.map(|at| at.checked_sub(records::CLOCK_SLACK).unwrap_or(SystemTime::UNIX_EPOCH));
+    let touched_since =
+        since.map(|at| at.checked_sub(records::CLOCK_SLACK).unwrap_or(SystemTime::UNIX_EPOCH));
     let record = Record::load(&client, &table.display_name(), touched_since, since).await?;
     let caught_up = match config.source.mode {
         SourceMode::Replication => slot_caught_up(&client, &config.replication.slot, options.wait).await?,
         SourceMode::Polling => Ok(()),
     };
     let reader_source = config.kafka.source_headers.then_some(source);
+    // rows deleted after publishing leave their topics in the record only
+    expected.topics.extend(record.topics);
+    report.topics = expected.topics.iter().cloned().collect();
     let reader = Reader::new(&config.kafka, reader_source, since, record.published, options.show)
         .map_err(|e| VerifyError::Failed(format!("cannot create a Kafka client: {e}")))?;
     let (scan, expected) = tokio::task::spawn_blocking(move || {
@@ -118,7 +122,8 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Report, Veri
     classify_rows(&lookup, &expected, caught_up, options.show, &mut report).await?;
     classify_outside(&lookup, &scan.outside, options.show, &mut report).await?;
     let floor = if since.is_some() { Some(0) } else { scan.lowest_id };
-    classify_recorded(&lookup, &expected, &record.recent, &scan, floor, caught, options.show, &mut report).await?;
+    classify_recorded(&lookup, &expected, &record.recent, &scan, floor, caught, options.show, &mut report)
+        .await?;
     report.memory_bytes = expected.memory_bytes();
     report.seconds = started.elapsed().as_secs_f64();
     Ok(report)

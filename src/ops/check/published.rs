@@ -23,6 +23,10 @@ pub(super) async fn finding(client: &Client, role: &str) -> Finding {
             "apply sql/010_published.sql and sql/100_relay_role.sql (GRANT SELECT, INSERT, UPDATE ON \
              outbox_relay_published TO the relay's role)",
         ),
-        Err(e) => Finding::warn(CHECK, format!("cannot check outbox_relay_published: {e}"), "apply sql/010_published.sql"),
+        Err(e) => Finding::warn(
+            CHECK,
+            format!("cannot check outbox_relay_published: {e}"),
+            "apply sql/010_published.sql",
+        ),
     }
 }

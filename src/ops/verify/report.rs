@@ -127,7 +127,10 @@ impl Report {
             "rows gone", self.published_elsewhere
         ));
         if self.replayed > 0 {
-            out.push_str(&format!("  {:<14}{:>10}  (records sent by replay-dead-letters)\n", "replayed", self.replayed));
+            out.push_str(&format!(
+                "  {:<14}{:>10}  (records sent by replay-dead-letters)\n",
+                "replayed", self.replayed
+            ));
         }
         if !self.record_kept {
             out.push_str(

@@ -155,14 +155,16 @@ impl KafkaSink {
         loop {
             let mut headers = OwnedHeaders::new_with_capacity(event.row_headers.len() + 5);
             // the relay's own headers first: a row header of the same name does not shadow them
-            if let (Some(source), Some(position)) = (&self.source, &event.position) {
+            // (a replayed dead letter has no position: `replay-dead-letters`)
+            if let Some(source) = &self.source {
+                headers = headers.insert(Header { key: SOURCE_HEADER, value: Some(source.as_bytes()) });
+            }
+            if let (Some(_), Some(position)) = (&self.source, &event.position) {
                 let mut text = [0u8; 64];
                 let mut cursor = &mut text[..];
                 write!(cursor, "{position}").expect("a position fits in 64 bytes");
                 let written = 64 - cursor.len();
-                headers = headers
-                    .insert(Header { key: SOURCE_HEADER, value: Some(source.as_bytes()) })
-                    .insert(Header { key: POSITION_HEADER, value: Some(&text[..written]) });
+                headers = headers.insert(Header { key: POSITION_HEADER, value: Some(&text[..written]) });
             }
             for (key, value) in event.headers() {
                 headers = headers.insert(Header { key, value: Some(value.as_bytes()) });

@@ -17,7 +17,7 @@
 //!   published and nothing acknowledged is published again. What is decided between the claim
 //!   and its release is [`batch`]'s; the claim's size is [`claim`]'s.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::future::Future;
 use std::time::{Duration, Instant};
 
@@ -33,12 +33,12 @@ use crate::error::RelayError;
 use crate::observe::health::LockHolder;
 use crate::observe::metrics::{Mode, metrics};
 use crate::observe::pulse::Pulse;
+use crate::published::{Recorder, Sent};
 use crate::sink::dedup::{self, Dedup, Lookback};
 use crate::sink::kafka::KafkaSink;
 use crate::sink::{Reports, Sink};
 use crate::source::handover;
 use crate::supervisor::Source;
-use crate::published::Recorder;
 use crate::table::{OutboxTable, RowAt, quote_ident};
 use batch::{Deadline, Settlement};
 use claim::{HeldRow, Statements, already_dead_lettered};
@@ -347,10 +347,11 @@ impl<S: Sink> PollingSource<S> {
             }
             return Ok(BatchOutcome { full: true, ..BatchOutcome::default() });
         }
+        let topics = rows.iter().filter_map(|(_, row)| row.as_ref().ok()).map(|r| r.topic.clone()).collect();
         let settlement = batch::deliver(delivery, reports, rows, dead_lettered, deadline).await?;
         let read = if settlement.again { settlement.release.len() } else { claimed };
         metrics().events_read.with_label_values(&[MODE.label()]).inc_by(read as u64);
-        let dead_lettered = self.release(&tx, statements, &settlement).await?;
+        let dead_lettered = self.release(&tx, statements, &settlement, topics).await?;
         tx.commit().await?;
         self.dead_letters.report(&settlement.letters);
         Ok(BatchOutcome {
@@ -362,19 +363,20 @@ impl<S: Sink> PollingSource<S> {
         })
     }
 
-    /// Releases the settled rows and moves the dead letters to their table, in `tx`; returns how
-    /// many letters were written.
+    /// Releases the settled rows (recording them as published, to some of the claim's `topics`)
+    /// and moves the dead letters to their table, in `tx`; returns how many letters were written.
     async fn release(
         &self,
         tx: &Transaction<'_>,
         statements: &Statements,
         settlement: &Settlement,
+        topics: BTreeSet<String>,
     ) -> Result<u64, RelayError> {
         let Settlement { release, letters, lettered, .. } = settlement;
         if !release.is_empty() {
             let (tableoids, ctids) = RowAt::params(release);
             tx.execute(&statements.release, &[&tableoids, &ctids]).await?;
-            self.recorder.record(tx, release.iter().map(|r| r.id.as_str())).await?;
+            self.recorder.record(tx, &Sent::of(release.iter().map(|r| r.id.as_str()), topics)).await?;
         }
         if letters.is_empty() {
             return Ok(0);

@@ -27,7 +27,7 @@ use crate::delivery::{Delivery, Settled};
 use crate::error::RelayError;
 use crate::lsn::Lsn;
 use crate::observe::metrics::Clock;
-use crate::published::Recorder;
+use crate::published::{Recorder, Sent};
 use crate::sink::{Reports, Sink};
 use crate::table::{OutboxTable, outbox_row, quote_literal};
 
@@ -104,9 +104,9 @@ impl FirstCopy<'_> {
                 None => copying.settle(shutdown).await?,
             }
             self.write(&mut copying.letters).await?;
-            if next.is_none() || copying.sent_ids.len() >= COPY_CHUNK {
+            if next.is_none() || copying.sent.len() >= COPY_CHUNK {
                 // before the copy is marked done (the caller), every id handed to Kafka is recorded
-                self.recorder.record_numbers(self.letters_to, &std::mem::take(&mut copying.sent_ids)).await?;
+                self.recorder.record(self.letters_to, &std::mem::take(&mut copying.sent)).await?;
             }
             if next.is_none() {
                 break;
@@ -142,7 +142,7 @@ struct Copying<'a, S: Sink> {
     /// Dead letters to write, emptied by the caller.
     letters: Vec<DeadLetter>,
     /// Ids handed to Kafka (or found there), to record as published; emptied by the caller.
-    sent_ids: Vec<i64>,
+    sent: Sent,
 }
 
 impl<'a, S: Sink> Copying<'a, S> {
@@ -155,8 +155,8 @@ impl<'a, S: Sink> Copying<'a, S> {
         // the copy is the one sending: reports of earlier sessions' records are passed over
         let reports = delivery.reports().await;
         let report = CopyReport::default();
-        let (letters, sent_ids) = (Vec::new(), Vec::new());
-        Copying { delivery, reports, mapping, point, chunk, index: 0, report, letters, sent_ids }
+        let (letters, sent) = (Vec::new(), Sent::default());
+        Copying { delivery, reports, mapping, point, chunk, index: 0, report, letters, sent }
     }
 
     /// Hands the next row over; settles the chunk when it is full, or held.
@@ -171,7 +171,7 @@ impl<'a, S: Sink> Copying<'a, S> {
         match self.mapping.to_record(raw, created_at) {
             Ok(mut record) => {
                 record.position = Some(Position::Copy { point: self.point, index });
-                self.sent_ids.extend(crate::published::numeric_id(&record.id));
+                self.sent.add(&record.id, &record.topic);
                 // settled at once only when the topic holds it already
                 if self.delivery.send(index, record, Instant::now()).await?.is_some() {
                     self.report.already_in_kafka += 1;

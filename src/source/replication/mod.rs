@@ -147,6 +147,8 @@ impl<S: Sink> ReplicationSource<S> {
         let (outbox, replication) = (&self.config.outbox, &self.config.replication);
         let feed =
             Feed::new(delivery, confirmed, outbox, &self.mapping, replication, self.table.display_name());
-        StreamSession::new(&self.config, &self.dead_letters, &self.recorder, &client, wal, feed).run(shutdown).await
+        StreamSession::new(&self.config, &self.dead_letters, &self.recorder, &client, wal, feed)
+            .run(shutdown)
+            .await
     }
 }

@@ -219,12 +219,12 @@ impl<'a, S: Sink> StreamSession<'a, S> {
         if lsn <= self.confirmed {
             return Ok(());
         }
-        if self.feed.has_sent_ids() {
+        if self.feed.has_sent() {
             let interval = Duration::from_millis(self.config.replication.status_interval_ms);
             if self.feed.delivery.records() > 0 && self.recorded_at.elapsed() < interval {
                 return Ok(());
             }
-            self.recorder.record_numbers(self.client, &self.feed.take_sent_ids()).await?;
+            self.recorder.record(self.client, &self.feed.take_sent()).await?;
             self.recorded_at = Instant::now();
         }
         self.confirmed = lsn;

@@ -29,6 +29,7 @@ use crate::delivery::{Delivery, Settled};
 use crate::error::{FatalReason, RelayError};
 use crate::lsn::Lsn;
 use crate::observe::metrics::{Clock, SkippedKind, metrics};
+use crate::published::Sent;
 use crate::sink::{Report, Sink};
 
 /// The transaction being read (between Begin and Commit).
@@ -66,7 +67,7 @@ pub(in crate::source::replication) struct Feed<'a, S: Sink> {
     written: Vec<Written>,
     /// Ids handed to Kafka and not yet recorded as published (see [`crate::published`]): the
     /// session records them before it confirms a position past them.
-    sent_ids: Vec<i64>,
+    sent: Sent,
     /// This mode's `events_read_total` (looked up once).
     read: IntCounter,
 }
@@ -92,7 +93,7 @@ impl<'a, S: Sink> Feed<'a, S> {
             open: None,
             letters: Vec::new(),
             written: Vec::new(),
-            sent_ids: Vec::new(),
+            sent: Sent::default(),
             read: metrics().events_read.with_label_values(&[MODE.label()]),
         }
     }
@@ -292,7 +293,7 @@ impl<'a, S: Sink> Feed<'a, S> {
             Ok(mut event) => {
                 event.position = Some(Position::Stream { commit: txn.commit_lsn, index: txn.next_index });
                 self.tracker.sent(txn.id);
-                self.sent_ids.extend(crate::published::numeric_id(&event.id));
+                self.sent.add(&event.id, &event.topic);
                 if let Some(settled) = self.delivery.send(txn.id, event, self.turn_at).await? {
                     self.settled(settled);
                 }
@@ -346,13 +347,13 @@ impl<'a, S: Sink> Feed<'a, S> {
         self.tracker.advance()
     }
 
-    pub(super) fn has_sent_ids(&self) -> bool {
-        !self.sent_ids.is_empty()
+    pub(super) fn has_sent(&self) -> bool {
+        !self.sent.is_empty()
     }
 
-    /// The ids handed to Kafka since the last call, for the record of what was published.
-    pub(super) fn take_sent_ids(&mut self) -> Vec<i64> {
-        std::mem::take(&mut self.sent_ids)
+    /// The events handed to Kafka since the last call, for the record of what was published.
+    pub(super) fn take_sent(&mut self) -> Sent {
+        std::mem::take(&mut self.sent)
     }
 
     /// The position the tracker would confirm.

@@ -1,0 +1,122 @@
+//! `outbox-relay replay-dead-letters` against the real PostgreSQL and broker: a dead-lettered
+//! event is `unpublishable` to `verify` (never `missing`), a letter whose cause is not fixed
+//! stays, and a fixed one reaches Kafka under its event's own id, its letter and row removed in
+//! one go, so that `verify` then finds everything.
+
+use crate::common;
+
+use common::workload::*;
+use common::*;
+use serde_json::Value;
+
+/// `verify --format json`: (exit code, report).
+fn verify(s: &Setup, args: &[&str]) -> (i32, Value) {
+    let config = s.config().display().to_string();
+    let mut all =
+        vec!["verify", "--config", &config, "--format", "json", "--wait-secs", "20", "--show", "50"];
+    all.extend_from_slice(args);
+    let (code, stdout, stderr) = run_relay(&all, EXIT_LIMIT);
+    let report = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}{stderr}"));
+    (code, report)
+}
+
+fn replay(s: &Setup, args: &[&str]) -> (i32, String) {
+    let config = s.config().display().to_string();
+    let mut all = vec!["replay-dead-letters", "--config", &config];
+    all.extend_from_slice(args);
+    let (code, stdout, stderr) = run_relay(&all, EXIT_LIMIT);
+    (code, format!("{stdout}{stderr}"))
+}
+
+async fn letters(client: &tokio_postgres::Client) -> i64 {
+    client.query_one("SELECT count(*) FROM outbox_dead_letter", &[]).await.unwrap().get(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dead_lettered_event_is_unpublishable_until_replayed_under_its_own_id() {
+    // given a streaming relay whose rows may name a topic, on a broker that does not create
+    // topics, and between two transactions an event for a topic that does not exist (Kafka
+    // refuses it: it is dead-lettered, and its row stays in the outbox)
+    let kafka = "properties = { \"allow.auto.create.topics\" = \"false\", \"topic.metadata.propagation.max.ms\" = \"2000\" }";
+    let s = Setup::create(&services().kafka, kafka, true, |slot| {
+        RelayToml::replication(slot).set("outbox", "row_topics", true).set_literal(
+            "outbox",
+            "allowed_topics",
+            "[\"outbox.event.*\", \"missing-*\"]",
+        )
+    })
+    .await;
+    let mut client = s.db.client().await;
+    create_aggregates(&client, 2).await;
+    let consumer = consumer(&[&s.topic]);
+    let mut relay = s.start("relay");
+    relay.wait_ready("active").await;
+    write_events(&mut client, &s.aggregate_type, "agg-1", 3, true).await;
+    let missing = random_topic("missing");
+    let lettered: String = client
+        .query_one(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, topic) \
+             VALUES ($1, 'agg-1', 'E', '{\"n\": 1}', $2) RETURNING id::text",
+            &[&s.aggregate_type, &missing],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    write_events(&mut client, &s.aggregate_type, "agg-1", 3, true).await;
+    consume_unique(&consumer, 6, IDLE, LINGER).await;
+    wait_until("the dead letter", async || letters(&client).await == 1).await;
+
+    // when verify compares: the event is unpublishable, with the letter's reason, not missing
+    let (code, report) = verify(&s, &[]);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["missing"]["count"], 0, "{report}");
+    assert_eq!(report["unpublishable"]["count"], 1, "{report}");
+    let first = report["unpublishable"]["first"][0].as_str().unwrap();
+    assert!(first.starts_with(&format!("{lettered} (dead-lettered: ")), "{report}");
+
+    // when it is replayed with data that still cannot map, or before its topic exists: refused,
+    // named, and it stays
+    let set_topic =
+        "UPDATE outbox_dead_letter SET row_data = jsonb_set(row_data, '{topic}', to_jsonb($1::text))";
+    client.execute(set_topic, &[&"elsewhere"]).await.unwrap();
+    let (code, out) = replay(&s, &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains(&format!("(event {lettered}): still cannot be published")), "{out}");
+    client.execute(set_topic, &[&missing]).await.unwrap();
+    let (code, out) = replay(&s, &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("Kafka refused it"), "{out}");
+    assert_eq!(letters(&client).await, 1);
+
+    // when its cause is fixed (the topic created), tried dry, then replayed
+    create_topic(&missing, 1).await;
+    let (code, out) = replay(&s, &["--dry-run"]);
+    assert!(code == 0 && out.contains("would send") && out.contains("would replay 1"), "{out}");
+    assert_eq!(letters(&client).await, 1, "a dry run changes nothing");
+    let (code, out) = replay(&s, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("replayed 1 letter(s)"), "{out}");
+
+    // then Kafka holds it once, under its event's id, marked replayed; its letter and row are gone
+    let replayed = consume_unique(&common::consumer(&[&missing]), 1, IDLE, LINGER).await;
+    assert_eq!(replayed.len(), 1);
+    assert_eq!(replayed[0].header("id"), Some(lettered.as_str()));
+    assert!(replayed[0].header("outbox_relay_replayed").is_some(), "{:?}", replayed[0].headers);
+    assert_eq!(letters(&client).await, 0);
+    let rows: i64 = client
+        .query_one("SELECT count(*) FROM outbox_events WHERE id = $1::text::bigint", &[&lettered])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 0);
+
+    // and verify finds everything, once, the replay neither out of order nor unexpected
+    let (code, report) = verify(&s, &[]);
+    assert_eq!(code, 0, "{report}");
+    for class in ["missing", "unexpected", "unpublishable", "out_of_order", "mismatched", "duplicated"] {
+        assert_eq!(report[class]["count"], 0, "{class}: {report}");
+    }
+    assert_eq!(report["replayed"], 1, "{report}");
+    assert_eq!(report["published_elsewhere"], 1, "{report}");
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
+}
