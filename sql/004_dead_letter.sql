@@ -3,12 +3,13 @@
 -- removes them from the outbox, so nothing is lost and nothing is skipped silently.
 -- row_data has one shape in both modes: the event's columns as text, keyed by the default column
 -- names (id, aggregate_type, aggregate_id, event_type, payload, headers, topic).
--- Replay one after fixing its cause:
---   INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, headers, topic)
---   SELECT row_data->>'aggregate_type', row_data->>'aggregate_id', row_data->>'event_type',
---          (row_data->>'payload')::jsonb, (row_data->>'headers')::jsonb, row_data->>'topic'
---   FROM outbox_dead_letter WHERE id = ...;
---   DELETE FROM outbox_dead_letter WHERE id = ...;
+-- Replay after fixing the cause (the topic, the size limit, or the data in row_data: the letter is
+-- what is replayed, not the outbox row), as the outbox's owner:
+--   outbox-relay replay-dead-letters --config owner.toml [--ids 42,43] [--dry-run]
+-- It publishes each letter under its event's own id, and removes the letter and the event's row
+-- in one transaction once Kafka acknowledged it (README, "Replaying dead letters"). Do not
+-- re-insert a letter into the outbox by hand: it would be published under a new id, and verify
+-- would find the old one missing.
 CREATE TABLE IF NOT EXISTS outbox_dead_letter (
     id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     source_table     text        NOT NULL,   -- schema.table the row came from

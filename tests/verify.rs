@@ -264,4 +264,10 @@ async fn deleted_rows_are_vouched_for(mode: &str) {
     assert_eq!(count(&report, "missing"), 1, "{mode}: {report}");
     assert_eq!(report["missing"]["first"][0], format!("{lost} (published, row deleted)"), "{mode}: {report}");
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
+    if mode == "polling" {
+        // and a row delete mode still holds is one not yet published: pending, not missing
+        write_events(&mut client, &s.aggregate_type, "agg-1", 1, true).await;
+        let (_, report) = verify(&s, &[]);
+        assert_eq!((count(&report, "pending"), count(&report, "missing")), (1, 1), "{report}");
+    }
 }

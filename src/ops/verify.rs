@@ -23,7 +23,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio_postgres::Client;
 
-use crate::config::{RelayConfig, SourceMode};
+use crate::config::{AfterPublish, RelayConfig, SourceMode};
 use crate::delivery::record::Mapping;
 use crate::published::{IdBits, Record};
 use crate::table::{OutboxTable, outbox_row};
@@ -89,8 +89,14 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Report, Veri
     let record = Record::load(&client, &table.display_name(), touched_since, since).await?;
     let caught_up = match config.source.mode {
         SourceMode::Replication => slot_caught_up(&client, &config.replication.slot, options.wait).await?,
+        // a row delete mode keeps is one not yet published
+        SourceMode::Polling if config.polling.after_publish == AfterPublish::Delete => {
+            Err("not yet published (polling.after_publish = \"delete\" keeps only unpublished rows)".into())
+        }
         SourceMode::Polling => Ok(()),
     };
+    // polling records an id once Kafka acknowledged it; replication before the slot confirms it
+    let recorded_owed = config.source.mode == SourceMode::Polling || caught_up.is_ok();
     let reader_source = config.kafka.source_headers.then_some(source);
     // rows deleted after publishing leave their topics in the record only
     expected.topics.extend(record.topics);
@@ -118,12 +124,20 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Report, Veri
         id_type: table.id_type(&client).await?,
         letters: letters_sql(config),
     };
-    let caught = caught_up.is_ok();
     classify_rows(&lookup, &expected, caught_up, options.show, &mut report).await?;
     classify_outside(&lookup, &scan.outside, options.show, &mut report).await?;
     let floor = if since.is_some() { Some(0) } else { scan.lowest_id };
-    classify_recorded(&lookup, &expected, &record.recent, &scan, floor, caught, options.show, &mut report)
-        .await?;
+    classify_recorded(
+        &lookup,
+        &expected,
+        &record.recent,
+        &scan,
+        floor,
+        recorded_owed,
+        options.show,
+        &mut report,
+    )
+    .await?;
     report.memory_bytes = expected.memory_bytes();
     report.seconds = started.elapsed().as_secs_f64();
     Ok(report)
