@@ -24,6 +24,8 @@ mod common;
 mod dedup;
 #[path = "harness/profile.rs"]
 mod profile;
+#[path = "harness/record.rs"]
+mod record;
 #[path = "harness/report.rs"]
 mod report;
 #[path = "harness/scaling.rs"]
@@ -58,7 +60,8 @@ struct Options {
     duration: Duration,
     out: Option<String>,
     /// `--only dedup`: only the cost of exactly once (`harness/dedup.rs`); `--only verify`: only
-    /// what `verify` costs (`harness/verify.rs`).
+    /// what `verify` costs (`harness/verify.rs`); `--only record`: what the record of what was
+    /// published costs (`harness/record.rs`).
     only: Option<String>,
     /// `--events` was given (sections with a default of their own keep it otherwise).
     events_given: bool,
@@ -93,7 +96,9 @@ fn options() -> Options {
             }
             "--duration-secs" => o.duration = Duration::from_secs(value.parse().expect("--duration-secs N")),
             "--out" => o.out = if value == "-" { None } else { Some(value) },
-            "--only" if ["dedup", "verify", "scaling"].contains(&value.as_str()) => o.only = Some(value),
+            "--only" if ["dedup", "verify", "scaling", "record"].contains(&value.as_str()) => {
+                o.only = Some(value)
+            }
             other => panic!("unknown option {other}; see benches/harness.rs"),
         }
         i += 2;
@@ -661,6 +666,15 @@ async fn main() {
             println!("{table}");
             if let Some(out) = &o.out {
                 dedup::write_section(out, "dedup-cost", &table);
+            }
+            return;
+        }
+        Some("record") => {
+            let cost = record::run(&o).await;
+            let table = record::render(&o, &cost);
+            println!("{table}");
+            if let Some(out) = &o.out {
+                dedup::write_section(out, "record-cost", &table);
             }
             return;
         }

@@ -39,8 +39,22 @@ fn settings(on: bool) -> (&'static str, &'static str) {
 
 /// One backlog drain of `events` in `mode`; events/s.
 async fn drain(mode: &'static str, events: usize, on: bool) -> f64 {
+    let (kafka, extra) = settings(on);
+    drain_with(mode, events, kafka, extra, async |_| {}).await
+}
+
+/// One backlog drain of `events` in `mode` with `kafka`/`extra` settings, after `prepare` ran on
+/// the backlog's database; events/s.
+pub(super) async fn drain_with(
+    mode: &'static str,
+    events: usize,
+    kafka: &str,
+    extra: &str,
+    prepare: impl AsyncFnOnce(&tokio_postgres::Client),
+) -> f64 {
     let db = backlog_db().await;
     let client = db.client().await;
+    prepare(&client).await;
     let aggregate_type = format!("c{}", random_suffix());
     create_topic(&format!("outbox.event.{aggregate_type}"), PARTITIONS).await;
     let slot = format!("s_{}", random_suffix());
@@ -49,7 +63,6 @@ async fn drain(mode: &'static str, events: usize, on: bool) -> f64 {
     }
     client.execute("CALL write_backlog($1, $2)", &[&(events as i32), &aggregate_type]).await.unwrap();
     let end = wal_lsn(&client).await;
-    let (kafka, extra) = settings(on);
     let started = Instant::now();
     let relay = Relay::start_with(&db, mode, &slot, kafka, extra);
     wait_until_within(DRAIN_LIMIT, format!("the {mode} drain"), async || {
