@@ -8,11 +8,18 @@
 //!   `outbox_relay_events_blocked` follows the blocked fact wherever it changes;
 //! - `outbox_relay_leader` is 1 exactly while the phase is `Active`: it means leadership, not
 //!   health (a stalled or blocked leader is still the leader);
-//! - liveness allows for the longest deliberate wait: twice the retry cap, at least a minute.
+//! - liveness allows for the longest deliberate wait: twice the retry cap, at least a minute;
+//! - what is said about a stall is about the present: the fact kept is when Kafka went silent,
+//!   and its duration is computed when readiness is asked (a stall noticed after 11 s and asked
+//!   about a minute later says 71 s, not 11);
+//! - the kubelet's probe ([`Health::serving`]) is not readiness: a pod serves no traffic, so it is
+//!   ready once it has started (been active or standby once), while its loop is alive and it is
+//!   not stopping on a fatal error; Kafka and PostgreSQL outages are for `/readyz`, the metrics and
+//!   the alerts, and never hold a node drain.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::observe::metrics::metrics;
 
@@ -35,11 +42,30 @@ pub enum Phase {
 struct Facts {
     phase: Phase,
     /// Kafka acknowledged nothing for a while with records waiting.
-    stalled: Option<String>,
+    stalled: Option<Stall>,
     /// Held at an unpublishable event (`on_poison = "block"`).
     blocked: Option<String>,
     /// Who keeps this standby from the polling lock, as its last session found it.
     lock_holder: Option<LockHolder>,
+}
+
+/// Kafka's silence: since when nothing was acknowledged with records waiting, and what the
+/// brokers' metadata said of it, if anything yet.
+#[derive(Debug, Clone)]
+struct Stall {
+    since: Instant,
+    diagnosis: Option<String>,
+}
+
+impl Stall {
+    /// `Kafka has acknowledged nothing for N s[; diagnosis]`, N as of `now`.
+    fn describe(&self, now: Instant) -> String {
+        let quiet = now.saturating_duration_since(self.since).as_secs();
+        match &self.diagnosis {
+            Some(why) => format!("Kafka has acknowledged nothing for {quiet} s; {why}"),
+            None => format!("Kafka has acknowledged nothing for {quiet} s"),
+        }
+    }
 }
 
 /// The session holding the polling lock, as a standby found it.
@@ -57,6 +83,8 @@ pub(crate) struct LockHolder {
 pub struct Health {
     last_tick_ms: AtomicU64,
     stale_after_ms: u64,
+    /// Been active or standby at least once: through its start (connected, configured).
+    started: AtomicBool,
     facts: Mutex<Facts>,
 }
 
@@ -70,6 +98,7 @@ impl Health {
         Health {
             last_tick_ms: AtomicU64::new(now_ms()),
             stale_after_ms: (max_backoff * 2).max(Duration::from_secs(60)).as_millis() as u64,
+            started: AtomicBool::new(false),
             facts: Mutex::new(Facts {
                 phase: Phase::Starting,
                 stalled: None,
@@ -87,6 +116,9 @@ impl Health {
     pub(crate) fn set_phase(&self, phase: Phase) {
         self.tick();
         metrics().leader.set(i64::from(phase == Phase::Active));
+        if matches!(phase, Phase::Active | Phase::Standby) {
+            self.started.store(true, Ordering::Relaxed);
+        }
         let mut facts = self.facts.lock().unwrap();
         if phase != Phase::Active {
             // a new session starts with neither (a source still holding reports it again)
@@ -101,8 +133,19 @@ impl Health {
         facts.phase = phase;
     }
 
-    pub(crate) fn set_stalled(&self, stalled: Option<String>) {
-        self.facts.lock().unwrap().stalled = stalled;
+    /// Kafka has acknowledged nothing since `since` with records waiting (`Some`), or
+    /// acknowledges again (`None`).
+    pub(crate) fn set_stalled(&self, since: Option<Instant>) {
+        self.facts.lock().unwrap().stalled = since.map(|since| Stall { since, diagnosis: None });
+    }
+
+    /// What the brokers' metadata says of the stall that began at `since`; dropped when that
+    /// stall is over.
+    pub(crate) fn diagnose_stall(&self, since: Instant, why: String) {
+        let mut facts = self.facts.lock().unwrap();
+        if let Some(stall) = facts.stalled.as_mut().filter(|s| s.since == since) {
+            stall.diagnosis = Some(why);
+        }
     }
 
     pub(crate) fn set_blocked(&self, blocked: Option<String>) {
@@ -130,6 +173,11 @@ impl Health {
 
     /// `Ok(body)` when ready, `Err(why)` when not.
     pub fn readiness(&self) -> Result<String, String> {
+        self.readiness_at(Instant::now())
+    }
+
+    /// [`Health::readiness`] as of `now`.
+    fn readiness_at(&self, now: Instant) -> Result<String, String> {
         let facts = self.facts.lock().unwrap();
         match (&facts.phase, &facts.blocked, &facts.stalled) {
             (Phase::Fatal(e), _, _) => Err(format!("degraded: fatal: {e}")),
@@ -142,9 +190,25 @@ impl Health {
                 Some(LockHolder { said, relay: true }) => Ok(format!("standby: {said}")),
                 None => Ok("standby: another instance is active".into()),
             },
-            (Phase::Active, None, Some(stalled)) => Err(format!("degraded: {stalled}")),
+            (Phase::Active, None, Some(stall)) => Err(format!("degraded: {}", stall.describe(now))),
             (Phase::Active, None, None) => Ok("active".into()),
         }
+    }
+
+    /// The kubelet's readiness (`/startedz`): `Ok` once this instance has been active or standby,
+    /// while its loop is alive and it is not stopping on a fatal error, whatever Kafka and
+    /// PostgreSQL do now (a pod serves no traffic: a Kafka outage must not hold a node drain).
+    /// Either way the text is [`Health::readiness`]'s.
+    pub fn serving(&self) -> Result<String, String> {
+        let readiness = self.readiness();
+        let fatal = matches!(self.facts.lock().unwrap().phase, Phase::Fatal(_));
+        if fatal || !self.live() {
+            return Err(readiness.unwrap_or_else(|why| why));
+        }
+        if !self.started.load(Ordering::Relaxed) {
+            return Err(readiness.map_or_else(|why| why, |_| "starting".into()));
+        }
+        Ok(readiness.unwrap_or_else(|why| why))
     }
 }
 
@@ -158,8 +222,8 @@ mod tests {
         assert_eq!(h.readiness(), Err("starting".into()));
         h.set_phase(Phase::Active);
         assert_eq!(h.readiness(), Ok("active".into()));
-        h.set_stalled(Some("Kafka has acknowledged nothing for 12 s".into()));
-        assert!(h.readiness().unwrap_err().contains("acknowledged nothing"));
+        h.set_stalled(Instant::now().checked_sub(Duration::from_secs(12)));
+        assert!(h.readiness().unwrap_err().contains("acknowledged nothing for 12 s"));
         h.set_stalled(None);
         assert_eq!(h.readiness(), Ok("active".into()));
         h.set_blocked(Some("blocked at event 7: column aggregate_id is NULL".into()));
@@ -175,6 +239,61 @@ mod tests {
         h.set_phase(Phase::Starting);
         h.set_blocked(Some("blocked at event 3: column id is NULL".into()));
         assert!(h.readiness().unwrap_err().contains("blocked at event 3"), "a first copy that holds says so");
+    }
+
+    #[test]
+    fn a_stall_says_how_long_kafka_has_been_silent_when_asked() {
+        // given a leader whose stall watch noticed, 11 s into the silence, that Kafka acknowledges
+        // nothing
+        let h = Health::new(Duration::from_secs(1));
+        h.set_phase(Phase::Active);
+        let since = Instant::now();
+        h.set_stalled(Some(since));
+        let said_at = |secs| h.readiness_at(since + Duration::from_secs(secs)).unwrap_err();
+        assert_eq!(said_at(11), "degraded: Kafka has acknowledged nothing for 11 s");
+
+        // when it is asked again a minute into the silence, then it says a minute, not 11 s
+        assert_eq!(said_at(60), "degraded: Kafka has acknowledged nothing for 60 s");
+
+        // and the brokers' diagnosis joins the stall it was made for, not a later one
+        h.diagnose_stall(since, "partition 0 of t has no leader".into());
+        assert_eq!(
+            said_at(75),
+            "degraded: Kafka has acknowledged nothing for 75 s; partition 0 of t has no leader"
+        );
+        h.set_stalled(None);
+        let later = since + Duration::from_secs(100);
+        h.set_stalled(Some(later));
+        h.diagnose_stall(since, "stale".into());
+        assert_eq!(
+            h.readiness_at(later + Duration::from_secs(3)).unwrap_err(),
+            "degraded: Kafka has acknowledged nothing for 3 s"
+        );
+    }
+
+    #[test]
+    fn the_kubelet_s_probe_holds_only_for_start_up_a_hung_loop_or_a_fatal_error() {
+        // given a relay that has not yet been active or standby: not ready for the kubelet
+        let h = Health::new(Duration::from_secs(1));
+        assert_eq!(h.serving(), Err("starting".into()));
+        h.set_phase(Phase::Retrying("postgres: connection refused".into()));
+        assert!(h.serving().is_err(), "a relay that never connected is not through its start");
+
+        // when it has been active once, then Kafka's silence or a lost session leave it ready,
+        // saying why it is degraded
+        h.set_phase(Phase::Active);
+        assert_eq!(h.serving(), Ok("active".into()));
+        h.set_stalled(Some(Instant::now()));
+        assert_eq!(h.serving(), Ok("degraded: Kafka has acknowledged nothing for 0 s".into()));
+        assert!(h.readiness().is_err(), "/readyz still says it is degraded");
+        h.set_phase(Phase::Retrying("kafka: all brokers down".into()));
+        assert_eq!(h.serving(), Ok("degraded: kafka: all brokers down".into()));
+        h.set_phase(Phase::Standby);
+        assert!(h.serving().unwrap().starts_with("standby"));
+
+        // and a fatal error ends it
+        h.set_phase(Phase::Fatal("slot lost".into()));
+        assert_eq!(h.serving(), Err("degraded: fatal: slot lost".into()));
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! The HTTP listener: `/metrics` (Prometheus text), `/healthz` (liveness), `/readyz` (readiness),
-//! served by hyper (HTTP/1.1) with limits, because it faces whatever can reach the pod.
+//! The HTTP listener: `/metrics` (Prometheus text), `/healthz` (liveness), `/readyz` (readiness,
+//! for people and `status`), `/startedz` (the kubelet's readiness probe), served by hyper
+//! (HTTP/1.1) with limits, because it faces whatever can reach the pod.
 //!
 //! - `/healthz` is 200 while the relay's loop makes progress or waits on purpose (standby,
 //!   backoff, idle); 503 when it has not ticked for twice the retry cap: restart it.
@@ -8,9 +9,15 @@
 //!   starting or degraded. The body is that one word; why (an error, a hostname, a session's
 //!   role) follows it only for a client on loopback (`kubectl port-forward`, `kubectl exec`, a
 //!   sidecar, the tests): the log says it too.
+//! - `/startedz` is what the kubelet's readinessProbe asks: 200 once the relay has been active
+//!   or standby, while its loop is alive and it is not stopping on a fatal error, whatever Kafka
+//!   and PostgreSQL do now ([`Health::serving`]); its body is `/readyz`'s, so a degraded relay
+//!   answers 200 `degraded`. A relay pod serves no traffic: readiness gates only rollouts and
+//!   disruption budgets, and a Kafka outage that made every leader unready would hold every node
+//!   drain.
 //!
 //! Limits: at most [`max_connections`] connections at once, and [`PROBE_RESERVE`] more that
-//! answer only `/healthz` and `/readyz` and are cut after [`PROBE_HEADER_TIMEOUT`], so a probe
+//! answer only the probes (`/healthz`, `/readyz`, `/startedz`) and are cut after [`PROBE_HEADER_TIMEOUT`], so a probe
 //! still gets in while slow clients hold every other slot (one more is accepted and closed at
 //! once, so the backlog cannot grow); a request's headers must arrive within [`HEADER_TIMEOUT`]
 //! and a whole connection, response included, is closed after [`CONNECTION_DEADLINE`]; only GET
@@ -119,7 +126,17 @@ pub(crate) async fn serve(listen: SocketAddr, health: Arc<Health>) -> std::io::R
 
 /// `/readyz`'s answer to `peer`: the readiness word, and why only on loopback.
 fn readyz(health: &Health, peer: Peer) -> (StatusCode, String) {
-    let (status, detail) = match health.readiness() {
+    said_to(health.readiness(), peer)
+}
+
+/// `/startedz`'s answer to `peer`: the kubelet's readiness, in `/readyz`'s words.
+fn startedz(health: &Health, peer: Peer) -> (StatusCode, String) {
+    said_to(health.serving(), peer)
+}
+
+/// An answer to `peer`: 200 or 503, the first word, and why only on loopback.
+fn said_to(answer: Result<String, String>, peer: Peer) -> (StatusCode, String) {
+    let (status, detail) = match answer {
         Ok(body) => (StatusCode::OK, body),
         Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
     };
@@ -137,9 +154,11 @@ fn respond(request: &Request<Incoming>, health: &Health, peer: Peer) -> Response
         (StatusCode::METHOD_NOT_ALLOWED, TEXT, "GET only\n".to_string())
     } else {
         match request.uri().path() {
-            "/metrics" if peer.reserved => {
-                (StatusCode::SERVICE_UNAVAILABLE, TEXT, "busy: only /healthz and /readyz answer now\n".into())
-            }
+            "/metrics" if peer.reserved => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                TEXT,
+                "busy: only /healthz, /readyz and /startedz answer now\n".into(),
+            ),
             "/metrics" => (StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", metrics().render()),
             "/healthz" if health.live() => (StatusCode::OK, TEXT, "ok\n".into()),
             "/healthz" => (
@@ -151,7 +170,11 @@ fn respond(request: &Request<Incoming>, health: &Health, peer: Peer) -> Response
                 let (status, body) = readyz(health, peer);
                 (status, TEXT, body)
             }
-            _ => (StatusCode::NOT_FOUND, TEXT, "try /metrics, /healthz or /readyz\n".into()),
+            "/startedz" => {
+                let (status, body) = startedz(health, peer);
+                (status, TEXT, body)
+            }
+            _ => (StatusCode::NOT_FOUND, TEXT, "try /metrics, /healthz, /readyz or /startedz\n".into()),
         }
     };
     let mut response = Response::new(Full::new(Bytes::from(body)));
@@ -179,5 +202,16 @@ mod tests {
         assert_eq!(readyz(&health, stranger), (StatusCode::OK, "standby\n".into()));
         health.set_phase(Phase::Active);
         assert_eq!(readyz(&health, stranger), (StatusCode::OK, "active\n".into()));
+    }
+
+    #[test]
+    fn startedz_stays_ready_through_a_degraded_session_once_started() {
+        let health = Health::new(Duration::from_secs(1));
+        let stranger = Peer { local: false, reserved: false };
+        assert_eq!(startedz(&health, stranger), (StatusCode::SERVICE_UNAVAILABLE, "starting\n".into()));
+        health.set_phase(Phase::Active);
+        health.set_phase(Phase::Retrying("kafka: all brokers down".into()));
+        assert_eq!(readyz(&health, stranger), (StatusCode::SERVICE_UNAVAILABLE, "degraded\n".into()));
+        assert_eq!(startedz(&health, stranger), (StatusCode::OK, "degraded\n".into()));
     }
 }

@@ -1,4 +1,4 @@
-//! What a session reports while it runs: alive, active, progressed, Kafka stalled, held at an
+//! What a session reports while it runs: alive, active, progressed, Kafka stalled (since when), held at an
 //! unpublishable event. The supervisor makes one [`Pulse`] and reads it between sessions; the
 //! sources, the delivery path and the sink only write to it.
 //!
@@ -49,9 +49,10 @@ impl Pulse {
         }
     }
 
-    /// Kafka acknowledges nothing (`Some(why)`), or does again (`None`).
-    pub fn stalled(&self, why: Option<String>) {
-        self.health.set_stalled(why);
+    /// Kafka has acknowledged nothing since `since` with records waiting (`Some`), or does
+    /// again (`None`).
+    pub fn stalled(&self, since: Option<std::time::Instant>) {
+        self.health.set_stalled(since);
     }
 
     /// Where [`Pulse::stalled`] reports to, for a task that outlives the borrow of this pulse

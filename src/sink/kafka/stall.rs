@@ -89,7 +89,8 @@ impl StallWatch {
             self.settled(pulse);
             return;
         }
-        let quiet = self.last_progress.get_or_insert_with(Instant::now).elapsed();
+        let since = *self.last_progress.get_or_insert_with(Instant::now);
+        let quiet = since.elapsed();
         metrics().kafka_unacknowledged.set(quiet.as_secs_f64());
         if !self.stalled && quiet >= self.after {
             self.stalled = true;
@@ -99,15 +100,15 @@ impl StallWatch {
                 "Kafka has acknowledged nothing; records are retried until acknowledged"
             );
             metrics().publish_errors.with_label_values(&[ErrorType::Stalled.label()]).inc();
-            let stalled = format!("Kafka has acknowledged nothing for {} s", quiet.as_secs());
-            pulse.stalled(Some(stalled.clone()));
-            self.diagnose(stalled, pulse);
+            // the silence's start, not its length now: /readyz says how long as of when it is asked
+            pulse.stalled(Some(since));
+            self.diagnose(since, pulse);
         }
     }
 
     /// Asks the brokers' metadata why nothing is acknowledged, off the runtime's threads; a
     /// finding is logged and added to the stall's `/readyz` text while the stall lasts.
-    fn diagnose(&self, stalled: String, pulse: &Pulse) {
+    fn diagnose(&self, since: Instant, pulse: &Pulse) {
         let (kafka, health, number) = (self.kafka.clone(), pulse.health(), self.stall_number.clone());
         let this_stall = number.load(Ordering::SeqCst);
         tokio::task::spawn_blocking(move || {
@@ -116,7 +117,7 @@ impl StallWatch {
             };
             if number.load(Ordering::SeqCst) == this_stall {
                 tracing::warn!(diagnosis = %why, "why Kafka may acknowledge nothing");
-                health.set_stalled(Some(format!("{stalled}; {why}")));
+                health.diagnose_stall(since, why);
             }
         });
     }
