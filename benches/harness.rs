@@ -612,13 +612,15 @@ async fn steady_latency(rate: usize, duration: Duration) -> Latency {
 /// `histogram_quantile` over the cumulative buckets of `name` between two scrapes (what was
 /// observed after `before`), interpolating linearly inside the bucket as Prometheus does.
 fn histogram_quantile(before: &str, after: &str, name: &str, q: f64) -> f64 {
-    let prefix = format!("{name}_bucket{{le=\"");
+    // (the bucket's labels are the deployment's and `le`)
+    let prefix = format!("{name}_bucket{{");
     let buckets = |scrape: &str| -> Vec<(f64, f64)> {
         scrape
             .lines()
             .filter_map(|l| l.strip_prefix(&prefix))
             .filter_map(|rest| {
-                let (le, count) = rest.split_once("\"} ")?;
+                let (labels, count) = rest.rsplit_once("} ")?;
+                let le = labels.split(',').find_map(|l| l.strip_prefix("le=\""))?.trim_end_matches('"');
                 let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
                 Some((le, count.parse().ok()?))
             })

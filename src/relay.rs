@@ -55,6 +55,7 @@ pub async fn run(config: RelayConfig) -> Result<(), RelayError> {
 async fn run_until_stopped(config: RelayConfig, health: Arc<Health>) -> Result<(), RelayError> {
     let m = metrics();
     m.initialize(config.source.mode.into(), env!("CARGO_PKG_VERSION"));
+    m.label_deployment(crate::observe::metrics::deployment_labels(&config));
     m.slot_lag_warning.set(config.metrics.slot_lag_warning_bytes as i64);
     m.slot_lag_critical.set(config.metrics.slot_lag_critical_bytes as i64);
     if !config.metrics.listen.is_empty() {

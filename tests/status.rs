@@ -66,7 +66,7 @@ async fn replication_status_shows_the_slot_its_holder_and_the_relay_s_own_view()
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn polling_status_shows_the_backlog_and_its_oldest_row() {
+async fn polling_status_shows_the_backlog_its_oldest_row_and_the_waiting_dead_letters() {
     // given a polling relay that is not running, and three unpublished rows
     let s = Setup::create(&services().kafka, "", true, |_| RelayToml::mode("polling")).await;
     let client = s.db.client().await;
@@ -74,17 +74,67 @@ async fn polling_status_shows_the_backlog_and_its_oldest_row() {
         insert_event(&client, &s.aggregate_type, Some("a-1")).await;
     }
 
-    // when status runs, then it counts them
+    // and none waits in the dead-letter table
+    let report = status(&s, http::free_port());
+    assert_eq!(line(&report, "dead letters (waiting)"), "0 in public.outbox_dead_letter", "{report}");
+
+    // and three letters of this outbox (two for one reason, the oldest an hour old) and one of
+    // another outbox
+    client
+        .batch_execute(
+            "INSERT INTO outbox_dead_letter (source_table, event_id, row_data, reason, dead_lettered_at) VALUES \
+             ('public.outbox_events', '1', '{}', 'the topic t does not exist', now() - interval '1 hour'), \
+             ('public.outbox_events', '2', '{}', 'the topic t does not exist', now()), \
+             ('public.outbox_events', '3', '{}', 'column aggregate_id is NULL', now()), \
+             ('public.other_outbox', '4', '{}', 'column aggregate_id is NULL', now() - interval '2 days')",
+        )
+        .await
+        .unwrap();
+
+    // when status runs, then it counts the rows, and this outbox's dead letters, oldest first,
+    // with the most frequent reason first
     let report = status(&s, http::free_port());
     assert_eq!(line(&report, "mode"), "polling");
     assert_eq!(line(&report, "backlog (unpublished rows)"), "3");
     assert!(line(&report, "oldest unpublished row").ends_with("s old"), "{report}");
+    let waiting = line(&report, "dead letters (waiting)");
+    assert!(waiting.starts_with("3 in public.outbox_dead_letter, the oldest 60.0 min old"), "{report}");
+    assert_eq!(
+        line(&report, "dead-letter reasons"),
+        "2 x the topic t does not exist; 1 x column aggregate_id is NULL"
+    );
+    let json = run_relay(
+        &[
+            "status",
+            "--config",
+            &s.config().display().to_string(),
+            "--metrics-url",
+            "http://127.0.0.1:1",
+            "--format",
+            "json",
+        ],
+        EXIT_LIMIT,
+    )
+    .1;
+    let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert!(json["dead letters (waiting)"].as_str().unwrap().starts_with("3 in "), "{json}");
 
-    // and when a relay has published them, the backlog is empty
+    // and when a relay has published the rows, the backlog is empty, and the relay exports the
+    // waiting letters as gauges
     let mut relay = s.start("relay");
     relay.wait_metric("outbox_relay_events_published_total{mode=\"polling\"}", |v| v >= 3.0).await;
     let report = status(&s, relay.metrics_port());
     assert_eq!(line(&report, "backlog (unpublished rows)"), "0", "{report}");
     assert!(line(&report, "this instance leads").starts_with("yes"), "{report}");
+    relay.wait_metric("outbox_relay_dead_letters_outstanding", |v| v == 3.0).await;
+    assert!(relay.metric("outbox_relay_dead_letters_oldest_age_seconds").unwrap() >= 3600.0);
+
+    // and once the letters are dealt with (replayed, or deleted), the gauge follows
+    client
+        .batch_execute("DELETE FROM outbox_dead_letter WHERE source_table = 'public.outbox_events'")
+        .await
+        .unwrap();
+    relay.wait_metric("outbox_relay_dead_letters_outstanding", |v| v == 0.0).await;
+    assert_eq!(relay.metric("outbox_relay_dead_letters_oldest_age_seconds"), Some(0.0));
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
 }

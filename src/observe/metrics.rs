@@ -3,10 +3,15 @@
 //! Names follow `outbox_relay_<name>_<unit>[_total]`; labels are low-cardinality only
 //! (`mode`, `error_type`, `status`). Lag is in bytes. The dashboards and alert rules use these
 //! names, and a test scrapes a real relay to check that every name they use exists.
+//!
+//! Every series also carries the deployment's labels ([`DEPLOYMENT_LABELS`]: `database`,
+//! `outbox`, `slot`, from the configuration), added when rendered: two relays of two databases
+//! scraped under one job stay apart, and the alert rules aggregate by them.
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Instant, SystemTime};
 
+use prometheus::proto::LabelPair;
 use prometheus::{
     Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
     Opts, Registry, TextEncoder,
@@ -53,6 +58,25 @@ pub const STREAM_MESSAGES_SKIPPED: &str = "outbox_relay_stream_messages_skipped_
 pub const DEDUP_SKIPPED: &str = "outbox_relay_dedup_skipped_total";
 pub const DEDUP_SCANS: &str = "outbox_relay_dedup_scans_total";
 pub const DEDUP_SCANNED_RECORDS: &str = "outbox_relay_dedup_scanned_records_total";
+pub const DEAD_LETTERS_OUTSTANDING: &str = "outbox_relay_dead_letters_outstanding";
+pub const DEAD_LETTERS_OLDEST_AGE: &str = "outbox_relay_dead_letters_oldest_age_seconds";
+pub const DEFAULT_PARTITION_ROWS: &str = "outbox_relay_outbox_default_partition_rows";
+pub const PARTITIONS_AHEAD: &str = "outbox_relay_outbox_partitions_ahead_seconds";
+
+/// The labels on every series, naming the deployment a relay belongs to: the replicas of one
+/// deployment share them (they compete for one slot, or one polling lock), two deployments
+/// differ in at least one.
+pub const DEPLOYMENT_LABELS: [&str; 3] = ["database", "outbox", "slot"];
+
+/// The values of [`DEPLOYMENT_LABELS`] for `config`: `postgres.database`, the outbox table as
+/// `schema.table`, and `replication.slot` (in polling mode too, so a mode switch keeps them).
+pub fn deployment_labels(config: &crate::config::RelayConfig) -> [String; 3] {
+    [
+        config.postgres.database.clone(),
+        crate::table::OutboxTable::new(config).display_name(),
+        config.replication.slot.clone(),
+    ]
+}
 
 /// Every metric with its help text, in the order they are documented.
 pub const ALL: &[(&str, &str)] = &[
@@ -115,6 +139,22 @@ pub const ALL: &[(&str, &str)] = &[
         "Topics read back before a session's first record to them, by result (complete, topic_missing; truncated and limit may send older replayed events again)",
     ),
     (DEDUP_SCANNED_RECORDS, "Records read back from topics to find what they already hold"),
+    (
+        DEAD_LETTERS_OUTSTANDING,
+        "Rows of this outbox waiting in the dead-letter table (sampled; capped at 1e6; -1: the table cannot be read)",
+    ),
+    (
+        DEAD_LETTERS_OLDEST_AGE,
+        "Age of the oldest letter of this outbox in the dead-letter table (sampled; 0: none)",
+    ),
+    (
+        DEFAULT_PARTITION_ROWS,
+        "Rows in the outbox table's default partition, PostgreSQL's estimate (sampled; 0 without one)",
+    ),
+    (
+        PARTITIONS_AHEAD,
+        "Seconds from now to the end of the outbox table's last range partition (sampled; -1: not range-partitioned)",
+    ),
 ];
 
 /// Buckets from 1 ms to 60 s.
@@ -158,6 +198,12 @@ pub struct Metrics {
     pub dedup_skipped: IntCounterVec,
     pub dedup_scans: IntCounterVec,
     pub dedup_scanned_records: IntCounter,
+    pub dead_letters_outstanding: IntGauge,
+    pub dead_letters_oldest_age: Gauge,
+    pub default_partition_rows: IntGauge,
+    pub partitions_ahead: Gauge,
+    /// [`DEPLOYMENT_LABELS`] with their values, once known.
+    deployment: Mutex<Vec<LabelPair>>,
 }
 
 fn help(name: &str) -> &'static str {
@@ -236,8 +282,28 @@ impl Metrics {
                 &r,
                 IntCounter::new(DEDUP_SCANNED_RECORDS, help(DEDUP_SCANNED_RECORDS)).expect("valid metric"),
             ),
+            dead_letters_outstanding: int_gauge(&r, DEAD_LETTERS_OUTSTANDING),
+            dead_letters_oldest_age: gauge(&r, DEAD_LETTERS_OLDEST_AGE),
+            default_partition_rows: int_gauge(&r, DEFAULT_PARTITION_ROWS),
+            partitions_ahead: gauge(&r, PARTITIONS_AHEAD),
+            deployment: Mutex::default(),
             registry: r,
         }
+    }
+
+    /// Labels every series with the deployment's [`DEPLOYMENT_LABELS`] from now on.
+    pub fn label_deployment(&self, values: [String; 3]) {
+        let pairs = DEPLOYMENT_LABELS
+            .iter()
+            .zip(values)
+            .map(|(name, value)| {
+                let mut pair = LabelPair::default();
+                pair.set_name(name.to_string());
+                pair.set_value(value);
+                pair
+            })
+            .collect();
+        *self.deployment.lock().unwrap() = pairs;
     }
 
     /// Creates every labelled series at zero, so a scrape lists each metric from the start and
@@ -265,6 +331,7 @@ impl Metrics {
         }
         self.build_info.with_label_values(&[version, mode.label()]).set(1.0);
         self.slot_idle_timeout_remaining.set(-1.0);
+        self.partitions_ahead.set(-1.0);
     }
 
     /// A record acknowledged, counted on `published` (the mode's `events_published`), with the
@@ -289,10 +356,19 @@ impl Metrics {
         self.last_confirm.set(now.as_secs_f64());
     }
 
-    /// The Prometheus text exposition of every metric.
+    /// The Prometheus text exposition of every metric, each series with the deployment's labels.
     pub fn render(&self) -> String {
+        let mut families = self.registry.gather();
+        let deployment = self.deployment.lock().unwrap().clone();
+        for family in &mut families {
+            for metric in family.mut_metric() {
+                let mut labels = metric.take_label();
+                labels.extend(deployment.iter().cloned());
+                metric.set_label(labels);
+            }
+        }
         let mut out = Vec::new();
-        TextEncoder::new().encode(&self.registry.gather(), &mut out).expect("text encoding");
+        TextEncoder::new().encode(&families, &mut out).expect("text encoding");
         String::from_utf8(out).expect("utf-8 exposition")
     }
 }
@@ -345,5 +421,27 @@ mod tests {
             assert!(text.contains(&format!("# HELP {name} {help}")), "{name} missing after initialize");
         }
         assert!(text.contains("outbox_relay_end_to_end_latency_seconds_bucket{le=\"60\"}"));
+    }
+
+    #[test]
+    fn every_series_carries_the_deployment_s_labels() {
+        let m = Metrics::new();
+        m.initialize(Mode::Polling, "0");
+        m.label_deployment(["app".into(), "public.outbox_events".into(), "orders_slot".into()]);
+        m.events_read.with_label_values(&["polling"]).inc();
+        m.leader.set(1);
+        let text = m.render();
+        let deployment = r#"database="app",outbox="public.outbox_events",slot="orders_slot""#;
+        assert!(text.contains(&format!("outbox_relay_leader{{{deployment}}} 1")), "{text}");
+        assert!(text.contains(&format!("outbox_relay_events_read_total{{mode=\"polling\",{deployment}}} 1")));
+        assert!(
+            text.contains(&format!(
+                "outbox_relay_end_to_end_latency_seconds_bucket{{{deployment},le=\"60\"}} 0"
+            )),
+            "{text}"
+        );
+        let samples = text.lines().filter(|l| !l.starts_with('#'));
+        let unlabelled: Vec<_> = samples.filter(|l| !l.contains(deployment)).collect();
+        assert!(unlabelled.is_empty(), "series without the deployment's labels: {unlabelled:?}");
     }
 }

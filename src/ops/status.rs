@@ -1,6 +1,6 @@
 //! `outbox-relay status`: what an SRE needs to see first during an incident, in one command. It
-//! reads PostgreSQL (the slot, the relay's sessions, the polling backlog) and a running relay's
-//! `/metrics` and `/readyz`; it changes nothing.
+//! reads PostgreSQL (the slot, the relay's sessions, the polling backlog, this outbox's waiting
+//! dead letters) and a running relay's `/metrics` and `/readyz`; it changes nothing.
 
 use std::time::{Duration, SystemTime};
 
@@ -48,6 +48,7 @@ pub async fn run(config: &RelayConfig, metrics_url: Option<&str>) -> Result<Vec<
             }
         }
     }
+    lines.extend(dead_letters(&client, config).await?);
     match metrics_url.map(str::to_string).or_else(|| default_url(&config.metrics.listen)) {
         Some(url) => lines.extend(relay_view(&url).await),
         None => {
@@ -118,6 +119,35 @@ async fn backlog(client: &Client, config: &RelayConfig) -> Result<Vec<Line>, Rel
         lines.push(("oldest unpublished row", age.map_or("-".into(), |a| format!("{a:.1} s old"))));
     }
     Ok(lines)
+}
+
+/// How many of this outbox's events wait in the dead-letter table, since when, and why.
+async fn dead_letters(client: &Client, config: &RelayConfig) -> Result<Vec<Line>, RelayError> {
+    let table = &config.dead_letter.table;
+    let Some(waiting) = crate::source::sampler::dead_letters(config, client, 3).await? else {
+        return Ok(vec![("dead letters (waiting)", format!("none: there is no table {table}"))]);
+    };
+    let mut said = format!("{} in {table}", waiting.count);
+    if let Some(age) = waiting.oldest_secs {
+        said += &format!(", the oldest {} old", age_text(age));
+    }
+    let mut lines = vec![("dead letters (waiting)", said)];
+    if !waiting.reasons.is_empty() {
+        let reasons: Vec<String> =
+            waiting.reasons.iter().map(|(reason, n)| format!("{n} x {reason}")).collect();
+        lines.push(("dead-letter reasons", reasons.join("; ")));
+    }
+    Ok(lines)
+}
+
+/// `42.0 s`, `3.5 min`, `2.0 h`, `4.1 d`.
+fn age_text(secs: f64) -> String {
+    match secs {
+        s if s < 120.0 => format!("{s:.1} s"),
+        s if s < 7_200.0 => format!("{:.1} min", s / 60.0),
+        s if s < 172_800.0 => format!("{:.1} h", s / 3_600.0),
+        s => format!("{:.1} d", s / 86_400.0),
+    }
 }
 
 /// What the relay itself says: readiness, leadership, the last confirmation.
@@ -206,6 +236,14 @@ mod tests {
         assert_eq!(default_url("0.0.0.0:9187").unwrap(), "http://127.0.0.1:9187");
         assert_eq!(default_url("10.0.3.7:9300").unwrap(), "http://10.0.3.7:9300");
         assert_eq!(default_url(""), None);
+    }
+
+    #[test]
+    fn ages_read_as_people_read_them() {
+        assert_eq!(age_text(5.25), "5.2 s");
+        assert_eq!(age_text(600.0), "10.0 min");
+        assert_eq!(age_text(86_400.0), "24.0 h");
+        assert_eq!(age_text(864_000.0), "10.0 d");
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Samples PostgreSQL's view of the relay into gauges every `metrics.sample_interval_secs`:
 //! the slot (replication mode) or the backlog (polling mode), and in polling mode the slot too
-//! while replication mode's is left (a mode switch not finished: `source::handover`).
+//! while replication mode's is left (a mode switch not finished: `source::handover`); in both
+//! modes the letters of this outbox waiting in the dead-letter table, and the outbox table's
+//! partitions (rows in the default partition, how far ahead the last one reaches).
 //!
 //! It runs on its own connection, apart from the relay loop, so the numbers SREs are paged on
 //! stay truthful while Kafka is down and the loop is stuck retrying.
@@ -14,7 +16,7 @@ use crate::error::RelayError;
 use crate::observe::metrics::{WalStatus, metrics};
 use crate::source::handover;
 use crate::source::replication::failover;
-use crate::table::OutboxTable;
+use crate::table::{OutboxTable, qualified_name};
 
 /// Rows counted at most, so sampling a huge backlog stays cheap.
 pub(crate) const BACKLOG_COUNT_CAP: i64 = 1_000_000;
@@ -43,6 +45,13 @@ pub fn spawn(config: RelayConfig) {
                 };
                 if let Err(e) = sampled {
                     tracing::debug!(error = %e, "metrics sampling failed");
+                }
+                // apart from the above: one failing (no dead-letter table) leaves the others
+                if let Err(e) = sample_dead_letters(&config, c).await {
+                    tracing::debug!(error = %e, "sampling the dead-letter table failed");
+                }
+                if let Err(e) = sample_partitions(&config, c).await {
+                    tracing::debug!(error = %e, "sampling the outbox table's partitions failed");
                 }
             }
             tokio::time::sleep(interval).await;
@@ -151,5 +160,84 @@ async fn sample_backlog(config: &RelayConfig, client: &Client) -> Result<(), tok
     if let Some(age) = age {
         m.backlog_oldest_age.set(age.unwrap_or(0.0).max(0.0));
     }
+    Ok(())
+}
+
+/// The letters of this outbox (`source_table` = `schema.table`) waiting in the dead-letter
+/// table: a replay (`outbox-relay replay-dead-letters`) or a DELETE removes them.
+#[derive(Debug, Default)]
+pub(crate) struct Outstanding {
+    pub count: i64,
+    /// Seconds since the oldest was written; None without one.
+    pub oldest_secs: Option<f64>,
+    /// The most frequent reasons (cut at 120 characters), with how many letters give each.
+    pub reasons: Vec<(String, i64)>,
+}
+
+/// [`Outstanding`] with up to `reasons` reasons; None when the dead-letter table does not exist
+/// (`on_poison = "block"` needs none).
+pub(crate) async fn dead_letters(
+    config: &RelayConfig,
+    client: &Client,
+    reasons: i64,
+) -> Result<Option<Outstanding>, tokio_postgres::Error> {
+    let (schema, table) = config.dead_letter.schema_and_table();
+    let table = qualified_name(schema, table);
+    let source = OutboxTable::new(config).display_name();
+    let counted = client
+        .query_one(
+            &format!(
+                "SELECT count(*), extract(epoch FROM now() - min(dead_lettered_at))::float8 \
+                 FROM {table} WHERE source_table = $1"
+            ),
+            &[&source],
+        )
+        .await;
+    let row = match counted {
+        Ok(row) => row,
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut outstanding = Outstanding { count: row.get(0), oldest_secs: row.get(1), reasons: Vec::new() };
+    if reasons > 0 && outstanding.count > 0 {
+        let sql = format!(
+            "SELECT left(reason, 120), count(*) FROM {table} WHERE source_table = $1 \
+             GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT $2"
+        );
+        let rows = client.query(&sql, &[&source, &reasons]).await?;
+        outstanding.reasons = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    }
+    Ok(Some(outstanding))
+}
+
+async fn sample_dead_letters(config: &RelayConfig, client: &Client) -> Result<(), tokio_postgres::Error> {
+    let m = metrics();
+    let outstanding = dead_letters(config, client, 0).await;
+    // a table that cannot be read says -1, not 0: "none waiting" must not be a guess
+    let (count, oldest) = match &outstanding {
+        Ok(Some(o)) => (o.count, o.oldest_secs.unwrap_or(0.0).max(0.0)),
+        Ok(None) => (0, 0.0),
+        Err(_) => (-1, 0.0),
+    };
+    m.dead_letters_outstanding.set(count);
+    m.dead_letters_oldest_age.set(oldest);
+    outstanding.map(|_| ())
+}
+
+/// The outbox table's default partition's live rows (PostgreSQL's estimate, from its statistics:
+/// no scan, and no privilege on the partition needed), and how many seconds from now the last
+/// partition whose upper bound is a date or timestamp ends (NULL: none such).
+const PARTITIONS_SQL: &str = "SELECT \
+     (SELECT coalesce(s.n_live_tup, 0) FROM pg_partitioned_table p \
+      JOIN pg_stat_all_tables s ON s.relid = p.partdefid WHERE p.partrelid = to_regclass($1)), \
+     (SELECT extract(epoch FROM max(substring(pg_get_expr(c.relpartbound, c.oid) \
+             FROM 'TO \\(''([0-9]{4}-[0-9]{2}-[0-9]{2}[^'']*)''\\)')::timestamptz) - now())::float8 \
+      FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass($1))";
+
+async fn sample_partitions(config: &RelayConfig, client: &Client) -> Result<(), tokio_postgres::Error> {
+    let m = metrics();
+    let row = client.query_one(PARTITIONS_SQL, &[&OutboxTable::new(config).qualified()]).await?;
+    m.default_partition_rows.set(row.get::<_, Option<i64>>(0).unwrap_or(0));
+    m.partitions_ahead.set(row.get::<_, Option<f64>>(1).unwrap_or(-1.0));
     Ok(())
 }

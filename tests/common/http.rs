@@ -23,15 +23,31 @@ pub fn get(port: u16, path: &str) -> Option<(u16, String)> {
 }
 
 /// The value of the first sample of `series` in a Prometheus text scrape. `series` is a metric
-/// name, optionally with its labels as exported (`outbox_relay_leader`,
-/// `outbox_relay_events_read_total{mode="polling"}`).
+/// name, optionally with some of its labels as exported (`outbox_relay_leader`,
+/// `outbox_relay_events_read_total{mode="polling"}`): a sample matches when it has the name and
+/// at least those labels (the relay adds its deployment's labels to every series).
 pub fn sample(scrape: &str, series: &str) -> Option<f64> {
+    let (name, wanted) = name_and_labels(series);
     scrape
         .lines()
         .filter(|l| !l.starts_with('#'))
-        .find(|l| l.starts_with(series) && l[series.len()..].starts_with([' ', '{']))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
+        .filter_map(|l| l.rsplit_once(' '))
+        .find(|(exported, _)| {
+            let (n, labels) = name_and_labels(exported);
+            n == name && wanted.iter().all(|w| labels.contains(w))
+        })
+        .and_then(|(_, v)| v.parse().ok())
+}
+
+/// `name{a="1",b="2"}` -> (`name`, [`a="1"`, `b="2"`]) (label values with commas are not split
+/// right: the relay's have none).
+fn name_and_labels(series: &str) -> (&str, Vec<&str>) {
+    match series.split_once('{') {
+        Some((name, labels)) => {
+            (name, labels.trim_end_matches('}').split(',').filter(|l| !l.is_empty()).collect())
+        }
+        None => (series, Vec::new()),
+    }
 }
 
 /// An HTTP answer: status, headers (names lowercase), body.
