@@ -188,6 +188,120 @@ fn alert_state(port: u16, alert: &str) -> Option<Option<String>> {
     Some(found.and_then(|a| a["state"].as_str().map(String::from)))
 }
 
+/// The labels of every alert named `alert`, in whatever state.
+fn alert_labels(port: u16, alert: &str) -> Vec<serde_json::Value> {
+    let Some((_, body)) = get(port, "/api/v1/alerts") else { return Vec::new() };
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    let alerts = json["data"]["alerts"].as_array().cloned().unwrap_or_default();
+    alerts.into_iter().filter(|a| a["labels"]["alertname"] == alert).map(|a| a["labels"].clone()).collect()
+}
+
+/// The series an instant `query` returns, as label sets (empty while Prometheus does not answer).
+fn query(port: u16, query: &str) -> Vec<serde_json::Value> {
+    let encoded: String = query
+        .bytes()
+        .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
+        .collect();
+    let Some((_, body)) = get(port, &format!("/api/v1/query?query={encoded}")) else { return Vec::new() };
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    let results = json["data"]["result"].as_array().cloned().unwrap_or_default();
+    results.into_iter().map(|r| r["metric"].clone()).collect()
+}
+
+/// The shipped rules with every "for" shortened to 2 s, after `edit`.
+fn quick_rules(edit: impl Fn(String) -> String) -> String {
+    edit(std::fs::read_to_string(repo_root().join("deploy/prometheus/alerts.yml")).unwrap())
+        .lines()
+        .map(|l| {
+            if l.trim_start().starts_with("for: ") {
+                l.split("for:").next().unwrap().to_string() + "for: 2s"
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A real Prometheus in `dir` scraping the relays listening on `ports` every second as
+/// job="outbox-relay", with `rules`; and the port its API answers on.
+fn start_prometheus(dir: &Path, ports: &[u16], rules: &str) -> (Prometheus, u16) {
+    let prom_port = free_port();
+    std::fs::write(dir.join("alerts.yml"), rules).unwrap();
+    let targets: Vec<String> = ports.iter().map(|p| format!("'127.0.0.1:{p}'")).collect();
+    std::fs::write(
+        dir.join("prometheus.yml"),
+        format!(
+            "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nrule_files: [alerts.yml]\n\
+             scrape_configs:\n  - job_name: outbox-relay\n    static_configs: [{{targets: [{}]}}]\n",
+            targets.join(", ")
+        ),
+    )
+    .unwrap();
+    let prometheus = Prometheus(
+        Command::new("prometheus")
+            .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
+            .arg(format!("--storage.tsdb.path={}", dir.join("tsdb").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("prometheus.log")).unwrap())
+            .spawn()
+            .expect("prometheus is missing: deploy/local/test installs it (apt-get install prometheus)"),
+    );
+    (prometheus, prom_port)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_real_prometheus_tells_two_deployments_apart_and_alerts_for_the_one_that_is_down() {
+    // given two relay deployments of two databases, both scraped as job="outbox-relay"
+    let config = |slot: &str| RelayToml::replication(slot).set("metrics", "sample_interval_secs", 1);
+    let orders = Setup::create(&services().kafka, "", true, config).await;
+    let billing = Setup::create(&services().kafka, "", true, config).await;
+    let mut orders_relay = orders.start("relay");
+    let mut billing_relay = billing.start("relay");
+    orders_relay.wait_ready("active").await;
+    billing_relay.wait_ready("active").await;
+    let billing_target = format!("127.0.0.1:{}", billing_relay.metrics_port());
+    let (_prometheus, prom_port) = start_prometheus(
+        orders.dir.path(),
+        &[orders_relay.metrics_port(), billing_relay.metrics_port()],
+        &quick_rules(|rules| rules),
+    );
+    let database = |labels: &serde_json::Value| labels["database"].as_str().unwrap_or_default().to_string();
+    let databases = |series: Vec<serde_json::Value>| series.iter().map(database).collect::<BTreeSet<_>>();
+    let both: BTreeSet<String> = [orders.db.name.clone(), billing.db.name.clone()].into();
+
+    // then each deployment's slot lag and leader are its own series, as the rules aggregate them
+    let per_deployment =
+        "max by (namespace, job, database, outbox, slot) (outbox_relay_slot_confirmed_lag_bytes)";
+    wait_until("Prometheus to see both deployments' slot lag", async || {
+        databases(query(prom_port, per_deployment)) == both
+    })
+    .await;
+    let leaders = query(prom_port, "max by (database, outbox, slot) (outbox_relay_leader) == 1");
+    assert_eq!(databases(leaders), both);
+
+    // when the billing relay stops (its deployment has no instance left)
+    assert_eq!(billing_relay.terminate(EXIT_LIMIT), Some(0));
+
+    // then "no active instance" fires for billing alone, and so does "down" for its target
+    let fired = orders_relay.context("OutboxRelayNoActiveInstance to fire for billing".into());
+    wait_until(fired, async || {
+        let firing = alert_labels(prom_port, "OutboxRelayNoActiveInstance");
+        let down = alert_labels(prom_port, "OutboxRelayDown");
+        firing.iter().any(|l| database(l) == billing.db.name)
+            && down.iter().any(|l| l["instance"] == billing_target.as_str())
+    })
+    .await;
+    let no_leader = databases(alert_labels(prom_port, "OutboxRelayNoActiveInstance"));
+    assert_eq!(no_leader, [billing.db.name.clone()].into(), "the orders deployment still has its leader");
+    let down = alert_labels(prom_port, "OutboxRelayDown");
+    assert_eq!(down.len(), 1, "only billing's target is down: {down:?}");
+    // and the orders relay's series are still its own, billing's are gone from the lag
+    assert_eq!(databases(query(prom_port, per_deployment)), [orders.db.name.clone()].into());
+    assert_eq!(orders_relay.terminate(EXIT_LIMIT), Some(0));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_real_prometheus_fires_the_slot_lag_and_kafka_silence_alerts_while_kafka_is_frozen() {
     // given a replication relay on a broker of its own, with low lag thresholds
@@ -208,42 +322,13 @@ async fn a_real_prometheus_fires_the_slot_lag_and_kafka_silence_alerts_while_kaf
 
     // and a real Prometheus scraping it every second with the shipped rules ("for" shortened,
     // and Kafka's silence alerting after 3 s instead of 5 min)
-    let prom_port = free_port();
-    let rules = std::fs::read_to_string(repo_root().join("deploy/prometheus/alerts.yml"))
-        .unwrap()
-        .replace(
+    let rules = quick_rules(|rules| {
+        rules.replace(
             "(outbox_relay_kafka_unacknowledged_seconds) > 300",
             "(outbox_relay_kafka_unacknowledged_seconds) > 3",
         )
-        .lines()
-        .map(|l| {
-            if l.trim_start().starts_with("for: ") {
-                l.split("for:").next().unwrap().to_string() + "for: 2s"
-            } else {
-                l.to_string()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    std::fs::write(dir.path().join("alerts.yml"), rules).unwrap();
-    std::fs::write(
-        dir.path().join("prometheus.yml"),
-        format!(
-            "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nrule_files: [alerts.yml]\n\
-             scrape_configs:\n  - job_name: outbox-relay\n    static_configs: [{{targets: ['127.0.0.1:{relay_port}']}}]\n"
-        ),
-    )
-    .unwrap();
-    let _prometheus = Prometheus(
-        Command::new("prometheus")
-            .arg(format!("--config.file={}", dir.path().join("prometheus.yml").display()))
-            .arg(format!("--storage.tsdb.path={}", dir.path().join("tsdb").display()))
-            .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.path().join("prometheus.log")).unwrap())
-            .spawn()
-            .expect("prometheus is missing: deploy/local/test installs it (apt-get install prometheus)"),
-    );
+    });
+    let (_prometheus, prom_port) = start_prometheus(dir.path(), &[relay_port], &rules);
 
     // when Kafka stops answering while events keep coming
     broker.freeze();
@@ -260,8 +345,20 @@ async fn a_real_prometheus_fires_the_slot_lag_and_kafka_silence_alerts_while_kaf
     })
     .await;
 
-    // then both fired in Prometheus, and resolve once Kafka is back
+    // then both fired in Prometheus; and /readyz (and so `status`) says how long Kafka has been
+    // silent as of each request, not as of when the stall was noticed
     eprintln!("slot-lag and Kafka-silence alerts firing {:?} after Kafka went down", writing.elapsed());
+    let silent_for = |relay: &common::process::RelayProcess| {
+        let (_, body) = relay.readyz().unwrap();
+        let secs = body.split("acknowledged nothing for ").nth(1).and_then(|r| r.split(' ').next());
+        secs.and_then(|s| s.parse::<u64>().ok()).unwrap_or_else(|| panic!("no stall in {body:?}"))
+    };
+    let first = silent_for(&relay);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let later = silent_for(&relay);
+    assert!(later >= first + 2, "/readyz said {first} s, then {later} s three seconds later");
+
+    // and they resolve once Kafka is back
     broker.thaw();
     wait_until("the alerts to resolve", async || {
         alert_state(prom_port, "OutboxRelaySlotLagCritical") == Some(None)
