@@ -106,8 +106,22 @@ async fn a_real_scrape_lists_every_metric_with_sane_values() {
     let missing: Vec<_> = used.difference(&names).collect();
     assert!(missing.is_empty(), "used by dashboards/alerts but not exported: {missing:?}");
 
+    // and the outbox's partitions and dead letters are sampled: sql/002 made daily partitions 7
+    // days ahead, the default partition and the dead-letter table are empty
+    let ahead = value("outbox_relay_outbox_partitions_ahead_seconds");
+    assert!((7.0 * 86_400.0..=8.0 * 86_400.0).contains(&ahead), "partitions end in {ahead} s");
+    assert_eq!(value("outbox_relay_outbox_default_partition_rows"), 0.0);
+    assert_eq!(value("outbox_relay_dead_letters_outstanding"), 0.0);
+
+    // and a row written for a day without a partition is counted in the default partition
+    let far = "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, created_at) \
+               VALUES ($1, 'agg-far', 'E', '{}', now() + interval '30 days')";
+    writer.execute(far, &[&s.aggregate_type]).await.unwrap();
+    relay.wait_metric("outbox_relay_outbox_default_partition_rows", |v| v >= 1.0).await;
+
     // and the health endpoints answer
     assert_eq!(get(relay.metrics_port(), "/healthz").unwrap().0, 200);
+    assert_eq!(get(relay.metrics_port(), "/startedz").unwrap(), (200, "active\n".to_string()));
     assert_eq!(relay.readyz().unwrap(), (200, "active\n".to_string()));
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
 }
