@@ -18,6 +18,7 @@ mod exactly_once;
 mod failover;
 mod foundation;
 mod http;
+mod image;
 mod kafka_faults;
 mod kafka_tls;
 mod ledger;
