@@ -82,3 +82,32 @@ fn docker_compose_runs_the_kafka_version_the_tests_run() {
     let tag = image.split_whitespace().next().unwrap();
     assert_eq!(tag, version, "docker-compose's apache/kafka:{tag} is not the {version} the tests run");
 }
+
+/// The version in Cargo.toml is the one the CHANGELOG's newest entry names, the binary prints
+/// and the image is labelled with (deploy/validate checks the labels and compose's tags).
+#[test]
+fn changelog_binary_and_cargo_agree_on_the_version() {
+    let version = env!("CARGO_PKG_VERSION");
+    let changelog = std::fs::read_to_string(repo_root().join("CHANGELOG.md")).unwrap();
+    // the newest entry: the first "## [x.y.z]" heading (an "## [Unreleased]" one is not a version)
+    let newest = changelog
+        .lines()
+        .filter_map(|l| l.strip_prefix("## ["))
+        .filter_map(|l| l.split(']').next())
+        .find(|v| v.chars().next().is_some_and(|c| c.is_ascii_digit()))
+        .expect("CHANGELOG.md has no \"## [x.y.z]\" entry");
+    assert_eq!(newest, version, "CHANGELOG.md's newest entry is {newest}, Cargo.toml says {version}");
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay")).arg("--version").output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("outbox-relay {version}"));
+}
+
+#[test]
+fn the_readme_links_the_changelog_and_the_upgrade_notes() {
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    for target in ["CHANGELOG.md", "docs/upgrading.md"] {
+        assert!(readme.contains(&format!("]({target}")), "README.md does not link {target}");
+        assert!(repo_root().join(target).exists(), "{target} does not exist");
+    }
+}
