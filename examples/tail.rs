@@ -1,5 +1,5 @@
-//! Prints the records of Kafka topics as they arrive; creates the topics when missing.
-//! Used by `deploy/local/demo`:  cargo run --example tail -- BROKERS TOPIC [TOPIC...]
+//! Prints the records of Kafka topics as they arrive. Used by `deploy/local/demo`, which creates
+//! the topics first (deploy/local/topics):  cargo run --example tail -- BROKERS TOPIC [TOPIC...]
 //!
 //! It assigns itself every partition from the beginning instead of joining a consumer group: the
 //! local broker takes about 20 s to complete a group join, so a subscribing tail printed the
@@ -7,8 +7,6 @@
 
 use std::time::Duration;
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
@@ -19,17 +17,6 @@ async fn main() {
     let brokers = args.next().expect("usage: tail BROKERS TOPIC [TOPIC...]");
     let topics: Vec<String> = args.collect();
     assert!(!topics.is_empty(), "usage: tail BROKERS TOPIC [TOPIC...]");
-
-    let admin: AdminClient<DefaultClientContext> =
-        ClientConfig::new().set("bootstrap.servers", &brokers).create().expect("admin client");
-    let new_topics: Vec<NewTopic> =
-        topics.iter().map(|t| NewTopic::new(t, 3, TopicReplication::Fixed(1))).collect();
-    for result in admin.create_topics(&new_topics, &AdminOptions::new()).await.expect("create topics") {
-        match result {
-            Ok(topic) => eprintln!("[tail] created topic {topic}"),
-            Err((topic, e)) => eprintln!("[tail] topic {topic}: {e}"),
-        }
-    }
 
     let consumer: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", &brokers)
@@ -42,7 +29,7 @@ async fn main() {
         let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)).expect("topic metadata");
         let partitions =
             metadata.topics().iter().find(|t| t.name() == topic).map_or(0, |t| t.partitions().len());
-        assert!(partitions > 0, "topic {topic} has no partitions");
+        assert!(partitions > 0, "topic {topic} does not exist: create it (deploy/local/topics {brokers} {topic})");
         for partition in 0..partitions as i32 {
             assignment.add_partition_offset(topic, partition, Offset::Beginning).expect("assignment");
         }

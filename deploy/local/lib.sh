@@ -373,7 +373,10 @@ kafka_java() {
 #   SASL_SSL   SCRAM-SHA-512; users "relay" and "admin" (admin a super user), created when the
 #              storage is formatted, with random passwords (kafka/{relay,admin}.password)
 #   CONTROLLER the KRaft quorum (on the combined node; the controller's own otherwise)
-# and the StandardAuthorizer: a SCRAM user may do only what an ACL allows. Each process has a
+# and the StandardAuthorizer: a SCRAM user may do only what an ACL allows. A topic nobody
+# created is created on first use (the tests rely on it) unless OUTBOX_KAFKA_AUTO_CREATE_TOPICS=false
+# (the demo's broker: it refuses unknown topics as production brokers should, and
+# deploy/local/topics creates what the demo routes to). Each process has a
 # directory (kafka/node-ID, kafka/controller) with server.properties, data/, server.log, pid,
 # and a `start` script that starts it again on the same log directory (so a test can kill -9 a
 # broker by its pid and bring it back). Returns once every broker answers a metadata request
@@ -383,6 +386,7 @@ start_kafka() {
     local brokers=${1:-1} dir=$OUTBOX_LOCAL_STATE/kafka id voters cluster rf isr relay_pw admin_pw node pids=() names=()
     local plain ssl sasl controller
     case $brokers in 1) rf=1 isr=1 ;; 3) rf=3 isr=2 ;; *) die "OUTBOX_KAFKA_NODES=$brokers: 1 or 3" ;; esac
+    case ${OUTBOX_KAFKA_AUTO_CREATE_TOPICS:-true} in true | false) ;; *) die "OUTBOX_KAFKA_AUTO_CREATE_TOPICS=$OUTBOX_KAFKA_AUTO_CREATE_TOPICS: true or false" ;; esac
     mkdir -p "$dir"
     make_tls "$dir/tls"
     cat "$dir/tls/server.key" "$dir/tls/server.crt" >"$dir/tls/server.pem"
@@ -489,6 +493,7 @@ listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.se
 authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
 super.users=User:ANONYMOUS;User:admin
 allow.everyone.if.no.acl.found=false
+auto.create.topics.enable=${OUTBOX_KAFKA_AUTO_CREATE_TOPICS:-true}
 num.partitions=1
 default.replication.factor=$rf
 min.insync.replicas=$isr
