@@ -29,7 +29,10 @@ async fn main() {
         let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)).expect("topic metadata");
         let partitions =
             metadata.topics().iter().find(|t| t.name() == topic).map_or(0, |t| t.partitions().len());
-        assert!(partitions > 0, "topic {topic} does not exist: create it (deploy/local/topics {brokers} {topic})");
+        assert!(
+            partitions > 0,
+            "topic {topic} does not exist: create it (deploy/local/topics {brokers} {topic})"
+        );
         for partition in 0..partitions as i32 {
             assignment.add_partition_offset(topic, partition, Offset::Beginning).expect("assignment");
         }

@@ -98,7 +98,8 @@ fn changelog_binary_and_cargo_agree_on_the_version() {
         .expect("CHANGELOG.md has no \"## [x.y.z]\" entry");
     assert_eq!(newest, version, "CHANGELOG.md's newest entry is {newest}, Cargo.toml says {version}");
 
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay")).arg("--version").output().unwrap();
+    let out =
+        std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay")).arg("--version").output().unwrap();
     assert!(out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("outbox-relay {version}"));
 }

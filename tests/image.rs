@@ -28,12 +28,19 @@ fn the_image_builds_from_exactly_what_the_dockerfile_copies() {
 fn a_dockerfile_without_the_vendored_crate_fails_the_check() {
     let dockerfile = std::fs::read_to_string(repo_root().join("deploy/Dockerfile")).unwrap();
     let without: Vec<&str> = dockerfile.lines().filter(|l| !l.starts_with("COPY vendor/")).collect();
-    assert_eq!(without.len() + 1, dockerfile.lines().count(), "deploy/Dockerfile has no `COPY vendor/...` line");
+    assert_eq!(
+        without.len() + 1,
+        dockerfile.lines().count(),
+        "deploy/Dockerfile has no `COPY vendor/...` line"
+    );
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("Dockerfile");
     std::fs::write(&path, without.join("\n")).unwrap();
 
     let (ok, output) = check_image_build(&["--dockerfile", path.to_str().unwrap(), "--no-fetch"]);
     assert!(!ok, "the check passed a Dockerfile that does not copy vendor/:\n{output}");
-    assert!(output.contains("vendor/pgwire-replication"), "the failure does not name the missing path:\n{output}");
+    assert!(
+        output.contains("vendor/pgwire-replication"),
+        "the failure does not name the missing path:\n{output}"
+    );
 }
