@@ -35,19 +35,28 @@ fn count(report: &Value, class: &str) -> u64 {
 
 /// A relay of `mode` that published `EVENTS` events, stopped; the records as consumed.
 async fn published(mode: &str) -> (Setup, Vec<Consumed>) {
-    let s = Setup::create(&services().kafka, "", true, config(mode)).await;
+    let (s, records, mut relay, _) = publishing(config(mode)).await;
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
+    (s, records)
+}
+
+/// A relay configured by `config` that published `EVENTS` events, still running; the records as
+/// consumed, and a client of the database.
+async fn publishing(
+    config: impl FnOnce(&str) -> RelayToml,
+) -> (Setup, Vec<Consumed>, common::process::RelayProcess, tokio_postgres::Client) {
+    let s = Setup::create(&services().kafka, "", true, config).await;
     let mut client = s.db.client().await;
     create_aggregates(&client, 10).await;
     let consumer = consumer(&[&s.topic]);
-    let mut relay = s.start("relay");
+    let relay = s.start("relay");
     relay.wait_ready("active").await;
     for i in 0..EVENTS / 3 {
         write_events(&mut client, &s.aggregate_type, &format!("agg-{}", i % 10), 3, true).await;
     }
     let records = consume_unique(&consumer, EVENTS, IDLE, LINGER).await;
     assert_eq!(unique_ids(&records).len(), EVENTS);
-    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
-    (s, records)
+    (s, records, relay, client)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -216,16 +225,9 @@ async fn rows_deleted_after_publishing_are_vouched_for_and_a_phantom_and_a_lost_
 /// Polling in `delete` mode, or replication with the rows deleted after publishing (a cleanup).
 async fn deleted_rows_are_vouched_for(mode: &str) {
     // given a relay that published every event, and no row left of them
-    let s = Setup::create(&services().kafka, "", true, |slot| RelayToml::either(mode, slot)).await;
-    let mut client = s.db.client().await;
-    create_aggregates(&client, 10).await;
-    let consumer = consumer(&[&s.topic]);
-    let mut relay = s.start("relay");
-    relay.wait_ready("active").await;
-    for i in 0..EVENTS / 3 {
-        write_events(&mut client, &s.aggregate_type, &format!("agg-{}", i % 10), 3, true).await;
-    }
-    let records = consume_unique(&consumer, EVENTS, IDLE, LINGER).await;
+    let mode_owned = mode.to_string();
+    let (s, records, mut relay, mut client) =
+        publishing(move |slot| RelayToml::either(&mode_owned, slot)).await;
     // (the relay goes on streaming: verify knows what the slot has confirmed)
     client.execute("DELETE FROM outbox_events", &[]).await.unwrap();
 

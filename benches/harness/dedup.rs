@@ -132,21 +132,7 @@ pub async fn run(o: &Options) -> DedupCost {
 
 /// The section's table (markdown).
 pub fn render(o: &Options, cost: &DedupCost) -> String {
-    let ratio = |(on, off): &(Vec<f64>, Vec<f64>)| on.iter().zip(off).map(|(a, b)| a / b).collect::<Vec<_>>();
-    let mut table = format!(
-        "| measure ({} events, median of {} runs, min-max) | on | off | on / off |\n|---|---|---|---|\n",
-        o.events, o.runs
-    );
-    for (name, pair) in
-        [("replication drain, events/s", &cost.replication), ("polling drain, events/s", &cost.polling)]
-    {
-        table += &format!(
-            "| {name} | {} | {} | {} |\n",
-            stat(&pair.0, 0),
-            stat(&pair.1, 0),
-            stat(&ratio(pair), 3)
-        );
-    }
+    let mut table = drain_rows(o, ("on", "off"), &cost.replication, &cost.polling);
     table += &format!(
         "| restart to first event after SIGKILL, {RESTART_PARTITIONS} partitions, s | {} | {} | {} |\n",
         stat(&cost.restart.0, 2),
@@ -154,6 +140,34 @@ pub fn render(o: &Options, cost: &DedupCost) -> String {
         stat(&ratio(&cost.restart), 2)
     );
     table += &format!("| records read back at that restart | {} | 0 | |\n", stat(&cost.read_back, 0));
+    table
+}
+
+/// The ratio of each pair of runs (on / off).
+fn ratio((on, off): &(Vec<f64>, Vec<f64>)) -> Vec<f64> {
+    on.iter().zip(off).map(|(a, b)| a / b).collect()
+}
+
+/// A table's header and its drain rows: events/s in both modes, each side of `labels` and
+/// their ratio.
+pub(super) fn drain_rows(
+    o: &Options,
+    (on, off): (&str, &str),
+    replication: &(Vec<f64>, Vec<f64>),
+    polling: &(Vec<f64>, Vec<f64>),
+) -> String {
+    let mut table = format!(
+        "| measure ({} events, median of {} runs, min-max) | {on} | {off} | {on} / {off} |\n|---|---|---|---|\n",
+        o.events, o.runs
+    );
+    for (name, pair) in [("replication drain, events/s", replication), ("polling drain, events/s", polling)] {
+        table += &format!(
+            "| {name} | {} | {} | {} |\n",
+            stat(&pair.0, 0),
+            stat(&pair.1, 0),
+            stat(&ratio(pair), 3)
+        );
+    }
     table
 }
 

@@ -4,7 +4,7 @@
 //!
 //! `deploy/local/bench --only record` runs this alone and writes its section of BENCHMARKS.md.
 
-use super::{Options, stat};
+use super::Options;
 
 #[derive(Default)]
 pub struct RecordCost {
@@ -44,20 +44,5 @@ pub async fn run(o: &Options) -> RecordCost {
 
 /// The section's table (markdown).
 pub fn render(o: &Options, cost: &RecordCost) -> String {
-    let ratio = |(on, off): &(Vec<f64>, Vec<f64>)| on.iter().zip(off).map(|(a, b)| a / b).collect::<Vec<_>>();
-    let mut table = format!(
-        "| measure ({} events, median of {} runs, min-max) | with the record | without | with / without |\n|---|---|---|---|\n",
-        o.events, o.runs
-    );
-    for (name, pair) in
-        [("replication drain, events/s", &cost.replication), ("polling drain, events/s", &cost.polling)]
-    {
-        table += &format!(
-            "| {name} | {} | {} | {} |\n",
-            stat(&pair.0, 0),
-            stat(&pair.1, 0),
-            stat(&ratio(pair), 3)
-        );
-    }
-    table
+    super::dedup::drain_rows(o, ("with the record", "without"), &cost.replication, &cost.polling)
 }
