@@ -218,3 +218,60 @@ async fn a_replication_relay_started_during_an_unfinished_switch_sends_the_polli
     assert_eq!(replication.terminate(EXIT_LIMIT), Some(0), "{}", replication.log_text());
     polling.wait_ready("active").await;
 }
+
+/// Replication to polling and back, each step as README "Switching source modes" says: the slot
+/// dropped at the end of the first switch is one the relay remembers publishing from, so `run`
+/// and `setup` refuse to make it again silently. `check` says so in the same words (it once said
+/// "0 failed", and `setup` then refused), and the README's step, `setup --recreate-slot`, starts
+/// replication mode again: every event arrives once, in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn replication_to_polling_and_back_check_sees_what_setup_sees_and_the_readme_step_works() {
+    // given a replication relay that published 30 events
+    let s = setup("replication", |config| config).await;
+    let mut client = s.db.client().await;
+    create_aggregates(&client, 3).await;
+    let consumer = consumer(&[&s.topic]);
+    let config = s.config();
+    let config_arg = config.to_str().unwrap();
+    let mut relay = s.start("replication");
+    relay.wait_ready("active").await;
+    write_round(&mut client, &s, 10).await;
+    relay.wait_metric("outbox_relay_events_published_total{mode=\"replication\"}", |v| v >= 30.0).await;
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
+
+    // and a switch to polling, finished as the README says: polling publishes what was written
+    // meanwhile, then the slot is dropped
+    switch_to(&s, "replication", "polling");
+    write_round(&mut client, &s, 5).await;
+    let mut relay = s.start("polling");
+    wait_until(relay.context("the outbox to be empty".into()), async || s.outbox_rows().await == 0).await;
+    client.execute("SELECT pg_drop_replication_slot($1)", &[&s.slot]).await.unwrap();
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
+    write_round(&mut client, &s, 5).await;
+
+    // when the configuration says replication again
+    switch_to(&s, "polling", "replication");
+
+    // then check FAILs the slot with setup's own words, and setup refuses as check said
+    let report = check(&s);
+    let refused = "is missing, but this relay published from it before";
+    assert!(report.contains("FAIL replication.slot") && report.contains(refused), "{report}");
+    assert!(report.contains("setup --recreate-slot"), "{report}");
+    assert!(!report.contains(" 0 failed"), "{report}");
+    let (code, _, stderr) = run_relay(&["setup", "--config", config_arg], IDLE);
+    assert_ne!(code, 0, "{stderr}");
+    assert!(stderr.contains(refused) && stderr.contains("setup --recreate-slot"), "{stderr}");
+
+    // and the README's step starts replication mode again: the 15 rows polling has not
+    // published are, once, and every later event streams
+    let (code, stdout, stderr) = run_relay(&["setup", "--recreate-slot", "--config", config_arg], IDLE);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let report = check(&s);
+    assert!(report.contains("OK   replication.slot") && report.contains(" 0 failed"), "{report}");
+    let relay = s.start("replication");
+    relay.wait_ready("active").await;
+    write_round(&mut client, &s, 5).await;
+    let records = consume_unique(&consumer, 75, IDLE, LINGER).await;
+    let delivered = assert_delivered(&records, &committed_counts(&client).await);
+    assert_eq!((delivered.unique, delivered.duplicates), (75, 0), "{}", relay.log_text());
+}

@@ -6,6 +6,7 @@ use tokio_postgres::Client;
 use super::{Finding, query_setting};
 use crate::config::RelayConfig;
 use crate::source::replication::publication::{self, Problem};
+use crate::source::replication::slot::{self, SlotInfo, Verdict};
 use crate::table::OutboxTable;
 
 pub(super) async fn checks(config: &RelayConfig, client: &Client) -> Vec<Finding> {
@@ -66,55 +67,61 @@ pub(super) async fn checks(config: &RelayConfig, client: &Client) -> Vec<Finding
     findings
 }
 
+/// The slot as `run` and `setup` will judge it: the same verdict ([`slot::verdict`]), so a FAIL
+/// here is the error they would stop with, in the same words.
 async fn slot_check(config: &RelayConfig, client: &Client) -> Finding {
+    const CHECK: &str = "replication.slot";
     let slot = &config.replication.slot;
-    let row = client
-        .query_opt(
-            "SELECT wal_status, active, confirmed_flush_lsn::text, \
-                    pg_size_pretty(pg_current_wal_lsn() - confirmed_flush_lsn) \
-             FROM pg_replication_slots WHERE slot_name = $1",
-            &[slot],
-        )
-        .await;
-    match row {
-        Ok(None) if config.replication.create_slot => Finding::ok(
-            "replication.slot",
-            format!("slot \"{slot}\" does not exist yet; `run` or `setup` creates it"),
-        ),
-        Ok(None) => Finding::fail(
-            "replication.slot",
-            format!("slot \"{slot}\" does not exist and replication.create_slot = false"),
-            "run `outbox-relay setup` or set replication.create_slot = true",
-        ),
-        Ok(Some(r)) => {
-            let wal_status: Option<String> = r.get(0);
-            let detail = format!(
-                "slot \"{slot}\": wal_status = {}, active = {}, confirmed_flush_lsn = {}, lag {}",
-                wal_status.as_deref().unwrap_or("?"),
-                r.get::<_, bool>(1),
-                r.get::<_, Option<String>>(2).unwrap_or_default(),
-                r.get::<_, Option<String>>(3).unwrap_or_default()
+    let verdict = match slot::verdict(config, client).await {
+        Ok(verdict) => verdict,
+        Err(e) => {
+            return Finding::fail(
+                CHECK,
+                format!("cannot read slot \"{slot}\" or the relay's memory of it: {e}"),
+                "apply sql/006_relay_slots.sql to sql/008_relay_slots_owner.sql and grant the role SELECT on \
+                 outbox_relay_slots (sql/100_relay_role.sql)",
             );
-            match wal_status.as_deref() {
-                Some("lost") => Finding::fail(
-                    "replication.slot",
-                    detail,
-                    "the slot was invalidated; raise max_slot_wal_keep_size and run `outbox-relay setup --recreate-slot`",
-                ),
-                Some("unreserved") => Finding::warn(
-                    "replication.slot",
+        }
+    };
+    match verdict {
+        Verdict::Refused(refusal) => Finding::fail(CHECK, refusal.problem, refusal.fix),
+        Verdict::Create { .. } => {
+            Finding::ok(CHECK, format!("slot \"{slot}\" does not exist yet; `run` or `setup` creates it"))
+        }
+        Verdict::Recopy(info) => Finding::warn(
+            CHECK,
+            format!("slot \"{slot}\" exists but its first copy of the table's rows never finished ({})", describe(&info)),
+            "nothing to do by hand: the next `setup` or `run` drops it and makes it again, copying the rows \
+             (stop any instance still using it first)",
+        ),
+        Verdict::Stream(info) => {
+            let lag = client
+                .query_one("SELECT pg_size_pretty(pg_current_wal_lsn() - confirmed_flush_lsn) FROM pg_replication_slots WHERE slot_name = $1", &[slot])
+                .await
+                .ok()
+                .and_then(|row| row.get::<_, Option<String>>(0))
+                .unwrap_or_else(|| "?".into());
+            let detail = format!("slot \"{slot}\": {}, lag {lag}", describe(&info));
+            if info.wal_status.as_deref() == Some("unreserved") {
+                Finding::warn(
+                    CHECK,
                     detail,
                     "the slot is about to lose WAL it needs: get the relay running and caught up now",
-                ),
-                _ => Finding::ok("replication.slot", detail),
+                )
+            } else {
+                Finding::ok(CHECK, detail)
             }
         }
-        Err(e) => Finding::fail(
-            "replication.slot",
-            format!("cannot read pg_replication_slots: {e}"),
-            "check the role's privileges",
-        ),
     }
+}
+
+fn describe(info: &SlotInfo) -> String {
+    format!(
+        "wal_status = {}, active = {}, confirmed_flush_lsn = {}",
+        info.wal_status.as_deref().unwrap_or("?"),
+        info.active_pid.is_some(),
+        info.confirmed_flush.map(|lsn| lsn.to_string()).unwrap_or_default(),
+    )
 }
 
 async fn publication_check(config: &RelayConfig, client: &Client) -> Finding {

@@ -20,7 +20,7 @@ pub use copy::CopyReport;
 mod decode;
 pub(crate) mod failover;
 pub(crate) mod publication;
-mod slot;
+pub(crate) mod slot;
 mod stream;
 mod transport;
 

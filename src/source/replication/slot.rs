@@ -107,12 +107,12 @@ pub async fn prepare(config: &RelayConfig, client: &Client, recreate: bool) -> R
     if config.replication.failover {
         failover_supported(client).await?;
     }
-    let remembered = remembered(client, slot).await?;
-    let info = slot_info(client, slot).await?;
     if recreate {
+        remembered(client, slot).await?;
+        let info = slot_info(client, slot).await?;
         return recreate_slot(client, slot, info).await;
     }
-    decide(config, client, info, remembered).await
+    act(config, client, verdict(config, client).await?).await
 }
 
 async fn recreate_slot(client: &Client, slot: &str, info: Option<SlotInfo>) -> Result<SlotPlan, RelayError> {
@@ -125,6 +125,9 @@ async fn recreate_slot(client: &Client, slot: &str, info: Option<SlotInfo>) -> R
                 ),
             ));
         }
+        if lost_to_wal_removal(info) {
+            keep_size_warning(client, slot).await;
+        }
         client.execute(DROP_SLOT_SQL, &[&slot]).await?;
         tracing::warn!(%slot, "dropped the slot (--recreate-slot)");
     }
@@ -132,16 +135,102 @@ async fn recreate_slot(client: &Client, slot: &str, info: Option<SlotInfo>) -> R
     Ok(SlotPlan::Create)
 }
 
-async fn decide(
-    config: &RelayConfig,
-    client: &Client,
-    info: Option<SlotInfo>,
-    remembered: Option<bool>,
-) -> Result<SlotPlan, RelayError> {
+/// `max_slot_wal_keep_size` now, and whether it is certainly the value that lost the slot: the
+/// configuration was not loaded again (a reload or a restart) since the slot was created, so the
+/// value in force now was in force for the slot's whole life. `None` when it cannot be read.
+const KEEP_SIZE_SQL: &str = "SELECT current_setting('max_slot_wal_keep_size'), \
+     coalesce((SELECT created_at FROM outbox_relay_slots WHERE slot_name = $1) > pg_conf_load_time(), false)";
+
+/// Before a slot lost to removed WAL is made again: warns when `max_slot_wal_keep_size` is
+/// still the value that lost it (the new slot would be lost the same way), and says the value
+/// otherwise.
+async fn keep_size_warning(client: &Client, slot: &str) {
+    let Ok(row) = client.query_one(KEEP_SIZE_SQL, &[&slot]).await else { return };
+    let (size, unchanged): (String, bool) = (row.get(0), row.get(1));
+    if size == "-1" {
+        return;
+    }
+    if unchanged {
+        tracing::warn!(
+            %slot,
+            max_slot_wal_keep_size = %size,
+            "max_slot_wal_keep_size = {size} is still the value that lost the slot (the configuration was not \
+             reloaded since the slot was created): the new slot will be lost the same way at the next outage that \
+             long; raise it (ALTER SYSTEM SET max_slot_wal_keep_size = ...; SELECT pg_reload_conf()) to the WAL \
+             rate times the longest relay outage to survive (README, PostgreSQL settings)"
+        );
+    } else {
+        tracing::info!(
+            %slot,
+            max_slot_wal_keep_size = %size,
+            "the slot was lost to removed WAL; max_slot_wal_keep_size is now {size} (the configuration was \
+             reloaded since the slot was created): if that is still the value that lost it, raise it"
+        );
+    }
+}
+
+/// What the relay makes of the slot and its memory of it, read without changing anything:
+/// `run` and `setup` act on it ([`prepare`]), and `check` reports it, so `check` sees exactly
+/// what they will do.
+#[derive(Debug)]
+pub(crate) enum Verdict {
+    /// The slot is there and usable: stream from it.
+    Stream(SlotInfo),
+    /// The slot is there but its first copy never finished: it is dropped and made again.
+    Recopy(SlotInfo),
+    /// No slot, and none this relay published from: it is created (`forget`: the memory of a
+    /// slot whose first copy never finished is removed first).
+    Create { forget: bool },
+    /// `run` and `setup` stop: the slot was lost, or is gone after the relay published from it,
+    /// or may not be created.
+    Refused(Refusal),
+}
+
+/// Why the relay will not use or create the slot, and what to do: `run` and `setup` stop with
+/// it ([`Refusal::error`]), `check` FAILs with the same words.
+#[derive(Debug, Clone)]
+pub(crate) struct Refusal {
+    pub reason: FatalReason,
+    pub problem: String,
+    pub fix: String,
+}
+
+impl Refusal {
+    pub(crate) fn error(&self) -> RelayError {
+        RelayError::fatal(self.reason, format!("{}; {}", self.problem, self.fix))
+    }
+}
+
+/// The slot and the relay's memory of it, judged (see [`Verdict`]).
+pub(crate) async fn verdict(config: &RelayConfig, client: &Client) -> Result<Verdict, RelayError> {
     let slot = &config.replication.slot;
-    match (info, remembered) {
-        (Some(info), _) if info.wal_status.as_deref() == Some("lost") => Err(lost_slot_error(slot, &info)),
-        (Some(info), Some(false)) => {
+    let remembered = remembered(client, slot).await?;
+    let info = slot_info(client, slot).await?;
+    Ok(match (info, remembered) {
+        (Some(info), _) if info.wal_status.as_deref() == Some("lost") => {
+            Verdict::Refused(lost_slot(slot, &info))
+        }
+        (Some(info), Some(false)) => Verdict::Recopy(info),
+        (Some(info), _) => Verdict::Stream(info),
+        (None, Some(true)) => Verdict::Refused(match promoted_since(client, slot).await? {
+            Some((created, now)) => failover_without_slot(slot, created, now),
+            None => missing_slot(slot),
+        }),
+        (None, _) if !config.replication.create_slot => Verdict::Refused(Refusal {
+            reason: FatalReason::SlotMissing,
+            problem: format!("slot \"{slot}\" does not exist and replication.create_slot = false"),
+            fix: "create it with `outbox-relay setup` or set replication.create_slot = true".into(),
+        }),
+        (None, remembered) => Verdict::Create { forget: remembered == Some(false) },
+    })
+}
+
+/// Does what the verdict says.
+async fn act(config: &RelayConfig, client: &Client, verdict: Verdict) -> Result<SlotPlan, RelayError> {
+    let slot = &config.replication.slot;
+    match verdict {
+        Verdict::Refused(refusal) => Err(refusal.error()),
+        Verdict::Recopy(info) => {
             tracing::warn!(%slot, "the first copy of pre-existing rows did not finish: recreating the slot and copying again");
             if let Some(pid) = info.active_pid {
                 return Err(RelayError::Standby(format!("slot \"{slot}\" is active for PID {pid}")));
@@ -150,58 +239,53 @@ async fn decide(
             client.execute(FORGET_SQL, &[slot]).await?;
             Ok(SlotPlan::Create)
         }
-        (Some(info), _) => Ok(SlotPlan::Stream {
+        Verdict::Stream(info) => Ok(SlotPlan::Stream {
             confirmed: info.confirmed_flush.unwrap_or_default(),
             make_failover: config.replication.failover && info.failover == Some(false),
         }),
-        (None, Some(true)) => Err(match promoted_since(client, slot).await? {
-            Some((created, now)) => failover_without_slot(slot, created, now),
-            None => missing_slot(slot),
-        }),
-        (None, _) if !config.replication.create_slot => Err(RelayError::fatal(
-            FatalReason::SlotMissing,
-            format!(
-                "slot \"{slot}\" does not exist and replication.create_slot = false: create it with \
-                 `outbox-relay setup` or set replication.create_slot = true"
-            ),
-        )),
-        (None, Some(false)) => {
-            client.execute(FORGET_SQL, &[slot]).await?;
+        Verdict::Create { forget } => {
+            if forget {
+                client.execute(FORGET_SQL, &[slot]).await?;
+            }
             Ok(SlotPlan::Create)
         }
-        (None, None) => Ok(SlotPlan::Create),
     }
 }
 
 /// The slot this relay published from is gone, on the timeline it was created on.
-fn missing_slot(slot: &str) -> RelayError {
-    RelayError::fatal(
-        FatalReason::SlotMissing,
-        format!(
-            "slot \"{slot}\" is missing, but this relay published from it before: events committed since it \
-             disappeared may never have been published; run `outbox-relay setup --recreate-slot` to create it \
-             again and re-publish what the table still holds"
+fn missing_slot(slot: &str) -> Refusal {
+    Refusal {
+        reason: FatalReason::SlotMissing,
+        problem: format!(
+            "slot \"{slot}\" is missing, but this relay published from it before (outbox_relay_slots remembers \
+             it): events committed since it disappeared may never have been published"
         ),
-    )
+        fix: "run `outbox-relay setup --recreate-slot` to create it again and re-publish what the table still \
+              holds (after a switch to polling mode and back, whose polling relay published them, this is the \
+              step that starts replication mode again: README \"Switching source modes\")"
+            .into(),
+    }
 }
 
 /// The slot is gone because the server is a standby promoted without a copy of it.
-fn failover_without_slot(slot: &str, created: i32, now: i32) -> RelayError {
-    RelayError::fatal(
-        FatalReason::FailoverWithoutSlot,
-        format!(
-            "failover without a failover slot: slot \"{slot}\" is missing because this server is a promoted standby \
-             (timeline {now}, the slot was created on timeline {created}) that had no copy of it; events committed \
-             before the promotion may not all have been published, and events published may be missing here; \
-             run `outbox-relay setup --recreate-slot` (it re-publishes what the table holds: consumers deduplicate \
-             by id), and use failover slots (PostgreSQL 17+, replication.failover = true, README \"Failover\") so \
-             the next promotion keeps the slot"
+fn failover_without_slot(slot: &str, created: i32, now: i32) -> Refusal {
+    Refusal {
+        reason: FatalReason::FailoverWithoutSlot,
+        problem: format!(
+            "failover without a failover slot: slot \"{slot}\" is missing because this server is a promoted \
+             standby (timeline {now}, the slot was created on timeline {created}) that had no copy of it; events \
+             committed before the promotion may not all have been published, and events published may be \
+             missing here"
         ),
-    )
+        fix: "run `outbox-relay setup --recreate-slot` (it re-publishes what the table holds: consumers \
+              deduplicate by id), and use failover slots (PostgreSQL 17+, replication.failover = true, README \
+              \"Failover\") so the next promotion keeps the slot"
+            .into(),
+    }
 }
 
-/// The fatal error of an invalidated slot, with what PostgreSQL says caused it.
-fn lost_slot_error(slot: &str, info: &SlotInfo) -> RelayError {
+/// The slot was invalidated, with what PostgreSQL says caused it.
+fn lost_slot(slot: &str, info: &SlotInfo) -> Refusal {
     let (cause, fix) = match info.invalidation_reason.as_deref() {
         Some("idle_timeout") => (
             "it was idle longer than idle_replication_slot_timeout",
@@ -213,15 +297,25 @@ fn lost_slot_error(slot: &str, info: &SlotInfo) -> RelayError {
         ),
         _ => ("PostgreSQL removed WAL the relay had not read", "raise max_slot_wal_keep_size"),
     };
-    RelayError::fatal(
-        FatalReason::SlotLost,
-        format!(
+    Refusal {
+        reason: FatalReason::SlotLost,
+        problem: format!(
             "slot \"{slot}\" was invalidated (wal_status = lost, invalidation_reason = {}): {cause}, so events \
-             written while it was behind are gone from the stream; {fix}, then run `outbox-relay setup \
-             --recreate-slot` to recreate the slot and re-publish what the table still holds",
+             written while it was behind are gone from the stream",
             info.invalidation_reason.as_deref().unwrap_or("not reported before PostgreSQL 17")
         ),
-    )
+        fix: format!(
+            "{fix}, then run `outbox-relay setup --recreate-slot` to recreate the slot and re-publish what the \
+             table still holds"
+        ),
+    }
+}
+
+/// Whether a slot lost this way was lost to `max_slot_wal_keep_size` (PostgreSQL 17+ says
+/// `wal_removed`; before, removed WAL is the cause on a primary).
+fn lost_to_wal_removal(info: &SlotInfo) -> bool {
+    info.wal_status.as_deref() == Some("lost")
+        && matches!(info.invalidation_reason.as_deref(), None | Some("wal_removed"))
 }
 
 /// `Some((timeline the slot was created on, the server's timeline now))` when the server has
