@@ -56,8 +56,9 @@ async fn checkpoint_until_lost(client: &Client, slot: &str, more_wal: &str) {
 }
 
 /// The relay refuses the lost slot with `says`; `setup --recreate-slot` then publishes the row
-/// written while it was stopped, and not the one the topic already holds.
-async fn refused_then_recreated(s: &Setup, says: &[&str]) {
+/// written while it was stopped, and not the one the topic already holds. Returns what setup
+/// printed.
+async fn refused_then_recreated(s: &Setup, says: &[&str]) -> String {
     let config = s.config().display().to_string();
     let (code, _, stderr) = run_relay(&["run", "--config", &config], EXIT_LIMIT);
     assert_eq!(code, 1, "{stderr}");
@@ -70,6 +71,7 @@ async fn refused_then_recreated(s: &Setup, says: &[&str]) {
     let mut keys: Vec<String> = consume(&consumer, 2, IDLE).await.into_iter().filter_map(|r| r.key).collect();
     keys.extend(consume(&consumer, usize::MAX, LINGER).await.into_iter().filter_map(|r| r.key));
     assert_eq!(keys, ["before", "while-stopped"], "{stdout}{stderr}");
+    format!("{stdout}{stderr}")
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -93,7 +95,10 @@ async fn a_slot_invalidated_for_removed_wal_is_refused_naming_the_setting() {
     } else {
         "not reported before PostgreSQL 17"
     };
-    refused_then_recreated(&s, &[reason, "raise max_slot_wal_keep_size", "setup --recreate-slot"]).await;
+    let setup =
+        refused_then_recreated(&s, &[reason, "raise max_slot_wal_keep_size", "setup --recreate-slot"]).await;
+    // and setup warns that the setting that lost the slot is still in force
+    assert!(setup.contains("max_slot_wal_keep_size = 1MB is still the value that lost the slot"), "{setup}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -109,11 +114,13 @@ async fn a_slot_invalidated_for_idling_is_refused_naming_the_timeout_since_pg18(
     checkpoint_until_lost(&client, &s.slot, "SELECT pg_sleep(1.1)").await;
 
     // then the relay stops naming the timeout; recreate recovers
-    refused_then_recreated(
+    let setup = refused_then_recreated(
         &s,
         &["invalidation_reason = idle_timeout", "raise idle_replication_slot_timeout"],
     )
     .await;
+    // (max_slot_wal_keep_size did not lose it)
+    assert!(!setup.contains("still the value that lost the slot"), "{setup}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

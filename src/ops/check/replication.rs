@@ -90,7 +90,10 @@ async fn slot_check(config: &RelayConfig, client: &Client) -> Finding {
         }
         Verdict::Recopy(info) => Finding::warn(
             CHECK,
-            format!("slot \"{slot}\" exists but its first copy of the table's rows never finished ({})", describe(&info)),
+            format!(
+                "slot \"{slot}\" exists but its first copy of the table's rows never finished ({})",
+                describe(&info)
+            ),
             "nothing to do by hand: the next `setup` or `run` drops it and makes it again, copying the rows \
              (stop any instance still using it first)",
         ),
