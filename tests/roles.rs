@@ -243,3 +243,25 @@ async fn check_warns_of_privilege_the_mode_does_not_need() {
     let (_, out) = check(&s);
     assert!(out.contains(&format!("WARN {LINE}")) && out.contains("owns public.outbox_events"), "{out}");
 }
+
+/// Only the outbox table's owner may create the publication. `check` once passed it for the
+/// replication role ("the relay creates it"), and `setup` then failed: now `check` FAILs with
+/// the owner's command, in `setup`'s words.
+#[tokio::test(flavor = "multi_thread")]
+async fn check_fails_a_publication_the_role_may_not_create_as_setup_does() {
+    // given the replication role, which does not own the table, and no publication yet
+    let s = setup_as("outbox_relay", "replication", |config| config).await;
+    let refused = "only the owner of public.outbox_events may, and role outbox_relay is not it";
+    let command = format!("run `CREATE PUBLICATION \"p_{}\" FOR TABLE", s.slot);
+
+    // then check FAILs, naming the owner's command
+    let (code, out) = check(&s);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("FAIL replication.publication") && out.contains(refused), "{out}");
+    assert!(out.contains(&command) && out.contains("as the owner"), "{out}");
+
+    // and setup fails with the same words
+    let (code, _, stderr) = run_relay(&["setup", "--config", s.config().to_str().unwrap()], IDLE);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains(refused) && stderr.contains(&command), "{stderr}");
+}

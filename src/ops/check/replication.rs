@@ -134,12 +134,23 @@ async fn publication_check(config: &RelayConfig, client: &Client) -> Finding {
     let problem = match exists {
         Ok(Some(_)) => publication::problem(config, client).await,
         Ok(None) if config.replication.create_publication => {
-            return Finding::ok(
-                "replication.publication",
-                format!(
-                    "publication \"{publication}\" does not exist yet; the relay creates it (as the table owner)"
+            // `setup` and `run` create it only as the table's owner: the same test, the same words
+            return match publication::creation_refusal(config, client).await {
+                Ok(None) => Finding::ok(
+                    "replication.publication",
+                    format!(
+                        "publication \"{publication}\" does not exist yet; `setup` or `run` creates it (this role \
+                         owns {})",
+                        table.display_name()
+                    ),
                 ),
-            );
+                Ok(Some(refusal)) => Finding::fail("replication.publication", refusal.problem, refusal.fix),
+                Err(e) => Finding::fail(
+                    "replication.publication",
+                    format!("cannot tell whether this role may create the publication: {e}"),
+                    "check the role can read pg_class",
+                ),
+            };
         }
         Ok(None) => {
             return Finding::fail(

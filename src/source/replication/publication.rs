@@ -15,10 +15,16 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
+use super::slot::Refusal;
 use crate::config::RelayConfig;
 use crate::error::{FatalReason, RelayError};
 use crate::lsn::Lsn;
 use crate::table::OutboxTable;
+
+/// Whether this role may create the publication: it must own the outbox table (or be a member
+/// of its owner) and hold CREATE on the database.
+const MAY_CREATE_SQL: &str = "SELECT coalesce((SELECT pg_has_role(current_user, c.relowner, 'USAGE') FROM pg_class c \
+     WHERE c.oid = to_regclass($1)), false), has_database_privilege(current_database(), 'CREATE')";
 
 /// How often the streaming session verifies the publication; confirmations wait for it.
 pub const CHECK_INTERVAL: Duration = Duration::from_millis(200);
@@ -176,4 +182,61 @@ pub async fn delivers_through(config: &RelayConfig, client: &Client) -> Result<L
 fn capitalized(text: &str) -> String {
     let mut chars = text.chars();
     chars.next().map_or_else(String::new, |first| first.to_uppercase().chain(chars).collect())
+}
+
+/// Why this role cannot create the publication `run` and `setup` would create (it is missing
+/// and `replication.create_publication` is on), or `None` when it can. `setup` stops with it
+/// before trying, and `check` FAILs with it, in the same words.
+pub(crate) async fn creation_refusal(
+    config: &RelayConfig,
+    client: &Client,
+) -> Result<Option<Refusal>, tokio_postgres::Error> {
+    let table = OutboxTable::new(config);
+    let row = client.query_one(MAY_CREATE_SQL, &[&table.qualified()]).await?;
+    let (owner, create): (bool, bool) = (row.get(0), row.get(1));
+    Ok(creation_refused(config, owner, create))
+}
+
+fn creation_refused(config: &RelayConfig, owner: bool, create: bool) -> Option<Refusal> {
+    let publication = &config.replication.publication;
+    let table = OutboxTable::new(config);
+    let sql = table.create_publication_sql(publication);
+    let role = &config.postgres.user;
+    let problem = match (owner, create) {
+        (true, true) => return None,
+        (false, _) => format!(
+            "cannot create publication \"{publication}\": only the owner of {} may, and role {role} is not it",
+            table.display_name()
+        ),
+        (true, false) => format!(
+            "cannot create publication \"{publication}\": role {role} lacks CREATE on database {}",
+            config.postgres.database
+        ),
+    };
+    Some(Refusal {
+        reason: FatalReason::Privilege,
+        problem,
+        fix: format!("run `{sql}` as the owner (or `outbox-relay setup` with the owner's credentials)"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_role_that_may_not_create_the_publication_is_told_the_owners_command() {
+        let config: RelayConfig =
+            serde_json::from_value(serde_json::json!({ "kafka": { "brokers": ["127.0.0.1:9092"] } }))
+                .unwrap();
+        assert!(creation_refused(&config, true, true).is_none());
+        let not_owner = creation_refused(&config, false, true).unwrap();
+        assert!(not_owner.problem.contains("only the owner of public.outbox_events may"), "{not_owner:?}");
+        assert!(
+            not_owner.fix.starts_with("run `CREATE PUBLICATION \"outbox_relay\" FOR TABLE"),
+            "{not_owner:?}"
+        );
+        let no_create = creation_refused(&config, true, false).unwrap();
+        assert!(no_create.problem.contains("lacks CREATE on database postgres"), "{no_create:?}");
+    }
 }

@@ -397,17 +397,10 @@ async fn ensure_publication(config: &RelayConfig, client: &Client) -> Result<(),
                 ),
             ));
         }
-        client.batch_execute(&create).await.map_err(|e| match e.code() {
-            Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) => RelayError::fatal(
-                FatalReason::Privilege,
-                format!(
-                    "cannot create publication \"{publication}\": only the owner of {} may; run `{create}` as the \
-                     owner (or `outbox-relay setup` with the owner's credentials)",
-                    table.display_name()
-                ),
-            ),
-            _ => RelayError::Postgres(e),
-        })?;
+        if let Some(refusal) = super::publication::creation_refusal(config, client).await? {
+            return Err(refusal.error());
+        }
+        client.batch_execute(&create).await?;
         tracing::info!(%publication, table = %table.display_name(), "created the publication");
     }
     match super::publication::problem(config, client).await? {
