@@ -318,6 +318,28 @@ fn classify_connect(pg: &PostgresConfig, endpoint: &Endpoint, e: tokio_postgres:
             ),
         );
     }
+    // tokio-postgres's words when the server answers the SSLRequest with 'N'
+    if e.as_db_error().is_none() && (e.to_string() + &cause).contains("server does not support TLS") {
+        return RelayError::fatal(
+            FatalReason::Tls,
+            format!(
+                "postgres {endpoint}: the server does not support SSL, and postgres.sslmode = {} requires it: \
+                 turn TLS on at the server (ssl = on, with ssl_cert_file and ssl_key_file), or point \
+                 postgres.host at a server or proxy that has it; postgres.sslmode = disable sends the password \
+                 and every event in clear",
+                pg.sslmode
+            ),
+        );
+    }
+    if let Some(db) = e.as_db_error()
+        && matches!(
+            db.code(),
+            &tokio_postgres::error::SqlState::INVALID_PASSWORD
+                | &tokio_postgres::error::SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+        )
+    {
+        return RelayError::fatal(FatalReason::Auth, auth_refused(pg, endpoint, db));
+    }
     let refused_plaintext = e.as_db_error().is_some_and(|db| db.message().contains("no encryption"));
     if refused_plaintext && pg.sslmode == SslMode::Disable {
         return RelayError::fatal(
@@ -329,6 +351,34 @@ fn classify_connect(pg: &PostgresConfig, endpoint: &Endpoint, e: tokio_postgres:
         );
     }
     RelayError::Postgres(e)
+}
+
+/// The server refused the credentials (28P01) or the login (28000: no pg_hba.conf line, no such
+/// role): its words, and where each credential comes from.
+fn auth_refused(pg: &PostgresConfig, endpoint: &Endpoint, db: &tokio_postgres::error::DbError) -> String {
+    let password = if !pg.password_file.is_empty() {
+        format!(
+            "the password is the first line of postgres.password_file {} (read at each connect: a rotated \
+             password or token must be written there before the old one stops working)",
+            pg.password_file
+        )
+    } else if pg.password.is_some() {
+        "the password is postgres.password (or OUTBOX_RELAY__POSTGRES__PASSWORD)".into()
+    } else {
+        "no password is configured (OUTBOX_RELAY__POSTGRES__PASSWORD, postgres.password_file or \
+         postgres.password)"
+            .into()
+    };
+    format!(
+        "postgres {endpoint} refused user \"{}\" on database \"{}\": {} ({}); check postgres.user and its \
+         password ({password}), and that pg_hba.conf on the server lets this user in from this host \
+         with this sslmode ({})",
+        pg.user,
+        pg.database,
+        db.message(),
+        db.code().code(),
+        pg.sslmode
+    )
 }
 
 fn rustls_error(e: &tokio_postgres::Error) -> Option<String> {

@@ -193,6 +193,16 @@ async fn a_missing_password_is_named_and_stops_the_relay() {
     assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains("no password is configured") && stderr.contains("reason=auth"), "{stderr}");
 
+    // and with a wrong password, run stops (fatal, reason auth) saying what to check
+    let env = [("OUTBOX_RELAY__POSTGRES__PASSWORD", "a-wrong-one")];
+    let (code, _, stderr) = run_relay_with_env(&["run", "--config", config], &env, IDLE);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("password authentication failed") && stderr.contains("reason=auth"), "{stderr}");
+    assert!(
+        stderr.contains("check postgres.user and its password") && stderr.contains("pg_hba.conf"),
+        "{stderr}"
+    );
+
     // and with the password, the session is let in
     let env = [("OUTBOX_RELAY__POSTGRES__PASSWORD", "the-right-one")];
     let (_, stdout, stderr) = run_relay_with_env(&["check", "--config", config], &env, IDLE);
@@ -413,4 +423,36 @@ async fn create_password_role(client: &tokio_postgres::Client) {
         )
         .await
         .unwrap();
+}
+
+/// `sslmode = "require"` against a server without TLS (the shared test server) is a fatal `tls`
+/// error saying so, in `check` and in `run`: it was "check host and port", and `run` retried for
+/// ever as `postgres_unavailable`.
+#[tokio::test(flavor = "multi_thread")]
+async fn require_against_a_server_without_tls_is_fatal_and_says_so() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    for sslmode in ["require", "verify-full"] {
+        let config = common::write_config(dir.path(), &db, RelayToml::polling());
+        let text = std::fs::read_to_string(&config).unwrap();
+        let text = text.replace("sslmode = \"disable\"", &format!("sslmode = \"{sslmode}\""));
+        assert!(text.contains(&format!("sslmode = \"{sslmode}\"")), "{text}");
+        std::fs::write(&config, text).unwrap();
+        let config = config.to_str().unwrap();
+
+        let (code, stdout, stderr) = run_relay(&["check", "--config", config], IDLE);
+        assert_eq!(code, 1, "{sslmode}: {stdout}{stderr}");
+        assert!(
+            stdout.contains("FAIL postgres.connect") && stdout.contains("the server does not support SSL"),
+            "{sslmode}: {stdout}"
+        );
+        assert!(!stdout.contains("check postgres.host and postgres.port"), "{sslmode}: {stdout}");
+
+        let (code, _, stderr) = run_relay(&["run", "--config", config], IDLE);
+        assert_eq!(code, 1, "{sslmode}: {stderr}");
+        assert!(
+            stderr.contains("the server does not support SSL") && stderr.contains("reason=tls"),
+            "{sslmode}: {stderr}"
+        );
+    }
 }

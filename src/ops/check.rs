@@ -91,10 +91,13 @@ async fn connect(config: &RelayConfig) -> Result<(Client, Endpoint), Finding> {
     let target = format!("{}/{} as {}", servers.join(","), pg.database, pg.user);
     crate::postgres::connect_primary(pg).await.map_err(|e| {
         let fix = match &e {
+            RelayError::Fatal { reason: FatalReason::Tls, message } if message.contains("does not support SSL") => {
+                "turn TLS on at the server, or connect through a server or proxy that has it (see above)"
+            }
             RelayError::Fatal { reason: FatalReason::Tls, .. } => {
                 "check postgres.sslmode, postgres.sslrootcert and postgres.host against the server's certificate"
             }
-            RelayError::Fatal { .. } => "fix the setting the message names",
+            RelayError::Fatal { .. } => "do what the message says: `run` stops with the same error",
             RelayError::Postgres(pg) if pg.as_db_error().is_some() => {
                 "check postgres.user, postgres.password (OUTBOX_RELAY__POSTGRES__PASSWORD or postgres.password_file) \
                  and postgres.database, and pg_hba.conf"
