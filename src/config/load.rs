@@ -28,6 +28,7 @@ impl RelayConfig {
             .filter(|(name, _)| name.starts_with(kafka::SECRET_ENV_PREFIX))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
+        refuse_single_underscores(env.keys())?;
         let mut relay: RelayConfig =
             load_layered(file, ENV_PREFIX, env, "see deploy/relay.example.toml for a documented example")?;
         relay.move_deprecated()?;
@@ -50,6 +51,46 @@ impl RelayConfig {
         .filter_map(|(setting, path)| super::file_mode_warning(setting, path))
         .collect()
     }
+}
+
+/// The sections an `OUTBOX_RELAY__SECTION__KEY` variable may name, but `kafka` (whose
+/// `OUTBOX_RELAY_KAFKA_<KEY>` form, single underscores, is a secret librdkafka property).
+const SECTIONS: &[&str] = &[
+    "source",
+    "postgres",
+    "outbox",
+    "polling",
+    "replication",
+    "dead_letter",
+    "dedup",
+    "retry",
+    "shutdown",
+    "metrics",
+];
+
+/// A variable such as `OUTBOX_RELAY_POSTGRES_PASSWORD` looks like an override but is not one (the
+/// separators are double underscores): an error naming the variable meant, instead of a setting
+/// silently ignored. The value is never shown.
+fn refuse_single_underscores<'a>(names: impl Iterator<Item = &'a String>) -> Result<(), ConfigError> {
+    for name in names {
+        let upper = name.to_ascii_uppercase();
+        let Some(rest) = upper.strip_prefix(&format!("{ENV_PREFIX}_")) else { continue };
+        if rest.starts_with('_') {
+            continue;
+        }
+        let meant = SECTIONS.iter().find_map(|section| {
+            let key = rest.strip_prefix(&format!("{}_", section.to_ascii_uppercase()))?;
+            (!key.is_empty() && !key.starts_with('_'))
+                .then(|| format!("{ENV_PREFIX}__{}__{key}", section.to_ascii_uppercase()))
+        });
+        if let Some(meant) = meant {
+            return Err(ConfigError::Load(format!(
+                "environment variable {name} is not read: an override has two underscores between the prefix, \
+                 the section and the key; set {meant} instead (and unset {name})"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Loads `file` (TOML) with `PREFIX__SECTION__FIELD` overrides from `env` into `T`; errors name
@@ -159,9 +200,12 @@ fn describe_serde_error(path: &str, inner: &str) -> ConfigError {
         return ConfigError::invalid(path, format!("\"{value}\" is not a valid value{valid}"));
     }
     if inner.starts_with("unknown field") {
+        let hint = did_you_mean(inner).map_or_else(String::new, |known| format!("did you mean `{known}`? "));
         return ConfigError::invalid(
             path,
-            "unknown setting; remove it or fix its spelling (deploy/relay.example.toml lists every option)",
+            format!(
+                "unknown setting; {hint}remove it or fix its spelling (deploy/relay.example.toml lists every option)"
+            ),
         );
     }
     if inner.starts_with("missing") {
@@ -173,4 +217,31 @@ fn describe_serde_error(path: &str, inner: &str) -> ConfigError {
         return ConfigError::invalid(child, "is required");
     }
     ConfigError::invalid(path, inner)
+}
+
+/// The known key closest to the unknown one in serde's "unknown field `lingr_ms`, expected one
+/// of `brokers`, `linger_ms`, ...", when it is close enough to be a typo (at most a third of
+/// its letters differ, and at least one is the same).
+fn did_you_mean(inner: &str) -> Option<String> {
+    let mut quoted = inner.split('`').skip(1).step_by(2);
+    let unknown = quoted.next()?.to_ascii_lowercase();
+    let (distance, known) =
+        quoted.map(|known| (edit_distance(&unknown, &known.to_ascii_lowercase()), known)).min()?;
+    (distance <= (unknown.len() / 3).max(1) && distance < unknown.len()).then(|| known.to_string())
+}
+
+/// Levenshtein distance, by characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1).min(row[j] + 1).min(diagonal + usize::from(ca != *cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
 }

@@ -20,6 +20,42 @@ fn minimal_file_gets_defaults() {
 }
 
 #[test]
+fn a_misspelt_key_gets_the_closest_known_one() {
+    let err = load(&format!("{MINIMAL}lingr_ms = 3\n"), &[]).unwrap_err().to_string();
+    assert!(err.contains("did you mean `linger_ms`?"), "{err}");
+    let err = load(&format!("{MINIMAL}[postgres]\npasword_file = \"/x\"\n"), &[]).unwrap_err().to_string();
+    assert!(
+        err.starts_with("postgres.pasword_file: unknown setting; did you mean `password_file`?"),
+        "{err}"
+    );
+    let err = load(&format!("{MINIMAL}[replicaton]\nslot = \"s\"\n"), &[]).unwrap_err().to_string();
+    assert!(err.contains("did you mean `replication`?"), "{err}");
+    // nothing close: no guess
+    let err = load(&format!("{MINIMAL}[sink]\n"), &[]).unwrap_err().to_string();
+    assert!(!err.contains("did you mean"), "{err}");
+}
+
+#[test]
+fn an_override_with_single_underscores_is_refused_naming_the_right_variable() {
+    let err = load(MINIMAL, &[("OUTBOX_RELAY_POSTGRES_PASSWORD", "SENTINEL")]).unwrap_err().to_string();
+    assert!(err.contains("OUTBOX_RELAY_POSTGRES_PASSWORD is not read"), "{err}");
+    assert!(err.contains("set OUTBOX_RELAY__POSTGRES__PASSWORD instead"), "{err}");
+    assert!(!err.contains("SENTINEL"), "{err}");
+    let err = load(MINIMAL, &[("OUTBOX_RELAY_DEAD_LETTER_ON_POISON", "block")]).unwrap_err().to_string();
+    assert!(err.contains("OUTBOX_RELAY__DEAD_LETTER__ON_POISON"), "{err}");
+    // the relay's other variables, the secret Kafka form and the right form are not refused
+    for name in [
+        "OUTBOX_RELAY_LOG",
+        "OUTBOX_RELAY_CONFIG",
+        "OUTBOX_RELAY_TEST_PG_URL",
+        "OUTBOX_RELAY__POSTGRES__PASSWORD",
+    ] {
+        assert!(load(MINIMAL, &[(name, "x")]).is_ok(), "{name}");
+    }
+    assert!(load(MINIMAL, &[("OUTBOX_RELAY_KAFKA_SASL_PASSWORD", "x")]).is_ok());
+}
+
+#[test]
 fn unknown_key_names_its_path() {
     let err = load(&format!("{MINIMAL}lingr_ms = 3\n"), &[]).unwrap_err().to_string();
     assert!(err.starts_with("kafka.lingr_ms: unknown setting"), "{err}");
