@@ -1,5 +1,6 @@
 //! `check` OK means `run` works: in each mode and each supported table layout, a database that
-//! `setup` prepared and `check` passes relays without a fatal error.
+//! `setup` prepared and `check` passes relays without a fatal error, and `verify` (replication
+//! mode) finds every event without an error line.
 
 use crate::common;
 
@@ -71,6 +72,14 @@ async fn a_database_check_passes_runs_in_each_mode_and_layout() {
             let got = consume(&consumer, 3, IDLE).await;
             assert_eq!(got.len(), 3, "{case}: {}", relay.log_text());
             assert!(relay.readyz().is_some_and(|(status, _)| status == 200), "{case}: {}", relay.log_text());
+
+            // and verify finds them, without an error line for each partition's end (it logged
+            // librdkafka's `ERROR ... PartitionEOF` three times on success)
+            if mode == "replication" {
+                let (code, stdout, stderr) = run_relay(&["verify", "--config", config_arg], IDLE);
+                assert_eq!(code, 0, "{case}: verify:\n{stdout}{stderr}");
+                assert!(!stderr.contains("PartitionEOF") && !stderr.contains("ERROR"), "{case}: {stderr}");
+            }
             assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{case}");
         }
     }

@@ -21,7 +21,7 @@ use super::report::Class;
 use crate::config::KafkaConfig;
 use crate::delivery::record::Position;
 use crate::published::{IdBits, numeric_id};
-use crate::sink::kafka::{POSITION_HEADER, SOURCE_HEADER};
+use crate::sink::kafka::{POSITION_HEADER, ReaderContext, SOURCE_HEADER};
 
 /// The header `outbox-relay replay-dead-letters` marks a replayed record with (the letter's id):
 /// a replay comes after later events of its key, and carries the letter's data as fixed.
@@ -81,7 +81,7 @@ impl Place {
 }
 
 pub struct Reader {
-    consumer: BaseConsumer,
+    consumer: BaseConsumer<ReaderContext>,
     since: Option<SystemTime>,
     idle_limit: Duration,
     checker: Checker,
@@ -106,7 +106,7 @@ impl Reader {
         published: IdBits,
         keep: usize,
     ) -> Result<Reader, KafkaError> {
-        let consumer = reader_config(kafka).create()?;
+        let consumer = reader_config(kafka).create_with_context(ReaderContext)?;
         let idle_limit = Duration::from_millis(kafka.message_timeout_ms.max(30_000));
         let checker = Checker { source, last: HashMap::new(), published, keep };
         Ok(Reader { consumer, since, idle_limit, checker })

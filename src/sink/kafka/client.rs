@@ -6,7 +6,10 @@
 //! refuses user overrides of them.
 
 use rdkafka::ClientConfig;
+use rdkafka::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::consumer::ConsumerContext;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
 use crate::config::KafkaConfig;
 
@@ -38,6 +41,31 @@ pub(crate) fn reader_config(kafka: &KafkaConfig, purpose: &str, fetch_wait_ms: u
         .set("fetch.wait.max.ms", fetch_wait_ms.to_string())
         .set("log_level", "3");
     cc
+}
+
+/// The context of a client that reads partitions to their end (`verify`): librdkafka's log at
+/// the relay's levels, and a partition's end, which librdkafka also reports as a global error
+/// (with `enable.partition.eof`), is how a read ends, not an error line. rdkafka's default
+/// context logged three `ERROR ... PartitionEOF` lines for every successful `verify`.
+pub(crate) struct ReaderContext;
+
+impl ClientContext for ReaderContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        log_librdkafka(level, fac, message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        if !is_partition_end(&error) {
+            tracing::error!(target: "librdkafka", %error, "{reason}");
+        }
+    }
+}
+
+impl ConsumerContext for ReaderContext {}
+
+/// A partition's end, reported as an error.
+fn is_partition_end(error: &KafkaError) -> bool {
+    matches!(error, KafkaError::Global(RDKafkaErrorCode::PartitionEOF) | KafkaError::PartitionEOF(_))
 }
 
 /// The librdkafka client configuration for a producer built from `kafka`: acks=all, idempotent,
@@ -104,6 +132,14 @@ mod tests {
     use tracing::Level;
 
     use super::log_level;
+
+    #[test]
+    fn a_partition_end_is_not_an_error() {
+        use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+        assert!(super::is_partition_end(&KafkaError::Global(RDKafkaErrorCode::PartitionEOF)));
+        assert!(super::is_partition_end(&KafkaError::PartitionEOF(0)));
+        assert!(!super::is_partition_end(&KafkaError::Global(RDKafkaErrorCode::AllBrokersDown)));
+    }
 
     #[test]
     fn a_failed_broker_connection_is_not_an_error_line() {

@@ -32,8 +32,8 @@ mod stall;
 
 pub(crate) use classify::PublishError;
 use classify::{error_type, topic_is_unknown};
+pub(crate) use client::{ReaderContext, log_librdkafka, reader_config};
 pub use client::{client_config, producer_config};
-pub(crate) use client::{log_librdkafka, reader_config};
 use producer::{Channel, RecordProducer, create_producer};
 pub(crate) use producer::{POSITION_HEADER, Report, SOURCE_HEADER};
 pub(crate) use stall::StallWatch;
