@@ -240,6 +240,12 @@ async fn a_fifty_megabyte_row(mode: &str) {
         .collect();
     assert_eq!(dead.len(), 1, "{dead:?}");
     assert!(dead[0].0.to_lowercase().contains("too large"), "reason: {}", dead[0].0);
+    // and the reason names the limits to raise
+    assert!(
+        dead[0].0.contains("message.max.bytes") && dead[0].0.contains("max.message.bytes"),
+        "{}",
+        dead[0].0
+    );
     assert!(dead[0].1 > BLOB, "the dead-lettered payload is cut: {} bytes", dead[0].1);
     run.assert_in_kafka_once(2).await;
     run.finish(&format!("a 50 MB row ({mode})"));

@@ -192,7 +192,7 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
             }
             return Ok(Some(Settled::Acked(position)));
         };
-        let failure = self.sink.classify(&event.topic, &e).await;
+        let failure = self.sink.classify(&event, &e).await;
         metrics().publish_errors.with_label_values(&[failure.error_type().label()]).inc();
         match failure {
             PublishError::Transient { detail, .. } => {

@@ -44,7 +44,8 @@ pub(crate) trait Sink: Send + Sync {
     fn reports(&self) -> impl Future<Output = MutexGuard<'_, Reports>> + Send;
 
     /// What the failed report `error` of a record for `topic` means.
-    fn classify(&self, topic: &str, error: &KafkaError) -> impl Future<Output = PublishError> + Send;
+    fn classify(&self, record: &KafkaRecord, error: &KafkaError)
+    -> impl Future<Output = PublishError> + Send;
 
     /// The source identity each record carries as `outbox_relay_source` (when
     /// `kafka.source_headers`): a session sets it once it knows its database.
@@ -74,8 +75,12 @@ impl Sink for kafka::KafkaSink {
         kafka::KafkaSink::reports(self)
     }
 
-    fn classify(&self, topic: &str, error: &KafkaError) -> impl Future<Output = PublishError> + Send {
-        kafka::KafkaSink::classify(self, topic, error)
+    fn classify(
+        &self,
+        record: &KafkaRecord,
+        error: &KafkaError,
+    ) -> impl Future<Output = PublishError> + Send {
+        kafka::KafkaSink::classify(self, record, error)
     }
 
     fn set_source(&mut self, source: &str) {

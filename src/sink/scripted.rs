@@ -131,7 +131,7 @@ impl Sink for ScriptedSink {
     }
 
     /// A rejection is permanent, anything else transient (what the faults stand for).
-    async fn classify(&self, _topic: &str, error: &KafkaError) -> PublishError {
+    async fn classify(&self, _record: &KafkaRecord, error: &KafkaError) -> PublishError {
         match error.rdkafka_error_code() {
             Some(RDKafkaErrorCode::MessageSizeTooLarge) => PublishError::Permanent(format!("{error}")),
             _ => PublishError::Transient { error_type: ErrorType::Timeout, detail: format!("{error}") },

@@ -8,7 +8,10 @@ use rdkafka::types::RDKafkaRespErr;
 
 use super::METADATA_TIMEOUT;
 use super::producer::RecordProducer;
+use crate::config::KafkaConfig;
+use crate::delivery::record::KafkaRecord;
 use crate::observe::metrics::ErrorType;
+use rdkafka::error::KafkaError;
 
 /// Why one record was not acknowledged.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +42,29 @@ pub(super) fn topic_is_unknown(producer: &RecordProducer, topic: &str) -> bool {
     })
 }
 
+/// librdkafka's default `message.max.bytes`, the producer's limit on a record.
+const LIBRDKAFKA_MESSAGE_MAX_BYTES: &str = "1000000";
+
+/// Why a record is too large, and the limits to raise: the producer's own (librdkafka refuses
+/// the record before sending it), the topic's or the broker's (the broker refuses it), and the
+/// consumers' fetch sizes, which must then take it too.
+pub(crate) fn too_large(kafka: &KafkaConfig, record: &KafkaRecord, error: &KafkaError) -> String {
+    let producer_limit = kafka
+        .client_properties()
+        .find(|(key, _)| *key == "message.max.bytes")
+        .map_or(LIBRDKAFKA_MESSAGE_MAX_BYTES, |(_, value)| value);
+    format!(
+        "record of about {} bytes for topic \"{}\" is too large ({error}): raise the limit that refused it, \
+         the producer's kafka.properties.\"message.max.bytes\" (now {producer_limit}), the topic's \
+         max.message.bytes (kafka-configs --alter --entity-type topics --entity-name {} --add-config \
+         max.message.bytes=...; the broker's message.max.bytes is its default), and the consumers' \
+         max.partition.fetch.bytes; or make the event smaller",
+        record.size(),
+        record.topic,
+        record.topic,
+    )
+}
+
 /// A low-cardinality label for metrics and logs.
 pub(super) fn error_type(code: Option<RDKafkaErrorCode>) -> ErrorType {
     match code {
@@ -55,5 +81,26 @@ pub(super) fn error_type(code: Option<RDKafkaErrorCode>) -> ErrorType {
         }
         Some(RDKafkaErrorCode::QueueFull) => ErrorType::QueueFull,
         _ => ErrorType::Other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_too_large_names_each_limit_to_raise() {
+        let kafka: KafkaConfig = serde_json::from_value(serde_json::json!({
+            "brokers": ["127.0.0.1:9092"], "properties": { "message.max.bytes": "2000" }
+        }))
+        .unwrap();
+        let record = crate::sink::scripted::record("7");
+        let error = KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge);
+        let reason = too_large(&kafka, &record, &error);
+        for limit in ["\"message.max.bytes\" (now 2000)", "max.message.bytes", "max.partition.fetch.bytes"] {
+            assert!(reason.contains(limit), "{limit}: {reason}");
+        }
+        let size = format!("record of about {} bytes for topic \"t\"", record.size());
+        assert!(reason.contains(&size), "{reason}");
     }
 }

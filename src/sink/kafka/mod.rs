@@ -185,7 +185,8 @@ impl KafkaSink {
 
     /// Classifies one failure. A timeout is checked against the topic's metadata: a topic the
     /// broker does not know (auto-create off) is permanent, anything else transient.
-    pub(crate) async fn classify(&self, topic: &str, error: &KafkaError) -> PublishError {
+    pub(crate) async fn classify(&self, record: &KafkaRecord, error: &KafkaError) -> PublishError {
+        let topic = record.topic.as_str();
         let code = error.rdkafka_error_code();
         match code {
             Some(RDKafkaErrorCode::UnknownTopic | RDKafkaErrorCode::UnknownTopicOrPartition) => {
@@ -198,12 +199,12 @@ impl KafkaSink {
                  (and READ, for the read-back)",
                 self.config.principal()
             )),
-            Some(
-                RDKafkaErrorCode::MessageSizeTooLarge
-                | RDKafkaErrorCode::InvalidTopic
-                | RDKafkaErrorCode::InvalidRecord
-                | RDKafkaErrorCode::InvalidMessageSize,
-            ) => PublishError::Permanent(format!("{error}")),
+            Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidMessageSize) => {
+                PublishError::Permanent(classify::too_large(&self.config, record, error))
+            }
+            Some(RDKafkaErrorCode::InvalidTopic | RDKafkaErrorCode::InvalidRecord) => {
+                PublishError::Permanent(format!("{error}"))
+            }
             Some(RDKafkaErrorCode::MessageTimedOut) if self.topic_is_unknown(topic).await => {
                 PublishError::Permanent(format!(
                     "topic \"{topic}\" does not exist and the broker does not create topics automatically"
