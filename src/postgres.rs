@@ -141,7 +141,8 @@ fn spawn_connection(connection: Connection) {
 /// The replication transport's TLS settings, from the same configuration.
 pub(crate) fn replication_tls(pg: &PostgresConfig) -> pgwire_replication::TlsConfig {
     use pgwire_replication::SslMode as R;
-    let root = (!pg.sslrootcert.is_empty()).then(|| pg.sslrootcert.clone().into());
+    // (validated at load: "system" names a bundle that exists)
+    let root = pg.root_cert_file().ok().flatten().map(Into::into);
     let mut tls = pgwire_replication::TlsConfig::disabled();
     tls.mode = match (pg.sslmode, root.is_some()) {
         (SslMode::Disable, _) => R::Disable,
@@ -209,19 +210,20 @@ fn client_tls(pg: &PostgresConfig) -> Result<ClientConfig, RelayError> {
 /// `sslrootcert` when set, else the Mozilla roots (webpki-roots), as trust anchors.
 fn root_store(pg: &PostgresConfig) -> Result<RootCertStore, RelayError> {
     let mut roots = RootCertStore::empty();
-    if pg.sslrootcert.is_empty() {
+    let file = pg.root_cert_file().map_err(|problem| tls_setup(format!("postgres.sslrootcert {problem}")))?;
+    let Some(file) = file else {
         roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
         return Ok(roots);
-    }
-    let certs = CertificateDer::pem_file_iter(&pg.sslrootcert)
+    };
+    // "system" names the bundle it was read from
+    let named =
+        if file == pg.sslrootcert { file.clone() } else { format!("\"{}\" ({file})", pg.sslrootcert) };
+    let certs = CertificateDer::pem_file_iter(&file)
         .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| tls_setup(format!("postgres.sslrootcert {}: {e}", pg.sslrootcert)))?;
+        .map_err(|e| tls_setup(format!("postgres.sslrootcert {named}: {e}")))?;
     let (added, _) = roots.add_parsable_certificates(certs);
     if added == 0 {
-        return Err(tls_setup(format!(
-            "postgres.sslrootcert {}: no usable certificate in it",
-            pg.sslrootcert
-        )));
+        return Err(tls_setup(format!("postgres.sslrootcert {named}: no usable certificate in it")));
     }
     Ok(roots)
 }

@@ -456,3 +456,58 @@ async fn require_against_a_server_without_tls_is_fatal_and_says_so() {
         );
     }
 }
+
+/// `sslrootcert = "system"` means the system's CAs, as in libpq 16 (it was refused as a file
+/// that does not exist): `SSL_CERT_FILE` names the bundle, as OpenSSL reads it, else the
+/// system's own bundle. Both the SQL sessions and the replication stream trust it.
+#[tokio::test(flavor = "multi_thread")]
+async fn sslrootcert_system_trusts_the_system_bundle_in_both_connections() {
+    // given a relay told to trust the system's CAs, the system's bundle being the test CA
+    let (database, client) = database().await;
+    let suffix = random_suffix();
+    let topic = format!("tls.{suffix}");
+    create_topic(&topic, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let postgres = "host = \"localhost\"\nsslmode = \"verify-full\"\nsslrootcert = \"system\"";
+    let config = write_config(dir.path(), &database, postgres, "replication", &suffix);
+    let bundle = ca("ca.crt");
+    let env = [("SSL_CERT_FILE", bundle.as_str())];
+
+    // then check connects over verified TLS
+    let (code, stdout, stderr) =
+        run_relay_with_env(&["check", "--config", config.to_str().unwrap()], &env, IDLE);
+    assert!(
+        stdout.contains("OK   postgres.connect") && stdout.contains("session encrypted"),
+        "{stdout}{stderr}"
+    );
+    assert_eq!(code, 0, "{stdout}{stderr}");
+
+    // and the relay streams (the replication connection trusts the same bundle)
+    let consumer = consumer(&[&topic]);
+    let mut relay = RelayProcess::spawn(&config, &dir.path().join("relay.log"), "info", &env);
+    client
+        .execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ('t', 'k', 'E', '{}')",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(consume(&consumer, 1, IDLE).await.len(), 1, "{}", relay.log_text());
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
+
+    // and the system's own bundle, which lacks the test CA, is not trusted
+    let (code, stdout, _) =
+        run_relay_with_env(&["check", "--config", config.to_str().unwrap()], &[("SSL_CERT_FILE", "")], IDLE);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.contains("TLS handshake failed"), "{stdout}");
+
+    // and a mode below verify-full is refused with it, as libpq refuses it
+    let weak =
+        write_config(dir.path(), &database, &postgres.replace("verify-full", "require"), "polling", &suffix);
+    let (code, _, stderr) = run_relay(&["validate", "--config", weak.to_str().unwrap()], IDLE);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("postgres.sslmode: require may not be used with postgres.sslrootcert = \"system\""),
+        "{stderr}"
+    );
+}

@@ -38,7 +38,8 @@ pub struct PostgresConfig {
     /// channel binding (`crate::postgres`).
     pub sslmode: SslMode,
     /// PEM file of the CA certificates to trust; empty: the Mozilla roots (under `verify-full`
-    /// only: `verify-ca` needs it).
+    /// only: `verify-ca` needs it); `"system"`: the system's CA bundle, as in libpq 16
+    /// (`verify-full` only, as libpq).
     pub sslrootcert: String,
     /// PEM client certificate and key, for certificate authentication; both or neither.
     pub sslcert: String,
@@ -167,16 +168,95 @@ impl PostgresConfig {
                  certificate, or use verify-full",
             ));
         }
+        if pg.sslrootcert == SYSTEM_ROOTS {
+            if pg.sslmode != SslMode::VerifyFull {
+                // libpq 16 refuses it too: the system's CAs sign certificates for any host
+                return Err(ConfigError::invalid(
+                    "postgres.sslmode",
+                    format!(
+                        "{} may not be used with postgres.sslrootcert = \"system\" (as libpq says): any \
+                         public CA signs certificates for any host, so only verify-full, which checks the name, \
+                         means anything; use verify-full",
+                        pg.sslmode
+                    ),
+                ));
+            }
+            pg.root_cert_file().map_err(|problem| ConfigError::invalid("postgres.sslrootcert", problem))?;
+        }
         for (path, file) in [
             ("postgres.sslrootcert", &pg.sslrootcert),
             ("postgres.sslcert", &pg.sslcert),
             ("postgres.sslkey", &pg.sslkey),
         ] {
-            if !file.is_empty() && !Path::new(file).is_file() {
+            if !file.is_empty() && file.as_str() != SYSTEM_ROOTS && !Path::new(file).is_file() {
                 return Err(ConfigError::invalid(path, format!("{file}: no such file")));
             }
         }
         Ok(())
+    }
+}
+
+/// `postgres.sslrootcert = "system"`: the system's trusted CAs, as libpq 16 means it.
+pub const SYSTEM_ROOTS: &str = "system";
+
+/// Where the system's CA bundle is, in the order OpenSSL's builds and `openssl-probe` look
+/// (Debian/Ubuntu, RHEL/Fedora, openSUSE, Alpine and the BSDs); `SSL_CERT_FILE` comes first.
+const SYSTEM_BUNDLES: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/ssl/cert.pem",
+];
+
+impl PostgresConfig {
+    /// The PEM file of the CAs to trust: `sslrootcert`, or for `"system"` the system's bundle
+    /// (`SSL_CERT_FILE` when set, as libpq's OpenSSL reads it, else the first bundle found);
+    /// `None` when unset (the relay's built-in Mozilla roots). The error says what was looked for.
+    pub fn root_cert_file(&self) -> Result<Option<String>, String> {
+        if self.sslrootcert != SYSTEM_ROOTS {
+            return Ok((!self.sslrootcert.is_empty()).then(|| self.sslrootcert.clone()));
+        }
+        system_bundle(std::env::var("SSL_CERT_FILE").ok(), |path| Path::new(path).is_file()).map(Some)
+    }
+}
+
+fn system_bundle(ssl_cert_file: Option<String>, exists: impl Fn(&str) -> bool) -> Result<String, String> {
+    if let Some(file) = ssl_cert_file.filter(|f| !f.is_empty()) {
+        return if exists(&file) {
+            Ok(file)
+        } else {
+            Err(format!("\"system\": SSL_CERT_FILE names {file}, which does not exist"))
+        };
+    }
+    SYSTEM_BUNDLES.iter().find(|path| exists(path)).map(|path| path.to_string()).ok_or_else(|| {
+        format!(
+            "\"system\": no system CA bundle found (looked for {}; install the ca-certificates package, or \
+             set SSL_CERT_FILE)",
+            SYSTEM_BUNDLES.join(", ")
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn system_roots_are_ssl_cert_file_or_the_first_bundle_found() {
+        let only = |present: &'static str| move |path: &str| path == present;
+        assert_eq!(system_bundle(None, only("/etc/ssl/cert.pem")).unwrap(), "/etc/ssl/cert.pem");
+        assert_eq!(
+            system_bundle(None, |_| true).unwrap(),
+            "/etc/ssl/certs/ca-certificates.crt",
+            "Debian's bundle comes first"
+        );
+        assert_eq!(system_bundle(Some("/ca.pem".into()), only("/ca.pem")).unwrap(), "/ca.pem");
+        assert!(
+            system_bundle(Some("/nope.pem".into()), only("/etc/ssl/cert.pem"))
+                .is_err_and(|e| e.contains("SSL_CERT_FILE"))
+        );
+        assert!(system_bundle(None, |_| false).is_err_and(|e| e.contains("ca-certificates")));
     }
 }
 
