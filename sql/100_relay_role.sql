@@ -3,7 +3,8 @@
 -- Then give the role you use a password out of band, e.g. in psql:  \password outbox_relay
 --
 -- outbox_relay (replication mode, the default postgres.user):
---   LOGIN, REPLICATION        connect and stream from its slot
+--   LOGIN, REPLICATION        connect and stream from its slot (on RDS and Aurora: LOGIN and
+--                             membership in rds_replication, which grants it there)
 --   SELECT on outbox          the first copy of the rows that predate the slot
 --   INSERT dead letter        unpublishable events, with their reason
 --   outbox_relay_slots        the relay's memory of its slot (006_relay_slots.sql)
@@ -25,12 +26,30 @@
 -- Either run `outbox-relay setup` once with the owner's credentials, or create it here:
 --   CREATE PUBLICATION outbox_relay FOR TABLE outbox_events
 --       WITH (publish = 'insert', publish_via_partition_root = true);
+-- RDS and Aurora: no customer role (rds_superuser included) may create a role with REPLICATION;
+-- replication is granted by membership in rds_replication instead. That path is taken where the
+-- role rds_replication exists and this session is not a superuser (on RDS the master user never
+-- is), so a self-managed server where a superuser runs this keeps the attribute.
 DO $$
+DECLARE
+    rds boolean := EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'rds_replication')
+                   AND NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user);
 BEGIN
-    CREATE ROLE outbox_relay LOGIN REPLICATION;
-EXCEPTION
-    -- already there (roles are cluster-wide: another database may have created it)
-    WHEN duplicate_object OR unique_violation THEN NULL;
+    IF rds THEN
+        BEGIN
+            CREATE ROLE outbox_relay LOGIN;
+        EXCEPTION
+            WHEN duplicate_object OR unique_violation THEN NULL;
+        END;
+        GRANT rds_replication TO outbox_relay;
+    ELSE
+        BEGIN
+            CREATE ROLE outbox_relay LOGIN REPLICATION;
+        EXCEPTION
+            -- already there (roles are cluster-wide: another database may have created it)
+            WHEN duplicate_object OR unique_violation THEN NULL;
+        END;
+    END IF;
 END
 $$;
 DO $$

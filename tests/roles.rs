@@ -265,3 +265,53 @@ async fn check_fails_a_publication_the_role_may_not_create_as_setup_does() {
     assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains(refused) && stderr.contains(&command), "{stderr}");
 }
+
+/// RDS and Aurora grant replication by membership in `rds_replication` (no customer role may
+/// hold the REPLICATION attribute there). Here, a role of that name and a relay role that is a
+/// member of it without the attribute: `check` WARNs (membership grants nothing on this server,
+/// which does not look like RDS), and passes it once the server looks like RDS (the
+/// `rds.extensions` setting, set for the role); a role that is not a member is told the RDS grant.
+#[tokio::test(flavor = "multi_thread")]
+async fn check_knows_rds_replication_membership_only_where_the_server_looks_like_rds() {
+    let member = format!("rds_member_{}", random_suffix());
+    let outsider = format!("rds_outsider_{}", random_suffix());
+    let s = setup_as(&member, "replication", |config| config).await;
+    let admin = s.db.client().await;
+    admin
+        .batch_execute(&format!(
+            "DO $$ BEGIN CREATE ROLE rds_replication; EXCEPTION WHEN duplicate_object THEN NULL; END $$; \
+             CREATE ROLE {member} LOGIN NOREPLICATION IN ROLE rds_replication; \
+             CREATE ROLE {outsider} LOGIN NOREPLICATION"
+        ))
+        .await
+        .unwrap();
+
+    // on a server that does not look like RDS: a WARN, never a FAIL, naming the attribute
+    let (_, out) = check(&s);
+    assert!(out.contains("WARN postgres.role") && out.contains("member of rds_replication"), "{out}");
+    assert!(out.contains(&format!("ALTER ROLE \"{member}\" WITH REPLICATION")), "{out}");
+
+    // where the server looks like RDS: membership passes
+    for role in [&member, &outsider] {
+        admin
+            .batch_execute(&format!("ALTER ROLE {role} SET rds.extensions = 'pg_stat_statements'"))
+            .await
+            .unwrap();
+    }
+    let (_, out) = check(&s);
+    assert!(
+        out.contains("OK   postgres.role") && out.contains("grants replication on RDS and Aurora"),
+        "{out}"
+    );
+
+    // and a role that is not a member is told the grant RDS uses
+    let text = std::fs::read_to_string(s.config()).unwrap().replace(&member, &outsider);
+    std::fs::write(s.config(), text).unwrap();
+    let (code, out) = check(&s);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("FAIL postgres.role")
+            && out.contains(&format!("GRANT rds_replication TO \"{outsider}\"")),
+        "{out}"
+    );
+}

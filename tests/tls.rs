@@ -511,3 +511,71 @@ async fn sslrootcert_system_trusts_the_system_bundle_in_both_connections() {
         "{stderr}"
     );
 }
+
+/// IAM tokens (RDS, Cloud SQL) are passwords that change: `postgres.password_file` is read at
+/// every connect. On a TLS server of this test's own (the role's password changes): the role's
+/// password and the file change, the relay's sessions are terminated, and it reconnects with
+/// the new one (the old one no longer logs in) and keeps publishing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_password_file_changed_between_connects_is_read_again() {
+    // given a polling relay logging in as outbox_pw (scram-sha-256 over TLS) with its password
+    // in a file
+    let own = hold("hold-postgres", &[("OUTBOX_PG_TLS", "1")]);
+    let admin = connect(&own["OUTBOX_RELAY_TEST_PG_SOCKET_URL"]).await;
+    let database = format!("tls_{}", random_suffix());
+    admin.batch_execute(&format!("CREATE DATABASE {database}")).await.unwrap();
+    let client = connect(&replace_database(&own["OUTBOX_RELAY_TEST_PG_SOCKET_URL"], &database)).await;
+    apply_migrations(&client).await;
+    client
+        .batch_execute(
+            "CREATE ROLE outbox_pw LOGIN PASSWORD 'token-one' IN ROLE outbox_relay_polling; \
+             GRANT USAGE ON SCHEMA public TO outbox_pw",
+        )
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let password_file = dir.path().join("token");
+    std::fs::write(&password_file, "token-one\n").unwrap();
+    let suffix = random_suffix();
+    let topic = format!("tls.{suffix}");
+    create_topic(&topic, 1).await;
+    let ca = PathBuf::from(&own["OUTBOX_RELAY_TEST_PG_TLS_DIR"]).join("ca.crt");
+    let postgres = format!(
+        "host = \"localhost\"\nsslmode = \"verify-full\"\nsslrootcert = \"{}\"\npassword_file = \"{}\"",
+        ca.display(),
+        password_file.display()
+    );
+    let config = write_config(dir.path(), &database, &postgres, "polling", &suffix);
+    let text = std::fs::read_to_string(&config).unwrap();
+    let text = text.replace("user = \"postgres\"", "user = \"outbox_pw\"").replace(
+        &format!("port = {}", server().port),
+        &format!("port = {}", own["OUTBOX_RELAY_TEST_PG_PORT"]),
+    );
+    std::fs::write(&config, text).unwrap();
+    let consumer = consumer(&[&topic]);
+    let mut relay = RelayProcess::start(&config, &dir.path().join("relay.log"));
+    let insert = "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ('t', $1, 'E', '{}')";
+    client.execute(insert, &[&"before"]).await.unwrap();
+    assert_eq!(consume(&consumer, 1, IDLE).await.len(), 1, "{}", relay.log_text());
+
+    // when the token rotates (the role's password, then the file) and the relay's sessions end
+    client.batch_execute("ALTER ROLE outbox_pw PASSWORD 'token-two'").await.unwrap();
+    std::fs::write(&password_file, "token-two\n").unwrap();
+    let since = std::time::SystemTime::now();
+    let killed: i64 = client
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE usename = 'outbox_pw'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(killed >= 1, "no session of the relay to end");
+
+    // then it logs in again with the new token and publishes
+    wait_reconnected(&client, "usename = 'outbox_pw'", since).await;
+    client.execute(insert, &[&"after"]).await.unwrap();
+    assert_eq!(consume(&consumer, 1, IDLE).await.len(), 1, "{}", relay.log_text());
+    assert_eq!(relay.exited(), None, "{}", relay.log_text());
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
+}

@@ -20,23 +20,7 @@ pub(super) async fn checks(config: &RelayConfig, client: &Client) -> Vec<Finding
         )),
         Err(e) => findings.push(Finding::fail("postgres.wal_level", format!("cannot read wal_level: {e}"), "check the role can run SHOW")),
     }
-    let role = client
-        .query_one("SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user", &[])
-        .await;
-    match role {
-        Ok(row) if row.get::<_, bool>(0) => findings
-            .push(Finding::ok("postgres.role", format!("role {} has REPLICATION", config.postgres.user))),
-        Ok(_) => findings.push(Finding::fail(
-            "postgres.role",
-            format!("role {} lacks the REPLICATION attribute", config.postgres.user),
-            format!("ALTER ROLE {} WITH REPLICATION (see sql/100_relay_role.sql)", config.postgres.user),
-        )),
-        Err(e) => findings.push(Finding::fail(
-            "postgres.role",
-            format!("cannot read role attributes: {e}"),
-            "check the role can read pg_roles",
-        )),
-    }
+    findings.push(role_check(config, client).await);
     for name in ["max_replication_slots", "max_wal_senders"] {
         match query_setting(client, name).await.map(|v| v.parse::<i64>().unwrap_or(0)) {
             Ok(n) if n > 0 => findings.push(Finding::ok(setting_check_name(name), format!("{name} = {n}"))),
@@ -219,5 +203,93 @@ fn setting_check_name(name: &str) -> &'static str {
     match name {
         "max_replication_slots" => "postgres.max_replication_slots",
         _ => "postgres.max_wal_senders",
+    }
+}
+
+/// How this role may replicate: the REPLICATION attribute (or superuser), or on RDS and Aurora,
+/// where no customer role can hold the attribute, membership in `rds_replication`.
+const ROLE_SQL: &str = "SELECT r.rolreplication OR r.rolsuper AS attribute, \
+     EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'rds_replication') AS rds_role, \
+     coalesce((SELECT pg_has_role(current_user, g.oid, 'MEMBER') FROM pg_roles g \
+               WHERE g.rolname = 'rds_replication'), false) AS rds_member, \
+     current_setting('rds.extensions', true) IS NOT NULL AS looks_rds \
+     FROM pg_roles r WHERE r.rolname = current_user";
+
+async fn role_check(config: &RelayConfig, client: &Client) -> Finding {
+    match client.query_one(ROLE_SQL, &[]).await {
+        Ok(row) => role_finding(
+            &config.postgres.user,
+            row.get("attribute"),
+            row.get("rds_role"),
+            row.get("rds_member"),
+            row.get("looks_rds"),
+        ),
+        Err(e) => Finding::fail(
+            "postgres.role",
+            format!("cannot read role attributes: {e}"),
+            "check the role can read pg_roles",
+        ),
+    }
+}
+
+/// The replication privilege, judged. Membership in `rds_replication` is what RDS and Aurora
+/// grant replication by; elsewhere it grants nothing, so it passes only on a server that looks
+/// like RDS (it has the `rds.extensions` setting), and is a WARN otherwise: the heuristic may
+/// miss a managed service that works the same way, and a FAIL would block it.
+fn role_finding(role: &str, attribute: bool, rds_role: bool, rds_member: bool, looks_rds: bool) -> Finding {
+    const CHECK: &str = "postgres.role";
+    let quoted = crate::table::quote_ident(role);
+    match (attribute, rds_member, looks_rds) {
+        (true, _, _) => Finding::ok(CHECK, format!("role {role} has REPLICATION")),
+        (false, true, true) => Finding::ok(
+            CHECK,
+            format!("role {role} is a member of rds_replication, which grants replication on RDS and Aurora"),
+        ),
+        (false, true, false) => Finding::warn(
+            CHECK,
+            format!(
+                "role {role} lacks the REPLICATION attribute and is a member of rds_replication, which grants \
+                 replication only on RDS and Aurora; this server does not look like RDS (no rds.extensions \
+                 setting), and elsewhere the slot and the stream will be refused"
+            ),
+            format!(
+                "unless this is RDS or Aurora: ALTER ROLE {quoted} WITH REPLICATION (see sql/100_relay_role.sql)"
+            ),
+        ),
+        (false, false, _) if rds_role && looks_rds => Finding::fail(
+            CHECK,
+            format!(
+                "role {role} lacks replication: on RDS and Aurora it comes from the role rds_replication"
+            ),
+            format!(
+                "GRANT rds_replication TO {quoted} (no role but rdsadmin may set the REPLICATION attribute there; \
+                 sql/100_relay_role.sql does it)"
+            ),
+        ),
+        (false, false, _) => Finding::fail(
+            CHECK,
+            format!("role {role} lacks the REPLICATION attribute"),
+            format!("ALTER ROLE {quoted} WITH REPLICATION (see sql/100_relay_role.sql)"),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Status;
+    use super::role_finding;
+
+    #[test]
+    fn rds_replication_counts_only_where_the_server_looks_like_rds() {
+        assert_eq!(role_finding("r", true, false, false, false).status, Status::Ok);
+        assert_eq!(role_finding("r", false, true, true, true).status, Status::Ok);
+        let elsewhere = role_finding("r", false, true, true, false);
+        assert_eq!(elsewhere.status, Status::Warn);
+        assert!(elsewhere.fix.contains("ALTER ROLE \"r\" WITH REPLICATION"), "{elsewhere}");
+        let rds = role_finding("r", false, true, false, true);
+        assert_eq!(rds.status, Status::Fail);
+        assert!(rds.fix.starts_with("GRANT rds_replication TO \"r\""), "{rds}");
+        let vanilla = role_finding("r", false, false, false, false);
+        assert!(vanilla.fix.starts_with("ALTER ROLE \"r\" WITH REPLICATION"), "{vanilla}");
     }
 }
