@@ -238,6 +238,25 @@ fn system_bundle(ssl_cert_file: Option<String>, exists: impl Fn(&str) -> bool) -
     })
 }
 
+impl Default for PostgresConfig {
+    fn default() -> Self {
+        PostgresConfig {
+            host: DEFAULT_PG_HOST.into(),
+            port: DEFAULT_PG_PORT,
+            user: DEFAULT_PG_USER.into(),
+            password: None,
+            password_file: String::new(),
+            database: DEFAULT_PG_DATABASE.into(),
+            connect_timeout_secs: DEFAULT_PG_CONNECT_TIMEOUT_SECS,
+            application_name: DEFAULT_PG_APPLICATION_NAME.into(),
+            sslmode: SslMode::default(),
+            sslrootcert: String::new(),
+            sslcert: String::new(),
+            sslkey: String::new(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,24 +276,5 @@ mod tests {
                 .is_err_and(|e| e.contains("SSL_CERT_FILE"))
         );
         assert!(system_bundle(None, |_| false).is_err_and(|e| e.contains("ca-certificates")));
-    }
-}
-
-impl Default for PostgresConfig {
-    fn default() -> Self {
-        PostgresConfig {
-            host: DEFAULT_PG_HOST.into(),
-            port: DEFAULT_PG_PORT,
-            user: DEFAULT_PG_USER.into(),
-            password: None,
-            password_file: String::new(),
-            database: DEFAULT_PG_DATABASE.into(),
-            connect_timeout_secs: DEFAULT_PG_CONNECT_TIMEOUT_SECS,
-            application_name: DEFAULT_PG_APPLICATION_NAME.into(),
-            sslmode: SslMode::default(),
-            sslrootcert: String::new(),
-            sslcert: String::new(),
-            sslkey: String::new(),
-        }
     }
 }
