@@ -333,15 +333,6 @@ fn classify_connect(pg: &PostgresConfig, endpoint: &Endpoint, e: tokio_postgres:
             ),
         );
     }
-    if let Some(db) = e.as_db_error()
-        && matches!(
-            db.code(),
-            &tokio_postgres::error::SqlState::INVALID_PASSWORD
-                | &tokio_postgres::error::SqlState::INVALID_AUTHORIZATION_SPECIFICATION
-        )
-    {
-        return RelayError::fatal(FatalReason::Auth, auth_refused(pg, endpoint, db));
-    }
     let refused_plaintext = e.as_db_error().is_some_and(|db| db.message().contains("no encryption"));
     if refused_plaintext && pg.sslmode == SslMode::Disable {
         return RelayError::fatal(
@@ -351,6 +342,16 @@ fn classify_connect(pg: &PostgresConfig, endpoint: &Endpoint, e: tokio_postgres:
                  postgres.sslmode = verify-full (with postgres.sslrootcert) or require"
             ),
         );
+    }
+    // (after the line above: a server refusing an unencrypted session says so with 28000 too)
+    if let Some(db) = e.as_db_error()
+        && matches!(
+            db.code(),
+            &tokio_postgres::error::SqlState::INVALID_PASSWORD
+                | &tokio_postgres::error::SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+        )
+    {
+        return RelayError::fatal(FatalReason::Auth, auth_refused(pg, endpoint, db));
     }
     RelayError::Postgres(e)
 }
