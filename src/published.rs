@@ -22,6 +22,8 @@ use crate::error::RelayError;
 pub const BLOCK: i64 = 8192;
 const WORDS: usize = (BLOCK / 64) as usize;
 
+/// One upsert per block, in block order (two writers lock the blocks they share in the same order:
+/// no deadlock), OR-ing the ids and adding the topics not yet listed.
 const RECORD_SQL: &str = "INSERT INTO outbox_relay_published AS p (source_table, block, ids, topics) \
      SELECT $1::text, id / 8192, bit_or(B'1'::bit(8192) >> (id % 8192)::int), $3::text[] \
      FROM unnest($2::bigint[]) AS id GROUP BY id / 8192 ORDER BY 2 \
@@ -29,9 +31,11 @@ const RECORD_SQL: &str = "INSERT INTO outbox_relay_published AS p (source_table,
      topics = CASE WHEN EXCLUDED.topics <@ p.topics THEN p.topics \
                    ELSE ARRAY(SELECT DISTINCT unnest(p.topics || EXCLUDED.topics)) END";
 
-/// Whether the table exists and this role may write it.
+/// Whether the table exists and this role may write it (the upsert reads the block it ORs into:
+/// SELECT too).
 pub const USABLE_SQL: &str = "SELECT CASE WHEN to_regclass('outbox_relay_published') IS NULL THEN false \
-     ELSE has_table_privilege('outbox_relay_published', 'INSERT') \
+     ELSE has_table_privilege('outbox_relay_published', 'SELECT') \
+     AND has_table_privilege('outbox_relay_published', 'INSERT') \
      AND has_table_privilege('outbox_relay_published', 'UPDATE') END";
 
 const LOAD_SQL: &str = "SELECT block, ids::text, first_published_at, topics FROM outbox_relay_published \
@@ -43,6 +47,8 @@ pub struct Recorder {
     /// `schema.table`, as the dead-letter table names it.
     source_table: String,
     enabled: bool,
+    /// [`Recorder::open`] made it (a disabled one may still be opened).
+    opened: bool,
 }
 
 impl Recorder {
@@ -52,17 +58,21 @@ impl Recorder {
         let enabled: bool = client.query_one(USABLE_SQL, &[]).await?.get(0);
         if !enabled {
             tracing::warn!(
-                "outbox_relay_published is missing or this role may not INSERT and UPDATE it: published ids are \
+                "outbox_relay_published is missing or this role may not SELECT, INSERT and UPDATE it: published ids are \
                  not recorded, so `verify` cannot tell rows deleted after publishing from phantoms -- fix: apply \
                  sql/010_published.sql and sql/100_relay_role.sql"
             );
         }
-        Ok(Recorder { source_table: source_table.to_string(), enabled })
+        Ok(Recorder { source_table: source_table.to_string(), enabled, opened: true })
     }
 
     /// A recorder that records nothing (unit tests, and ids that are not numbers).
     pub fn disabled() -> Recorder {
-        Recorder { source_table: String::new(), enabled: false }
+        Recorder { source_table: String::new(), enabled: false, opened: false }
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.opened
     }
 
     /// Records what `sent` holds.
@@ -196,6 +206,21 @@ impl Record {
         }
         Ok(record)
     }
+}
+
+/// The blocks of `ids` as recorded now: for records read after the record was loaded (published
+/// while verify ran).
+pub async fn recorded(client: &impl GenericClient, source_table: &str, ids: &[i64]) -> Result<IdBits, RelayError> {
+    let mut bits = IdBits::default();
+    let blocks: Vec<i64> = ids.iter().map(|id| id / BLOCK).collect::<BTreeSet<_>>().into_iter().collect();
+    if blocks.is_empty() {
+        return Ok(bits);
+    }
+    let sql = "SELECT block, ids::text FROM outbox_relay_published WHERE source_table = $1 AND block = ANY($2)";
+    for row in client.query(sql, &[&source_table, &blocks]).await? {
+        bits.set_block(row.get(0), row.get::<_, &str>(1));
+    }
+    Ok(bits)
 }
 
 #[cfg(test)]

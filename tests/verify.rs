@@ -186,6 +186,30 @@ async fn a_window_limits_the_rows_compared_and_a_bad_bound_names_the_flag() {
     assert!(stderr.contains("--since"), "{stderr}");
 }
 
+/// Writes an event every 20 ms until `stop` (replication: deleted in the same transaction, as
+/// the insert+delete style does); returns how many.
+async fn write_while(
+    mut client: tokio_postgres::Client,
+    aggregate_type: String,
+    delete: bool,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> usize {
+    let insert = "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+                  VALUES ($1, 'agg-live', 'E', '{}') RETURNING id";
+    let mut written = 0;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let tx = client.transaction().await.unwrap();
+        let id: i64 = tx.query_one(insert, &[&aggregate_type]).await.unwrap().get(0);
+        if delete {
+            tx.execute("DELETE FROM outbox_events WHERE id = $1", &[&id]).await.unwrap();
+        }
+        tx.commit().await.unwrap();
+        written += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    written
+}
+
 fn set_header(record: &mut Consumed, name: &str, value: &str) {
     for (k, v) in &mut record.headers {
         if k == name {
@@ -240,6 +264,16 @@ async fn deleted_rows_are_vouched_for(mode: &str) {
     for class in ["missing", "pending", "unexpected", "duplicated", "out_of_order", "mismatched"] {
         assert_eq!(count(&report, class), 0, "{mode} {class}: {report}");
     }
+
+    // when events are published while verify reads the topic (in replication written and
+    // deleted in one transaction: the insert+delete style), then none of them is unexpected
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = tokio::spawn(write_while(s.db.client().await, s.aggregate_type.clone(), mode == "replication", stop.clone()));
+    let (code, report) = verify(&s, &[]);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let written = writer.await.unwrap();
+    assert!(written > 0 && (code == 0 || code == 3), "{mode}: {written} written; {report}");
+    assert_eq!((count(&report, "unexpected"), count(&report, "missing")), (0, 0), "{mode}: {report}");
 
     // when a record appears that no row ever had, and the record says an id was published that
     // Kafka lacks (an id between the events', which no row had)

@@ -28,9 +28,13 @@ impl RelayConfig {
             .filter(|(name, _)| name.starts_with(kafka::SECRET_ENV_PREFIX))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        refuse_single_underscores(env.keys())?;
-        let mut relay: RelayConfig =
-            load_layered(file, ENV_PREFIX, env, "see deploy/relay.example.toml for a documented example")?;
+        let names: Vec<String> = env.keys().cloned().collect();
+        let loaded: Result<RelayConfig, ConfigError> =
+            load_layered(file, ENV_PREFIX, env, "see deploy/relay.example.toml for a documented example");
+        // (before a load error: the misnamed variable may be its cause)
+        let known = loaded.as_ref().ok().and_then(|relay| serde_json::to_value(relay).ok());
+        refuse_single_underscores(names.iter(), known.as_ref())?;
+        let mut relay = loaded?;
         relay.move_deprecated()?;
         relay.kafka.load_secrets(&secret_env)?;
         relay.validate()?;
@@ -70,17 +74,28 @@ const SECTIONS: &[&str] = &[
 
 /// A variable such as `OUTBOX_RELAY_POSTGRES_PASSWORD` looks like an override but is not one (the
 /// separators are double underscores): an error naming the variable meant, instead of a setting
-/// silently ignored. The value is never shown.
-fn refuse_single_underscores<'a>(names: impl Iterator<Item = &'a String>) -> Result<(), ConfigError> {
+/// silently ignored. The value is never shown. Only a name whose rest is a setting of its section
+/// (`known`: the loaded configuration; without it, any name but a Kubernetes service link's) is
+/// refused: Kubernetes gives every pod `<SERVICE>_SERVICE_HOST` and the like for each Service of
+/// the namespace, and a Service named `outbox-relay-polling` must not stop the relay.
+fn refuse_single_underscores<'a>(
+    names: impl Iterator<Item = &'a String>,
+    known: Option<&serde_json::Value>,
+) -> Result<(), ConfigError> {
     for name in names {
         let upper = name.to_ascii_uppercase();
         let Some(rest) = upper.strip_prefix(&format!("{ENV_PREFIX}_")) else { continue };
-        if rest.starts_with('_') {
+        if rest.starts_with('_') || service_link(rest) {
             continue;
         }
         let meant = SECTIONS.iter().find_map(|section| {
             let key = rest.strip_prefix(&format!("{}_", section.to_ascii_uppercase()))?;
-            (!key.is_empty() && !key.starts_with('_'))
+            let setting = key.to_ascii_lowercase();
+            let is_setting = match known.and_then(|k| k.get(section)).and_then(|s| s.as_object()) {
+                Some(fields) => fields.keys().any(|f| setting == *f || setting.starts_with(&format!("{f}_"))),
+                None => true,
+            };
+            (!key.is_empty() && !key.starts_with('_') && is_setting)
                 .then(|| format!("{ENV_PREFIX}__{}__{key}", section.to_ascii_uppercase()))
         });
         if let Some(meant) = meant {
@@ -91,6 +106,15 @@ fn refuse_single_underscores<'a>(names: impl Iterator<Item = &'a String>) -> Res
         }
     }
     Ok(())
+}
+
+/// The shape of a variable Kubernetes sets for a Service (`<NAME>_SERVICE_HOST`,
+/// `<NAME>_SERVICE_PORT[_<PORT>]`, `<NAME>_PORT[_<N>_<PROTO>[_...]]`).
+fn service_link(rest: &str) -> bool {
+    rest.ends_with("_SERVICE_HOST")
+        || rest.contains("_SERVICE_PORT")
+        || rest.ends_with("_PORT")
+        || (rest.contains("_PORT_") && ["_TCP", "_UDP", "_SCTP"].iter().any(|proto| rest.contains(proto)))
 }
 
 /// Loads `file` (TOML) with `PREFIX__SECTION__FIELD` overrides from `env` into `T`; errors name

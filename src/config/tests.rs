@@ -53,6 +53,18 @@ fn an_override_with_single_underscores_is_refused_naming_the_right_variable() {
         assert!(load(MINIMAL, &[(name, "x")]).is_ok(), "{name}");
     }
     assert!(load(MINIMAL, &[("OUTBOX_RELAY_KAFKA_SASL_PASSWORD", "x")]).is_ok());
+    // nor the variables Kubernetes sets for a Service named outbox-relay-polling (or -postgres)
+    for name in [
+        "OUTBOX_RELAY_POLLING_SERVICE_HOST",
+        "OUTBOX_RELAY_POLLING_SERVICE_PORT",
+        "OUTBOX_RELAY_POLLING_SERVICE_PORT_METRICS",
+        "OUTBOX_RELAY_POLLING_PORT",
+        "OUTBOX_RELAY_POLLING_PORT_9187_TCP",
+        "OUTBOX_RELAY_POSTGRES_PORT_9187_TCP_ADDR",
+        "OUTBOX_RELAY_POSTGRES_SERVICE_HOST",
+    ] {
+        assert!(load(MINIMAL, &[(name, "10.0.0.1")]).is_ok(), "{name}");
+    }
 }
 
 #[test]

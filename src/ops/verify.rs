@@ -125,8 +125,22 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Report, Veri
         letters: letters_sql(config),
     };
     classify_rows(&lookup, &expected, caught_up, options.show, &mut report).await?;
-    classify_outside(&lookup, &scan.outside, options.show, &mut report).await?;
-    let floor = if since.is_some() { Some(0) } else { scan.lowest_id };
+    // what was published while Kafka was read is recorded by the time the slot confirms past it
+    let settled = match config.source.mode {
+        SourceMode::Replication if !scan.outside.is_empty() => {
+            slot_caught_up(&client, &config.replication.slot, options.wait).await?
+        }
+        _ => Ok(()),
+    };
+    classify_outside(&lookup, &scan.outside, settled, options.show, &mut report).await?;
+    let floor = if since.is_some() { Some(0) } else { scan.floor() };
+    if floor.is_none() && record.kept {
+        report.record_unchecked = Some(format!(
+            "ids recorded as published whose rows are gone were not checked: retention removed every record of {} \
+             (or every one of this source there); give --since within the topics' retention",
+            scan.emptied().first().map_or("a partition", String::as_str)
+        ));
+    }
     classify_recorded(
         &lookup,
         &expected,
@@ -374,18 +388,35 @@ async fn owed(
     Ok(())
 }
 
-/// Records whose id the window does not hold and the relay did not record as published: a row
-/// outside the window, or no row at all.
+/// Records whose id the window does not hold and the relay had not recorded as published: a row
+/// outside the window is fine; an id recorded since (published while verify read Kafka) is its
+/// row's, deleted after publishing; any other is unexpected, once the relay has recorded
+/// everything it sent before the read ended (`settled`: polling records as it deletes; in
+/// replication, the slot confirmed past what verify read, which comes only after the record).
 async fn classify_outside(
     lookup: &Lookup<'_>,
     outside: &[Located],
+    settled: Result<(), String>,
     show: usize,
     report: &mut Report,
 ) -> Result<(), VerifyError> {
     let ids: Vec<String> = outside.iter().map(|l| l.id.clone()).collect();
     let present = present(lookup, &ids).await?;
-    for located in outside.iter().filter(|l| !present.contains_key(&l.id)) {
-        report.unexpected.note(show, || format!("{} ({})", located.id, located.at));
+    let gone: Vec<&Located> = outside.iter().filter(|l| !present.contains_key(&l.id)).collect();
+    let numbers: Vec<i64> = gone.iter().filter_map(|l| crate::published::numeric_id(&l.id)).collect();
+    let recorded = match report.record_kept {
+        true => crate::published::recorded(lookup.client, &lookup.table.display_name(), &numbers).await?,
+        false => IdBits::default(),
+    };
+    for located in gone {
+        if crate::published::numeric_id(&located.id).is_some_and(|n| recorded.contains(n)) {
+            report.published_elsewhere += 1;
+        } else if let Err(reason) = &settled {
+            report.pending.note(show, || format!("record {} ({}), not recorded yet", located.id, located.at));
+            report.pending_reason.get_or_insert_with(|| reason.clone());
+        } else {
+            report.unexpected.note(show, || format!("{} ({})", located.id, located.at));
+        }
     }
     Ok(())
 }

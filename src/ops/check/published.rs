@@ -17,7 +17,7 @@ pub(super) async fn finding(client: &Client, role: &str) -> Finding {
         Ok(_) => Finding::warn(
             CHECK,
             format!(
-                "outbox_relay_published is missing, or role {role} may not INSERT and UPDATE it: the relay will not \
+                "outbox_relay_published is missing, or role {role} may not SELECT, INSERT and UPDATE it: the relay will not \
                  record what it publishes, and `verify` cannot vouch for rows deleted after publishing"
             ),
             "apply sql/010_published.sql and sql/100_relay_role.sql (GRANT SELECT, INSERT, UPDATE ON \

@@ -57,11 +57,40 @@ pub struct Scan {
     /// deleted, or lies outside the window), and those ids.
     pub published_elsewhere: u64,
     pub seen_published: IdBits,
-    /// The smallest numeric id of this source's records read.
-    pub lowest_id: Option<i64>,
+    /// Per partition read: where reading began and this source's smallest numeric id there.
+    spans: HashMap<(String, i32), Span>,
+    /// Partitions retention emptied (nothing read, the log starts after offset 0).
+    emptied: Vec<String>,
     /// Records `replay-dead-letters` sent ([`REPLAYED_HEADER`]): neither compared nor ordered.
     pub replayed: u64,
     pub out_of_order: Class,
+}
+
+/// What one partition's read showed of what retention removed.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    /// The first record's offset: above 0 when older records were removed (read from the start).
+    first_offset: i64,
+    lowest_id: Option<i64>,
+}
+
+impl Scan {
+    /// The smallest id Kafka can be asked for: recorded ids below it may have been removed by
+    /// retention. In each partition whose older records were removed, ids below its smallest
+    /// one may be gone; the floor is the highest of those. `None` when a partition was emptied,
+    /// or lost records and holds none of this source's: no recorded id can be asked for then.
+    pub fn floor(&self) -> Option<i64> {
+        if !self.emptied.is_empty() {
+            return None;
+        }
+        let truncated = self.spans.values().filter(|span| span.first_offset > 0);
+        truncated.map(|span| span.lowest_id).try_fold(0, |floor, lowest| Some(floor.max(lowest?)))
+    }
+
+    /// Why [`Scan::floor`] is `None`, for the report.
+    pub fn emptied(&self) -> &[String] {
+        &self.emptied
+    }
 }
 
 /// Where one key's last record stands in commit order.
@@ -156,6 +185,15 @@ impl Reader {
             }
         }
         self.consumer.unassign()?;
+        for element in assignment.elements() {
+            let partition = element.partition();
+            if self.since.is_none() && !scan.spans.contains_key(&(topic.to_string(), partition)) {
+                let (low, _) = self.consumer.fetch_watermarks(topic, partition, REQUEST)?;
+                if low > 0 {
+                    scan.emptied.push(format!("{topic}[{partition}]"));
+                }
+            }
+        }
         Ok(())
     }
 
@@ -197,17 +235,30 @@ impl Checker {
             None => true,
             Some(source) => header(SOURCE_HEADER) == Some(source.as_bytes()),
         };
+        let span = scan
+            .spans
+            .entry((message.topic().to_string(), message.partition()))
+            .or_insert(Span { first_offset: message.offset(), lowest_id: None });
         let Some(id) = header("id").filter(|_| ours).and_then(|v| std::str::from_utf8(v).ok()) else {
             scan.foreign += 1;
             return;
         };
         scan.records += 1;
-        if let Some(n) = numeric_id(id) {
-            scan.lowest_id = Some(scan.lowest_id.map_or(n, |lowest| lowest.min(n)));
+        let replayed = header(REPLAYED_HEADER).is_some();
+        // (a replay is an old id sent late: it says nothing of what retention removed)
+        if let Some(n) = numeric_id(id).filter(|_| !replayed) {
+            span.lowest_id = Some(span.lowest_id.map_or(n, |lowest| lowest.min(n)));
         }
         let at = format!("{topic}[{}]@{}", message.partition(), message.offset(), topic = message.topic());
         let Some(slot) = expected.get_mut(id) else {
-            scan.replayed += u64::from(header(REPLAYED_HEADER).is_some());
+            if replayed {
+                // its row went with its letter; `replay-dead-letters` sent it (and recorded it)
+                scan.replayed += 1;
+                if let Some(n) = numeric_id(id) {
+                    scan.seen_published.insert(n);
+                }
+                return;
+            }
             return self.outside(Located { id: id.to_string(), at }, scan);
         };
         slot.seen += 1;

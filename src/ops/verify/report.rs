@@ -54,6 +54,8 @@ pub struct Report {
     /// Whether the record of what was published exists (`sql/010_published.sql`): without it a
     /// record whose row was deleted is `unexpected`.
     pub record_kept: bool,
+    /// Why recorded ids whose rows are gone were not checked, when they were not.
+    pub record_unchecked: Option<String>,
     /// Topics the rows route to that do not exist.
     pub missing_topics: Vec<String>,
     /// Why pending rows could not be told from missing ones, when they could not.
@@ -137,6 +139,9 @@ impl Report {
                 "  no record of what was published (apply sql/010_published.sql): a record whose row was deleted is \
                  counted unexpected\n",
             );
+        }
+        if let Some(unchecked) = &self.record_unchecked {
+            out.push_str(&format!("  {unchecked}\n"));
         }
         if !self.missing_topics.is_empty() {
             out.push_str(&format!("  topics that do not exist: {}\n", self.missing_topics.join(", ")));

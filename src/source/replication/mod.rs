@@ -121,7 +121,10 @@ impl<S: Sink> ReplicationSource<S> {
         let (client, server) = crate::postgres::connect_primary(&self.config.postgres).await?;
         self.sink.set_source(&dedup::source_identity(&client, &self.config).await?);
         self.sink.retired(dedup::RETIRE_LIMIT).await;
-        self.recorder = Recorder::open(&client, &self.table.display_name()).await?;
+        if !self.recorder.is_open() {
+            // once per process, as polling: its warning is not repeated at every reconnect
+            self.recorder = Recorder::open(&client, &self.table.display_name()).await?;
+        }
         let plan = slot::prepare(&self.config, &client, false).await?;
         let slot_name = &self.config.replication.slot;
         let (replication, confirmed) = match plan {
