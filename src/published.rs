@@ -210,13 +210,18 @@ impl Record {
 
 /// The blocks of `ids` as recorded now: for records read after the record was loaded (published
 /// while verify ran).
-pub async fn recorded(client: &impl GenericClient, source_table: &str, ids: &[i64]) -> Result<IdBits, RelayError> {
+pub async fn recorded(
+    client: &impl GenericClient,
+    source_table: &str,
+    ids: &[i64],
+) -> Result<IdBits, RelayError> {
     let mut bits = IdBits::default();
     let blocks: Vec<i64> = ids.iter().map(|id| id / BLOCK).collect::<BTreeSet<_>>().into_iter().collect();
     if blocks.is_empty() {
         return Ok(bits);
     }
-    let sql = "SELECT block, ids::text FROM outbox_relay_published WHERE source_table = $1 AND block = ANY($2)";
+    let sql =
+        "SELECT block, ids::text FROM outbox_relay_published WHERE source_table = $1 AND block = ANY($2)";
     for row in client.query(sql, &[&source_table, &blocks]).await? {
         bits.set_block(row.get(0), row.get::<_, &str>(1));
     }

@@ -268,7 +268,12 @@ async fn deleted_rows_are_vouched_for(mode: &str) {
     // when events are published while verify reads the topic (in replication written and
     // deleted in one transaction: the insert+delete style), then none of them is unexpected
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writer = tokio::spawn(write_while(s.db.client().await, s.aggregate_type.clone(), mode == "replication", stop.clone()));
+    let writer = tokio::spawn(write_while(
+        s.db.client().await,
+        s.aggregate_type.clone(),
+        mode == "replication",
+        stop.clone(),
+    ));
     let (code, report) = verify(&s, &[]);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let written = writer.await.unwrap();

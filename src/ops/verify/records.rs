@@ -2,8 +2,10 @@
 //! window's start (or each partition's beginning) to the partition's end, with
 //! `isolation.level=read_committed`, checked against the [`Expected`] rows as it streams by.
 //!
-//! A partition is read until librdkafka reports its end (PartitionEOF), never to a high
-//! watermark read before (records can land meanwhile; see `sink::dedup::scan`). Per aggregate key, the
+//! A partition is read to its high watermark read when its topic's read begins (or its
+//! PartitionEOF, whichever comes first): every record of a row verify read was acknowledged
+//! before that, and waiting for an end while the relay keeps publishing may never finish (some
+//! ends come as a global PartitionEOF that names no partition). Per aggregate key, the
 //! last record's place in commit order is kept (its commit LSN for streamed records, else its
 //! id) to see records of one key out of order.
 
@@ -163,20 +165,39 @@ impl Reader {
             scan.missing_topics.push(topic.to_string());
             return Ok(());
         };
-        let mut open = assignment.count();
-        scan.partitions += open;
-        if open == 0 {
+        // each partition is read to its end as of now: every record of a row verify read was
+        // acknowledged before (replication: the slot confirmed past it; polling: it was released),
+        // and records landing meanwhile belong to later rows
+        let mut ends: HashMap<i32, i64> = HashMap::new();
+        for element in assignment.elements() {
+            let (low, high) = self.consumer.fetch_watermarks(topic, element.partition(), REQUEST)?;
+            let empty = match element.offset() {
+                Offset::Offset(start) => start >= high,
+                Offset::End => true,
+                _ => low >= high,
+            };
+            if !empty {
+                ends.insert(element.partition(), high);
+            }
+        }
+        scan.partitions += assignment.count();
+        if ends.is_empty() {
             return Ok(());
         }
         self.consumer.assign(&assignment)?;
         let mut idle_since = Instant::now();
-        while open > 0 {
+        while !ends.is_empty() {
             match self.consumer.poll(POLL) {
                 Some(Ok(message)) => {
                     idle_since = Instant::now();
                     self.checker.observe(&message, expected, scan);
+                    if ends.get(&message.partition()).is_some_and(|end| message.offset() + 1 >= *end) {
+                        ends.remove(&message.partition());
+                    }
                 }
-                Some(Err(KafkaError::PartitionEOF(_))) => open -= 1,
+                Some(Err(KafkaError::PartitionEOF(partition))) => {
+                    ends.remove(&partition);
+                }
                 Some(Err(e)) => return Err(e),
                 None if idle_since.elapsed() > self.idle_limit => {
                     return Err(KafkaError::MessageConsumption(RDKafkaErrorCode::OperationTimedOut));
