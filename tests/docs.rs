@@ -1,6 +1,7 @@
 //! What the code and the manual tell operators to open must exist.
 
-use std::path::{Path, PathBuf};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Component, Path, PathBuf};
 
 fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -36,10 +37,30 @@ fn sql_paths(text: &str) -> Vec<String> {
     paths
 }
 
+/// The manual: README.md and every page under docs/, as paths relative to the repository.
+fn manual_pages() -> Vec<PathBuf> {
+    let mut pages = vec![PathBuf::from("README.md")];
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(repo_root().join("docs"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "md"))
+        .map(|path| path.strip_prefix(repo_root()).unwrap().to_path_buf())
+        .collect();
+    docs.sort();
+    pages.extend(docs);
+    pages
+}
+
+/// The manual's text, README.md first, then docs/*.md, each page in full.
+fn manual_text() -> String {
+    manual_pages().iter().map(|page| std::fs::read_to_string(repo_root().join(page)).unwrap()).collect()
+}
+
 #[test]
 fn every_sql_path_named_in_src_and_readme_exists() {
     let root = repo_root();
-    let mut files = vec![root.join("README.md"), root.join("deploy/relay.example.toml")];
+    let mut files: Vec<PathBuf> = manual_pages().iter().map(|page| root.join(page)).collect();
+    files.push(root.join("deploy/relay.example.toml"));
     files_under(&root.join("src"), &mut files);
     let mut checked = 0;
     let mut missing = Vec::new();
@@ -64,8 +85,8 @@ fn the_scan_finds_paths_and_skips_lookalikes() {
 
 #[test]
 fn the_runbook_explains_every_fatal_reason() {
-    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
-    let runbook = readme.split("#### OutboxRelayFatal").nth(1).expect("an OutboxRelayFatal runbook section");
+    let manual = manual_text();
+    let runbook = manual.split("#### OutboxRelayFatal").nth(1).expect("an OutboxRelayFatal runbook section");
     let runbook = runbook.split("\n#### ").next().unwrap();
     for reason in outbox_relay::error::FatalReason::ALL {
         let label = format!("`{}`", reason.label());
@@ -111,4 +132,174 @@ fn the_readme_links_the_changelog_and_the_upgrade_notes() {
         assert!(readme.contains(&format!("]({target}")), "README.md does not link {target}");
         assert!(repo_root().join(target).exists(), "{target} does not exist");
     }
+}
+
+/// A heading's anchor as GitHub makes it: lowercase; spaces become '-'; every other character
+/// that is not a letter, a digit, '-' or '_' is dropped (backticks, commas, colons, quotes).
+pub(crate) fn slug(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The lines of `markdown` outside fenced code blocks.
+fn prose_lines(markdown: &str) -> impl Iterator<Item = &str> {
+    let mut in_fence = false;
+    markdown.lines().filter(move |line| {
+        if line.trim_start().starts_with("```") {
+            in_fence = !in_fence;
+            return false;
+        }
+        !in_fence
+    })
+}
+
+/// Every anchor a link may name in `markdown`: each heading's slug (a repeated one gets `-1`,
+/// `-2`, ... as on GitHub) and each explicit `<a id="...">` or `<a name="...">`.
+pub(crate) fn anchors(markdown: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for line in prose_lines(markdown) {
+        let hashes = line.chars().take_while(|&c| c == '#').count();
+        if (1..=6).contains(&hashes) && line[hashes..].starts_with(' ') {
+            let base = slug(&line[hashes..]);
+            let repeats = seen.entry(base.clone()).or_insert(0);
+            found.insert(if *repeats == 0 { base.clone() } else { format!("{base}-{repeats}") });
+            *repeats += 1;
+        }
+        for attribute in ["<a id=\"", "<a name=\""] {
+            for rest in line.split(attribute).skip(1) {
+                found.insert(rest.split('"').next().unwrap().to_string());
+            }
+        }
+    }
+    found
+}
+
+/// The targets of the relative links `[text](target)` in `markdown`, outside code; links with a
+/// scheme (`https:`, `mailto:`) are not the manual's to check.
+fn relative_links(markdown: &str) -> Vec<String> {
+    let mut targets = Vec::new();
+    for line in prose_lines(markdown) {
+        // drop inline code spans, which may show link syntax without being links
+        let prose: String = line.split('`').step_by(2).collect::<Vec<_>>().join(" ");
+        for rest in prose.split("](").skip(1) {
+            let Some(end) = rest.find(')') else { continue };
+            let target = &rest[..end];
+            let has_scheme = target.split_once(':').is_some_and(|(scheme, _)| {
+                !scheme.is_empty() && scheme.chars().all(|c| c.is_ascii_alphabetic())
+            });
+            if !has_scheme && !target.contains(' ') {
+                targets.push(target.to_string());
+            }
+        }
+    }
+    targets
+}
+
+/// `path` relative to the repository, with `.` and `..` resolved.
+fn normalized(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// Every link of `pages` (path relative to the repository -> text) that does not resolve: its
+/// file neither one of `pages` nor present under `root`, or its anchor no heading or `<a id>` of
+/// a page. One line each: `page: target (why)`.
+fn broken_links(pages: &BTreeMap<PathBuf, String>, root: &Path) -> Vec<String> {
+    let anchors_of: BTreeMap<&PathBuf, BTreeSet<String>> =
+        pages.iter().map(|(page, text)| (page, anchors(text))).collect();
+    let mut broken = Vec::new();
+    for (page, text) in pages {
+        for target in relative_links(text) {
+            let (path, anchor) = match target.split_once('#') {
+                Some((path, anchor)) => (path, Some(anchor)),
+                None => (target.as_str(), None),
+            };
+            let file = if path.is_empty() {
+                page.clone()
+            } else {
+                normalized(&page.parent().unwrap_or(Path::new("")).join(path))
+            };
+            let why = match (anchors_of.get(&file), anchor) {
+                (Some(anchors), Some(anchor)) if !anchors.contains(anchor) => {
+                    Some(format!("{} has no heading or <a id> \"{anchor}\"", file.display()))
+                }
+                (Some(_), _) => None,
+                (None, _) if !root.join(&file).exists() => Some(format!("{} does not exist", file.display())),
+                (None, Some(anchor)) if file.extension().is_some_and(|e| e == "md") => {
+                    let text = std::fs::read_to_string(root.join(&file)).unwrap();
+                    (!anchors(&text).contains(anchor))
+                        .then(|| format!("{} has no heading or <a id> \"{anchor}\"", file.display()))
+                }
+                (None, _) => None,
+            };
+            if let Some(why) = why {
+                broken.push(format!("{}: {target} ({why})", page.display()));
+            }
+        }
+    }
+    broken
+}
+
+#[test]
+fn every_link_of_the_readme_and_docs_resolves() {
+    let root = repo_root();
+    let pages: BTreeMap<PathBuf, String> = manual_pages()
+        .into_iter()
+        .map(|page| {
+            let text = std::fs::read_to_string(root.join(&page)).unwrap();
+            (page, text)
+        })
+        .collect();
+    assert!(pages.len() > 10, "found only {} pages of the manual: the scan is broken", pages.len());
+    let links: usize = pages.values().map(|text| relative_links(text).len()).sum();
+    assert!(links > 100, "found only {links} relative links: the scan is broken");
+    let broken = broken_links(&pages, &root);
+    assert!(broken.is_empty(), "links that do not resolve:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn the_link_checker_finds_a_missing_file_and_a_missing_anchor() {
+    // given a README and one docs page, with links that resolve and three that do not
+    let readme = "# Tool\n\n## Contents\n\nSee [setup](docs/a.md#first-steps-the-slot), \
+                  [the replay](docs/a.md#replay), [back](#contents), [b](docs/b.md), \
+                  [gone](docs/a.md#no-such-heading), [web](https://example.com/x#y),\n\
+                  `[code](not/checked.md)` and [the licence](docs/none.md).\n";
+    let page = "# A\n\nBack to [the contents](../README.md#contents) and [nowhere](../README.md#nowhere).\n\n\
+                ## First steps: the `slot`!\n\n<a id=\"replay\"></a>**Replay.**\n\n\
+                ```sh\n## not a heading\n```\n";
+    let pages = BTreeMap::from([
+        (PathBuf::from("README.md"), readme.to_string()),
+        (PathBuf::from("docs/a.md"), page.to_string()),
+        (PathBuf::from("docs/b.md"), "# B\n".to_string()),
+    ]);
+    // when they are checked against a root where no other file exists
+    let broken = broken_links(&pages, Path::new("/nonexistent-outbox-relay-root"));
+    // then exactly the three broken ones are named
+    assert_eq!(
+        broken,
+        [
+            "README.md: docs/a.md#no-such-heading (docs/a.md has no heading or <a id> \"no-such-heading\")",
+            "README.md: docs/none.md (docs/none.md does not exist)",
+            "docs/a.md: ../README.md#nowhere (README.md has no heading or <a id> \"nowhere\")",
+        ]
+    );
+    assert!(anchors(page).contains("first-steps-the-slot") && !anchors(page).contains("not-a-heading"));
 }
