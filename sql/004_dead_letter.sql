@@ -7,7 +7,7 @@
 -- what is replayed, not the outbox row), as the outbox's owner:
 --   outbox-relay replay-dead-letters --config owner.toml [--ids 42,43] [--dry-run]
 -- It publishes each letter under its event's own id, and removes the letter and the event's row
--- in one transaction once Kafka acknowledged it (README, "Replaying dead letters"). Do not
+-- in one transaction once Kafka acknowledged it (docs/polling.md, "Replaying dead letters"). Do not
 -- re-insert a letter into the outbox by hand: it would be published under a new id, and verify
 -- would find the old one missing.
 CREATE TABLE IF NOT EXISTS outbox_dead_letter (

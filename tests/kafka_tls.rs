@@ -102,7 +102,7 @@ async fn a_broker_certificate_the_relay_cannot_trust_is_reported_by_check() {
 #[tokio::test(flavor = "multi_thread")]
 async fn scram_with_the_right_password_publishes_with_only_its_topics_acls() {
     // given SCRAM user relay, allowed to write, read and describe its topic, and to find the
-    // coordinator of its read-back group (as the README's ACL list says), and nothing else
+    // coordinator of its read-back group (as docs/security.md's ACL list says), and nothing else
     let kafka = shared();
     let topic = random_topic("scram");
     create_topic(&topic, 2).await;

@@ -199,7 +199,7 @@ async fn a_backlog_of_large_rows_streams_in_bounded_memory() {
     signal(run.relay.pid(), "-STOP");
     write_large_rows(&run.s, LARGE_ROWS).await;
     signal(run.relay.pid(), "-CONT");
-    // then it is relayed whole, within the README's bound: an idle relay's 21 MiB plus 4.5 times
+    // then it is relayed whole, within docs/deployment.md's bound: an idle relay's 21 MiB plus 4.5 times
     // the bytes it may hold, in flight (4 MiB) and read ahead (8 MiB; it read 1,024 changes
     // ahead, whatever their size: 118 MiB here before)
     run.wait_published("replication", LARGE_ROWS).await;

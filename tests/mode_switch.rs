@@ -1,4 +1,4 @@
-//! Switching `source.mode` in either direction, as README "Switching source modes" tells an
+//! Switching `source.mode` in either direction, as docs/operations.md, "Switching source modes", tells an
 //! operator to: stop the relay, change the mode, start it. Nothing published before the switch
 //! is sent again, nothing written across it is lost, per-aggregate order holds, and the slot
 //! replication mode leaves behind is named (metrics, `check`, `status`) until it is dropped.
@@ -219,10 +219,10 @@ async fn a_replication_relay_started_during_an_unfinished_switch_sends_the_polli
     polling.wait_ready("active").await;
 }
 
-/// Replication to polling and back, each step as README "Switching source modes" says: the slot
+/// Replication to polling and back, each step as docs/operations.md, "Switching source modes", says: the slot
 /// dropped at the end of the first switch is one the relay remembers publishing from, so `run`
 /// and `setup` refuse to make it again silently. `check` says so in the same words (it once said
-/// "0 failed", and `setup` then refused), and the README's step, `setup --recreate-slot`, starts
+/// "0 failed", and `setup` then refused), and that page's step, `setup --recreate-slot`, starts
 /// replication mode again: every event arrives once, in order.
 #[tokio::test(flavor = "multi_thread")]
 async fn replication_to_polling_and_back_check_sees_what_setup_sees_and_the_readme_step_works() {
@@ -239,7 +239,7 @@ async fn replication_to_polling_and_back_check_sees_what_setup_sees_and_the_read
     relay.wait_metric("outbox_relay_events_published_total{mode=\"replication\"}", |v| v >= 30.0).await;
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
 
-    // and a switch to polling, finished as the README says: polling publishes what was written
+    // and a switch to polling, finished as that page says: polling publishes what was written
     // meanwhile, then the slot is dropped
     switch_to(&s, "replication", "polling");
     write_round(&mut client, &s, 5).await;
@@ -262,7 +262,7 @@ async fn replication_to_polling_and_back_check_sees_what_setup_sees_and_the_read
     assert_ne!(code, 0, "{stderr}");
     assert!(stderr.contains(refused) && stderr.contains("setup --recreate-slot"), "{stderr}");
 
-    // and the README's step starts replication mode again: the 15 rows polling has not
+    // and that page's step starts replication mode again: the 15 rows polling has not
     // published are, once, and every later event streams
     let (code, stdout, stderr) = run_relay(&["setup", "--recreate-slot", "--config", config_arg], IDLE);
     assert_eq!(code, 0, "{stdout}{stderr}");

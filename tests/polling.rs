@@ -490,7 +490,7 @@ async fn rows_sharing_an_id_are_each_published_and_released_alone() {
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
 }
 
-/// The polling lock's key as README ("Polling mode") documents it: derived from the outbox
+/// The polling lock's key as docs/polling.md documents it: derived from the outbox
 /// table's name and `polling.leader_lock_key` (default 122550254464888).
 const LOCK_KEY_SQL: &str = "SELECT hashtextextended('public.outbox_events', 122550254464888)";
 

@@ -305,7 +305,7 @@ async fn idle_outbox_in_a_busy_database_does_not_pin_wal() {
 
     // when 200 MB of WAL is written to the other table at 20 MB/s (1.7 TB a day: a very busy
     // database; unpaced, this 2-core machine writes faster than any confirmation loop turns,
-    // and the lag is then WAL rate x ~0.5 s: see the README's sizing notes)
+    // and the lag is then WAL rate x ~0.5 s: see docs/replication.md, "Acknowledgement")
     const RATE_BYTES_PER_SEC: f64 = 20.0 * 1024.0 * 1024.0;
     let start = wal_lsn(&client).await;
     let started = Instant::now();

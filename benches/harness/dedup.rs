@@ -1,4 +1,4 @@
-//! The cost of exactly once (README, "Exactly once for plain consumers"), measured side by side:
+//! The cost of exactly once (docs/guarantees.md, "Exactly once for plain consumers"), measured side by side:
 //! - backlog drain throughput with the relay's headers and read-back on, and with both off
 //!   (`kafka.source_headers = false`, `dedup.enabled = false`), in both modes, alternating;
 //! - restart time to the first event when the read-back covers 100 partitions: a relay drains

@@ -1,4 +1,4 @@
-//! The cost of the record of what was published (`sql/010_published.sql`, README "verify"),
+//! The cost of the record of what was published (`sql/010_published.sql`, docs/commands.md, "verify"),
 //! measured side by side: backlog drain throughput with the table, and without it (dropped
 //! before the relay starts: it records nothing), in both modes, alternating.
 //!

@@ -72,7 +72,7 @@ pub struct KafkaConfig {
     #[serde(default = "default_compression")]
     pub compression: String,
     /// Every record carries `outbox_relay_source` and `outbox_relay_position` headers: which
-    /// database and table it came from and where (see README, "Record format"). Needed by
+    /// database and table it came from and where (see docs/guarantees.md, "Record format"). Needed by
     /// `dedup.enabled`.
     #[serde(default = "default_true")]
     pub source_headers: bool,
@@ -327,7 +327,7 @@ impl KafkaConfig {
     }
 }
 
-/// Why SASL OAUTHBEARER is refused at load (README, "Kafka TLS and SASL"): librdkafka fetches
+/// Why SASL OAUTHBEARER is refused at load (docs/security.md, "Kafka TLS and SASL"): librdkafka fetches
 /// OIDC tokens only when built with libcurl, which this binary's is not, and its other way, a
 /// token handed over by the application, is a callback the relay does not implement (librdkafka's
 /// own unsecured tokens are for tests). Refused here, not at `check` or at the first connect.

@@ -230,7 +230,7 @@ fn leftover_slot_finding(config: &RelayConfig, slot: &crate::source::handover::L
             format!(
                 "{detail}; with dedup.enabled = false polling would send again every row replication mode published"
             ),
-            "set dedup.enabled = true for the switch (README, Switching source modes)",
+            "set dedup.enabled = true for the switch (docs/operations.md, Switching source modes)",
         )
     } else {
         Finding::warn(

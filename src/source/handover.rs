@@ -16,7 +16,7 @@
 //!   content: an id handed out again is another event).
 //!
 //! A slot retains WAL while it exists: the sampler exports the lag of the one retaining the most
-//! in polling mode too, and `check` and `status` name each (README, "Switching source modes").
+//! in polling mode too, and `check` and `status` name each (docs/operations.md, "Switching source modes").
 
 use std::collections::HashSet;
 
@@ -56,7 +56,7 @@ impl LeftoverSlot {
         format!(
             "once polling has published every row older than the switch (`outbox-relay status`: no \
              unpublished row that old), drop the slot as a role with REPLICATION: \
-             SELECT pg_drop_replication_slot('{}') (README, Switching source modes)",
+             SELECT pg_drop_replication_slot('{}') (docs/operations.md, Switching source modes)",
             self.name
         )
     }
@@ -125,7 +125,7 @@ pub(crate) async fn unfinished_switch(
             format!(
                 "slot \"{}\" of replication mode still exists and dedup.enabled = false: every row replication \
                  mode published would be sent again. Set dedup.enabled = true for the switch, or remove the rows \
-                 Kafka holds yourself and then drop the slot (README, Switching source modes)",
+                 Kafka holds yourself and then drop the slot (docs/operations.md, Switching source modes)",
                 slot.name
             ),
         ));

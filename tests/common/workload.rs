@@ -1,7 +1,7 @@
 //! Writers that behave like applications, and the delivery checks every test shares.
 //!
 //! Each event's payload is `{"seq": n}` where n counts the events of its aggregate, allocated
-//! under the aggregate's row lock in the same transaction as the outbox insert (as the README
+//! under the aggregate's row lock in the same transaction as the outbox insert (as docs/outbox-table.md
 //! tells applications to do). So "per-aggregate order holds" means: per key, the first
 //! arrivals are exactly 1, 2, ..., N.
 

@@ -6,7 +6,7 @@
 //! order is created in this same transaction, so no other transaction can write an event of this
 //! aggregate before this one commits; a later change to an order (not part of this example)
 //! would `SELECT ... FROM orders WHERE id = $1 FOR UPDATE` first, which keeps the events of one
-//! order in commit order (README, "Ordering").
+//! order in commit order (docs/outbox-table.md, "The outbox table").
 
 use serde::{Deserialize, Serialize};
 use serde_json::json;

@@ -17,14 +17,14 @@ pub(super) async fn findings(config: &RelayConfig, client: &Client, primary: &En
         findings.push(Finding::ok(
             "replication.failover",
             "off: a promotion of a standby loses the slot, and the relay then stops with failover_without_slot \
-             (README, Failover)",
+             (docs/operations.md, Failover)",
         ));
     } else {
         match failover::unsupported(client).await {
             Ok(Some(why)) => findings.push(Finding::fail(
                 "replication.failover",
                 why,
-                "set replication.failover = false (README, Failover: what a promotion then means)",
+                "set replication.failover = false (docs/operations.md, Failover: what a promotion then means)",
             )),
             Ok(None) => {
                 findings.push(synchronized_standby_slots(client).await);

@@ -43,7 +43,7 @@ pub(super) async fn checks(config: &RelayConfig, client: &Client) -> Vec<Finding
         Ok(size) if size == "-1" => findings.push(Finding::warn(
             "postgres.max_slot_wal_keep_size",
             "max_slot_wal_keep_size = -1: a stalled relay makes PostgreSQL keep WAL without limit until the disk fills",
-            "set max_slot_wal_keep_size to WAL rate x the longest relay outage you accept (README, PostgreSQL settings)",
+            "set max_slot_wal_keep_size to WAL rate x the longest relay outage you accept (docs/deployment.md, PostgreSQL: versions and settings)",
         )),
         Ok(size) => findings.push(Finding::ok("postgres.max_slot_wal_keep_size", format!("max_slot_wal_keep_size = {size}"))),
         Err(e) => findings.push(Finding::warn("postgres.max_slot_wal_keep_size", format!("cannot read it: {e}"), "PostgreSQL 13 or newer is required")),
@@ -163,7 +163,7 @@ async fn publication_check(config: &RelayConfig, client: &Client) -> Finding {
         Ok(Some(problem)) => Finding::fail(
             "replication.publication",
             problem.to_string(),
-            "the publication must publish inserts of every row and every column the relay reads (README, replication mode)",
+            "the publication must publish inserts of every row and every column the relay reads (docs/replication.md)",
         ),
         Err(e) => Finding::fail(
             "replication.publication",

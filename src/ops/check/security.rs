@@ -78,7 +78,7 @@ fn secret_files_finding(config: &RelayConfig) -> Finding {
 }
 
 /// Superuser, owner of the outbox table (or a member of its owner), REPLICATION in polling
-/// mode: each is more than the relay needs (README, "The relay's roles").
+/// mode: each is more than the relay needs (docs/outbox-table.md, "The relay's roles").
 pub(super) async fn privilege_finding(config: &RelayConfig, client: &Client) -> Finding {
     const CHECK: &str = "postgres.excess_privilege";
     let table = OutboxTable::new(config);

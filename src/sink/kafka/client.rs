@@ -86,7 +86,7 @@ pub fn producer_config(kafka: &KafkaConfig) -> ClientConfig {
 /// The relay's level for one of librdkafka's log lines, or `None` to drop it.
 ///
 /// - `CONFWARN ... gapless`: librdkafka calls enable.gapless.guarantee experimental at every
-///   producer's creation; the README says what it does and why it is always on, once.
+///   producer's creation; docs/guarantees.md says what it does and why it is always on, once.
 /// - `FAIL` at error level: a broker connection that failed (a refused connect, a dropped
 ///   connection). librdkafka then also hands the same failure to [`ClientContext::error`]
 ///   (`rd_kafka_broker_set_error` pairs an error op with a FAIL line only from LOG_ERR up),

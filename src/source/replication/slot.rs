@@ -157,7 +157,7 @@ async fn keep_size_warning(client: &Client, slot: &str) {
             "max_slot_wal_keep_size = {size} is still the value that lost the slot (the configuration was not \
              reloaded since the slot was created): the new slot will be lost the same way at the next outage that \
              long; raise it (ALTER SYSTEM SET max_slot_wal_keep_size = ...; SELECT pg_reload_conf()) to the WAL \
-             rate times the longest relay outage to survive (README, PostgreSQL settings)"
+             rate times the longest relay outage to survive (docs/deployment.md, PostgreSQL: versions and settings)"
         );
     } else {
         tracing::info!(
@@ -262,7 +262,7 @@ fn missing_slot(slot: &str) -> Refusal {
         ),
         fix: "run `outbox-relay setup --recreate-slot` to create it again and re-publish what the table still \
               holds (after a switch to polling mode and back, whose polling relay published them, this is the \
-              step that starts replication mode again: README \"Switching source modes\")"
+              step that starts replication mode again: docs/operations.md, \"Switching source modes\")"
             .into(),
     }
 }
@@ -278,7 +278,7 @@ fn failover_without_slot(slot: &str, created: i32, now: i32) -> Refusal {
              missing here"
         ),
         fix: "run `outbox-relay setup --recreate-slot` (it re-publishes what the table holds: consumers \
-              deduplicate by id), and use failover slots (PostgreSQL 17+, replication.failover = true, README \
+              deduplicate by id), and use failover slots (PostgreSQL 17+, replication.failover = true, docs/operations.md, \
               \"Failover\") so the next promotion keeps the slot"
             .into(),
     }
@@ -342,7 +342,7 @@ async fn failover_supported(client: &Client) -> Result<(), RelayError> {
         Some(why) => Err(RelayError::fatal(
             FatalReason::Config,
             format!(
-                "{why}: set replication.failover = false (README, Failover: what a promotion then means)"
+                "{why}: set replication.failover = false (docs/operations.md, Failover: what a promotion then means)"
             ),
         )),
         None => Ok(()),
