@@ -18,3 +18,5 @@ CREATE TABLE IF NOT EXISTS outbox_dead_letter (
     reason           text        NOT NULL,
     dead_lettered_at timestamptz NOT NULL DEFAULT now()
 );
+-- verify, status and the relay's gauge look letters up by outbox and event id
+CREATE INDEX IF NOT EXISTS outbox_dead_letter_source_event ON outbox_dead_letter (source_table, event_id);

@@ -64,7 +64,15 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, Rel
     let source = crate::sink::dedup::source_identity(&client, config).await?;
     let id_type = table.id_type(&client).await?;
     let tx = client.transaction().await?;
-    let letters = read(&tx, &letters_table, &table.display_name(), &options.ids, &mut outcome).await?;
+    // the transaction stays open while Kafka acknowledges: a server's idle timeout must not end
+    // it between the acknowledgement and the commit (a rerun would send the letters again)
+    tx.batch_execute("SET LOCAL idle_in_transaction_session_timeout = 0").await?;
+    if !options.dry_run {
+        may_remove(&tx, &letters_table, &table).await?;
+    }
+    let source_table = table.display_name();
+    let letters =
+        read(&tx, (&letters_table, &source_table), &options.ids, !options.dry_run, &mut outcome).await?;
     let mapping = Mapping::new(&config.outbox);
     let mut records = Vec::new();
     for letter in letters {
@@ -94,7 +102,6 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, Rel
     if records.is_empty() {
         return Ok(outcome);
     }
-    may_remove(&tx, &letters_table, &table).await?;
     let mut sink = KafkaSink::new(&config.kafka)
         .map_err(|e| RelayError::Kafka(format!("cannot create a producer: {e}")))?;
     sink.set_source(&source);
@@ -116,17 +123,19 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, Rel
     Ok(outcome)
 }
 
-/// The letters of this outbox (all, or those of `ids`), locked; ids not found are refused.
+/// The letters of this outbox (all, or those of `ids`), locked unless a dry run only reads them;
+/// ids not found are refused.
 async fn read(
     tx: &Transaction<'_>,
-    letters_table: &str,
-    source_table: &str,
+    (letters_table, source_table): (&str, &str),
     ids: &[i64],
+    lock: bool,
     outcome: &mut Outcome,
 ) -> Result<Vec<Letter>, RelayError> {
     let sql = format!(
         "SELECT id, event_id, row_data::text FROM {letters_table} WHERE source_table = $1 \
-         AND (cardinality($2::bigint[]) = 0 OR id = ANY($2)) ORDER BY id FOR UPDATE"
+         AND (cardinality($2::bigint[]) = 0 OR id = ANY($2)) ORDER BY id{}",
+        if lock { " FOR UPDATE" } else { "" }
     );
     let rows = tx.query(&sql, &[&source_table, &ids]).await?;
     let letters: Vec<Letter> =
@@ -165,23 +174,33 @@ async fn may_remove(
     letters_table: &str,
     table: &OutboxTable,
 ) -> Result<(), RelayError> {
+    // (locking the letters FOR UPDATE needs UPDATE on their table)
     let row = tx
         .query_one(
-            "SELECT has_table_privilege($1, 'DELETE'), has_table_privilege($2, 'DELETE')",
+            "SELECT has_table_privilege($1, 'DELETE') AND has_table_privilege($1, 'UPDATE'), \
+             has_table_privilege($2, 'DELETE')",
             &[&letters_table, &table.qualified()],
         )
         .await?;
     let (letters, outbox): (bool, bool) = (row.get(0), row.get(1));
-    if letters && outbox {
+    let lacking: Vec<String> = [
+        (letters, format!("DELETE, UPDATE ON {letters_table}")),
+        (outbox, format!("DELETE ON {}", table.qualified())),
+    ]
+    .into_iter()
+    .filter(|(may, _)| !may)
+    .map(|(_, grant)| grant)
+    .collect();
+    if lacking.is_empty() {
         return Ok(());
     }
     Err(RelayError::fatal(
         FatalReason::Privilege,
         format!(
-            "this role may not DELETE from {}: a replayed letter is removed with its event's row in one transaction -- \
-         run replay-dead-letters as the outbox's owner, or GRANT DELETE ON {letters_table}, {} TO the role",
-            if letters { table.display_name() } else { letters_table.to_string() },
-            table.qualified()
+            "this role lacks {}: a replayed letter is locked, then removed with its event's row in one transaction \
+             -- run replay-dead-letters as the outbox's owner, or GRANT {} TO the role",
+            lacking.join(" and "),
+            lacking.join("; GRANT ")
         ),
     ))
 }

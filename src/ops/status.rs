@@ -124,8 +124,11 @@ async fn backlog(client: &Client, config: &RelayConfig) -> Result<Vec<Line>, Rel
 /// How many of this outbox's events wait in the dead-letter table, since when, and why.
 async fn dead_letters(client: &Client, config: &RelayConfig) -> Result<Vec<Line>, RelayError> {
     let table = &config.dead_letter.table;
-    let Some(waiting) = crate::source::sampler::dead_letters(config, client, 3).await? else {
-        return Ok(vec![("dead letters (waiting)", format!("none: there is no table {table}"))]);
+    let waiting = match crate::source::sampler::dead_letters(config, client, 3).await {
+        Ok(Some(waiting)) => waiting,
+        Ok(None) => return Ok(vec![("dead letters (waiting)", format!("none: there is no table {table}"))]),
+        // (a role that may not read the table: the rest of status still helps)
+        Err(e) => return Ok(vec![("dead letters (waiting)", format!("cannot read {table}: {e}"))]),
     };
     let mut said = format!("{} in {table}", waiting.count);
     if let Some(age) = waiting.oldest_secs {
