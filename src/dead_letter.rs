@@ -33,6 +33,22 @@ use crate::observe::metrics::{Mode, metrics};
 use crate::observe::pulse::Pulse;
 use crate::table::{OutboxTable, qualified_name};
 
+/// The dead-letter table (`dead_letter.table`), quoted for SQL.
+pub fn qualified_table(config: &RelayConfig) -> String {
+    let (schema, table) = config.dead_letter.schema_and_table();
+    qualified_name(schema, table)
+}
+
+/// `$1` the source table, `$2` event ids (text): each one dead-lettered, with its latest letter's
+/// reason (`verify`).
+pub fn reasons_sql(config: &RelayConfig) -> String {
+    format!(
+        "SELECT DISTINCT ON (event_id) event_id, reason FROM {} WHERE source_table = $1 AND event_id = ANY($2::text[]) \
+         ORDER BY event_id, id DESC",
+        qualified_table(config)
+    )
+}
+
 /// An event that cannot be published, with the row it came from and why.
 #[derive(Debug, Clone)]
 pub struct DeadLetter {

@@ -23,10 +23,9 @@ use tokio_postgres::Transaction;
 use crate::config::RelayConfig;
 use crate::delivery::record::{KafkaRecord, Mapping, OutboxRow};
 use crate::error::{FatalReason, RelayError};
-use crate::ops::verify::records::REPLAYED_HEADER;
 use crate::published::{Recorder, Sent};
-use crate::sink::kafka::KafkaSink;
-use crate::table::{OutboxTable, qualified_name};
+use crate::sink::kafka::{KafkaSink, REPLAYED_HEADER};
+use crate::table::OutboxTable;
 
 /// Which letters, and whether to send them.
 #[derive(Debug, Clone, Default)]
@@ -55,10 +54,7 @@ struct Letter {
 pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, RelayError> {
     let (mut client, _) = crate::postgres::connect_primary(&config.postgres).await?;
     let table = OutboxTable::new(config);
-    let letters_table = {
-        let (schema, name) = config.dead_letter.schema_and_table();
-        qualified_name(schema, name)
-    };
+    let letters_table = crate::dead_letter::qualified_table(config);
     let mut outcome = Outcome::default();
     let recorder = Recorder::open(&client, &table.display_name()).await?;
     let source = crate::sink::dedup::source_identity(&client, config).await?;

@@ -122,7 +122,7 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Report, Veri
         client: &client,
         table: &table,
         id_type: table.id_type(&client).await?,
-        letters: letters_sql(config),
+        letters: crate::dead_letter::reasons_sql(config),
     };
     classify_rows(&lookup, &expected, caught_up, options.show, &mut report).await?;
     // what was published while Kafka was read is recorded by the time the slot confirms past it
@@ -293,15 +293,6 @@ struct Lookup<'a> {
     id_type: String,
     /// `$1` the source table, `$2` event ids: those dead-lettered, with the reason.
     letters: String,
-}
-
-fn letters_sql(config: &RelayConfig) -> String {
-    let (schema, table) = config.dead_letter.schema_and_table();
-    format!(
-        "SELECT DISTINCT ON (event_id) event_id, reason FROM {} WHERE source_table = $1 AND event_id = ANY($2::text[]) \
-         ORDER BY event_id, id DESC",
-        crate::table::qualified_name(schema, table)
-    )
 }
 
 /// Rows Kafka held more than once or differently, and rows it lacks: dead-lettered, missing or

@@ -16,7 +16,7 @@ use crate::error::RelayError;
 use crate::observe::metrics::{WalStatus, metrics};
 use crate::source::handover;
 use crate::source::replication::failover;
-use crate::table::{OutboxTable, qualified_name};
+use crate::table::OutboxTable;
 
 /// Rows counted at most, so sampling a huge backlog stays cheap.
 pub(crate) const BACKLOG_COUNT_CAP: i64 = 1_000_000;
@@ -181,8 +181,7 @@ pub(crate) async fn dead_letters(
     client: &Client,
     reasons: i64,
 ) -> Result<Option<Outstanding>, tokio_postgres::Error> {
-    let (schema, table) = config.dead_letter.schema_and_table();
-    let table = qualified_name(schema, table);
+    let table = crate::dead_letter::qualified_table(config);
     let source = OutboxTable::new(config).display_name();
     let counted = client
         .query_one(

@@ -23,11 +23,7 @@ use super::report::Class;
 use crate::config::KafkaConfig;
 use crate::delivery::record::Position;
 use crate::published::{IdBits, numeric_id};
-use crate::sink::kafka::{POSITION_HEADER, ReaderContext, SOURCE_HEADER};
-
-/// The header `outbox-relay replay-dead-letters` marks a replayed record with (the letter's id):
-/// a replay comes after later events of its key, and carries the letter's data as fixed.
-pub const REPLAYED_HEADER: &str = "outbox_relay_replayed";
+use crate::sink::kafka::{POSITION_HEADER, REPLAYED_HEADER, ReaderContext, SOURCE_HEADER};
 
 /// How long one metadata or offsets request may take.
 const REQUEST: Duration = Duration::from_secs(10);

@@ -19,6 +19,10 @@ use crate::config::KafkaConfig;
 pub(crate) const SOURCE_HEADER: &str = "outbox_relay_source";
 /// The header saying where the source read the record ([`crate::delivery::record::Position`]).
 pub(crate) const POSITION_HEADER: &str = "outbox_relay_position";
+/// The header `outbox-relay replay-dead-letters` marks a replayed record with (the letter's id):
+/// a replay comes after later events of its key and carries the letter's data as fixed, so
+/// `verify` neither orders nor compares it.
+pub(crate) const REPLAYED_HEADER: &str = "outbox_relay_replayed";
 
 /// One record's delivery report: the number [`super::KafkaSink::enqueue`] gave it, and whether Kafka
 /// acknowledged it.
