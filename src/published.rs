@@ -66,7 +66,7 @@ impl Recorder {
         Ok(Recorder { source_table: source_table.to_string(), enabled, opened: true })
     }
 
-    /// A recorder that records nothing (unit tests, and ids that are not numbers).
+    /// A recorder that records nothing, until [`Recorder::open`] replaces it.
     pub fn disabled() -> Recorder {
         Recorder { source_table: String::new(), enabled: false, opened: false }
     }

@@ -347,7 +347,10 @@ impl<S: Sink> PollingSource<S> {
             }
             return Ok(BatchOutcome { full: true, ..BatchOutcome::default() });
         }
-        let topics = rows.iter().filter_map(|(_, row)| row.as_ref().ok()).map(|r| r.topic.clone()).collect();
+        // (one copy per distinct topic, not per row)
+        let topics: BTreeSet<&str> =
+            rows.iter().filter_map(|(_, row)| row.as_ref().ok()).map(|r| r.topic.as_str()).collect();
+        let topics = topics.into_iter().map(String::from).collect();
         let settlement = batch::deliver(delivery, reports, rows, dead_lettered, deadline).await?;
         let read = if settlement.again { settlement.release.len() } else { claimed };
         metrics().events_read.with_label_values(&[MODE.label()]).inc_by(read as u64);
