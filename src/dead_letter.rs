@@ -17,7 +17,7 @@
 //!   `outbox_relay_events_blocked`), retries a refused record with backoff, releases nothing
 //!   past it, and never publishes again what Kafka already acknowledged.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
 
 use tokio_postgres::GenericClient;
@@ -131,7 +131,16 @@ pub struct DeadLetters {
     policy: OnPoison,
     mode: Mode,
     retry: RetryConfig,
+    /// Letters of records Kafka refused inside a Kafka transaction, which was then aborted
+    /// (`kafka.transactional`): the next session dead-letters them without sending them again,
+    /// and the rest of their transaction commits. Shared by the clones; at most
+    /// [`REFUSED_REMEMBERED`].
+    refused: std::sync::Arc<std::sync::Mutex<VecDeque<DeadLetter>>>,
 }
+
+/// Refused records remembered across an aborted transaction, at most (the oldest go first: a
+/// record forgotten is refused again, and remembered again).
+const REFUSED_REMEMBERED: usize = 1_000;
 
 impl DeadLetters {
     /// `mode`: the `mode` label of the metrics.
@@ -153,7 +162,36 @@ impl DeadLetters {
             policy: config.dead_letter.on_poison,
             mode,
             retry: config.retry.clone(),
+            refused: Default::default(),
         }
+    }
+
+    /// Kafka refused `letter`'s record inside a transaction that is now aborted: under
+    /// `on_poison = "dead_letter"` the next session dead-letters it unsent
+    /// ([`DeadLetters::refused_before`]).
+    pub fn remember_refused(&self, letter: DeadLetter) {
+        if self.blocks() {
+            return;
+        }
+        let mut refused = self.refused.lock().unwrap();
+        if refused.len() >= REFUSED_REMEMBERED {
+            refused.pop_front();
+        }
+        refused.push_back(letter);
+    }
+
+    /// The letter of `record` if Kafka refused this very record (id, topic, key and payload) in
+    /// an aborted transaction; it is forgotten then.
+    pub fn refused_before(&self, record: &KafkaRecord) -> Option<DeadLetter> {
+        let mut refused = self.refused.lock().unwrap();
+        let same = |letter: &DeadLetter| match &letter.row {
+            LetterRow::Record(r) => {
+                r.id == record.id && r.topic == record.topic && r.key == record.key && r.payload == record.payload
+            }
+            LetterRow::Row(_) => false,
+        };
+        let index = refused.iter().position(same)?;
+        refused.remove(index)
     }
 
     /// True when `on_poison = "block"`.

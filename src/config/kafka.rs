@@ -25,7 +25,9 @@ use rdkafka::types::RDKafkaConfRes;
 
 use super::{
     ConfigError, DEFAULT_KAFKA_CLIENT_ID, DEFAULT_KAFKA_COMPRESSION, DEFAULT_KAFKA_LINGER_MS,
-    DEFAULT_KAFKA_MESSAGE_TIMEOUT_MS, DEFAULT_KAFKA_STALL_WARNING_MS, Secret,
+    DEFAULT_KAFKA_MESSAGE_TIMEOUT_MS, DEFAULT_KAFKA_STALL_WARNING_MS, DEFAULT_KAFKA_TRANSACTION_MAX_BYTES,
+    DEFAULT_KAFKA_TRANSACTION_MAX_EVENTS, DEFAULT_KAFKA_TRANSACTION_MAX_MS, DEFAULT_KAFKA_TRANSACTION_TIMEOUT_MS,
+    Secret,
 };
 
 /// Environment variables with this prefix are secret librdkafka properties.
@@ -47,6 +49,8 @@ const RESERVED_KAFKA_PROPERTIES: &[(&str, &str)] = &[
     ("queue.buffering.max.ms", "set kafka.linger_ms instead"),
     ("compression.type", "set kafka.compression instead"),
     ("compression.codec", "set kafka.compression instead"),
+    ("transactional.id", "set kafka.transactional = true (and kafka.transactional_id) instead"),
+    ("transaction.timeout.ms", "set kafka.transaction_timeout_ms instead"),
 ];
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -76,6 +80,31 @@ pub struct KafkaConfig {
     /// `dedup.enabled`.
     #[serde(default = "default_true")]
     pub source_headers: bool,
+    /// Kafka transactions (docs/guarantees.md, "Kafka transactions"): records are written in
+    /// transactions that commit before the source confirms or releases them, and a new active
+    /// instance fences the old one. Exactly once for `read_committed` consumers, with no
+    /// straggler window. Off by default: see docs/benchmarks.md for what it costs.
+    #[serde(default)]
+    pub transactional: bool,
+    /// The producer's `transactional.id`. Empty (default): derived from the source,
+    /// `outbox-relay:<system identifier>/<database>/<schema>.<table>`, the same across restarts,
+    /// replicas and both modes, so whichever instance becomes active fences the one before it.
+    #[serde(default)]
+    pub transactional_id: String,
+    /// librdkafka's `transaction.timeout.ms`: how long the brokers let a transaction stay open
+    /// before aborting it (at most the brokers' `transaction.max.timeout.ms`).
+    #[serde(default = "default_transaction_timeout_ms")]
+    pub transaction_timeout_ms: u64,
+    /// A transaction commits once it holds this many records (at the next source transaction's
+    /// end)...
+    #[serde(default = "default_transaction_max_events")]
+    pub transaction_max_events: usize,
+    /// ...or this many bytes of records...
+    #[serde(default = "default_transaction_max_bytes")]
+    pub transaction_max_bytes: usize,
+    /// ...or has been open this long, or the source has nothing more to read right now.
+    #[serde(default = "default_transaction_max_ms")]
+    pub transaction_max_ms: u64,
     /// Further librdkafka settings, passed through as they are (SASL, TLS, batch sizes).
     #[serde(default)]
     pub properties: BTreeMap<String, KafkaProperty>,
@@ -198,9 +227,61 @@ impl KafkaConfig {
                 format!("\"{}\" is not one of none, gzip, snappy, lz4, zstd", self.compression),
             ));
         }
+        self.validate_transactions()?;
         self.validate_properties()?;
         self.validate_built_in()?;
         self.validate_with_librdkafka()
+    }
+
+    /// The transaction settings, checked whether or not `transactional` is on (turning it on
+    /// must not reveal a mistake made long before).
+    fn validate_transactions(&self) -> Result<(), ConfigError> {
+        let id = &self.transactional_id;
+        if id.len() > 255 || id.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(ConfigError::invalid(
+                "kafka.transactional_id",
+                "must be at most 255 characters, without spaces or control characters (leave it empty to derive \
+                 it from the source)",
+            ));
+        }
+        if !(1_000..=3_600_000).contains(&self.transaction_timeout_ms) {
+            return Err(ConfigError::invalid(
+                "kafka.transaction_timeout_ms",
+                "must be between 1000 and 3600000 (and at most the brokers' transaction.max.timeout.ms, 900000 \
+                 by default)",
+            ));
+        }
+        if self.transactional && self.message_timeout_ms > self.transaction_timeout_ms {
+            return Err(ConfigError::invalid(
+                "kafka.message_timeout_ms",
+                format!(
+                    "{} is longer than kafka.transaction_timeout_ms ({}): with kafka.transactional a record \
+                     cannot wait longer than its transaction may stay open; lower it, or leave it 0 (it then \
+                     follows the transaction timeout)",
+                    self.message_timeout_ms, self.transaction_timeout_ms
+                ),
+            ));
+        }
+        if !(1..=1_000_000).contains(&self.transaction_max_events) {
+            return Err(ConfigError::invalid("kafka.transaction_max_events", "must be between 1 and 1000000"));
+        }
+        if !(1_024..=1 << 30).contains(&self.transaction_max_bytes) {
+            return Err(ConfigError::invalid(
+                "kafka.transaction_max_bytes",
+                "must be between 1024 and 1073741824",
+            ));
+        }
+        if self.transaction_max_ms == 0 || self.transaction_max_ms * 2 > self.transaction_timeout_ms {
+            return Err(ConfigError::invalid(
+                "kafka.transaction_max_ms",
+                format!(
+                    "must be at least 1 and at most half of kafka.transaction_timeout_ms ({}): a transaction \
+                     open that long leaves too little time to commit it",
+                    self.transaction_timeout_ms
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn validate_properties(&self) -> Result<(), ConfigError> {
@@ -374,6 +455,18 @@ fn default_true() -> bool {
 fn default_message_timeout_ms() -> u64 {
     DEFAULT_KAFKA_MESSAGE_TIMEOUT_MS
 }
+fn default_transaction_timeout_ms() -> u64 {
+    DEFAULT_KAFKA_TRANSACTION_TIMEOUT_MS
+}
+fn default_transaction_max_events() -> usize {
+    DEFAULT_KAFKA_TRANSACTION_MAX_EVENTS
+}
+fn default_transaction_max_bytes() -> usize {
+    DEFAULT_KAFKA_TRANSACTION_MAX_BYTES
+}
+fn default_transaction_max_ms() -> u64 {
+    DEFAULT_KAFKA_TRANSACTION_MAX_MS
+}
 fn default_stall_warning_ms() -> u64 {
     DEFAULT_KAFKA_STALL_WARNING_MS
 }
@@ -413,6 +506,12 @@ mod tests {
             linger_ms: 5,
             compression: "none".into(),
             source_headers: true,
+            transactional: false,
+            transactional_id: String::new(),
+            transaction_timeout_ms: DEFAULT_KAFKA_TRANSACTION_TIMEOUT_MS,
+            transaction_max_events: DEFAULT_KAFKA_TRANSACTION_MAX_EVENTS,
+            transaction_max_bytes: DEFAULT_KAFKA_TRANSACTION_MAX_BYTES,
+            transaction_max_ms: DEFAULT_KAFKA_TRANSACTION_MAX_MS,
             properties: properties
                 .iter()
                 .map(|(k, v)| (k.to_string(), KafkaProperty(v.to_string())))

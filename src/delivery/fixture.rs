@@ -29,8 +29,18 @@ pub(crate) struct Fixture {
 
 impl Fixture {
     pub(crate) fn new(on_poison: &str) -> Fixture {
+        Fixture::with_sink(on_poison, ScriptedSink::new())
+    }
+
+    /// Over a sink that writes in Kafka transactions.
+    pub(crate) fn transactional(on_poison: &str) -> Fixture {
+        Fixture::with_sink(on_poison, ScriptedSink::transactional())
+    }
+
+    fn with_sink(on_poison: &str, sink: ScriptedSink) -> Fixture {
         let config: RelayConfig = serde_json::from_value(serde_json::json!({
-            "kafka": {"brokers": ["127.0.0.1:1"], "stall_warning_ms": 100},
+            "kafka": {"brokers": ["127.0.0.1:1"], "stall_warning_ms": 100, "transactional": crate::sink::Sink::transactional(&sink),
+                      "transaction_max_events": 3},
             "dead_letter": {"on_poison": on_poison},
             "retry": {"initial_backoff_ms": 10, "max_backoff_ms": 20},
         }))
@@ -39,7 +49,7 @@ impl Fixture {
         health.set_phase(Phase::Active);
         Fixture {
             dead_letters: DeadLetters::new(&config, Mode::Replication),
-            sink: ScriptedSink::new(),
+            sink,
             pulse: Pulse::new(health.clone()),
             health,
             config,

@@ -26,9 +26,14 @@
 //!   ([`Delivery::carry`], [`Delivery::resume`]);
 //! - the stall watch sees exactly the records in flight.
 //!
-//! Room for what comes next: a Kafka transaction spanning whole source transactions is a
-//! boundary the source marks between positions, at which the stage commits and settles what
-//! precedes it; several outbox tables are several mappings in front of one stage (a position
+//! With Kafka transactions (`kafka.transactional`, [`transaction`]) a record Kafka acknowledged
+//! settles only when its transaction commits ([`Delivery::commit`], which the source calls where
+//! it may: between its own transactions, when [`Delivery::commit_due`]); a record Kafka refuses
+//! aborts the transaction and ends the session instead of settling: under `on_poison =
+//! "dead_letter"` the next session dead-letters it unsent and commits the rest, under "block"
+//! it is sent again after the session's backoff, with nothing after it committed.
+//!
+//! Room for what comes next: several outbox tables are several mappings in front of one stage (a position
 //! already says where a record came from); a serializer is the step that makes the record the
 //! source hands over.
 
@@ -54,8 +59,10 @@ mod in_flight;
 pub(crate) mod record;
 #[cfg(test)]
 mod tests;
+mod transaction;
 
 use in_flight::{InFlight, Sent};
+use transaction::{Acked, Transaction};
 
 /// What became of a position.
 #[derive(Debug)]
@@ -108,6 +115,8 @@ pub(crate) struct Delivery<'a, S: Sink, P> {
     in_flight: InFlight<P>,
     stall: StallWatch,
     held: Option<Held<P>>,
+    /// With `kafka.transactional`: the open Kafka transaction.
+    transaction: Option<Transaction<P>>,
     /// The mode's `events_published_total` (looked up once).
     published: IntCounter,
 }
@@ -129,6 +138,7 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
             in_flight: InFlight::default(),
             stall: StallWatch::new(kafka),
             held: None,
+            transaction: sink.transactional().then(|| Transaction::new(kafka)),
             published: metrics().events_published.with_label_values(&[mode.label()]),
         }
     }
@@ -148,19 +158,33 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
         record: KafkaRecord,
         at: Instant,
     ) -> Result<Option<Settled<P>>, RelayError> {
+        if self.transaction.is_some()
+            && let Some(letter) = self.dead_letters.refused_before(&record)
+        {
+            tracing::info!(event_id = %record.id, "Kafka refused this event in the transaction aborted before: dead-lettered unsent");
+            return Ok(Some(Settled::DeadLettered(position, Box::new(letter))));
+        }
         if self.dedup.written(&record, self.pulse).await? {
             return Ok(Some(Settled::Acked(position)));
         }
-        self.enqueue(position, record, at).await;
+        self.enqueue(position, record, at).await?;
         Ok(None)
     }
 
-    async fn enqueue(&mut self, position: P, event: KafkaRecord, at: Instant) -> usize {
+    /// Hands `event` to the sink (in the open Kafka transaction, begun now if none is).
+    async fn enqueue(&mut self, position: P, event: KafkaRecord, at: Instant) -> Result<usize, RelayError> {
         let bytes = event.size();
+        if let Some(transaction) = self.transaction.as_mut() {
+            if !transaction.is_open() {
+                self.sink.begin()?;
+                transaction.begun();
+            }
+            transaction.sent(bytes);
+        }
         let seq = self.sink.enqueue(&event).await;
         self.in_flight.insert(seq, Sent { position, event, at, bytes });
         self.stall.waiting();
-        seq
+        Ok(seq)
     }
 
     /// A row read at `position` cannot become a record: `letter` says why.
@@ -185,6 +209,14 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
             self.held.as_ref().is_some_and(|h| h.resending.is_some_and(|(seq, _)| seq == report.seq));
         let Err(e) = report.outcome else {
             self.stall.progressed(clock.now, self.pulse);
+            if let Some(transaction) = self.transaction.as_mut() {
+                // settled by the commit
+                transaction.acked(Acked { position, at, created_at: event.created_at });
+                if resent {
+                    self.resent_accepted();
+                }
+                return Ok(None);
+            }
             self.pulse.progressed();
             metrics().acknowledged_at(&self.published, at, event.created_at, clock);
             if resent {
@@ -192,12 +224,16 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
             }
             return Ok(Some(Settled::Acked(position)));
         };
+        if let Some(fenced) = self.sink.fenced() {
+            return Err(fenced);
+        }
         let failure = self.sink.classify(&event, &e).await;
         metrics().publish_errors.with_label_values(&[failure.error_type().label()]).inc();
         match failure {
             PublishError::Transient { detail, .. } => {
                 Err(RelayError::Kafka(format!("event {} not acknowledged: {detail}", event.id)))
             }
+            PublishError::Permanent(reason) if self.transaction.is_some() => Err(self.refused_in_transaction(event, reason)),
             PublishError::Permanent(_) if resent => {
                 self.held.as_mut().expect("held").resending = None;
                 Ok(None)
@@ -211,6 +247,64 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
                 Ok(Some(Settled::DeadLettered(position, Box::new(DeadLetter::refused(event, reason)))))
             }
         }
+    }
+
+    /// Kafka refused `event` inside the open transaction, which must now be aborted: the session
+    /// ends (a fresh producer aborts it), remembering the refusal for the next session under
+    /// `on_poison = "dead_letter"`.
+    fn refused_in_transaction(&self, event: KafkaRecord, reason: String) -> RelayError {
+        let id = event.id.clone();
+        let then = if self.dead_letters.blocks() {
+            "under dead_letter.on_poison = \"block\" it is sent again after a backoff, and nothing after it commits \
+             until Kafka takes it"
+        } else {
+            "the next session dead-letters it without sending it and commits the rest"
+        };
+        self.dead_letters.remember_refused(DeadLetter::refused(event, reason.clone()));
+        RelayError::Kafka(format!(
+            "Kafka refused event {id} inside a Kafka transaction ({reason}): the transaction is aborted, so nothing of \
+             it is visible to read_committed consumers; {then}"
+        ))
+    }
+
+    /// Whether the open Kafka transaction should commit (`idle`: the source has nothing more to
+    /// read right now); never without `kafka.transactional` or an open transaction.
+    pub(crate) fn commit_due(&self, idle: bool) -> bool {
+        self.transaction.as_ref().is_some_and(|t| t.due(idle))
+    }
+
+    /// Whether a Kafka transaction is open.
+    pub(crate) fn in_transaction(&self) -> bool {
+        self.transaction.as_ref().is_some_and(Transaction::is_open)
+    }
+
+    /// Resolves when the open Kafka transaction is due by its age (`kafka.transaction_max_ms`);
+    /// never while none is open.
+    pub(crate) async fn commit_deadline(&self) {
+        match self.transaction.as_ref().and_then(Transaction::deadline) {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Commits the open Kafka transaction, with nothing in flight, and returns what it settles:
+    /// every record Kafka acknowledged in it, `Acked`, in order. Nothing without one.
+    pub(crate) async fn commit(&mut self, clock: &Clock) -> Result<Vec<Settled<P>>, RelayError> {
+        if !self.in_transaction() {
+            return Ok(Vec::new());
+        }
+        debug_assert_eq!(self.in_flight.records(), 0, "a commit with records in flight");
+        self.sink.commit().await?;
+        let acked = self.transaction.as_mut().expect("open").committed();
+        if !acked.is_empty() {
+            self.pulse.progressed();
+        }
+        let m = metrics();
+        let settle = |a: Acked<P>| {
+            m.acknowledged_at(&self.published, a.at, a.created_at, clock);
+            Settled::Acked(a.position)
+        };
+        Ok(acked.into_iter().map(settle).collect())
     }
 
     /// Starts holding (or adds to the hold: a refused record in its send order, which says so
@@ -281,8 +375,14 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
                 0
             }
         };
-        let seq = self.enqueue(position, record, Instant::now()).await;
-        self.held.as_mut().expect("held").resending = Some((seq, first_seq));
+        match self.enqueue(position, record, Instant::now()).await {
+            Ok(seq) => self.held.as_mut().expect("held").resending = Some((seq, first_seq)),
+            Err(e) => {
+                let held = self.held.as_mut().expect("held");
+                tracing::warn!(error = %e, "cannot send the held record again");
+                held.hold.report(self.pulse);
+            }
+        }
     }
 
     /// The record being sent again was taken: move on to the next held event, or stop holding.

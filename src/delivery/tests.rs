@@ -290,3 +290,77 @@ async fn a_held_transaction_stops_confirmation_until_its_record_is_taken() {
     assert_eq!(confirmed, [Lsn(100), Lsn(300)]);
     assert_eq!(f.sink.written(), ["1", "3", "2"]);
 }
+
+#[tokio::test]
+async fn with_kafka_transactions_an_acknowledged_record_settles_only_at_its_commit() {
+    let f = Fixture::transactional("dead_letter");
+    let mut delivery = f.delivery();
+    let mut reports = delivery.reports().await;
+    send_all(&mut delivery, &[1, 2]).await;
+    assert!(delivery.in_transaction() && !delivery.commit_due(false), "two records, a bound of three");
+    assert!(delivery.commit_due(true), "an idle source commits");
+    // the acknowledgements arrive, and settle nothing yet
+    assert!(settle_all(&mut delivery, &mut reports).await.is_empty());
+    send_all(&mut delivery, &[3]).await;
+    assert!(delivery.commit_due(false), "three records reach kafka.transaction_max_events");
+    assert!(settle_all(&mut delivery, &mut reports).await.is_empty());
+    // the commit settles all three, in order, and makes them visible at once
+    assert_eq!(acked(&delivery.commit(&Clock::now()).await.unwrap()), [1, 2, 3]);
+    assert_eq!(f.sink.commits(), [vec!["1", "2", "3"]]);
+    assert!(!delivery.in_transaction() && delivery.commit(&Clock::now()).await.unwrap().is_empty());
+    // the next record begins the next transaction
+    send_all(&mut delivery, &[4]).await;
+    settle_all(&mut delivery, &mut reports).await;
+    assert_eq!(acked(&delivery.commit(&Clock::now()).await.unwrap()), [4]);
+    assert_eq!(f.sink.commits().len(), 2);
+}
+
+#[tokio::test]
+async fn with_kafka_transactions_a_refused_record_aborts_and_the_next_session_dead_letters_it_unsent() {
+    let f = Fixture::transactional("dead_letter");
+    f.sink.script("2", [Fault::Reject]);
+    {
+        let mut delivery = f.delivery::<u32>();
+        let mut reports = delivery.reports().await;
+        send_all(&mut delivery, &[1, 2, 3]).await;
+        let mut error = None;
+        while delivery.records() > 0 {
+            if let Err(e) = next(&mut delivery, &mut reports).await {
+                error = Some(e);
+            }
+        }
+        // the session ends: nothing of the transaction was settled or committed
+        let error = error.expect("the refusal ends the session").to_string();
+        assert!(error.contains("refused event 2") && error.contains("aborted"), "{error}");
+        assert!(f.sink.commits().is_empty());
+        f.sink.abandon();
+    }
+    // the next session reads the same events again: 2 is dead-lettered without being sent
+    let mut delivery = f.delivery::<u32>();
+    let mut reports = delivery.reports().await;
+    let sent_before = f.sink.sent().len();
+    let mut settled = Vec::new();
+    for id in [1u32, 2, 3] {
+        settled.extend(delivery.send(id, record(&id.to_string()), Instant::now()).await.unwrap());
+    }
+    assert!(matches!(settled.as_slice(), [Settled::DeadLettered(2, letter)] if letter.id == "2"));
+    assert_eq!(f.sink.sent()[sent_before..], ["1", "3"]);
+    settle_all(&mut delivery, &mut reports).await;
+    assert_eq!(acked(&delivery.commit(&Clock::now()).await.unwrap()), [1, 3]);
+    assert_eq!(f.sink.commits(), [vec!["1", "3"]], "the aborted transaction's records stay invisible");
+    // remembered once: a third session would send it again
+    assert!(f.dead_letters.refused_before(&record("2")).is_none());
+}
+
+#[tokio::test]
+async fn with_kafka_transactions_under_block_a_refused_record_is_not_remembered() {
+    let f = Fixture::transactional("block");
+    f.sink.script("1", [Fault::Reject]);
+    let mut delivery = f.delivery::<u32>();
+    let mut reports = delivery.reports().await;
+    send_all(&mut delivery, &[1]).await;
+    let error = next(&mut delivery, &mut reports).await.unwrap_err().to_string();
+    assert!(error.contains("sent again after a backoff"), "{error}");
+    assert!(!delivery.holding(), "the session ends instead of holding");
+    assert!(f.dead_letters.refused_before(&record("1")).is_none());
+}

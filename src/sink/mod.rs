@@ -10,7 +10,10 @@
 //! - a report is `Ok` only when the record is durably written (`acks=all`); a failed report is
 //!   classified by [`Sink::classify`]: permanent (poison) or transient (send again);
 //! - a sink outlives the sessions of its source: [`Sink::recover`] after a failed one,
-//!   [`Sink::retired`] before the next one reads topics back, [`Sink::flush`] at shutdown.
+//!   [`Sink::retired`] before the next one reads topics back, [`Sink::flush`] at shutdown;
+//! - a transactional sink (`kafka.transactional`) is activated by each active session before it
+//!   reads topics back, and never by a standby; its records become visible to `read_committed`
+//!   readers only at [`Sink::commit`], all of a transaction at once.
 
 use std::future::Future;
 use std::time::Duration;
@@ -19,6 +22,7 @@ use rdkafka::error::KafkaError;
 use tokio::sync::{MutexGuard, mpsc};
 
 use crate::delivery::record::KafkaRecord;
+use crate::error::RelayError;
 
 pub(crate) mod cluster;
 pub(crate) mod dedup;
@@ -63,6 +67,22 @@ pub(crate) trait Sink: Send + Sync {
 
     /// At shutdown: waits a little for what was handed over.
     fn flush(&self) -> impl Future<Output = ()> + Send;
+
+    /// Whether records go in Kafka transactions ([`Sink::begin`], [`Sink::commit`]).
+    fn transactional(&self) -> bool;
+
+    /// Once a session is active, before it reads topics back: a transactional sink becomes the
+    /// one producer of its source (fencing the ones before it). Nothing otherwise.
+    fn activate(&mut self) -> impl Future<Output = Result<(), RelayError>> + Send;
+
+    /// Begins a transaction, before the first record handed over in it.
+    fn begin(&self) -> Result<(), RelayError>;
+
+    /// Commits the transaction; every record handed over in it was reported already.
+    fn commit(&self) -> impl Future<Output = Result<(), RelayError>> + Send;
+
+    /// Why the sink may not send any more (another producer fenced it), if so.
+    fn fenced(&self) -> Option<RelayError>;
 }
 
 /// The Kafka sink's own methods are the seam's: the trait forwards to them.
@@ -101,5 +121,25 @@ impl Sink for kafka::KafkaSink {
 
     fn flush(&self) -> impl Future<Output = ()> + Send {
         kafka::KafkaSink::flush(self)
+    }
+
+    fn transactional(&self) -> bool {
+        kafka::KafkaSink::transactional(self)
+    }
+
+    fn activate(&mut self) -> impl Future<Output = Result<(), RelayError>> + Send {
+        kafka::KafkaSink::activate(self)
+    }
+
+    fn begin(&self) -> Result<(), RelayError> {
+        kafka::KafkaSink::begin(self)
+    }
+
+    fn commit(&self) -> impl Future<Output = Result<(), RelayError>> + Send {
+        kafka::KafkaSink::commit(self)
+    }
+
+    fn fenced(&self) -> Option<RelayError> {
+        kafka::KafkaSink::fenced(self)
     }
 }

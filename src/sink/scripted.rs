@@ -49,6 +49,14 @@ pub(crate) struct ScriptedSink {
     sender: mpsc::UnboundedSender<Report>,
     next_seq: AtomicUsize,
     source: Option<String>,
+    /// Kafka transactions: written ids are visible to `read_committed` readers once committed.
+    transactional: bool,
+    /// A transaction is open.
+    open: std::sync::atomic::AtomicBool,
+    /// What each commit made visible, in order.
+    commits: Mutex<Vec<Vec<String>>>,
+    /// How many of `written` the commits made visible so far.
+    visible: AtomicUsize,
 }
 
 impl ScriptedSink {
@@ -63,7 +71,28 @@ impl ScriptedSink {
             sender,
             next_seq: AtomicUsize::new(0),
             source: None,
+            transactional: false,
+            open: std::sync::atomic::AtomicBool::new(false),
+            commits: Mutex::default(),
+            visible: AtomicUsize::new(0),
         }
+    }
+
+    /// A sink that writes in Kafka transactions.
+    pub(crate) fn transactional() -> ScriptedSink {
+        ScriptedSink { transactional: true, ..ScriptedSink::new() }
+    }
+
+    /// The open transaction is abandoned (its session ended; a fresh producer aborts it): what it
+    /// wrote never becomes visible.
+    pub(crate) fn abandon(&self) {
+        self.open.store(false, Ordering::SeqCst);
+        self.visible.store(self.written.lock().unwrap().len(), Ordering::SeqCst);
+    }
+
+    /// What each commit made visible to `read_committed` readers, commit by commit.
+    pub(crate) fn commits(&self) -> Vec<Vec<String>> {
+        self.commits.lock().unwrap().clone()
     }
 
     /// The next attempts at record `id` meet `faults`, in order; later ones succeed.
@@ -99,6 +128,11 @@ impl ScriptedSink {
 
 impl Sink for ScriptedSink {
     async fn enqueue(&self, record: &KafkaRecord) -> usize {
+        assert!(
+            !self.transactional || self.open.load(Ordering::SeqCst),
+            "record {} handed over outside a transaction",
+            record.id
+        );
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         self.sent.lock().unwrap().push(record.id.clone());
         let fault = self.faults.lock().unwrap().get_mut(&record.id).and_then(VecDeque::pop_front);
@@ -152,6 +186,32 @@ impl Sink for ScriptedSink {
     fn recover(&mut self) {}
 
     async fn flush(&self) {}
+
+    fn transactional(&self) -> bool {
+        self.transactional
+    }
+
+    async fn activate(&mut self) -> Result<(), crate::error::RelayError> {
+        Ok(())
+    }
+
+    fn begin(&self) -> Result<(), crate::error::RelayError> {
+        assert!(!self.open.swap(true, Ordering::SeqCst), "a transaction begun twice");
+        Ok(())
+    }
+
+    async fn commit(&self) -> Result<(), crate::error::RelayError> {
+        assert!(self.open.swap(false, Ordering::SeqCst), "a commit without a transaction");
+        assert!(self.held.lock().unwrap().is_empty(), "a commit with records unreported");
+        let written = self.written.lock().unwrap();
+        let from = self.visible.swap(written.len(), Ordering::SeqCst);
+        self.commits.lock().unwrap().push(written[from..].to_vec());
+        Ok(())
+    }
+
+    fn fenced(&self) -> Option<crate::error::RelayError> {
+        None
+    }
 }
 
 /// The failed report of record `seq`.

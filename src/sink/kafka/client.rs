@@ -83,6 +83,21 @@ pub fn producer_config(kafka: &KafkaConfig) -> ClientConfig {
     cc
 }
 
+/// [`producer_config`] with Kafka transactions under `transactional_id`: a record may wait at
+/// most as long as its transaction may stay open (librdkafka refuses a longer
+/// `message.timeout.ms`; 0, "never", becomes the transaction timeout).
+pub(crate) fn transactional_producer_config(kafka: &KafkaConfig, transactional_id: &str) -> ClientConfig {
+    let mut cc = producer_config(kafka);
+    let message_timeout_ms = match kafka.message_timeout_ms {
+        0 => kafka.transaction_timeout_ms,
+        ms => ms.min(kafka.transaction_timeout_ms),
+    };
+    cc.set("transactional.id", transactional_id)
+        .set("transaction.timeout.ms", kafka.transaction_timeout_ms.to_string())
+        .set("message.timeout.ms", message_timeout_ms.to_string());
+    cc
+}
+
 /// The relay's level for one of librdkafka's log lines, or `None` to drop it.
 ///
 /// - `CONFWARN ... gapless`: librdkafka calls enable.gapless.guarantee experimental at every

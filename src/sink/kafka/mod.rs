@@ -24,11 +24,13 @@ use tokio::sync::{Mutex, MutexGuard, mpsc};
 
 use crate::config::KafkaConfig;
 use crate::delivery::record::KafkaRecord;
+use crate::error::RelayError;
 
 mod classify;
 mod client;
 mod producer;
 mod stall;
+mod transaction;
 
 pub(crate) use classify::PublishError;
 use classify::{error_type, topic_is_unknown};
@@ -67,11 +69,16 @@ pub struct KafkaSink {
     /// The producer replaced by [`KafkaSink::reset`], being destroyed; a read-back waits for it,
     /// so none of its records lands after the relay looked.
     retiring: Option<tokio::task::JoinHandle<()>>,
+    /// With `kafka.transactional`, once the source is known: the `transactional.id`.
+    transactional_id: Option<Arc<str>>,
+    /// `producer` is transactional and initialized ([`KafkaSink::activate`]); false after a
+    /// failed session, so the next active one starts on a fresh producer.
+    initialized: std::sync::atomic::AtomicBool,
 }
 
 impl KafkaSink {
     pub fn new(config: &KafkaConfig) -> Result<KafkaSink, KafkaError> {
-        let Channel { producer, reports, refusals } = create_producer(config)?;
+        let Channel { producer, reports, refusals } = create_producer(config, None)?;
         Ok(KafkaSink {
             config: config.clone(),
             producer,
@@ -81,6 +88,8 @@ impl KafkaSink {
             source: None,
             looked_up: std::sync::Mutex::new(HashSet::new()),
             retiring: None,
+            transactional_id: None,
+            initialized: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -94,6 +103,70 @@ impl KafkaSink {
         if self.config.source_headers && self.source.as_deref() != Some(source) {
             self.source = Some(source.into());
         }
+        if self.config.transactional {
+            let id = match self.config.transactional_id.as_str() {
+                "" => format!("outbox-relay:{source}"),
+                id => id.to_string(),
+            };
+            if self.transactional_id.as_deref() != Some(id.as_str()) {
+                self.transactional_id = Some(id.into());
+                self.initialized.store(false, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Whether records go in Kafka transactions.
+    pub(crate) fn transactional(&self) -> bool {
+        self.config.transactional
+    }
+
+    /// Once a session is active, before it reads topics back: with `kafka.transactional`,
+    /// becomes the one producer of the source's `transactional.id` on a fresh producer, which
+    /// fences the producers before it (see [`transaction`]). Nothing without it.
+    pub(crate) async fn activate(&mut self) -> Result<(), RelayError> {
+        let Some(id) = self.transactional_id.clone() else { return Ok(()) };
+        if self.initialized.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.reset().map_err(|e| RelayError::Kafka(format!("cannot create the Kafka producer: {e}")))?;
+        self.retired(crate::sink::dedup::RETIRE_LIMIT).await;
+        let (producer, timeout) = (self.producer.clone(), self.transaction_timeout());
+        let init = tokio::task::spawn_blocking(move || transaction::init(&producer, &id, timeout));
+        init.await.map_err(|e| RelayError::Kafka(format!("initializing transactions failed: {e}")))??;
+        self.initialized.store(true, Ordering::SeqCst);
+        tracing::info!(transactional_id = %self.transactional_id.as_deref().unwrap_or(""), "Kafka transactions initialized: earlier producers of this id are fenced");
+        Ok(())
+    }
+
+    /// Begins a Kafka transaction.
+    pub(crate) fn begin(&self) -> Result<(), RelayError> {
+        transaction::begin(&self.producer, self.transactional_id.as_deref().unwrap_or(""))
+    }
+
+    /// Commits the open transaction (every record in it reported already); a failure leaves
+    /// the producer to be replaced at the next activation.
+    pub(crate) async fn commit(&self) -> Result<(), RelayError> {
+        let (producer, timeout) = (self.producer.clone(), self.transaction_timeout());
+        let id = self.transactional_id.clone().unwrap_or_else(|| "".into());
+        let commit = tokio::task::spawn_blocking(move || transaction::commit(&producer, &id, timeout));
+        let result = match commit.await {
+            Ok(result) => result,
+            Err(e) => Err(RelayError::Kafka(format!("committing the Kafka transaction failed: {e}"))),
+        };
+        if result.is_err() {
+            self.initialized.store(false, Ordering::SeqCst);
+        }
+        result
+    }
+
+    /// Why the producer was fenced, if it was.
+    pub(crate) fn fenced(&self) -> Option<RelayError> {
+        let id = self.transactional_id.as_deref()?;
+        transaction::fenced(&self.producer, id)
+    }
+
+    fn transaction_timeout(&self) -> Duration {
+        Duration::from_millis(self.config.transaction_timeout_ms)
     }
 
     pub(crate) fn source(&self) -> Option<&str> {
@@ -117,6 +190,12 @@ impl KafkaSink {
     /// After a failed session: a fresh producer (see [`KafkaSink::reset`]); a failure to make
     /// one is logged, and the next session fails on the old one and tries again.
     pub(crate) fn recover(&mut self) {
+        if self.transactional_id.is_some() {
+            // the next active session starts a fresh producer: making it here would not fence
+            // anything, but a standby must never initialize one (see `activate`)
+            self.initialized.store(false, Ordering::SeqCst);
+            return;
+        }
         if let Err(e) = self.reset() {
             tracing::warn!(error = %e, "cannot recreate the Kafka producer");
         }
@@ -127,7 +206,8 @@ impl KafkaSink {
     /// fresh one starts clean. Records of the old one still in flight carry the same event ids,
     /// so at worst they are duplicates, never gaps.
     fn reset(&mut self) -> Result<(), KafkaError> {
-        let Channel { producer, reports, refusals } = create_producer(&self.config)?;
+        let Channel { producer, reports, refusals } =
+            create_producer(&self.config, self.transactional_id.as_deref())?;
         let old = std::mem::replace(&mut self.producer, producer);
         self.reports = Mutex::new(reports);
         self.refusals = refusals;

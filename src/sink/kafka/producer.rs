@@ -12,7 +12,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{DeliveryResult, ProducerContext, ThreadedProducer};
 use tokio::sync::mpsc;
 
-use super::client::{log_librdkafka, producer_config};
+use super::client::{log_librdkafka, producer_config, transactional_producer_config};
 use crate::config::KafkaConfig;
 
 /// The header naming the database and table a record came from (see [`super::KafkaSink::set_source`]).
@@ -79,8 +79,13 @@ pub(super) struct Channel {
     pub(super) refusals: mpsc::UnboundedSender<Report>,
 }
 
-pub(super) fn create_producer(config: &KafkaConfig) -> Result<Channel, KafkaError> {
+/// A producer for `config`, transactional under `transactional_id` when given.
+pub(super) fn create_producer(config: &KafkaConfig, transactional_id: Option<&str>) -> Result<Channel, KafkaError> {
     let (refusals, reports) = mpsc::unbounded_channel();
-    let producer = producer_config(config).create_with_context(Reporter(refusals.clone()))?;
+    let settings = match transactional_id {
+        Some(id) => transactional_producer_config(config, id),
+        None => producer_config(config),
+    };
+    let producer = settings.create_with_context(Reporter(refusals.clone()))?;
     Ok(Channel { producer: Arc::new(producer), reports, refusals })
 }

@@ -122,7 +122,14 @@ pub(super) async fn deliver<S: Sink>(
     let waited = settle(delivery, reports, deadline, &mut settlement).await;
     m.events_in_flight.set(0);
     m.bytes_in_flight.set(0);
-    waited.map(|()| settlement)
+    waited?;
+    if settlement.failed.is_none() {
+        // with Kafka transactions, what Kafka acknowledged settles now, at the commit
+        for settled in delivery.commit(&Clock::now()).await? {
+            settlement.add(settled);
+        }
+    }
+    Ok(settlement)
 }
 
 /// Sends the records of `rows` in order; a row that cannot map is dead-lettered, or held at

@@ -126,7 +126,7 @@ impl<S: Sink> ReplicationSource<S> {
             self.recorder = Recorder::open(&client, &self.table.display_name()).await?;
         }
         let plan = slot::prepare(&self.config, &client, false).await?;
-        let slot_name = &self.config.replication.slot;
+        let slot_name = &self.config.replication.slot.clone();
         let (replication, confirmed) = match plan {
             SlotPlan::Stream { confirmed, make_failover } => {
                 let mut replication = transport::connect(&self.config, &server, confirmed).await?;
@@ -145,6 +145,8 @@ impl<S: Sink> ReplicationSource<S> {
         let wal = WalStream::start(replication, slot_name).await?;
         tracing::info!(slot = %slot_name, %confirmed, table = %self.table.display_name(), "active: streaming from the slot");
         pulse.active();
+        // (after the copy's activation, this does nothing)
+        self.sink.activate().await?;
         let dedup = Dedup::new(&self.config, MODE, Lookback::Since(confirmed), self.sink.source(), shutdown);
         let delivery = Delivery::new(&self.sink, &self.dead_letters, &self.config.kafka, dedup, pulse, MODE);
         let (outbox, replication) = (&self.config.outbox, &self.config.replication);

@@ -413,7 +413,7 @@ async fn ensure_publication(config: &RelayConfig, client: &Client) -> Result<(),
 /// publishes the rows visible in its exported snapshot. Returns the slot's consistent point,
 /// and what the copy did.
 pub(super) async fn create_and_copy<S: Sink>(
-    source: &ReplicationSource<S>,
+    source: &mut ReplicationSource<S>,
     server: &Endpoint,
     replication: &mut pgwire_replication::ReplicationClient,
     client: &Client,
@@ -440,6 +440,8 @@ pub(super) async fn create_and_copy<S: Sink>(
         text(2).ok_or_else(|| RelayError::Protocol("CREATE_REPLICATION_SLOT exported no snapshot".into()))?;
     client.execute(CREATED_SQL, &[slot, &consistent_point.to_string()]).await?;
     tracing::info!(%slot, %consistent_point, "created the slot; publishing the rows already in the table");
+    // the slot is this session's: it may fence earlier producers (kafka.transactional)
+    source.sink.activate().await?;
     // any row of the table may be in the topic already (a copy that was interrupted, or the
     // slot recreated after it was lost): read back everything the topics hold from this source
     let dedup = Dedup::new(&source.config, MODE, Lookback::Everything, source.sink.source(), shutdown);

@@ -143,6 +143,11 @@ impl<'a, S: Sink> StreamSession<'a, S> {
                 _ = self.feed.delivery.retry_due() => {
                     self.feed.delivery.retry_held().await;
                 }
+                // 8. the open Kafka transaction comes due by its age (kafka.transaction_max_ms)
+                _ = self.feed.delivery.commit_deadline(), if !self.feed.delivery.commit_due(false) => {}
+            }
+            if self.feed.commit_ready() {
+                self.feed.commit().await?;
             }
             self.confirm_acknowledged().await?;
         }
@@ -152,6 +157,7 @@ impl<'a, S: Sink> StreamSession<'a, S> {
     /// long as the bounds allow.
     async fn read_turn(&mut self, first: WalEvent) -> Result<(), RelayError> {
         self.feed.begin_turn();
+        self.feed.idle = false;
         self.handle(first).await?;
         for _ in 1..READ_TURN {
             if !self.feed.reading() {
@@ -159,7 +165,10 @@ impl<'a, S: Sink> StreamSession<'a, S> {
             }
             match self.wal.try_recv() {
                 Some(event) => self.handle(event?).await?,
-                None => break,
+                None => {
+                    self.feed.idle = true;
+                    break;
+                }
             }
         }
         Ok(())
@@ -188,6 +197,7 @@ impl<'a, S: Sink> StreamSession<'a, S> {
             self.feed.settle(report, &Clock::now()).await?;
             self.write_letters().await?;
         }
+        self.feed.commit().await?;
         self.publication_ok_through = publication::delivers_through(self.config, self.client).await?;
         // with nothing in flight the update is sent at once; the stream's end must not overtake it
         self.confirm_acknowledged().await?;

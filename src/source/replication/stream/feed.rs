@@ -12,7 +12,13 @@
 //!   (`replication.max_in_flight_events`, `replication.max_in_flight_bytes`: a record may take
 //!   the bytes over the budget; the next waits);
 //! - events are numbered by their place in their transaction, published or not, so a replay
-//!   numbers them the same way.
+//!   numbers them the same way;
+//! - with Kafka transactions, a Kafka transaction commits between two PostgreSQL transactions
+//!   once it is due (so a `read_committed` consumer sees each PostgreSQL transaction's events
+//!   at once), and reading pauses there until it has; it commits inside one only when reading
+//!   cannot go on anyway (a bound, a hold), so a PostgreSQL transaction larger than the bounds
+//!   is split over Kafka transactions. Nothing is confirmed before its Kafka transaction
+//!   commits; after a crash the read-back finds what committed, so no split loses or repeats.
 
 use std::time::{Instant, SystemTime};
 
@@ -70,6 +76,8 @@ pub(in crate::source::replication) struct Feed<'a, S: Sink> {
     sent: Sent,
     /// This mode's `events_read_total` (looked up once).
     read: IntCounter,
+    /// The last turn of reading found nothing more to read: a Kafka transaction is due.
+    pub(super) idle: bool,
 }
 
 impl<'a, S: Sink> Feed<'a, S> {
@@ -95,15 +103,39 @@ impl<'a, S: Sink> Feed<'a, S> {
             written: Vec::new(),
             sent: Sent::default(),
             read: metrics().events_read.with_label_values(&[MODE.label()]),
+            idle: false,
         }
     }
 
-    /// Whether to read on: nothing is held, and the records in flight are under both bounds.
+    /// Whether to read on: nothing is held, the records in flight are under both bounds, and
+    /// no Kafka transaction waits to commit here.
     pub(super) fn reading(&self) -> bool {
+        !self.bounded() && !(self.open.is_none() && self.delivery.commit_due(self.idle))
+    }
+
+    /// Reading cannot go on: the stage holds, or the records in flight (with Kafka
+    /// transactions, also those acknowledged and not committed yet) reach a bound.
+    fn bounded(&self) -> bool {
         let r = self.replication;
-        !self.delivery.holding()
-            && self.tracker.in_flight_events() < r.max_in_flight_events
-            && self.delivery.bytes() < r.max_in_flight_bytes
+        self.delivery.holding()
+            || self.tracker.in_flight_events() >= r.max_in_flight_events
+            || self.delivery.bytes() >= r.max_in_flight_bytes
+    }
+
+    /// Whether the open Kafka transaction commits now: nothing is in flight, and it is due
+    /// between two PostgreSQL transactions, or reading cannot go on before it commits.
+    pub(super) fn commit_ready(&self) -> bool {
+        self.delivery.in_transaction()
+            && self.delivery.records() == 0
+            && ((self.open.is_none() && self.delivery.commit_due(self.idle)) || self.bounded())
+    }
+
+    /// Commits the open Kafka transaction: its transactions count what Kafka acknowledged.
+    pub(super) async fn commit(&mut self) -> Result<(), RelayError> {
+        for settled in self.delivery.commit(&Clock::now()).await? {
+            self.settled(settled);
+        }
+        Ok(())
     }
 
     /// A turn of reading begins: the records it hands over were sent now.

@@ -1,0 +1,119 @@
+//! Kafka transactions (`kafka.transactional`): the producer's transactional calls, blocking,
+//! each run off the runtime's threads by the sink, and what their failures mean to the relay.
+//!
+//! Invariants:
+//! - `init_transactions` runs only once a session is active (it holds the slot or the polling
+//!   lock): it fences every earlier producer of the same `transactional.id` and aborts the
+//!   transaction that one left open, so the read-back that follows sees every record the topics
+//!   will ever show a `read_committed` reader of it. A standby never calls it: it would fence the
+//!   active instance;
+//! - a fenced producer is never used again, and its session ends as a standby
+//!   ([`RelayError::Standby`]), naming the fencing: another instance took over;
+//! - a transaction that must be aborted is aborted, and its session ends to be retried: nothing
+//!   of it was released or confirmed, so the next session sends it again, read back first.
+
+use std::time::Duration;
+
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::Producer;
+
+use super::producer::RecordProducer;
+use crate::error::{FatalReason, RelayError};
+
+/// How often a commit that failed with a retriable error is tried again.
+const COMMIT_ATTEMPTS: u32 = 3;
+
+/// Becomes the producer of `id` (see the module's invariants).
+pub(super) fn init(producer: &RecordProducer, id: &str, timeout: Duration) -> Result<(), RelayError> {
+    producer.init_transactions(timeout).map_err(|e| failed(producer, id, "initialize transactions", e))
+}
+
+/// Commits the open transaction: every record sent in it becomes visible to `read_committed`
+/// readers, at once.
+pub(super) fn commit(producer: &RecordProducer, id: &str, timeout: Duration) -> Result<(), RelayError> {
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match producer.commit_transaction(timeout) {
+            Ok(()) => return Ok(()),
+            Err(KafkaError::Transaction(e)) if e.is_retriable() && attempts < COMMIT_ATTEMPTS => {
+                tracing::info!(error = %e, "committing the Kafka transaction again");
+            }
+            Err(KafkaError::Transaction(e)) if e.txn_requires_abort() => {
+                let aborted = producer.abort_transaction(timeout);
+                return Err(RelayError::Kafka(format!(
+                    "the Kafka transaction could not commit ({e}) and was aborted{}: nothing of it is visible to \
+                     read_committed consumers, and its events are sent again",
+                    if aborted.is_ok() { "" } else { " (the abort failed too: the brokers abort it at kafka.transaction_timeout_ms)" }
+                )));
+            }
+            Err(e) => return Err(failed(producer, id, "commit the transaction", e)),
+        }
+    }
+}
+
+/// Begins a transaction (a local step: the brokers hear of it with its first record).
+pub(super) fn begin(producer: &RecordProducer, id: &str) -> Result<(), RelayError> {
+    producer.begin_transaction().map_err(|e| failed(producer, id, "begin a transaction", e))
+}
+
+/// Why the producer was fenced, if it was: another instance initialized the same
+/// `transactional.id` after it.
+pub(super) fn fenced(producer: &RecordProducer, id: &str) -> Option<RelayError> {
+    let (code, reason) = producer.client().fatal_error()?;
+    is_fencing(code).then(|| fenced_error(id, &reason))
+}
+
+fn is_fencing(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::Fenced | RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::InvalidProducerEpoch
+    )
+}
+
+fn fenced_error(id: &str, reason: &str) -> RelayError {
+    tracing::warn!(
+        transactional_id = id,
+        reason,
+        "fenced: a newer producer of this transactional.id exists; this one stops publishing at once and stands by"
+    );
+    RelayError::Standby(format!(
+        "fenced: a newer producer of transactional.id \"{id}\" exists ({reason}): another instance took over, or \
+         the brokers aborted this one's transaction after kafka.transaction_timeout_ms; this one no longer \
+         publishes, stands by, and relays again only once it is the active instance"
+    ))
+}
+
+/// What a failed transactional call means: fenced (standby), a setting or an ACL to fix
+/// (fatal), or a Kafka outage (retried with a fresh producer).
+fn failed(producer: &RecordProducer, id: &str, what: &str, error: KafkaError) -> RelayError {
+    if let Some(fenced) = fenced(producer, id) {
+        return fenced;
+    }
+    match error.rdkafka_error_code() {
+        Some(code) if is_fencing(code) => fenced_error(id, &error.to_string()),
+        Some(RDKafkaErrorCode::TransactionalIdAuthorizationFailed) => RelayError::fatal(
+            FatalReason::Privilege,
+            format!(
+                "Kafka refuses to let the relay {what} as transactional.id \"{id}\" ({error}): grant its principal \
+                 WRITE and DESCRIBE on TransactionalId \"{id}\" (kafka-acls --add --allow-principal ... --operation \
+                 Write --operation Describe --transactional-id '{id}'), or set kafka.transactional = false"
+            ),
+        ),
+        Some(RDKafkaErrorCode::ClusterAuthorizationFailed) => RelayError::fatal(
+            FatalReason::Privilege,
+            format!(
+                "Kafka refuses to let the relay {what} ({error}): brokers before 2.8 also need IDEMPOTENT_WRITE on \
+                 the cluster for the principal"
+            ),
+        ),
+        Some(RDKafkaErrorCode::InvalidTransactionTimeout) => RelayError::fatal(
+            FatalReason::Config,
+            format!(
+                "the brokers refuse kafka.transaction_timeout_ms ({error}): it must not exceed their \
+                 transaction.max.timeout.ms (900000 by default)"
+            ),
+        ),
+        _ => RelayError::Kafka(format!("cannot {what} as transactional.id \"{id}\": {error}")),
+    }
+}
