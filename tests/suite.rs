@@ -38,4 +38,5 @@ mod secrets;
 mod slot_loss;
 mod status;
 mod tls;
+mod transactions;
 mod verify;
