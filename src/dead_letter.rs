@@ -186,7 +186,10 @@ impl DeadLetters {
         let mut refused = self.refused.lock().unwrap();
         let same = |letter: &DeadLetter| match &letter.row {
             LetterRow::Record(r) => {
-                r.id == record.id && r.topic == record.topic && r.key == record.key && r.payload == record.payload
+                r.id == record.id
+                    && r.topic == record.topic
+                    && r.key == record.key
+                    && r.payload == record.payload
             }
             LetterRow::Row(_) => false,
         };

@@ -6,6 +6,10 @@
 //! commit and roll back transactions of 1-4 events over 40 aggregates throughout. At the end,
 //! every committed event must have arrived exactly once, nothing of a rolled-back transaction,
 //! each aggregate in order. With `dedup.enabled = false` the same run prints its duplicates.
+//!
+//! With Kafka transactions (`kafka.transactional`) the same run is read by a `read_committed`
+//! consumer, under a `kafka.transaction_timeout_ms` (10 s) shorter than the broker's freeze
+//! (20 s), and what a `read_uncommitted` consumer sees is counted beside it.
 
 use crate::common;
 
@@ -14,6 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use crate::transactions::isolated_consumer;
 use common::broker::OwnBroker;
 use common::process::RelayProcess;
 use common::workload::{
@@ -32,6 +37,9 @@ const PG_RESTARTS: [usize; 2] = [3, 6];
 const FREEZE_AFTER: usize = 4;
 const FROZEN: Duration = Duration::from_secs(20);
 const STRANGERS_AFTER: usize = 8;
+/// With Kafka transactions: shorter than [`FROZEN`], so the brokers abort the transaction open
+/// across the freeze.
+const TRANSACTION_TIMEOUT_MS: u64 = 10_000;
 
 /// A relay pair on a server and broker of their own.
 struct Rig {
@@ -43,12 +51,18 @@ struct Rig {
 }
 
 impl Rig {
-    async fn new(mode: &str, dedup: bool) -> Rig {
+    async fn new(mode: &str, dedup: bool, transactional: bool) -> Rig {
         let pg = hold("hold-postgres", &[]);
         let broker = OwnBroker::start();
         let db = TestDb::create_at(&pg["OUTBOX_RELAY_TEST_PG_URL"], "", true).await;
         create_aggregates(&db.client().await, AGGREGATES).await;
-        let s = Setup::create_on(db, &broker.brokers(), QUICK_KAFKA_SETTINGS, false, |slot| {
+        let kafka = match transactional {
+            true => format!(
+                "transactional = true\ntransaction_timeout_ms = {TRANSACTION_TIMEOUT_MS}\n{QUICK_KAFKA_SETTINGS}"
+            ),
+            false => QUICK_KAFKA_SETTINGS.to_string(),
+        };
+        let s = Setup::create_on(db, &broker.brokers(), &kafka, false, |slot| {
             let config = RelayToml::replication(slot)
                 .set("source", "mode", mode)
                 .set("dedup", "enabled", dedup)
@@ -190,9 +204,9 @@ async fn consume_relay_records(consumer: &rdkafka::consumer::StreamConsumer, uni
 }
 
 /// Runs the whole fault schedule under load; returns what arrived, checked.
-async fn run_faults(mode: &str, dedup: bool) -> DeliveryReport {
+async fn run_faults(mode: &str, dedup: bool, transactional: bool) -> DeliveryReport {
     // given two relays, one active, and writers committing and rolling back
-    let mut rig = Rig::new(mode, dedup).await;
+    let mut rig = Rig::new(mode, dedup, transactional).await;
     let stop = Arc::new(AtomicBool::new(false));
     let writers = start_writers(&rig.s.db.url, &rig.s.aggregate_type, stop.clone());
 
@@ -252,12 +266,24 @@ async fn run_faults(mode: &str, dedup: bool) -> DeliveryReport {
     }
     let report = assert_delivered(&records, &committed);
     eprintln!(
-        "{mode}, dedup {}: {} committed events arrived with {} duplicates after {KILLS} kills (each a standby \
+        "{mode}, dedup {}{}: {} committed events arrived with {} duplicates after {KILLS} kills (each a standby \
          takeover), 2 PostgreSQL restarts and a {FROZEN:?} broker freeze",
         if dedup { "on" } else { "off" },
+        if transactional { ", Kafka transactions (read_committed)" } else { "" },
         report.unique,
         report.duplicates,
     );
+    if transactional {
+        let uncommitted = isolated_consumer(&rig.broker.brokers(), &rig.s.topic, "read_uncommitted");
+        let seen = consume_relay_records(&uncommitted, report.unique).await;
+        eprintln!(
+            "{mode}: a read_uncommitted consumer sees {} of the relay's records for the same {} events: {} from \
+             aborted Kafka transactions",
+            seen.len(),
+            report.unique,
+            seen.len() - records.len()
+        );
+    }
     assert!(report.unique > 1_000, "the workload committed too little to prove anything: {}", report.unique);
     if dedup {
         assert_eq!(
@@ -291,22 +317,33 @@ fn duplicated(records: &[Consumed]) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn replication_delivers_exactly_once_through_kills_restarts_and_a_frozen_broker() {
-    run_faults("replication", true).await;
+    run_faults("replication", true, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replication_with_kafka_transactions_delivers_exactly_once_through_kills_restarts_and_a_frozen_broker()
+ {
+    run_faults("replication", true, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn polling_with_kafka_transactions_delivers_exactly_once_through_kills_restarts_and_a_frozen_broker() {
+    run_faults("polling", true, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn polling_delivers_exactly_once_through_kills_restarts_and_a_frozen_broker() {
-    run_faults("polling", true).await;
+    run_faults("polling", true, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn replication_with_dedup_off_delivers_at_least_once_and_counts_duplicates() {
-    run_faults("replication", false).await;
+    run_faults("replication", false, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn polling_with_dedup_off_delivers_at_least_once_and_counts_duplicates() {
-    run_faults("polling", false).await;
+    run_faults("polling", false, false).await;
 }
 
 /// A replication setup on the shared services, with the test's aggregates.

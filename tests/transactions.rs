@@ -24,6 +24,7 @@ pub fn isolated_consumer(brokers: &str, topic: &str, isolation: &str) -> StreamC
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")
         .set("isolation.level", isolation)
+        .set("fetch.wait.max.ms", "10")
         .create()
         .unwrap();
     consumer.subscribe(&[topic]).unwrap();
@@ -52,8 +53,9 @@ async fn consume_ids(consumer: &StreamConsumer, unique: usize) -> Vec<Consumed> 
 /// A setup whose relay uses Kafka transactions, with `kafka` settings added to [`QUICK_KAFKA_SETTINGS`].
 async fn transactional_setup(mode: &str, brokers: &str, kafka: &str) -> Setup {
     let kafka = format!("transactional = true\n{kafka}\n{QUICK_KAFKA_SETTINGS}");
-    let s = Setup::create(brokers, &kafka, true, |slot| RelayToml::replication(slot).set("source", "mode", mode))
-        .await;
+    let s =
+        Setup::create(brokers, &kafka, true, |slot| RelayToml::replication(slot).set("source", "mode", mode))
+            .await;
     create_aggregates(&s.db.client().await, AGGREGATES).await;
     s
 }
@@ -84,4 +86,181 @@ async fn replication_publishes_each_event_once_in_kafka_transactions() {
 #[tokio::test(flavor = "multi_thread")]
 async fn polling_publishes_each_event_once_in_kafka_transactions() {
     publishes_each_event_once_in_transactions("polling").await;
+}
+
+/// The backends holding advisory locks in `client`'s database: the active polling relay's
+/// leader session.
+async fn terminate_lock_holders(client: &tokio_postgres::Client) -> i64 {
+    let row = client
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            &[],
+        )
+        .await
+        .unwrap();
+    row.get(0)
+}
+
+/// Waits until a relay's claim transaction is open (`idle in transaction`: it waits for Kafka).
+async fn wait_claim_open(client: &tokio_postgres::Client) {
+    wait_until("a claim to wait for Kafka", async || {
+        let row = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'outbox-relay' \
+                 AND datname = current_database() AND state = 'idle in transaction'",
+                &[],
+            )
+            .await
+            .unwrap();
+        row.get::<_, i64>(0) > 0
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_frozen_relay_that_comes_back_is_fenced_and_nothing_it_sent_becomes_visible() {
+    // given two polling relays with Kafka transactions on a broker of their own, the active one
+    // having published 100 events
+    let broker = common::broker::OwnBroker::start();
+    let kafka = format!("transactional = true\n{QUICK_KAFKA_SETTINGS}");
+    let s = Setup::create(&broker.brokers(), &kafka, false, |_| {
+        RelayToml::mode("polling")
+            .set("polling", "poll_interval_ms", 100)
+            .set("polling", "claim_timeout_ms", 120_000)
+            .set("retry", "initial_backoff_ms", 100)
+            .set("retry", "max_backoff_ms", 500)
+    })
+    .await;
+    create_topic_on(&broker.brokers(), &s.topic, 4).await;
+    let client = s.db.client().await;
+    create_aggregates(&client, AGGREGATES).await;
+    write_concurrently(&s.db.url, &s.aggregate_type, AGGREGATES, 100, 1).await;
+    let a = s.start("a");
+    a.wait_ready("active").await;
+    let b = s.start("b");
+    wait_until("the outbox to empty", async || s.outbox_rows().await == 0).await;
+
+    // when the broker stalls while 50 more are claimed and sent, the active relay is frozen
+    // (SIGSTOP) with its Kafka transaction open, the broker comes back, the database ends the
+    // frozen relay's session, and the standby takes over and publishes the 50
+    broker.freeze();
+    // (the events per aggregate committed so far, these 50 included)
+    let committed = write_concurrently(&s.db.url, &s.aggregate_type, AGGREGATES, 50, 1).await;
+    wait_claim_open(&client).await;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    common::broker::signal(a.pid(), "-STOP");
+    broker.thaw();
+    assert!(terminate_lock_holders(&client).await > 0, "the frozen relay held the polling lock");
+    b.wait_ready("active").await;
+    wait_until("the standby to publish the 50", async || s.outbox_rows().await == 0).await;
+    // and the frozen relay comes back (SIGCONT), its records acknowledged, its commit owed
+    common::broker::signal(a.pid(), "-CONT");
+
+    // then it is fenced: it says so, and stands by
+    wait_until(a.context("the relay that came back to say it is fenced".into()), async || {
+        a.log_text().contains("fenced")
+    })
+    .await;
+    // and a read_committed consumer sees every event once, in order: nothing of the fenced
+    // relay's transaction
+    let consumer = isolated_consumer(&broker.brokers(), &s.topic, "read_committed");
+    let records = consume_ids(&consumer, 150).await;
+    let report = assert_delivered(&records, &committed);
+    assert_eq!((report.unique, report.duplicates), (150, 0), "{}\n{}", a.log_text(), b.log_text());
+    assert!(b.readyz().is_some_and(|(_, body)| body.starts_with("active")), "the standby stays active");
+    let uncommitted = isolated_consumer(&broker.brokers(), &s.topic, "read_uncommitted");
+    let seen = consume_ids(&uncommitted, 150).await;
+    eprintln!(
+        "a fenced zombie: read_committed sees {} records for 150 events, read_uncommitted {} (the zombie's aborted \
+         transaction included)",
+        records.len(),
+        seen.len()
+    );
+}
+
+/// Writes `events` events of aggregate `aggregate` in ONE PostgreSQL transaction, in seq order.
+async fn write_one_large_transaction(
+    client: &tokio_postgres::Client,
+    aggregate_type: &str,
+    aggregate: &str,
+    events: i64,
+) {
+    client
+        .execute(
+            "WITH s AS (UPDATE test_aggregates SET seq = seq + $3 WHERE id = $1 RETURNING seq - $3 AS base) \
+             INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+             SELECT $2, $1, 'SeqEvent', jsonb_build_object('seq', s.base + g) \
+             FROM s, generate_series(1::bigint, $3) g ORDER BY g",
+            &[&aggregate, &aggregate_type, &events],
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relay_frozen_mid_transaction_is_fenced_by_the_standby_and_its_records_stay_invisible() {
+    // given two replication relays with Kafka transactions large enough for one PostgreSQL
+    // transaction of 50,000 events, on a broker of their own
+    const EVENTS: i64 = 50_000;
+    let broker = common::broker::OwnBroker::start();
+    let kafka = format!("transactional = true\ntransaction_max_events = 100000\n{QUICK_KAFKA_SETTINGS}");
+    let s = Setup::create(&broker.brokers(), &kafka, false, |slot| {
+        RelayToml::replication(slot)
+            .set("replication", "max_in_flight_events", 100_000)
+            .set("replication", "max_in_flight_bytes", 100_000_000)
+            .set("retry", "initial_backoff_ms", 100)
+            .set("retry", "max_backoff_ms", 500)
+    })
+    .await;
+    create_topic_on(&broker.brokers(), &s.topic, 4).await;
+    let client = s.db.client().await;
+    create_aggregates(&client, 1).await;
+    let a = s.start("a");
+    a.wait_ready("active").await;
+    let b = s.start("b");
+
+    // when the active relay is frozen (SIGSTOP) once the first of those events is in the log,
+    // uncommitted, the database ends its sessions (as wal_sender_timeout and TCP keepalives
+    // would), and the standby takes over and publishes them
+    let uncommitted = isolated_consumer(&broker.brokers(), &s.topic, "read_uncommitted");
+    write_one_large_transaction(&client, &s.aggregate_type, "agg-0", EVENTS).await;
+    assert!(!consume(&uncommitted, 1, IDLE).await.is_empty(), "{}", a.log_text());
+    common::broker::signal(a.pid(), "-STOP");
+    client
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'outbox-relay' \
+             AND datname = current_database()",
+            &[],
+        )
+        .await
+        .unwrap();
+    b.wait_ready("active").await;
+    let committed = isolated_consumer(&broker.brokers(), &s.topic, "read_committed");
+    let records = consume_ids(&committed, EVENTS as usize).await;
+    // and the frozen relay comes back (SIGCONT)
+    common::broker::signal(a.pid(), "-CONT");
+
+    // then it is fenced, says so, and sends nothing more
+    wait_until(a.context("the relay that came back to say it is fenced".into()), async || {
+        a.log_text().contains("fenced")
+    })
+    .await;
+    // and a read_committed consumer saw each event once, in order; a read_uncommitted one also
+    // sees the records of the fenced relay's aborted transaction
+    let report = assert_delivered(&records, &committed_counts(&client).await);
+    assert_eq!((report.unique, report.duplicates), (EVENTS as usize, 0), "{}", b.log_text());
+    let late = consume(&committed, usize::MAX, LINGER).await;
+    assert!(late.is_empty(), "{} records became visible after the fencing", late.len());
+    let all =
+        consume_ids(&isolated_consumer(&broker.brokers(), &s.topic, "read_uncommitted"), EVENTS as usize)
+            .await;
+    eprintln!(
+        "a relay frozen mid-transaction: read_committed sees {} records for {EVENTS} events, read_uncommitted {} \
+         ({} of the fenced relay's aborted transaction)",
+        records.len(),
+        all.len(),
+        all.len() - records.len()
+    );
+    assert!(all.len() > records.len(), "the frozen relay's records were in the log before it was fenced");
 }

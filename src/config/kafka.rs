@@ -26,8 +26,8 @@ use rdkafka::types::RDKafkaConfRes;
 use super::{
     ConfigError, DEFAULT_KAFKA_CLIENT_ID, DEFAULT_KAFKA_COMPRESSION, DEFAULT_KAFKA_LINGER_MS,
     DEFAULT_KAFKA_MESSAGE_TIMEOUT_MS, DEFAULT_KAFKA_STALL_WARNING_MS, DEFAULT_KAFKA_TRANSACTION_MAX_BYTES,
-    DEFAULT_KAFKA_TRANSACTION_MAX_EVENTS, DEFAULT_KAFKA_TRANSACTION_MAX_MS, DEFAULT_KAFKA_TRANSACTION_TIMEOUT_MS,
-    Secret,
+    DEFAULT_KAFKA_TRANSACTION_MAX_EVENTS, DEFAULT_KAFKA_TRANSACTION_MAX_MS,
+    DEFAULT_KAFKA_TRANSACTION_TIMEOUT_MS, Secret,
 };
 
 /// Environment variables with this prefix are secret librdkafka properties.
@@ -263,7 +263,10 @@ impl KafkaConfig {
             ));
         }
         if !(1..=1_000_000).contains(&self.transaction_max_events) {
-            return Err(ConfigError::invalid("kafka.transaction_max_events", "must be between 1 and 1000000"));
+            return Err(ConfigError::invalid(
+                "kafka.transaction_max_events",
+                "must be between 1 and 1000000",
+            ));
         }
         if !(1_024..=1 << 30).contains(&self.transaction_max_bytes) {
             return Err(ConfigError::invalid(

@@ -233,7 +233,9 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
             PublishError::Transient { detail, .. } => {
                 Err(RelayError::Kafka(format!("event {} not acknowledged: {detail}", event.id)))
             }
-            PublishError::Permanent(reason) if self.transaction.is_some() => Err(self.refused_in_transaction(event, reason)),
+            PublishError::Permanent(reason) if self.transaction.is_some() => {
+                Err(self.refused_in_transaction(event, reason))
+            }
             PublishError::Permanent(_) if resent => {
                 self.held.as_mut().expect("held").resending = None;
                 Ok(None)

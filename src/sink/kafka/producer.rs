@@ -80,7 +80,10 @@ pub(super) struct Channel {
 }
 
 /// A producer for `config`, transactional under `transactional_id` when given.
-pub(super) fn create_producer(config: &KafkaConfig, transactional_id: Option<&str>) -> Result<Channel, KafkaError> {
+pub(super) fn create_producer(
+    config: &KafkaConfig,
+    transactional_id: Option<&str>,
+) -> Result<Channel, KafkaError> {
     let (refusals, reports) = mpsc::unbounded_channel();
     let settings = match transactional_id {
         Some(id) => transactional_producer_config(config, id),

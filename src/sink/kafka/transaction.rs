@@ -44,7 +44,11 @@ pub(super) fn commit(producer: &RecordProducer, id: &str, timeout: Duration) -> 
                 return Err(RelayError::Kafka(format!(
                     "the Kafka transaction could not commit ({e}) and was aborted{}: nothing of it is visible to \
                      read_committed consumers, and its events are sent again",
-                    if aborted.is_ok() { "" } else { " (the abort failed too: the brokers abort it at kafka.transaction_timeout_ms)" }
+                    if aborted.is_ok() {
+                        ""
+                    } else {
+                        " (the abort failed too: the brokers abort it at kafka.transaction_timeout_ms)"
+                    }
                 )));
             }
             Err(e) => return Err(failed(producer, id, "commit the transaction", e)),
