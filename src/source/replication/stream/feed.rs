@@ -110,7 +110,8 @@ impl<'a, S: Sink> Feed<'a, S> {
     /// Whether to read on: nothing is held, the records in flight are under both bounds, and
     /// no Kafka transaction waits to commit here.
     pub(super) fn reading(&self) -> bool {
-        !self.bounded() && !(self.open.is_none() && self.delivery.commit_due(self.idle))
+        let commit_waits = self.open.is_none() && self.delivery.commit_due(self.idle);
+        !self.bounded() && !commit_waits
     }
 
     /// Reading cannot go on: the stage holds, or the records in flight (with Kafka
