@@ -442,3 +442,30 @@ fn contradictory_topic_routing_is_refused_naming_the_setting() {
         assert!(load(&toml, &[]).is_ok(), "{allowed}");
     }
 }
+
+#[test]
+fn kafka_transaction_settings_are_checked_naming_the_key() {
+    let refused = |extra: &str| load(&format!("{MINIMAL}{extra}"), &[]).unwrap_err().to_string();
+    let err = refused("transactional = true\nmessage_timeout_ms = 120000\n");
+    assert!(
+        err.starts_with("kafka.message_timeout_ms:") && err.contains("transaction_timeout_ms (60000)"),
+        "{err}"
+    );
+    let err = refused("transactional_id = \"two words\"\n");
+    assert!(err.starts_with("kafka.transactional_id:"), "{err}");
+    let err = refused("transaction_timeout_ms = 500\n");
+    assert!(err.starts_with("kafka.transaction_timeout_ms:"), "{err}");
+    let err = refused("transaction_max_ms = 40000\n");
+    assert!(err.starts_with("kafka.transaction_max_ms:") && err.contains("half"), "{err}");
+    let err = refused("transaction_max_events = 0\n");
+    assert!(err.starts_with("kafka.transaction_max_events:"), "{err}");
+    let err = refused("[kafka.properties]\n\"transactional.id\" = \"x\"\n");
+    assert!(err.contains("\"transactional.id\"") && err.contains("kafka.transactional"), "{err}");
+    // without transactions a long message timeout is no conflict; with them 0 is "until the
+    // transaction timeout"
+    assert!(load(&format!("{MINIMAL}message_timeout_ms = 120000\n"), &[]).is_ok());
+    let on = load(&format!("{MINIMAL}transactional = true\n"), &[]).unwrap();
+    let producer = crate::sink::kafka::transactional_producer_config(&on.kafka, "id");
+    assert_eq!(producer.get("message.timeout.ms"), Some("60000"));
+    assert_eq!(producer.get("transactional.id"), Some("id"));
+}

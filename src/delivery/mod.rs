@@ -225,6 +225,8 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
             return Ok(Some(Settled::Acked(position)));
         };
         if let Some(fenced) = self.sink.fenced() {
+            let outcome = crate::observe::metrics::TransactionOutcome::Fenced;
+            metrics().kafka_transactions.with_label_values(&[outcome.label()]).inc();
             return Err(fenced);
         }
         let failure = self.sink.classify(&event, &e).await;
@@ -263,6 +265,8 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
             "the next session dead-letters it without sending it and commits the rest"
         };
         self.dead_letters.remember_refused(DeadLetter::refused(event, reason.clone()));
+        let outcome = crate::observe::metrics::TransactionOutcome::Aborted;
+        metrics().kafka_transactions.with_label_values(&[outcome.label()]).inc();
         RelayError::Kafka(format!(
             "Kafka refused event {id} inside a Kafka transaction ({reason}): the transaction is aborted, so nothing of \
              it is visible to read_committed consumers; {then}"

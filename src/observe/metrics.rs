@@ -21,7 +21,7 @@ use crate::lsn::Lsn;
 
 mod labels;
 pub(crate) use labels::labels;
-pub use labels::{ErrorType, Mode, ScanResult, SkippedKind, WalStatus};
+pub use labels::{ErrorType, Mode, ScanResult, SkippedKind, TransactionOutcome, WalStatus};
 
 pub const EVENTS_READ: &str = "outbox_relay_events_read_total";
 pub const EVENTS_PUBLISHED: &str = "outbox_relay_events_published_total";
@@ -58,6 +58,7 @@ pub const STREAM_MESSAGES_SKIPPED: &str = "outbox_relay_stream_messages_skipped_
 pub const DEDUP_SKIPPED: &str = "outbox_relay_dedup_skipped_total";
 pub const DEDUP_SCANS: &str = "outbox_relay_dedup_scans_total";
 pub const DEDUP_SCANNED_RECORDS: &str = "outbox_relay_dedup_scanned_records_total";
+pub const KAFKA_TRANSACTIONS: &str = "outbox_relay_kafka_transactions_total";
 pub const DEAD_LETTERS_OUTSTANDING: &str = "outbox_relay_dead_letters_outstanding";
 pub const DEAD_LETTERS_OLDEST_AGE: &str = "outbox_relay_dead_letters_oldest_age_seconds";
 pub const DEFAULT_PARTITION_ROWS: &str = "outbox_relay_outbox_default_partition_rows";
@@ -140,6 +141,10 @@ pub const ALL: &[(&str, &str)] = &[
     ),
     (DEDUP_SCANNED_RECORDS, "Records read back from topics to find what they already hold"),
     (
+        KAFKA_TRANSACTIONS,
+        "Kafka transactions that ended (kafka.transactional), by outcome: committed, aborted (sent again), fenced (another producer of the transactional.id took over)",
+    ),
+    (
         DEAD_LETTERS_OUTSTANDING,
         "Rows of this outbox waiting in the dead-letter table (sampled; capped at 1e6; -1: the table cannot be read)",
     ),
@@ -198,6 +203,7 @@ pub struct Metrics {
     pub dedup_skipped: IntCounterVec,
     pub dedup_scans: IntCounterVec,
     pub dedup_scanned_records: IntCounter,
+    pub kafka_transactions: IntCounterVec,
     pub dead_letters_outstanding: IntGauge,
     pub dead_letters_oldest_age: Gauge,
     pub default_partition_rows: IntGauge,
@@ -282,6 +288,7 @@ impl Metrics {
                 &r,
                 IntCounter::new(DEDUP_SCANNED_RECORDS, help(DEDUP_SCANNED_RECORDS)).expect("valid metric"),
             ),
+            kafka_transactions: counter(&r, KAFKA_TRANSACTIONS, &["outcome"]),
             dead_letters_outstanding: int_gauge(&r, DEAD_LETTERS_OUTSTANDING),
             dead_letters_oldest_age: gauge(&r, DEAD_LETTERS_OLDEST_AGE),
             default_partition_rows: int_gauge(&r, DEFAULT_PARTITION_ROWS),
@@ -328,6 +335,9 @@ impl Metrics {
         }
         for result in ScanResult::ALL {
             self.dedup_scans.with_label_values(&[result.label()]);
+        }
+        for outcome in TransactionOutcome::ALL {
+            self.kafka_transactions.with_label_values(&[outcome.label()]);
         }
         self.build_info.with_label_values(&[version, mode.label()]).set(1.0);
         self.slot_idle_timeout_remaining.set(-1.0);

@@ -125,6 +125,17 @@ labels! {
     }
 }
 
+labels! {
+    /// `outcome` of `outbox_relay_kafka_transactions_total`: how a Kafka transaction ended.
+    pub enum TransactionOutcome {
+        Committed = "committed",
+        /// Aborted (a record refused, an abortable error): its events are sent again.
+        Aborted = "aborted",
+        /// Another producer of the `transactional.id` took over: this instance stands by.
+        Fenced = "fenced",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
@@ -143,6 +154,7 @@ mod tests {
         assert!(distinct(SkippedKind::ALL, SkippedKind::label));
         assert!(distinct(WalStatus::ALL, WalStatus::label));
         assert!(distinct(ScanResult::ALL, ScanResult::label));
+        assert!(distinct(TransactionOutcome::ALL, TransactionOutcome::label));
         assert!(distinct(FatalReason::ALL, FatalReason::label));
     }
 

@@ -25,6 +25,7 @@ use tokio::sync::{Mutex, MutexGuard, mpsc};
 use crate::config::KafkaConfig;
 use crate::delivery::record::KafkaRecord;
 use crate::error::RelayError;
+use crate::observe::metrics::{TransactionOutcome, metrics};
 
 mod classify;
 mod client;
@@ -34,6 +35,8 @@ mod transaction;
 
 pub(crate) use classify::PublishError;
 use classify::{error_type, topic_is_unknown};
+#[cfg(test)]
+pub(crate) use client::transactional_producer_config;
 pub(crate) use client::{ReaderContext, log_librdkafka, reader_config};
 pub use client::{client_config, producer_config};
 use producer::{Channel, RecordProducer, create_producer};
@@ -153,6 +156,12 @@ impl KafkaSink {
             Ok(result) => result,
             Err(e) => Err(RelayError::Kafka(format!("committing the Kafka transaction failed: {e}"))),
         };
+        let outcome = match &result {
+            Ok(()) => TransactionOutcome::Committed,
+            Err(RelayError::Standby(_)) => TransactionOutcome::Fenced,
+            Err(_) => TransactionOutcome::Aborted,
+        };
+        metrics().kafka_transactions.with_label_values(&[outcome.label()]).inc();
         if result.is_err() {
             self.initialized.store(false, Ordering::SeqCst);
         }
