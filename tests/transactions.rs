@@ -264,3 +264,57 @@ async fn a_relay_frozen_mid_transaction_is_fenced_by_the_standby_and_its_records
     );
     assert!(all.len() > records.len(), "the frozen relay's records were in the log before it was fenced");
 }
+
+/// A record Kafka refuses inside a transaction, in `mode`: see the test below.
+async fn a_refused_record_is_dead_lettered_and_the_rest_of_its_transaction_commits(mode: &str) {
+    // given a relay with Kafka transactions whose producer refuses records over 2,000 bytes
+    let kafka = "transactional = true\n[kafka.properties]\n\"message.max.bytes\" = \"2000\"";
+    let s = Setup::create(&services().kafka, kafka, true, |slot| {
+        RelayToml::replication(slot).set("source", "mode", mode).set("retry", "initial_backoff_ms", 100).set(
+            "retry",
+            "max_backoff_ms",
+            500,
+        )
+    })
+    .await;
+    let client = s.db.client().await;
+    let relay = s.start("relay");
+    relay.wait_ready("active").await;
+
+    // when one PostgreSQL transaction writes three events of one aggregate, the second too large
+    client
+        .execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES \
+             ($1, 'k', 'E', '{\"n\": 1}'), ($1, 'k', 'E', jsonb_build_object('n', 2, 'pad', repeat('x', 3000))), \
+             ($1, 'k', 'E', '{\"n\": 3}')",
+            &[&s.aggregate_type],
+        )
+        .await
+        .unwrap();
+
+    // then the transaction that held it is aborted, the next session dead-letters it unsent,
+    // and the other two arrive once each, in order, to a read_committed consumer
+    let consumer = isolated_consumer(&services().kafka, &s.topic, "read_committed");
+    let records = consume_ids(&consumer, 2).await;
+    let payloads: Vec<&str> = records.iter().filter_map(|r| r.payload.as_deref()).collect();
+    assert_eq!(payloads, ["{\"n\": 1}", "{\"n\": 3}"], "{}", relay.log_text());
+    let reason: String = client
+        .query_one("SELECT reason FROM outbox_dead_letter WHERE row_data ->> 'payload' LIKE '%pad%'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(reason.contains("too large"), "{reason}");
+    let aborted = relay.metric("outbox_relay_kafka_transactions_total{outcome=\"aborted\"}");
+    assert!(aborted.is_some_and(|n| n >= 1.0), "{}", relay.log_text());
+    assert!(relay.log_text().contains("inside a Kafka transaction"), "{}", relay.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replication_dead_letters_a_record_kafka_refuses_in_a_transaction_and_commits_the_rest() {
+    a_refused_record_is_dead_lettered_and_the_rest_of_its_transaction_commits("replication").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn polling_dead_letters_a_record_kafka_refuses_in_a_transaction_and_commits_the_rest() {
+    a_refused_record_is_dead_lettered_and_the_rest_of_its_transaction_commits("polling").await;
+}
