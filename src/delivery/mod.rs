@@ -300,7 +300,21 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
             return Ok(Vec::new());
         }
         debug_assert_eq!(self.in_flight.records(), 0, "a commit with records in flight");
-        self.sink.commit().await?;
+        // a commit Kafka does not answer is a stall like a record it does not acknowledge
+        self.stall.waiting();
+        let committed = {
+            let (commit, pulse) = (self.sink.commit(), self.pulse);
+            tokio::pin!(commit);
+            let mut check = tokio::time::interval(self.stall.period());
+            loop {
+                tokio::select! {
+                    done = &mut commit => break done,
+                    _ = check.tick() => self.stall.check(1, pulse),
+                }
+            }
+        };
+        self.stall.check(0, self.pulse);
+        committed?;
         let acked = self.transaction.as_mut().expect("open").committed();
         if !acked.is_empty() {
             self.pulse.progressed();

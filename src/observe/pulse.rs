@@ -37,6 +37,20 @@ impl Pulse {
         self.health.tick();
     }
 
+    /// Awaits `work`, ticking every second meanwhile: a long wait that is no hang (a Kafka
+    /// transaction initialized or committed, up to `kafka.transaction_timeout_ms`) does not
+    /// fail the liveness probe.
+    pub async fn alive_while<T>(&self, work: impl std::future::Future<Output = T>) -> T {
+        tokio::pin!(work);
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                done = &mut work => return done,
+                _ = tick.tick() => self.tick(),
+            }
+        }
+    }
+
     /// This session is now the active instance.
     pub fn active(&self) {
         self.health.set_phase(Phase::Active);

@@ -30,7 +30,10 @@ pub fn client_config(kafka: &KafkaConfig) -> ClientConfig {
 /// assigns partitions only in a group, which is never joined, but it looks the group's
 /// coordinator up: under an authorizer the principal needs DESCRIBE on that group, besides
 /// READ and DESCRIBE on the topics), each partition's end reported, a
-/// short fetch wait (every read ends at a partition's end), librdkafka's own log at errors only.
+/// short fetch wait (every read ends at a partition's end), librdkafka's own log at errors only,
+/// and `read_committed` (librdkafka's default, said here because the read-back depends on it):
+/// with `kafka.transactional` a record of an aborted or still open transaction is not held by
+/// the topic, and must be sent again.
 pub(crate) fn reader_config(kafka: &KafkaConfig, purpose: &str, fetch_wait_ms: u32) -> ClientConfig {
     let mut cc = client_config(kafka);
     cc.set("group.id", format!("{}-{purpose}", kafka.client_id))
@@ -39,6 +42,7 @@ pub(crate) fn reader_config(kafka: &KafkaConfig, purpose: &str, fetch_wait_ms: u
         .set("enable.partition.eof", "true")
         .set("auto.offset.reset", "earliest")
         .set("fetch.wait.max.ms", fetch_wait_ms.to_string())
+        .set("isolation.level", "read_committed")
         .set("log_level", "3");
     cc
 }

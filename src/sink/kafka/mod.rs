@@ -199,12 +199,9 @@ impl KafkaSink {
     /// After a failed session: a fresh producer (see [`KafkaSink::reset`]); a failure to make
     /// one is logged, and the next session fails on the old one and tries again.
     pub(crate) fn recover(&mut self) {
-        if self.transactional_id.is_some() {
-            // the next active session starts a fresh producer: making it here would not fence
-            // anything, but a standby must never initialize one (see `activate`)
-            self.initialized.store(false, Ordering::SeqCst);
-            return;
-        }
+        // with transactions the next active session initializes a fresh producer again (a
+        // standby never does, see `activate`); the failed one stops sending now either way
+        self.initialized.store(false, Ordering::SeqCst);
         if let Err(e) = self.reset() {
             tracing::warn!(error = %e, "cannot recreate the Kafka producer");
         }

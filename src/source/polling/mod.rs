@@ -107,7 +107,7 @@ impl<S: Sink> Source for PollingSource<S> {
         let mut session = self.connect().await?;
         let lookback = self.lead(&mut session, pulse).await?;
         // only the leader: it may fence earlier producers (kafka.transactional)
-        self.sink.activate().await?;
+        pulse.alive_while(self.sink.activate()).await?;
         let dedup = Dedup::new(&self.config, MODE, lookback, self.sink.source(), shutdown);
         let mut delivery =
             Delivery::new(&self.sink, &self.dead_letters, &self.config.kafka, dedup, pulse, MODE);

@@ -146,7 +146,7 @@ impl<S: Sink> ReplicationSource<S> {
         tracing::info!(slot = %slot_name, %confirmed, table = %self.table.display_name(), "active: streaming from the slot");
         pulse.active();
         // (after the copy's activation, this does nothing)
-        self.sink.activate().await?;
+        pulse.alive_while(self.sink.activate()).await?;
         let dedup = Dedup::new(&self.config, MODE, Lookback::Since(confirmed), self.sink.source(), shutdown);
         let delivery = Delivery::new(&self.sink, &self.dead_letters, &self.config.kafka, dedup, pulse, MODE);
         let (outbox, replication) = (&self.config.outbox, &self.config.replication);

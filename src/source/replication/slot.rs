@@ -441,7 +441,7 @@ pub(super) async fn create_and_copy<S: Sink>(
     client.execute(CREATED_SQL, &[slot, &consistent_point.to_string()]).await?;
     tracing::info!(%slot, %consistent_point, "created the slot; publishing the rows already in the table");
     // the slot is this session's: it may fence earlier producers (kafka.transactional)
-    source.sink.activate().await?;
+    pulse.alive_while(source.sink.activate()).await?;
     // any row of the table may be in the topic already (a copy that was interrupted, or the
     // slot recreated after it was lost): read back everything the topics hold from this source
     let dedup = Dedup::new(&source.config, MODE, Lookback::Everything, source.sink.source(), shutdown);
