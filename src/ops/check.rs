@@ -81,8 +81,31 @@ pub async fn run(config: &RelayConfig) -> Vec<Finding> {
     if let (Some(client), Some(topics)) = (&client, &topics) {
         findings.push(topics::finding(config, client, topics).await);
     }
+    if let (Some(client), true) = (&client, config.kafka.transactional) {
+        findings.push(transactions_finding(config, client).await);
+    }
     findings.extend(security::config_findings(config));
     findings
+}
+
+/// With Kafka transactions: the `transactional.id` the relay will use and the grant it needs.
+/// Not tried: initializing transactions under that id would fence the running relay.
+async fn transactions_finding(config: &RelayConfig, client: &Client) -> Finding {
+    let id = match config.kafka.transactional_id.as_str() {
+        "" => match crate::sink::dedup::source_identity(client, config).await {
+            Ok(source) => format!("outbox-relay:{source}"),
+            Err(e) => return Finding::fail("kafka.transactional", format!("cannot derive the id: {e}"), ""),
+        },
+        id => id.to_string(),
+    };
+    Finding::ok(
+        "kafka.transactional",
+        format!(
+            "transactional.id \"{id}\": {} needs WRITE and DESCRIBE on TransactionalId \"{id}\" (not tried: it \
+             would fence the running relay; without it the relay stops, naming the grant)",
+            config.kafka.principal()
+        ),
+    )
 }
 
 async fn connect(config: &RelayConfig) -> Result<(Client, Endpoint), Finding> {
