@@ -1,12 +1,18 @@
 //! Broker faults on Apache Kafka, each on a broker or cluster of the test's own: a broker killed
-//! with SIGKILL and restarted on its log directory, the leader of the relay's partitions killed,
-//! two of three brokers stopped (acks=all refused with NotEnoughReplicas), partitions added
-//! while the relay runs, records deleted from a partition's start before a read-back. Each
-//! asserts no loss, no phantom and per-key order on what arrived, and counts duplicates.
+//! with SIGKILL and restarted on its log directory, the leader of the relay's partitions killed
+//! (with `kafka.transactional`: the broker that is both a partition leader and the transaction
+//! coordinator of the relay's transactional.id, mid-transaction), two of three brokers stopped
+//! (acks=all refused with NotEnoughReplicas), partitions added while the relay runs, records
+//! deleted from a partition's start before a read-back. Each asserts no loss, no phantom (no
+//! event of a rolled-back PostgreSQL transaction) and per-key order on what arrived, and counts
+//! duplicates; with Kafka transactions a `read_committed` consumer must see no duplicate.
 
 use crate::common;
+use crate::transactions::isolated_consumer;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::broker::OwnBroker;
@@ -28,8 +34,15 @@ async fn relay_on(broker: &OwnBroker, partitions: i32) -> (Setup, RelayProcess) 
 
 /// As [`relay_on`], on the brokers `brokers`.
 async fn relay_on_brokers(brokers: &str, partitions: i32) -> (Setup, RelayProcess) {
-    let s = Setup::create(brokers, QUICK_KAFKA_SETTINGS, false, |slot| {
-        RelayToml::replication(slot).set("retry", "initial_backoff_ms", 100).set(
+    start_relay(brokers, partitions, "replication", "").await
+}
+
+/// A relay in `mode` on the brokers `brokers`, with `kafka` lines added to its `[kafka]`
+/// section, a topic of `partitions` and `AGGREGATES` aggregates to write to; quick retries.
+async fn start_relay(brokers: &str, partitions: i32, mode: &str, kafka: &str) -> (Setup, RelayProcess) {
+    let kafka = format!("{kafka}\n{QUICK_KAFKA_SETTINGS}");
+    let s = Setup::create(brokers, &kafka, false, |slot| {
+        RelayToml::either(mode, slot).set("retry", "initial_backoff_ms", 100).set(
             "retry",
             "max_backoff_ms",
             1000,
@@ -43,26 +56,81 @@ async fn relay_on_brokers(brokers: &str, partitions: i32) -> (Setup, RelayProces
     (s, relay)
 }
 
-/// Writes `total` events in the background, in transactions of 1-5 over the aggregates.
-fn write_in_background(s: &Setup, total: usize) -> tokio::task::JoinHandle<HashMap<String, i64>> {
+/// What the background writers left in the outbox.
+struct Written {
+    /// Events committed, per aggregate.
+    committed: HashMap<String, i64>,
+    /// The ids of the events whose PostgreSQL transactions rolled back: no consumer may see one.
+    rolled_back: HashSet<String>,
+}
+
+/// Writes `total` events in the background, in transactions of 1-5 over the aggregates, and
+/// beside them transactions of the same shape that roll back, until the last commit.
+fn write_in_background(s: &Setup, total: usize) -> tokio::task::JoinHandle<Written> {
     let url = s.db.url.clone();
     let aggregate_type = s.aggregate_type.clone();
-    tokio::spawn(async move { write_concurrently(&url, &aggregate_type, AGGREGATES, total, 2).await })
+    tokio::spawn(async move {
+        let done = Arc::new(AtomicBool::new(false));
+        let rolling_back = tokio::spawn(roll_back_until(url.clone(), aggregate_type.clone(), done.clone()));
+        let committed = write_concurrently(&url, &aggregate_type, AGGREGATES, total, 2).await;
+        done.store(true, Ordering::SeqCst);
+        Written { committed, rolled_back: rolling_back.await.unwrap() }
+    })
 }
 
-/// Waits until Kafka acknowledged at least `n` events of the relay's.
-async fn wait_acknowledged(relay: &RelayProcess, n: f64) {
-    relay.wait_metric("outbox_relay_events_published_total{mode=\"replication\"}", |v| v >= n).await;
+/// Writes transactions of 1-3 events and rolls each back, until `done`; returns the ids their
+/// rows had (a sequence value is not rolled back, so no committed row ever takes one).
+async fn roll_back_until(url: String, aggregate_type: String, done: Arc<AtomicBool>) -> HashSet<String> {
+    let mut client = connect(&url).await;
+    let mut ids = HashSet::new();
+    while !done.load(Ordering::SeqCst) {
+        let aggregate = format!("agg-{}", rand::random_range(0..AGGREGATES));
+        let tx = client.transaction().await.unwrap();
+        for _ in 0..rand::random_range(1..=3) {
+            let row = tx
+                .query_one(
+                    "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+                     VALUES ($1, $2, 'SeqEvent', '{\"seq\": -1}') RETURNING id",
+                    &[&aggregate_type, &aggregate],
+                )
+                .await
+                .unwrap();
+            ids.insert(row.get::<_, i64>(0).to_string());
+        }
+        tx.rollback().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    ids
 }
 
-/// Consumes every committed event (and late duplicates), asserts no loss, no phantom and
-/// per-key order, and prints the duplicates.
+/// Asserts that no record of `records` is an event of a rolled-back PostgreSQL transaction.
+fn assert_none_rolled_back(records: &[Consumed], rolled_back: &HashSet<String>) {
+    assert!(!rolled_back.is_empty(), "the workload must roll transactions back");
+    let phantoms: Vec<&str> =
+        records.iter().filter_map(|r| r.header("id")).filter(|id| rolled_back.contains(*id)).collect();
+    assert!(phantoms.is_empty(), "events of rolled-back transactions arrived: {phantoms:?}");
+}
+
+/// The `events_published_total` series of `mode`.
+fn published(mode: &str) -> String {
+    format!("outbox_relay_events_published_total{{mode=\"{mode}\"}}")
+}
+
+/// Waits until Kafka acknowledged (with `kafka.transactional`: committed) at least `n` events
+/// of the relay's in `mode`.
+async fn wait_acknowledged(relay: &RelayProcess, mode: &str, n: f64) {
+    relay.wait_metric(&published(mode), |v| v >= n).await;
+}
+
+/// Consumes every committed event (and late duplicates) with librdkafka's default isolation
+/// (`read_committed`), asserts no loss, no phantom and per-key order, and prints the
+/// duplicates. Returns the records.
 async fn assert_all_arrived(
     brokers: &str,
     s: &Setup,
     committed: &HashMap<String, i64>,
     relay: &RelayProcess,
-) {
+) -> Vec<Consumed> {
     let total: i64 = committed.values().sum();
     let consumer = consumer_on(brokers, &[&s.topic]);
     let records = consume_unique(&consumer, total as usize, IDLE, LINGER).await;
@@ -70,13 +138,60 @@ async fn assert_all_arrived(
     assert_eq!(ids.len() as i64, total, "{} of {total} events arrived: {}", ids.len(), relay.log_text());
     let report = assert_delivered(&records, committed);
     eprintln!("{} events arrived once each, {} duplicates", report.unique, report.duplicates);
+    records
+}
+
+/// Partition -> the broker id leading it, for every partition of `topic`.
+fn leaders(brokers: &str, topic: &str) -> HashMap<i32, i32> {
+    let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", brokers).create().unwrap();
+    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)).unwrap();
+    metadata.topics()[0].partitions().iter().map(|p| (p.id(), p.leader())).collect()
 }
 
 /// The broker id leading `partition` of `topic`.
 fn leader_of(brokers: &str, topic: &str, partition: i32) -> i32 {
-    let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", brokers).create().unwrap();
-    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)).unwrap();
-    metadata.topics()[0].partitions().iter().find(|p| p.id() == partition).unwrap().leader()
+    leaders(brokers, topic)[&partition]
+}
+
+/// The transaction coordinator of `transactional_id`: the leader of its partition of
+/// `__transaction_state`, which Kafka picks as `abs(id.hashCode()) % partitions`
+/// (`TransactionStateManager.partitionFor`), Java's `String.hashCode` over UTF-16 units.
+fn coordinator_of(brokers: &str, transactional_id: &str) -> i32 {
+    let hash =
+        transactional_id.encode_utf16().fold(0i32, |h, unit| h.wrapping_mul(31).wrapping_add(unit.into()));
+    let state = leaders(brokers, "__transaction_state");
+    // Kafka's Utils.abs: Integer.MIN_VALUE maps to 0
+    let partition = if hash == i32::MIN { 0 } else { hash.abs() } % state.len() as i32;
+    state[&partition]
+}
+
+/// What [`kill_under_load`] leaves: the cluster with `broker` down, the relay, what was written.
+struct Killed {
+    cluster: OwnBroker,
+    s: Setup,
+    relay: RelayProcess,
+    written: Written,
+    broker: i32,
+}
+
+/// A relay in `mode` (`kafka` lines added) on a three-broker cluster of its own (replication
+/// factor 3, min.insync.replicas 2), under steady writes, some rolled back; once Kafka took 300
+/// events, the broker `victim(brokers, setup)` names is killed with SIGKILL while writes go on.
+/// Returns once the writers are done, the killed broker still down.
+async fn kill_under_load(mode: &str, kafka: &str, victim: impl FnOnce(&str, &Setup) -> i32) -> Killed {
+    let cluster = OwnBroker::cluster();
+    let (s, relay) = start_relay(&cluster.brokers(), 4, mode, kafka).await;
+    let writer = write_in_background(&s, 3_000);
+    wait_acknowledged(&relay, mode, 300.0).await;
+    let broker = victim(&cluster.brokers(), &s);
+    let in_flight = relay.metric("outbox_relay_events_in_flight").unwrap_or_default();
+    let published = relay.metric(&published(mode)).unwrap_or_default();
+    cluster.kill9(broker);
+    eprintln!(
+        "killed broker {broker} with {published} events published, {in_flight} sent and unacknowledged"
+    );
+    let written = writer.await.unwrap();
+    Killed { cluster, s, relay, written, broker }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -85,39 +200,103 @@ async fn a_broker_killed_under_load_and_restarted_on_its_log_loses_nothing() {
     let broker = OwnBroker::start();
     let (s, relay) = relay_on(&broker, 4).await;
     let writer = write_in_background(&s, 3_000);
-    wait_acknowledged(&relay, 300.0).await;
+    wait_acknowledged(&relay, "replication", 300.0).await;
 
     // when the broker is killed with SIGKILL mid-load and started again on its log directory
     broker.kill9(1);
     tokio::time::sleep(Duration::from_secs(2)).await;
     broker.restart(1);
-    let committed = writer.await.unwrap();
+    let written = writer.await.unwrap();
 
     // then every committed event is there, once acknowledged with acks=all, in order per key
-    assert_all_arrived(&broker.brokers(), &s, &committed, &relay).await;
+    let records = assert_all_arrived(&broker.brokers(), &s, &written.committed, &relay).await;
+    assert_none_rolled_back(&records, &written.rolled_back);
     let mut relay = relay;
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_leader_of_the_relays_partitions_killed_under_load_loses_nothing() {
-    // given a relay on three brokers (replication factor 3, min.insync.replicas 2), under load
-    let cluster = OwnBroker::cluster();
-    let (s, relay) = relay_on(&cluster, 4).await;
-    let writer = write_in_background(&s, 3_000);
-    wait_acknowledged(&relay, 300.0).await;
-
+    // given a relay on three brokers (replication factor 3, min.insync.replicas 2), under load;
     // when the broker leading partition 0 is killed with SIGKILL
-    let leader = leader_of(&cluster.brokers(), &s.topic, 0);
-    cluster.kill9(leader);
-    let committed = writer.await.unwrap();
+    let Killed { cluster, s, relay, written, broker } =
+        kill_under_load("replication", "", |brokers, s| leader_of(brokers, &s.topic, 0)).await;
 
     // then the others take over its partitions and every committed event arrives, in order
-    assert_all_arrived(&cluster.brokers(), &s, &committed, &relay).await;
+    let records = assert_all_arrived(&cluster.brokers(), &s, &written.committed, &relay).await;
+    assert_none_rolled_back(&records, &written.rolled_back);
     // and the killed broker rejoins
-    cluster.restart(leader);
+    cluster.restart(broker);
     let mut relay = relay;
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
+}
+
+/// The coordinator of `transactional_id`, which must also lead one of `topic`'s partitions: a
+/// kill of it then hits the relay's open transaction both at its coordinator and at a partition
+/// it writes to.
+fn coordinator_leading_a_partition(brokers: &str, topic: &str, transactional_id: &str) -> i32 {
+    let coordinator = coordinator_of(brokers, transactional_id);
+    let leaders = leaders(brokers, topic);
+    let mut led: Vec<i32> = leaders.iter().filter(|(_, l)| **l == coordinator).map(|(p, _)| *p).collect();
+    led.sort();
+    assert!(!led.is_empty(), "coordinator {coordinator} leads none of {topic}'s partitions: {leaders:?}");
+    eprintln!(
+        "killing broker {coordinator}: coordinator of {transactional_id}, leader of partitions {led:?}"
+    );
+    coordinator
+}
+
+/// The leader-kill run of a relay with `kafka.transactional` in `mode`: the broker that
+/// coordinates the relay's transactions and leads some of its partitions is killed mid-load.
+async fn coordinator_and_leader_killed_mid_transaction(mode: &str) {
+    // given a relay writing in Kafka transactions on three brokers, under load (some PostgreSQL
+    // transactions rolled back); when the broker coordinating its transactional.id, which also
+    // leads one of its partitions, is killed with SIGKILL while records are in flight
+    let id = format!("relay-{}", random_suffix());
+    let kafka = format!("transactional = true\ntransactional_id = \"{id}\"");
+    let Killed { cluster, s, relay, written, broker } =
+        kill_under_load(mode, &kafka, |brokers, s| coordinator_leading_a_partition(brokers, &s.topic, &id))
+            .await;
+    let (brokers, total) = (cluster.brokers(), written.committed.values().sum::<i64>() as usize);
+
+    // then a read_committed consumer sees every committed event exactly once, in order per
+    // key, and nothing of the rolled-back transactions
+    let committed =
+        consume_unique(&isolated_consumer(&brokers, &s.topic, "read_committed"), total, IDLE, LINGER).await;
+    assert_eq!(unique_ids(&committed).len(), total, "events lost: {}", relay.log_text());
+    let report = assert_delivered(&committed, &written.committed);
+    assert_eq!(report.duplicates, 0, "duplicates in read_committed: {}", relay.log_text());
+    assert_none_rolled_back(&committed, &written.rolled_back);
+    // and a read_uncommitted consumer sees them all too, with the records of aborted Kafka
+    // transactions besides (counted, not asserted: whether the kill aborts one is up to timing)
+    let uncommitted =
+        consume_unique(&isolated_consumer(&brokers, &s.topic, "read_uncommitted"), total, IDLE, LINGER).await;
+    assert_eq!(unique_ids(&uncommitted).len(), total, "read_uncommitted lost events");
+    assert_none_rolled_back(&uncommitted, &written.rolled_back);
+    eprintln!(
+        "{mode}: {total} events committed; read_committed: {} records, {} duplicates; read_uncommitted: {} records, \
+         {} of them copies (records of aborted Kafka transactions)",
+        committed.len(),
+        report.duplicates,
+        uncommitted.len(),
+        uncommitted.len() - total
+    );
+    // and once the killed broker rejoins, the relay stops cleanly
+    cluster.restart(broker);
+    let mut relay = relay;
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replication_in_kafka_transactions_with_the_coordinator_and_a_leader_killed_shows_read_committed_each_event_once()
+ {
+    coordinator_and_leader_killed_mid_transaction("replication").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn polling_in_kafka_transactions_with_the_coordinator_and_a_leader_killed_shows_read_committed_each_event_once()
+ {
+    coordinator_and_leader_killed_mid_transaction("polling").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -128,7 +307,7 @@ async fn two_of_three_brokers_stopped_hold_the_relay_without_dead_letters_until_
     let client = s.db.client().await;
     let mut writer = connect(&s.db.url).await;
     write_events(&mut writer, &s.aggregate_type, "agg-0", 3, true).await;
-    wait_acknowledged(&relay, 3.0).await;
+    wait_acknowledged(&relay, "replication", 3.0).await;
 
     // when two brokers stop, and events are written
     cluster.stop(2);
@@ -213,7 +392,7 @@ async fn partitions_added_while_the_relay_runs_lose_nothing_and_keys_move_once_i
     let brokers = services().kafka.clone();
     let (s, mut relay) = relay_on_brokers(&brokers, 2).await;
     let writer = write_in_background(&s, 2_000);
-    wait_acknowledged(&relay, 300.0).await;
+    wait_acknowledged(&relay, "replication", 300.0).await;
 
     // when the topic grows to 4 partitions, and the relay is killed and started again (a new
     // producer learns the new count at once; a running one at its next metadata refresh)
@@ -222,7 +401,7 @@ async fn partitions_added_while_the_relay_runs_lose_nothing_and_keys_move_once_i
     grown.unwrap()[0].as_ref().unwrap();
     relay.kill9();
     let relay = s.start("relay-after");
-    let committed = writer.await.unwrap();
+    let Written { committed, rolled_back } = writer.await.unwrap();
 
     // then every committed event arrives exactly once (the restarted relay read back all four
     // partitions), each key's events in order, those of a key that moved all on its old
@@ -231,6 +410,7 @@ async fn partitions_added_while_the_relay_runs_lose_nothing_and_keys_move_once_i
     let consumer = consumer_on(&brokers, &[&s.topic]);
     let records = consume_unique(&consumer, total as usize, IDLE, LINGER).await;
     let moved = assert_order_across_a_move(&records, &committed);
+    assert_none_rolled_back(&records, &rolled_back);
     let duplicates = records.len() - unique_ids(&records).len();
     eprintln!("{total} events, {moved} of {AGGREGATES} keys moved partition, {duplicates} duplicates");
     assert_eq!(duplicates, 0, "{}", relay.log_text());
