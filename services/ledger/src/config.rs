@@ -9,8 +9,8 @@
 //! - every `[consumer]` field has a default, unknown fields are errors, and every error names
 //!   the path to fix (`consumer.max_attempts: must be >= 1`);
 //! - the consumer settings the delivery argument rests on (`group.id`, `enable.auto.commit`,
-//!   `enable.auto.offset.store`, `auto.offset.reset`) cannot be overridden through
-//!   `kafka.properties`;
+//!   `enable.auto.offset.store`, `auto.offset.reset`, `isolation.level`) cannot be overridden
+//!   through `kafka.properties`;
 //! - secrets are redacted by the relay's types, so [`LedgerConfig::summary`] may be logged.
 
 use std::collections::{BTreeMap, HashMap};
@@ -45,6 +45,11 @@ const RESERVED_CONSUMER_PROPERTIES: &[(&str, &str)] = &[
     ("enable.auto.commit", "the ledger commits an offset only after its transaction committed"),
     ("enable.auto.offset.store", "the ledger commits an offset only after its transaction committed"),
     ("auto.offset.reset", "a new group starts at the earliest offset, so no event is skipped"),
+    (
+        "isolation.level",
+        "the ledger reads read_committed: the records of an aborted Kafka transaction stay in the log, and must \
+         never be applied",
+    ),
 ];
 
 #[derive(Debug, Clone, Deserialize)]
@@ -277,6 +282,14 @@ mod tests {
         let toml = format!("{MINIMAL}[kafka.properties]\n\"enable.auto.commit\" = \"true\"\n");
         let error = load(&toml, &[]).unwrap_err().to_string();
         assert!(error.contains("kafka.properties.\"enable.auto.commit\": may not be set"), "{error}");
+    }
+
+    #[test]
+    fn reading_records_of_aborted_kafka_transactions_is_refused_naming_the_setting() {
+        let toml = format!("{MINIMAL}[kafka.properties]\n\"isolation.level\" = \"read_uncommitted\"\n");
+        let error = load(&toml, &[]).unwrap_err().to_string();
+        assert!(error.contains("kafka.properties.\"isolation.level\": may not be set"), "{error}");
+        assert!(error.contains("read_committed"), "{error}");
     }
 
     #[test]

@@ -446,7 +446,8 @@ impl Ledger {
 }
 
 /// The settings of a consumer in `group`: the relay's client settings (brokers, TLS, SASL),
-/// offsets committed by the ledger, a new group from the earliest offset.
+/// offsets committed by the ledger, a new group from the earliest offset, committed records
+/// only.
 pub fn group_config(config: &LedgerConfig, group: &str) -> ClientConfig {
     let mut client = outbox_relay::sink::kafka::client_config(&config.kafka);
     client
@@ -454,7 +455,13 @@ pub fn group_config(config: &LedgerConfig, group: &str) -> ClientConfig {
         .set("enable.auto.commit", "false")
         // stored only once applied: a commit never names a record that is not
         .set("enable.auto.offset.store", "false")
-        .set("auto.offset.reset", "earliest");
+        .set("auto.offset.reset", "earliest")
+        // librdkafka's default, set here because the ledger's effects rest on it: the records
+        // of an aborted Kafka transaction stay in the log, and read_uncommitted would apply
+        // them (and those of a transaction still open) although their producer took them back.
+        // A relay with kafka.transactional sends an aborted transaction's events again in a
+        // later one, which read_committed sees once
+        .set("isolation.level", "read_committed");
     if client.get("session.timeout.ms").is_none() {
         client.set("session.timeout.ms", DEFAULT_SESSION_TIMEOUT_MS.to_string());
     }
