@@ -1,14 +1,15 @@
 //! The ledger (services/ledger) as its users run it, against a real PostgreSQL and a real
 //! Kafka-protocol broker: each OrderPlaced record is applied once whatever the delivery does
-//! (duplicates, two consumers at once, kill -9), and a bad configuration or a missing table is
-//! refused naming what to fix. tests/ledger_faults.rs covers dead letters, lock contention, a
-//! lost session and `replay-dlq`.
+//! (duplicates, two consumers at once, kill -9), a record of an aborted Kafka transaction never,
+//! and a bad configuration or a missing table is refused naming what to fix.
+//! tests/ledger_faults.rs covers dead letters, lock contention, a lost session and `replay-dlq`.
 //!
 //! The records are produced by the test as the relay would publish them (key = order id,
 //! headers `id`, `event_type`, ...); tests/chain.rs runs the whole chain with the relay.
 
 use crate::common;
 use crate::ledger_support as support;
+use crate::transactions::isolated_consumer;
 
 use std::time::Duration;
 
@@ -49,6 +50,32 @@ async fn a_duplicate_delivery_is_applied_once_across_a_restart() {
 
     // then nothing changed
     applied_once().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_record_of_an_aborted_kafka_transaction_is_never_applied_and_the_committed_one_after_it_is() {
+    // given a funded wallet, and on one partition an OrderPlaced record in a Kafka transaction
+    // that aborted, then one in a transaction that committed
+    let l = Ledger::new(1, &[]).await;
+    l.fund("alice", 1_000).await;
+    l.produce_in_transaction(&[order_placed(1, "alice", 300)], false).await;
+    l.produce_in_transaction(&[order_placed(2, "alice", 200)], true).await;
+
+    // when the ledger consumes the partition
+    let ledger = l.start("ledger");
+    wait_until("the committed record to be applied", async || l.outcome("2").await.is_some()).await;
+
+    // then only the committed record was applied; the aborted one, before it in the log, was
+    // not (nor dead-lettered: nothing of it reached the inbox)
+    assert_eq!(l.outcome("2").await, Some(("debited".into(), None)));
+    assert_eq!(l.outcome("1").await, None, "{}", ledger.log_text());
+    assert_eq!(l.balance("alice").await, 800);
+    assert_eq!(l.scalar("SELECT count(*) FROM processed_events").await, 1);
+    // and the aborted record is in the log: a read_uncommitted consumer sees both
+    let uncommitted = isolated_consumer(&services().kafka, &l.topic, "read_uncommitted");
+    let ids: Vec<String> =
+        consume(&uncommitted, 2, IDLE).await.iter().map(|r| r.header("id").unwrap().to_string()).collect();
+    assert_eq!(ids, ["1", "2"]);
 }
 
 #[tokio::test(flavor = "multi_thread")]

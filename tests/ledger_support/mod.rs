@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde_json::json;
 
@@ -194,22 +194,27 @@ impl Ledger {
             .set("linger.ms", "0")
             .create()
             .unwrap();
-        let sends = records.iter().map(|r| {
-            let headers = r.headers.iter().fold(OwnedHeaders::new(), |h, (key, value)| {
-                h.insert(Header { key, value: Some(value.as_str()) })
-            });
-            let mut out = FutureRecord::<String, String>::to(topic).key(&r.key).headers(headers);
-            if let Some(payload) = &r.payload {
-                out = out.payload(payload);
-            }
-            if let Some(partition) = r.partition {
-                out = out.partition(partition);
-            }
-            producer.send(out, Duration::from_secs(30))
+        send_all(&producer, topic, records).await;
+    }
+
+    /// As [`Ledger::produce`], in one Kafka transaction of a producer of its own, which then
+    /// commits, or aborts (`commit` false): the records of an aborted one stay in the log,
+    /// and only a `read_uncommitted` consumer sees them.
+    pub async fn produce_in_transaction(&self, records: &[Record], commit: bool) {
+        let producer: FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", &services().kafka)
+            .set("transactional.id", format!("ledger-test-{}", random_suffix()))
+            .set("linger.ms", "0")
+            .create()
+            .unwrap();
+        let timeout = Duration::from_secs(30);
+        tokio::task::block_in_place(|| producer.init_transactions(timeout)).unwrap();
+        producer.begin_transaction().unwrap();
+        send_all(&producer, &self.topic, records).await;
+        let ended = tokio::task::block_in_place(|| {
+            if commit { producer.commit_transaction(timeout) } else { producer.abort_transaction(timeout) }
         });
-        for result in futures::future::join_all(sends).await {
-            result.unwrap_or_else(|(e, _)| panic!("produce: {e}"));
-        }
+        ended.unwrap();
     }
 
     pub async fn fund(&self, customer: &str, cents: i64) {
@@ -251,6 +256,26 @@ impl Ledger {
 
     pub fn dead_letters(&self) -> rdkafka::consumer::StreamConsumer {
         consumer(&[&self.dead_letter_topic])
+    }
+}
+
+/// Sends `records` to `topic` and waits for every acknowledgement.
+async fn send_all(producer: &FutureProducer, topic: &str, records: &[Record]) {
+    let sends = records.iter().map(|r| {
+        let headers = r.headers.iter().fold(OwnedHeaders::new(), |h, (key, value)| {
+            h.insert(Header { key, value: Some(value.as_str()) })
+        });
+        let mut out = FutureRecord::<String, String>::to(topic).key(&r.key).headers(headers);
+        if let Some(payload) = &r.payload {
+            out = out.payload(payload);
+        }
+        if let Some(partition) = r.partition {
+            out = out.partition(partition);
+        }
+        producer.send(out, Duration::from_secs(30))
+    });
+    for result in futures::future::join_all(sends).await {
+        result.unwrap_or_else(|(e, _)| panic!("produce: {e}"));
     }
 }
 
