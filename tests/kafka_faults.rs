@@ -231,72 +231,115 @@ async fn the_leader_of_the_relays_partitions_killed_under_load_loses_nothing() {
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
 }
 
-/// The coordinator of `transactional_id`, which must also lead one of `topic`'s partitions: a
-/// kill of it then hits the relay's open transaction both at its coordinator and at a partition
-/// it writes to.
-fn coordinator_leading_a_partition(brokers: &str, topic: &str, transactional_id: &str) -> i32 {
-    let coordinator = coordinator_of(brokers, transactional_id);
-    let leaders = leaders(brokers, topic);
-    let mut led: Vec<i32> = leaders.iter().filter(|(_, l)| **l == coordinator).map(|(p, _)| *p).collect();
-    led.sort();
-    assert!(!led.is_empty(), "coordinator {coordinator} leads none of {topic}'s partitions: {leaders:?}");
-    eprintln!(
-        "killing broker {coordinator}: coordinator of {transactional_id}, leader of partitions {led:?}"
-    );
-    coordinator
+/// Which broker a transactional run kills.
+#[derive(Clone, Copy, Debug)]
+enum Victim {
+    /// The transaction coordinator of the relay's transactional.id, which must also lead one of
+    /// the relay's partitions: the open transaction loses both at once.
+    Coordinator,
+    /// A leader of the relay's partitions that is not the coordinator.
+    LeaderOnly,
 }
 
-/// The leader-kill run of a relay with `kafka.transactional` in `mode`: the broker that
-/// coordinates the relay's transactions and leads some of its partitions is killed mid-load.
-async fn coordinator_and_leader_killed_mid_transaction(mode: &str) {
+/// The broker `victim` names, for the relay's `topic` and `transactional_id`; it must lead at
+/// least one of the topic's partitions.
+fn pick(victim: Victim, brokers: &str, topic: &str, transactional_id: &str) -> i32 {
+    let coordinator = coordinator_of(brokers, transactional_id);
+    let leaders = leaders(brokers, topic);
+    let broker = match victim {
+        Victim::Coordinator => coordinator,
+        Victim::LeaderOnly => {
+            leaders.values().copied().filter(|l| *l != coordinator).min().unwrap_or(coordinator)
+        }
+    };
+    let mut led: Vec<i32> = leaders.iter().filter(|(_, l)| **l == broker).map(|(p, _)| *p).collect();
+    led.sort();
+    assert!(!led.is_empty(), "broker {broker} ({victim:?}) leads none of {topic}'s partitions: {leaders:?}");
+    assert_eq!(broker == coordinator, matches!(victim, Victim::Coordinator), "{victim:?}: {leaders:?}");
+    eprintln!(
+        "killing broker {broker}: {victim:?} (coordinator of {transactional_id}: {coordinator}), leading {led:?}"
+    );
+    broker
+}
+
+/// The leader-kill run of a relay with `kafka.transactional` (`kafka` lines added) in `mode`:
+/// the broker `victim` names is killed mid-load. Asserts what a `read_committed` consumer sees
+/// and prints what a `read_uncommitted` one sees; returns the run, its relay still running, and
+/// how many records of aborted Kafka transactions the log holds.
+async fn killed_mid_transaction(mode: &str, victim: Victim, kafka: &str) -> (Killed, usize) {
     // given a relay writing in Kafka transactions on three brokers, under load (some PostgreSQL
-    // transactions rolled back); when the broker coordinating its transactional.id, which also
-    // leads one of its partitions, is killed with SIGKILL while records are in flight
+    // transactions rolled back); when the victim is killed with SIGKILL while records are in
+    // flight
     let id = format!("relay-{}", random_suffix());
-    let kafka = format!("transactional = true\ntransactional_id = \"{id}\"");
-    let Killed { cluster, s, relay, written, broker } =
-        kill_under_load(mode, &kafka, |brokers, s| coordinator_leading_a_partition(brokers, &s.topic, &id))
-            .await;
+    let kafka = format!("transactional = true\ntransactional_id = \"{id}\"\n{kafka}");
+    let killed = kill_under_load(mode, &kafka, |brokers, s| pick(victim, brokers, &s.topic, &id)).await;
+    let Killed { cluster, s, relay, written, .. } = &killed;
     let (brokers, total) = (cluster.brokers(), written.committed.values().sum::<i64>() as usize);
 
     // then a read_committed consumer sees every committed event exactly once, in order per
     // key, and nothing of the rolled-back transactions
-    let committed =
-        consume_unique(&isolated_consumer(&brokers, &s.topic, "read_committed"), total, IDLE, LINGER).await;
+    let read = async |isolation| {
+        consume_unique(&isolated_consumer(&brokers, &s.topic, isolation), total, IDLE, LINGER).await
+    };
+    let committed = read("read_committed").await;
     assert_eq!(unique_ids(&committed).len(), total, "events lost: {}", relay.log_text());
     let report = assert_delivered(&committed, &written.committed);
     assert_eq!(report.duplicates, 0, "duplicates in read_committed: {}", relay.log_text());
     assert_none_rolled_back(&committed, &written.rolled_back);
     // and a read_uncommitted consumer sees them all too, with the records of aborted Kafka
-    // transactions besides (counted, not asserted: whether the kill aborts one is up to timing)
-    let uncommitted =
-        consume_unique(&isolated_consumer(&brokers, &s.topic, "read_uncommitted"), total, IDLE, LINGER).await;
+    // transactions besides (counted, not asserted: what an abort leaves in the log is timing)
+    let uncommitted = read("read_uncommitted").await;
     assert_eq!(unique_ids(&uncommitted).len(), total, "read_uncommitted lost events");
     assert_none_rolled_back(&uncommitted, &written.rolled_back);
+    let copies = uncommitted.len() - total;
     eprintln!(
-        "{mode}: {total} events committed; read_committed: {} records, {} duplicates; read_uncommitted: {} records, \
-         {} of them copies (records of aborted Kafka transactions)",
+        "{mode}, {victim:?} killed: {total} events committed; read_committed: {} records, {} duplicates; \
+         read_uncommitted: {} records, {copies} of them copies (records of aborted Kafka transactions)",
         committed.len(),
         report.duplicates,
         uncommitted.len(),
-        uncommitted.len() - total
     );
-    // and once the killed broker rejoins, the relay stops cleanly
+    (killed, copies)
+}
+
+/// Once the killed broker rejoins, the relay stops cleanly.
+fn restart_and_stop(killed: Killed) {
+    let Killed { cluster, mut relay, broker, .. } = killed;
     cluster.restart(broker);
-    let mut relay = relay;
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn replication_in_kafka_transactions_with_the_coordinator_and_a_leader_killed_shows_read_committed_each_event_once()
- {
-    coordinator_and_leader_killed_mid_transaction("replication").await;
+async fn replication_transactions_with_their_coordinator_killed_show_read_committed_each_event_once() {
+    restart_and_stop(killed_mid_transaction("replication", Victim::Coordinator, "").await.0);
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn polling_in_kafka_transactions_with_the_coordinator_and_a_leader_killed_shows_read_committed_each_event_once()
- {
-    coordinator_and_leader_killed_mid_transaction("polling").await;
+async fn polling_transactions_with_their_coordinator_killed_show_read_committed_each_event_once() {
+    restart_and_stop(killed_mid_transaction("polling", Victim::Coordinator, "").await.0);
+}
+
+/// The sum of every series of `counter`.
+fn counter_total(relay: &RelayProcess, counter: &str) -> f64 {
+    let series = relay.scrape();
+    let samples = series
+        .lines()
+        .filter(|l| l.starts_with(&format!("{counter}{{")) || l.starts_with(&format!("{counter} ")));
+    samples.filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replication_transactions_aborted_by_a_leader_kill_show_read_committed_each_event_once() {
+    // (records time out after 3 s, while every write waits for about 6 s for the dead broker to
+    // leave the in-sync replicas: the open transaction cannot commit, the relay's next session
+    // aborts it (its fresh producer's init_transactions does) and sends its events again)
+    let kafka = "transaction_timeout_ms = 3000\ntransaction_max_ms = 1000";
+    let (killed, copies) = killed_mid_transaction("replication", Victim::LeaderOnly, kafka).await;
+    // and the kill did fail a transaction: records of it were not acknowledged
+    let errors = counter_total(&killed.relay, "outbox_relay_publish_errors_total");
+    eprintln!("{errors} publish errors; {copies} aborted copies in the log");
+    assert!(errors > 0.0, "no record failed: the kill aborted nothing: {}", killed.relay.log_text());
+    restart_and_stop(killed);
 }
 
 #[tokio::test(flavor = "multi_thread")]
