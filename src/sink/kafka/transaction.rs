@@ -31,6 +31,7 @@ pub(super) fn init(producer: &RecordProducer, id: &str, timeout: Duration) -> Re
 /// Commits the open transaction: every record sent in it becomes visible to `read_committed`
 /// readers, at once.
 pub(super) fn commit(producer: &RecordProducer, id: &str, timeout: Duration) -> Result<(), RelayError> {
+    outstanding_gone(producer, timeout);
     let mut attempts = 0;
     loop {
         attempts += 1;
@@ -53,6 +54,21 @@ pub(super) fn commit(producer: &RecordProducer, id: &str, timeout: Duration) -> 
             }
             Err(e) => return Err(failed(producer, id, "commit the transaction", e)),
         }
+    }
+}
+
+/// How often [`outstanding_gone`] looks again.
+const OUTSTANDING_PAUSE: Duration = Duration::from_micros(200);
+
+/// Waits (at most `timeout`) until librdkafka counts no message outstanding. A message stays
+/// outstanding for a moment after its delivery report reached the relay (the producer's
+/// polling thread still holds the report's event), and rust-rdkafka's `commit_transaction`
+/// flushes first, polling a fixed 100 ms whenever one is: measured, that made about one commit
+/// in five take 100 ms (BENCHMARKS.md, "Kafka transactions").
+fn outstanding_gone(producer: &RecordProducer, timeout: Duration) {
+    let deadline = std::time::Instant::now() + timeout;
+    while producer.in_flight_count() > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(OUTSTANDING_PAUSE);
     }
 }
 
