@@ -11,7 +11,9 @@
 //! - steady-state latency at fixed write rates: commit (as the writer sees COMMIT return) to the
 //!   consumer receiving the record, an upper bound of commit-to-acknowledgement;
 //! - the relay's peak RSS and CPU seconds, and peak RSS at a tenth of the backlog;
-//! - with `--only scaling`, the drain by payload and transaction size (`harness/scaling.rs`).
+//! - with `--only scaling`, the drain by payload and transaction size (`harness/scaling.rs`);
+//! - with `--only transactions`, all of the above that issue 30 asks for, with Kafka
+//!   transactions and without, in both modes (`harness/transactions.rs`).
 //!
 //! Each figure is the median of `--runs` runs (default 3) with min and max.
 //! [`report::run`] measures, [`report::render`] turns the results into the tables (with issue
@@ -30,6 +32,8 @@ mod record;
 mod report;
 #[path = "harness/scaling.rs"]
 mod scaling;
+#[path = "harness/transactions.rs"]
+mod transactions;
 #[path = "harness/verify.rs"]
 mod verify;
 
@@ -43,7 +47,7 @@ use common::{
     RelayToml, TestDb, connect, create_topic, random_suffix, run_relay, services, wait_until_within,
 };
 use rdkafka::ClientConfig;
-use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio_postgres::Client;
@@ -61,10 +65,16 @@ struct Options {
     out: Option<String>,
     /// `--only dedup`: only the cost of exactly once (`harness/dedup.rs`); `--only verify`: only
     /// what `verify` costs (`harness/verify.rs`); `--only record`: what the record of what was
-    /// published costs (`harness/record.rs`).
+    /// published costs (`harness/record.rs`); `--only transactions`: what Kafka transactions
+    /// cost (`harness/transactions.rs`).
     only: Option<String>,
     /// `--events` was given (sections with a default of their own keep it otherwise).
     events_given: bool,
+    /// `--kafka 'key = value; ...'`: `[kafka]` lines for every relay of `--only transactions`.
+    kafka: String,
+    /// `--transactional 'key = value; ...'`: `[kafka]` lines for its transactional relays only
+    /// (their bounds).
+    transactional: String,
 }
 
 fn options() -> Options {
@@ -76,6 +86,8 @@ fn options() -> Options {
         out: Some("BENCHMARKS.md".into()),
         only: None,
         events_given: false,
+        kafka: String::new(),
+        transactional: String::new(),
     };
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
     let mut i = 0;
@@ -96,14 +108,23 @@ fn options() -> Options {
             }
             "--duration-secs" => o.duration = Duration::from_secs(value.parse().expect("--duration-secs N")),
             "--out" => o.out = if value == "-" { None } else { Some(value) },
-            "--only" if ["dedup", "verify", "scaling", "record"].contains(&value.as_str()) => {
+            "--only"
+                if ["dedup", "verify", "scaling", "record", "transactions"].contains(&value.as_str()) =>
+            {
                 o.only = Some(value)
             }
+            "--kafka" => o.kafka = toml_lines(&value),
+            "--transactional" => o.transactional = toml_lines(&value),
             other => panic!("unknown option {other}; see benches/harness.rs"),
         }
         i += 2;
     }
     o
+}
+
+/// `a = 1; b = 2` as TOML lines (one option's value holds several settings).
+fn toml_lines(value: &str) -> String {
+    value.split(';').map(str::trim).filter(|l| !l.is_empty()).map(|l| format!("{l}\n")).collect()
 }
 
 /// `pg_recvlogical` from `$PG_BIN` (deploy/local/lib.sh sets it, deploy/local/bench exports
@@ -271,6 +292,9 @@ struct Drain {
     after_first: f64,
     rss_mib: f64,
     cpu_per_100k: f64,
+    /// Offsets of the topic beyond the backlog's records: with Kafka transactions, one commit
+    /// marker per transaction and partition it wrote to (counted by [`dedup::drain_with`] only).
+    markers: f64,
 }
 
 /// Waits until `done` (checked with the relay's published count), noting when the first event
@@ -304,6 +328,7 @@ async fn timed_drain(
         after_first,
         rss_mib,
         cpu_per_100k: cpu * 100_000.0 / events as f64,
+        markers: 0.0,
     }
 }
 
@@ -484,11 +509,22 @@ struct Latency {
     p99_ms: f64,
     max_ms: f64,
     sustained: bool,
+    /// The relay's CPU seconds per 100,000 events over the window (to its last event's
+    /// acknowledgement).
+    cpu_per_100k: f64,
+    /// Offsets of the topic beyond the relay's records: with Kafka transactions, one commit
+    /// marker per transaction and partition it wrote to.
+    markers: f64,
 }
 
-/// A writer at `rate` events/s (transactions of 10) against a running relay; latency from the
-/// writer's COMMIT returning to the consumer receiving the record.
+/// A writer at `rate` events/s (transactions of 10) against a running replication relay;
+/// latency from the writer's COMMIT returning to the consumer receiving the record.
 async fn steady_latency(rate: usize, duration: Duration) -> Latency {
+    steady_latency_in("replication", "", rate, duration).await
+}
+
+/// As [`steady_latency`], the relay in `mode` with `kafka` lines added to its `[kafka]`.
+async fn steady_latency_in(mode: &'static str, kafka: &str, rate: usize, duration: Duration) -> Latency {
     // start from a quiet server: flush what the backlog runs before wrote, so a checkpoint
     // triggered by their WAL does not land inside the latency window
     connect(&services().pg_url).await.batch_execute("CHECKPOINT").await.unwrap();
@@ -498,23 +534,9 @@ async fn steady_latency(rate: usize, duration: Duration) -> Latency {
     let topic = format!("outbox.event.{aggregate_type}");
     create_topic(&topic, PARTITIONS).await;
     let slot = format!("s_{}", random_suffix());
-    let relay = Relay::start(&db, "replication", &slot);
+    let relay = Relay::start_with(&db, mode, &slot, kafka, "");
     relay.process.wait_ready("active").await;
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &services().kafka)
-        .set("group.id", format!("bench-{}", random_suffix()))
-        .set("auto.offset.reset", "earliest")
-        .set("fetch.wait.max.ms", "5")
-        .set("fetch.min.bytes", "1")
-        .create()
-        .unwrap();
-    // every partition assigned, no consumer group: the local broker takes ~20 s to complete a
-    // group join, longer than the first receive waits (the NaN rows of earlier short runs)
-    let mut assignment = rdkafka::TopicPartitionList::new();
-    for partition in 0..PARTITIONS {
-        assignment.add_partition_offset(&topic, partition, rdkafka::Offset::Beginning).unwrap();
-    }
-    consumer.assign(&assignment).unwrap();
+    let consumer = latency_consumer(&topic);
     // warm up before measuring: the relay reads the topic back before its first record to it
     // (up to a second or so), and the consumer settles; neither belongs in the steady state
     client
@@ -533,24 +555,89 @@ async fn steady_latency(rate: usize, duration: Duration) -> Latency {
         scrape.unwrap_or_default()
     };
     let before = scrape();
-    let received = tokio::spawn(async move {
-        let mut at: HashMap<i64, f64> = HashMap::new();
-        while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(15), consumer.recv()).await {
-            let id: i64 = m
-                .headers()
-                .and_then(|h| {
-                    h.iter()
-                        .find(|h| h.key == "id")
-                        .and_then(|h| std::str::from_utf8(h.value?).ok()?.parse().ok())
-                })
-                .unwrap_or(-1);
-            at.insert(id, now_secs());
-        }
-        at
-    });
+    let cpu_before = relay.usage().1;
+    let received = tokio::spawn(receive_ids(consumer));
+    let (committed, achieved) = write_at_rate(&client, &aggregate_type, rate, duration).await;
+    let expected = committed.len() * 10;
+    let cpu = settled_cpu(&relay, 10 + expected).await - cpu_before;
+    let at = received.await.unwrap();
+    let relay_p99_ms =
+        histogram_quantile(&before, &scrape(), "outbox_relay_end_to_end_latency_seconds", 0.99) * 1000.0;
+    let markers = end_offsets(&topic) - relay.published();
+    drop(relay);
+    drop(db);
+    drop_topic(&topic).await;
+    let received = commit_to_consumer(&committed, &at, duration);
+    // sustained: every event arrived, the writer kept its rate, and latency did not grow
+    let sustained = received.sustained && received.received == expected && achieved >= rate as f64 * 0.95;
+    if !sustained {
+        eprintln!(
+            "[bench]   not sustained: {} of {expected} events received, {achieved:.0}/s written, p99 {:.1} ms in the \
+             first half, {:.1} ms in the second",
+            received.received, received.early_p99_ms, received.late_p99_ms
+        );
+    }
+    Latency {
+        relay_p99_ms,
+        p50_ms: received.p50_ms,
+        p99_ms: received.p99_ms,
+        max_ms: received.max_ms,
+        sustained,
+        cpu_per_100k: cpu * 100_000.0 / expected.max(1) as f64,
+        markers,
+    }
+}
+
+/// A `read_committed` consumer of every partition of `topic` from its start: it sees a
+/// transactional record once its transaction committed, as the readers of exactly once do.
+fn latency_consumer(topic: &str) -> StreamConsumer {
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &services().kafka)
+        .set("group.id", format!("bench-{}", random_suffix()))
+        .set("auto.offset.reset", "earliest")
+        .set("isolation.level", "read_committed")
+        .set("fetch.wait.max.ms", "5")
+        .set("fetch.min.bytes", "1")
+        .create()
+        .unwrap();
+    // every partition assigned, no consumer group: the local broker takes ~20 s to complete a
+    // group join, longer than the first receive waits (the NaN rows of earlier short runs)
+    let mut assignment = rdkafka::TopicPartitionList::new();
+    for partition in 0..PARTITIONS {
+        assignment.add_partition_offset(topic, partition, rdkafka::Offset::Beginning).unwrap();
+    }
+    consumer.assign(&assignment).unwrap();
+    consumer
+}
+
+/// When each record arrived, by its `id` header, until none came for 15 s.
+async fn receive_ids(consumer: StreamConsumer) -> HashMap<i64, f64> {
+    let mut at: HashMap<i64, f64> = HashMap::new();
+    while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(15), consumer.recv()).await {
+        let id: i64 = m
+            .headers()
+            .and_then(|h| {
+                h.iter()
+                    .find(|h| h.key == "id")
+                    .and_then(|h| std::str::from_utf8(h.value?).ok()?.parse().ok())
+            })
+            .unwrap_or(-1);
+        at.insert(id, now_secs());
+    }
+    at
+}
+
+/// Commits transactions of 10 events at `rate` events/s for `duration`; returns each one's
+/// (first id, commit time, seconds into the window) and the rate achieved.
+async fn write_at_rate(
+    client: &Client,
+    aggregate_type: &str,
+    rate: usize,
+    duration: Duration,
+) -> (Vec<(i64, f64, f64)>, f64) {
     let txns_per_sec = (rate / 10).max(1);
     let interval = Duration::from_secs_f64(1.0 / txns_per_sec as f64);
-    let mut committed: Vec<(i64, f64, f64)> = Vec::new(); // (first id, commit time, elapsed at commit)
+    let mut committed = Vec::new();
     let started = Instant::now();
     let mut next = started;
     while started.elapsed() < duration {
@@ -570,43 +657,66 @@ async fn steady_latency(rate: usize, duration: Duration) -> Latency {
         }
     }
     let achieved = committed.len() as f64 * 10.0 / started.elapsed().as_secs_f64();
-    let at = received.await.unwrap();
-    let relay_p99_ms =
-        histogram_quantile(&before, &scrape(), "outbox_relay_end_to_end_latency_seconds", 0.99) * 1000.0;
-    let mut latencies = Vec::new();
-    let mut late_half = Vec::new();
-    let mut early_half = Vec::new();
-    for (first, commit, elapsed) in &committed {
+    (committed, achieved)
+}
+
+/// The relay's CPU seconds once it published `events` (or 30 s passed): the window's work
+/// without the idle wait for late records after it.
+async fn settled_cpu(relay: &Relay, events: usize) -> f64 {
+    let limit = Instant::now() + Duration::from_secs(30);
+    while relay.published() < events as f64 && Instant::now() < limit {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    relay.usage().1
+}
+
+/// Commit-to-consumer latencies of a window.
+struct Received {
+    received: usize,
+    p50_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+    early_p99_ms: f64,
+    late_p99_ms: f64,
+    /// The p99 of the window's second half is at most twice its first half's (or 250 ms).
+    sustained: bool,
+}
+
+/// Each committed event's latency from its commit to its arrival (`at`).
+fn commit_to_consumer(committed: &[(i64, f64, f64)], at: &HashMap<i64, f64>, duration: Duration) -> Received {
+    let (mut all, mut early, mut late) = (Vec::new(), Vec::new(), Vec::new());
+    for (first, commit, elapsed) in committed {
         for id in *first..*first + 10 {
             if let Some(t) = at.get(&id) {
                 let ms = (t - commit) * 1000.0;
-                latencies.push(ms);
-                if *elapsed < duration.as_secs_f64() / 2.0 { early_half.push(ms) } else { late_half.push(ms) }
+                all.push(ms);
+                if *elapsed < duration.as_secs_f64() / 2.0 { early.push(ms) } else { late.push(ms) }
             }
         }
     }
-    let expected = committed.len() * 10;
-    latencies.sort_by(f64::total_cmp);
+    for v in [&mut all, &mut early, &mut late] {
+        v.sort_by(f64::total_cmp);
+    }
     let pct =
         |v: &[f64], p: f64| if v.is_empty() { f64::NAN } else { v[((v.len() - 1) as f64 * p) as usize] };
-    let mut early = early_half.clone();
-    early.sort_by(f64::total_cmp);
-    let mut late = late_half.clone();
-    late.sort_by(f64::total_cmp);
-    // sustained: every event arrived, the writer kept its rate, and latency did not grow
-    let sustained = latencies.len() == expected
-        && achieved >= rate as f64 * 0.95
-        && pct(&late, 0.99) <= (pct(&early, 0.99) * 2.0).max(250.0);
-    drop(relay);
-    drop(db);
-    drop_topic(&topic).await;
-    Latency {
-        relay_p99_ms,
-        p50_ms: pct(&latencies, 0.5),
-        p99_ms: pct(&latencies, 0.99),
-        max_ms: latencies.last().copied().unwrap_or(f64::NAN),
-        sustained,
+    Received {
+        received: all.len(),
+        p50_ms: pct(&all, 0.5),
+        p99_ms: pct(&all, 0.99),
+        max_ms: all.last().copied().unwrap_or(f64::NAN),
+        early_p99_ms: pct(&early, 0.99),
+        late_p99_ms: pct(&late, 0.99),
+        sustained: pct(&late, 0.99) <= (pct(&early, 0.99) * 2.0).max(250.0),
     }
+}
+
+/// The sum of `topic`'s partition end offsets: its records, and its transaction markers.
+fn end_offsets(topic: &str) -> f64 {
+    let consumer: BaseConsumer =
+        ClientConfig::new().set("bootstrap.servers", &services().kafka).create().unwrap();
+    (0..PARTITIONS)
+        .map(|p| consumer.fetch_watermarks(topic, p, Duration::from_secs(10)).map_or(0, |(_, high)| high))
+        .sum::<i64>() as f64
 }
 
 /// `histogram_quantile` over the cumulative buckets of `name` between two scrapes (what was
@@ -677,6 +787,15 @@ async fn main() {
             println!("{table}");
             if let Some(out) = &o.out {
                 dedup::write_section(out, "record-cost", &table);
+            }
+            return;
+        }
+        Some("transactions") => {
+            let cost = transactions::run(&o).await;
+            let text = transactions::render(&o, &cost);
+            println!("{text}");
+            if let Some(out) = &o.out {
+                dedup::write_section(out, "transaction-cost", &text);
             }
             return;
         }

@@ -14,7 +14,8 @@ use std::time::Instant;
 
 use super::common::{create_topic, random_suffix, wait_until_within};
 use super::{
-    Backlog, DRAIN_LIMIT, Options, PARTITIONS, Relay, backlog_db, confirmed, slot_backlog, stat, wal_lsn,
+    Backlog, DRAIN_LIMIT, Drain, Options, PARTITIONS, Relay, backlog_db, confirmed, drop_topic, end_offsets,
+    slot_backlog, stat, timed_drain, wal_lsn,
 };
 
 /// The `[kafka]` and other lines that turn headers and read-back off.
@@ -40,23 +41,25 @@ fn settings(on: bool) -> (&'static str, &'static str) {
 /// One backlog drain of `events` in `mode`; events/s.
 async fn drain(mode: &'static str, events: usize, on: bool) -> f64 {
     let (kafka, extra) = settings(on);
-    drain_with(mode, events, kafka, extra, async |_| {}).await
+    let drain = drain_with(mode, events, kafka, extra, async |_| {}).await;
+    events as f64 / drain.seconds
 }
 
 /// One backlog drain of `events` in `mode` with `kafka`/`extra` settings, after `prepare` ran on
-/// the backlog's database; events/s.
+/// the backlog's database; its topic is deleted after it.
 pub(super) async fn drain_with(
     mode: &'static str,
     events: usize,
     kafka: &str,
     extra: &str,
     prepare: impl AsyncFnOnce(&tokio_postgres::Client),
-) -> f64 {
+) -> Drain {
     let db = backlog_db().await;
     let client = db.client().await;
     prepare(&client).await;
     let aggregate_type = format!("c{}", random_suffix());
-    create_topic(&format!("outbox.event.{aggregate_type}"), PARTITIONS).await;
+    let topic = format!("outbox.event.{aggregate_type}");
+    create_topic(&topic, PARTITIONS).await;
     let slot = format!("s_{}", random_suffix());
     if mode == "replication" {
         Relay::setup(&db, &slot);
@@ -65,12 +68,15 @@ pub(super) async fn drain_with(
     let end = wal_lsn(&client).await;
     let started = Instant::now();
     let relay = Relay::start_with(&db, mode, &slot, kafka, extra);
-    wait_until_within(DRAIN_LIMIT, format!("the {mode} drain"), async || {
-        let done = relay.published() >= events as f64;
-        done && (mode == "polling" || confirmed(&client, &slot).await >= end)
+    let mut drain = timed_drain(&relay, events, started, &format!("the {mode} drain"), async |published| {
+        published >= events as f64 && (mode == "polling" || confirmed(&client, &slot).await >= end)
     })
     .await;
-    events as f64 / started.elapsed().as_secs_f64()
+    drain.markers = end_offsets(&topic) - events as f64;
+    drop(relay);
+    drop(db);
+    drop_topic(&topic).await;
+    drain
 }
 
 /// Seconds from a restarted relay's start to its first acknowledged record, after a kill, with

@@ -14,12 +14,13 @@ pub struct RecordCost {
 }
 
 async fn drain(mode: &'static str, events: usize, record: bool) -> f64 {
-    super::dedup::drain_with(mode, events, "", "", async |client| {
+    let drain = super::dedup::drain_with(mode, events, "", "", async |client| {
         if !record {
             client.batch_execute("DROP TABLE outbox_relay_published").await.unwrap();
         }
     })
-    .await
+    .await;
+    events as f64 / drain.seconds
 }
 
 /// Every drain `o.runs` times, with and without the record alternating.
