@@ -627,14 +627,18 @@ async fn receive_ids(consumer: StreamConsumer) -> HashMap<i64, f64> {
     at
 }
 
+/// A transaction the writer committed: its events' ids (not consecutive: sql/009_outbox_event_ids.sql
+/// advances the sequence by two per row), when COMMIT returned, and the seconds into the window.
+type Committed = (Vec<i64>, f64, f64);
+
 /// Commits transactions of 10 events at `rate` events/s for `duration`; returns each one's
-/// (first id, commit time, seconds into the window) and the rate achieved.
+/// (ids, commit time, seconds into the window) and the rate achieved.
 async fn write_at_rate(
     client: &Client,
     aggregate_type: &str,
     rate: usize,
     duration: Duration,
-) -> (Vec<(i64, f64, f64)>, f64) {
+) -> (Vec<Committed>, f64) {
     let txns_per_sec = (rate / 10).max(1);
     let interval = Duration::from_secs_f64(1.0 / txns_per_sec as f64);
     let mut committed = Vec::new();
@@ -645,7 +649,7 @@ async fn write_at_rate(
             .query_one(
                 "WITH ins AS (INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
                    SELECT $1, (g % 1000)::text, 'OrderPlaced', jsonb_build_object('note', repeat('x', 150))
-                   FROM generate_series(1, 10) g RETURNING id) SELECT min(id) FROM ins",
+                   FROM generate_series(1, 10) g RETURNING id) SELECT array_agg(id) FROM ins",
                 &[&aggregate_type],
             )
             .await
@@ -683,11 +687,11 @@ struct Received {
 }
 
 /// Each committed event's latency from its commit to its arrival (`at`).
-fn commit_to_consumer(committed: &[(i64, f64, f64)], at: &HashMap<i64, f64>, duration: Duration) -> Received {
+fn commit_to_consumer(committed: &[Committed], at: &HashMap<i64, f64>, duration: Duration) -> Received {
     let (mut all, mut early, mut late) = (Vec::new(), Vec::new(), Vec::new());
-    for (first, commit, elapsed) in committed {
-        for id in *first..*first + 10 {
-            if let Some(t) = at.get(&id) {
+    for (ids, commit, elapsed) in committed {
+        for id in ids {
+            if let Some(t) = at.get(id) {
                 let ms = (t - commit) * 1000.0;
                 all.push(ms);
                 if *elapsed < duration.as_secs_f64() / 2.0 { early.push(ms) } else { late.push(ms) }
