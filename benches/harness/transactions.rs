@@ -169,6 +169,12 @@ fn mode_rows(mode: &str, events: usize, rate: usize, (plain, with): &(Side, Side
     [
         row(&format!("{mode} drain, events/s"), drains(&|d| events as f64 / d.seconds), 0, Compare::Ratio),
         row(
+            &format!("{mode} drain after the first event, events/s"),
+            drains(&|d| d.after_first),
+            0,
+            Compare::Ratio,
+        ),
+        row(
             &format!("{mode} drain, relay CPU s per 100k events"),
             drains(&|d| d.cpu_per_100k),
             2,
