@@ -274,7 +274,9 @@ impl KafkaConfig {
                 "must be between 1024 and 1073741824",
             ));
         }
-        if self.transaction_max_ms == 0 || self.transaction_max_ms * 2 > self.transaction_timeout_ms {
+        if self.transaction_max_ms == 0
+            || self.transaction_max_ms.saturating_mul(2) > self.transaction_timeout_ms
+        {
             return Err(ConfigError::invalid(
                 "kafka.transaction_max_ms",
                 format!(

@@ -151,7 +151,8 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
     }
 
     /// Hands `record`, read at `position`, to the sink (`at`: when, as the caller's clock read
-    /// it); `Some(Acked)` at once when the topic already holds it.
+    /// it); settled at once when the topic already holds it (`Acked`), or, with Kafka
+    /// transactions, when Kafka refused it in an aborted transaction (`DeadLettered`).
     pub(crate) async fn send(
         &mut self,
         position: P,
@@ -365,7 +366,7 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
     }
 
     /// Sends the first refused record again, or reports the held row again.
-    pub(crate) async fn retry_held(&mut self) {
+    pub(crate) async fn retry_held(&mut self) -> Result<(), RelayError> {
         let first = self.held.as_ref().expect("held").refused.front();
         let first = first.map(|r| (r.position.clone(), r.record.clone()));
         self.retry_held_as(first).await
@@ -373,11 +374,15 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
 
     /// Retries the hold with the first held event as the source read it again (polling claims
     /// its row anew: the operator may have fixed it): `Some` is sent in its place, `None` (the
-    /// row still cannot map, or another session locks it) reports the hold again.
-    pub(crate) async fn retry_held_as(&mut self, first: Option<(P, KafkaRecord)>) {
+    /// row still cannot map, or another session locks it) reports the hold again. An error
+    /// (a Kafka transaction that cannot begin: the producer was fenced) ends the session.
+    pub(crate) async fn retry_held_as(&mut self, first: Option<(P, KafkaRecord)>) -> Result<(), RelayError> {
         let held = self.held.as_mut().expect("held");
         held.next_try = tokio::time::Instant::now() + held.hold.next_delay();
-        let Some((position, record)) = first else { return held.hold.report(self.pulse) };
+        let Some((position, record)) = first else {
+            held.hold.report(self.pulse);
+            return Ok(());
+        };
         tracing::info!(event_id = %record.id, "sending the held record again");
         let first_seq = match held.refused.front_mut() {
             Some(front) => {
@@ -395,14 +400,9 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
                 0
             }
         };
-        match self.enqueue(position, record, Instant::now()).await {
-            Ok(seq) => self.held.as_mut().expect("held").resending = Some((seq, first_seq)),
-            Err(e) => {
-                let held = self.held.as_mut().expect("held");
-                tracing::warn!(error = %e, "cannot send the held record again");
-                held.hold.report(self.pulse);
-            }
-        }
+        let seq = self.enqueue(position, record, Instant::now()).await?;
+        self.held.as_mut().expect("held").resending = Some((seq, first_seq));
+        Ok(())
     }
 
     /// The record being sent again was taken: move on to the next held event, or stop holding.

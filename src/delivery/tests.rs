@@ -29,8 +29,7 @@ async fn next<P: Clone>(
                 delivery.settle(report.expect("the sink holds a sender"), &Clock::now()).await
             }
             _ = delivery.retry_due() => {
-                delivery.retry_held().await;
-                Ok(None)
+                delivery.retry_held().await.map(|()| None)
             }
         }
     };

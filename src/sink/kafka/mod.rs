@@ -5,11 +5,14 @@
 //!   so the idempotent producer keeps per-partition order;
 //! - every record enqueued gets exactly one numbered report ([`KafkaSink::reports`]);
 //! - each failure is classified where it happens: permanent (the record can never be accepted:
-//!   it is poison) or transient (retry the batch).
+//!   it is poison) or transient (retry the batch);
+//! - with `kafka.transactional`, the producer is transactional and initialized only by
+//!   [`KafkaSink::activate`] (an active session's); a fenced one is never used again.
 //!
 //! Files by concern: [`client`] (librdkafka settings, log levels), [`producer`] (the producer,
 //! its numbered reports, the relay's headers), [`classify`] (what a failed report means),
-//! [`stall`] (the stall watch); this file is the sink that uses them.
+//! [`stall`] (the stall watch), [`transaction`] (the transactional calls and what their failures
+//! mean); this file is the sink that uses them.
 
 use std::collections::HashSet;
 use std::io::Write;
@@ -128,7 +131,10 @@ impl KafkaSink {
     /// fences the producers before it (see [`transaction`]). Nothing without it.
     pub(crate) async fn activate(&mut self) -> Result<(), RelayError> {
         let Some(id) = self.transactional_id.clone() else { return Ok(()) };
-        if self.initialized.load(Ordering::SeqCst) {
+        // (a producer fenced through a delivery report, its session ended as a standby with
+        // `initialized` still set, has a fatal error: it is never used again)
+        let unusable = self.producer.client().fatal_error().is_some();
+        if self.initialized.load(Ordering::SeqCst) && !unusable {
             return Ok(());
         }
         self.reset().map_err(|e| RelayError::Kafka(format!("cannot create the Kafka producer: {e}")))?;

@@ -16,7 +16,10 @@
 //!   deadline (`polling.claim_timeout_ms`): past it the claim is rolled back rather than hold
 //!   row locks and the xmin horizon;
 //! - a transient failure ends the session, but only after what Kafka acknowledged in the same
-//!   claim is released: rows Kafka holds are not sent again.
+//!   claim is released: rows Kafka holds are not sent again (with Kafka transactions nothing
+//!   of the claim is committed then, so nothing of it is released but rows read back);
+//! - with Kafka transactions a claim is one transaction, committed (within the deadline)
+//!   before its rows are released.
 
 use std::time::Instant;
 
@@ -108,7 +111,7 @@ pub(super) async fn deliver<S: Sink>(
     }
     let mut settlement = Settlement::default();
     if delivery.holding() {
-        retry_held(delivery, to_send, !settled.is_empty()).await;
+        retry_held(delivery, to_send, !settled.is_empty()).await?;
     } else if !settled.is_empty() && to_send.iter().any(|(_, row)| row.is_ok()) {
         // (a row held at comes again with the rest: holding now would pass it over forever)
         return Ok(Settlement { release: settled, again: true, ..Settlement::default() });
@@ -125,7 +128,16 @@ pub(super) async fn deliver<S: Sink>(
     waited?;
     if settlement.failed.is_none() {
         // with Kafka transactions, what Kafka acknowledged settles now, at the commit
-        for settled in delivery.commit(&Clock::now()).await? {
+        // (within the claim's deadline too: the claim holds row locks and the xmin horizon)
+        let committed = tokio::time::timeout_at(deadline.at, delivery.commit(&Clock::now())).await;
+        let committed = committed.map_err(|_| {
+            RelayError::Kafka(format!(
+                "the Kafka transaction did not commit within polling.claim_timeout_ms ({} ms): the claim was \
+                 rolled back, and its rows are published again",
+                deadline.claim_timeout_ms
+            ))
+        })?;
+        for settled in committed? {
             settlement.add(settled);
         }
     }
@@ -160,14 +172,19 @@ async fn send<S: Sink>(
 /// While holding, the claim is the held row alone (the first in id order): sent again as it
 /// maps now, or reported again when it still cannot map; `gone` when Kafka or the dead-letter
 /// table turned out to hold it.
-async fn retry_held<S: Sink>(delivery: &mut Delivery<'_, S, RowAt>, rows: Vec<Row>, gone: bool) {
+async fn retry_held<S: Sink>(
+    delivery: &mut Delivery<'_, S, RowAt>,
+    rows: Vec<Row>,
+    gone: bool,
+) -> Result<(), RelayError> {
     if gone {
-        return delivery.held_gone();
+        delivery.held_gone();
+        return Ok(());
     }
     match rows.into_iter().next() {
         Some((at, Ok(record))) => delivery.retry_held_as(Some((at, record))).await,
         Some((_, Err(_))) => delivery.retry_held_as(None).await,
-        None => {}
+        None => Ok(()),
     }
 }
 

@@ -316,7 +316,7 @@ impl<S: Sink> PollingSource<S> {
             HeldRow::Skipped => {
                 // nothing past the held row is published while it waits
                 tx.rollback().await?;
-                delivery.retry_held_as(None).await;
+                delivery.retry_held_as(None).await?;
                 return Ok(BatchOutcome::default());
             }
             HeldRow::Gone => {

@@ -172,9 +172,12 @@ impl<'a, S: Sink> Copying<'a, S> {
             Ok(mut record) => {
                 record.position = Some(Position::Copy { point: self.point, index });
                 self.sent.add(&record.id, &record.topic);
-                // settled at once only when the topic holds it already
-                if self.delivery.send(index, record, Instant::now()).await?.is_some() {
-                    self.report.already_in_kafka += 1;
+                // settled at once when the topic holds it already, or (Kafka transactions) when
+                // Kafka refused it in the transaction aborted before: dead-lettered
+                match self.delivery.send(index, record, Instant::now()).await? {
+                    Some(Settled::Acked(_)) => self.report.already_in_kafka += 1,
+                    Some(settled) => count(settled, &mut self.report, &mut self.letters),
+                    None => {}
                 }
             }
             Err(unpublishable) => {
@@ -224,7 +227,7 @@ async fn settle_all<S: Sink>(
                 }
             }
             _ = stall_check.tick() => delivery.check_stall(),
-            _ = delivery.retry_due() => delivery.retry_held().await,
+            _ = delivery.retry_due() => delivery.retry_held().await?,
             _ = shutdown.changed(), if delivery.holding() => {}
         }
     }

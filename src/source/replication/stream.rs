@@ -106,6 +106,10 @@ impl<'a, S: Sink> StreamSession<'a, S> {
         let mut heartbeat = tokio::time::interval(Duration::from_millis(heartbeat_ms.max(1)));
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            self.commit_if_ready().await?;
+            // the timer's guard before `reading`: a transaction that comes due in between finds
+            // the timer armed, which then fires at once
+            let timed = !self.feed.delivery.commit_due(false);
             let reading = self.feed.reading();
             tokio::select! {
                 biased;
@@ -141,16 +145,23 @@ impl<'a, S: Sink> StreamSession<'a, S> {
                 }
                 // 7. held: try the refused record again, or report the held row again
                 _ = self.feed.delivery.retry_due() => {
-                    self.feed.delivery.retry_held().await;
+                    self.feed.delivery.retry_held().await?;
                 }
                 // 8. the open Kafka transaction comes due by its age (kafka.transaction_max_ms)
-                _ = self.feed.delivery.commit_deadline(), if !self.feed.delivery.commit_due(false) => {}
-            }
-            if self.feed.commit_ready() {
-                self.feed.commit().await?;
+                _ = self.feed.delivery.commit_deadline(), if timed => {}
             }
             self.confirm_acknowledged().await?;
         }
+    }
+
+    /// Commits the open Kafka transaction when it is ready ([`Feed::commit_ready`]), and
+    /// confirms what it settled.
+    async fn commit_if_ready(&mut self) -> Result<(), RelayError> {
+        if self.feed.commit_ready() {
+            self.feed.commit().await?;
+            self.confirm_acknowledged().await?;
+        }
+        Ok(())
     }
 
     /// Handles `first` and the events the transport has read already, up to [`READ_TURN`], as

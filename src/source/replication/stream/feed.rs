@@ -114,8 +114,9 @@ impl<'a, S: Sink> Feed<'a, S> {
         !self.bounded() && !commit_waits
     }
 
-    /// Reading cannot go on: the stage holds, or the records in flight (with Kafka
-    /// transactions, also those acknowledged and not committed yet) reach a bound.
+    /// Reading cannot go on: the stage holds, or the records in flight reach a bound (the
+    /// event bound counts, with Kafka transactions, those acknowledged and not committed yet;
+    /// the byte bound only those unacknowledged).
     fn bounded(&self) -> bool {
         let r = self.replication;
         self.delivery.holding()

@@ -191,7 +191,7 @@ async fn under_block_a_refused_record_holds_reading_and_confirmation_until_kafka
     assert!(!feed.reading() && feed.letters().is_empty());
     // then the held record is sent again when due, taken, and the rest is confirmed
     tokio::time::timeout(PATIENCE, feed.delivery.retry_due()).await.unwrap();
-    feed.delivery.retry_held().await;
+    feed.delivery.retry_held().await.unwrap();
     settle_next(&mut feed, &mut reports).await;
     assert_eq!(feed.advance(), Some(Lsn(300)));
     assert!(feed.reading());
