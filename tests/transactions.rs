@@ -179,6 +179,13 @@ async fn a_frozen_relay_that_comes_back_is_fenced_and_nothing_it_sent_becomes_vi
     );
 }
 
+/// The sessions of the replication relay active on slot `$1`: its walsender, and the session
+/// holding the slot's advisory lock (a standby only tries it).
+const ACTIVE_SESSIONS_SQL: &str = "SELECT active_pid AS pid FROM pg_replication_slots \
+     WHERE slot_name = $1 AND active_pid IS NOT NULL \
+     UNION SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
+       AND database = (SELECT oid FROM pg_database WHERE datname = current_database())";
+
 /// Writes `events` events of aggregate `aggregate` in ONE PostgreSQL transaction, in seq order.
 async fn write_one_large_transaction(
     client: &tokio_postgres::Client,
@@ -226,16 +233,21 @@ async fn a_relay_frozen_mid_transaction_is_fenced_by_the_standby_and_its_records
     let uncommitted = isolated_consumer(&broker.brokers(), &s.topic, "read_uncommitted");
     write_one_large_transaction(&client, &s.aggregate_type, "agg-0", EVENTS).await;
     assert!(!consume(&uncommitted, 1, IDLE).await.is_empty(), "{}", a.log_text());
+    let frozen: Vec<i32> =
+        client.query(ACTIVE_SESSIONS_SQL, &[&s.slot]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(frozen.len(), 2, "the active relay's walsender and lock session: {frozen:?}");
     common::broker::signal(a.pid(), "-STOP");
-    client
-        .execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'outbox-relay' \
-             AND datname = current_database()",
-            &[],
-        )
-        .await
-        .unwrap();
-    b.wait_ready("active").await;
+    // (ended again until the standby is active, should one outlive the first try; only the frozen
+    // relay's sessions, so the standby's are never touched)
+    wait_until(b.context("the standby to take over".into()), async || {
+        client
+            .execute("SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) pid", &[&frozen])
+            .await
+            .unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+        b.readyz().is_some_and(|(_, body)| body.starts_with("active"))
+    })
+    .await;
     let committed = isolated_consumer(&broker.brokers(), &s.topic, "read_committed");
     let records = consume_ids(&committed, EVENTS as usize).await;
     // and the frozen relay comes back (SIGCONT)
