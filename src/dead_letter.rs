@@ -55,6 +55,8 @@ pub struct DeadLetter {
     pub id: String,
     pub row: LetterRow,
     pub reason: String,
+    /// The outbox it came from (see [`KafkaRecord::outbox`]): its table and policy decide.
+    pub outbox: usize,
 }
 
 /// What a dead letter keeps of its event, to write as `row_data`: the row as read, or the
@@ -86,17 +88,24 @@ impl ToSql for LetterRow {
 impl DeadLetter {
     /// A row the mapping refused.
     pub fn unmapped(unpublishable: Unpublishable) -> DeadLetter {
-        DeadLetter::row(unpublishable.row, unpublishable.reason.to_string())
+        let outbox = unpublishable.outbox;
+        DeadLetter::row(unpublishable.row, unpublishable.reason.to_string()).in_outbox(outbox)
     }
 
-    /// A row that is not published, for `reason`.
+    /// A row of the first outbox that is not published, for `reason` (of another: [`DeadLetter::in_outbox`]).
     pub fn row(row: OutboxRow, reason: String) -> DeadLetter {
-        DeadLetter { id: row.id.clone().unwrap_or_default(), row: LetterRow::Row(row), reason }
+        DeadLetter { id: row.id.clone().unwrap_or_default(), row: LetterRow::Row(row), reason, outbox: 0 }
     }
 
     /// A record Kafka refused permanently.
     pub fn refused(event: KafkaRecord, reason: String) -> DeadLetter {
-        DeadLetter { id: event.id.clone(), row: LetterRow::Record(event), reason }
+        let outbox = event.outbox;
+        DeadLetter { id: event.id.clone(), row: LetterRow::Record(event), reason, outbox }
+    }
+
+    /// The letter, of the outbox at place `outbox`.
+    pub fn in_outbox(self, outbox: usize) -> DeadLetter {
+        DeadLetter { outbox, ..self }
     }
 }
 
@@ -122,13 +131,11 @@ impl LetterKey {
     }
 }
 
-/// The dead-letter policy and table of one relay.
+/// The dead-letter policies and tables of one relay's outboxes.
 #[derive(Debug, Clone)]
 pub struct DeadLetters {
-    insert_sql: String,
-    dead_lettered_sql: String,
-    source_table: String,
-    policy: OnPoison,
+    /// By the outbox's place (see [`DeadLetter::outbox`]).
+    outboxes: Vec<OutboxLetters>,
     mode: Mode,
     retry: RetryConfig,
     /// Letters of records Kafka refused inside a Kafka transaction, which was then aborted
@@ -138,15 +145,19 @@ pub struct DeadLetters {
     refused: std::sync::Arc<std::sync::Mutex<VecDeque<DeadLetter>>>,
 }
 
-/// Refused records remembered across an aborted transaction, at most (the oldest go first: a
-/// record forgotten is refused again, and remembered again).
-const REFUSED_REMEMBERED: usize = 1_000;
+/// One outbox's dead-letter table and policy.
+#[derive(Debug, Clone)]
+struct OutboxLetters {
+    insert_sql: String,
+    dead_lettered_sql: String,
+    source_table: String,
+    policy: OnPoison,
+}
 
-impl DeadLetters {
-    /// `mode`: the `mode` label of the metrics.
-    pub fn new(config: &RelayConfig, mode: Mode) -> DeadLetters {
+impl OutboxLetters {
+    fn new(config: &RelayConfig) -> OutboxLetters {
         let (schema, table) = config.dead_letter.schema_and_table();
-        DeadLetters {
+        OutboxLetters {
             insert_sql: format!(
                 "INSERT INTO {} (source_table, event_id, row_data, reason) \
                  SELECT $1, u.event_id, u.row_data::jsonb, u.reason \
@@ -160,17 +171,34 @@ impl DeadLetters {
             ),
             source_table: OutboxTable::new(config).display_name(),
             policy: config.dead_letter.on_poison,
+        }
+    }
+}
+
+/// Refused records remembered across an aborted transaction, at most (the oldest go first: a
+/// record forgotten is refused again, and remembered again).
+const REFUSED_REMEMBERED: usize = 1_000;
+
+impl DeadLetters {
+    /// `mode`: the `mode` label of the metrics.
+    pub fn new(config: &RelayConfig, mode: Mode) -> DeadLetters {
+        DeadLetters {
+            outboxes: config.outboxes().iter().map(|o| OutboxLetters::new(&config.for_outbox(o))).collect(),
             mode,
             retry: config.retry.clone(),
             refused: Default::default(),
         }
     }
 
+    fn of(&self, outbox: usize) -> &OutboxLetters {
+        &self.outboxes[outbox]
+    }
+
     /// Kafka refused `letter`'s record inside a transaction that is now aborted: under
     /// `on_poison = "dead_letter"` the next session dead-letters it unsent
     /// ([`DeadLetters::refused_before`]).
     pub fn remember_refused(&self, letter: DeadLetter) {
-        if self.blocks() {
+        if self.blocks(letter.outbox) {
             return;
         }
         let mut refused = self.refused.lock().unwrap();
@@ -187,6 +215,7 @@ impl DeadLetters {
         let same = |letter: &DeadLetter| match &letter.row {
             LetterRow::Record(r) => {
                 r.id == record.id
+                    && r.outbox == record.outbox
                     && r.topic == record.topic
                     && r.key == record.key
                     && r.payload == record.payload
@@ -197,18 +226,20 @@ impl DeadLetters {
         refused.remove(index)
     }
 
-    /// True when `on_poison = "block"`.
-    pub fn blocks(&self) -> bool {
-        self.policy == OnPoison::Block
+    /// True when outbox `outbox` has `on_poison = "block"`.
+    pub fn blocks(&self, outbox: usize) -> bool {
+        self.of(outbox).policy == OnPoison::Block
     }
 
-    /// The events of this outbox the dead-letter table holds; none when there is no such table
-    /// (`on_poison = "block"` needs none).
+    /// The events of outbox `outbox` its dead-letter table holds; none when there is no such
+    /// table (`on_poison = "block"` needs none).
     pub async fn dead_lettered(
         &self,
         client: &tokio_postgres::Client,
+        outbox: usize,
     ) -> Result<HashSet<LetterKey>, RelayError> {
-        match client.query(&self.dead_lettered_sql, &[&self.source_table]).await {
+        let of = self.of(outbox);
+        match client.query(&of.dead_lettered_sql, &[&of.source_table]).await {
             Ok(rows) => Ok(rows
                 .iter()
                 .map(|r| LetterKey {
@@ -233,13 +264,19 @@ impl DeadLetters {
         client: &(impl GenericClient + Sync),
         letters: &[DeadLetter],
     ) -> Result<u64, RelayError> {
-        if letters.is_empty() {
-            return Ok(0);
+        let mut written = 0;
+        // one statement per outbox with letters (each has its table)
+        for (outbox, of) in self.outboxes.iter().enumerate() {
+            let letters: Vec<&DeadLetter> = letters.iter().filter(|l| l.outbox == outbox).collect();
+            if letters.is_empty() {
+                continue;
+            }
+            let ids: Vec<&str> = letters.iter().map(|l| l.id.as_str()).collect();
+            let rows: Vec<&LetterRow> = letters.iter().map(|l| &l.row).collect();
+            let reasons: Vec<&str> = letters.iter().map(|l| l.reason.as_str()).collect();
+            written += client.execute(&of.insert_sql, &[&of.source_table, &ids, &rows, &reasons]).await?;
         }
-        let ids: Vec<&str> = letters.iter().map(|l| l.id.as_str()).collect();
-        let rows: Vec<&LetterRow> = letters.iter().map(|l| &l.row).collect();
-        let reasons: Vec<&str> = letters.iter().map(|l| l.reason.as_str()).collect();
-        Ok(client.execute(&self.insert_sql, &[&self.source_table, &ids, &rows, &reasons]).await?)
+        Ok(written)
     }
 
     /// Counts and logs `letters`, once they are committed: a claim that rolls back and is
@@ -247,7 +284,8 @@ impl DeadLetters {
     pub fn report(&self, letters: &[DeadLetter]) {
         metrics().events_dead_lettered.with_label_values(&[self.mode.label()]).inc_by(letters.len() as u64);
         for letter in letters {
-            tracing::warn!(event_id = %letter.id, reason = %letter.reason, table = %self.source_table, "event moved to the dead-letter table");
+            let table = &self.of(letter.outbox).source_table;
+            tracing::warn!(event_id = %letter.id, reason = %letter.reason, %table, "event moved to the dead-letter table");
         }
     }
 
@@ -264,8 +302,8 @@ impl DeadLetters {
 
     /// Starts holding at `letter` (`on_poison = "block"`), reporting it at once.
     pub fn hold(&self, letter: DeadLetter, pulse: &Pulse) -> Hold {
-        let hold =
-            Hold { letter, backoff: Backoff::from_config(&self.retry), table: self.source_table.clone() };
+        let table = self.of(letter.outbox).source_table.clone();
+        let hold = Hold { letter, backoff: Backoff::from_config(&self.retry), table };
         hold.report(pulse);
         hold
     }

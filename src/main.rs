@@ -166,7 +166,7 @@ fn main() -> ExitCode {
             println!("{}", serde_json::to_string_pretty(&config.redacted()).expect("json"));
             ExitCode::SUCCESS
         }
-        Command::Check { .. } => runtime.block_on(run_check(&config)),
+        Command::Check { .. } => runtime.block_on(per_outbox(&config, true, async |c| run_check(&c).await)),
         Command::Setup { recreate_slot, skip_published, .. } => {
             match setup_config(config, recreate_slot, skip_published) {
                 Ok(Some(config)) => runtime.block_on(run_setup(config, recreate_slot)),
@@ -175,17 +175,46 @@ fn main() -> ExitCode {
             }
         }
         Command::Status { metrics_url, format, .. } => {
-            runtime.block_on(run_status(&config, metrics_url.as_deref(), format))
+            runtime.block_on(per_outbox(&config, matches!(format, LogFormat::Text), async |c| {
+                run_status(&c, metrics_url.as_deref(), format).await
+            }))
         }
         Command::Verify { since, until, format, wait_secs, show, .. } => {
             let options = verify::Options { since, until, wait: Duration::from_secs(wait_secs), show };
-            runtime.block_on(run_verify(&config, &options, format))
+            let text = matches!(format, LogFormat::Text);
+            runtime.block_on(per_outbox(&config, text, async |c| run_verify(&c, &options, format).await))
         }
         Command::ReplayDeadLetters { ids, dry_run, .. } => {
-            runtime.block_on(run_replay(&config, &replay::Options { ids, dry_run }))
+            let options = replay::Options { ids, dry_run };
+            runtime.block_on(per_outbox(&config, true, async |c| run_replay(&c, &options).await))
         }
         Command::Run { .. } => run(config, &runtime),
     }
+}
+
+/// Runs an operator command for each of the relay's outboxes, in the configured order: with
+/// several, each under a line naming it (`header`: in text output). The exit code is the first
+/// failing one's.
+async fn per_outbox(
+    config: &RelayConfig,
+    header: bool,
+    run: impl AsyncFn(RelayConfig) -> ExitCode,
+) -> ExitCode {
+    let outboxes = config.outboxes();
+    if outboxes.len() == 1 {
+        return run(config.clone()).await;
+    }
+    let mut code = ExitCode::SUCCESS;
+    for outbox in &outboxes {
+        if header {
+            println!("== outbox {} ({}.{}) ==", outbox.name, outbox.config.schema, outbox.config.table);
+        }
+        let ran = run(config.for_outbox(outbox)).await;
+        if code == ExitCode::SUCCESS {
+            code = ran;
+        }
+    }
+    code
 }
 
 async fn run_replay(config: &RelayConfig, options: &replay::Options) -> ExitCode {

@@ -93,8 +93,13 @@ pub struct RelayConfig {
     #[serde(default)]
     pub postgres: PostgresConfig,
     pub kafka: KafkaConfig,
+    /// The one outbox table (the single-table form), unless `outboxes` lists several.
     #[serde(default)]
     pub outbox: OutboxConfig,
+    /// Several outbox tables read by one relay (`[[outboxes]]`), each an [`OutboxConfig`] with
+    /// its `name`; empty: the one `[outbox]`. Read through [`RelayConfig::outboxes`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outboxes: Vec<OutboxConfig>,
     #[serde(default)]
     pub polling: PollingConfig,
     #[serde(default)]
@@ -143,9 +148,12 @@ impl fmt::Display for SourceMode {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OutboxConfig {
+    /// What metrics, logs and errors call the outbox; empty (default): the table's name.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub name: String,
     pub schema: String,
     pub table: String,
     /// Topic for each event; `{aggregate_type}` and `{event_type}` are replaced from the row.
@@ -160,24 +168,41 @@ pub struct OutboxConfig {
     #[serde(deserialize_with = "kafka::string_or_list")]
     pub allowed_topics: Vec<String>,
     pub columns: ColumnsConfig,
+    /// This outbox's dead-letter policy and table; unset (default): `[dead_letter]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dead_letter: Option<DeadLetterConfig>,
 }
 
 impl Default for OutboxConfig {
     fn default() -> Self {
         OutboxConfig {
+            name: String::new(),
             schema: DEFAULT_OUTBOX_SCHEMA.into(),
             table: DEFAULT_OUTBOX_TABLE.into(),
             topic_template: DEFAULT_TOPIC_TEMPLATE.into(),
             row_topics: false,
             allowed_topics: Vec::new(),
             columns: ColumnsConfig::default(),
+            dead_letter: None,
         }
     }
 }
 
+/// One outbox as the relay reads it: `[outbox]` with `[dead_letter]`, or an `[[outboxes]]`
+/// entry with its own `dead_letter` or the shared one ([`RelayConfig::outboxes`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outbox {
+    /// Unique among the relay's outboxes: the `outbox` label of its metrics.
+    pub name: String,
+    /// Where its settings are, for errors: `outbox` or `outboxes[2]`.
+    pub path: String,
+    pub config: OutboxConfig,
+    pub dead_letter: DeadLetterConfig,
+}
+
 /// Column names of the outbox table. Optional columns are switched off with an empty string,
 /// which is how a Debezium-style table (`id, aggregatetype, aggregateid, type, payload`) is read.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ColumnsConfig {
     pub id: String,
@@ -343,7 +368,7 @@ impl Default for ReplicationConfig {
 
 /// What happens to an event that can never be published (a NULL required column, a topic
 /// Kafka refuses, a record over the size limit), in both modes and in the first copy alike.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DeadLetterConfig {
     /// `dead_letter` moves the event with its reason to `table` and carries on; `block` holds
@@ -446,6 +471,36 @@ impl Default for MetricsConfig {
 }
 
 impl RelayConfig {
+    /// The outboxes this relay reads, in configured order: the `[[outboxes]]` entries, or the
+    /// one `[outbox]`. Each has its name and its dead-letter settings resolved.
+    pub fn outboxes(&self) -> Vec<Outbox> {
+        let listed: Vec<(String, &OutboxConfig)> = if self.outboxes.is_empty() {
+            vec![("outbox".to_string(), &self.outbox)]
+        } else {
+            self.outboxes.iter().enumerate().map(|(i, o)| (format!("outboxes[{i}]"), o)).collect()
+        };
+        listed
+            .into_iter()
+            .map(|(path, o)| Outbox {
+                name: if o.name.is_empty() { o.table.clone() } else { o.name.clone() },
+                path,
+                config: o.clone(),
+                dead_letter: o.dead_letter.clone().unwrap_or_else(|| self.dead_letter.clone()),
+            })
+            .collect()
+    }
+
+    /// This configuration for `outbox` alone, in the single-table form (`[outbox]` with its
+    /// `[dead_letter]`): what the parts about one table (its SQL, its dead letters, its source
+    /// identity) read.
+    pub fn for_outbox(&self, outbox: &Outbox) -> RelayConfig {
+        let mut config = self.clone();
+        config.outbox = OutboxConfig { dead_letter: None, ..outbox.config.clone() };
+        config.outboxes = Vec::new();
+        config.dead_letter = outbox.dead_letter.clone();
+        config
+    }
+
     /// One readable line for the start-up log: what the relay reads, where it writes.
     pub fn summary(&self) -> String {
         let pg = &self.postgres;

@@ -469,3 +469,72 @@ fn kafka_transaction_settings_are_checked_naming_the_key() {
     assert_eq!(producer.get("message.timeout.ms"), Some("60000"));
     assert_eq!(producer.get("transactional.id"), Some("id"));
 }
+
+const TWO_OUTBOXES: &str = "[[outboxes]]\nname = \"orders\"\n\n[[outboxes]]\nname = \"ledger\"\ntable = \"ledger_outbox\"\n\
+    topic_template = \"ledger.{event_type}\"\n[outboxes.dead_letter]\ntable = \"ledger_dead\"\non_poison = \"block\"\n";
+
+#[test]
+fn the_single_table_form_is_one_outbox_named_after_its_table() {
+    let cfg = load(&format!("{MINIMAL}[outbox]\ntable = \"events\"\n"), &[]).unwrap();
+    let outboxes = cfg.outboxes();
+    assert_eq!(outboxes.len(), 1);
+    assert_eq!((outboxes[0].name.as_str(), outboxes[0].path.as_str()), ("events", "outbox"));
+    assert_eq!(outboxes[0].config, cfg.outbox);
+    assert_eq!(outboxes[0].dead_letter, cfg.dead_letter);
+}
+
+#[test]
+fn listed_outboxes_keep_their_order_names_and_dead_letter_settings() {
+    let cfg = load(&format!("{MINIMAL}[dead_letter]\ntable = \"ops.dead\"\n{TWO_OUTBOXES}"), &[]).unwrap();
+    let outboxes = cfg.outboxes();
+    let names: Vec<_> = outboxes.iter().map(|o| (o.name.as_str(), o.path.as_str())).collect();
+    assert_eq!(names, [("orders", "outboxes[0]"), ("ledger", "outboxes[1]")]);
+    assert_eq!(outboxes[0].config.table, "outbox_events");
+    // the shared [dead_letter] unless the entry has its own
+    assert_eq!(outboxes[0].dead_letter.schema_and_table(), ("ops", "dead"));
+    assert_eq!(outboxes[1].dead_letter.schema_and_table(), ("public", "ledger_dead"));
+    assert_eq!(outboxes[1].dead_letter.on_poison, OnPoison::Block);
+    assert_eq!(outboxes[1].config.topic_template, "ledger.{event_type}");
+}
+
+#[test]
+fn an_outbox_listed_twice_or_misconfigured_is_refused_naming_the_entry() {
+    let same_name =
+        format!("{MINIMAL}[[outboxes]]\nname = \"a\"\n[[outboxes]]\nname = \"a\"\ntable = \"t2\"\n");
+    let err = load(&same_name, &[]).unwrap_err().to_string();
+    assert!(err.starts_with("outboxes[1].name: \"a\" is the name of outboxes[0] too"), "{err}");
+    let same_table = format!("{MINIMAL}[[outboxes]]\nname = \"a\"\n[[outboxes]]\nname = \"b\"\n");
+    let err = load(&same_table, &[]).unwrap_err().to_string();
+    assert!(
+        err.starts_with("outboxes[1].table: public.outbox_events is listed twice (as \"a\" in outboxes[0]"),
+        "{err}"
+    );
+    let bad_name = format!("{MINIMAL}[[outboxes]]\nname = \"has space\"\n");
+    let err = load(&bad_name, &[]).unwrap_err().to_string();
+    assert!(err.starts_with("outboxes[0].name: \"has space\" is not an outbox name"), "{err}");
+    let bad_template = format!("{MINIMAL}{TWO_OUTBOXES}").replace("ledger.{event_type}", "ledger.{type}");
+    let err = load(&bad_template, &[]).unwrap_err().to_string();
+    assert!(err.starts_with("outboxes[1].topic_template: unknown placeholder {type}"), "{err}");
+    let bad_dead_letter = format!("{MINIMAL}{TWO_OUTBOXES}").replace("\"ledger_dead\"", "\"a.b.c\"");
+    let err = load(&bad_dead_letter, &[]).unwrap_err().to_string();
+    assert!(err.starts_with("outboxes[1].dead_letter.table: \"a.b.c\" is not schema.table"), "{err}");
+    let both = format!("{MINIMAL}[outbox]\ntable = \"x\"\n{TWO_OUTBOXES}");
+    let err = load(&both, &[]).unwrap_err().to_string();
+    assert!(
+        err.starts_with("outbox: set either [outbox] (one table) or [[outboxes]] (several), not both"),
+        "{err}"
+    );
+    // the single-table form's paths stay as they were
+    let err = load(&format!("{MINIMAL}[outbox]\ntable = \"\"\n"), &[]).unwrap_err().to_string();
+    assert!(err.starts_with("outbox.table: must not be empty"), "{err}");
+}
+
+#[test]
+fn several_outboxes_need_replication_mode_for_now() {
+    let polling = format!("{MINIMAL}[source]\nmode = \"polling\"\n{TWO_OUTBOXES}");
+    let err = load(&polling, &[]).unwrap_err().to_string();
+    assert!(err.starts_with("outboxes: polling mode reads one outbox table in this release"), "{err}");
+    // one listed outbox is the single-table form in another spelling
+    let one = format!("{MINIMAL}[source]\nmode = \"polling\"\n[[outboxes]]\nname = \"orders\"\n");
+    assert_eq!(load(&one, &[]).unwrap().outboxes()[0].name, "orders");
+}

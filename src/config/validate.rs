@@ -46,10 +46,9 @@ impl RelayConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.kafka.validate()?;
         self.postgres.validate()?;
-        self.validate_outbox()?;
+        self.validate_outboxes()?;
         self.validate_polling()?;
         self.validate_replication()?;
-        self.validate_dead_letter()?;
         self.validate_dedup()?;
         self.validate_metrics()?;
         if self.retry.initial_backoff_ms == 0 {
@@ -136,24 +135,48 @@ impl RelayConfig {
         Ok(())
     }
 
-    fn validate_outbox(&self) -> Result<(), ConfigError> {
-        let o = &self.outbox;
-        if o.schema.is_empty() {
-            return Err(ConfigError::invalid("outbox.schema", "must not be empty"));
+    /// Every outbox: its own settings, then that no name or table is listed twice.
+    fn validate_outboxes(&self) -> Result<(), ConfigError> {
+        if !self.outboxes.is_empty() && self.outbox != OutboxConfig::default() {
+            return Err(ConfigError::invalid(
+                "outbox",
+                "set either [outbox] (one table) or [[outboxes]] (several), not both: move the [outbox] \
+                 settings into an [[outboxes]] entry",
+            ));
         }
-        if o.table.is_empty() {
-            return Err(ConfigError::invalid("outbox.table", "must not be empty"));
+        let outboxes = self.outboxes();
+        if outboxes.len() > 1 && self.source.mode == SourceMode::Polling {
+            return Err(ConfigError::invalid(
+                "outboxes",
+                "polling mode reads one outbox table in this release: set source.mode = \"replication\" (one slot \
+                 for every outbox), or run one relay per outbox table",
+            ));
         }
-        for (key, name) in o.columns.required() {
-            if name.is_empty() {
+        for (i, outbox) in outboxes.iter().enumerate() {
+            validate_outbox(outbox)?;
+            let earlier = &outboxes[..i];
+            if let Some(first) = earlier.iter().find(|o| o.name == outbox.name) {
                 return Err(ConfigError::invalid(
-                    format!("outbox.columns.{key}"),
-                    "must not be empty: the column is required",
+                    format!("{}.name", outbox.path),
+                    format!(
+                        "\"{}\" is the name of {} too: each outbox needs its own name",
+                        outbox.name, first.path
+                    ),
+                ));
+            }
+            if let Some(first) = earlier.iter().find(|o| {
+                (&o.config.schema, &o.config.table) == (&outbox.config.schema, &outbox.config.table)
+            }) {
+                return Err(ConfigError::invalid(
+                    format!("{}.table", outbox.path),
+                    format!(
+                        "{}.{} is listed twice (as \"{}\" in {} too): list each outbox table once",
+                        outbox.config.schema, outbox.config.table, first.name, first.path
+                    ),
                 ));
             }
         }
-        validate_topic_template(&o.topic_template)?;
-        validate_topic_routing(o)
+        Ok(())
     }
 
     fn validate_polling(&self) -> Result<(), ConfigError> {
@@ -181,22 +204,55 @@ impl RelayConfig {
         }
         Ok(())
     }
+}
 
-    fn validate_dead_letter(&self) -> Result<(), ConfigError> {
-        let (schema, table) = self.dead_letter.schema_and_table();
-        if schema.is_empty() || table.is_empty() || table.contains('.') {
+/// One outbox's settings; errors name them under its path (`outbox.table`, `outboxes[1].table`).
+fn validate_outbox(outbox: &Outbox) -> Result<(), ConfigError> {
+    let (o, path) = (&outbox.config, &outbox.path);
+    if o.schema.is_empty() {
+        return Err(ConfigError::invalid(format!("{path}.schema"), "must not be empty"));
+    }
+    if o.table.is_empty() {
+        return Err(ConfigError::invalid(format!("{path}.table"), "must not be empty"));
+    }
+    let name_valid = !outbox.name.is_empty()
+        && outbox.name.len() <= 63
+        && outbox.name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if !name_valid {
+        return Err(ConfigError::invalid(
+            format!("{path}.name"),
+            format!(
+                "\"{}\" is not an outbox name: 1 to 63 of a-z, A-Z, 0-9, '_', '-' and '.' (it is a metric label); \
+                 set {path}.name",
+                outbox.name
+            ),
+        ));
+    }
+    for (key, name) in o.columns.required() {
+        if name.is_empty() {
             return Err(ConfigError::invalid(
-                "dead_letter.table",
-                format!("\"{}\" is not schema.table or table", self.dead_letter.table),
+                format!("{path}.columns.{key}"),
+                "must not be empty: the column is required",
             ));
         }
-        Ok(())
     }
+    validate_topic_template(path, &o.topic_template)?;
+    validate_topic_routing(path, o)?;
+    let dead_letter_path =
+        if o.dead_letter.is_some() { format!("{path}.dead_letter") } else { "dead_letter".into() };
+    let (schema, table) = outbox.dead_letter.schema_and_table();
+    if schema.is_empty() || table.is_empty() || table.contains('.') {
+        return Err(ConfigError::invalid(
+            format!("{dead_letter_path}.table"),
+            format!("\"{}\" is not schema.table or table", outbox.dead_letter.table),
+        ));
+    }
+    Ok(())
 }
 
 /// `outbox.allowed_topics` entries are topic names or prefixes ending in `*`; `row_topics`
 /// needs a topic column and a list; a set list must leave the template some topic.
-fn validate_topic_routing(o: &OutboxConfig) -> Result<(), ConfigError> {
+fn validate_topic_routing(path: &str, o: &OutboxConfig) -> Result<(), ConfigError> {
     for (i, entry) in o.allowed_topics.iter().enumerate() {
         let name = entry.strip_suffix('*').unwrap_or(entry);
         let valid = name.len() <= 249
@@ -204,7 +260,7 @@ fn validate_topic_routing(o: &OutboxConfig) -> Result<(), ConfigError> {
             && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
         if !valid {
             return Err(ConfigError::invalid(
-                format!("outbox.allowed_topics[{i}]"),
+                format!("{path}.allowed_topics[{i}]"),
                 format!(
                     "\"{entry}\" is neither a topic name nor a prefix ending in * (a-z, A-Z, 0-9, '.', '_' \
                      and '-', at most 249, and * only at the end)"
@@ -214,16 +270,20 @@ fn validate_topic_routing(o: &OutboxConfig) -> Result<(), ConfigError> {
     }
     if o.row_topics && o.columns.topic.is_empty() {
         return Err(ConfigError::invalid(
-            "outbox.row_topics",
-            "needs outbox.columns.topic, which is \"\" (no topic column); name the column, or set \
-             outbox.row_topics = false",
+            format!("{path}.row_topics"),
+            format!(
+                "needs {path}.columns.topic, which is \"\" (no topic column); name the column, or set \
+                 {path}.row_topics = false"
+            ),
         ));
     }
     if o.row_topics && o.allowed_topics.is_empty() {
         return Err(ConfigError::invalid(
-            "outbox.row_topics",
-            "needs outbox.allowed_topics, the topics a row may name (e.g. [\"billing\", \"audit.*\"]); \
-             without it every row naming a topic would be dead-lettered",
+            format!("{path}.row_topics"),
+            format!(
+                "needs {path}.allowed_topics, the topics a row may name (e.g. [\"billing\", \"audit.*\"]); \
+                 without it every row naming a topic would be dead-lettered"
+            ),
         ));
     }
     // the template's fixed start (up to its first placeholder) must be able to match an entry
@@ -241,9 +301,9 @@ fn validate_topic_routing(o: &OutboxConfig) -> Result<(), ConfigError> {
     });
     if !o.allowed_topics.is_empty() && !reachable {
         return Err(ConfigError::invalid(
-            "outbox.allowed_topics",
+            format!("{path}.allowed_topics"),
             format!(
-                "allows no topic outbox.topic_template (\"{}\") renders, so every event would be \
+                "allows no topic {path}.topic_template (\"{}\") renders, so every event would be \
                  dead-lettered; add the template's topics (e.g. \"{start}*\")",
                 o.topic_template
             ),
@@ -252,20 +312,20 @@ fn validate_topic_routing(o: &OutboxConfig) -> Result<(), ConfigError> {
     Ok(())
 }
 
-fn validate_topic_template(template: &str) -> Result<(), ConfigError> {
-    const PATH: &str = "outbox.topic_template";
+fn validate_topic_template(path: &str, template: &str) -> Result<(), ConfigError> {
+    let path = format!("{path}.topic_template");
     if template.is_empty() {
-        return Err(ConfigError::invalid(PATH, "must not be empty"));
+        return Err(ConfigError::invalid(&path, "must not be empty"));
     }
     let mut rest = template;
     while let Some(open) = rest.find('{') {
         let Some(close) = rest[open..].find('}') else {
-            return Err(ConfigError::invalid(PATH, "has a '{' without a closing '}'"));
+            return Err(ConfigError::invalid(&path, "has a '{' without a closing '}'"));
         };
         let name = &rest[open + 1..open + close];
         if !TOPIC_PLACEHOLDERS.contains(&name) {
             return Err(ConfigError::invalid(
-                PATH,
+                &path,
                 format!("unknown placeholder {{{name}}}; use {{aggregate_type}} or {{event_type}}"),
             ));
         }

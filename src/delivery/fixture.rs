@@ -37,11 +37,22 @@ impl Fixture {
         Fixture::with_sink(on_poison, ScriptedSink::transactional())
     }
 
+    /// With the `[[outboxes]]` `outboxes` (JSON), each under the shared `on_poison` unless it
+    /// has its own.
+    pub(crate) fn with_outboxes(on_poison: &str, outboxes: serde_json::Value) -> Fixture {
+        Fixture::configured(on_poison, ScriptedSink::new(), outboxes)
+    }
+
     fn with_sink(on_poison: &str, sink: ScriptedSink) -> Fixture {
+        Fixture::configured(on_poison, sink, serde_json::json!([]))
+    }
+
+    fn configured(on_poison: &str, sink: ScriptedSink, outboxes: serde_json::Value) -> Fixture {
         let config: RelayConfig = serde_json::from_value(serde_json::json!({
             "kafka": {"brokers": ["127.0.0.1:1"], "stall_warning_ms": 100, "transactional": crate::sink::Sink::transactional(&sink),
                       "transaction_max_events": 3},
             "dead_letter": {"on_poison": on_poison},
+            "outboxes": outboxes,
             "retry": {"initial_backoff_ms": 10, "max_backoff_ms": 20},
         }))
         .unwrap();
@@ -59,7 +70,7 @@ impl Fixture {
     /// A stage whose read-back is off (the sink has no source identity).
     pub(crate) fn delivery<P: Clone>(&self) -> Delivery<'_, ScriptedSink, P> {
         let (_, shutdown) = watch::channel(false);
-        let dedup = Dedup::new(&self.config, Mode::Replication, Lookback::Everything, None, &shutdown);
+        let dedup = Dedup::new(&self.config, Mode::Replication, Lookback::Everything, &[], &shutdown);
         Delivery::new(
             &self.sink,
             &self.dead_letters,

@@ -190,7 +190,7 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
 
     /// A row read at `position` cannot become a record: `letter` says why.
     pub(crate) fn unpublishable(&mut self, position: P, letter: DeadLetter) -> Settled<P> {
-        if self.dead_letters.blocks() {
+        if self.dead_letters.blocks(letter.outbox) {
             self.hold(letter, None);
             Settled::Held(position)
         } else {
@@ -243,7 +243,7 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
                 self.held.as_mut().expect("held").resending = None;
                 Ok(None)
             }
-            PublishError::Permanent(reason) if self.dead_letters.blocks() => {
+            PublishError::Permanent(reason) if self.dead_letters.blocks(event.outbox) => {
                 let refused = Refused { seq: report.seq, position: position.clone(), record: event.clone() };
                 self.hold(DeadLetter::refused(event, reason), Some(refused));
                 Ok(Some(Settled::Held(position)))
@@ -259,7 +259,7 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
     /// `on_poison = "dead_letter"`.
     fn refused_in_transaction(&self, event: KafkaRecord, reason: String) -> RelayError {
         let id = event.id.clone();
-        let then = if self.dead_letters.blocks() {
+        let then = if self.dead_letters.blocks(event.outbox) {
             "under dead_letter.on_poison = \"block\" it is sent again after a backoff, and nothing after it commits \
              until Kafka takes it"
         } else {

@@ -128,6 +128,9 @@ pub struct KafkaRecord {
     /// Where the source read it: the `outbox_relay_position` header, and what the relay matches
     /// replayed events by (see `sink::dedup`).
     pub position: Option<Position>,
+    /// Which of the relay's outboxes (`RelayConfig::outboxes`, by place) it came from: its
+    /// `outbox_relay_source` header, its dead-letter table and policy.
+    pub outbox: usize,
 }
 
 /// Where an event was read, as the `outbox_relay_position` header carries it. Deterministic for
@@ -219,6 +222,8 @@ impl KafkaRecord {
 pub struct Unpublishable {
     pub reason: PoisonReason,
     pub row: OutboxRow,
+    /// The outbox it came from (see [`KafkaRecord::outbox`]).
+    pub outbox: usize,
 }
 
 /// Row data quoted in a reason: escaped (a control character stays visible and harmless in a
@@ -276,6 +281,8 @@ pub struct Mapping {
     /// `outbox.row_topics`: a row's own topic may differ from the template's.
     row_topics: bool,
     allowed_topics: AllowedTopics,
+    /// The outbox's place among the relay's: what its records and refusals say they came from.
+    outbox: usize,
 }
 
 /// Splits a (validated) template into text and placeholders.
@@ -301,12 +308,19 @@ fn parse_template(template: &str) -> Vec<TopicPart> {
 }
 
 impl Mapping {
+    /// The mapping of a relay's only (or first) outbox.
     pub fn new(outbox: &OutboxConfig) -> Self {
+        Mapping::of(outbox, 0)
+    }
+
+    /// The mapping of the relay's outbox at place `index`.
+    pub fn of(outbox: &OutboxConfig, index: usize) -> Self {
         Mapping {
             topic_template: parse_template(&outbox.topic_template),
             columns: outbox.columns.clone(),
             row_topics: outbox.row_topics,
             allowed_topics: AllowedTopics::new(&outbox.allowed_topics),
+            outbox: index,
         }
     }
 
@@ -318,7 +332,7 @@ impl Mapping {
     ) -> Result<KafkaRecord, Box<Unpublishable>> {
         let (topic, row_headers) = match self.check(&raw) {
             Ok(checked) => checked,
-            Err(reason) => return Err(Box::new(Unpublishable { reason, row: raw })),
+            Err(reason) => return Err(Box::new(Unpublishable { reason, row: raw, outbox: self.outbox })),
         };
         // `check` proved every required column present
         let (Some(id), Some(aggregate_type), Some(key), Some(event_type), Some(payload)) =
@@ -336,6 +350,7 @@ impl Mapping {
             row_headers,
             created_at,
             position: None,
+            outbox: self.outbox,
         })
     }
 

@@ -70,13 +70,15 @@ pub const PARTITIONS_AHEAD: &str = "outbox_relay_outbox_partitions_ahead_seconds
 pub const DEPLOYMENT_LABELS: [&str; 3] = ["database", "outbox", "slot"];
 
 /// The values of [`DEPLOYMENT_LABELS`] for `config`: `postgres.database`, the outbox table as
-/// `schema.table`, and `replication.slot` (in polling mode too, so a mode switch keeps them).
+/// `schema.table` (several: comma-separated, in the configured order), and `replication.slot`
+/// (in polling mode too, so a mode switch keeps them).
 pub fn deployment_labels(config: &crate::config::RelayConfig) -> [String; 3] {
-    [
-        config.postgres.database.clone(),
-        crate::table::OutboxTable::new(config).display_name(),
-        config.replication.slot.clone(),
-    ]
+    let tables: Vec<String> = config
+        .outboxes()
+        .iter()
+        .map(|o| crate::table::OutboxTable::new(&config.for_outbox(o)).display_name())
+        .collect();
+    [config.postgres.database.clone(), tables.join(","), config.replication.slot.clone()]
 }
 
 /// Every metric with its help text, in the order they are documented.

@@ -100,7 +100,7 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, Rel
     }
     let mut sink = KafkaSink::new(&config.kafka)
         .map_err(|e| RelayError::Kafka(format!("cannot create a producer: {e}")))?;
-    sink.set_source(&source);
+    sink.set_sources(&[source]);
     let acked = send(&sink, &records, config.kafka.message_timeout_ms, &mut outcome).await;
     let sent: Vec<&(Letter, KafkaRecord)> = records.iter().filter(|(l, _)| acked.contains(&l.id)).collect();
     remove(&tx, &letters_table, &table.delete_ids_sql(&id_type), &sent).await?;

@@ -64,6 +64,8 @@ pub(crate) enum Lookback {
 /// What an event's key is made of besides its position: the same on both sides (the event about
 /// to be sent, the record read back).
 struct Content<'a> {
+    /// The outbox's place: its `outbox_relay_source` on the record read back.
+    outbox: usize,
     id: &'a str,
     key: &'a [u8],
     payload: &'a [u8],
@@ -73,6 +75,7 @@ struct Content<'a> {
 impl<'a> Content<'a> {
     fn of(event: &'a KafkaRecord) -> Content<'a> {
         Content {
+            outbox: event.outbox,
             id: &event.id,
             key: event.key.as_bytes(),
             payload: &event.payload,
@@ -96,8 +99,8 @@ impl Fingerprint {
     fn key(&self, position: &Position, content: &Content<'_>) -> u128 {
         match position {
             Position::Stream { commit, index } => {
-                let Content { id, key, payload, event_type } = content;
-                self.of((0u8, commit.0, *index, id, key, payload, event_type))
+                let Content { outbox, id, key, payload, event_type } = content;
+                self.of((0u8, outbox, commit.0, *index, id, key, payload, event_type))
             }
             Position::Copy { .. } | Position::Batch { .. } => self.id_key(content),
         }
@@ -105,8 +108,8 @@ impl Fingerprint {
 
     /// The key of a row wherever it was read: its id and content.
     fn id_key(&self, content: &Content<'_>) -> u128 {
-        let Content { id, key, payload, event_type } = content;
-        self.of((1u8, id, key, payload, event_type))
+        let Content { outbox, id, key, payload, event_type } = content;
+        self.of((1u8, outbox, id, key, payload, event_type))
     }
 }
 
@@ -114,15 +117,25 @@ impl Fingerprint {
 /// promoted one is the same source), the database and the outbox table.
 const SOURCE_SQL: &str = "SELECT system_identifier::text, current_database()::text FROM pg_control_system()";
 
-/// The `outbox_relay_source` of this relay's records:
+/// The `outbox_relay_source` of the records of a relay's outboxes (by place):
 /// `<system identifier>/<database>/<schema>.<table>`.
+pub(crate) async fn source_identities(
+    client: &tokio_postgres::Client,
+    config: &RelayConfig,
+) -> Result<Vec<String>, RelayError> {
+    let row = client.query_one(SOURCE_SQL, &[]).await?;
+    let (system, database): (String, String) = (row.get(0), row.get(1));
+    let identity =
+        |o: &crate::config::Outbox| format!("{system}/{database}/{}.{}", o.config.schema, o.config.table);
+    Ok(config.outboxes().iter().map(identity).collect())
+}
+
+/// The `outbox_relay_source` of the records of a relay's first (or only) outbox.
 pub(crate) async fn source_identity(
     client: &tokio_postgres::Client,
     config: &RelayConfig,
 ) -> Result<String, RelayError> {
-    let row = client.query_one(SOURCE_SQL, &[]).await?;
-    let (system, database): (String, String) = (row.get(0), row.get(1));
-    Ok(format!("{system}/{database}/{}.{}", config.outbox.schema, config.outbox.table))
+    Ok(source_identities(client, config).await?.swap_remove(0))
 }
 
 /// How long a session waits for the producer of a failed one to be destroyed.
@@ -138,8 +151,8 @@ pub(crate) struct Dedup {
     max_records: u64,
     timeout: Duration,
     fingerprint: Fingerprint,
-    /// `outbox_relay_source` of this relay's records.
-    source: Arc<str>,
+    /// `outbox_relay_source` of the records of each outbox (by place).
+    sources: Arc<[Arc<str>]>,
     /// Per topic read back in this session: the keys still expected again.
     topics: HashMap<String, HashSet<u128>>,
     consumer: Option<Arc<BaseConsumer<ReadBackContext>>>,
@@ -180,17 +193,17 @@ impl ClientContext for ReadBackContext {
 impl ConsumerContext for ReadBackContext {}
 
 impl Dedup {
-    /// The rule for a session of `mode` replaying from `lookback`; `source` is `None` when the
+    /// The rule for a session of `mode` replaying from `lookback`; `sources` is empty when the
     /// records carry no source header (nothing can be recognised, so nothing is skipped).
     pub(crate) fn new(
         config: &RelayConfig,
         mode: Mode,
         lookback: Lookback,
-        source: Option<&str>,
+        sources: &[Arc<str>],
         shutdown: &watch::Receiver<bool>,
     ) -> Dedup {
         Dedup {
-            enabled: config.dedup.enabled && source.is_some(),
+            enabled: config.dedup.enabled && !sources.is_empty(),
             lookback,
             mode,
             client: reader_config(config),
@@ -198,7 +211,7 @@ impl Dedup {
             max_records: config.dedup.max_scan_records,
             timeout: Duration::from_millis(config.dedup.scan_timeout_ms),
             fingerprint: Fingerprint(RandomState::new(), RandomState::new()),
-            source: source.unwrap_or_default().into(),
+            sources: sources.into(),
             topics: HashMap::new(),
             consumer: None,
             shutdown: shutdown.clone(),
@@ -246,7 +259,7 @@ impl Dedup {
             cancelled,
             refused_login: consumer.context().refused_login.clone(),
             topic: topic.to_string(),
-            source: self.source.clone(),
+            sources: self.sources.clone(),
             lookback: self.lookback,
             fingerprint: self.fingerprint.clone(),
             max_records: self.max_records,
@@ -369,7 +382,7 @@ mod tests {
     use super::*;
 
     fn content<'a>(id: &'a str, payload: &'a str) -> Content<'a> {
-        Content { id, key: b"order-1", payload: payload.as_bytes(), event_type: "Placed" }
+        Content { outbox: 0, id, key: b"order-1", payload: payload.as_bytes(), event_type: "Placed" }
     }
 
     #[test]

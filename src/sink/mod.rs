@@ -16,6 +16,7 @@
 //!   readers only at [`Sink::commit`], all of a transaction at once.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::error::KafkaError;
@@ -51,12 +52,14 @@ pub(crate) trait Sink: Send + Sync {
     fn classify(&self, record: &KafkaRecord, error: &KafkaError)
     -> impl Future<Output = PublishError> + Send;
 
-    /// The source identity each record carries as `outbox_relay_source` (when
-    /// `kafka.source_headers`): a session sets it once it knows its database.
-    fn set_source(&mut self, source: &str);
+    /// The source identity the records of each outbox (by place) carry as
+    /// `outbox_relay_source` (when `kafka.source_headers`): a session sets them once it knows
+    /// its database.
+    fn set_sources(&mut self, sources: &[String]);
 
-    /// That identity, once set: what the read-back recognises this relay's records by.
-    fn source(&self) -> Option<&str>;
+    /// Those identities, once set (none without source headers): what the read-back
+    /// recognises this relay's records by.
+    fn sources(&self) -> &[Arc<str>];
 
     /// Waits (at most `limit`) until nothing handed over in a failed session can still be
     /// written, so a read-back sees everything the topics will ever hold of it.
@@ -103,12 +106,12 @@ impl Sink for kafka::KafkaSink {
         kafka::KafkaSink::classify(self, record, error)
     }
 
-    fn set_source(&mut self, source: &str) {
-        kafka::KafkaSink::set_source(self, source)
+    fn set_sources(&mut self, sources: &[String]) {
+        kafka::KafkaSink::set_sources(self, sources)
     }
 
-    fn source(&self) -> Option<&str> {
-        kafka::KafkaSink::source(self)
+    fn sources(&self) -> &[Arc<str>] {
+        kafka::KafkaSink::sources(self)
     }
 
     fn retired(&mut self, limit: Duration) -> impl Future<Output = ()> + Send {

@@ -9,8 +9,8 @@
 //! - a record without a scripted fault is acknowledged at once.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -41,6 +41,8 @@ pub(crate) struct ScriptedSink {
     faults: Mutex<HashMap<String, VecDeque<Fault>>>,
     /// Ids in the order they were handed over (every attempt).
     sent: Mutex<Vec<String>>,
+    /// The records handed over, in order (every attempt).
+    records: Mutex<Vec<KafkaRecord>>,
     /// Ids in the order the broker wrote them.
     written: Mutex<Vec<String>>,
     /// Numbers and ids of held records, waiting for [`ScriptedSink::release`].
@@ -48,7 +50,7 @@ pub(crate) struct ScriptedSink {
     reports: tokio::sync::Mutex<Reports>,
     sender: mpsc::UnboundedSender<Report>,
     next_seq: AtomicUsize,
-    source: Option<String>,
+    sources: Vec<Arc<str>>,
     /// Kafka transactions: written ids are visible to `read_committed` readers once committed.
     transactional: bool,
     /// A transaction is open.
@@ -65,12 +67,13 @@ impl ScriptedSink {
         ScriptedSink {
             faults: Mutex::default(),
             sent: Mutex::default(),
+            records: Mutex::default(),
             written: Mutex::default(),
             held: Mutex::default(),
             reports: tokio::sync::Mutex::new(reports),
             sender,
             next_seq: AtomicUsize::new(0),
-            source: None,
+            sources: Vec::new(),
             transactional: false,
             open: std::sync::atomic::AtomicBool::new(false),
             commits: Mutex::default(),
@@ -120,6 +123,11 @@ impl ScriptedSink {
         self.sent.lock().unwrap().clone()
     }
 
+    /// Every record handed over, each attempt, in order.
+    pub(crate) fn records(&self) -> Vec<KafkaRecord> {
+        self.records.lock().unwrap().clone()
+    }
+
     /// The ids the broker holds, in the order it wrote them.
     pub(crate) fn written(&self) -> Vec<String> {
         self.written.lock().unwrap().clone()
@@ -135,6 +143,7 @@ impl Sink for ScriptedSink {
         );
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         self.sent.lock().unwrap().push(record.id.clone());
+        self.records.lock().unwrap().push(record.clone());
         let fault = self.faults.lock().unwrap().get_mut(&record.id).and_then(VecDeque::pop_front);
         if fault != Some(Fault::Reject) {
             self.written.lock().unwrap().push(record.id.clone());
@@ -172,12 +181,12 @@ impl Sink for ScriptedSink {
         }
     }
 
-    fn set_source(&mut self, source: &str) {
-        self.source = Some(source.to_string());
+    fn set_sources(&mut self, sources: &[String]) {
+        self.sources = sources.iter().map(|s| Arc::from(s.as_str())).collect();
     }
 
-    fn source(&self) -> Option<&str> {
-        self.source.as_deref()
+    fn sources(&self) -> &[Arc<str>] {
+        &self.sources
     }
 
     /// Nothing of a failed session outlives it here: nothing to wait for, nothing to renew.
@@ -231,5 +240,6 @@ pub(crate) fn record(id: &str) -> KafkaRecord {
         row_headers: Vec::new(),
         created_at: None,
         position: None,
+        outbox: 0,
     }
 }

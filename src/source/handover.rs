@@ -130,7 +130,7 @@ pub(crate) async fn unfinished_switch(
             ),
         ));
     }
-    let dead_lettered = dead_letters.dead_lettered(client).await?;
+    let dead_lettered = dead_letters.dead_lettered(client, 0).await?; // (polling reads one outbox)
     tracing::warn!(
         slot = %slot.name,
         retained_bytes = slot.retained_bytes,

@@ -209,18 +209,29 @@ pub(crate) async fn dead_letters(
     Ok(Some(outstanding))
 }
 
+/// The letters of every outbox of the relay: their sum, and the oldest one's age.
 async fn sample_dead_letters(config: &RelayConfig, client: &Client) -> Result<(), tokio_postgres::Error> {
     let m = metrics();
-    let outstanding = dead_letters(config, client, 0).await;
-    // a table that cannot be read says -1, not 0: "none waiting" must not be a guess
-    let (count, oldest) = match &outstanding {
-        Ok(Some(o)) => (o.count, o.oldest_secs.unwrap_or(0.0).max(0.0)),
-        Ok(None) => (0, 0.0),
-        Err(_) => (-1, 0.0),
-    };
+    let (mut count, mut oldest) = (0, 0.0_f64);
+    for outbox in config.outboxes() {
+        let outstanding = dead_letters(&config.for_outbox(&outbox), client, 0).await;
+        match outstanding {
+            Ok(Some(o)) => {
+                count += o.count;
+                oldest = oldest.max(o.oldest_secs.unwrap_or(0.0));
+            }
+            Ok(None) => {}
+            Err(e) => {
+                // a table that cannot be read says -1, not 0: "none waiting" must not be a guess
+                m.dead_letters_outstanding.set(-1);
+                m.dead_letters_oldest_age.set(0.0);
+                return Err(e);
+            }
+        }
+    }
     m.dead_letters_outstanding.set(count);
     m.dead_letters_oldest_age.set(oldest);
-    outstanding.map(|_| ())
+    Ok(())
 }
 
 /// The outbox table's default partition's live rows (PostgreSQL's estimate, from its statistics:
@@ -233,10 +244,20 @@ const PARTITIONS_SQL: &str = "SELECT \
              FROM 'TO \\(''([0-9]{4}-[0-9]{2}-[0-9]{2}[^'']*)''\\)')::timestamptz) - now())::float8 \
       FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass($1))";
 
+/// Of every outbox table: the default partitions' rows summed, and the shortest reach of the
+/// partitioned ones (-1: none is partitioned by date).
 async fn sample_partitions(config: &RelayConfig, client: &Client) -> Result<(), tokio_postgres::Error> {
     let m = metrics();
-    let row = client.query_one(PARTITIONS_SQL, &[&OutboxTable::new(config).qualified()]).await?;
-    m.default_partition_rows.set(row.get::<_, Option<i64>>(0).unwrap_or(0));
-    m.partitions_ahead.set(row.get::<_, Option<f64>>(1).unwrap_or(-1.0));
+    let (mut default_rows, mut ahead) = (0, None::<f64>);
+    for outbox in config.outboxes() {
+        let table = OutboxTable::new(&config.for_outbox(&outbox)).qualified();
+        let row = client.query_one(PARTITIONS_SQL, &[&table]).await?;
+        default_rows += row.get::<_, Option<i64>>(0).unwrap_or(0);
+        if let Some(reach) = row.get::<_, Option<f64>>(1) {
+            ahead = Some(ahead.map_or(reach, |a| a.min(reach)));
+        }
+    }
+    m.default_partition_rows.set(default_rows);
+    m.partitions_ahead.set(ahead.unwrap_or(-1.0));
     Ok(())
 }

@@ -142,7 +142,7 @@ async fn publication_check(config: &RelayConfig, client: &Client) -> Finding {
                 format!(
                     "publication \"{publication}\" does not exist and replication.create_publication = false"
                 ),
-                table.create_publication_sql(publication),
+                publication::create_sql(config),
             );
         }
         Err(e) => Err(e),

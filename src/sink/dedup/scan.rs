@@ -140,7 +140,8 @@ pub(super) struct Scan {
     /// Set when the brokers refused the client's login: retrying cannot help, the read stops.
     pub(super) refused_login: Arc<std::sync::Mutex<Option<String>>>,
     pub(super) topic: String,
-    pub(super) source: Arc<str>,
+    /// `outbox_relay_source` of each of the relay's outboxes, by place.
+    pub(super) sources: Arc<[Arc<str>]>,
     pub(super) lookback: Lookback,
     pub(super) fingerprint: Fingerprint,
     pub(super) max_records: u64,
@@ -397,11 +398,11 @@ impl Scan {
                 .and_then(|h| h.value)
                 .and_then(|v| std::str::from_utf8(v).ok())
         };
-        if text(SOURCE_HEADER)? != &*self.source {
-            return None;
-        }
+        let source = text(SOURCE_HEADER)?;
+        let outbox = self.sources.iter().position(|s| &**s == source)?;
         let position: Position = text(POSITION_HEADER)?.parse().ok()?;
         let content = Content {
+            outbox,
             id: text("id")?,
             key: message.key().unwrap_or_default(),
             payload: message.payload().unwrap_or_default(),
@@ -486,7 +487,7 @@ mod tests {
             cancelled: Arc::new(AtomicBool::new(false)),
             refused_login: Default::default(),
             topic: "t".into(),
-            source: "s".into(),
+            sources: vec![Arc::from("s")].into(),
             lookback,
             fingerprint: Fingerprint(RandomState::new(), RandomState::new()),
             max_records: 1_000,

@@ -67,8 +67,9 @@ pub struct KafkaSink {
     refusals: mpsc::UnboundedSender<Report>,
     /// The number of the next record enqueued.
     next_seq: AtomicUsize,
-    /// `outbox_relay_source` of every record, once the session knows its database.
-    source: Option<std::sync::Arc<str>>,
+    /// `outbox_relay_source` of the records of each outbox (by place), once the session knows
+    /// its database; empty without `kafka.source_headers`.
+    sources: Vec<Arc<str>>,
     /// The topics this producer was given a record for, each looked up in the metadata once
     /// ([`KafkaSink::look_up`]).
     looked_up: std::sync::Mutex<HashSet<String>>,
@@ -91,7 +92,7 @@ impl KafkaSink {
             reports: Mutex::new(reports),
             refusals,
             next_seq: AtomicUsize::new(0),
-            source: None,
+            sources: Vec::new(),
             looked_up: std::sync::Mutex::new(HashSet::new()),
             retiring: None,
             transactional_id: None,
@@ -104,12 +105,17 @@ impl KafkaSink {
         self.reports.lock().await
     }
 
-    /// The source identity written as `outbox_relay_source` (when `kafka.source_headers`).
-    pub(crate) fn set_source(&mut self, source: &str) {
-        if self.config.source_headers && self.source.as_deref() != Some(source) {
-            self.source = Some(source.into());
+    /// The source identities written as `outbox_relay_source` (when `kafka.source_headers`),
+    /// one per outbox; the first one's names the derived `transactional.id`.
+    pub(crate) fn set_sources(&mut self, sources: &[String]) {
+        if self.config.source_headers
+            && !self.sources.iter().map(|s| &**s).eq(sources.iter().map(String::as_str))
+        {
+            self.sources = sources.iter().map(|s| Arc::from(s.as_str())).collect();
         }
-        if self.config.transactional {
+        if self.config.transactional
+            && let Some(source) = sources.first()
+        {
             let id = match self.config.transactional_id.as_str() {
                 "" => format!("outbox-relay:{source}"),
                 id => id.to_string(),
@@ -184,8 +190,8 @@ impl KafkaSink {
         Duration::from_millis(self.config.transaction_timeout_ms)
     }
 
-    pub(crate) fn source(&self) -> Option<&str> {
-        self.source.as_deref()
+    pub(crate) fn sources(&self) -> &[Arc<str>] {
+        &self.sources
     }
 
     /// Waits (at most `limit`) until the producer replaced after a failed session is gone: its
@@ -248,10 +254,11 @@ impl KafkaSink {
             let mut headers = OwnedHeaders::new_with_capacity(event.row_headers.len() + 5);
             // the relay's own headers first: a row header of the same name does not shadow them
             // (a replayed dead letter has no position: `replay-dead-letters`)
-            if let Some(source) = &self.source {
+            let source = self.sources.get(event.outbox);
+            if let Some(source) = source {
                 headers = headers.insert(Header { key: SOURCE_HEADER, value: Some(source.as_bytes()) });
             }
-            if let (Some(_), Some(position)) = (&self.source, &event.position) {
+            if let (Some(_), Some(position)) = (source, &event.position) {
                 let mut text = [0u8; 64];
                 let mut cursor = &mut text[..];
                 write!(cursor, "{position}").expect("a position fits in 64 bytes");

@@ -108,7 +108,7 @@ impl<S: Sink> Source for PollingSource<S> {
         let lookback = self.lead(&mut session, pulse).await?;
         // only the leader: it may fence earlier producers (kafka.transactional)
         pulse.alive_while(self.sink.activate()).await?;
-        let dedup = Dedup::new(&self.config, MODE, lookback, self.sink.source(), shutdown);
+        let dedup = Dedup::new(&self.config, MODE, lookback, self.sink.sources(), shutdown);
         let mut delivery =
             Delivery::new(&self.sink, &self.dead_letters, &self.config.kafka, dedup, pulse, MODE);
         delivery.resume(self.carried.take());
@@ -172,7 +172,7 @@ impl<S: Sink> PollingSource<S> {
                 delete: self.table.delete_sql(),
             });
         }
-        self.sink.set_source(&dedup::source_identity(&client, &self.config).await?);
+        self.sink.set_sources(&dedup::source_identities(&client, &self.config).await?);
         self.sink.retired(dedup::RETIRE_LIMIT).await;
         Ok(Session {
             client,

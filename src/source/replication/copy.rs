@@ -54,6 +54,15 @@ pub struct CopyReport {
     pub dead_lettered: u64,
 }
 
+impl CopyReport {
+    /// Adds what the copy of another table did.
+    pub fn add(&mut self, other: CopyReport) {
+        self.published += other.published;
+        self.already_in_kafka += other.already_in_kafka;
+        self.dead_lettered += other.dead_lettered;
+    }
+}
+
 /// The first copy: the rows of the slot's snapshot, published in id order.
 pub(super) struct FirstCopy<'a> {
     pub(super) postgres: &'a PostgresConfig,

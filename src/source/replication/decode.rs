@@ -1,4 +1,4 @@
-//! pgoutput decoding of what the relay needs: `Relation` and `Insert` for the outbox table, and
+//! pgoutput decoding of what the relay needs: `Relation` and `Insert` for the outbox tables, and
 //! the outbox's logical decoding messages.
 //!
 //! Message formats: PostgreSQL docs, "Logical Replication Message Formats" (protocol version 1).
@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use crate::config::OutboxConfig;
+use crate::config::{ColumnsConfig, OutboxConfig};
 use crate::delivery::record::OutboxRow;
 use crate::observe::metrics::SkippedKind;
 
@@ -21,8 +21,8 @@ pub struct DecodeError(String);
 /// What one XLogData payload means to the relay.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Change {
-    /// An outbox row was inserted.
-    Insert(OutboxRow),
+    /// A row was inserted into the outbox at this place among the relay's.
+    Insert(usize, OutboxRow),
     /// A relation description was (re)learnt; nothing to publish.
     Relation,
     /// Deliberately not an event, by kind (the `kind` label of
@@ -30,14 +30,16 @@ pub enum Change {
     /// outbox (an outbox row is an event when it is inserted, and only then), a change of
     /// another table, a type or an origin message.
     Skipped(SkippedKind),
-    /// The outbox table was renamed or moved to another schema: its inserts would no longer be
-    /// recognised, so the relay must stop rather than confirm past them.
-    OutboxRenamed { now: String },
+    /// An outbox table (`was`) was renamed or moved to another schema: its inserts would no
+    /// longer be recognised, so the relay must stop rather than confirm past them.
+    OutboxRenamed { was: String, now: String },
 }
 
-/// Where the configured columns sit in the outbox relation's tuple.
+/// Where the configured columns sit in an outbox relation's tuple.
 #[derive(Debug, Clone, Default)]
 struct Layout {
+    /// The outbox's place among the relay's.
+    outbox: usize,
     id: Option<usize>,
     aggregate_type: Option<usize>,
     aggregate_id: Option<usize>,
@@ -47,22 +49,32 @@ struct Layout {
     topic: Option<usize>,
 }
 
-/// Decodes pgoutput for one outbox table; remembers relation layouts by OID.
-pub struct Decoder {
+/// One outbox table as the decoder recognises it.
+struct Table {
     schema: String,
-    table: String,
-    columns: crate::config::ColumnsConfig,
+    name: String,
+    columns: ColumnsConfig,
+}
+
+/// Decodes pgoutput for the relay's outbox tables; remembers relation layouts by OID.
+pub struct Decoder {
+    /// By the outbox's place.
+    tables: Vec<Table>,
     relations: HashMap<u32, Layout>,
     /// Where each column's text is in the message being decoded (see [`tuple`]).
     spans: Vec<Option<(usize, usize)>>,
 }
 
 impl Decoder {
-    pub fn new(outbox: &OutboxConfig) -> Decoder {
+    /// A decoder of the outbox tables `outboxes` (in the relay's order).
+    pub fn new<'o>(outboxes: impl IntoIterator<Item = &'o OutboxConfig>) -> Decoder {
+        let table = |o: &OutboxConfig| Table {
+            schema: o.schema.clone(),
+            name: o.table.clone(),
+            columns: o.columns.clone(),
+        };
         Decoder {
-            schema: outbox.schema.clone(),
-            table: outbox.table.clone(),
-            columns: outbox.columns.clone(),
+            tables: outboxes.into_iter().map(table).collect(),
             relations: HashMap::new(),
             spans: Vec::new(),
         }
@@ -126,7 +138,8 @@ impl Decoder {
     fn oversized_insert(&mut self, r: &mut Reader<'_>) -> Oversized {
         let Ok(oid) = r.u32() else { return Oversized::Other(SkippedKind::OtherTable) };
         let Some(layout) = self.relations.get(&oid) else { return Oversized::Other(SkippedKind::OtherTable) };
-        let Some(id_column) = layout.id else { return Oversized::OutboxInsert { id: None } };
+        let outbox = layout.outbox;
+        let Some(id_column) = layout.id else { return Oversized::OutboxInsert { outbox, id: None } };
         let data = r.data;
         // the tuple as far as the part goes: columns cut off have no span
         let _ = r.u8().and_then(|_| tuple(r, &mut self.spans));
@@ -136,7 +149,7 @@ impl Decoder {
             .copied()
             .flatten()
             .map(|(start, len)| String::from_utf8_lossy(&data[start..start + len]).into_owned());
-        Oversized::OutboxInsert { id }
+        Oversized::OutboxInsert { outbox, id }
     }
 
     fn skipped_kind(&self, relation: u32, outbox_kind: SkippedKind) -> SkippedKind {
@@ -164,16 +177,21 @@ impl Decoder {
             let _type_oid = r.u32()?;
             let _typmod = r.u32()?;
         }
-        if namespace != self.schema || name != self.table {
-            if self.relations.contains_key(&oid) {
-                return Ok(Change::OutboxRenamed { now: format!("{namespace}.{name}") });
+        let Some(outbox) = self.tables.iter().position(|t| t.schema == namespace && t.name == name) else {
+            if let Some(layout) = self.relations.get(&oid) {
+                let was = &self.tables[layout.outbox];
+                return Ok(Change::OutboxRenamed {
+                    was: format!("{}.{}", was.schema, was.name),
+                    now: format!("{namespace}.{name}"),
+                });
             }
             return Ok(Change::Relation);
-        }
+        };
         let find =
             |column: &str| (!column.is_empty()).then(|| names.iter().position(|n| n == column)).flatten();
-        let c = &self.columns;
+        let c = &self.tables[outbox].columns;
         let layout = Layout {
+            outbox,
             id: find(&c.id),
             aggregate_type: find(&c.aggregate_type),
             aggregate_id: find(&c.aggregate_id),
@@ -196,7 +214,7 @@ impl Decoder {
         }
         let data = r.data;
         tuple(r, &mut self.spans)?;
-        let c = &self.columns;
+        let c = &self.tables[layout.outbox].columns;
         // only the columns the relay reads become strings; text that is not UTF-8 (a SQL_ASCII
         // database) is kept with the bad bytes replaced and named, so the row becomes
         // unpublishable instead of stopping the stream (a column the relay does not read may
@@ -223,15 +241,15 @@ impl Decoder {
             topic: text(layout.topic, &c.topic),
             unreadable: None,
         };
-        Ok(Change::Insert(OutboxRow { unreadable, ..raw }))
+        Ok(Change::Insert(layout.outbox, OutboxRow { unreadable, ..raw }))
     }
 }
 
 /// A change over `replication.max_message_bytes`, as far as its first bytes tell.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Oversized {
-    /// An insert into the outbox, with its id when the bytes read hold it.
-    OutboxInsert { id: Option<String> },
+    /// An insert into the outbox at place `outbox`, with its id when the bytes read hold it.
+    OutboxInsert { outbox: usize, id: Option<String> },
     /// A logical decoding message with this prefix.
     Message { transactional: bool, prefix: String },
     /// Anything else (another table's change, an outbox update): nothing the relay publishes.
@@ -302,10 +320,15 @@ impl<'a> Reader<'a> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn relation(oid: u32, schema: &str, table: &str, columns: &[&str]) -> Vec<u8> {
+    pub(in crate::source::replication) fn relation(
+        oid: u32,
+        schema: &str,
+        table: &str,
+        columns: &[&str],
+    ) -> Vec<u8> {
         let mut m = vec![b'R'];
         m.extend(oid.to_be_bytes());
         for s in [schema, table] {
@@ -324,7 +347,7 @@ mod tests {
         m
     }
 
-    fn insert(oid: u32, values: &[Option<&str>]) -> Vec<u8> {
+    pub(in crate::source::replication) fn insert(oid: u32, values: &[Option<&str>]) -> Vec<u8> {
         let mut m = vec![b'I'];
         m.extend(oid.to_be_bytes());
         m.push(b'N');
@@ -342,19 +365,39 @@ mod tests {
         m
     }
 
-    const COLUMNS: &[&str] =
+    pub(in crate::source::replication) const COLUMNS: &[&str] =
         &["id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers", "topic", "created_at"];
 
     #[test]
+    fn inserts_of_several_outbox_tables_say_which_outbox_and_others_are_skipped() {
+        let ledger = OutboxConfig { table: "ledger_outbox".into(), ..OutboxConfig::default() };
+        let mut d = Decoder::new([&OutboxConfig::default(), &ledger]);
+        for (oid, table) in [(1, "outbox_events"), (2, "ledger_outbox"), (3, "orders")] {
+            assert_eq!(d.decode(&relation(oid, "public", table, COLUMNS)).unwrap(), Change::Relation);
+        }
+        let row = |id| [Some(id), Some("order"), Some("o-1"), Some("Placed"), Some("{}"), None, None, None];
+        let Change::Insert(0, first) = d.decode(&insert(1, &row("7"))).unwrap() else { panic!("outbox 0") };
+        let Change::Insert(1, second) = d.decode(&insert(2, &row("7"))).unwrap() else { panic!("outbox 1") };
+        assert_eq!((first.id.as_deref(), second.id.as_deref()), (Some("7"), Some("7")));
+        assert_eq!(d.decode(&insert(3, &row("7"))).unwrap(), Change::Skipped(SkippedKind::OtherTable));
+        // the second table renamed: named as it was
+        let renamed = d.decode(&relation(2, "public", "ledger_old", COLUMNS)).unwrap();
+        assert_eq!(
+            renamed,
+            Change::OutboxRenamed { was: "public.ledger_outbox".into(), now: "public.ledger_old".into() }
+        );
+    }
+
+    #[test]
     fn a_change_read_in_part_says_what_it_is() {
-        let mut d = Decoder::new(&OutboxConfig::default());
+        let mut d = Decoder::new([&OutboxConfig::default()]);
         d.decode(&relation(7, "public", "outbox_events", COLUMNS)).unwrap();
         let big = "x".repeat(1_000);
         let row =
             insert(7, &[Some("17"), Some("order"), Some("42"), Some("Placed"), Some(&big), None, None, None]);
         // the head of an outbox row holds its id; a head cut inside the id holds none
-        assert_eq!(d.oversized(&row[..200]), Oversized::OutboxInsert { id: Some("17".into()) });
-        assert_eq!(d.oversized(&row[..14]), Oversized::OutboxInsert { id: None });
+        assert_eq!(d.oversized(&row[..200]), Oversized::OutboxInsert { outbox: 0, id: Some("17".into()) });
+        assert_eq!(d.oversized(&row[..14]), Oversized::OutboxInsert { outbox: 0, id: None });
         // another table's row, and a logical message named by its prefix
         assert_eq!(
             d.oversized(&insert(8, &[Some("1"), Some(&big)])[..100]),
@@ -370,7 +413,7 @@ mod tests {
 
     #[test]
     fn decodes_an_outbox_insert_by_column_name() {
-        let mut d = Decoder::new(&OutboxConfig::default());
+        let mut d = Decoder::new([&OutboxConfig::default()]);
         assert_eq!(d.decode(&relation(7, "public", "outbox_events", COLUMNS)).unwrap(), Change::Relation);
         let change = d
             .decode(&insert(
@@ -378,7 +421,7 @@ mod tests {
                 &[Some("1"), Some("order"), Some("42"), Some("Placed"), Some("{}"), None, None, Some("t")],
             ))
             .unwrap();
-        let Change::Insert(raw) = change else { panic!("{change:?}") };
+        let Change::Insert(_, raw) = change else { panic!("{change:?}") };
         assert_eq!(raw.id.as_deref(), Some("1"));
         assert_eq!(raw.aggregate_id.as_deref(), Some("42"));
         assert_eq!(raw.payload.as_deref(), Some("{}"));
@@ -387,7 +430,7 @@ mod tests {
 
     #[test]
     fn other_tables_are_ignored() {
-        let mut d = Decoder::new(&OutboxConfig::default());
+        let mut d = Decoder::new([&OutboxConfig::default()]);
         d.decode(&relation(8, "public", "orders", &["id"])).unwrap();
         assert_eq!(d.decode(&insert(8, &[Some("1")])).unwrap(), Change::Skipped(SkippedKind::OtherTable));
         assert_eq!(d.decode(b"Y\0\0\0\x01").unwrap(), Change::Skipped(SkippedKind::Type));
@@ -395,30 +438,36 @@ mod tests {
 
     #[test]
     fn text_that_is_not_utf8_marks_its_column_instead_of_failing() {
-        let mut d = Decoder::new(&OutboxConfig::default());
+        let mut d = Decoder::new([&OutboxConfig::default()]);
         d.decode(&relation(7, "public", "outbox_events", COLUMNS)).unwrap();
         let mut row = insert(7, &[Some("1"), Some("a"), Some("b"), Some("c"), Some("{}"), None, None, None]);
         // the payload's text, "{}", becomes "{\xff"
         let at = row.windows(2).position(|w| w == b"{}").unwrap();
         row[at + 1] = 0xff;
-        let Change::Insert(raw) = d.decode(&row).unwrap() else { panic!("not an insert") };
+        let Change::Insert(_, raw) = d.decode(&row).unwrap() else { panic!("not an insert") };
         assert_eq!(raw.unreadable.as_deref(), Some("payload"));
         assert_eq!(raw.payload.as_deref(), Some("{\u{fffd}"));
     }
 
     #[test]
     fn a_renamed_outbox_is_reported_not_forgotten() {
-        let mut d = Decoder::new(&OutboxConfig::default());
+        let mut d = Decoder::new([&OutboxConfig::default()]);
         d.decode(&relation(7, "public", "outbox_events", COLUMNS)).unwrap();
         let change = d.decode(&relation(7, "public", "outbox_old", COLUMNS)).unwrap();
-        assert_eq!(change, Change::OutboxRenamed { now: "public.outbox_old".into() });
+        assert_eq!(
+            change,
+            Change::OutboxRenamed { was: "public.outbox_events".into(), now: "public.outbox_old".into() }
+        );
         let change = d.decode(&relation(7, "archive", "outbox_events", COLUMNS)).unwrap();
-        assert_eq!(change, Change::OutboxRenamed { now: "archive.outbox_events".into() });
+        assert_eq!(
+            change,
+            Change::OutboxRenamed { was: "public.outbox_events".into(), now: "archive.outbox_events".into() }
+        );
     }
 
     #[test]
     fn outbox_updates_deletes_and_truncates_are_counted_not_published() {
-        let mut d = Decoder::new(&OutboxConfig::default());
+        let mut d = Decoder::new([&OutboxConfig::default()]);
         d.decode(&relation(7, "public", "outbox_events", COLUMNS)).unwrap();
         assert_eq!(d.decode(b"U\0\0\0\x07N").unwrap(), Change::Skipped(SkippedKind::OutboxUpdate));
         assert_eq!(d.decode(b"D\0\0\0\x07K").unwrap(), Change::Skipped(SkippedKind::OutboxDelete));
@@ -431,7 +480,7 @@ mod tests {
 
     #[test]
     fn streaming_and_two_phase_messages_are_protocol_errors() {
-        let mut d = Decoder::new(&OutboxConfig::default());
+        let mut d = Decoder::new([&OutboxConfig::default()]);
         for kind in [b'S', b'E', b'c', b'A', b'b', b'P', b'K', b'r', b'p', b'Z'] {
             let err = d.decode(&[kind, 0, 0, 0, 0]).unwrap_err();
             assert!(err.to_string().contains("message type"), "{err}");
@@ -440,7 +489,7 @@ mod tests {
 
     #[test]
     fn truncated_messages_are_errors_not_panics() {
-        let mut d = Decoder::new(&OutboxConfig::default());
+        let mut d = Decoder::new([&OutboxConfig::default()]);
         let full = relation(7, "public", "outbox_events", COLUMNS);
         for cut in 1..full.len() {
             assert!(d.decode(&full[..cut]).is_err(), "cut at {cut}");

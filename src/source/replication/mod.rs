@@ -28,7 +28,7 @@ use std::future::Future;
 
 use tokio::sync::watch;
 
-use crate::config::RelayConfig;
+use crate::config::{Outbox, RelayConfig};
 use crate::dead_letter::DeadLetters;
 use crate::delivery::Delivery;
 use crate::delivery::record::Mapping;
@@ -52,14 +52,17 @@ pub const HEARTBEAT_PREFIX: &str = "outbox-relay-heartbeat";
 /// The `mode` label of this source's metrics.
 const MODE: Mode = Mode::Replication;
 
+/// One slot and one publication for every outbox of the relay (`RelayConfig::outboxes`); the
+/// per-outbox parts below are by the outbox's place.
 pub(crate) struct ReplicationSource<S = KafkaSink> {
     config: RelayConfig,
     sink: S,
-    mapping: Mapping,
-    table: OutboxTable,
+    outboxes: Vec<Outbox>,
+    mappings: Vec<Mapping>,
+    tables: Vec<OutboxTable>,
     dead_letters: DeadLetters,
-    /// The record of what was published, opened by each session.
-    recorder: Recorder,
+    /// The records of what was published, opened by the first session.
+    recorders: Vec<Recorder>,
 }
 
 impl<S: Sink> Source for ReplicationSource<S> {
@@ -82,14 +85,32 @@ impl<S: Sink> Source for ReplicationSource<S> {
 
 impl<S: Sink> ReplicationSource<S> {
     pub(crate) fn new(config: RelayConfig, sink: S) -> ReplicationSource<S> {
+        let outboxes = config.outboxes();
         ReplicationSource {
-            mapping: Mapping::new(&config.outbox),
-            table: OutboxTable::new(&config),
+            mappings: outboxes.iter().enumerate().map(|(i, o)| Mapping::of(&o.config, i)).collect(),
+            tables: outboxes.iter().map(|o| OutboxTable::new(&config.for_outbox(o))).collect(),
             dead_letters: DeadLetters::new(&config, MODE),
-            recorder: Recorder::disabled(),
+            recorders: outboxes.iter().map(|_| Recorder::disabled()).collect(),
+            outboxes,
             config,
             sink,
         }
+    }
+
+    /// Opens the records of what was published, once per process (as polling: its warning is
+    /// not repeated at every reconnect).
+    async fn open_recorders(&mut self, client: &tokio_postgres::Client) -> Result<(), RelayError> {
+        for (recorder, table) in self.recorders.iter_mut().zip(&self.tables) {
+            if !recorder.is_open() {
+                *recorder = Recorder::open(client, &table.display_name()).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The outbox tables, for the log.
+    fn table_names(&self) -> String {
+        self.tables.iter().map(OutboxTable::display_name).collect::<Vec<_>>().join(", ")
     }
 
     /// `outbox-relay setup`: the publication, and the slot with its first copy when missing.
@@ -97,12 +118,12 @@ impl<S: Sink> ReplicationSource<S> {
     /// was there.
     pub(crate) async fn setup(&mut self, recreate: bool) -> Result<Option<(Lsn, CopyReport)>, RelayError> {
         let (client, server) = crate::postgres::connect_primary(&self.config.postgres).await?;
-        self.sink.set_source(&dedup::source_identity(&client, &self.config).await?);
+        self.sink.set_sources(&dedup::source_identities(&client, &self.config).await?);
         let plan = slot::prepare(&self.config, &client, recreate).await?;
         if let SlotPlan::Stream { .. } = plan {
             return Ok(None);
         }
-        self.recorder = Recorder::open(&client, &self.table.display_name()).await?;
+        self.open_recorders(&client).await?;
         // a command, not a daemon: no supervisor, no shutdown but Ctrl-C ending the process
         let pulse = Pulse::detached();
         let (_never, mut shutdown) = watch::channel(false);
@@ -119,12 +140,9 @@ impl<S: Sink> ReplicationSource<S> {
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), RelayError> {
         let (client, server) = crate::postgres::connect_primary(&self.config.postgres).await?;
-        self.sink.set_source(&dedup::source_identity(&client, &self.config).await?);
+        self.sink.set_sources(&dedup::source_identities(&client, &self.config).await?);
         self.sink.retired(dedup::RETIRE_LIMIT).await;
-        if !self.recorder.is_open() {
-            // once per process, as polling: its warning is not repeated at every reconnect
-            self.recorder = Recorder::open(&client, &self.table.display_name()).await?;
-        }
+        self.open_recorders(&client).await?;
         let plan = slot::prepare(&self.config, &client, false).await?;
         let slot_name = &self.config.replication.slot.clone();
         let (replication, confirmed) = match plan {
@@ -143,16 +161,14 @@ impl<S: Sink> ReplicationSource<S> {
             }
         };
         let wal = WalStream::start(replication, slot_name).await?;
-        tracing::info!(slot = %slot_name, %confirmed, table = %self.table.display_name(), "active: streaming from the slot");
+        tracing::info!(slot = %slot_name, %confirmed, tables = %self.table_names(), "active: streaming from the slot");
         pulse.active();
         // (after the copy's activation, this does nothing)
         pulse.alive_while(self.sink.activate()).await?;
-        let dedup = Dedup::new(&self.config, MODE, Lookback::Since(confirmed), self.sink.source(), shutdown);
+        let dedup = Dedup::new(&self.config, MODE, Lookback::Since(confirmed), self.sink.sources(), shutdown);
         let delivery = Delivery::new(&self.sink, &self.dead_letters, &self.config.kafka, dedup, pulse, MODE);
-        let (outbox, replication) = (&self.config.outbox, &self.config.replication);
-        let feed =
-            Feed::new(delivery, confirmed, outbox, &self.mapping, replication, self.table.display_name());
-        StreamSession::new(&self.config, &self.dead_letters, &self.recorder, &client, wal, feed)
+        let feed = Feed::new(delivery, confirmed, &self.outboxes, &self.mappings, &self.config.replication);
+        StreamSession::new(&self.config, &self.dead_letters, &self.recorders, &client, wal, feed)
             .run(shutdown)
             .await
     }

@@ -66,10 +66,40 @@ pub(crate) const DROPPED_REMEDY: &str = "creating the publication again is not e
      creates the publication and the slot again and re-publishes what the table holds (what Kafka already has \
      is not sent twice with dedup on), then start the relay";
 
-/// Why the publication would not deliver every insert of the outbox, or `None` when it does.
-/// Works on PostgreSQL 13 to 18 (row filters and column lists exist from 15; the row is read
-/// as JSON so the query does not depend on the version's columns).
+/// Why the publication would not deliver every insert of the relay's outboxes, or `None` when
+/// it does: the first outbox's problem, in the configured order.
 pub async fn problem(
+    config: &RelayConfig,
+    client: &Client,
+) -> Result<Option<Problem>, tokio_postgres::Error> {
+    let outboxes = config.outboxes();
+    for outbox in &outboxes {
+        let problem = table_problem(&config.for_outbox(outbox), client).await?;
+        if let Some(Problem::Narrowed(text)) = &problem
+            && outboxes.len() > 1
+            && text.contains("does not include")
+        {
+            // an outbox listed after the slot was made: its rows committed before it joins the
+            // publication were never streamed, so adding it is not enough
+            return Ok(Some(Problem::Narrowed(format!(
+                "{text} -- an outbox added to the configuration of an existing slot: adding the table to the \
+                 publication alone would never publish its rows written before that; run `outbox-relay setup \
+                 --recreate-slot` (it creates the publication with every outbox and re-publishes what the tables \
+                 hold; what Kafka already has is not sent twice with dedup on), then start the relay"
+            ))));
+        }
+        if problem.is_some() {
+            return Ok(problem);
+        }
+    }
+    Ok(None)
+}
+
+/// Why the publication would not deliver every insert of the outbox of `config` (in the
+/// single-table form), or `None` when it does. Works on PostgreSQL 13 to 18 (row filters and
+/// column lists exist from 15; the row is read as JSON so the query does not depend on the
+/// version's columns).
+async fn table_problem(
     config: &RelayConfig,
     client: &Client,
 ) -> Result<Option<Problem>, tokio_postgres::Error> {
@@ -191,10 +221,26 @@ pub(crate) async fn creation_refusal(
     config: &RelayConfig,
     client: &Client,
 ) -> Result<Option<Refusal>, tokio_postgres::Error> {
-    let table = OutboxTable::new(config);
-    let row = client.query_one(MAY_CREATE_SQL, &[&table.qualified()]).await?;
-    let (owner, create): (bool, bool) = (row.get(0), row.get(1));
-    Ok(creation_refused(config, owner, create))
+    for outbox in config.outboxes() {
+        let config = config.for_outbox(&outbox);
+        let row = client.query_one(MAY_CREATE_SQL, &[&OutboxTable::new(&config).qualified()]).await?;
+        let (owner, create): (bool, bool) = (row.get(0), row.get(1));
+        if let Some(refusal) = creation_refused(&config, owner, create) {
+            return Ok(Some(refusal));
+        }
+    }
+    Ok(None)
+}
+
+/// `CREATE PUBLICATION` of the relay's publication, for every outbox table.
+pub(crate) fn create_sql(config: &RelayConfig) -> String {
+    let tables: Vec<String> =
+        config.outboxes().iter().map(|o| OutboxTable::new(&config.for_outbox(o)).qualified()).collect();
+    format!(
+        "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert', publish_via_partition_root = true)",
+        crate::table::quote_ident(&config.replication.publication),
+        tables.join(", ")
+    )
 }
 
 fn creation_refused(config: &RelayConfig, owner: bool, create: bool) -> Option<Refusal> {

@@ -381,11 +381,13 @@ async fn remembered(client: &Client, slot: &str) -> Result<Option<bool>, RelayEr
 
 async fn ensure_publication(config: &RelayConfig, client: &Client) -> Result<(), RelayError> {
     let publication = &config.replication.publication;
-    let table = OutboxTable::new(config);
-    let create = table.create_publication_sql(publication);
+    let create = super::publication::create_sql(config);
     // a publication cannot take a table that does not exist: say that, not how to add it
-    if !table.exists(client).await? {
-        return Err(RelayError::fatal(FatalReason::Schema, table.missing_text()));
+    for outbox in config.outboxes() {
+        let table = OutboxTable::new(&config.for_outbox(&outbox));
+        if !table.exists(client).await? {
+            return Err(RelayError::fatal(FatalReason::Schema, missing_outbox(&outbox, &table)));
+        }
     }
     let exists = client.query_opt("SELECT 1 FROM pg_publication WHERE pubname = $1", &[publication]).await?;
     if exists.is_none() {
@@ -401,11 +403,24 @@ async fn ensure_publication(config: &RelayConfig, client: &Client) -> Result<(),
             return Err(refusal.error());
         }
         client.batch_execute(&create).await?;
-        tracing::info!(%publication, table = %table.display_name(), "created the publication");
+        tracing::info!(%publication, "created the publication: {create}");
     }
     match super::publication::problem(config, client).await? {
         None => Ok(()),
         Some(problem) => Err(RelayError::fatal(problem.reason(), problem.to_string())),
+    }
+}
+
+/// What to say when outbox `outbox`'s table does not exist: with several, which entry names it.
+fn missing_outbox(outbox: &crate::config::Outbox, table: &OutboxTable) -> String {
+    match outbox.path.as_str() {
+        "outbox" => table.missing_text(),
+        path => format!(
+            "{path} (\"{}\"): the outbox table {} does not exist: create it (sql/001_outbox_events.sql and the \
+             migrations after it), or set {path}.schema / {path}.table to the table the application writes",
+            outbox.name,
+            table.display_name()
+        ),
     }
 }
 
@@ -421,7 +436,8 @@ pub(super) async fn create_and_copy<S: Sink>(
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<(Lsn, CopyReport), RelayError> {
     let slot = &source.config.replication.slot;
-    let owner = OutboxTable::new(&source.config).display_name();
+    // (the first outbox's table: what polling mode's handover looks for)
+    let owner = source.tables[0].display_name();
     client.execute(&format!("{CURRENT_TIMELINE_CTE}{REMEMBER_SQL}"), &[slot, &owner]).await?;
     // the option list is PostgreSQL 15+ syntax, FAILOVER 17+; the older form works everywhere
     let options =
@@ -442,23 +458,27 @@ pub(super) async fn create_and_copy<S: Sink>(
     tracing::info!(%slot, %consistent_point, "created the slot; publishing the rows already in the table");
     // the slot is this session's: it may fence earlier producers (kafka.transactional)
     pulse.alive_while(source.sink.activate()).await?;
-    // any row of the table may be in the topic already (a copy that was interrupted, or the
-    // slot recreated after it was lost): read back everything the topics hold from this source
-    let dedup = Dedup::new(&source.config, MODE, Lookback::Everything, source.sink.source(), shutdown);
-    let delivery =
-        Delivery::new(&source.sink, &source.dead_letters, &source.config.kafka, dedup, pulse, MODE);
-    let copy = FirstCopy {
-        postgres: &source.config.postgres,
-        server,
-        table: &source.table,
-        mapping: &source.mapping,
-        dead_letters: &source.dead_letters,
-        letters_to: client,
-        recorder: &source.recorder,
-        point: consistent_point,
-        chunk_bytes: source.config.replication.max_in_flight_bytes,
-    };
-    let report = copy.run(&snapshot, delivery, shutdown).await?;
+    // any row of the tables may be in the topics already (a copy that was interrupted, or the
+    // slot recreated after it was lost): read back everything the topics hold from this source;
+    // one outbox table after the other, each in the slot's snapshot
+    let mut report = CopyReport::default();
+    for (i, table) in source.tables.iter().enumerate() {
+        let dedup = Dedup::new(&source.config, MODE, Lookback::Everything, source.sink.sources(), shutdown);
+        let delivery =
+            Delivery::new(&source.sink, &source.dead_letters, &source.config.kafka, dedup, pulse, MODE);
+        let copy = FirstCopy {
+            postgres: &source.config.postgres,
+            server,
+            table,
+            mapping: &source.mappings[i],
+            dead_letters: &source.dead_letters,
+            letters_to: client,
+            recorder: &source.recorders[i],
+            point: consistent_point,
+            chunk_bytes: source.config.replication.max_in_flight_bytes,
+        };
+        report.add(copy.run(&snapshot, delivery, shutdown).await?);
+    }
     client.execute(COPIED_SQL, &[slot]).await?;
     let CopyReport { published, already_in_kafka, dead_lettered } = report;
     // `rows`: every row Kafka holds now (tests read this figure from the log)

@@ -56,8 +56,9 @@ pub(super) struct StreamSession<'a, S: Sink> {
     publication_ok_through: Lsn,
     /// The last position confirmed to PostgreSQL: never past `publication_ok_through`.
     confirmed: Lsn,
-    /// Records the ids handed to Kafka before a position past them is confirmed.
-    recorder: &'a Recorder,
+    /// Record the ids handed to Kafka before a position past them is confirmed, by the
+    /// outbox's place.
+    recorders: &'a [Recorder],
     /// When ids were last recorded: while records are in flight, once per status interval.
     recorded_at: Instant,
 }
@@ -67,7 +68,7 @@ impl<'a, S: Sink> StreamSession<'a, S> {
     pub(super) fn new(
         config: &'a RelayConfig,
         dead_letters: &'a DeadLetters,
-        recorder: &'a Recorder,
+        recorders: &'a [Recorder],
         client: &'a Client,
         wal: WalStream,
         feed: Feed<'a, S>,
@@ -81,7 +82,7 @@ impl<'a, S: Sink> StreamSession<'a, S> {
             feed,
             publication_ok_through: confirmed,
             confirmed,
-            recorder,
+            recorders,
             recorded_at: Instant::now(),
         }
     }
@@ -245,7 +246,9 @@ impl<'a, S: Sink> StreamSession<'a, S> {
             if self.feed.delivery.records() > 0 && self.recorded_at.elapsed() < interval {
                 return Ok(());
             }
-            self.recorder.record(self.client, &self.feed.take_sent()).await?;
+            for (recorder, sent) in self.recorders.iter().zip(self.feed.take_sent()) {
+                recorder.record(self.client, &sent).await?;
+            }
             self.recorded_at = Instant::now();
         }
         self.confirmed = lsn;

@@ -11,8 +11,10 @@
 //! - reading stops while the stage holds, and while the records in flight reach either bound
 //!   (`replication.max_in_flight_events`, `replication.max_in_flight_bytes`: a record may take
 //!   the bytes over the budget; the next waits);
-//! - events are numbered by their place in their transaction, published or not, so a replay
-//!   numbers them the same way;
+//! - events are numbered by their place among their outbox's events in their transaction,
+//!   published or not, so a replay numbers them the same way, whatever other outboxes are
+//!   listed (an outbox added to the configuration does not renumber the others' events);
+//!   `outbox_emit()` messages are the first outbox's;
 //! - with Kafka transactions, a Kafka transaction commits between two PostgreSQL transactions
 //!   once it is due (so a `read_committed` consumer sees each PostgreSQL transaction's events
 //!   at once), and reading pauses there until it has; it commits inside one only when reading
@@ -28,7 +30,7 @@ use super::super::decode::{self, Change, Decoder};
 use super::super::transport::WalEvent;
 use super::super::{HEARTBEAT_PREFIX, MODE};
 use crate::checkpoint::{Tracker, TxnId};
-use crate::config::{OutboxConfig, ReplicationConfig};
+use crate::config::{Outbox, ReplicationConfig};
 use crate::dead_letter::DeadLetter;
 use crate::delivery::record::{Mapping, OutboxRow, Position};
 use crate::delivery::{Delivery, Settled};
@@ -44,8 +46,6 @@ struct OpenTxn {
     id: TxnId,
     commit_lsn: Lsn,
     commit_time: SystemTime,
-    /// The place of the next outbox event in the transaction (its position's index).
-    next_index: u32,
 }
 
 /// What a dead letter's transaction does once the letter is written.
@@ -61,19 +61,20 @@ pub(in crate::source::replication) struct Feed<'a, S: Sink> {
     pub(super) delivery: Delivery<'a, S, TxnId>,
     tracker: Tracker,
     decoder: Decoder,
-    mapping: &'a Mapping,
+    /// By the outbox's place.
+    mappings: &'a [Mapping],
     replication: &'a ReplicationConfig,
-    /// The outbox table's name, for the error that says it was renamed.
-    table: String,
     /// When the current turn of reading began: the send time of the records it hands over.
     turn_at: Instant,
     open: Option<OpenTxn>,
+    /// Per outbox, the place of its next event in the open transaction (its position's index).
+    next_index: Vec<u32>,
     /// Dead letters to write before [`Feed::letters_written`], and what each then settles.
     letters: Vec<DeadLetter>,
     written: Vec<Written>,
     /// Ids handed to Kafka and not yet recorded as published (see [`crate::published`]): the
-    /// session records them before it confirms a position past them.
-    sent: Sent,
+    /// session records them before it confirms a position past them. By the outbox's place.
+    sent: Vec<Sent>,
     /// This mode's `events_read_total` (looked up once).
     read: IntCounter,
     /// The last turn of reading found nothing more to read: a Kafka transaction is due.
@@ -85,23 +86,22 @@ impl<'a, S: Sink> Feed<'a, S> {
     pub(in crate::source::replication) fn new(
         delivery: Delivery<'a, S, TxnId>,
         confirmed: Lsn,
-        outbox: &OutboxConfig,
-        mapping: &'a Mapping,
+        outboxes: &[Outbox],
+        mappings: &'a [Mapping],
         replication: &'a ReplicationConfig,
-        table: String,
     ) -> Feed<'a, S> {
         Feed {
             delivery,
             tracker: Tracker::new(confirmed),
-            decoder: Decoder::new(outbox),
-            mapping,
+            decoder: Decoder::new(outboxes.iter().map(|o| &o.config)),
+            mappings,
             replication,
-            table,
             turn_at: Instant::now(),
             open: None,
+            next_index: vec![0; mappings.len()],
             letters: Vec::new(),
             written: Vec::new(),
-            sent: Sent::default(),
+            sent: mappings.iter().map(|_| Sent::default()).collect(),
             read: metrics().events_read.with_label_values(&[MODE.label()]),
             idle: false,
         }
@@ -150,8 +150,8 @@ impl<'a, S: Sink> Feed<'a, S> {
     pub(super) async fn handle(&mut self, event: WalEvent) -> Result<Option<Lsn>, RelayError> {
         match event {
             WalEvent::Begin { commit_lsn, commit_time } => {
-                self.open =
-                    Some(OpenTxn { id: self.tracker.begin(), commit_lsn, commit_time, next_index: 0 });
+                self.open = Some(OpenTxn { id: self.tracker.begin(), commit_lsn, commit_time });
+                self.next_index.fill(0);
             }
             WalEvent::Commit { end_lsn } => {
                 let txn =
@@ -161,19 +161,15 @@ impl<'a, S: Sink> Feed<'a, S> {
             }
             WalEvent::Data(data) => {
                 match self.decoder.decode(&data).map_err(|e| RelayError::Protocol(e.to_string()))? {
-                    Change::Insert(raw) => {
-                        let txn = self
-                            .open
-                            .as_mut()
-                            .ok_or_else(|| RelayError::Protocol("Insert outside a transaction".into()))?;
-                        let txn = next_event(txn);
-                        self.publish(raw, txn).await?;
+                    Change::Insert(outbox, raw) => {
+                        let at = self.next_event(outbox, "Insert outside a transaction")?;
+                        self.publish(raw, at).await?;
                     }
                     Change::Relation => {}
                     Change::Skipped(kind) => {
                         metrics().stream_messages_skipped.with_label_values(&[kind.label()]).inc()
                     }
-                    Change::OutboxRenamed { now } => return Err(self.outbox_renamed(&now)),
+                    Change::OutboxRenamed { was, now } => return Err(outbox_renamed(&was, &now)),
                 }
             }
             WalEvent::Message { transactional, lsn, prefix, content } => {
@@ -188,18 +184,6 @@ impl<'a, S: Sink> Feed<'a, S> {
             }
         }
         Ok(None)
-    }
-
-    fn outbox_renamed(&self, now: &str) -> RelayError {
-        let table = &self.table;
-        RelayError::fatal(
-            FatalReason::OutboxChanged,
-            format!(
-                "the outbox table {table} is now {now} (renamed or moved while the relay streamed): its inserts \
-                 would no longer be recognised, so the relay stops without confirming past them; rename it back, \
-                 or set outbox.schema / outbox.table to the new name and restart"
-            ),
-        )
     }
 
     /// A logical decoding message: the relay's heartbeat, an outbox event, or someone else's.
@@ -224,12 +208,11 @@ impl<'a, S: Sink> Feed<'a, S> {
             tracing::warn!(%lsn, %reason, "an outbox message is not an event object");
             OutboxRow::default()
         });
-        match self.open.as_mut() {
-            Some(txn) if transactional => {
-                let txn = next_event(txn);
-                self.publish(raw, txn).await?;
-            }
-            _ => self.untrusted(raw, lsn),
+        if transactional && self.open.is_some() {
+            let at = self.next_event(0, "a message outside a transaction")?;
+            self.publish(raw, at).await?;
+        } else {
+            self.untrusted(raw, lsn);
         }
         Ok(None)
     }
@@ -240,11 +223,11 @@ impl<'a, S: Sink> Feed<'a, S> {
     fn oversized(&mut self, lsn: Lsn, head: &[u8], bytes: usize) -> Result<(), RelayError> {
         let limit = self.replication.max_message_bytes;
         let what = match self.decoder.oversized(head) {
-            decode::Oversized::OutboxInsert { id } => {
+            decode::Oversized::OutboxInsert { outbox, id } => {
                 let event = id
                     .as_deref()
                     .map_or_else(|| "an outbox row".to_string(), |id| format!("outbox row {id}"));
-                (OutboxRow { id, ..OutboxRow::default() }, event)
+                (outbox, OutboxRow { id, ..OutboxRow::default() }, event)
             }
             decode::Oversized::Message { transactional, prefix }
                 if prefix == self.replication.message_prefix =>
@@ -253,7 +236,7 @@ impl<'a, S: Sink> Feed<'a, S> {
                     self.untrusted(OutboxRow::default(), lsn);
                     return Ok(());
                 }
-                (OutboxRow::default(), format!("an outbox message at {lsn}"))
+                (0, OutboxRow::default(), format!("an outbox message at {lsn}"))
             }
             decode::Oversized::Message { .. } => {
                 tracing::warn!(%lsn, bytes, "a logical decoding message over replication.max_message_bytes, not the outbox's: skipped");
@@ -269,7 +252,7 @@ impl<'a, S: Sink> Feed<'a, S> {
                 return Ok(());
             }
         };
-        let (raw, event) = what;
+        let (outbox, raw, event) = what;
         tracing::warn!(%lsn, bytes, limit, "{event} is over replication.max_message_bytes: dead-lettered by reference");
         let reason = format!(
             "{event} is {bytes} bytes in the WAL, more than replication.max_message_bytes ({limit}): it was not \
@@ -277,13 +260,9 @@ impl<'a, S: Sink> Feed<'a, S> {
              still in the outbox table: publish it by hand, or raise replication.max_message_bytes and the \
              memory limit with it"
         );
-        let txn = self
-            .open
-            .as_mut()
-            .ok_or_else(|| RelayError::Protocol("a change outside a transaction".into()))?;
-        let txn = next_event(txn);
+        let at = self.next_event(outbox, "a change outside a transaction")?;
         self.read.inc();
-        self.unpublishable(txn.id, DeadLetter::row(raw, reason));
+        self.unpublishable(at.txn.id, DeadLetter::row(raw, reason).in_outbox(outbox));
         Ok(())
     }
 
@@ -320,14 +299,25 @@ impl<'a, S: Sink> Feed<'a, S> {
         }
     }
 
-    /// Publishes the event at `txn`'s current index (see [`next_event`]).
-    async fn publish(&mut self, raw: OutboxRow, txn: OpenTxn) -> Result<(), RelayError> {
+    /// The open transaction's next event of outbox `outbox`, numbered (every event read counts,
+    /// published or not, so a replay numbers them the same way); `outside`: the protocol error
+    /// when no transaction is open.
+    fn next_event(&mut self, outbox: usize, outside: &str) -> Result<EventAt, RelayError> {
+        let txn = self.open.ok_or_else(|| RelayError::Protocol(outside.into()))?;
+        let index = self.next_index[outbox];
+        self.next_index[outbox] += 1;
+        Ok(EventAt { txn, outbox, index })
+    }
+
+    /// Publishes the event read `at`.
+    async fn publish(&mut self, raw: OutboxRow, at: EventAt) -> Result<(), RelayError> {
         self.read.inc();
-        match self.mapping.to_record(raw, Some(txn.commit_time)) {
+        let txn = at.txn;
+        match self.mappings[at.outbox].to_record(raw, Some(txn.commit_time)) {
             Ok(mut event) => {
-                event.position = Some(Position::Stream { commit: txn.commit_lsn, index: txn.next_index });
+                event.position = Some(Position::Stream { commit: txn.commit_lsn, index: at.index });
                 self.tracker.sent(txn.id);
-                self.sent.add(&event.id, &event.topic);
+                self.sent[at.outbox].add(&event.id, &event.topic);
                 if let Some(settled) = self.delivery.send(txn.id, event, self.turn_at).await? {
                     self.settled(settled);
                 }
@@ -382,12 +372,13 @@ impl<'a, S: Sink> Feed<'a, S> {
     }
 
     pub(super) fn has_sent(&self) -> bool {
-        !self.sent.is_empty()
+        self.sent.iter().any(|s| !s.is_empty())
     }
 
-    /// The events handed to Kafka since the last call, for the record of what was published.
-    pub(super) fn take_sent(&mut self) -> Sent {
-        std::mem::take(&mut self.sent)
+    /// The events handed to Kafka since the last call, for the record of what was published:
+    /// by the outbox's place.
+    pub(super) fn take_sent(&mut self) -> Vec<Sent> {
+        self.sent.iter_mut().map(std::mem::take).collect()
     }
 
     /// The position the tracker would confirm.
@@ -404,12 +395,24 @@ impl<'a, S: Sink> Feed<'a, S> {
     }
 }
 
-/// The open transaction as its next outbox event sees it, and the index moved past that event.
-/// Every event read counts, published or not, so a replay numbers them the same way.
-fn next_event(txn: &mut OpenTxn) -> OpenTxn {
-    let current = *txn;
-    txn.next_index += 1;
-    current
+/// Where an event was read: its transaction, its outbox and its place among that outbox's
+/// events in the transaction.
+#[derive(Debug, Clone, Copy)]
+struct EventAt {
+    txn: OpenTxn,
+    outbox: usize,
+    index: u32,
+}
+
+fn outbox_renamed(was: &str, now: &str) -> RelayError {
+    RelayError::fatal(
+        FatalReason::OutboxChanged,
+        format!(
+            "the outbox table {was} is now {now} (renamed or moved while the relay streamed): its inserts \
+             would no longer be recognised, so the relay stops without confirming past them; rename it back, \
+             or set the outbox's schema / table to the new name and restart"
+        ),
+    )
 }
 
 #[cfg(test)]

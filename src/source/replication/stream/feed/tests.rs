@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use super::Feed;
 use crate::checkpoint::TxnId;
-use crate::config::{DEFAULT_MESSAGE_PREFIX, OutboxConfig, ReplicationConfig};
+use crate::config::{DEFAULT_MESSAGE_PREFIX, Outbox, ReplicationConfig};
 use crate::delivery::fixture::{Fixture, outbox_row};
 use crate::delivery::record::Mapping;
 use crate::lsn::Lsn;
@@ -62,7 +62,8 @@ async fn settle_next(feed: &mut Feed<'_, ScriptedSink>, reports: &mut Reports) {
 /// replication settings (the in-flight bounds).
 struct Rig {
     f: Fixture,
-    mapping: Mapping,
+    outboxes: Vec<Outbox>,
+    mappings: Vec<Mapping>,
     replication: ReplicationConfig,
 }
 
@@ -72,13 +73,18 @@ impl Rig {
     }
 
     fn with(on_poison: &str, replication: ReplicationConfig) -> Rig {
-        Rig { f: Fixture::new(on_poison), mapping: Mapping::new(&OutboxConfig::default()), replication }
+        Rig::of(Fixture::new(on_poison), replication)
+    }
+
+    fn of(f: Fixture, replication: ReplicationConfig) -> Rig {
+        let outboxes = f.config.outboxes();
+        let mappings = outboxes.iter().enumerate().map(|(i, o)| Mapping::of(&o.config, i)).collect();
+        Rig { f, outboxes, mappings, replication }
     }
 
     /// A feed from position 0.
     fn feed(&self) -> Feed<'_, ScriptedSink> {
-        let (outbox, table) = (&OutboxConfig::default(), "public.outbox".to_string());
-        Feed::new(self.f.delivery::<TxnId>(), Lsn(0), outbox, &self.mapping, &self.replication, table)
+        Feed::new(self.f.delivery::<TxnId>(), Lsn(0), &self.outboxes, &self.mappings, &self.replication)
     }
 }
 
@@ -238,4 +244,50 @@ async fn a_keepalive_is_confirmed_only_while_nothing_is_in_flight() {
     settle_next(&mut feed, &mut reports).await;
     assert_eq!(feed.advance(), Some(Lsn(100)));
     assert_eq!(feed.handle(WalEvent::KeepAlive { wal_end: Lsn(500) }).await.unwrap(), Some(Lsn(500)));
+}
+
+#[tokio::test]
+async fn each_outbox_numbers_its_own_events_and_maps_them_with_its_own_mapping() {
+    use crate::delivery::record::Position;
+    use crate::source::replication::decode::tests::{COLUMNS, insert, relation};
+    // given two outboxes, the second with its own topic template
+    let outboxes = serde_json::json!([
+        {"name": "orders"},
+        {"name": "ledger", "table": "ledger_outbox", "topic_template": "ledger.{event_type}"},
+    ]);
+    let rig = Rig::of(Fixture::with_outboxes("dead_letter", outboxes), ReplicationConfig::default());
+    let mut feed = rig.feed();
+
+    // when one transaction inserts into the first, the second, and the first again
+    for (oid, table) in [(1, "outbox_events"), (2, "ledger_outbox")] {
+        feed.handle(WalEvent::Data(relation(oid, "public", table, COLUMNS).into())).await.unwrap();
+    }
+    let row = |id| [Some(id), Some("order"), Some("o-1"), Some("Placed"), Some("{}"), None, None, None];
+    feed.handle(WalEvent::Begin { commit_lsn: Lsn(99), commit_time: SystemTime::now() }).await.unwrap();
+    for (oid, id) in [(1, "1"), (2, "1"), (1, "2")] {
+        feed.handle(WalEvent::Data(insert(oid, &row(id)).into())).await.unwrap();
+    }
+    feed.handle(WalEvent::Commit { end_lsn: Lsn(100) }).await.unwrap();
+
+    // then each record says its outbox, is numbered among its outbox's events, and has its
+    // outbox's topic
+    let sent: Vec<_> =
+        rig.f.sink.records().into_iter().map(|r| (r.outbox, r.id, r.topic, r.position)).collect();
+    let at = |index| Some(Position::Stream { commit: Lsn(99), index });
+    assert_eq!(
+        sent,
+        [
+            (0, "1".to_string(), "outbox.event.order".to_string(), at(0)),
+            (1, "1".to_string(), "ledger.Placed".to_string(), at(0)),
+            (0, "2".to_string(), "outbox.event.order".to_string(), at(1)),
+        ]
+    );
+    // and the transaction is confirmed only once all three are acknowledged
+    let mut reports = feed.delivery.reports().await;
+    for _ in 0..2 {
+        settle_next(&mut feed, &mut reports).await;
+    }
+    assert_eq!(feed.advance(), None);
+    settle_next(&mut feed, &mut reports).await;
+    assert_eq!(feed.advance(), Some(Lsn(100)));
 }
