@@ -29,6 +29,7 @@ mod observability;
 mod orders;
 mod orders_security;
 mod outage;
+mod outboxes;
 mod polling;
 mod publication;
 mod replay;
