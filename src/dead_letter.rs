@@ -190,6 +190,11 @@ impl DeadLetters {
         }
     }
 
+    /// How many outboxes the relay reads.
+    pub fn outboxes(&self) -> usize {
+        self.outboxes.len()
+    }
+
     fn of(&self, outbox: usize) -> &OutboxLetters {
         &self.outboxes[outbox]
     }

@@ -530,11 +530,7 @@ fn an_outbox_listed_twice_or_misconfigured_is_refused_naming_the_entry() {
 }
 
 #[test]
-fn several_outboxes_need_replication_mode_for_now() {
-    let polling = format!("{MINIMAL}[source]\nmode = \"polling\"\n{TWO_OUTBOXES}");
-    let err = load(&polling, &[]).unwrap_err().to_string();
-    assert!(err.starts_with("outboxes: polling mode reads one outbox table in this release"), "{err}");
-    // one listed outbox is the single-table form in another spelling
+fn one_listed_outbox_is_the_single_table_form_in_another_spelling() {
     let one = format!("{MINIMAL}[source]\nmode = \"polling\"\n[[outboxes]]\nname = \"orders\"\n");
     assert_eq!(load(&one, &[]).unwrap().outboxes()[0].name, "orders");
 }

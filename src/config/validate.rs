@@ -145,13 +145,6 @@ impl RelayConfig {
             ));
         }
         let outboxes = self.outboxes();
-        if outboxes.len() > 1 && self.source.mode == SourceMode::Polling {
-            return Err(ConfigError::invalid(
-                "outboxes",
-                "polling mode reads one outbox table in this release: set source.mode = \"replication\" (one slot \
-                 for every outbox), or run one relay per outbox table",
-            ));
-        }
         for (i, outbox) in outboxes.iter().enumerate() {
             validate_outbox(outbox)?;
             let earlier = &outboxes[..i];

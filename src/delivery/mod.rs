@@ -431,6 +431,12 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
         }
     }
 
+    /// The outbox of the first held event (see [`Delivery::held_id`]).
+    pub(crate) fn held_outbox(&self) -> Option<usize> {
+        let held = self.held.as_ref()?;
+        Some(held.refused.front().map_or(held.hold.letter.outbox, |r| r.record.outbox))
+    }
+
     /// The id of the first held event: the one the source must read again first.
     pub(crate) fn held_id(&self) -> Option<&str> {
         let held = self.held.as_ref()?;

@@ -110,12 +110,13 @@ pub(crate) async fn refuse_active_slot(config: &RelayConfig, client: &Client) ->
 }
 
 /// What a polling session must not publish again: `None` when no switch is under way, else the
-/// events of this outbox the dead-letter table holds. Errors when the session cannot go on.
+/// events of each outbox (by place) the dead-letter tables hold. Errors when the session cannot
+/// go on.
 pub(crate) async fn unfinished_switch(
     config: &RelayConfig,
     client: &Client,
     dead_letters: &DeadLetters,
-) -> Result<Option<HashSet<LetterKey>>, RelayError> {
+) -> Result<Option<Vec<HashSet<LetterKey>>>, RelayError> {
     let slots = leftover_slots(config, client).await?;
     refuse_active(&slots)?;
     let Some(slot) = slots.first() else { return Ok(None) };
@@ -130,11 +131,14 @@ pub(crate) async fn unfinished_switch(
             ),
         ));
     }
-    let dead_lettered = dead_letters.dead_lettered(client, 0).await?; // (polling reads one outbox)
+    let mut dead_lettered = Vec::with_capacity(dead_letters.outboxes());
+    for outbox in 0..dead_letters.outboxes() {
+        dead_lettered.push(dead_letters.dead_lettered(client, outbox).await?);
+    }
     tracing::warn!(
         slot = %slot.name,
         retained_bytes = slot.retained_bytes,
-        dead_lettered = dead_lettered.len(),
+        dead_lettered = dead_lettered.iter().map(HashSet::len).sum::<usize>(),
         "switching from replication mode: each topic is read back whole before this session publishes, so \
          rows replication mode published or dead-lettered are not sent again; {}",
         slot.remedy()

@@ -152,13 +152,21 @@ pub(crate) async fn backlog(
     Ok((count, age))
 }
 
+/// The backlog of every outbox of the relay: the rows summed, and the oldest one's age.
 async fn sample_backlog(config: &RelayConfig, client: &Client) -> Result<(), tokio_postgres::Error> {
     let m = metrics();
-    let (count, age) = backlog(config, client).await?;
+    let (mut count, mut oldest) = (0, None::<f64>);
+    for outbox in config.outboxes() {
+        let (rows, age) = backlog(&config.for_outbox(&outbox), client).await?;
+        count += rows;
+        if let Some(age) = age {
+            oldest = Some(oldest.unwrap_or(0.0).max(age.unwrap_or(0.0)));
+        }
+    }
     // both set together: a scrape never shows the new count beside the old age
     m.backlog_events.set(count);
-    if let Some(age) = age {
-        m.backlog_oldest_age.set(age.unwrap_or(0.0).max(0.0));
+    if let Some(age) = oldest {
+        m.backlog_oldest_age.set(age.max(0.0));
     }
     Ok(())
 }

@@ -5,11 +5,16 @@
 //! - a row is deleted (or marked) only in the transaction that claimed it, and only after Kafka
 //!   acknowledged its record with `acks=all`; a crash before COMMIT leaves the row to be
 //!   published again (at-least-once, same `id` header);
-//! - one instance is active at a time: the session that holds the table's advisory lock
-//!   ([`leader`]: derived from the table's name and `polling.leader_lock_key`). It is the same session that claims rows, so losing it (crash,
-//!   network) both releases the lock and rolls back the batch. A single claimer reading in `id`
+//! - one instance is active at a time: the session that holds the advisory lock of every outbox
+//!   table it reads ([`leader`]: each derived from the table's name and
+//!   `polling.leader_lock_key`; so a relay reading a table alone and one reading it with others
+//!   never both claim it). It is the same session that claims rows, so losing it (crash,
+//!   network) both releases the locks and rolls back the batch. A single claimer reading in `id`
 //!   order is what keeps one aggregate's events in order: `SKIP LOCKED` alone would let two
 //!   claimers publish them concurrently;
+//! - with several outboxes (`[[outboxes]]`), the session claims from each table in turn, one
+//!   batch each, through one delivery stage; while the stage holds at an event, only that
+//!   event's outbox is claimed from (the held row first), and the others wait;
 //! - records go to Kafka through the delivery stage ([`crate::delivery`]), which applies the
 //!   poison policy: a dead-lettered row is moved to the dead-letter table in the same
 //!   transaction that removes it; a held one stays, and while the stage holds, the relay claims
@@ -55,8 +60,8 @@ struct Session {
     client: Client,
     notified: mpsc::UnboundedReceiver<()>,
     /// Switching from replication mode (see [`handover`]): the events it dead-lettered (id and
-    /// content), which are released unsent. Empty otherwise.
-    dead_lettered: HashSet<LetterKey>,
+    /// content), which are released unsent, by the outbox's place. Empty otherwise.
+    dead_lettered: Vec<HashSet<LetterKey>>,
     /// This session's batches are `batch:<nonce>-<n>` in their records' positions.
     nonce: u64,
     batches: u64,
@@ -84,15 +89,21 @@ struct BatchOutcome {
     failed: Option<RelayError>,
 }
 
-pub(crate) struct PollingSource<S = KafkaSink> {
-    config: RelayConfig,
+/// One outbox table as polling reads it.
+struct Polled {
     table: OutboxTable,
     mapping: Mapping,
-    sink: S,
-    dead_letters: DeadLetters,
     /// The record of what was published (`sql/010_published.sql`), opened with the statements.
     recorder: Recorder,
     statements: Option<Statements>,
+}
+
+pub(crate) struct PollingSource<S = KafkaSink> {
+    config: RelayConfig,
+    /// By the outbox's place.
+    outboxes: Vec<Polled>,
+    sink: S,
+    dead_letters: DeadLetters,
     /// The delivery stage's hold (its backoff keeps growing) and Kafka's silence, from one
     /// session to the next.
     carried: Option<Carried<RowAt>>,
@@ -129,16 +140,23 @@ impl<S: Sink> Source for PollingSource<S> {
 
 impl<S: Sink> PollingSource<S> {
     pub(crate) fn new(config: RelayConfig, sink: S) -> PollingSource<S> {
-        PollingSource {
-            table: OutboxTable::new(&config),
-            mapping: Mapping::new(&config.outbox),
-            dead_letters: DeadLetters::new(&config, MODE),
-            recorder: Recorder::disabled(),
-            config,
-            sink,
-            statements: None,
-            carried: None,
-        }
+        let outboxes = config
+            .outboxes()
+            .iter()
+            .enumerate()
+            .map(|(i, o)| Polled {
+                table: OutboxTable::new(&config.for_outbox(o)),
+                mapping: Mapping::of(&o.config, i),
+                recorder: Recorder::disabled(),
+                statements: None,
+            })
+            .collect();
+        PollingSource { outboxes, dead_letters: DeadLetters::new(&config, MODE), config, sink, carried: None }
+    }
+
+    /// The outbox tables, for the log.
+    fn table_names(&self) -> String {
+        self.outboxes.iter().map(|o| o.table.display_name()).collect::<Vec<_>>().join(", ")
     }
 
     /// A leader session's connection; the sink learns its source identity.
@@ -160,52 +178,42 @@ impl<S: Sink> PollingSource<S> {
                 }
             }
         });
-        if self.statements.is_none() {
+        for outbox in self.outboxes.iter_mut().filter(|o| o.statements.is_none()) {
             let encoding: String = client.query_one(OutboxTable::SERVER_ENCODING_SQL, &[]).await?.get(0);
-            self.table = self.table.clone().for_server_encoding(&encoding);
-            let id_type = self.table.id_type(&client).await?;
-            self.recorder = Recorder::open(&client, &self.table.display_name()).await?;
-            self.statements = Some(Statements {
-                claim: self.table.claim_sql(),
-                unpublished_count: self.table.unpublished_count_sql(&id_type),
-                release: self.table.release_sql(),
-                delete: self.table.delete_sql(),
+            let table = outbox.table.clone().for_server_encoding(&encoding);
+            let id_type = table.id_type(&client).await?;
+            outbox.recorder = Recorder::open(&client, &table.display_name()).await?;
+            outbox.statements = Some(Statements {
+                claim: table.claim_sql(),
+                unpublished_count: table.unpublished_count_sql(&id_type),
+                release: table.release_sql(),
+                delete: table.delete_sql(),
             });
+            outbox.table = table;
         }
         self.sink.set_sources(&dedup::source_identities(&client, &self.config).await?);
         self.sink.retired(dedup::RETIRE_LIMIT).await;
         Ok(Session {
             client,
             notified,
-            dead_lettered: HashSet::new(),
+            dead_lettered: self.outboxes.iter().map(|_| HashSet::new()).collect(),
             nonce: rand::random(),
             batches: 0,
             switch_checked: None,
         })
     }
 
-    /// Takes the leader lock (or returns [`RelayError::Standby`], naming its holder) and becomes
-    /// active; returns how far back the read-back looks (see [`Dedup`]).
+    /// Takes the leader lock of every outbox table, in order (or returns
+    /// [`RelayError::Standby`], naming the holder of the first one taken; the session's end
+    /// releases those it took) and becomes active; returns how far back the read-back looks
+    /// (see [`Dedup`]).
     async fn lead(&self, session: &mut Session, pulse: &Pulse) -> Result<Lookback, RelayError> {
         let health = pulse.health();
-        let key = match leader::take(&self.config, &self.table, &session.client).await? {
-            Ok(key) => {
-                health.set_lock_holder(None);
-                key
-            }
-            Err(refused) => {
-                // a holder that is no relay stops polling until an operator ends it: said once per holder
-                let said = refused.to_string();
-                let holder = refused
-                    .holder
-                    .as_ref()
-                    .map(|_| LockHolder { said: said.clone(), relay: !refused.foreign() });
-                if health.set_lock_holder(holder) && refused.foreign() {
-                    tracing::warn!(table = %self.table.display_name(), "{said}");
-                }
-                return Err(RelayError::Standby(said));
-            }
-        };
+        let mut keys = Vec::with_capacity(self.outboxes.len());
+        for outbox in &self.outboxes {
+            keys.push(self.lock(session, pulse, &outbox.table).await?);
+        }
+        health.set_lock_holder(None);
         let mut lookback = Lookback::LastBatch;
         // (only the leader looks: a standby would repeat the warning and the dead-letter read)
         if let Some(dead_lettered) =
@@ -219,9 +227,30 @@ impl<S: Sink> PollingSource<S> {
         if !channel.is_empty() {
             session.client.batch_execute(&format!("LISTEN {}", quote_ident(channel))).await?;
         }
-        tracing::info!(table = %self.table.display_name(), lock = key, "active: this instance now relays the outbox");
+        let (tables, locks) = (self.table_names(), format!("{keys:?}"));
+        tracing::info!(%tables, %locks, "active: this instance now relays the outbox");
         pulse.active();
         Ok(lookback)
+    }
+
+    /// Takes `table`'s leader lock, or says who holds it.
+    async fn lock(&self, session: &Session, pulse: &Pulse, table: &OutboxTable) -> Result<i64, RelayError> {
+        let health = pulse.health();
+        match leader::take(&self.config, table, &session.client).await? {
+            Ok(key) => Ok(key),
+            Err(refused) => {
+                // a holder that is no relay stops polling until an operator ends it: said once per holder
+                let said = refused.to_string();
+                let holder = refused
+                    .holder
+                    .as_ref()
+                    .map(|_| LockHolder { said: said.clone(), relay: !refused.foreign() });
+                if health.set_lock_holder(holder) && refused.foreign() {
+                    tracing::warn!(table = %table.display_name(), "{said}");
+                }
+                Err(RelayError::Standby(said))
+            }
+        }
     }
 
     /// Relays until shutdown.
@@ -241,20 +270,29 @@ impl<S: Sink> PollingSource<S> {
                 session.switch_checked = Some(Instant::now());
             }
             while session.notified.try_recv().is_ok() {}
-            let outcome = self.relay_batch(session, delivery, &mut reports).await?;
-            if outcome.claimed > 0 {
-                tracing::debug!(
-                    claimed = outcome.claimed,
-                    released = outcome.released,
-                    dead_lettered = outcome.dead_lettered,
-                    "batch committed"
-                );
-            }
-            if let Some(failed) = outcome.failed {
-                return Err(failed);
-            }
-            if outcome.released > 0 {
-                pulse.progressed();
+            let mut full = false;
+            for outbox in 0..self.outboxes.len() {
+                // while held, only the held event's outbox is claimed from
+                if delivery.held_outbox().is_some_and(|held| held != outbox) {
+                    continue;
+                }
+                let outcome = self.relay_batch(session, outbox, delivery, &mut reports).await?;
+                if outcome.claimed > 0 {
+                    tracing::debug!(
+                        table = %self.outboxes[outbox].table.display_name(),
+                        claimed = outcome.claimed,
+                        released = outcome.released,
+                        dead_lettered = outcome.dead_lettered,
+                        "batch committed"
+                    );
+                }
+                if let Some(failed) = outcome.failed {
+                    return Err(failed);
+                }
+                if outcome.released > 0 {
+                    pulse.progressed();
+                }
+                full |= outcome.full;
             }
             if delivery.holding() {
                 // the stage paces the retries: each is a claim of the held row alone
@@ -264,7 +302,7 @@ impl<S: Sink> PollingSource<S> {
                 }
                 continue;
             }
-            if !outcome.full {
+            if !full {
                 self.wait_for_work(session, shutdown).await?;
             }
         }
@@ -290,14 +328,17 @@ impl<S: Sink> PollingSource<S> {
         Ok(())
     }
 
-    /// One cycle: claim, deliver, write the dead letters and release, commit.
+    /// One cycle of outbox `outbox` (by place): claim, deliver, write the dead letters and
+    /// release, commit.
     async fn relay_batch(
         &self,
         session: &mut Session,
+        outbox: usize,
         delivery: &mut Delivery<'_, S, RowAt>,
         reports: &mut Reports,
     ) -> Result<BatchOutcome, RelayError> {
-        let statements = self.statements.as_ref().expect("statements are prepared at connect");
+        let polled = &self.outboxes[outbox];
+        let statements = polled.statements.as_ref().expect("statements are prepared at connect");
         let polling = &self.config.polling;
         let batch = session.batches;
         session.batches += 1;
@@ -333,8 +374,8 @@ impl<S: Sink> PollingSource<S> {
             return Ok(BatchOutcome { full, ..BatchOutcome::default() });
         }
         let claimed = rows.len();
-        let (rows, dead_lettered) = already_dead_lettered(&session.dead_lettered, rows);
-        let rows = batch::map(&self.mapping, rows, (session.nonce, batch));
+        let (rows, dead_lettered) = already_dead_lettered(&session.dead_lettered[outbox], rows);
+        let rows = batch::map(&polled.mapping, rows, (session.nonce, batch));
         let unread: Vec<String> = delivery
             .unread(rows.iter().filter_map(|(_, row)| row.as_ref().ok()))
             .into_iter()
@@ -356,7 +397,7 @@ impl<S: Sink> PollingSource<S> {
         let settlement = batch::deliver(delivery, reports, rows, dead_lettered, deadline).await?;
         let read = if settlement.again { settlement.release.len() } else { claimed };
         metrics().events_read.with_label_values(&[MODE.label()]).inc_by(read as u64);
-        let dead_lettered = self.release(&tx, statements, &settlement, topics).await?;
+        let dead_lettered = self.release(&tx, polled, &settlement, topics).await?;
         tx.commit().await?;
         self.dead_letters.report(&settlement.letters);
         Ok(BatchOutcome {
@@ -373,15 +414,16 @@ impl<S: Sink> PollingSource<S> {
     async fn release(
         &self,
         tx: &Transaction<'_>,
-        statements: &Statements,
+        polled: &Polled,
         settlement: &Settlement,
         topics: BTreeSet<String>,
     ) -> Result<u64, RelayError> {
+        let statements = polled.statements.as_ref().expect("statements are prepared at connect");
         let Settlement { release, letters, lettered, .. } = settlement;
         if !release.is_empty() {
             let (tableoids, ctids) = RowAt::params(release);
             tx.execute(&statements.release, &[&tableoids, &ctids]).await?;
-            self.recorder.record(tx, &Sent::of(release.iter().map(|r| r.id.as_str()), topics)).await?;
+            polled.recorder.record(tx, &Sent::of(release.iter().map(|r| r.id.as_str()), topics)).await?;
         }
         if letters.is_empty() {
             return Ok(0);
