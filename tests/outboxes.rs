@@ -204,3 +204,100 @@ async fn two_polled_outboxes_through_a_kill_9_lose_nothing_and_send_nothing_twic
 async fn ten_polled_outboxes_through_a_kill_9_lose_nothing_and_send_nothing_twice() {
     several_outboxes_through_a_kill_9("polling", 10, 600).await;
 }
+
+/// Writes `events` events, one per transaction, to `table`, each the next of aggregate
+/// `aggregate` (seq under its row lock, as the writers above).
+async fn write_to(
+    client: &tokio_postgres::Client,
+    table: &str,
+    aggregate_type: &str,
+    aggregate: &str,
+    events: usize,
+) {
+    for _ in 0..events {
+        client
+            .execute(
+                &format!(
+                    "WITH s AS (UPDATE test_aggregates SET seq = seq + 1 WHERE id = $2 RETURNING seq) \
+                     INSERT INTO {table} (aggregate_type, aggregate_id, event_type, payload) \
+                     SELECT $1, $2, 'SeqEvent', jsonb_build_object('seq', s.seq) FROM s"
+                ),
+                &[&aggregate_type, &aggregate],
+            )
+            .await
+            .unwrap();
+    }
+}
+
+/// An outbox added to the configuration of a relay that ran with one: in replication mode the
+/// relay refuses to start until `setup --recreate-slot`, in polling mode it just reads the new
+/// table; either way every event of the new table arrives, and nothing of the old one twice.
+async fn an_outbox_added_then_restarted(mode: &str) {
+    // given a relay of the single-table form, in `mode`, that published the first table's events
+    // while the second table, not listed yet, filled up
+    let replication = mode == "replication";
+    let s = Setup::create(&crate::common::services().kafka, "", true, |slot| {
+        format!("{}\n", RelayToml::either(mode, slot))
+    })
+    .await;
+    let client = s.db.client().await;
+    let tables = create_outbox_tables(&client, 2).await;
+    client.batch_execute(crate::common::workload::AGGREGATE_SQL).await.unwrap();
+    client.batch_execute("INSERT INTO test_aggregates (id) VALUES ('0-agg-0'), ('1-agg-0')").await.unwrap();
+    let second_topic = format!("o1.{}", s.aggregate_type);
+    create_topic(&second_topic, 4).await;
+    let consumer = consumer(&[&s.topic, &second_topic]);
+    let mut relay = s.start("single");
+    relay.wait_ready("active").await;
+    let t = &s.aggregate_type;
+    write_to(&client, &tables[0], t, "0-agg-0", 200).await;
+    write_to(&client, &tables[1], t, "1-agg-0", 100).await;
+    let mut records = crate::common::consume(&consumer, 200, IDLE).await;
+    assert_eq!(relay.terminate(crate::common::EXIT_LIMIT), Some(0), "{}", relay.log_text());
+    write_to(&client, &tables[0], t, "0-agg-0", 50).await;
+
+    // when the second outbox is added to the configuration and the relay restarted
+    let config = std::fs::read_to_string(s.config()).unwrap();
+    std::fs::write(s.config(), format!("{config}\n{}", outboxes_toml(&tables))).unwrap();
+    let config = s.config().to_string_lossy().into_owned();
+    if replication {
+        // (replication: the slot never streamed the second table's rows; the relay says so and
+        // what to run, then the recreated slot copies both tables)
+        let mut refused = s.start("refused");
+        assert_ne!(refused.wait_exit(), 0);
+        let log = refused.log_text();
+        assert!(log.contains("an outbox added to the configuration of an existing slot"), "{log}");
+        assert!(log.contains("setup --recreate-slot"), "{log}");
+        let (code, stdout, stderr) = crate::common::run_relay(
+            &["setup", "--recreate-slot", "--config", &config],
+            crate::common::EXIT_LIMIT,
+        );
+        assert_eq!(code, 0, "{stdout}{stderr}");
+    }
+    let mut relay = s.start("listed");
+    relay.wait_ready("active").await;
+    write_to(&client, &tables[0], t, "0-agg-0", 50).await;
+    write_to(&client, &tables[1], t, "1-agg-0", 50).await;
+
+    // then every event of both tables arrived, once, in order: the new table's written before it
+    // was listed too, and nothing of the first table again
+    let committed = committed_counts(&client).await;
+    assert_eq!(committed.values().sum::<i64>(), 450);
+    records.extend(
+        consume_unique(&consumer, 450 - crate::common::workload::unique_ids(&records).len(), IDLE, LINGER)
+            .await,
+    );
+    let report = assert_delivered(&records, &committed);
+    assert_eq!((report.unique, report.duplicates), (450, 0), "{}", relay.log_text());
+    assert_eq!(relay.terminate(crate::common::EXIT_LIMIT), Some(0), "{}", relay.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_outbox_added_to_a_replication_relay_needs_a_recreated_slot_and_loses_nothing() {
+    an_outbox_added_then_restarted("replication").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_outbox_added_to_a_polling_relay_is_read_from_its_first_row() {
+    an_outbox_added_then_restarted("polling").await;
+}

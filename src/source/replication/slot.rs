@@ -103,7 +103,7 @@ pub async fn prepare(config: &RelayConfig, client: &Client, recreate: bool) -> R
     if !locked {
         return Err(RelayError::Standby(format!("slot \"{slot}\" is managed by another relay instance")));
     }
-    ensure_publication(config, client).await?;
+    ensure_publication(config, client, recreate).await?;
     if config.replication.failover {
         failover_supported(client).await?;
     }
@@ -379,7 +379,10 @@ async fn remembered(client: &Client, slot: &str) -> Result<Option<bool>, RelayEr
     Ok(row.map(|r| r.get("copied")))
 }
 
-async fn ensure_publication(config: &RelayConfig, client: &Client) -> Result<(), RelayError> {
+/// Creates the publication when it is missing; with `recreate` (the slot is made again, and its
+/// first copy publishes what every table holds), adds the outbox tables it lacks: an outbox
+/// added to the configuration.
+async fn ensure_publication(config: &RelayConfig, client: &Client, recreate: bool) -> Result<(), RelayError> {
     let publication = &config.replication.publication;
     let create = super::publication::create_sql(config);
     // a publication cannot take a table that does not exist: say that, not how to add it
@@ -404,11 +407,32 @@ async fn ensure_publication(config: &RelayConfig, client: &Client) -> Result<(),
         }
         client.batch_execute(&create).await?;
         tracing::info!(%publication, "created the publication: {create}");
+    } else if recreate {
+        add_missing_tables(config, client).await?;
     }
     match super::publication::problem(config, client).await? {
         None => Ok(()),
         Some(problem) => Err(RelayError::fatal(problem.reason(), problem.to_string())),
     }
+}
+
+/// Adds to the publication the outbox tables it lacks (before the slot is made again).
+async fn add_missing_tables(config: &RelayConfig, client: &Client) -> Result<(), RelayError> {
+    let publication = &config.replication.publication;
+    for outbox in config.outboxes() {
+        let table = OutboxTable::new(&config.for_outbox(&outbox));
+        let listed = client
+            .query_opt(
+                "SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
+                &[publication, &table.schema, &table.name],
+            )
+            .await?;
+        if listed.is_none() {
+            client.batch_execute(&table.add_to_publication_sql(publication)).await?;
+            tracing::info!(%publication, table = %table.display_name(), "added the outbox table to the publication");
+        }
+    }
+    Ok(())
 }
 
 /// What to say when outbox `outbox`'s table does not exist: with several, which entry names it.
