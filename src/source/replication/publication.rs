@@ -84,8 +84,8 @@ pub async fn problem(
             return Ok(Some(Problem::Narrowed(format!(
                 "{text} -- an outbox added to the configuration of an existing slot: adding the table to the \
                  publication alone would never publish its rows written before that; run `outbox-relay setup \
-                 --recreate-slot` (it creates the publication with every outbox and re-publishes what the tables \
-                 hold; what Kafka already has is not sent twice with dedup on), then start the relay"
+                 --recreate-slot` (it adds the table to the publication, makes the slot again and re-publishes \
+                 what the tables hold; what Kafka already has is not sent twice with dedup on), then start the relay"
             ))));
         }
         if problem.is_some() {
