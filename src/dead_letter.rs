@@ -148,6 +148,8 @@ pub struct DeadLetters {
 /// One outbox's dead-letter table and policy.
 #[derive(Debug, Clone)]
 struct OutboxLetters {
+    /// The outbox's name: its metrics' label.
+    name: String,
     insert_sql: String,
     dead_lettered_sql: String,
     source_table: String,
@@ -155,9 +157,10 @@ struct OutboxLetters {
 }
 
 impl OutboxLetters {
-    fn new(config: &RelayConfig) -> OutboxLetters {
+    fn new(config: &RelayConfig, name: &str) -> OutboxLetters {
         let (schema, table) = config.dead_letter.schema_and_table();
         OutboxLetters {
+            name: name.to_string(),
             insert_sql: format!(
                 "INSERT INTO {} (source_table, event_id, row_data, reason) \
                  SELECT $1, u.event_id, u.row_data::jsonb, u.reason \
@@ -183,11 +186,20 @@ impl DeadLetters {
     /// `mode`: the `mode` label of the metrics.
     pub fn new(config: &RelayConfig, mode: Mode) -> DeadLetters {
         DeadLetters {
-            outboxes: config.outboxes().iter().map(|o| OutboxLetters::new(&config.for_outbox(o))).collect(),
+            outboxes: config
+                .outboxes()
+                .iter()
+                .map(|o| OutboxLetters::new(&config.for_outbox(o), &o.name))
+                .collect(),
             mode,
             retry: config.retry.clone(),
             refused: Default::default(),
         }
+    }
+
+    /// The outboxes' names, by place.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.outboxes.iter().map(|o| o.name.as_str())
     }
 
     /// How many outboxes the relay reads.
@@ -289,7 +301,9 @@ impl DeadLetters {
     pub fn report(&self, letters: &[DeadLetter]) {
         metrics().events_dead_lettered.with_label_values(&[self.mode.label()]).inc_by(letters.len() as u64);
         for letter in letters {
-            let table = &self.of(letter.outbox).source_table;
+            let of = self.of(letter.outbox);
+            metrics().outbox_events_dead_lettered.with_label_values(&[&of.name]).inc();
+            let table = &of.source_table;
             tracing::warn!(event_id = %letter.id, reason = %letter.reason, %table, "event moved to the dead-letter table");
         }
     }

@@ -56,6 +56,7 @@ async fn run_until_stopped(config: RelayConfig, health: Arc<Health>) -> Result<(
     let m = metrics();
     m.initialize(config.source.mode.into(), env!("CARGO_PKG_VERSION"));
     m.label_deployment(crate::observe::metrics::deployment_labels(&config));
+    m.initialize_outboxes(config.outboxes().iter().map(|o| o.name.as_str()));
     m.slot_lag_warning.set(config.metrics.slot_lag_warning_bytes as i64);
     m.slot_lag_critical.set(config.metrics.slot_lag_critical_bytes as i64);
     if !config.metrics.listen.is_empty() {

@@ -289,6 +289,17 @@ async fn an_outbox_added_then_restarted(mode: &str) {
     );
     let report = assert_delivered(&records, &committed);
     assert_eq!((report.unique, report.duplicates), (450, 0), "{}", relay.log_text());
+    // and the relay counts each outbox's events apart: what it published itself (replication:
+    // the recreated slot's copy was `setup`'s), by outbox name
+    let published =
+        |name: &str| format!("outbox_relay_outbox_events_published_total{{outbox_name=\"{name}\"}}");
+    // (polling: all it found in the tables once the second was listed, and what came after)
+    let (first, second) = if replication { (50.0, 50.0) } else { (100.0, 150.0) };
+    relay.wait_metric(&published("ob1"), |v| v == second).await;
+    relay.wait_metric(&published("ob0"), |v| v == first).await;
+    if !replication {
+        relay.wait_metric("outbox_relay_outbox_backlog_events{outbox_name=\"ob1\"}", |v| v == 0.0).await;
+    }
     assert_eq!(relay.terminate(crate::common::EXIT_LIMIT), Some(0), "{}", relay.log_text());
 }
 

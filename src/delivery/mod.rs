@@ -119,6 +119,8 @@ pub(crate) struct Delivery<'a, S: Sink, P> {
     transaction: Option<Transaction<P>>,
     /// The mode's `events_published_total` (looked up once).
     published: IntCounter,
+    /// Each outbox's `outbox_events_published_total`, by place (looked up once).
+    published_by_outbox: Vec<IntCounter>,
 }
 
 impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
@@ -140,6 +142,10 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
             held: None,
             transaction: sink.transactional().then(|| Transaction::new(kafka)),
             published: metrics().events_published.with_label_values(&[mode.label()]),
+            published_by_outbox: dead_letters
+                .names()
+                .map(|name| metrics().outbox_events_published.with_label_values(&[name]))
+                .collect(),
         }
     }
 
@@ -212,7 +218,7 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
             self.stall.progressed(clock.now, self.pulse);
             if let Some(transaction) = self.transaction.as_mut() {
                 // settled by the commit
-                transaction.acked(Acked { position, at, created_at: event.created_at });
+                transaction.acked(Acked { position, at, created_at: event.created_at, outbox: event.outbox });
                 if resent {
                     self.resent_accepted();
                 }
@@ -220,6 +226,7 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
             }
             self.pulse.progressed();
             metrics().acknowledged_at(&self.published, at, event.created_at, clock);
+            self.published_by_outbox[event.outbox].inc();
             if resent {
                 self.resent_accepted();
             }
@@ -323,6 +330,7 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
         let m = metrics();
         let settle = |a: Acked<P>| {
             m.acknowledged_at(&self.published, a.at, a.created_at, clock);
+            self.published_by_outbox[a.outbox].inc();
             Settled::Acked(a.position)
         };
         Ok(acked.into_iter().map(settle).collect())

@@ -24,6 +24,8 @@ pub(super) struct Acked<P> {
     /// measured to the commit.
     pub(super) at: Instant,
     pub(super) created_at: Option<SystemTime>,
+    /// Its outbox's place (see `KafkaRecord::outbox`).
+    pub(super) outbox: usize,
 }
 
 /// The open transaction's size.
@@ -134,7 +136,7 @@ mod tests {
         t.begun();
         for position in [7, 8, 9] {
             t.sent(1);
-            t.acked(Acked { position, at: Instant::now(), created_at: None });
+            t.acked(Acked { position, at: Instant::now(), created_at: None, outbox: 0 });
         }
         let settled: Vec<u32> = t.committed().into_iter().map(|a| a.position).collect();
         assert_eq!(settled, [7, 8, 9]);

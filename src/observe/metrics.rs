@@ -63,6 +63,14 @@ pub const DEAD_LETTERS_OUTSTANDING: &str = "outbox_relay_dead_letters_outstandin
 pub const DEAD_LETTERS_OLDEST_AGE: &str = "outbox_relay_dead_letters_oldest_age_seconds";
 pub const DEFAULT_PARTITION_ROWS: &str = "outbox_relay_outbox_default_partition_rows";
 pub const PARTITIONS_AHEAD: &str = "outbox_relay_outbox_partitions_ahead_seconds";
+pub const OUTBOX_EVENTS_PUBLISHED: &str = "outbox_relay_outbox_events_published_total";
+pub const OUTBOX_EVENTS_DEAD_LETTERED: &str = "outbox_relay_outbox_events_dead_lettered_total";
+pub const OUTBOX_BACKLOG_EVENTS: &str = "outbox_relay_outbox_backlog_events";
+pub const OUTBOX_DEAD_LETTERS_OUTSTANDING: &str = "outbox_relay_outbox_dead_letters_outstanding";
+
+/// The label of the per-outbox series: the outbox's name (`RelayConfig::outboxes`), so there are
+/// as many series as configured outboxes.
+pub const OUTBOX_NAME_LABEL: &str = "outbox_name";
 
 /// The labels on every series, naming the deployment a relay belongs to: the replicas of one
 /// deployment share them (they compete for one slot, or one polling lock), two deployments
@@ -162,6 +170,13 @@ pub const ALL: &[(&str, &str)] = &[
         PARTITIONS_AHEAD,
         "Seconds from now to the end of the outbox table's last range partition (sampled; -1: not range-partitioned)",
     ),
+    (OUTBOX_EVENTS_PUBLISHED, "Events of each outbox acknowledged by Kafka, by outbox name"),
+    (OUTBOX_EVENTS_DEAD_LETTERED, "Events of each outbox moved to its dead-letter table, by outbox name"),
+    (OUTBOX_BACKLOG_EVENTS, "Unpublished rows of each outbox table, by outbox name (polling; capped at 1e6)"),
+    (
+        OUTBOX_DEAD_LETTERS_OUTSTANDING,
+        "Rows of each outbox waiting in its dead-letter table, by outbox name (sampled; -1: cannot be read)",
+    ),
 ];
 
 /// Buckets from 1 ms to 60 s.
@@ -210,6 +225,10 @@ pub struct Metrics {
     pub dead_letters_oldest_age: Gauge,
     pub default_partition_rows: IntGauge,
     pub partitions_ahead: Gauge,
+    pub outbox_events_published: IntCounterVec,
+    pub outbox_events_dead_lettered: IntCounterVec,
+    pub outbox_backlog_events: IntGaugeVec,
+    pub outbox_dead_letters_outstanding: IntGaugeVec,
     /// [`DEPLOYMENT_LABELS`] with their values, once known.
     deployment: Mutex<Vec<LabelPair>>,
 }
@@ -295,6 +314,14 @@ impl Metrics {
             dead_letters_oldest_age: gauge(&r, DEAD_LETTERS_OLDEST_AGE),
             default_partition_rows: int_gauge(&r, DEFAULT_PARTITION_ROWS),
             partitions_ahead: gauge(&r, PARTITIONS_AHEAD),
+            outbox_events_published: counter(&r, OUTBOX_EVENTS_PUBLISHED, &[OUTBOX_NAME_LABEL]),
+            outbox_events_dead_lettered: counter(&r, OUTBOX_EVENTS_DEAD_LETTERED, &[OUTBOX_NAME_LABEL]),
+            outbox_backlog_events: int_gauge_vec(&r, OUTBOX_BACKLOG_EVENTS, &[OUTBOX_NAME_LABEL]),
+            outbox_dead_letters_outstanding: int_gauge_vec(
+                &r,
+                OUTBOX_DEAD_LETTERS_OUTSTANDING,
+                &[OUTBOX_NAME_LABEL],
+            ),
             deployment: Mutex::default(),
             registry: r,
         }
@@ -313,6 +340,16 @@ impl Metrics {
             })
             .collect();
         *self.deployment.lock().unwrap() = pairs;
+    }
+
+    /// Creates the series of each outbox (by name) at zero, as [`Metrics::initialize`].
+    pub fn initialize_outboxes<'n>(&self, names: impl IntoIterator<Item = &'n str>) {
+        for name in names {
+            self.outbox_events_published.with_label_values(&[name]);
+            self.outbox_events_dead_lettered.with_label_values(&[name]);
+            self.outbox_backlog_events.with_label_values(&[name]);
+            self.outbox_dead_letters_outstanding.with_label_values(&[name]);
+        }
     }
 
     /// Creates every labelled series at zero, so a scrape lists each metric from the start and
@@ -428,7 +465,12 @@ mod tests {
         }
         assert!(text.contains("outbox_relay_end_to_end_latency_seconds_bucket{le=\"0.001\"}"));
         m.initialize(Mode::Replication, "0");
+        m.initialize_outboxes(["orders", "ledger"]);
         let text = m.render();
+        assert!(
+            text.contains("outbox_relay_outbox_events_published_total{outbox_name=\"ledger\"} 0"),
+            "{text}"
+        );
         for (name, help) in ALL {
             assert!(text.contains(&format!("# HELP {name} {help}")), "{name} missing after initialize");
         }

@@ -158,6 +158,7 @@ async fn sample_backlog(config: &RelayConfig, client: &Client) -> Result<(), tok
     let (mut count, mut oldest) = (0, None::<f64>);
     for outbox in config.outboxes() {
         let (rows, age) = backlog(&config.for_outbox(&outbox), client).await?;
+        m.outbox_backlog_events.with_label_values(&[&outbox.name]).set(rows);
         count += rows;
         if let Some(age) = age {
             oldest = Some(oldest.unwrap_or(0.0).max(age.unwrap_or(0.0)));
@@ -223,13 +224,16 @@ async fn sample_dead_letters(config: &RelayConfig, client: &Client) -> Result<()
     let (mut count, mut oldest) = (0, 0.0_f64);
     for outbox in config.outboxes() {
         let outstanding = dead_letters(&config.for_outbox(&outbox), client, 0).await;
+        let of_outbox = m.outbox_dead_letters_outstanding.with_label_values(&[&outbox.name]);
         match outstanding {
             Ok(Some(o)) => {
+                of_outbox.set(o.count);
                 count += o.count;
                 oldest = oldest.max(o.oldest_secs.unwrap_or(0.0));
             }
-            Ok(None) => {}
+            Ok(None) => of_outbox.set(0),
             Err(e) => {
+                of_outbox.set(-1);
                 // a table that cannot be read says -1, not 0: "none waiting" must not be a guess
                 m.dead_letters_outstanding.set(-1);
                 m.dead_letters_oldest_age.set(0.0);
