@@ -311,3 +311,27 @@ async fn an_event_id_another_outbox_used_first_is_no_duplicate_and_an_untrusted_
     );
     assert!(reason(&anonymous).contains("missing header outbox_relay_source"), "{}", reason(&anonymous));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn follow_up_events_go_to_the_outbox_table_the_ledger_is_given() {
+    // given a ledger whose follow-ups go to its own outbox table
+    let l = Ledger::new(1, &[("outbox_table", "\"public.ledger_outbox\"")]).await;
+    l.fund("alice", 1_000).await;
+    l.produce(&[order_placed(1, "alice", 300)]).await;
+    let committed = l.committed();
+
+    // when it applies an OrderPlaced event
+    let _ledger = l.start("ledger");
+    committed.wait_for(1).await;
+
+    // then its PaymentCompleted is in that table, and none in the relay's outbox_events
+    let completed = "SELECT count(*) FROM ledger_outbox WHERE event_type = 'PaymentCompleted' AND aggregate_id = '500001'";
+    assert_eq!(l.scalar(completed).await, 1);
+    assert_eq!(l.scalar("SELECT count(*) FROM outbox_events").await, 0);
+
+    // and a table that does not exist is refused at start, naming it
+    let missing = Ledger::new(1, &[("outbox_table", "\"ops.no_such_outbox\"")]).await;
+    let (code, log) = missing.run_to_exit(&["run"], &[]).await;
+    assert_eq!(code, 1, "{log}");
+    assert!(log.contains("no_such_outbox"), "{log}");
+}

@@ -39,3 +39,10 @@ CREATE TABLE IF NOT EXISTS ledger_entries (
     created_at   timestamptz NOT NULL DEFAULT now(),
     FOREIGN KEY (event_source, event_id) REFERENCES processed_events
 );
+
+-- The ledger's own outbox (consumer.outbox_table = "ledger_outbox"): its follow-up events apart
+-- from the order service's, the relay reading both from one slot ([[outboxes]],
+-- docs/outboxes.md). Made like the relay's outbox_events (sql/001_outbox_events.sql, applied
+-- first), with its own ids. The default consumer.outbox_table writes outbox_events instead.
+CREATE TABLE IF NOT EXISTS ledger_outbox (LIKE outbox_events INCLUDING DEFAULTS INCLUDING IDENTITY INCLUDING CONSTRAINTS);
+CREATE INDEX IF NOT EXISTS ledger_outbox_id ON ledger_outbox (id);

@@ -25,6 +25,8 @@
 //!   the debit (or the decline) happened: the chain continues on `outbox.event.payment`.
 
 use outbox_relay::config::PostgresConfig;
+
+use crate::config::ConsumerConfig;
 use outbox_relay::error::Action;
 use serde_json::{Value, json};
 use tokio_postgres::{Client, Statement, Transaction};
@@ -66,8 +68,8 @@ pub struct Seen {
 /// The outcome of an event sent to the dead-letter topic.
 pub const DEAD_LETTERED: &str = "dead_lettered";
 
-/// The tables the ledger writes; checked at start.
-const TABLES: [&str; 4] = ["wallets", "processed_events", "ledger_entries", "outbox_events"];
+/// The tables the ledger writes, besides its outbox (`consumer.outbox_table`); checked at start.
+const TABLES: [&str; 3] = ["wallets", "processed_events", "ledger_entries"];
 
 /// Takes the inbox row; a `dead_lettered` one is taken over (a replay), any other stays.
 const CLAIM_SQL: &str = "INSERT INTO processed_events (source, event_id, topic, \"partition\", \"offset\", outcome) \
@@ -84,9 +86,19 @@ const LEDGER_ENTRY_SQL: &str = "INSERT INTO ledger_entries \
 const BALANCE_SQL: &str = "SELECT balance_cents FROM wallets WHERE customer_id = $1";
 const DECLINED_SQL: &str =
     "UPDATE processed_events SET outcome = 'declined', detail = $3 WHERE source = $1 AND event_id = $2";
-const FOLLOW_UP_SQL: &str = "INSERT INTO outbox_events \
-     (aggregate_type, aggregate_id, event_type, payload, headers) \
-     VALUES ('payment', $1, $2, $3, $4)";
+/// The follow-up event, into `outbox` (`consumer.outbox_table`, quoted).
+fn follow_up_sql(outbox: &str) -> String {
+    format!(
+        "INSERT INTO {outbox} (aggregate_type, aggregate_id, event_type, payload, headers) \
+         VALUES ('payment', $1, $2, $3, $4)"
+    )
+}
+
+/// `"schema"."table"` of `consumer.outbox_table`.
+fn quoted_outbox((schema, table): (&str, &str)) -> String {
+    let quote = |name: &str| format!("\"{}\"", name.replace('"', "\"\""));
+    format!("{}.{}", quote(schema), quote(table))
+}
 const SEEN_SQL: &str = "SELECT outcome, topic = $3 AND \"partition\" = $4 AND \"offset\" = $5 \
      FROM processed_events WHERE source = $1 AND event_id = $2";
 /// A `dead_lettered` row is moved to the newest copy dead-lettered (a replay that failed again),
@@ -139,15 +151,16 @@ impl OpenError {
 impl Session {
     /// Connects through the relay's `connect` (TLS, multi-host, password files), refuses a
     /// database without the ledger's tables (naming the file that creates them), and prepares.
-    pub async fn open(pg: &PostgresConfig, lock_timeout_ms: u64) -> Result<Session, OpenError> {
+    pub async fn open(pg: &PostgresConfig, consumer: &ConsumerConfig) -> Result<Session, OpenError> {
+        let outbox = quoted_outbox(consumer.outbox_table());
         let client = outbox_relay::postgres::connect(pg).await.map_err(|e| match e.action() {
             Action::Fatal(_) => OpenError::Fatal(LedgerError::Connect(e)),
             _ => OpenError::Retry(e.to_string()),
         })?;
         let missing: Vec<String> = client
             .query(
-                "SELECT t FROM unnest($1::text[]) AS t WHERE to_regclass(t) IS NULL",
-                &[&TABLES.as_slice()],
+                "SELECT t FROM unnest($1::text[] || $2::text) AS t WHERE to_regclass(t) IS NULL",
+                &[&TABLES.as_slice(), &outbox],
             )
             .await
             .map_err(OpenError::from_db)?
@@ -161,11 +174,15 @@ impl Session {
                 tables,
             }));
         }
-        Session::prepare(client, lock_timeout_ms).await.map_err(OpenError::from_db)
+        Session::prepare(client, consumer.lock_timeout_ms, &outbox).await.map_err(OpenError::from_db)
     }
 
-    /// Sets `lock_timeout` and prepares the statements on `client`.
-    async fn prepare(client: Client, lock_timeout_ms: u64) -> Result<Session, tokio_postgres::Error> {
+    /// Sets `lock_timeout` and prepares the statements on `client`; follow-ups go to `outbox`.
+    async fn prepare(
+        client: Client,
+        lock_timeout_ms: u64,
+        outbox: &str,
+    ) -> Result<Session, tokio_postgres::Error> {
         // a plain integer is milliseconds; the setting lasts for the session
         client.batch_execute(&format!("SET lock_timeout = {lock_timeout_ms}")).await?;
         let statements = Statements {
@@ -174,7 +191,7 @@ impl Session {
             ledger_entry: client.prepare(LEDGER_ENTRY_SQL).await?,
             balance: client.prepare(BALANCE_SQL).await?,
             declined: client.prepare(DECLINED_SQL).await?,
-            follow_up: client.prepare(FOLLOW_UP_SQL).await?,
+            follow_up: client.prepare(&follow_up_sql(outbox)).await?,
             seen: client.prepare(SEEN_SQL).await?,
             dead_lettered: client.prepare(DEAD_LETTERED_SQL).await?,
         };

@@ -32,6 +32,7 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
 pub const DEFAULT_INITIAL_BACKOFF_MS: u64 = 100;
 pub const DEFAULT_MAX_BACKOFF_MS: u64 = 5_000;
 pub const DEFAULT_LOCK_TIMEOUT_MS: u64 = 2_000;
+pub const DEFAULT_OUTBOX_TABLE: &str = "outbox_events";
 /// librdkafka's default (45 s) would keep a killed instance's partitions idle that long; this is
 /// the ledger's, unless `kafka.properties` sets `session.timeout.ms`.
 pub const DEFAULT_SESSION_TIMEOUT_MS: u64 = 10_000;
@@ -84,6 +85,10 @@ pub struct ConsumerConfig {
     /// `<system identifier>/<database>/<schema>.<table>`, or `*/<database>/<schema>.<table>`
     /// in any cluster. Empty: any outbox that publishes to the topic.
     pub sources: Vec<String>,
+    /// The outbox table the follow-up events (`PaymentCompleted`, `PaymentDeclined`) are
+    /// written to, `table` or `schema.table`: the relay's own, or one of the ledger's that the
+    /// relay lists among its `[[outboxes]]`.
+    pub outbox_table: String,
 }
 
 impl Default for ConsumerConfig {
@@ -97,11 +102,17 @@ impl Default for ConsumerConfig {
             max_backoff_ms: DEFAULT_MAX_BACKOFF_MS,
             lock_timeout_ms: DEFAULT_LOCK_TIMEOUT_MS,
             sources: Vec::new(),
+            outbox_table: DEFAULT_OUTBOX_TABLE.into(),
         }
     }
 }
 
 impl ConsumerConfig {
+    /// (schema, table) of [`ConsumerConfig::outbox_table`]; schema `public` when not named.
+    pub fn outbox_table(&self) -> (&str, &str) {
+        self.outbox_table.split_once('.').unwrap_or(("public", &self.outbox_table))
+    }
+
     /// The dead-letter topic in effect.
     pub fn dead_letter_topic(&self) -> String {
         if self.dead_letter_topic.is_empty() {
@@ -129,6 +140,13 @@ impl ConsumerConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.topic.is_empty() {
             return Err(ConfigError::invalid("consumer.topic", "must not be empty"));
+        }
+        let (schema, table) = self.outbox_table();
+        if schema.is_empty() || table.is_empty() || table.contains('.') {
+            return Err(ConfigError::invalid(
+                "consumer.outbox_table",
+                format!("\"{}\" is not schema.table or table", self.outbox_table),
+            ));
         }
         if self.group_id.is_empty() {
             return Err(ConfigError::invalid("consumer.group_id", "must not be empty"));

@@ -399,15 +399,14 @@ impl Ledger {
     /// Opens a session, waiting out an unreachable database; false on shutdown.
     async fn connect(&mut self) -> Result<bool, LedgerError> {
         loop {
-            let failure =
-                match Session::open(&self.config.postgres, self.config.consumer.lock_timeout_ms).await {
-                    Ok(session) => {
-                        self.session = Some(session);
-                        return Ok(true);
-                    }
-                    Err(OpenError::Fatal(e)) => return Err(e),
-                    Err(OpenError::Retry(failure)) => failure,
-                };
+            let failure = match Session::open(&self.config.postgres, &self.config.consumer).await {
+                Ok(session) => {
+                    self.session = Some(session);
+                    return Ok(true);
+                }
+                Err(OpenError::Fatal(e)) => return Err(e),
+                Err(OpenError::Retry(failure)) => failure,
+            };
             warn!(error = %failure, "cannot connect to the database, retrying");
             let delay = self.outage.next_delay();
             if !self.pause(delay).await {

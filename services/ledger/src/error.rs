@@ -18,7 +18,8 @@ pub enum LedgerError {
     Connect(RelayError),
     #[error(
         "database \"{database}\" has no table {tables}: apply sql/examples/ledger.sql (and the \
-         relay's sql/001_outbox_events.sql for outbox_events) to it, then start the ledger again"
+         relay's sql/001_outbox_events.sql for outbox_events; for another consumer.outbox_table, make it \
+         like outbox_events) to it, then start the ledger again"
     )]
     MissingTables { database: String, tables: String },
     /// The database cannot apply any event (a table or column gone, a privilege missing): an
