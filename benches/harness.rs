@@ -13,7 +13,10 @@
 //! - the relay's peak RSS and CPU seconds, and peak RSS at a tenth of the backlog;
 //! - with `--only scaling`, the drain by payload and transaction size (`harness/scaling.rs`);
 //! - with `--only transactions`, all of the above that issue 30 asks for, with Kafka
-//!   transactions and without, in both modes (`harness/transactions.rs`).
+//!   transactions and without, in both modes (`harness/transactions.rs`);
+//! - with `--only outboxes`, one relay reading ten outbox tables from one slot against ten
+//!   relays with one each (issue 31): drain, steady state, the relays' and the walsenders' CPU
+//!   (`harness/outboxes.rs`).
 //!
 //! Each figure is the median of `--runs` runs (default 3) with min and max.
 //! [`report::run`] measures, [`report::render`] turns the results into the tables (with issue
@@ -24,6 +27,8 @@
 mod common;
 #[path = "harness/dedup.rs"]
 mod dedup;
+#[path = "harness/outboxes.rs"]
+mod outboxes;
 #[path = "harness/profile.rs"]
 mod profile;
 #[path = "harness/record.rs"]
@@ -66,7 +71,8 @@ struct Options {
     /// `--only dedup`: only the cost of exactly once (`harness/dedup.rs`); `--only verify`: only
     /// what `verify` costs (`harness/verify.rs`); `--only record`: what the record of what was
     /// published costs (`harness/record.rs`); `--only transactions`: what Kafka transactions
-    /// cost (`harness/transactions.rs`).
+    /// cost (`harness/transactions.rs`); `--only outboxes`: one relay for ten outboxes against
+    /// ten relays (`harness/outboxes.rs`).
     only: Option<String>,
     /// `--events` was given (sections with a default of their own keep it otherwise).
     events_given: bool,
@@ -109,7 +115,8 @@ fn options() -> Options {
             "--duration-secs" => o.duration = Duration::from_secs(value.parse().expect("--duration-secs N")),
             "--out" => o.out = if value == "-" { None } else { Some(value) },
             "--only"
-                if ["dedup", "verify", "scaling", "record", "transactions"].contains(&value.as_str()) =>
+                if ["dedup", "verify", "scaling", "record", "transactions", "outboxes"]
+                    .contains(&value.as_str()) =>
             {
                 o.only = Some(value)
             }
@@ -231,7 +238,12 @@ impl Relay {
 
     /// `outbox-relay setup`: publication and slot, before the backlog is written.
     fn setup(db: &TestDb, slot: &str) {
-        let (_dir, config) = relay_config(db, "replication", slot, "", "");
+        Self::setup_with(db, slot, "")
+    }
+
+    /// As [`Relay::setup`], with lines added to the end of the configuration (its outboxes).
+    fn setup_with(db: &TestDb, slot: &str, extra: &str) {
+        let (_dir, config) = relay_config(db, "replication", slot, "", extra);
         let (code, _, stderr) =
             run_relay(&["setup", "--config", config.to_str().unwrap()], Duration::from_secs(120));
         assert_eq!(code, 0, "setup: {stderr}");
@@ -252,13 +264,18 @@ impl Relay {
             .and_then(|l| l.split_whitespace().nth(1))
             .and_then(|v| v.parse().ok())
             .unwrap_or(0.0);
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let fields: Vec<&str> =
-            stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
-        let ticks: f64 = fields.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
-            + fields.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-        (hwm_kb / 1024.0, ticks / 100.0)
+        (hwm_kb / 1024.0, cpu_seconds(pid).unwrap_or(0.0))
     }
+}
+
+/// A process's CPU seconds (utime + stime of /proc/PID/stat, at 100 ticks a second); None once
+/// it has exited.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // (the fields after the command name, which may hold spaces and parentheses)
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok());
+    Some((ticks(11)? + ticks(12)?) / 100.0)
 }
 
 async fn wal_lsn(client: &Client) -> i64 {
@@ -800,6 +817,15 @@ async fn main() {
             println!("{text}");
             if let Some(out) = &o.out {
                 dedup::write_section(out, "transaction-cost", &text);
+            }
+            return;
+        }
+        Some("outboxes") => {
+            let cost = outboxes::run(&o).await;
+            let text = outboxes::render(&o, &cost);
+            println!("{text}");
+            if let Some(out) = &o.out {
+                dedup::write_section(out, "outboxes-cost", &text);
             }
             return;
         }
