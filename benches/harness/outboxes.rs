@@ -84,9 +84,8 @@ struct Measure {
     /// Drain: seconds until every slot confirmed the last commit.
     confirmed_seconds: f64,
     /// Drain: seconds until every relay had its first event acknowledged (its start-up: the
-    /// slot, the publication check, reading its topics back), and the events acknowledged then.
+    /// slot, the publication check, reading its first topic back).
     started_seconds: f64,
-    started_events: f64,
     /// The events the figures are for.
     events: usize,
     relay_cpu: f64,
@@ -318,12 +317,11 @@ async fn drain(setup: Setup, events: usize) -> Measure {
     let started = Instant::now();
     let relays = start(db, &configurations);
     let mut sessions = Sessions::default();
-    let (mut started_seconds, mut started_events) = (None, 0.0);
+    let mut started_seconds = None;
     wait_until_within(DRAIN_LIMIT, "every event of the ten outboxes", async || {
         sessions.sample_due(client).await;
         if started_seconds.is_none() && relays.iter().all(|r| r.published() >= 1.0) {
             started_seconds = Some(started.elapsed().as_secs_f64());
-            started_events = published(&relays);
         }
         published(&relays) >= events as f64
     })
@@ -349,7 +347,6 @@ async fn drain(setup: Setup, events: usize) -> Measure {
         seconds,
         confirmed_seconds,
         started_seconds: started_seconds.unwrap_or(0.0),
-        started_events,
         events,
         relay_cpu,
         relay_rss_mib,
@@ -482,9 +479,6 @@ fn drain_rows(events: usize, drains: &[Vec<Measure>; 2]) -> String {
         }),
         row("drain, start until every relay's first event was acknowledged, s", drains, 2, |m| {
             m.started_seconds
-        }),
-        row("drain after that, events/s", drains, 0, |m| {
-            (m.events as f64 - m.started_events) / (m.seconds - m.started_seconds).max(1e-3)
         }),
         row("drain, relays' CPU, s", drains, 2, |m| m.relay_cpu),
         row("drain, relays' CPU per 100k events, s", drains, 2, |m| per_100k(m.relay_cpu, m)),
