@@ -300,6 +300,17 @@ async fn an_outbox_added_then_restarted(mode: &str) {
     if !replication {
         relay.wait_metric("outbox_relay_outbox_backlog_events{outbox_name=\"ob1\"}", |v| v == 0.0).await;
     }
+
+    // and the operator commands answer for each outbox: `verify` finds each one's events in
+    // its topic, `check` and `status` run for both
+    let limit = crate::common::EXIT_LIMIT;
+    for command in ["verify", "check", "status"] {
+        let (code, stdout, stderr) = crate::common::run_relay(&[command, "--config", &config], limit);
+        assert_eq!(code, 0, "{command}: {stdout}{stderr}");
+        for header in ["== outbox ob0 (public.outbox_events) ==", "== outbox ob1 (public.outbox_1) =="] {
+            assert!(stdout.contains(header), "{command} lacks {header}: {stdout}");
+        }
+    }
     assert_eq!(relay.terminate(crate::common::EXIT_LIMIT), Some(0), "{}", relay.log_text());
 }
 
