@@ -66,55 +66,23 @@ pub(crate) const DROPPED_REMEDY: &str = "creating the publication again is not e
      creates the publication and the slot again and re-publishes what the table holds (what Kafka already has \
      is not sent twice with dedup on), then start the relay";
 
+/// The publication, and its entry for each table it holds, keyed `schema` U+001F `table`.
+const ENTRIES_SQL: &str = "SELECT p.pubinsert AS inserts, \
+        (SELECT jsonb_object_agg(t.schemaname || chr(31) || t.tablename, to_jsonb(t)) \
+         FROM pg_publication_tables t WHERE t.pubname = p.pubname) AS entries \
+     FROM pg_publication p WHERE p.pubname = $1";
+
 /// Why the publication would not deliver every insert of the relay's outboxes, or `None` when
-/// it does: the first outbox's problem, in the configured order.
+/// it does: the first outbox's problem, in the configured order. One query for every outbox
+/// (it runs every [`CHECK_INTERVAL`]). Works on PostgreSQL 13 to 18 (row filters and column
+/// lists exist from 15; the rows are read as JSON so the query does not depend on the
+/// version's columns).
 pub async fn problem(
     config: &RelayConfig,
     client: &Client,
 ) -> Result<Option<Problem>, tokio_postgres::Error> {
-    let outboxes = config.outboxes();
-    for outbox in &outboxes {
-        let problem = table_problem(&config.for_outbox(outbox), client).await?;
-        if let Some(Problem::Narrowed(text)) = &problem
-            && outboxes.len() > 1
-            && text.contains("does not include")
-        {
-            // an outbox listed after the slot was made: its rows committed before it joins the
-            // publication were never streamed, so adding it is not enough
-            return Ok(Some(Problem::Narrowed(format!(
-                "{text} -- an outbox added to the configuration of an existing slot: adding the table to the \
-                 publication alone would never publish its rows written before that; run `outbox-relay setup \
-                 --recreate-slot` (it adds the table to the publication, makes the slot again and re-publishes \
-                 what the tables hold; what Kafka already has is not sent twice with dedup on), then start the relay"
-            ))));
-        }
-        if problem.is_some() {
-            return Ok(problem);
-        }
-    }
-    Ok(None)
-}
-
-/// Why the publication would not deliver every insert of the outbox of `config` (in the
-/// single-table form), or `None` when it does. Works on PostgreSQL 13 to 18 (row filters and
-/// column lists exist from 15; the row is read as JSON so the query does not depend on the
-/// version's columns).
-async fn table_problem(
-    config: &RelayConfig,
-    client: &Client,
-) -> Result<Option<Problem>, tokio_postgres::Error> {
     let publication = &config.replication.publication;
-    let table = OutboxTable::new(config);
-    let row = client
-        .query_opt(
-            "SELECT p.pubinsert AS inserts, \
-                    (SELECT to_jsonb(t) FROM pg_publication_tables t \
-                     WHERE t.pubname = p.pubname AND t.schemaname = $2 AND t.tablename = $3) AS entry \
-             FROM pg_publication p WHERE p.pubname = $1",
-            &[publication, &table.schema, &table.name],
-        )
-        .await?;
-    let Some(row) = row else {
+    let Some(row) = client.query_opt(ENTRIES_SQL, &[publication]).await? else {
         return Ok(Some(Problem::Missing(format!("publication \"{publication}\" does not exist"))));
     };
     if !row.get::<_, bool>("inserts") {
@@ -122,25 +90,49 @@ async fn table_problem(
             "publication \"{publication}\" does not publish inserts: ALTER PUBLICATION {publication} SET (publish = 'insert')"
         ))));
     }
-    let Some(entry) = row.get::<_, Option<serde_json::Value>>("entry") else {
-        if !table.exists(client).await? {
-            return Ok(Some(Problem::TableMissing(table.missing_text())));
+    let entries = row.get::<_, Option<serde_json::Value>>("entries").unwrap_or_default();
+    let outboxes = config.outboxes();
+    for outbox in &outboxes {
+        let config = config.for_outbox(outbox);
+        let table = OutboxTable::new(&config);
+        let entry = entries.get(format!("{}\u{1f}{}", table.schema, table.name));
+        let problem = match entry {
+            Some(entry) => entry_problem(&config, &table, entry),
+            None if !table.exists(client).await? => Some(Problem::TableMissing(table.missing_text())),
+            None if outboxes.len() > 1 => Some(Problem::Narrowed(format!(
+                "publication \"{publication}\" does not include {}: an outbox added to the configuration of an \
+                 existing slot? Adding the table to the publication alone would never publish its rows written \
+                 before that; run `outbox-relay setup --recreate-slot` (it adds the table to the publication, \
+                 makes the slot again and re-publishes what the tables hold; what Kafka already has is not sent \
+                 twice with dedup on), then start the relay",
+                table.display_name()
+            ))),
+            None => Some(Problem::Narrowed(format!(
+                "publication \"{publication}\" does not include {}: {}",
+                table.display_name(),
+                table.add_to_publication_sql(publication)
+            ))),
+        };
+        if problem.is_some() {
+            return Ok(problem);
         }
-        return Ok(Some(Problem::Narrowed(format!(
-            "publication \"{publication}\" does not include {}: {}",
-            table.display_name(),
-            table.add_to_publication_sql(publication)
-        ))));
-    };
+    }
+    Ok(None)
+}
+
+/// What the publication's `entry` for the outbox of `config` leaves out: a row filter, or a
+/// column list without a column the relay reads.
+fn entry_problem(config: &RelayConfig, table: &OutboxTable, entry: &serde_json::Value) -> Option<Problem> {
+    let publication = &config.replication.publication;
     if let Some(filter) = entry.get("rowfilter").and_then(|f| f.as_str()) {
-        return Ok(Some(Problem::Narrowed(format!(
+        return Some(Problem::Narrowed(format!(
             "publication \"{publication}\" has a row filter on {} (WHERE {filter}): rows it excludes would never \
              be published; remove it (ALTER PUBLICATION {publication} SET TABLE {})",
             table.display_name(),
             table.qualified()
-        ))));
+        )));
     }
-    Ok(column_list_problem(config, &table, &entry))
+    column_list_problem(config, table, entry)
 }
 
 /// A column list (15+) on the publication's entry for the outbox that leaves out a column the
