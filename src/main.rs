@@ -129,6 +129,10 @@ enum Command {
         /// Print what would be sent; send nothing, change nothing.
         #[arg(long)]
         dry_run: bool,
+        /// With several outboxes (`[[outboxes]]`): only this outbox's letters (its `name`).
+        /// Needed with `--ids`, whose letters belong to one outbox.
+        #[arg(long)]
+        outbox: Option<String>,
     },
 }
 
@@ -184,11 +188,35 @@ fn main() -> ExitCode {
             let text = matches!(format, LogFormat::Text);
             runtime.block_on(per_outbox(&config, text, async |c| run_verify(&c, &options, format).await))
         }
-        Command::ReplayDeadLetters { ids, dry_run, .. } => {
+        Command::ReplayDeadLetters { ids, dry_run, outbox, .. } => {
+            let config = match one_outbox(&config, outbox.as_deref(), !ids.is_empty()) {
+                Ok(config) => config,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
             let options = replay::Options { ids, dry_run };
             runtime.block_on(per_outbox(&config, true, async |c| run_replay(&c, &options).await))
         }
         Command::Run { .. } => run(config, &runtime),
+    }
+}
+
+/// The configuration of outbox `name` alone, or all of them when no name is given and none is
+/// `needed` (the letter ids of `replay-dead-letters --ids` belong to one outbox).
+fn one_outbox(config: &RelayConfig, name: Option<&str>, needed: bool) -> Result<RelayConfig, String> {
+    let outboxes = config.outboxes();
+    let names = || outboxes.iter().map(|o| o.name.as_str()).collect::<Vec<_>>().join(", ");
+    match name {
+        None if needed && outboxes.len() > 1 => {
+            Err(format!("--ids needs --outbox NAME with several outboxes: one of {}", names()))
+        }
+        None => Ok(config.clone()),
+        Some(name) => match outboxes.iter().find(|o| o.name == name) {
+            Some(outbox) => Ok(config.for_outbox(outbox)),
+            None => Err(format!("--outbox {name}: no outbox has this name; the outboxes are {}", names())),
+        },
     }
 }
 

@@ -303,12 +303,13 @@ impl OutboxTable {
         )
     }
 
-    /// The publication replication mode reads.
-    pub fn create_publication_sql(&self, publication: &str) -> String {
+    /// The publication replication mode reads, of the outbox tables `tables`.
+    pub fn create_publication_sql(publication: &str, tables: &[OutboxTable]) -> String {
+        let tables: Vec<String> = tables.iter().map(OutboxTable::qualified).collect();
         format!(
             "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert', publish_via_partition_root = true)",
             quote_ident(publication),
-            self.qualified()
+            tables.join(", ")
         )
     }
 

@@ -311,6 +311,18 @@ async fn an_outbox_added_then_restarted(mode: &str) {
             assert!(stdout.contains(header), "{command} lacks {header}: {stdout}");
         }
     }
+    // (a letter belongs to one outbox: replaying letters by id names it)
+    let replay = |args: &[&str]| {
+        let all = [&["replay-dead-letters", "--config", &config, "--dry-run"], args].concat();
+        crate::common::run_relay(&all, limit)
+    };
+    let (code, _, stderr) = replay(&["--ids", "1"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("--ids needs --outbox NAME with several outboxes: one of ob0, ob1"), "{stderr}");
+    let (code, _, stderr) = replay(&["--ids", "1", "--outbox", "ob9"]);
+    assert!(code == 2 && stderr.contains("--outbox ob9: no outbox has this name"), "{stderr}");
+    let (code, stdout, stderr) = replay(&["--outbox", "ob1"]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
     assert_eq!(relay.terminate(crate::common::EXIT_LIMIT), Some(0), "{}", relay.log_text());
 }
 

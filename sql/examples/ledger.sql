@@ -42,7 +42,9 @@ CREATE TABLE IF NOT EXISTS ledger_entries (
 
 -- The ledger's own outbox (consumer.outbox_table = "ledger_outbox"): its follow-up events apart
 -- from the order service's, the relay reading both from one slot ([[outboxes]],
--- docs/outboxes.md). Made like the relay's outbox_events (sql/001_outbox_events.sql, applied
--- first), with its own ids. The default consumer.outbox_table writes outbox_events instead.
+-- docs/outboxes.md). Its columns are the relay's outbox_events' (sql/001_outbox_events.sql,
+-- applied first), with ids of its own; not partitioned, and without 003's NOTIFY trigger, 009's
+-- id guard and 100's grants (the demo connects as postgres; grant the relay role SELECT and
+-- DELETE on it elsewhere). The default consumer.outbox_table writes outbox_events instead.
 CREATE TABLE IF NOT EXISTS ledger_outbox (LIKE outbox_events INCLUDING DEFAULTS INCLUDING IDENTITY INCLUDING CONSTRAINTS);
-CREATE INDEX IF NOT EXISTS ledger_outbox_id ON ledger_outbox (id);
+CREATE UNIQUE INDEX IF NOT EXISTS ledger_outbox_id ON ledger_outbox (id);

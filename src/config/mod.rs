@@ -513,16 +513,19 @@ impl RelayConfig {
         };
         let metrics =
             if self.metrics.listen.is_empty() { "off".to_string() } else { self.metrics.listen.clone() };
+        let outboxes: Vec<String> = self
+            .outboxes()
+            .iter()
+            .map(|o| format!("{}.{} (topics {})", o.config.schema, o.config.table, o.config.topic_template))
+            .collect();
         format!(
-            "{source} of {}.{} on {}/{} as {} (sslmode {}), to Kafka {}, topics {}, metrics {metrics}",
-            self.outbox.schema,
-            self.outbox.table,
+            "{source} of {} on {}/{} as {} (sslmode {}), to Kafka {}, metrics {metrics}",
+            outboxes.join(", "),
             pg.endpoints().iter().map(Endpoint::to_string).collect::<Vec<_>>().join(","),
             pg.database,
             pg.user,
             pg.sslmode,
             self.kafka.brokers.join(","),
-            self.outbox.topic_template,
         )
     }
 

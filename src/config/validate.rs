@@ -141,7 +141,7 @@ impl RelayConfig {
             return Err(ConfigError::invalid(
                 "outbox",
                 "set either [outbox] (one table) or [[outboxes]] (several), not both: move the [outbox] \
-                 settings into an [[outboxes]] entry",
+                 settings (and any OUTBOX_RELAY__OUTBOX__* variable) into an [[outboxes]] entry",
             ));
         }
         let outboxes = self.outboxes();

@@ -75,7 +75,9 @@ pub(crate) async fn leftover_slots(
     let owners: bool = client.query_one(OWNERS_READABLE_SQL, &[]).await?.get(0);
     let slot = &config.replication.slot;
     let rows = if owners {
-        let table = OutboxTable::new(config).display_name();
+        // (replication mode records the first outbox's table as the slot's owner)
+        let first = &config.outboxes()[0];
+        let table = OutboxTable::new(&config.for_outbox(first)).display_name();
         client.query(&format!("{LEFTOVER_SLOTS_SQL}{OWNED_SQL}{ORDER_SQL}"), &[slot, &table]).await?
     } else {
         client.query(&format!("{LEFTOVER_SLOTS_SQL}{ORDER_SQL}"), &[slot]).await?

@@ -221,7 +221,7 @@ pub(crate) async fn dead_letters(
 /// The letters of every outbox of the relay: their sum, and the oldest one's age.
 async fn sample_dead_letters(config: &RelayConfig, client: &Client) -> Result<(), tokio_postgres::Error> {
     let m = metrics();
-    let (mut count, mut oldest) = (0, 0.0_f64);
+    let (mut count, mut oldest, mut failed) = (0, 0.0_f64, None);
     for outbox in config.outboxes() {
         let outstanding = dead_letters(&config.for_outbox(&outbox), client, 0).await;
         let of_outbox = m.outbox_dead_letters_outstanding.with_label_values(&[&outbox.name]);
@@ -234,16 +234,14 @@ async fn sample_dead_letters(config: &RelayConfig, client: &Client) -> Result<()
             Ok(None) => of_outbox.set(0),
             Err(e) => {
                 of_outbox.set(-1);
-                // a table that cannot be read says -1, not 0: "none waiting" must not be a guess
-                m.dead_letters_outstanding.set(-1);
-                m.dead_letters_oldest_age.set(0.0);
-                return Err(e);
+                failed.get_or_insert(e);
             }
         }
     }
-    m.dead_letters_outstanding.set(count);
-    m.dead_letters_oldest_age.set(oldest);
-    Ok(())
+    // a table that cannot be read says -1, not 0: "none waiting" must not be a guess
+    m.dead_letters_outstanding.set(if failed.is_some() { -1 } else { count });
+    m.dead_letters_oldest_age.set(if failed.is_some() { 0.0 } else { oldest });
+    failed.map_or(Ok(()), Err)
 }
 
 /// The outbox table's default partition's live rows (PostgreSQL's estimate, from its statistics:

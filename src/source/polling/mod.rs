@@ -203,15 +203,18 @@ impl<S: Sink> PollingSource<S> {
         })
     }
 
-    /// Takes the leader lock of every outbox table, in order (or returns
-    /// [`RelayError::Standby`], naming the holder of the first one taken; the session's end
+    /// Takes the leader lock of every outbox table, in the order of their names, so two relays
+    /// listing the same tables in another order never hold one each (or returns
+    /// [`RelayError::Standby`], naming the holder of the first one refused; the session's end
     /// releases those it took) and becomes active; returns how far back the read-back looks
     /// (see [`Dedup`]).
     async fn lead(&self, session: &mut Session, pulse: &Pulse) -> Result<Lookback, RelayError> {
         let health = pulse.health();
-        let mut keys = Vec::with_capacity(self.outboxes.len());
-        for outbox in &self.outboxes {
-            keys.push(self.lock(session, pulse, &outbox.table).await?);
+        let mut tables: Vec<&OutboxTable> = self.outboxes.iter().map(|o| &o.table).collect();
+        tables.sort_by_key(|t| (t.schema.as_str(), t.name.as_str()));
+        let mut keys = Vec::with_capacity(tables.len());
+        for table in tables {
+            keys.push(self.lock(session, pulse, table).await?);
         }
         health.set_lock_holder(None);
         let mut lookback = Lookback::LastBatch;

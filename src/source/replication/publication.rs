@@ -91,24 +91,19 @@ pub async fn problem(
         ))));
     }
     let entries = row.get::<_, Option<serde_json::Value>>("entries").unwrap_or_default();
-    let outboxes = config.outboxes();
-    for outbox in &outboxes {
+    for outbox in &config.outboxes() {
         let config = config.for_outbox(outbox);
         let table = OutboxTable::new(&config);
         let entry = entries.get(format!("{}\u{1f}{}", table.schema, table.name));
         let problem = match entry {
             Some(entry) => entry_problem(&config, &table, entry),
             None if !table.exists(client).await? => Some(Problem::TableMissing(table.missing_text())),
-            None if outboxes.len() > 1 => Some(Problem::Narrowed(format!(
-                "publication \"{publication}\" does not include {}: an outbox added to the configuration of an \
-                 existing slot? Adding the table to the publication alone would never publish its rows written \
-                 before that; run `outbox-relay setup --recreate-slot` (it adds the table to the publication, \
-                 makes the slot again and re-publishes what the tables hold; what Kafka already has is not sent \
-                 twice with dedup on), then start the relay",
-                table.display_name()
-            ))),
             None => Some(Problem::Narrowed(format!(
-                "publication \"{publication}\" does not include {}: {}",
+                "publication \"{publication}\" does not include {}: a table that left the publication, or an \
+                 outbox added to the configuration of an existing slot. `{}` alone would never publish the rows \
+                 written to it before then: run `outbox-relay setup --recreate-slot` (it adds the table to the \
+                 publication, makes the slot again and re-publishes what the tables hold; what Kafka already has \
+                 is not sent twice with dedup on), then start the relay",
                 table.display_name(),
                 table.add_to_publication_sql(publication)
             ))),
@@ -214,10 +209,10 @@ pub(crate) async fn creation_refusal(
     client: &Client,
 ) -> Result<Option<Refusal>, tokio_postgres::Error> {
     for outbox in config.outboxes() {
-        let config = config.for_outbox(&outbox);
-        let row = client.query_one(MAY_CREATE_SQL, &[&OutboxTable::new(&config).qualified()]).await?;
+        let table = OutboxTable::new(&config.for_outbox(&outbox));
+        let row = client.query_one(MAY_CREATE_SQL, &[&table.qualified()]).await?;
         let (owner, create): (bool, bool) = (row.get(0), row.get(1));
-        if let Some(refusal) = creation_refused(&config, owner, create) {
+        if let Some(refusal) = creation_refused(config, &table, owner, create) {
             return Ok(Some(refusal));
         }
     }
@@ -226,19 +221,16 @@ pub(crate) async fn creation_refusal(
 
 /// `CREATE PUBLICATION` of the relay's publication, for every outbox table.
 pub(crate) fn create_sql(config: &RelayConfig) -> String {
-    let tables: Vec<String> =
-        config.outboxes().iter().map(|o| OutboxTable::new(&config.for_outbox(o)).qualified()).collect();
-    format!(
-        "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert', publish_via_partition_root = true)",
-        crate::table::quote_ident(&config.replication.publication),
-        tables.join(", ")
-    )
+    let tables: Vec<OutboxTable> =
+        config.outboxes().iter().map(|o| OutboxTable::new(&config.for_outbox(o))).collect();
+    OutboxTable::create_publication_sql(&config.replication.publication, &tables)
 }
 
-fn creation_refused(config: &RelayConfig, owner: bool, create: bool) -> Option<Refusal> {
+/// Why this role cannot create the publication of every outbox of `config`, `table` being one
+/// of them: it is not `owner` of the table, or may not `create` in the database.
+fn creation_refused(config: &RelayConfig, table: &OutboxTable, owner: bool, create: bool) -> Option<Refusal> {
     let publication = &config.replication.publication;
-    let table = OutboxTable::new(config);
-    let sql = table.create_publication_sql(publication);
+    let sql = create_sql(config);
     let role = &config.postgres.user;
     let problem = match (owner, create) {
         (true, true) => return None,
@@ -267,14 +259,15 @@ mod tests {
         let config: RelayConfig =
             serde_json::from_value(serde_json::json!({ "kafka": { "brokers": ["127.0.0.1:9092"] } }))
                 .unwrap();
-        assert!(creation_refused(&config, true, true).is_none());
-        let not_owner = creation_refused(&config, false, true).unwrap();
+        let table = OutboxTable::new(&config);
+        assert!(creation_refused(&config, &table, true, true).is_none());
+        let not_owner = creation_refused(&config, &table, false, true).unwrap();
         assert!(not_owner.problem.contains("only the owner of public.outbox_events may"), "{not_owner:?}");
         assert!(
             not_owner.fix.starts_with("run `CREATE PUBLICATION \"outbox_relay\" FOR TABLE"),
             "{not_owner:?}"
         );
-        let no_create = creation_refused(&config, true, false).unwrap();
+        let no_create = creation_refused(&config, &table, true, false).unwrap();
         assert!(no_create.problem.contains("lacks CREATE on database postgres"), "{no_create:?}");
     }
 }

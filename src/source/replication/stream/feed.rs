@@ -410,7 +410,7 @@ fn outbox_renamed(was: &str, now: &str) -> RelayError {
         format!(
             "the outbox table {was} is now {now} (renamed or moved while the relay streamed): its inserts \
              would no longer be recognised, so the relay stops without confirming past them; rename it back, \
-             or set the outbox's schema / table to the new name and restart"
+             or set outbox.schema / outbox.table (or its [[outboxes]] entry's) to the new name and restart"
         ),
     )
 }
