@@ -223,19 +223,26 @@ async fn a_relay_frozen_mid_transaction_is_fenced_by_the_standby_and_its_records
     create_topic_on(&broker.brokers(), &s.topic, 4).await;
     let client = s.db.client().await;
     create_aggregates(&client, 1).await;
-    let a = s.start("a");
+    // (the relay to be frozen sends one record per request, one request at a time: its transaction
+    // is still open when the test sees its first record and freezes it, however loaded the machine)
+    let one_at_a_time = [
+        ("OUTBOX_RELAY_KAFKA_BATCH_NUM_MESSAGES", "1"),
+        ("OUTBOX_RELAY_KAFKA_MAX_IN_FLIGHT_REQUESTS_PER_CONNECTION", "1"),
+    ];
+    let a = s.start_with_env("a", &one_at_a_time);
     a.wait_ready("active").await;
     let b = s.start("b");
 
     // when the active relay is frozen (SIGSTOP) once the first of those events is in the log,
     // uncommitted, the database ends its sessions (as wal_sender_timeout and TCP keepalives
     // would), and the standby takes over and publishes them
-    let uncommitted = isolated_consumer(&broker.brokers(), &s.topic, "read_uncommitted");
-    write_one_large_transaction(&client, &s.aggregate_type, "agg-0", EVENTS).await;
-    assert!(!consume(&uncommitted, 1, IDLE).await.is_empty(), "{}", a.log_text());
+    // (the active relay's sessions, looked up first: the SIGSTOP follows the first record at once)
     let frozen: Vec<i32> =
         client.query(ACTIVE_SESSIONS_SQL, &[&s.slot]).await.unwrap().iter().map(|r| r.get(0)).collect();
     assert_eq!(frozen.len(), 2, "the active relay's walsender and lock session: {frozen:?}");
+    let uncommitted = isolated_consumer(&broker.brokers(), &s.topic, "read_uncommitted");
+    write_one_large_transaction(&client, &s.aggregate_type, "agg-0", EVENTS).await;
+    assert!(!consume(&uncommitted, 1, IDLE).await.is_empty(), "{}", a.log_text());
     common::broker::signal(a.pid(), "-STOP");
     // (ended again until the standby is active, should one outlive the first try; only the frozen
     // relay's sessions, so the standby's are never touched)
