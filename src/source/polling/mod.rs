@@ -178,9 +178,14 @@ impl<S: Sink> PollingSource<S> {
                 }
             }
         });
+        let mut encoding: Option<String> = None;
         for outbox in self.outboxes.iter_mut().filter(|o| o.statements.is_none()) {
-            let encoding: String = client.query_one(OutboxTable::SERVER_ENCODING_SQL, &[]).await?.get(0);
-            let table = outbox.table.clone().for_server_encoding(&encoding);
+            // (the database's, so the same for every outbox: asked once)
+            if encoding.is_none() {
+                encoding = Some(client.query_one(OutboxTable::SERVER_ENCODING_SQL, &[]).await?.get(0));
+            }
+            let encoding = encoding.as_deref().expect("just read");
+            let table = outbox.table.clone().for_server_encoding(encoding);
             let id_type = table.id_type(&client).await?;
             outbox.recorder = Recorder::open(&client, &table.display_name()).await?;
             outbox.statements = Some(Statements {
