@@ -175,6 +175,9 @@ fn enum_values(type_name: &str) -> Option<String> {
         "SslMode" => serde_json::from_value::<SslMode>(probe()).err()?,
         "AfterPublish" => serde_json::from_value::<AfterPublish>(probe()).err()?,
         "OnPoison" => serde_json::from_value::<OnPoison>(probe()).err()?,
+        "RecordFormat" => serde_json::from_value::<super::RecordFormat>(probe()).err()?,
+        "CloudEventsMode" => serde_json::from_value::<super::CloudEventsMode>(probe()).err()?,
+        "Converter" => serde_json::from_value::<super::Converter>(probe()).err()?,
         _ => return None,
     };
     // serde says "expected `a` or `b`", or "expected one of `a`, `b`, `c`"

@@ -11,11 +11,13 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+mod format;
 mod kafka;
 mod load;
 mod postgres;
 mod secrets;
 mod validate;
+pub use format::{CloudEventsConfig, CloudEventsMode, Converter, DebeziumConfig, RecordFormat};
 pub use kafka::{KafkaConfig, KafkaProperty, built_in_features};
 pub use load::load_layered;
 pub use postgres::{Endpoint, PostgresConfig, SslMode};
@@ -171,6 +173,12 @@ pub struct OutboxConfig {
     /// This outbox's dead-letter policy and table; unset (default): `[dead_letter]`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dead_letter: Option<DeadLetterConfig>,
+    /// The records' shape: `raw` (default), `cloudevents` or `debezium`.
+    pub format: RecordFormat,
+    /// The attribute mapping of `format = "cloudevents"`.
+    pub cloudevents: CloudEventsConfig,
+    /// The converters of `format = "debezium"`.
+    pub debezium: DebeziumConfig,
 }
 
 impl Default for OutboxConfig {
@@ -184,6 +192,9 @@ impl Default for OutboxConfig {
             allowed_topics: Vec::new(),
             columns: ColumnsConfig::default(),
             dead_letter: None,
+            format: RecordFormat::Raw,
+            cloudevents: CloudEventsConfig::default(),
+            debezium: DebeziumConfig::default(),
         }
     }
 }

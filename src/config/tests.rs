@@ -534,3 +534,32 @@ fn one_listed_outbox_is_the_single_table_form_in_another_spelling() {
     let one = format!("{MINIMAL}[source]\nmode = \"polling\"\n[[outboxes]]\nname = \"orders\"\n");
     assert_eq!(load(&one, &[]).unwrap().outboxes()[0].name, "orders");
 }
+
+#[test]
+fn record_formats_are_validated_naming_the_setting() {
+    let ce = |extra: &str| {
+        load(&format!("{MINIMAL}[outbox]\nformat = \"cloudevents\"\n[outbox.cloudevents]\n{extra}"), &[])
+    };
+    let err = ce("").unwrap_err().to_string();
+    assert!(err.starts_with("outbox.cloudevents.source: must not be empty"), "{err}");
+    let err = ce("source = \"/x\"\ntype = \"{kind}\"\n").unwrap_err().to_string();
+    assert!(err.starts_with("outbox.cloudevents.type: unknown placeholder {kind}"), "{err}");
+    let err = ce("source = \"/x\"\nmode = \"structured\"\ndata_content_type = \"text/plain\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("outbox.cloudevents.data_content_type: \"text/plain\" is not JSON"), "{err}");
+    let config = ce("source = \"/orders/{aggregate_type}\"\nmode = \"structured\"\n").unwrap();
+    assert_eq!(config.outbox.cloudevents.mode, CloudEventsMode::Structured);
+    let toml =
+        format!("{MINIMAL}[outbox]\nformat = \"debezium\"\n[outbox.debezium]\nexpand_json_payload = true\n");
+    let err = load(&toml, &[]).unwrap_err().to_string();
+    assert!(
+        err.starts_with("outbox.debezium.expand_json_payload: needs value_converter = \"json\""),
+        "{err}"
+    );
+    let err = load(&format!("{MINIMAL}[outbox]\nformat = \"avro\"\n"), &[]).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "outbox.format: \"avro\" is not a valid value; it must be one of `raw`, `cloudevents`, `debezium`"
+    );
+}

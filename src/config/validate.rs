@@ -231,6 +231,11 @@ fn validate_outbox(outbox: &Outbox) -> Result<(), ConfigError> {
     }
     validate_topic_template(path, &o.topic_template)?;
     validate_topic_routing(path, o)?;
+    match o.format {
+        RecordFormat::Raw => {}
+        RecordFormat::Cloudevents => o.cloudevents.validate(path)?,
+        RecordFormat::Debezium => o.debezium.validate(path)?,
+    }
     let dead_letter_path =
         if o.dead_letter.is_some() { format!("{path}.dead_letter") } else { "dead_letter".into() };
     let (schema, table) = outbox.dead_letter.schema_and_table();

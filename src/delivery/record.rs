@@ -25,7 +25,9 @@ use std::time::SystemTime;
 use crate::config::OutboxConfig;
 use crate::lsn::Lsn;
 
+pub mod format;
 mod topics;
+use format::{Fields, Format, Formatted};
 use topics::AllowedTopics;
 
 /// Header names the relay writes itself; a row's `headers` may not use them (nor any name
@@ -131,6 +133,9 @@ pub struct KafkaRecord {
     /// Which of the relay's outboxes (`RelayConfig::outboxes`, by place) it came from: its
     /// `outbox_relay_source` header, its dead-letter table and policy.
     pub outbox: usize,
+    /// The record's leading headers when its outbox's format is not `raw` (then `key` and
+    /// `payload` are the record's key and value as the format wrote them).
+    pub formatted: Option<Box<Formatted>>,
 }
 
 /// Where an event was read, as the `outbox_relay_position` header carries it. Deterministic for
@@ -186,17 +191,38 @@ impl KafkaRecord {
     /// The bytes this record holds (payload, key, topic, headers), for in-flight byte budgets.
     pub fn size(&self) -> usize {
         let headers: usize = self.headers().map(|(k, v)| k.len() + v.len()).sum();
-        self.payload.len() + self.key.len() + self.topic.len() + self.id.len() + headers
+        let kept = self.formatted.as_ref().and_then(|f| f.payload.as_ref()).map_or(0, String::len);
+        self.payload.len() + self.key.len() + self.topic.len() + self.id.len() + headers + kept
     }
 
-    /// The record's headers in order: `id`, `event_type`, `aggregate_type`, then the row's own.
+    /// The record's headers in order: the format's (`raw`: `id`, `event_type`,
+    /// `aggregate_type`), then the row's own.
     pub fn headers(&self) -> impl Iterator<Item = (&str, &str)> {
-        let built_in = [
-            ("id", self.id.as_str()),
-            ("event_type", &self.event_type),
-            ("aggregate_type", &self.aggregate_type),
-        ];
+        let built_in: Vec<(&str, &str)> = match &self.formatted {
+            None => vec![
+                ("id", self.id.as_str()),
+                ("event_type", &self.event_type),
+                ("aggregate_type", &self.aggregate_type),
+            ],
+            Some(f) => f.headers.iter().map(|(k, v)| (*k, v.as_str())).collect(),
+        };
         built_in.into_iter().chain(self.row_headers.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+    }
+
+    /// The event type as the record carries it (what the read-back compares): `raw`'s
+    /// `event_type` header, CloudEvents' `type`, nothing in Debezium's records.
+    pub fn written_type(&self) -> &str {
+        self.formatted.as_ref().map_or(&self.event_type, |f| &f.written_type)
+    }
+
+    /// The payload as the record carries it (what the read-back compares): the value, or a
+    /// structured CloudEvent's `data`, which is the row's payload.
+    pub fn written_payload(&self) -> &[u8] {
+        match &self.formatted {
+            Some(f) if f.written_type.is_empty() => &self.payload,
+            Some(f) => f.payload.as_ref().map_or(&self.payload[..], |p| p.as_bytes()),
+            None => &self.payload,
+        }
     }
 
     /// The `row_data` of the row this record was made from, as far as the record tells (for the
@@ -205,12 +231,17 @@ impl KafkaRecord {
     pub fn row_data(&self) -> RowData<'_> {
         let own: serde_json::Map<String, serde_json::Value> =
             self.row_headers.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
+        let formatted = self.formatted.as_deref();
+        let payload = match formatted.and_then(|f| f.payload.as_deref()) {
+            Some(payload) => Cow::Borrowed(payload),
+            None => String::from_utf8_lossy(&self.payload),
+        };
         RowData {
             id: Some(&self.id),
             aggregate_type: Some(&self.aggregate_type),
-            aggregate_id: Some(&self.key),
+            aggregate_id: Some(formatted.and_then(|f| f.aggregate_id.as_deref()).unwrap_or(&self.key)),
             event_type: Some(&self.event_type),
-            payload: Some(String::from_utf8_lossy(&self.payload)),
+            payload: Some(payload),
             headers: (!own.is_empty()).then(|| Cow::Owned(serde_json::Value::Object(own).to_string())),
             topic: Some(&self.topic),
         }
@@ -260,9 +291,20 @@ pub enum PoisonReason {
     TopicNotAllowed { topic: String, from: String },
     #[error(
         "header {name} in column {column} is reserved for the relay (id, event_type, \
-         aggregate_type, outbox_relay_*); rename it in the row's headers"
+         aggregate_type, outbox_relay_*, and with outbox.format = \"cloudevents\" ce_* and content-type); \
+         rename it in the row's headers"
     )]
     ReservedHeader { name: String, column: String },
+    #[error(
+        "the CloudEvents attribute {attribute} would be empty (from {columns}); CloudEvents requires it: fill \
+         the column, or change outbox.cloudevents.{attribute}"
+    )]
+    EmptyAttribute { attribute: String, columns: String },
+    #[error(
+        "the payload is not JSON, and a structured CloudEvent embeds it as {attribute}; store JSON, or set \
+         outbox.cloudevents.mode = \"binary\""
+    )]
+    NotJson { attribute: String },
 }
 
 /// A piece of the topic template, parsed once (the hot path only concatenates).
@@ -283,6 +325,7 @@ pub struct Mapping {
     allowed_topics: AllowedTopics,
     /// The outbox's place among the relay's: what its records and refusals say they came from.
     outbox: usize,
+    format: Format,
 }
 
 /// Splits a (validated) template into text and placeholders.
@@ -321,6 +364,7 @@ impl Mapping {
             row_topics: outbox.row_topics,
             allowed_topics: AllowedTopics::new(&outbox.allowed_topics),
             outbox: index,
+            format: Format::of(outbox),
         }
     }
 
@@ -330,7 +374,7 @@ impl Mapping {
         raw: OutboxRow,
         created_at: Option<SystemTime>,
     ) -> Result<KafkaRecord, Box<Unpublishable>> {
-        let (topic, row_headers) = match self.check(&raw) {
+        let (topic, row_headers, built) = match self.check(&raw, created_at) {
             Ok(checked) => checked,
             Err(reason) => return Err(Box::new(Unpublishable { reason, row: raw, outbox: self.outbox })),
         };
@@ -340,38 +384,48 @@ impl Mapping {
         else {
             unreachable!("checked above")
         };
+        let (key, payload, formatted) = match built {
+            None => (key, payload.into_bytes(), None),
+            Some(b) => (
+                b.key.unwrap_or(key),
+                b.value.unwrap_or_else(|| payload.into_bytes()),
+                Some(Box::new(b.formatted)),
+            ),
+        };
         Ok(KafkaRecord {
             id,
             topic,
             key,
-            payload: payload.into_bytes(),
+            payload,
             event_type,
             aggregate_type,
             row_headers,
             created_at,
             position: None,
             outbox: self.outbox,
+            formatted,
         })
     }
 
-    /// Everything that can make a row unpublishable, without taking it apart: the topic and
-    /// the row's own headers when it is fine.
-    fn check(&self, raw: &OutboxRow) -> Result<(String, Vec<(String, String)>), PoisonReason> {
+    /// Everything that can make a row unpublishable, without taking it apart: the topic, the
+    /// row's own headers and what the format built, when it is fine.
+    fn check(&self, raw: &OutboxRow, created_at: Option<SystemTime>) -> Result<Checked, PoisonReason> {
         if let Some(column) = &raw.unreadable {
             return Err(PoisonReason::NotUtf8 { column: column.clone() });
         }
         let c = &self.columns;
-        required(&raw.id, &c.id)?;
+        let id = required(&raw.id, &c.id)?;
         let aggregate_type = required(&raw.aggregate_type, &c.aggregate_type)?;
-        required(&raw.aggregate_id, &c.aggregate_id)?;
+        let aggregate_id = required(&raw.aggregate_id, &c.aggregate_id)?;
         let event_type = required(&raw.event_type, &c.event_type)?;
-        required(&raw.payload, &c.payload)?;
+        let payload = required(&raw.payload, &c.payload)?;
         let topic = self.allowed_topic(aggregate_type, event_type, raw.topic.as_deref())?;
         let headers = match &raw.headers {
-            Some(text) => string_headers(text, &c.headers)?,
+            Some(text) => string_headers(text, &c.headers, &self.format)?,
             None => Vec::new(),
         };
-        Ok((topic, headers))
+        let fields = Fields { id, aggregate_type, aggregate_id, event_type, payload, created_at };
+        Ok((topic, headers, self.format.build(&fields)?))
     }
 
     /// The topic of an event, if it may go there: the template's, or with `row_topics` its own;
@@ -435,6 +489,9 @@ impl Mapping {
     }
 }
 
+/// A publishable row's topic, own headers and formatted record.
+type Checked = (String, Vec<(String, String)>, Option<format::Built>);
+
 fn required<'a>(value: &'a Option<String>, column: &str) -> Result<&'a str, PoisonReason> {
     value.as_deref().ok_or_else(|| PoisonReason::NullColumn { column: column.to_string() })
 }
@@ -442,12 +499,12 @@ fn required<'a>(value: &'a Option<String>, column: &str) -> Result<&'a str, Pois
 /// The string entries of a JSON object; other value types are not headers and are skipped
 /// (they stay in the row, and the payload is untouched). A reserved name, of any value type, is
 /// refused.
-fn string_headers(text: &str, column: &str) -> Result<Vec<(String, String)>, PoisonReason> {
+fn string_headers(text: &str, column: &str, format: &Format) -> Result<Vec<(String, String)>, PoisonReason> {
     let value: serde_json::Value =
         serde_json::from_str(text).map_err(|e| PoisonReason::BadHeaders { detail: e.to_string() })?;
     match value {
         serde_json::Value::Object(map) => {
-            if let Some(name) = map.keys().find(|name| is_reserved_header(name)) {
+            if let Some(name) = map.keys().find(|name| is_reserved_header(name) || format.reserves(name)) {
                 let column = if column.is_empty() { "headers" } else { column };
                 return Err(PoisonReason::ReservedHeader { name: excerpt(name), column: column.to_string() });
             }

@@ -25,6 +25,7 @@ use tokio_postgres::Client;
 
 use crate::config::{AfterPublish, RelayConfig, SourceMode};
 use crate::delivery::record::Mapping;
+use crate::delivery::record::format::Format;
 use crate::published::{IdBits, Record};
 use crate::table::{OutboxTable, outbox_row};
 use expected::{Expected, fingerprint};
@@ -102,7 +103,8 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Report, Veri
     // rows deleted after publishing leave their topics in the record only
     expected.topics.extend(record.topics);
     report.topics = expected.topics.iter().cloned().collect();
-    let reader = Reader::new(&config.kafka, reader_source, since, record.published, options.show)
+    let format = Format::of(&config.outbox);
+    let reader = Reader::new(&config.kafka, reader_source, format, since, record.published, options.show)
         .map_err(|e| VerifyError::Failed(format!("cannot create a Kafka client: {e}")))?;
     let (scan, expected) = tokio::task::spawn_blocking(move || {
         let scan = reader.scan(&mut expected);
@@ -229,8 +231,16 @@ async fn read_rows(
             let id = raw.id.clone().unwrap_or_default();
             match mapping.to_record(raw, created_at) {
                 Ok(event) => {
-                    let headers = event.headers().map(|(k, v)| (k, v.as_bytes()));
-                    let print = fingerprint(&event.topic, event.key.as_bytes(), &event.payload, headers);
+                    let print = match &event.formatted {
+                        None => {
+                            let headers = event.headers().map(|(k, v)| (k, v.as_bytes()));
+                            fingerprint(&event.topic, event.key.as_bytes(), &event.payload, headers)
+                        }
+                        Some(_) => {
+                            let written = std::iter::once(("type", event.written_type().as_bytes()));
+                            fingerprint(&event.topic, event.key.as_bytes(), event.written_payload(), written)
+                        }
+                    };
                     expected.add(&event.id, &event.topic, print);
                 }
                 Err(refused) => report.unpublishable.note(show, || format!("{id} ({})", refused.reason)),

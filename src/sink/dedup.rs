@@ -39,6 +39,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tokio::sync::watch;
 
 use crate::config::{KafkaConfig, RelayConfig};
+use crate::delivery::record::format::{Format, Identity};
 use crate::delivery::record::{KafkaRecord, Position};
 use crate::error::{FatalReason, RelayError};
 use crate::lsn::Lsn;
@@ -73,13 +74,25 @@ struct Content<'a> {
 }
 
 impl<'a> Content<'a> {
+    /// An event about to be sent: its identity as its record carries it (`KafkaRecord::written_*`).
     fn of(event: &'a KafkaRecord) -> Content<'a> {
         Content {
             outbox: event.outbox,
             id: &event.id,
             key: event.key.as_bytes(),
-            payload: &event.payload,
-            event_type: &event.event_type,
+            payload: event.written_payload(),
+            event_type: event.written_type(),
+        }
+    }
+
+    /// A record read back, of outbox `outbox`.
+    fn read(outbox: usize, identity: &'a Identity<'_>, key: &'a [u8]) -> Content<'a> {
+        Content {
+            outbox,
+            id: &identity.id,
+            key,
+            payload: &identity.payload,
+            event_type: &identity.event_type,
         }
     }
 }
@@ -153,6 +166,8 @@ pub(crate) struct Dedup {
     fingerprint: Fingerprint,
     /// `outbox_relay_source` of the records of each outbox (by place).
     sources: Arc<[Arc<str>]>,
+    /// The record format of each outbox (by place).
+    formats: Arc<[Format]>,
     /// Per topic read back in this session: the keys still expected again.
     topics: HashMap<String, HashSet<u128>>,
     consumer: Option<Arc<BaseConsumer<ReadBackContext>>>,
@@ -212,6 +227,7 @@ impl Dedup {
             timeout: Duration::from_millis(config.dedup.scan_timeout_ms),
             fingerprint: Fingerprint(RandomState::new(), RandomState::new()),
             sources: sources.into(),
+            formats: config.outboxes().iter().map(|o| Format::of(&o.config)).collect(),
             topics: HashMap::new(),
             consumer: None,
             shutdown: shutdown.clone(),
@@ -260,6 +276,7 @@ impl Dedup {
             refused_login: consumer.context().refused_login.clone(),
             topic: topic.to_string(),
             sources: self.sources.clone(),
+            formats: self.formats.clone(),
             lookback: self.lookback,
             fingerprint: self.fingerprint.clone(),
             max_records: self.max_records,

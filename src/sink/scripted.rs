@@ -241,5 +241,6 @@ pub(crate) fn record(id: &str) -> KafkaRecord {
         created_at: None,
         position: None,
         outbox: 0,
+        formatted: None,
     }
 }

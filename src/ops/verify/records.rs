@@ -22,6 +22,7 @@ use super::expected::{Expected, fingerprint};
 use super::report::Class;
 use crate::config::KafkaConfig;
 use crate::delivery::record::Position;
+use crate::delivery::record::format::Format;
 use crate::published::{IdBits, numeric_id};
 use crate::sink::kafka::{POSITION_HEADER, REPLAYED_HEADER, ReaderContext, SOURCE_HEADER};
 
@@ -118,6 +119,8 @@ pub struct Reader {
 struct Checker {
     /// `None`: `kafka.source_headers = false`, every record counts.
     source: Option<String>,
+    /// The outbox's record format: how a record says its event's id.
+    format: Format,
     /// Per key (hashed): the last record's place in commit order, and its id.
     last: HashMap<u64, (Place, String)>,
     /// The ids the relay recorded as published (`crate::published`).
@@ -129,13 +132,14 @@ impl Reader {
     pub fn new(
         kafka: &KafkaConfig,
         source: Option<String>,
+        format: Format,
         since: Option<SystemTime>,
         published: IdBits,
         keep: usize,
     ) -> Result<Reader, KafkaError> {
         let consumer = reader_config(kafka).create_with_context(ReaderContext)?;
         let idle_limit = Duration::from_millis(kafka.message_timeout_ms.max(30_000));
-        let checker = Checker { source, last: HashMap::new(), published, keep };
+        let checker = Checker { source, format, last: HashMap::new(), published, keep };
         Ok(Reader { consumer, since, idle_limit, checker })
     }
 
@@ -256,10 +260,12 @@ impl Checker {
             .spans
             .entry((message.topic().to_string(), message.partition()))
             .or_insert(Span { first_offset: message.offset(), lowest_id: None });
-        let Some(id) = header("id").filter(|_| ours).and_then(|v| std::str::from_utf8(v).ok()) else {
+        let value = message.payload().unwrap_or_default();
+        let Some(identity) = self.format.identity(header, value).filter(|_| ours) else {
             scan.foreign += 1;
             return;
         };
+        let id: &str = &identity.id;
         scan.records += 1;
         let replayed = header(REPLAYED_HEADER).is_some();
         // (a replay is an old id sent late: it says nothing of what retention removed)
@@ -292,7 +298,16 @@ impl Checker {
             .enumerate()
             .filter(|(i, h)| !(*i < 2 && (h.key == SOURCE_HEADER || h.key == POSITION_HEADER)))
             .map(|(_, h)| (h.key, h.value.unwrap_or_default()));
-        let record = fingerprint(topic, key, payload.unwrap_or_default(), own);
+        let record = match self.format {
+            Format::Raw => fingerprint(topic, key, payload.unwrap_or_default(), own),
+            // (a format's headers hold CloudEvents' `time`, the commit time when streamed)
+            _ => fingerprint(
+                topic,
+                key,
+                &identity.payload,
+                std::iter::once(("type", identity.event_type.as_bytes())),
+            ),
+        };
         if record != slot.fingerprint {
             slot.mismatched += 1;
         }

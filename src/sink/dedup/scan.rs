@@ -18,6 +18,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::{Content, Fingerprint, Lookback, ReadBackContext};
 use crate::delivery::record::Position;
+use crate::delivery::record::format::Format;
 use crate::observe::metrics::{ScanResult, metrics};
 use crate::sink::kafka::{POSITION_HEADER, SOURCE_HEADER};
 
@@ -142,6 +143,8 @@ pub(super) struct Scan {
     pub(super) topic: String,
     /// `outbox_relay_source` of each of the relay's outboxes, by place.
     pub(super) sources: Arc<[Arc<str>]>,
+    /// The record format of each outbox, by place: how to read an event's identity back.
+    pub(super) formats: Arc<[Format]>,
     pub(super) lookback: Lookback,
     pub(super) fingerprint: Fingerprint,
     pub(super) max_records: u64,
@@ -377,10 +380,11 @@ impl Scan {
             }
             outcome.records += 1;
             outcome.last_record = Some(Instant::now());
-            match self.written(&message) {
-                Some(written) => p.written.push(written),
-                None => outcome.foreign += 1,
+            let written = self.written(&message);
+            if written.is_empty() {
+                outcome.foreign += 1;
             }
+            p.written.extend(written);
             if p.end.is_some_and(|end| offset >= end - 1) {
                 p.read = true;
             }
@@ -388,31 +392,54 @@ impl Scan {
         Ok(())
     }
 
-    /// A record this relay wrote, keyed for the session's lookback; `None` for anyone else's.
-    fn written(&self, message: &BorrowedMessage<'_>) -> Option<Written> {
-        let headers = message.headers()?;
-        let text = |name: &str| {
-            headers
-                .iter()
-                .find(|h| h.key == name)
-                .and_then(|h| h.value)
-                .and_then(|v| std::str::from_utf8(v).ok())
+    /// The records this relay wrote (or, for an outbox of the `debezium` format during a first
+    /// copy, Debezium wrote), keyed for the session's lookback; empty for anyone else's.
+    fn written(&self, message: &BorrowedMessage<'_>) -> Vec<Written> {
+        let headers = message.headers();
+        let header =
+            |name: &str| headers.and_then(|h| h.iter().find(|h| h.key == name)).and_then(|h| h.value);
+        let text = |name: &str| header(name).and_then(|v| std::str::from_utf8(v).ok());
+        let (key, value) = (message.key().unwrap_or_default(), message.payload().unwrap_or_default());
+        let Some(source) = text(SOURCE_HEADER) else {
+            return self.debeziums(header, key, value);
         };
-        let source = text(SOURCE_HEADER)?;
-        let outbox = self.sources.iter().position(|s| &**s == source)?;
-        let position: Position = text(POSITION_HEADER)?.parse().ok()?;
-        let content = Content {
-            outbox,
-            id: text("id")?,
-            key: message.key().unwrap_or_default(),
-            payload: message.payload().unwrap_or_default(),
-            event_type: text("event_type").unwrap_or_default(),
+        let Some(outbox) = self.sources.iter().position(|s| &**s == source) else { return Vec::new() };
+        let Some(position) = text(POSITION_HEADER).and_then(|p| p.parse::<Position>().ok()) else {
+            return Vec::new();
         };
+        let Some(identity) = self.formats[outbox].identity(header, value) else { return Vec::new() };
+        let content = Content::read(outbox, &identity, key);
         let key = match self.lookback {
             Lookback::Since(_) => self.fingerprint.key(&position, &content),
             Lookback::Everything | Lookback::LastBatch => self.fingerprint.id_key(&content),
         };
-        Some(Written { position, key })
+        vec![Written { position, key }]
+    }
+
+    /// A record with no `outbox_relay_source`, read back for a first copy: Debezium's outbox
+    /// router may have written it (a cutover), so for each outbox of the `debezium` format it is
+    /// keyed by its `id` header and bytes; the relay's own record of the same row has that key
+    /// only if it is the same bytes. Other lookbacks key by position, which it has none of.
+    fn debeziums<'m>(
+        &self,
+        header: impl Fn(&str) -> Option<&'m [u8]>,
+        key: &[u8],
+        value: &'m [u8],
+    ) -> Vec<Written> {
+        if self.lookback != Lookback::Everything {
+            return Vec::new();
+        }
+        let Some(identity) = Format::Debezium(Default::default()).identity(header, value) else {
+            return Vec::new();
+        };
+        let position = Position::Copy { point: crate::lsn::Lsn(0), index: 0 };
+        (self.formats.iter().enumerate())
+            .filter(|(_, f)| matches!(f, Format::Debezium(_)))
+            .map(|(outbox, _)| Written {
+                position,
+                key: self.fingerprint.id_key(&Content::read(outbox, &identity, key)),
+            })
+            .collect()
     }
 
     /// Takes the keys of the window just read, newest first, until a record older than what the
@@ -483,11 +510,13 @@ mod tests {
     use crate::sink::dedup::{Fingerprint, Lookback};
 
     fn scan(lookback: Lookback) -> Scan {
+        use crate::delivery::record::format::Format;
         Scan {
             cancelled: Arc::new(AtomicBool::new(false)),
             refused_login: Default::default(),
             topic: "t".into(),
             sources: vec![Arc::from("s")].into(),
+            formats: vec![Format::Raw].into(),
             lookback,
             fingerprint: Fingerprint(RandomState::new(), RandomState::new()),
             max_records: 1_000,
