@@ -57,14 +57,48 @@ impl Inbound {
             .headers()
             .map(|hs| hs.iter().map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec))).collect())
             .unwrap_or_default();
-        Inbound {
+        let mut inbound = Inbound {
             topic: message.topic().to_string(),
             partition: message.partition(),
             offset: message.offset(),
             key: message.key().map(<[u8]>::to_vec),
             payload: message.payload().map(<[u8]>::to_vec),
             headers,
-        }
+        };
+        inbound.unwrap_cloudevent();
+        inbound
+    }
+
+    /// A CloudEvent (the relay's `outbox.format = "cloudevents"`) read as the relay's own record:
+    /// `ce_id` and `ce_type` (binary mode) or the envelope's `id`, `type` and `data`
+    /// (structured mode) become the `id` and `event_type` headers and the value. Any other record
+    /// stays as it is.
+    pub fn unwrap_cloudevent(&mut self) {
+        let structured =
+            self.header("content-type").is_some_and(|t| t.starts_with("application/cloudevents+json"));
+        let (id, event_type) = if structured {
+            #[derive(serde::Deserialize)]
+            struct Envelope {
+                id: Option<String>,
+                #[serde(rename = "type")]
+                event_type: Option<String>,
+                data: Option<Box<serde_json::value::RawValue>>,
+            }
+            let Some(envelope) =
+                self.payload.as_deref().and_then(|p| serde_json::from_slice::<Envelope>(p).ok())
+            else {
+                return;
+            };
+            self.payload = envelope.data.map(|d| d.get().as_bytes().to_vec());
+            (envelope.id, envelope.event_type)
+        } else if self.header("ce_specversion").is_some() {
+            (self.header("ce_id").map(str::to_string), self.header("ce_type").map(str::to_string))
+        } else {
+            return;
+        };
+        self.headers.retain(|(k, _)| k != ID_HEADER && k != EVENT_TYPE_HEADER);
+        self.headers.extend(id.map(|id| (ID_HEADER.to_string(), Some(id.into_bytes()))));
+        self.headers.extend(event_type.map(|t| (EVENT_TYPE_HEADER.to_string(), Some(t.into_bytes()))));
     }
 
     /// The first header called `name`, as text (None when absent, null or not UTF-8).
@@ -306,6 +340,37 @@ mod tests {
                 traceparent: Some("00-abc-def-01".into()),
             }
         );
+    }
+
+    #[test]
+    fn cloudevents_are_read_as_the_relays_own_records() {
+        let expected = classify(&record(Some("OrderPlaced"), &valid_payload()), &Sources::default()).unwrap();
+        // binary mode: the attributes in ce_* headers
+        let mut binary = record(None, &valid_payload());
+        binary.headers.retain(|(k, _)| k != "id");
+        for (k, v) in
+            [("ce_specversion", "1.0"), ("ce_id", "42"), ("ce_type", "OrderPlaced"), ("ce_source", "/shop")]
+        {
+            binary.headers.push((k.into(), Some(v.as_bytes().to_vec())));
+        }
+        binary.unwrap_cloudevent();
+        assert_eq!(classify(&binary, &Sources::default()).unwrap(), expected);
+        // structured mode: one JSON envelope, the payload as data
+        let envelope = format!(
+            r#"{{"specversion":"1.0","id":"42","source":"/shop","type":"OrderPlaced","data":{}}}"#,
+            valid_payload()
+        );
+        let mut structured = record(None, &envelope);
+        structured.headers.retain(|(k, _)| k != "id");
+        structured
+            .headers
+            .push(("content-type".into(), Some(b"application/cloudevents+json; charset=UTF-8".to_vec())));
+        structured.unwrap_cloudevent();
+        assert_eq!(classify(&structured, &Sources::default()).unwrap(), expected);
+        // a record of the relay's own format is left alone
+        let mut raw = record(Some("OrderPlaced"), &valid_payload());
+        raw.unwrap_cloudevent();
+        assert_eq!(raw, record(Some("OrderPlaced"), &valid_payload()));
     }
 
     #[test]
