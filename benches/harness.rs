@@ -27,6 +27,8 @@
 mod common;
 #[path = "harness/dedup.rs"]
 mod dedup;
+#[path = "harness/formats.rs"]
+mod formats;
 #[path = "harness/outboxes.rs"]
 mod outboxes;
 #[path = "harness/profile.rs"]
@@ -115,7 +117,7 @@ fn options() -> Options {
             "--duration-secs" => o.duration = Duration::from_secs(value.parse().expect("--duration-secs N")),
             "--out" => o.out = if value == "-" { None } else { Some(value) },
             "--only"
-                if ["dedup", "verify", "scaling", "record", "transactions", "outboxes"]
+                if ["dedup", "verify", "scaling", "record", "transactions", "outboxes", "formats"]
                     .contains(&value.as_str()) =>
             {
                 o.only = Some(value)
@@ -817,6 +819,15 @@ async fn main() {
             println!("{text}");
             if let Some(out) = &o.out {
                 dedup::write_section(out, "transaction-cost", &text);
+            }
+            return;
+        }
+        Some("formats") => {
+            let cost = formats::run(&o).await;
+            let text = formats::render(&o, &cost);
+            println!("{text}");
+            if let Some(out) = &o.out {
+                dedup::write_section(out, "formats-cost", &text);
             }
             return;
         }
