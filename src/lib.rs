@@ -38,6 +38,7 @@ pub mod observe;
 pub mod ops;
 pub mod postgres;
 pub mod published;
+pub mod registry;
 pub mod relay;
 pub mod sink;
 pub mod source;
