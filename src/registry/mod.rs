@@ -27,8 +27,11 @@
 //! Protobuf messages other than the file's first, and imports other than the well-known types;
 //! JSON Schema `$ref`s to other documents; schema references; record keys (values only).
 
+mod avro;
 mod config;
 mod error;
+mod protobuf;
+mod schema;
 
 pub use config::{
     DEFAULT_REGISTRY_TIMEOUT_MS, MAX_REGISTRY_TIMEOUT_MS, PASSWORD_ENV, RegistryConfig, SchemaType,
