@@ -37,6 +37,9 @@ pub enum RelayError {
     /// The server sent what the replication protocol does not allow: retrying replays it.
     #[error("replication protocol: {0}; please report this as a bug")]
     Protocol(String),
+    /// The schema registry could not be reached, timed out or answered 5xx: retried.
+    #[error("{0}")]
+    Registry(String),
     /// Shutdown was requested while a step could not finish; nothing was confirmed past it.
     #[error("interrupted by shutdown")]
     Interrupted,
@@ -85,6 +88,8 @@ labels! {
         Config = "config",
         /// The replication stream broke the protocol.
         Protocol = "protocol",
+        /// The schema registry refuses the schema or the credentials, or lacks the subject.
+        SchemaRegistry = "schema_registry",
         /// Anything else an operator must look at (e.g. the Kafka producer cannot be created).
         Other = "other",
     }
@@ -105,6 +110,7 @@ impl RelayError {
             RelayError::Server { sqlstate: Some(code), .. } => sqlstate_action(code),
             RelayError::Server { sqlstate: None, .. } => Action::Retry,
             RelayError::Disconnected(_) | RelayError::Kafka(_) | RelayError::Interrupted => Action::Retry,
+            RelayError::Registry(_) => Action::Retry,
             RelayError::Standby(_) => Action::Standby,
             RelayError::Protocol(_) => Action::Fatal(FatalReason::Protocol),
             RelayError::Fatal { reason, .. } => Action::Fatal(*reason),
@@ -118,6 +124,7 @@ impl RelayError {
             RelayError::Disconnected(_) => "postgres_unavailable",
             RelayError::Postgres(_) | RelayError::Server { .. } => "postgres_error",
             RelayError::Kafka(_) => "kafka_unavailable",
+            RelayError::Registry(_) => "registry_unavailable",
             RelayError::Standby(_) => "standby",
             RelayError::Interrupted => "shutdown",
             RelayError::Protocol(_) | RelayError::Fatal { .. } => "fatal",

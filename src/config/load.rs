@@ -28,6 +28,11 @@ impl RelayConfig {
             .filter(|(name, _)| name.starts_with(kafka::SECRET_ENV_PREFIX))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
+        let registry_password: BTreeMap<String, String> = env
+            .get(crate::registry::PASSWORD_ENV)
+            .map(|p| (crate::registry::PASSWORD_ENV.to_string(), p.clone()))
+            .into_iter()
+            .collect();
         let names: Vec<String> = env.keys().cloned().collect();
         let loaded: Result<RelayConfig, ConfigError> =
             load_layered(file, ENV_PREFIX, env, "see deploy/relay.example.toml for a documented example");
@@ -37,6 +42,11 @@ impl RelayConfig {
         let mut relay = loaded?;
         relay.move_deprecated()?;
         relay.kafka.load_secrets(&secret_env)?;
+        for outbox in std::iter::once(&mut relay.outbox).chain(relay.outboxes.iter_mut()) {
+            if let Some(registry) = &mut outbox.registry {
+                registry.load_secrets(&registry_password);
+            }
+        }
         relay.validate()?;
         let warnings = relay.secret_file_warnings();
         relay.deprecations.extend(warnings);

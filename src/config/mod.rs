@@ -179,6 +179,10 @@ pub struct OutboxConfig {
     pub cloudevents: CloudEventsConfig,
     /// The converters of `format = "debezium"`.
     pub debezium: DebeziumConfig,
+    /// Values encoded against a schema registry (Avro, JSON Schema, Protobuf in the Confluent
+    /// wire format); unset (default): the payload as stored.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub registry: Option<crate::registry::RegistryConfig>,
 }
 
 impl Default for OutboxConfig {
@@ -195,6 +199,7 @@ impl Default for OutboxConfig {
             format: RecordFormat::Raw,
             cloudevents: CloudEventsConfig::default(),
             debezium: DebeziumConfig::default(),
+            registry: None,
         }
     }
 }

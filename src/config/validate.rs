@@ -236,6 +236,9 @@ fn validate_outbox(outbox: &Outbox) -> Result<(), ConfigError> {
         RecordFormat::Cloudevents => o.cloudevents.validate(path)?,
         RecordFormat::Debezium => o.debezium.validate(path)?,
     }
+    if let Some(registry) = &o.registry {
+        validate_registry(path, o, registry)?;
+    }
     let dead_letter_path =
         if o.dead_letter.is_some() { format!("{path}.dead_letter") } else { "dead_letter".into() };
     let (schema, table) = outbox.dead_letter.schema_and_table();
@@ -246,6 +249,44 @@ fn validate_outbox(outbox: &Outbox) -> Result<(), ConfigError> {
         ));
     }
     Ok(())
+}
+
+/// `[outbox.registry]`: its own settings, a schema that parses, and a format whose value is the
+/// payload (a structured CloudEvent or a Debezium record embeds it as JSON text).
+fn validate_registry(
+    path: &str,
+    o: &OutboxConfig,
+    registry: &crate::registry::RegistryConfig,
+) -> Result<(), ConfigError> {
+    let section = format!("{path}.registry");
+    registry.validate(&section).map_err(|message| split_path(&section, message))?;
+    let embeds = match o.format {
+        RecordFormat::Raw => false,
+        RecordFormat::Cloudevents => o.cloudevents.mode == CloudEventsMode::Structured,
+        RecordFormat::Debezium => true,
+    };
+    if embeds {
+        return Err(ConfigError::invalid(
+            &section,
+            format!(
+                "cannot encode the values of {path}.format = {:?}{}: it embeds the payload as JSON; use \
+                 format = \"raw\" or cloudevents mode = \"binary\"",
+                format!("{:?}", o.format).to_lowercase(),
+                if o.format == RecordFormat::Cloudevents { " (structured mode)" } else { "" }
+            ),
+        ));
+    }
+    crate::registry::Registry::new(registry)
+        .map(drop)
+        .map_err(|message| ConfigError::invalid(&section, message.replacen("registry.", "", 1)))
+}
+
+/// A message `validate` wrote as `path.key: text` as a [`ConfigError`] of that path.
+fn split_path(section: &str, message: String) -> ConfigError {
+    match message.split_once(": ") {
+        Some((path, text)) if path.starts_with(section) => ConfigError::invalid(path, text),
+        _ => ConfigError::invalid(section, message),
+    }
 }
 
 /// `outbox.allowed_topics` entries are topic names or prefixes ending in `*`; `row_topics`

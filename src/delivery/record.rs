@@ -20,10 +20,13 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::config::OutboxConfig;
+use crate::error::{FatalReason, RelayError};
 use crate::lsn::Lsn;
+use crate::registry::{EncodeError, Registry};
 
 pub mod format;
 mod topics;
@@ -219,9 +222,8 @@ impl KafkaRecord {
     /// structured CloudEvent's `data`, which is the row's payload.
     pub fn written_payload(&self) -> &[u8] {
         match &self.formatted {
-            Some(f) if f.written_type.is_empty() => &self.payload,
-            Some(f) => f.payload.as_ref().map_or(&self.payload[..], |p| p.as_bytes()),
-            None => &self.payload,
+            Some(f) if f.data_is_payload => f.payload.as_ref().map_or(&self.payload[..], |p| p.as_bytes()),
+            _ => &self.payload,
         }
     }
 
@@ -305,6 +307,8 @@ pub enum PoisonReason {
          outbox.cloudevents.mode = \"binary\""
     )]
     NotJson { attribute: String },
+    #[error("{detail}; fix the payload (or the schema), then replay the dead letter")]
+    SchemaMismatch { detail: String },
 }
 
 /// A piece of the topic template, parsed once (the hot path only concatenates).
@@ -326,6 +330,9 @@ pub struct Mapping {
     /// The outbox's place among the relay's: what its records and refusals say they came from.
     outbox: usize,
     format: Format,
+    /// `[outbox.registry]`: values encoded against the schema registry (or why it cannot be
+    /// set up: every record then stops the relay with it).
+    registry: Option<Result<Arc<Registry>, String>>,
 }
 
 /// Splits a (validated) template into text and placeholders.
@@ -365,18 +372,25 @@ impl Mapping {
             allowed_topics: AllowedTopics::new(&outbox.allowed_topics),
             outbox: index,
             format: Format::of(outbox),
+            registry: outbox.registry.as_ref().map(|r| Registry::new(r).map(Arc::new)),
         }
     }
 
-    /// Turns a row into a record, or says which column is wrong (handing the row back).
+    /// Turns a row into a record, or says which column is wrong (handing the row back). The
+    /// outer error is the schema registry's: unavailable (retried) or refusing (fatal); the row
+    /// is neither published nor dead-lettered.
     pub fn to_record(
         &self,
         raw: OutboxRow,
         created_at: Option<SystemTime>,
-    ) -> Result<KafkaRecord, Box<Unpublishable>> {
+    ) -> Result<Result<KafkaRecord, Box<Unpublishable>>, RelayError> {
         let (topic, row_headers, built) = match self.check(&raw, created_at) {
             Ok(checked) => checked,
-            Err(reason) => return Err(Box::new(Unpublishable { reason, row: raw, outbox: self.outbox })),
+            Err(reason) => return Ok(Err(Box::new(Unpublishable { reason, row: raw, outbox: self.outbox }))),
+        };
+        let encoded = match self.encode(&topic, raw.payload.as_deref().unwrap_or_default())? {
+            Ok(encoded) => encoded,
+            Err(reason) => return Ok(Err(Box::new(Unpublishable { reason, row: raw, outbox: self.outbox }))),
         };
         // `check` proved every required column present
         let (Some(id), Some(aggregate_type), Some(key), Some(event_type), Some(payload)) =
@@ -384,7 +398,7 @@ impl Mapping {
         else {
             unreachable!("checked above")
         };
-        let (key, payload, formatted) = match built {
+        let (key, mut payload, mut formatted) = match built {
             None => (key, payload.into_bytes(), None),
             Some(b) => (
                 b.key.unwrap_or(key),
@@ -392,7 +406,27 @@ impl Mapping {
                 Some(Box::new(b.formatted)),
             ),
         };
-        Ok(KafkaRecord {
+        if let Some(encoded) = encoded {
+            let row_payload =
+                String::from_utf8(std::mem::replace(&mut payload, encoded)).expect("a payload is text");
+            let f = formatted.get_or_insert_with(|| {
+                let headers = vec![
+                    ("id", id.clone()),
+                    ("event_type", event_type.clone()),
+                    ("aggregate_type", aggregate_type.clone()),
+                ];
+                let written_type = event_type.clone();
+                Box::new(Formatted {
+                    headers,
+                    written_type,
+                    aggregate_id: None,
+                    payload: None,
+                    data_is_payload: false,
+                })
+            });
+            f.payload = Some(row_payload);
+        }
+        Ok(Ok(KafkaRecord {
             id,
             topic,
             key,
@@ -404,7 +438,44 @@ impl Mapping {
             position: None,
             outbox: self.outbox,
             formatted,
-        })
+        }))
+    }
+
+    /// The payload encoded against the registry's schema for `topic` (`None` without
+    /// `[outbox.registry]`); a payload that does not fit is unpublishable. The first record of a
+    /// subject waits for the registry (a blocking section of this worker thread, bounded by
+    /// `registry.timeout_ms`); later ones use the cached schema.
+    fn encode(
+        &self,
+        topic: &str,
+        payload: &str,
+    ) -> Result<Result<Option<Vec<u8>>, PoisonReason>, RelayError> {
+        let registry = match &self.registry {
+            None => return Ok(Ok(None)),
+            Some(Ok(registry)) => registry,
+            Some(Err(e)) => {
+                return Err(RelayError::fatal(FatalReason::SchemaRegistry, format!("outbox.registry: {e}")));
+            }
+        };
+        let encoded = match registry.encode_cached(topic, payload) {
+            Some(encoded) => encoded,
+            None => match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    tokio::task::block_in_place(|| runtime.block_on(registry.encode(topic, payload)))
+                }
+                Err(_) => Err(EncodeError::Unavailable("no async runtime to ask the registry from".into())),
+            },
+        };
+        match encoded {
+            Ok(value) => Ok(Ok(Some(value))),
+            Err(e @ EncodeError::Mismatch { .. }) => {
+                Ok(Err(PoisonReason::SchemaMismatch { detail: e.to_string() }))
+            }
+            Err(e @ EncodeError::Unavailable(_)) => Err(RelayError::Registry(e.to_string())),
+            Err(e @ EncodeError::Refused { .. }) => {
+                Err(RelayError::fatal(FatalReason::SchemaRegistry, e.to_string()))
+            }
+        }
     }
 
     /// Everything that can make a row unpublishable, without taking it apart: the topic, the

@@ -155,7 +155,10 @@ fn record_of(mapping: &Mapping, letter: &Letter) -> Result<KafkaRecord, String> 
     let mut row = OutboxRow::from_json(&object);
     // the letter names the event; a row_data of another id would publish someone else's
     row.id = Some(letter.event_id.clone());
-    let mut record = mapping.to_record(row, None).map_err(|refused| refused.reason.to_string())?;
+    let mut record = mapping
+        .to_record(row, None)
+        .map_err(|e| e.to_string())?
+        .map_err(|refused| refused.reason.to_string())?;
     record.row_headers.push((REPLAYED_HEADER.to_string(), letter.id.to_string()));
     Ok(record)
 }

@@ -229,7 +229,7 @@ async fn read_rows(
         for row in &rows {
             let (raw, created_at) = outbox_row(row)?;
             let id = raw.id.clone().unwrap_or_default();
-            match mapping.to_record(raw, created_at) {
+            match mapping.to_record(raw, created_at).map_err(|e| VerifyError::Failed(e.to_string()))? {
                 Ok(event) => {
                     let print = match &event.formatted {
                         None => {

@@ -55,7 +55,7 @@ pub enum SubjectStrategy {
     RecordName,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RegistryConfig {
     /// The registry's base URL, `http://` or `https://`, with any path prefix

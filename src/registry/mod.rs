@@ -123,17 +123,18 @@ impl Registry {
     pub async fn encode(&self, topic: &str, payload: &str) -> Result<Vec<u8>, EncodeError> {
         let subject_name = self.subject(topic);
         let subject = self.resolve(&subject_name).await?;
-        let mismatch = |detail: String| EncodeError::Mismatch {
-            subject: subject_name.clone(),
-            schema_id: subject.id,
-            detail,
+        encode_with(&subject_name, &subject, payload)
+    }
+
+    /// As [`Registry::encode`] without waiting: `None` when the subject of `topic` has not been
+    /// resolved yet (then `encode` asks the registry).
+    pub fn encode_cached(&self, topic: &str, payload: &str) -> Option<Result<Vec<u8>, EncodeError>> {
+        let subject_name = self.subject(topic);
+        let subject = {
+            let subjects = self.subjects.lock().unwrap_or_else(PoisonError::into_inner);
+            subjects.get(&subject_name)?.get()?.clone()
         };
-        let json: serde_json::Value =
-            serde_json::from_str(payload).map_err(|e| mismatch(format!("payload: not JSON ({e})")))?;
-        let mut value = Vec::with_capacity(payload.len() + 8);
-        write_header(subject.id, &mut value);
-        subject.schema.encode(&json, payload, &mut value).map_err(mismatch)?;
-        Ok(value)
+        Some(encode_with(&subject_name, &subject, payload))
     }
 
     /// The subject's id and schema: cached, else asked once however many callers wait.
@@ -179,6 +180,21 @@ impl Registry {
         })?;
         Ok(Subject { id: version.id, schema: Arc::new(schema) })
     }
+}
+
+/// `payload` encoded with `subject`'s schema, in the wire format.
+fn encode_with(subject_name: &str, subject: &Subject, payload: &str) -> Result<Vec<u8>, EncodeError> {
+    let mismatch = |detail: String| EncodeError::Mismatch {
+        subject: subject_name.to_string(),
+        schema_id: subject.id,
+        detail,
+    };
+    let json: serde_json::Value =
+        serde_json::from_str(payload).map_err(|e| mismatch(format!("payload: not JSON ({e})")))?;
+    let mut value = Vec::with_capacity(payload.len() + 8);
+    write_header(subject.id, &mut value);
+    subject.schema.encode(&json, payload, &mut value).map_err(mismatch)?;
+    Ok(value)
 }
 
 /// Reads and parses `schema_file`; under `record_name`, the schema must have a name.

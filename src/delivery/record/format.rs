@@ -51,6 +51,8 @@ pub struct Formatted {
     pub aggregate_id: Option<String>,
     /// The row's payload, when the value is not it as it is.
     pub payload: Option<String>,
+    /// The read-back compares `payload` (a structured CloudEvent's `data`), not the value.
+    pub data_is_payload: bool,
 }
 
 /// An event's columns as the format reads them.
@@ -182,8 +184,13 @@ impl CloudEvents {
             headers.extend(subject.map(|s| ("ce_subject", s)));
             headers.extend(time.map(|t| ("ce_time", t)));
             headers.push(("content-type", self.content_type.clone()));
-            let formatted =
-                Formatted { headers, written_type: event_type, aggregate_id: None, payload: None };
+            let formatted = Formatted {
+                headers,
+                written_type: event_type,
+                aggregate_id: None,
+                payload: None,
+                data_is_payload: false,
+            };
             return Ok(Built { key: None, value: None, formatted });
         }
         if serde_json::from_str::<serde::de::IgnoredAny>(f.payload).is_err() {
@@ -211,6 +218,7 @@ impl CloudEvents {
             written_type: event_type,
             aggregate_id: None,
             payload: Some(f.payload.to_string()),
+            data_is_payload: true,
         };
         Ok(Built { key: None, value: Some(value.into_bytes()), formatted })
     }
@@ -242,6 +250,7 @@ fn debezium(d: &DebeziumConfig, f: &Fields<'_>) -> Built {
         written_type: String::new(),
         aggregate_id: key.is_some().then(|| f.aggregate_id.to_string()),
         payload: value.is_some().then(|| f.payload.to_string()),
+        data_is_payload: false,
     };
     Built { key, value: value.map(String::into_bytes), formatted }
 }

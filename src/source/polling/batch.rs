@@ -78,13 +78,17 @@ impl Settlement {
 }
 
 /// The claimed rows as records at their claim positions (`batch:<session>-<batch>:<index>`).
-pub(super) fn map(mapping: &Mapping, rows: Claimed, (session, batch): (u64, u64)) -> Vec<Row> {
+pub(super) fn map(
+    mapping: &Mapping,
+    rows: Claimed,
+    (session, batch): (u64, u64),
+) -> Result<Vec<Row>, RelayError> {
     let to_record = |(index, (at, raw, created_at))| {
-        let record = mapping.to_record(raw, created_at).map(|mut record: KafkaRecord| {
+        let record = mapping.to_record(raw, created_at)?.map(|mut record: KafkaRecord| {
             record.position = Some(Position::Batch { session, batch, index: index as u32 });
             record
         });
-        (at, record)
+        Ok((at, record))
     };
     rows.into_iter().enumerate().map(to_record).collect()
 }

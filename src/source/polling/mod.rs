@@ -383,7 +383,7 @@ impl<S: Sink> PollingSource<S> {
         }
         let claimed = rows.len();
         let (rows, dead_lettered) = already_dead_lettered(&session.dead_lettered[outbox], rows);
-        let rows = batch::map(&polled.mapping, rows, (session.nonce, batch));
+        let rows = batch::map(&polled.mapping, rows, (session.nonce, batch))?;
         let unread: Vec<String> = delivery
             .unread(rows.iter().filter_map(|(_, row)| row.as_ref().ok()))
             .into_iter()

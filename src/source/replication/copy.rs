@@ -177,7 +177,7 @@ impl<'a, S: Sink> Copying<'a, S> {
     ) -> Result<(), RelayError> {
         let index = self.index;
         self.index += 1;
-        match self.mapping.to_record(raw, created_at) {
+        match self.mapping.to_record(raw, created_at)? {
             Ok(mut record) => {
                 record.position = Some(Position::Copy { point: self.point, index });
                 self.sent.add(&record.id, &record.topic);

@@ -46,7 +46,7 @@ fn identity_of<'r>(mapping: &Mapping, record: &'r KafkaRecord) -> Identity<'r> {
 #[test]
 fn cloudevents_binary_puts_the_attributes_in_headers_and_the_payload_in_the_value() {
     let mapping = cloudevents(CloudEventsMode::Binary);
-    let record = mapping.to_record(row(), Some(at())).unwrap();
+    let record = mapping.to_record(row(), Some(at())).expect("no registry").unwrap();
     assert_eq!(record.key, "42");
     assert_eq!(record.payload, row().payload.unwrap().as_bytes());
     assert_eq!(
@@ -71,7 +71,7 @@ fn cloudevents_binary_puts_the_attributes_in_headers_and_the_payload_in_the_valu
 #[test]
 fn cloudevents_structured_embeds_the_payload_as_data_as_it_is() {
     let mapping = cloudevents(CloudEventsMode::Structured);
-    let record = mapping.to_record(row(), None).unwrap();
+    let record = mapping.to_record(row(), None).expect("no registry").unwrap();
     let value = String::from_utf8(record.payload.clone()).unwrap();
     assert_eq!(
         value,
@@ -93,48 +93,59 @@ fn cloudevents_structured_embeds_the_payload_as_data_as_it_is() {
 fn cloudevents_refuses_what_it_cannot_carry_naming_the_column() {
     let structured = cloudevents(CloudEventsMode::Structured);
     let not_json = OutboxRow { payload: Some("plain text".into()), ..row() };
-    let err = structured.to_record(not_json, None).unwrap_err();
+    let err = structured.to_record(not_json, None).expect("no registry").unwrap_err();
     assert!(matches!(err.reason, PoisonReason::NotJson { .. }), "{}", err.reason);
     let binary = cloudevents(CloudEventsMode::Binary);
-    assert!(binary.to_record(OutboxRow { payload: Some("plain text".into()), ..row() }, None).is_ok());
+    assert!(
+        binary
+            .to_record(OutboxRow { payload: Some("plain text".into()), ..row() }, None)
+            .expect("no registry")
+            .is_ok()
+    );
     let no_type = OutboxRow { event_type: Some(String::new()), ..row() };
-    let err = binary.to_record(no_type, None).unwrap_err();
+    let err = binary.to_record(no_type, None).expect("no registry").unwrap_err();
     assert_eq!(
         err.reason.to_string(),
         "the CloudEvents attribute type would be empty (from event_type); CloudEvents requires it: fill the column, \
          or change outbox.cloudevents.type"
     );
     let ce_header = OutboxRow { headers: Some("{\"CE_source\": \"x\"}".into()), ..row() };
-    let err = binary.to_record(ce_header, None).unwrap_err();
+    let err = binary.to_record(ce_header, None).expect("no registry").unwrap_err();
     assert!(matches!(err.reason, PoisonReason::ReservedHeader { .. }), "{}", err.reason);
     // a raw outbox lets a row carry such a header
     let raw = Mapping::new(&OutboxConfig::default());
     assert!(
-        raw.to_record(OutboxRow { headers: Some("{\"ce_source\": \"x\"}".into()), ..row() }, None).is_ok()
+        raw.to_record(OutboxRow { headers: Some("{\"ce_source\": \"x\"}".into()), ..row() }, None)
+            .expect("no registry")
+            .is_ok()
     );
 }
 
 #[test]
 fn debezium_records_carry_the_id_header_and_the_converted_key_and_value() {
     let strings = debezium(Converter::String, Converter::String, false);
-    let record = strings.to_record(row(), None).unwrap();
+    let record = strings.to_record(row(), None).expect("no registry").unwrap();
     assert_eq!((record.key.as_str(), record.payload.as_slice()), ("42", row().payload.unwrap().as_bytes()));
     assert_eq!(headers(&record), [("id", "7"), ("traceparent", "00-abc-01")]);
     assert_eq!(record.written_type(), "");
 
-    let json = debezium(Converter::Json, Converter::Json, false).to_record(row(), None).unwrap();
+    let json = debezium(Converter::Json, Converter::Json, false)
+        .to_record(row(), None)
+        .expect("no registry")
+        .unwrap();
     assert_eq!(json.key, "\"42\"");
     assert_eq!(json.payload, b"\"{\\\"total\\\": 1.50, \\\"b\\\": [1, \\\"x\\\\\\\"y\\\"]}\"");
     assert_eq!(json.row_data().aggregate_id, Some("42"));
 
     let mapping = debezium(Converter::Json, Converter::Json, true);
-    let expanded = mapping.to_record(row(), None).unwrap();
+    let expanded = mapping.to_record(row(), None).expect("no registry").unwrap();
     assert_eq!(String::from_utf8(expanded.payload.clone()).unwrap(), "{\"total\":1.5,\"b\":[1,\"x\\\"y\"]}");
     let identity = identity_of(&mapping, &expanded);
     assert_eq!((&*identity.id, &*identity.payload), ("7", &expanded.payload[..]));
 
     let schemas = debezium(Converter::JsonWithSchemas, Converter::JsonWithSchemas, false)
         .to_record(row(), None)
+        .expect("no registry")
         .unwrap();
     assert_eq!(schemas.key, "{\"schema\":{\"type\":\"string\",\"optional\":false},\"payload\":\"42\"}");
     assert!(String::from_utf8(schemas.payload).unwrap().starts_with(

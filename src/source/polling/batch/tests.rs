@@ -21,7 +21,7 @@ const PATIENCE: Duration = Duration::from_secs(5);
 /// ctid `(0,n)`.
 fn claimed(ids: &[&str]) -> Vec<Row> {
     let rows = ids.iter().enumerate().map(|(n, id)| (at(id, n), outbox_row(id), None)).collect();
-    map(&Mapping::new(&OutboxConfig::default()), rows, (1, 0))
+    map(&Mapping::new(&OutboxConfig::default()), rows, (1, 0)).expect("no registry")
 }
 
 /// Where the `n`-th row of a claim, `id`, lies.

@@ -313,7 +313,7 @@ impl<'a, S: Sink> Feed<'a, S> {
     async fn publish(&mut self, raw: OutboxRow, at: EventAt) -> Result<(), RelayError> {
         self.read.inc();
         let txn = at.txn;
-        match self.mappings[at.outbox].to_record(raw, Some(txn.commit_time)) {
+        match self.mappings[at.outbox].to_record(raw, Some(txn.commit_time))? {
             Ok(mut event) => {
                 event.position = Some(Position::Stream { commit: txn.commit_lsn, index: at.index });
                 self.tracker.sent(txn.id);
