@@ -127,3 +127,116 @@ async fn binary_cloudevents_through_a_kill_9_arrive_once_in_order() {
 async fn debezium_records_through_a_kill_9_arrive_once_in_order() {
     a_format_through_a_kill_9("replication", "debezium").await;
 }
+
+/// `deploy/local/debezium/run ARGS`: Debezium's connector and outbox router on Kafka Connect.
+fn debezium(args: &[&str]) {
+    let out = std::process::Command::new(crate::common::repo_root().join("deploy/local/debezium/run"))
+        .args(args)
+        .env_remove("OUTBOX_LOCAL_STATE")
+        .output()
+        .expect("run deploy/local/debezium/run");
+    assert!(
+        out.status.success(),
+        "debezium/run {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Writes `n` events of Debezium's outbox table (`sql/examples/debezium_outbox.sql`) for
+/// aggregates `a-0` .. `a-4`, `first` on.
+async fn write_debezium_rows(client: &tokio_postgres::Client, aggregate_type: &str, first: i32, n: i32) {
+    client
+        .execute(
+            "INSERT INTO outboxevent (id, aggregatetype, aggregateid, type, payload) \
+             SELECT gen_random_uuid(), $1, 'a-' || (i % 5), 'OrderCreated', \
+                    jsonb_build_object('n', i, 'total', i * 1.5, 'lines', jsonb_build_array(jsonb_build_object('sku', 'x' || i))) \
+             FROM generate_series($2::int, $2::int + $3::int - 1) i",
+            &[&aggregate_type, &first, &n],
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cutover_from_debezium_with_skip_published_sends_nothing_twice() {
+    // given the real Debezium outbox router (JSON converters, expand.json.payload) that published
+    // 30 events of Debezium's outbox table, and was stopped; the rows are kept
+    let s = Setup::create(&crate::common::services().kafka, "", true, |slot| {
+        // (librdkafka's Java-compatible partitioner: Debezium's producer is Java's)
+        let toml = RelayToml::replication(slot)
+            .set("kafka.properties", "partitioner", "murmur2_random")
+            .debezium_table()
+            .set("outbox", "format", "debezium")
+            .set("outbox.debezium", "key_converter", "json")
+            .set("outbox.debezium", "value_converter", "json")
+            .set("outbox.debezium", "expand_json_payload", true);
+        format!("{toml}\n")
+    })
+    .await;
+    let client = s.db.client().await;
+    let table =
+        std::fs::read_to_string(crate::common::repo_root().join("sql/examples/debezium_outbox.sql")).unwrap();
+    client.batch_execute(&table).await.unwrap();
+    let consumer = consumer(&[&s.topic]);
+    let state = tempfile::tempdir().unwrap();
+    let (state_dir, dbz_slot) =
+        (state.path().to_str().unwrap(), format!("dbz_{}", s.slot.trim_start_matches("s_")));
+    let kafka = crate::common::services().kafka.clone();
+    debezium(&[
+        "start",
+        "--state",
+        state_dir,
+        "--pg-url",
+        &s.db.url,
+        "--bootstrap",
+        &kafka,
+        "--converters",
+        "json-expanded",
+        "--slot",
+        &dbz_slot,
+        "--publication",
+        &format!("p_{dbz_slot}"),
+    ]);
+    write_debezium_rows(&client, &s.aggregate_type, 0, 30).await;
+    let by_debezium = consume(&consumer, 30, IDLE).await;
+    debezium(&["stop", "--state", state_dir]);
+    client.execute("SELECT pg_drop_replication_slot($1)", &[&dbz_slot]).await.unwrap();
+    assert_eq!(by_debezium.len(), 30);
+    assert!(by_debezium.iter().all(|r| r.header("outbox_relay_source").is_none()));
+
+    // when the relay's slot is set up with --skip-published (its first copy reads the 30 rows),
+    // then it runs while 10 more are written
+    let config = s.config().display().to_string();
+    let (code, stdout, stderr) = crate::common::run_relay(
+        &["setup", "--skip-published", "--config", &config],
+        crate::common::EXIT_LIMIT,
+    );
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("0 published, 30 already in Kafka"), "{stdout}{stderr}");
+    let mut relay = s.start("relay");
+    relay.wait_ready("active").await;
+    write_debezium_rows(&client, &s.aggregate_type, 30, 10).await;
+    let by_relay = consume(&consumer, 10, IDLE).await;
+    let late = consume(&consumer, usize::MAX, LINGER).await;
+
+    // then Kafka holds each of the 40 events once: Debezium's 30 and the relay's 10, in
+    // Debezium's shape (key, value, id header), each aggregate on the partition Debezium used
+    assert_eq!((by_relay.len(), late.len()), (10, 0), "{}", relay.log_text());
+    let mut ids = std::collections::HashSet::new();
+    let mut partition_of = std::collections::HashMap::new();
+    for r in by_debezium.iter().chain(&by_relay) {
+        assert!(ids.insert(r.header("id").unwrap().to_string()), "{} twice", r.header("id").unwrap());
+        let key = r.key.clone().unwrap();
+        assert!(key.starts_with("\"a-"), "a JSON string key: {key}");
+        let value: serde_json::Value = serde_json::from_str(r.payload.as_deref().unwrap()).unwrap();
+        assert!(value["lines"][0]["sku"].is_string(), "an expanded document: {value}");
+        let partition = *partition_of.entry(key.clone()).or_insert(r.partition);
+        assert_eq!(
+            partition, r.partition,
+            "aggregate {key}: Debezium and the relay chose different partitions"
+        );
+    }
+    assert_eq!(ids.len(), 40);
+    assert_eq!(relay.terminate(crate::common::EXIT_LIMIT), Some(0), "{}", relay.log_text());
+}

@@ -241,7 +241,7 @@ fn debezium(d: &DebeziumConfig, f: &Fields<'_>) -> Built {
         }
         Converter::Json => Some(json::java_string(f.payload)),
         Converter::JsonWithSchemas => Some(format!(
-            "{{\"schema\":{{\"type\":\"string\",\"optional\":true,\"name\":\"io.debezium.data.Json\",\"version\":1}},\"payload\":{}}}",
+            "{{\"schema\":{{\"type\":\"string\",\"optional\":false,\"name\":\"io.debezium.data.Json\",\"version\":1}},\"payload\":{}}}",
             json::java_string(f.payload)
         )),
     };
