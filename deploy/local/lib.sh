@@ -552,6 +552,14 @@ stop_services() {
         for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
         kill -9 "$pid" 2>/dev/null || true
     done
+    # a schema registry (deploy/local/registry/lib.sh, start_registry)
+    if [ -f "$state/registry/pid" ]; then
+        pid=$(cat "$state/registry/pid")
+        kill -CONT "$pid" 2>/dev/null || true
+        kill "$pid" 2>/dev/null || true
+        for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$pid" 2>/dev/null || true
+    fi
     for data in "$state/pg/data" "$state/standby/data"; do
         # a server a test already stopped has no postmaster.pid
         [ -f "$data/postmaster.pid" ] || continue
