@@ -42,6 +42,7 @@ pub(super) enum Call {
     Register,
     Lookup,
     Latest,
+    ById,
 }
 
 /// The answer to a register call.
@@ -117,6 +118,19 @@ impl Client {
         parse::<Version>(Call::Latest, &body)
     }
 
+    /// The schema registered with `id` (what a consumer of the wire format looks up).
+    pub(super) async fn by_id(&self, id: u32) -> Result<Version, EncodeError> {
+        let subject = format!("(schema id {id})");
+        let url = self.url(&["schemas", "ids", &id.to_string()]);
+        let body = self.send(Call::ById, &subject, Method::GET, url, None).await?;
+        // (the answer is {"schema": ..., "schemaType": ...}, without the id)
+        let mut answer: serde_json::Value = serde_json::from_slice(&body)
+            .map_err(|e| EncodeError::Unavailable(format!("GET /schemas/ids/{id}: {e}")))?;
+        answer["id"] = id.into();
+        serde_json::from_value(answer)
+            .map_err(|e| EncodeError::Unavailable(format!("GET /schemas/ids/{id}: {e}")))
+    }
+
     /// The registry's base URL.
     pub(super) fn base(&self) -> &Url {
         &self.base
@@ -184,6 +198,7 @@ impl Call {
             Call::Register => "registering a schema",
             Call::Lookup => "looking up a schema",
             Call::Latest => "reading the latest schema",
+            Call::ById => "reading a schema by its id",
         }
     }
 }

@@ -41,6 +41,7 @@ use tokio::sync::OnceCell;
 mod avro;
 mod client;
 mod config;
+mod decode;
 mod error;
 mod protobuf;
 mod schema;
@@ -49,6 +50,7 @@ pub use config::{
     DEFAULT_REGISTRY_TIMEOUT_MS, MAX_REGISTRY_TIMEOUT_MS, PASSWORD_ENV, RegistryConfig, SchemaType,
     SubjectStrategy,
 };
+pub use decode::Decoder;
 pub use error::EncodeError;
 
 use client::Client;

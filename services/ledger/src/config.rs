@@ -89,6 +89,22 @@ pub struct ConsumerConfig {
     /// written to, `table` or `schema.table`: the relay's own, or one of the ledger's that the
     /// relay lists among its `[[outboxes]]`.
     pub outbox_table: String,
+    /// The schema registry of values in the Confluent wire format (the relay's
+    /// `[outbox.registry]`): Avro and JSON Schema values are decoded with the writer's schema.
+    pub registry: RegistryConfig,
+}
+
+/// Where to read writer schemas; `url` empty (default): values are the relay's JSON as is. The
+/// password comes from `OUTBOX_RELAY_REGISTRY_PASSWORD`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RegistryConfig {
+    /// The Confluent-compatible API's base URL (Apicurio: `http://host:8080/apis/ccompat/v7`).
+    pub url: String,
+    /// Basic-auth user; empty: none.
+    pub username: String,
+    /// A PEM file of the CA that signs an `https://` registry's certificate.
+    pub ca_file: String,
 }
 
 impl Default for ConsumerConfig {
@@ -103,6 +119,7 @@ impl Default for ConsumerConfig {
             lock_timeout_ms: DEFAULT_LOCK_TIMEOUT_MS,
             sources: Vec::new(),
             outbox_table: DEFAULT_OUTBOX_TABLE.into(),
+            registry: RegistryConfig::default(),
         }
     }
 }

@@ -116,6 +116,8 @@ pub struct Ledger {
     tally: Tally,
     /// `consumer.sources`.
     sources: Sources,
+    /// `consumer.registry`: values in the Confluent wire format decoded to JSON.
+    decoder: Option<outbox_relay::registry::Decoder>,
 }
 
 impl Ledger {
@@ -134,7 +136,9 @@ impl Ledger {
                 "consumer.sources is empty: events of any outbox that publishes to the topic are applied; list yours"
             );
         }
+        let decoder = decoder(&config.consumer.registry)?;
         let mut ledger = Ledger {
+            decoder,
             sources,
             config,
             consumer,
@@ -190,9 +194,40 @@ impl Ledger {
                 received = self.consumer.recv() => received.map(|message| Inbound::from_message(&message)),
             };
             match received {
-                Ok(record) => return Some(record),
+                Ok(mut record) => {
+                    self.decode(&mut record).await?;
+                    return Some(record);
+                }
                 // librdkafka reconnects by itself; these are reports, not a state to act on
                 Err(e) => warn!(error = %e, "kafka consumer error"),
+            }
+        }
+    }
+
+    /// A value in the Confluent wire format decoded to its JSON (with `consumer.registry`). A
+    /// value that does not decode stays as it is: `classify` finds it is not JSON and it is
+    /// dead-lettered. The registry not answering is waited out; None on shutdown.
+    async fn decode(&mut self, record: &mut Inbound) -> Option<()> {
+        use outbox_relay::registry::{Decoder, EncodeError};
+        let Some(decoder) = &self.decoder else { return Some(()) };
+        let Some(value) = record.payload.as_deref().filter(|v| Decoder::is_framed(v)) else {
+            return Some(());
+        };
+        loop {
+            match decoder.decode(value).await {
+                Ok(json) => {
+                    record.payload = Some(json.to_string().into_bytes());
+                    return Some(());
+                }
+                Err(EncodeError::Mismatch { detail, .. }) => {
+                    warn!(record = %record.position(), %detail, "value does not decode");
+                    return Some(());
+                }
+                Err(e) => warn!(record = %record.position(), error = %e, "schema registry: retrying"),
+            }
+            tokio::select! {
+                _ = self.shutdown.wait_for(|stop| *stop) => return None,
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
         }
     }
@@ -471,4 +506,22 @@ fn consumer(config: &LedgerConfig) -> Result<StreamConsumer<LedgerContext>, Ledg
     group_config(config, &config.consumer.group_id)
         .create_with_context(LedgerContext)
         .map_err(|source| LedgerError::KafkaClient { client: "consumer", source })
+}
+
+/// The decoder of `consumer.registry`, when its url is set.
+fn decoder(
+    registry: &crate::config::RegistryConfig,
+) -> Result<Option<outbox_relay::registry::Decoder>, LedgerError> {
+    use outbox_relay::registry::{RegistryConfig, SchemaType};
+    if registry.url.is_empty() {
+        return Ok(None);
+    }
+    let mut config = RegistryConfig::new(registry.url.clone(), SchemaType::Avro);
+    config.username = registry.username.clone();
+    config.ca_file = registry.ca_file.clone();
+    config.load_secrets(&std::env::vars().collect());
+    let decoder = outbox_relay::registry::Decoder::new(&config).map_err(|e| {
+        LedgerError::Config(outbox_relay::config::ConfigError::invalid("consumer.registry", e))
+    })?;
+    Ok(Some(decoder))
 }
