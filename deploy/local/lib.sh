@@ -448,7 +448,7 @@ print(id)")
         pids+=($!)
     done
     for i in "${!pids[@]}"; do
-        wait "${pids[i]}" || die "Kafka ($dir/${names[i]}) did not become ready: $(tail -5 "$dir/${names[i]}/stdout.log" "$dir/${names[i]}/server.log" 2>/dev/null)"
+        wait "${pids[i]}" || die "Kafka ($dir/${names[i]}) did not become ready: $(tail -n 5 "$dir/${names[i]}/stdout.log" "$dir/${names[i]}/server.log" 2>/dev/null)"
     done
     cat >"$dir/client-admin.properties" <<PROPS
 security.protocol=SASL_SSL
