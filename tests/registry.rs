@@ -139,6 +139,109 @@ async fn avro_values_decode_with_confluents_client_in_polling_mode() {
     avro_values_in("polling").await;
 }
 
+/// The events' JSON Schema: the same fields as [`ORDER_AVSC`].
+const ORDER_JSON_SCHEMA: &str = r#"{"$schema": "http://json-schema.org/draft-07/schema#", "title": "OrderPlaced",
+  "type": "object", "additionalProperties": false,
+  "required": ["order_id", "customer", "total_cents", "express", "tags"],
+  "properties": {"order_id": {"type": "integer"}, "customer": {"type": "string"},
+    "total_cents": {"type": "integer", "minimum": 0}, "express": {"type": "boolean"},
+    "note": {"type": ["string", "null"]}, "tags": {"type": "array", "items": {"type": "string"}}}}"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn json_schema_values_decode_with_confluents_client_and_a_misfit_names_its_path() {
+    // given a polling relay whose values are validated against a JSON Schema it registers
+    let url = url(false);
+    let dir = tempfile::tempdir().unwrap();
+    let schema = dir.path().join("order.schema.json");
+    std::fs::write(&schema, ORDER_JSON_SCHEMA).unwrap();
+    let s = Setup::create(&crate::common::services().kafka, "", true, |slot| {
+        avro_toml("polling", slot, &url, schema.to_str().unwrap()).set(
+            "outbox.registry",
+            "schema_type",
+            "json",
+        )
+    })
+    .await;
+    let client = s.db.client().await;
+    let mut relay = s.start("relay");
+    relay.wait_ready("active").await;
+
+    // when 10 events are written, and one whose total is negative
+    for n in 1..=10 {
+        insert(&client, &s.aggregate_type, n, &order(n)).await;
+    }
+    let mut bad = order(99);
+    bad["total_cents"] = (-5).into();
+    insert(&client, &s.aggregate_type, 99, &bad).await;
+    relay.wait_metric("outbox_relay_events_published_total{mode=\"polling\"}", |v| v >= 10.0).await;
+
+    // then Confluent's JSONDeserializer reads the 10 back equal to what was written, and the
+    // misfit is dead-lettered naming the field
+    let records = decoded(&s.topic, &url, "json", 10);
+    assert_eq!(records.len(), 10, "{}", relay.log_text());
+    for r in &records {
+        let n = r["value"]["order_id"].as_i64().unwrap();
+        assert_eq!(r["value"], order(n), "event {n}, decoded by Confluent's JSONDeserializer");
+    }
+    let reason: String = client.query_one("SELECT reason FROM outbox_dead_letter", &[]).await.unwrap().get(0);
+    assert!(reason.contains("total_cents") && reason.contains(&format!("{}-value", s.topic)), "{reason}");
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
+}
+
+/// `curl` against the registry's API: (HTTP status, body).
+fn registry_call(method: &str, url: &str, body: Option<&str>) -> (u16, String) {
+    let mut curl = std::process::Command::new("curl");
+    curl.args(["-sS", "-o", "-", "-w", "\n%{http_code}", "-X", method]);
+    curl.args(["-H", "Content-Type: application/vnd.schemaregistry.v1+json"]);
+    if let Some(body) = body {
+        curl.args(["--data", body]);
+    }
+    let out = curl.arg(url).output().expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, status) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (status.trim().parse().unwrap_or(0), body.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn record_name_subjects_are_looked_up_when_not_registering() {
+    // given a relay that names subjects by the record (tests.registry.OrderPlaced) and does not
+    // register, and a registry that does not hold that subject yet
+    let url = url(false);
+    let dir = tempfile::tempdir().unwrap();
+    let schema = dir.path().join("order.avsc");
+    // (a namespace of its own per run: the registry outlives the test)
+    let namespace = format!("tests.registry.r{}", crate::common::random_suffix());
+    let avsc = ORDER_AVSC.replace("\"tests.registry\"", &format!("\"{namespace}\""));
+    std::fs::write(&schema, &avsc).unwrap();
+    let subject = format!("{namespace}.OrderPlaced");
+    let s = Setup::create(&crate::common::services().kafka, "", true, |slot| {
+        avro_toml("polling", slot, &url, schema.to_str().unwrap())
+            .set("outbox.registry", "auto_register", false)
+            .set("outbox.registry", "subject_strategy", "record_name")
+    })
+    .await;
+    let client = s.db.client().await;
+    insert(&client, &s.aggregate_type, 1, &order(1)).await;
+
+    // when it runs: it stops, naming the subject and what to do; the event waits
+    let mut relay = s.start("unregistered");
+    assert_ne!(relay.wait_exit(), 0);
+    let log = relay.log_text();
+    assert!(log.contains(&subject) && log.contains("register it or set auto_register = true"), "{log}");
+    assert_eq!(s.outbox_rows().await, 1);
+
+    // and once the schema is registered under the subject, the event goes out with its id
+    let body = serde_json::json!({ "schema": avsc }).to_string();
+    let (status, answer) = registry_call("POST", &format!("{url}/subjects/{subject}/versions"), Some(&body));
+    assert_eq!(status, 200, "{answer}");
+    let id = serde_json::from_str::<serde_json::Value>(&answer).unwrap()["id"].as_u64().unwrap();
+    let mut relay = s.start("registered");
+    relay.wait_metric("outbox_relay_events_published_total{mode=\"polling\"}", |v| v >= 1.0).await;
+    let records = decoded(&s.topic, &url, "avro", 1);
+    assert_eq!((records[0]["schema_id"].as_u64(), &records[0]["value"]), (Some(id), &order(1)));
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unreachable_registry_is_retried_and_nothing_is_dead_lettered() {
     // given a polling relay whose registry does not answer (nothing listens on its port)
@@ -201,12 +304,9 @@ async fn an_incompatible_schema_stops_the_relay_naming_the_subject() {
     relay.wait_metric("outbox_relay_events_published_total{mode=\"polling\"}", |v| v >= 1.0).await;
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
     let subject = format!("{}-value", s.topic);
-    let compatibility = std::process::Command::new("curl")
-        .args(["-sSf", "-X", "PUT", "-H", "Content-Type: application/vnd.schemaregistry.v1+json"])
-        .args(["--data", r#"{"compatibility": "BACKWARD"}"#, &format!("{url}/config/{subject}")])
-        .output()
-        .unwrap();
-    assert!(compatibility.status.success(), "{}", String::from_utf8_lossy(&compatibility.stderr));
+    let (status, answer) =
+        registry_call("PUT", &format!("{url}/config/{subject}"), Some(r#"{"compatibility": "BACKWARD"}"#));
+    assert_eq!(status, 200, "{answer}");
 
     // when a relay registers an incompatible schema for the next event
     let config = std::fs::read_to_string(s.config()).unwrap();

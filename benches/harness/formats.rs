@@ -61,7 +61,8 @@ fn registry_formats(dir: &std::path::Path) -> Vec<(String, String)> {
 
 /// Every format measured: [`FORMATS`], then [`registry_formats`].
 fn formats(dir: &std::path::Path) -> Vec<(String, String)> {
-    let mut all: Vec<(String, String)> = FORMATS.iter().map(|(n, l)| (n.to_string(), l.to_string())).collect();
+    let mut all: Vec<(String, String)> =
+        FORMATS.iter().map(|(n, l)| (n.to_string(), l.to_string())).collect();
     all.extend(registry_formats(dir));
     all
 }
@@ -81,7 +82,8 @@ fn events(o: &Options) -> usize {
 pub async fn run(o: &Options) -> FormatCost {
     let dir = tempfile::tempdir().unwrap();
     let formats = formats(dir.path());
-    let mut cost = FormatCost { names: formats.iter().map(|(n, _)| n.clone()).collect(), ..Default::default() };
+    let mut cost =
+        FormatCost { names: formats.iter().map(|(n, _)| n.clone()).collect(), ..Default::default() };
     for drains in &mut cost.drains {
         drains.resize_with(formats.len(), Vec::new);
     }
