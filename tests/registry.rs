@@ -77,36 +77,51 @@ fn decoded(topic: &str, url: &str, kind: &str, count: usize) -> Vec<serde_json::
     String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
+/// A relay in `mode` whose values are `kind` (`avro`, `json`) of `schema`, registered at its
+/// first record, active; and `good` events written, then one with `total_cents` set to `misfit`,
+/// then `good` more, all published (the misfit dead-lettered). The schema file lives in `dir`.
+async fn published_with_a_misfit(
+    mode: &str,
+    kind: &str,
+    schema: &str,
+    good: i64,
+    misfit: serde_json::Value,
+    dir: &std::path::Path,
+) -> (Setup, tokio_postgres::Client, crate::common::process::RelayProcess) {
+    let file = dir.join(format!("order.{kind}"));
+    std::fs::write(&file, schema).unwrap();
+    let url = url(false);
+    let s = Setup::create(&crate::common::services().kafka, "", true, |slot| {
+        avro_toml(mode, slot, &url, file.to_str().unwrap()).set("outbox.registry", "schema_type", kind)
+    })
+    .await;
+    let client = s.db.client().await;
+    let relay = s.start("relay");
+    relay.wait_ready("active").await;
+    for n in 1..=good {
+        insert(&client, &s.aggregate_type, n, &order(n)).await;
+    }
+    let mut bad = order(99);
+    bad["total_cents"] = misfit;
+    insert(&client, &s.aggregate_type, 99, &bad).await;
+    for n in good + 1..=2 * good {
+        insert(&client, &s.aggregate_type, n, &order(n)).await;
+    }
+    let published = format!("outbox_relay_events_published_total{{mode=\"{mode}\"}}");
+    relay.wait_metric(&published, |v| v >= 2.0 * good as f64).await;
+    (s, client, relay)
+}
+
 /// A relay in `mode` with Avro values: Confluent's deserializer reads every event back equal,
 /// field by field, to what was written; a payload that does not fit the schema is dead-lettered
 /// with a reason naming the field, the subject and the schema id.
 async fn avro_values_in(mode: &str) {
-    // given a relay whose outbox registers an Avro schema and encodes its values with it
-    let url = url(false);
-    let dir = tempfile::tempdir().unwrap();
-    let schema = dir.path().join("order.avsc");
-    std::fs::write(&schema, ORDER_AVSC).unwrap();
-    let s = Setup::create(&crate::common::services().kafka, "", true, |slot| {
-        avro_toml(mode, slot, &url, schema.to_str().unwrap())
-    })
-    .await;
-    let client = s.db.client().await;
-    let mut relay = s.start("relay");
-    relay.wait_ready("active").await;
-
+    // given a relay whose outbox registers an Avro schema and encodes its values with it,
     // when 20 events are written, and one whose total is not a number
-    for n in 1..=10 {
-        insert(&client, &s.aggregate_type, n, &order(n)).await;
-    }
-    let mut bad = order(99);
-    bad["total_cents"] = "lots".into();
-    insert(&client, &s.aggregate_type, 99, &bad).await;
-    for n in 11..=20 {
-        insert(&client, &s.aggregate_type, n, &order(n)).await;
-    }
-    relay
-        .wait_metric(&format!("outbox_relay_events_published_total{{mode=\"{mode}\"}}"), |v| v >= 20.0)
-        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let (s, client, mut relay) =
+        published_with_a_misfit(mode, "avro", ORDER_AVSC, 10, "lots".into(), dir.path()).await;
+    let url = url(false);
 
     // then Confluent's client decodes the 20, each equal to what was written, in order per key
     let records = decoded(&s.topic, &url, "avro", 20);
@@ -149,31 +164,12 @@ const ORDER_JSON_SCHEMA: &str = r#"{"$schema": "http://json-schema.org/draft-07/
 
 #[tokio::test(flavor = "multi_thread")]
 async fn json_schema_values_decode_with_confluents_client_and_a_misfit_names_its_path() {
-    // given a polling relay whose values are validated against a JSON Schema it registers
-    let url = url(false);
-    let dir = tempfile::tempdir().unwrap();
-    let schema = dir.path().join("order.schema.json");
-    std::fs::write(&schema, ORDER_JSON_SCHEMA).unwrap();
-    let s = Setup::create(&crate::common::services().kafka, "", true, |slot| {
-        avro_toml("polling", slot, &url, schema.to_str().unwrap()).set(
-            "outbox.registry",
-            "schema_type",
-            "json",
-        )
-    })
-    .await;
-    let client = s.db.client().await;
-    let mut relay = s.start("relay");
-    relay.wait_ready("active").await;
-
+    // given a polling relay whose values are validated against a JSON Schema it registers,
     // when 10 events are written, and one whose total is negative
-    for n in 1..=10 {
-        insert(&client, &s.aggregate_type, n, &order(n)).await;
-    }
-    let mut bad = order(99);
-    bad["total_cents"] = (-5).into();
-    insert(&client, &s.aggregate_type, 99, &bad).await;
-    relay.wait_metric("outbox_relay_events_published_total{mode=\"polling\"}", |v| v >= 10.0).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (s, client, mut relay) =
+        published_with_a_misfit("polling", "json", ORDER_JSON_SCHEMA, 5, (-5).into(), dir.path()).await;
+    let url = url(false);
 
     // then Confluent's JSONDeserializer reads the 10 back equal to what was written, and the
     // misfit is dead-lettered naming the field

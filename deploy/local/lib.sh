@@ -304,39 +304,45 @@ KAFKA_PIN=$REPO_ROOT/deploy/local/kafka/jars.sha256
 # a broker's heap: enough for the tests' and the benchmark's load (BENCHMARKS.md has its memory)
 KAFKA_HEAP=${OUTBOX_KAFKA_HEAP:-512m}
 
-# install_kafka: copies the pinned jars with Maven (strict checksums), checks each against
-# jars.sha256 (the exact set), and moves them into $KAFKA_HOME/libs.
-install_kafka() {
-    local tmp
-    log "fetching Apache Kafka $KAFKA_VERSION from Maven Central (deploy/local/kafka/pom.xml, sha256-pinned)"
+# install_pinned_jars WHAT POM PIN HOME: copies POM's runtime jars with Maven (strict
+# checksums), checks each against PIN (sha256, the exact set: a jar that differs, is missing or
+# is extra is refused), and moves them into HOME/libs, with PIN beside them as the cache's mark.
+install_pinned_jars() {
+    local what=$1 pom=$2 pin=$3 home=$4 tmp
+    log "fetching $what from Maven Central (${pom#"$REPO_ROOT"/}, sha256-pinned)"
     tmp=$(mktemp -d)
-    if ! mvn -B -q -C -Dstyle.color=never -f "$REPO_ROOT/deploy/local/kafka/pom.xml" \
+    if ! mvn -B -q -C -Dstyle.color=never -f "$pom" \
         dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$tmp/libs" >"$tmp/mvn.log" 2>&1; then
         tail -30 "$tmp/mvn.log" >&2
         rm -rf "$tmp"
-        die "Maven could not fetch Apache Kafka $KAFKA_VERSION (its output is above)"
+        die "Maven could not fetch $what (its output is above)"
     fi
-    if ! (cd "$tmp/libs" && sha256sum -- *.jar) | diff - "$KAFKA_PIN" >"$tmp/diff"; then
+    if ! (cd "$tmp/libs" && sha256sum -- *.jar) | diff - "$pin" >"$tmp/diff"; then
         sed 's/^/    /' "$tmp/diff" >&2
         rm -rf "$tmp"
-        die "the jars Maven fetched differ from deploy/local/kafka/jars.sha256 (above: < fetched, > pinned); not running them"
+        die "the jars Maven fetched differ from ${pin#"$REPO_ROOT"/} (above: < fetched, > pinned); not running them"
     fi
-    mkdir -p "$KAFKA_HOME"
-    rm -rf "$KAFKA_HOME/libs"
-    mv "$tmp/libs" "$KAFKA_HOME/libs"
-    chmod -R a+rX "$KAFKA_HOME"
-    cp "$KAFKA_PIN" "$KAFKA_HOME/jars.sha256"
+    mkdir -p "$home"
+    rm -rf "$home/libs"
+    mv "$tmp/libs" "$home/libs"
+    chmod -R a+rX "$home"
+    cp "$pin" "$home/jars.sha256"
     rm -rf "$tmp"
 }
 
-# ensure_kafka: Java and Maven (apt-get, when missing), then the jars unless the cache holds
-# exactly the pinned set.
-ensure_kafka() {
+# ensure_pinned_jars WHAT POM PIN HOME: Java and Maven (apt-get, when missing), then the jars
+# unless HOME holds exactly the pinned set.
+ensure_pinned_jars() {
     local missing=()
     command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
     command -v mvn >/dev/null || missing+=(maven)
     if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
-    cmp -s "$KAFKA_HOME/jars.sha256" "$KAFKA_PIN" || install_kafka
+    cmp -s "$4/jars.sha256" "$3" || install_pinned_jars "$@"
+}
+
+# ensure_kafka: the broker's jars (deploy/local/kafka/pom.xml) in $KAFKA_HOME/libs.
+ensure_kafka() {
+    ensure_pinned_jars "Apache Kafka $KAFKA_VERSION" "$REPO_ROOT/deploy/local/kafka/pom.xml" "$KAFKA_PIN" "$KAFKA_HOME"
 }
 
 # with_kafka_fetched CMD...: runs CMD (a build) while Kafka's jars are fetched in the background,

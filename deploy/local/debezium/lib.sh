@@ -4,7 +4,7 @@
 
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
-# Kafka Connect 4.4.0 (the broker's version) with Debezium 3.6.1.Final, from Maven Central
+# Kafka Connect 4.3.0 (the version Debezium 3.6.1 is built against; 4.4.0 lacks a class it loads) with Debezium 3.6.1.Final, from Maven Central
 # (deploy/local/debezium/pom.xml, every jar checked against jars.sha256). Fetched once per
 # machine and kept beside the Kafka and PostgreSQL builds; OUTBOX_DEBEZIUM_CACHE overrides where.
 DEBEZIUM_VERSION=3.6.1.Final
@@ -12,39 +12,10 @@ DEBEZIUM_DIR=$REPO_ROOT/deploy/local/debezium
 DEBEZIUM_HOME=${OUTBOX_DEBEZIUM_CACHE:-$PG_CACHE_DEFAULT}/debezium-$DEBEZIUM_VERSION
 DEBEZIUM_PIN=$DEBEZIUM_DIR/jars.sha256
 
-# install_debezium: copies the pinned jars with Maven (strict checksums), checks each against
-# jars.sha256 (the exact set), and moves them into $DEBEZIUM_HOME/libs (as install_kafka does).
-install_debezium() {
-    local tmp
-    log "fetching Kafka Connect and Debezium $DEBEZIUM_VERSION from Maven Central (deploy/local/debezium/pom.xml, sha256-pinned)"
-    tmp=$(mktemp -d)
-    if ! mvn -B -q -C -Dstyle.color=never -f "$DEBEZIUM_DIR/pom.xml" \
-        dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$tmp/libs" >"$tmp/mvn.log" 2>&1; then
-        tail -30 "$tmp/mvn.log" >&2
-        rm -rf "$tmp"
-        die "Maven could not fetch Debezium $DEBEZIUM_VERSION (its output is above)"
-    fi
-    if ! (cd "$tmp/libs" && sha256sum -- *.jar) | diff - "$DEBEZIUM_PIN" >"$tmp/diff"; then
-        sed 's/^/    /' "$tmp/diff" >&2
-        rm -rf "$tmp"
-        die "the jars Maven fetched differ from deploy/local/debezium/jars.sha256 (above: < fetched, > pinned); not running them"
-    fi
-    mkdir -p "$DEBEZIUM_HOME"
-    rm -rf "$DEBEZIUM_HOME/libs"
-    mv "$tmp/libs" "$DEBEZIUM_HOME/libs"
-    chmod -R a+rX "$DEBEZIUM_HOME"
-    cp "$DEBEZIUM_PIN" "$DEBEZIUM_HOME/jars.sha256"
-    rm -rf "$tmp"
-}
-
-# ensure_debezium: Java and Maven (apt-get, when missing), then the jars unless the cache holds
-# exactly the pinned set.
+# ensure_debezium: Java and Maven (apt-get, when missing), then the pinned jars unless the cache
+# holds exactly that set (deploy/local/lib.sh, ensure_pinned_jars).
 ensure_debezium() {
-    local missing=()
-    command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
-    command -v mvn >/dev/null || missing+=(maven)
-    if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
-    cmp -s "$DEBEZIUM_HOME/jars.sha256" "$DEBEZIUM_PIN" || install_debezium
+    ensure_pinned_jars "Kafka Connect and Debezium $DEBEZIUM_VERSION" "$DEBEZIUM_DIR/pom.xml" "$DEBEZIUM_PIN" "$DEBEZIUM_HOME"
 }
 
 # ensure_capture: compiles Capture.java against the pinned kafka-clients, once per version of
