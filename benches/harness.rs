@@ -27,6 +27,8 @@
 mod common;
 #[path = "harness/dedup.rs"]
 mod dedup;
+#[path = "harness/floor.rs"]
+mod floor;
 #[path = "harness/formats.rs"]
 mod formats;
 #[path = "harness/outboxes.rs"]
@@ -117,8 +119,17 @@ fn options() -> Options {
             "--duration-secs" => o.duration = Duration::from_secs(value.parse().expect("--duration-secs N")),
             "--out" => o.out = if value == "-" { None } else { Some(value) },
             "--only"
-                if ["dedup", "verify", "scaling", "record", "transactions", "outboxes", "formats"]
-                    .contains(&value.as_str()) =>
+                if [
+                    "dedup",
+                    "verify",
+                    "scaling",
+                    "record",
+                    "transactions",
+                    "outboxes",
+                    "formats",
+                    "floor",
+                ]
+                .contains(&value.as_str()) =>
             {
                 o.only = Some(value)
             }
@@ -819,6 +830,15 @@ async fn main() {
             println!("{text}");
             if let Some(out) = &o.out {
                 dedup::write_section(out, "transaction-cost", &text);
+            }
+            return;
+        }
+        Some("floor") => {
+            let cost = floor::run(&o).await;
+            let text = floor::render(&o, &cost);
+            println!("{text}");
+            if let Some(out) = &o.out {
+                dedup::write_section(out, "floor-cost", &text);
             }
             return;
         }
