@@ -16,7 +16,8 @@
 //!   PostgreSQL says of them (slot, backlog);
 //! - [`delivery`]: the one path from a source to Kafka (read-back, the poison policy, hold and
 //!   resend, the stall watch), and how a row becomes a Kafka record (`delivery::record`, one
-//!   mapping for both modes); [`dead_letter`]: the one row shape and INSERT of a dead letter;
+//!   mapping for both modes, in the outbox's format: raw, CloudEvents, Debezium's); [`registry`]:
+//!   values in Avro, JSON Schema or Protobuf through a schema registry; [`dead_letter`]: the one row shape and INSERT of a dead letter;
 //! - [`sink`]: the Kafka producer (`acks=all`, idempotent), failures classified, the read-back;
 //! - [`checkpoint`]: which LSN may be confirmed; [`table`]: the outbox table and its SQL;
 //!   [`postgres`]: connecting, with `sslmode`, certificates and password files;

@@ -42,6 +42,7 @@ pub enum CloudEventsMode {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CloudEventsConfig {
+    /// `binary` (default): attributes as `ce_*` headers; `structured`: one JSON document.
     pub mode: CloudEventsMode,
     /// The `source` attribute (required): a URI-reference naming where events come from, e.g.
     /// `/orders-service` or `urn:shop:orders`; placeholders allowed.
@@ -179,4 +180,24 @@ fn validate_template(path: &str, template: &str) -> Result<(), ConfigError> {
         rest = &rest[open + close + 1..];
     }
     Ok(())
+}
+
+impl super::RelayConfig {
+    /// Warnings about the formats as configured: Debezium's producer (Java's) partitions by
+    /// murmur2, librdkafka's default by CRC32, so without `partitioner = "murmur2_random"` an
+    /// aggregate's events after a cutover can land on another partition than before it.
+    pub fn format_warnings(&self) -> Vec<String> {
+        let debezium = self.outboxes().iter().any(|o| o.config.format == RecordFormat::Debezium);
+        let murmur2 = self.kafka.properties.get("partitioner").is_some_and(|p| p.0.starts_with("murmur2"));
+        if debezium && !murmur2 {
+            vec![
+                "outbox.format = \"debezium\": Debezium's producer puts a key on the partition murmur2 picks, librdkafka's \
+                 default does not; set [kafka.properties] partitioner = \"murmur2_random\" so each aggregate stays on the \
+                 partition its earlier events are on"
+                    .into(),
+            ]
+        } else {
+            Vec::new()
+        }
+    }
 }

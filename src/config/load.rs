@@ -50,6 +50,8 @@ impl RelayConfig {
         relay.validate()?;
         let warnings = relay.secret_file_warnings();
         relay.deprecations.extend(warnings);
+        let warnings = relay.format_warnings();
+        relay.deprecations.extend(warnings);
         Ok(relay)
     }
 

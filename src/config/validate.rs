@@ -276,6 +276,21 @@ fn validate_registry(
             ),
         ));
     }
+    let json = o.cloudevents.data_content_type == "application/json"
+        || o.cloudevents.data_content_type.ends_with("+json");
+    if o.format == RecordFormat::Cloudevents
+        && json
+        && registry.schema_type != crate::registry::SchemaType::Json
+    {
+        return Err(ConfigError::invalid(
+            format!("{path}.cloudevents.data_content_type"),
+            format!(
+                "\"{}\" says the value is JSON, but {section} encodes it as {:?} in the Confluent wire format; set \
+                 it to the encoding's media type, e.g. \"application/avro\" or \"application/protobuf\"",
+                o.cloudevents.data_content_type, registry.schema_type
+            ),
+        ));
+    }
     crate::registry::Registry::new(registry)
         .map(drop)
         .map_err(|message| ConfigError::invalid(&section, message.replacen("registry.", "", 1)))

@@ -24,10 +24,11 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::config::OutboxConfig;
-use crate::error::{FatalReason, RelayError};
+use crate::error::RelayError;
 use crate::lsn::Lsn;
-use crate::registry::{EncodeError, Registry};
+use crate::registry::Registry;
 
+mod encode;
 pub mod format;
 mod topics;
 use format::{Fields, Format, Formatted};
@@ -222,7 +223,10 @@ impl KafkaRecord {
     /// structured CloudEvent's `data`, which is the row's payload.
     pub fn written_payload(&self) -> &[u8] {
         match &self.formatted {
-            Some(f) if f.data_is_payload => f.payload.as_ref().map_or(&self.payload[..], |p| p.as_bytes()),
+            // (trimmed: the document's `data`, read back, has no surrounding whitespace)
+            Some(f) if f.data_is_payload => {
+                f.payload.as_ref().map_or(&self.payload[..], |p| p.trim().as_bytes())
+            }
             _ => &self.payload,
         }
     }
@@ -388,10 +392,14 @@ impl Mapping {
             Ok(checked) => checked,
             Err(reason) => return Ok(Err(Box::new(Unpublishable { reason, row: raw, outbox: self.outbox }))),
         };
-        let encoded = match self.encode(&topic, raw.payload.as_deref().unwrap_or_default())? {
-            Ok(encoded) => encoded,
-            Err(reason) => return Ok(Err(Box::new(Unpublishable { reason, row: raw, outbox: self.outbox }))),
-        };
+        let encoded =
+            match encode::encode(self.registry.as_ref(), &topic, raw.payload.as_deref().unwrap_or_default())?
+            {
+                Ok(encoded) => encoded,
+                Err(reason) => {
+                    return Ok(Err(Box::new(Unpublishable { reason, row: raw, outbox: self.outbox })));
+                }
+            };
         // `check` proved every required column present
         let (Some(id), Some(aggregate_type), Some(key), Some(event_type), Some(payload)) =
             (raw.id, raw.aggregate_type, raw.aggregate_id, raw.event_type, raw.payload)
@@ -439,43 +447,6 @@ impl Mapping {
             outbox: self.outbox,
             formatted,
         }))
-    }
-
-    /// The payload encoded against the registry's schema for `topic` (`None` without
-    /// `[outbox.registry]`); a payload that does not fit is unpublishable. The first record of a
-    /// subject waits for the registry (a blocking section of this worker thread, bounded by
-    /// `registry.timeout_ms`); later ones use the cached schema.
-    fn encode(
-        &self,
-        topic: &str,
-        payload: &str,
-    ) -> Result<Result<Option<Vec<u8>>, PoisonReason>, RelayError> {
-        let registry = match &self.registry {
-            None => return Ok(Ok(None)),
-            Some(Ok(registry)) => registry,
-            Some(Err(e)) => {
-                return Err(RelayError::fatal(FatalReason::SchemaRegistry, format!("outbox.registry: {e}")));
-            }
-        };
-        let encoded = match registry.encode_cached(topic, payload) {
-            Some(encoded) => encoded,
-            None => match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => {
-                    tokio::task::block_in_place(|| runtime.block_on(registry.encode(topic, payload)))
-                }
-                Err(_) => Err(EncodeError::Unavailable("no async runtime to ask the registry from".into())),
-            },
-        };
-        match encoded {
-            Ok(value) => Ok(Ok(Some(value))),
-            Err(e @ EncodeError::Mismatch { .. }) => {
-                Ok(Err(PoisonReason::SchemaMismatch { detail: e.to_string() }))
-            }
-            Err(e @ EncodeError::Unavailable(_)) => Err(RelayError::Registry(e.to_string())),
-            Err(e @ EncodeError::Refused { .. }) => {
-                Err(RelayError::fatal(FatalReason::SchemaRegistry, e.to_string()))
-            }
-        }
     }
 
     /// Everything that can make a row unpublishable, without taking it apart: the topic, the

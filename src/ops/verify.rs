@@ -104,8 +104,10 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Report, Veri
     expected.topics.extend(record.topics);
     report.topics = expected.topics.iter().cloned().collect();
     let format = Format::of(&config.outbox);
-    let reader = Reader::new(&config.kafka, reader_source, format, since, record.published, options.show)
-        .map_err(|e| VerifyError::Failed(format!("cannot create a Kafka client: {e}")))?;
+    let whole = compared_whole(&config.outbox);
+    let reader =
+        Reader::new(&config.kafka, reader_source, (format, whole), since, record.published, options.show)
+            .map_err(|e| VerifyError::Failed(format!("cannot create a Kafka client: {e}")))?;
     let (scan, expected) = tokio::task::spawn_blocking(move || {
         let scan = reader.scan(&mut expected);
         (scan, expected)
@@ -220,6 +222,7 @@ async fn read_rows(
     report: &mut Report,
 ) -> Result<Expected, VerifyError> {
     let mapping = Mapping::new(&config.outbox);
+    let whole = compared_whole(&config.outbox);
     // a portal read in batches: the rows are never all in memory, whatever the window
     let txn = client.build_transaction().read_only(true).start().await?;
     let portal = txn.bind(&table.window_sql(), &[&window.0, &window.1]).await?;
@@ -232,11 +235,11 @@ async fn read_rows(
             match mapping.to_record(raw, created_at).map_err(|e| VerifyError::Failed(e.to_string()))? {
                 Ok(event) => {
                     let print = match &event.formatted {
-                        None => {
+                        _ if whole => {
                             let headers = event.headers().map(|(k, v)| (k, v.as_bytes()));
                             fingerprint(&event.topic, event.key.as_bytes(), &event.payload, headers)
                         }
-                        Some(_) => {
+                        _ => {
                             let written = std::iter::once(("type", event.written_type().as_bytes()));
                             fingerprint(&event.topic, event.key.as_bytes(), event.written_payload(), written)
                         }
@@ -475,4 +478,11 @@ async fn present(
         }
     }
     Ok(present)
+}
+/// Whether `verify` compares an outbox's records whole (key, value, every header): the relay's
+/// own records. Other formats' headers hold CloudEvents' `time` (the commit time when streamed),
+/// and a registry's values its schema id, so for them the key, the payload and the event type
+/// as written are compared.
+fn compared_whole(outbox: &crate::config::OutboxConfig) -> bool {
+    outbox.format == crate::config::RecordFormat::Raw && outbox.registry.is_none()
 }

@@ -236,6 +236,12 @@ pub(super) fn classify(
              subject, or set registry.username to a user that has it",
             call.name()
         )),
+        // (a record naming a schema the registry does not hold cannot be read, ever)
+        404 if call == Call::ById => EncodeError::Mismatch {
+            subject: subject.to_string(),
+            schema_id: 0,
+            detail: format!("the registry holds no schema of this id ({said})"),
+        },
         404 if call == Call::Lookup && (code == 40401 || code == 40403) => refused(format!(
             "schema not registered under subject {subject}; register it or set auto_register = true"
         )),

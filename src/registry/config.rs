@@ -1,9 +1,9 @@
-//! The schema registry's settings (`outboxes[N].format.registry` once wired in).
+//! The schema registry's settings: `[outbox.registry]` (or `[outboxes.registry]`).
 //!
 //! Invariants:
 //! - the password is a [`Secret`]: `Debug` and `Serialize` print a placeholder;
 //! - [`RegistryConfig::validate`] names the setting by the path it is given
-//!   (`outboxes[0].format.registry.url: ...`);
+//!   (`outboxes[0].registry.url: ...`);
 //! - credentials never go in `url` (a URL is logged); they go in `username` and `password`.
 
 use std::collections::BTreeMap;
@@ -14,8 +14,9 @@ use serde::{Deserialize, Serialize};
 use crate::config::Secret;
 
 pub const DEFAULT_REGISTRY_TIMEOUT_MS: u64 = 10_000;
-/// The longest `timeout_ms` accepted: a registry slower than this is down.
-pub const MAX_REGISTRY_TIMEOUT_MS: u64 = 300_000;
+/// The longest `timeout_ms` accepted: a registry slower than this is down (and the first record
+/// of a subject waits this long at most, in a polling claim or between replication keepalives).
+pub const MAX_REGISTRY_TIMEOUT_MS: u64 = 30_000;
 /// The environment variable that, when set and not empty, is the registry password (it wins
 /// over `password` in the file, for every registry section).
 pub const PASSWORD_ENV: &str = "OUTBOX_RELAY_REGISTRY_PASSWORD";
@@ -285,6 +286,6 @@ mod tests {
     fn timeout_is_bounded() {
         let mut c = config();
         c.timeout_ms = 0;
-        assert!(error(&c).starts_with(&format!("{PATH}.timeout_ms: must be between 1 and 300000")));
+        assert!(error(&c).starts_with(&format!("{PATH}.timeout_ms: must be between 1 and 30000")));
     }
 }

@@ -128,6 +128,18 @@ impl Registry {
         encode_with(&subject_name, &subject, payload)
     }
 
+    /// Whether subjects use their latest version (no `schema_file`): a cached one may have been
+    /// superseded since.
+    pub fn follows_latest(&self) -> bool {
+        self.configured.is_none()
+    }
+
+    /// Forgets the schema of `topic`'s subject: the next record asks the registry again.
+    pub fn forget(&self, topic: &str) {
+        let subject = self.subject(topic);
+        self.subjects.lock().unwrap_or_else(PoisonError::into_inner).remove(&subject);
+    }
+
     /// As [`Registry::encode`] without waiting: `None` when the subject of `topic` has not been
     /// resolved yet (then `encode` asks the registry).
     pub fn encode_cached(&self, topic: &str, payload: &str) -> Option<Result<Vec<u8>, EncodeError>> {

@@ -121,6 +121,8 @@ struct Checker {
     source: Option<String>,
     /// The outbox's record format: how a record says its event's id.
     format: Format,
+    /// Records are compared whole (the relay's own format), or by their identity.
+    whole: bool,
     /// Per key (hashed): the last record's place in commit order, and its id.
     last: HashMap<u64, (Place, String)>,
     /// The ids the relay recorded as published (`crate::published`).
@@ -132,14 +134,14 @@ impl Reader {
     pub fn new(
         kafka: &KafkaConfig,
         source: Option<String>,
-        format: Format,
+        (format, whole): (Format, bool),
         since: Option<SystemTime>,
         published: IdBits,
         keep: usize,
     ) -> Result<Reader, KafkaError> {
         let consumer = reader_config(kafka).create_with_context(ReaderContext)?;
         let idle_limit = Duration::from_millis(kafka.message_timeout_ms.max(30_000));
-        let checker = Checker { source, format, last: HashMap::new(), published, keep };
+        let checker = Checker { source, format, whole, last: HashMap::new(), published, keep };
         Ok(Reader { consumer, since, idle_limit, checker })
     }
 
@@ -298,10 +300,10 @@ impl Checker {
             .enumerate()
             .filter(|(i, h)| !(*i < 2 && (h.key == SOURCE_HEADER || h.key == POSITION_HEADER)))
             .map(|(_, h)| (h.key, h.value.unwrap_or_default()));
-        let record = match self.format {
-            Format::Raw => fingerprint(topic, key, payload.unwrap_or_default(), own),
+        let record = match self.whole {
+            true => fingerprint(topic, key, payload.unwrap_or_default(), own),
             // (a format's headers hold CloudEvents' `time`, the commit time when streamed)
-            _ => fingerprint(
+            false => fingerprint(
                 topic,
                 key,
                 &identity.payload,

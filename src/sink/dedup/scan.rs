@@ -417,16 +417,20 @@ impl Scan {
     }
 
     /// A record with no `outbox_relay_source`, read back for a first copy: Debezium's outbox
-    /// router may have written it (a cutover), so for each outbox of the `debezium` format it is
-    /// keyed by its `id` header and bytes; the relay's own record of the same row has that key
-    /// only if it is the same bytes. Other lookbacks key by position, which it has none of.
+    /// router may have written it (a cutover), so when exactly one of the relay's outboxes has
+    /// the `debezium` format it is keyed as that outbox's, by its `id` header and bytes; the
+    /// relay's own record of the same row has that key only if it is the same bytes. (Debezium's
+    /// records carry no event type, so an id used again for another event of the same key and
+    /// value would be taken for it.) Other lookbacks key by position, which it has none of.
     fn debeziums<'m>(
         &self,
         header: impl Fn(&str) -> Option<&'m [u8]>,
         key: &[u8],
         value: &'m [u8],
     ) -> Vec<Written> {
-        if self.lookback != Lookback::Everything {
+        // (with two such outboxes a record could be credited to the wrong one: none is)
+        let debeziums = self.formats.iter().filter(|f| matches!(f, Format::Debezium(_))).count();
+        if self.lookback != Lookback::Everything || debeziums != 1 {
             return Vec::new();
         }
         let Some(identity) = Format::Debezium(Default::default()).identity(header, value) else {
