@@ -16,7 +16,10 @@
 //!   transactions and without, in both modes (`harness/transactions.rs`);
 //! - with `--only outboxes`, one relay reading ten outbox tables from one slot against ten
 //!   relays with one each (issue 31): drain, steady state, the relays' and the walsenders' CPU
-//!   (`harness/outboxes.rs`).
+//!   (`harness/outboxes.rs`);
+//! - with `--peer debezium`, the relay side by side with Debezium's PostgreSQL connector and
+//!   outbox event router on the same database, broker and workload: drain, latency, memory and
+//!   CPU (issue 33, `harness/peer.rs`).
 //!
 //! Each figure is the median of `--runs` runs (default 3) with min and max.
 //! [`report::run`] measures, [`report::render`] turns the results into the tables (with issue
@@ -33,6 +36,8 @@ mod floor;
 mod formats;
 #[path = "harness/outboxes.rs"]
 mod outboxes;
+#[path = "harness/peer.rs"]
+mod peer;
 #[path = "harness/profile.rs"]
 mod profile;
 #[path = "harness/record.rs"]
@@ -76,7 +81,8 @@ struct Options {
     /// what `verify` costs (`harness/verify.rs`); `--only record`: what the record of what was
     /// published costs (`harness/record.rs`); `--only transactions`: what Kafka transactions
     /// cost (`harness/transactions.rs`); `--only outboxes`: one relay for ten outboxes against
-    /// ten relays (`harness/outboxes.rs`).
+    /// ten relays (`harness/outboxes.rs`); `--peer debezium` (or `--only peer`): the relay
+    /// against Debezium (`harness/peer.rs`).
     only: Option<String>,
     /// `--events` was given (sections with a default of their own keep it otherwise).
     events_given: bool,
@@ -85,6 +91,10 @@ struct Options {
     /// `--transactional 'key = value; ...'`: `[kafka]` lines for its transactional relays only
     /// (their bounds).
     transactional: String,
+    /// `--peer-worker 'key=value; ...'` and `--peer-connector 'key=value; ...'`: properties added
+    /// to Debezium's Kafka Connect worker and to its connector (`--peer debezium`).
+    peer_worker: Vec<String>,
+    peer_connector: Vec<String>,
 }
 
 fn options() -> Options {
@@ -98,6 +108,8 @@ fn options() -> Options {
         events_given: false,
         kafka: String::new(),
         transactional: String::new(),
+        peer_worker: Vec::new(),
+        peer_connector: Vec::new(),
     };
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
     let mut i = 0;
@@ -128,18 +140,27 @@ fn options() -> Options {
                     "outboxes",
                     "formats",
                     "floor",
+                    "peer",
                 ]
                 .contains(&value.as_str()) =>
             {
                 o.only = Some(value)
             }
+            "--peer" if value == "debezium" => o.only = Some("peer".into()),
             "--kafka" => o.kafka = toml_lines(&value),
             "--transactional" => o.transactional = toml_lines(&value),
+            "--peer-worker" => o.peer_worker = properties(&value),
+            "--peer-connector" => o.peer_connector = properties(&value),
             other => panic!("unknown option {other}; see benches/harness.rs"),
         }
         i += 2;
     }
     o
+}
+
+/// `a=1; b=2` as properties, one an item.
+fn properties(value: &str) -> Vec<String> {
+    value.split(';').map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect()
 }
 
 /// `a = 1; b = 2` as TOML lines (one option's value holds several settings).
@@ -270,15 +291,20 @@ impl Relay {
     /// (peak RSS in MiB, CPU seconds) from /proc.
     fn usage(&self) -> (f64, f64) {
         let pid = self.process.pid();
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        let hwm_kb: f64 = status
-            .lines()
-            .find(|l| l.starts_with("VmHWM:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0);
-        (hwm_kb / 1024.0, cpu_seconds(pid).unwrap_or(0.0))
+        (peak_rss_mib(pid), cpu_seconds(pid).unwrap_or(0.0))
     }
+}
+
+/// A process's peak RSS (`VmHWM` of /proc/PID/status) in MiB; 0 once it has exited.
+fn peak_rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let hwm_kb: f64 = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    hwm_kb / 1024.0
 }
 
 /// A process's CPU seconds (utime + stime of /proc/PID/stat, at 100 ticks a second); None once
@@ -322,6 +348,8 @@ struct Drain {
     after_first: f64,
     rss_mib: f64,
     cpu_per_100k: f64,
+    /// CPU seconds per 100k events from the first acknowledged event to the last.
+    cpu_after_first_per_100k: f64,
     /// Offsets of the topic beyond the backlog's records: with Kafka transactions, one commit
     /// marker per transaction and partition it wrote to (counted by [`dedup::drain_with`] only).
     markers: f64,
@@ -336,12 +364,12 @@ async fn timed_drain(
     what: &str,
     mut done: impl AsyncFnMut(f64) -> bool,
 ) -> Drain {
-    let mut first: Option<Instant> = None;
+    let mut first: Option<(Instant, f64)> = None;
     let mut max_bytes_in_flight: f64 = 0.0;
     wait_until_within(DRAIN_LIMIT, what, async || {
         let published = relay.published();
         if first.is_none() && published >= 1.0 {
-            first = Some(Instant::now());
+            first = Some((Instant::now(), relay.usage().1));
         }
         let in_flight = relay.process.metric("outbox_relay_bytes_in_flight").unwrap_or(0.0);
         max_bytes_in_flight = max_bytes_in_flight.max(in_flight);
@@ -349,8 +377,8 @@ async fn timed_drain(
     })
     .await;
     let seconds = started.elapsed().as_secs_f64();
-    let after_first =
-        first.map_or(0.0, |f| (events.saturating_sub(1)) as f64 / f.elapsed().as_secs_f64().max(1e-3));
+    let rest = events.saturating_sub(1).max(1) as f64;
+    let after_first = first.map_or(0.0, |(f, _)| rest / f.elapsed().as_secs_f64().max(1e-3));
     let (rss_mib, cpu) = relay.usage();
     Drain {
         seconds,
@@ -358,6 +386,7 @@ async fn timed_drain(
         after_first,
         rss_mib,
         cpu_per_100k: cpu * 100_000.0 / events as f64,
+        cpu_after_first_per_100k: first.map_or(0.0, |(_, at)| (cpu - at) * 100_000.0 / rest),
         markers: 0.0,
     }
 }
@@ -542,6 +571,8 @@ struct Latency {
     /// The relay's CPU seconds per 100,000 events over the window (to its last event's
     /// acknowledgement).
     cpu_per_100k: f64,
+    /// The relay's peak RSS at the window's end, MiB.
+    rss_mib: f64,
     /// Offsets of the topic beyond the relay's records: with Kafka transactions, one commit
     /// marker per transaction and partition it wrote to.
     markers: f64,
@@ -594,11 +625,34 @@ async fn steady_latency_in(mode: &'static str, kafka: &str, rate: usize, duratio
     let relay_p99_ms =
         histogram_quantile(&before, &scrape(), "outbox_relay_end_to_end_latency_seconds", 0.99) * 1000.0;
     let markers = end_offsets(&topic) - relay.published();
+    let rss_mib = relay.usage().0;
     drop(relay);
     drop(db);
     drop_topic(&topic).await;
-    let received = commit_to_consumer(&committed, &at, duration);
-    // sustained: every event arrived, the writer kept its rate, and latency did not grow
+    let (received, sustained) = judge_window(&committed, &at, rate, achieved, duration);
+    Latency {
+        relay_p99_ms,
+        p50_ms: received.p50_ms,
+        p99_ms: received.p99_ms,
+        max_ms: received.max_ms,
+        sustained,
+        cpu_per_100k: cpu * 100_000.0 / expected.max(1) as f64,
+        rss_mib,
+        markers,
+    }
+}
+
+/// A window's commit-to-consumer latencies ([`commit_to_consumer`]), and whether the rate was
+/// sustained: every event arrived, the writer kept its rate, and latency did not grow.
+fn judge_window(
+    committed: &[Committed],
+    at: &HashMap<i64, f64>,
+    rate: usize,
+    achieved: f64,
+    duration: Duration,
+) -> (Received, bool) {
+    let expected = committed.len() * 10;
+    let received = commit_to_consumer(committed, at, duration);
     let sustained = received.sustained && received.received == expected && achieved >= rate as f64 * 0.95;
     if !sustained {
         eprintln!(
@@ -607,15 +661,7 @@ async fn steady_latency_in(mode: &'static str, kafka: &str, rate: usize, duratio
             received.received, received.early_p99_ms, received.late_p99_ms
         );
     }
-    Latency {
-        relay_p99_ms,
-        p50_ms: received.p50_ms,
-        p99_ms: received.p99_ms,
-        max_ms: received.max_ms,
-        sustained,
-        cpu_per_100k: cpu * 100_000.0 / expected.max(1) as f64,
-        markers,
-    }
+    (received, sustained)
 }
 
 /// A `read_committed` consumer of every partition of `topic` from its start: it sees a
@@ -848,6 +894,15 @@ async fn main() {
             println!("{text}");
             if let Some(out) = &o.out {
                 dedup::write_section(out, "formats-cost", &text);
+            }
+            return;
+        }
+        Some("peer") => {
+            let cost = peer::run(&o).await;
+            let text = peer::render(&o, &cost);
+            println!("{text}");
+            if let Some(out) = &o.out {
+                dedup::write_section(out, "peer-cost", &text);
             }
             return;
         }
