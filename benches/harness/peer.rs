@@ -139,6 +139,9 @@ struct Worker {
     /// `run start` while it waits for the connector to stream.
     starting: Option<Child>,
     running: bool,
+    /// When the connector's status was last asked for (once a second: the drain polls the topic
+    /// every 50 ms).
+    status_asked: Option<Instant>,
 }
 
 /// `deploy/local/debezium/run`, told the database and broker by its arguments only.
@@ -173,7 +176,7 @@ impl Worker {
         for (flag, value) in flagged.chain(worker.map(|v| ("--worker", v))) {
             args.extend([flag.to_string(), value.to_string()]);
         }
-        Worker { state, args, starting: None, running: false }
+        Worker { state, args, starting: None, running: false, status_asked: None }
     }
 
     /// Starts the worker in the background: `run start` returns once the connector streams,
@@ -199,7 +202,8 @@ impl Worker {
         }
     }
 
-    /// Panics with the worker's logs when `run start` failed, or the connector's task did.
+    /// Panics with the worker's logs when `run start` failed, the JVM exited, or the connector's
+    /// task failed.
     fn check(&mut self) {
         if let Some(child) = &mut self.starting {
             match child.try_wait().unwrap() {
@@ -207,6 +211,14 @@ impl Worker {
                 Some(status) if status.success() => self.starting = None,
                 Some(_) => panic!("Debezium did not start: {}", self.log_tail("start.err")),
             }
+        }
+        if self.status_asked.is_some_and(|at| at.elapsed() < Duration::from_secs(1)) {
+            return;
+        }
+        self.status_asked = Some(Instant::now());
+        if let Some(pid) = self.pid() {
+            let tail = || format!("{}\n{}", self.log_tail("connect.log"), self.log_tail("stdout.log"));
+            assert!(cpu_seconds(pid).is_some(), "Kafka Connect exited: {}", tail());
         }
         let Some(port) = self.rest_port() else { return };
         if let Some((_, body)) = http::get(port, "/connectors/outbox/status") {
