@@ -480,11 +480,11 @@ fn settings(o: &Options) -> String {
     format!(
         "Debezium: 3.6.1.Final PostgreSQL connector on a Kafka Connect 4.3.0 standalone worker \
          (`deploy/local/debezium/run`), plugin.name=pgoutput, snapshot.mode=no_data, tasks.max=1, {}; \
-         max.batch.size, max.queue.size and poll.interval.ms at their defaults (2048, 8192, 500 ms); \
-         the publication made as the relay's (inserts, via the partition root). Router \
-         (io.debezium.transforms.outbox.EventRouter): {}. Worker: {}; Connect's other producer \
-         settings as it sets them (max.in.flight.requests.per.connection=1) and the Java producer's \
-         defaults (batch.size=16384). Converters: `{CONVERTERS}` (StringConverter key and value). JVM: \
+         the publication made as the relay's (inserts, via the partition root); Debezium's defaults \
+         otherwise (max.batch.size=2048, max.queue.size=8192, poll.interval.ms=500 unless listed). \
+         Router (io.debezium.transforms.outbox.EventRouter): {}. Worker: {}; otherwise Connect's \
+         producer settings (max.in.flight.requests.per.connection=1) and the Java producer's defaults \
+         (batch.size=16384) unless listed. Converters: `{CONVERTERS}` (StringConverter key and value). JVM: \
          -Xms128m -Xmx{heap} {jvm}. The relay: its defaults, replication mode (acks=all, idempotent, \
          kafka.linger_ms = 5). Topics of {PARTITIONS} partitions.  \n",
         with(&CONNECTOR, &o.peer_connector),
