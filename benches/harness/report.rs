@@ -258,13 +258,16 @@ pub fn machine() -> String {
     )
 }
 
-/// Replaces the results section (from the `<!-- bench-results -->` marker on) of the file
+/// Replaces the results section (from the `<!-- bench-results -->` marker to
+/// `<!-- /bench-results -->`, or to the end without it) of the file
 /// `out` with `table`, the command, the machine and the settings.
 pub fn write_report(out: &str, table: &str) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(out);
     let previous = std::fs::read_to_string(&path).unwrap_or_default();
-    let marker = "<!-- bench-results -->";
+    let (marker, close) = ("<!-- bench-results -->", "<!-- /bench-results -->");
     let head = previous.split(marker).next().unwrap_or("").to_string();
+    // (the sections after the results, written by --only runs, stay)
+    let tail = previous.split_once(close).map_or(String::new(), |(_, tail)| format!("\n{close}{tail}"));
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
     let stamp = format!(
         "{marker}\n## Latest results\n\nCommand: `deploy/local/bench {}`  \n{}  \n{}\n\n{table}",
@@ -272,6 +275,6 @@ pub fn write_report(out: &str, table: &str) {
         machine(),
         settings(),
     );
-    std::fs::write(&path, format!("{head}{stamp}")).unwrap();
+    std::fs::write(&path, format!("{head}{stamp}{tail}")).unwrap();
     eprintln!("[bench] wrote {}", path.display());
 }
