@@ -1,9 +1,9 @@
-//! The broker's floor (issue 33): how fast the same broker acknowledges a plain producer that
-//! writes what the relay writes, with the relay's producer settings (acks=all, idempotence,
-//! `linger.ms` 5), at the steady state's rate and shape (transactions of 10 events every
-//! 10,000/rate ms, ~200-byte values, 1,000 keys, five headers); then the relay's commit-to-ack
-//! p99 at that rate (replication mode) as a multiple of the floor's p99. Side by side in one
-//! run, the order flipped each run.
+//! The broker's floor (issue 33): how fast the same broker acknowledges a plain producer, warmed
+//! up as the relay's steady state is, that writes what the relay writes, with the relay's
+//! producer settings (acks=all, idempotence, `linger.ms` 5), at the steady state's rate and
+//! shape (transactions of 10 events every 10,000/rate ms, ~200-byte values, 1,000 keys, five
+//! headers); then the relay's commit-to-ack p99 at that rate (replication mode) as a multiple of
+//! the floor's p99. Side by side in one run, the order flipped each run.
 //!
 //! The floor's latency is produce-to-ack: from `send` to the delivery report. The relay's
 //! commit-to-ack also holds the walsender's send delay, the relay's decoding and batching, and
@@ -79,6 +79,12 @@ async fn producer_latency(kafka: &str, rate: usize, duration: Duration) -> (f64,
     }
     let producer: FutureProducer = config.create().unwrap();
     let value = format!("{{\"note\": \"{}\"}}", "x".repeat(180));
+    // warm up, as the relay's steady state is: the connections, the producer id and the
+    // partitions' leaders are there before the first timed record (else the start is the p99)
+    for partition in 0..super::PARTITIONS {
+        let record = FutureRecord::to(&topic).key("warm-up").payload(&value).partition(partition);
+        producer.send(record, Duration::from_secs(30)).await.map_err(|(e, _)| e).expect("a warm-up record");
+    }
     let interval = Duration::from_secs_f64(10.0 / rate as f64);
     let (started, mut next, mut sent) = (Instant::now(), Instant::now(), 0usize);
     let mut acks = Vec::new();
