@@ -600,14 +600,7 @@ async fn steady_latency_in(mode: &'static str, kafka: &str, rate: usize, duratio
     let consumer = latency_consumer(&topic);
     // warm up before measuring: the relay reads the topic back before its first record to it
     // (up to a second or so), and the consumer settles; neither belongs in the steady state
-    client
-        .execute(
-            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
-             SELECT $1, 'warm-up', 'WarmUp', '{}' FROM generate_series(1, 10)",
-            &[&aggregate_type],
-        )
-        .await
-        .unwrap();
+    write_warm_up(&client, &aggregate_type).await;
     wait_until_within(Duration::from_secs(60), "the warm-up events", async || relay.published() >= 10.0)
         .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -662,6 +655,18 @@ fn judge_window(
         );
     }
     (received, sustained)
+}
+
+/// Ten warm-up events (`aggregate_id` `warm-up`) before a steady state is measured.
+async fn write_warm_up(client: &Client, aggregate_type: &str) {
+    client
+        .execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+             SELECT $1, 'warm-up', 'WarmUp', '{}' FROM generate_series(1, 10)",
+            &[&aggregate_type],
+        )
+        .await
+        .unwrap();
 }
 
 /// A `read_committed` consumer of every partition of `topic` from its start: it sees a

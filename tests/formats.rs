@@ -112,16 +112,7 @@ async fn a_format_through_a_kill_9(mode: &str, format: &str) {
     eprintln!("{mode}, {format}: {total} events, {} records", records.len());
     assert_eq!(relay.terminate(crate::common::EXIT_LIMIT), Some(0), "{}", relay.log_text());
     // and `verify` reads the format: every row once, in order, none mismatched
-    let config = s.config().display().to_string();
-    let (code, stdout, stderr) = crate::common::run_relay(
-        &["verify", "--config", &config, "--format", "json"],
-        crate::common::EXIT_LIMIT,
-    );
-    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"));
-    assert_eq!(code, 0, "{report}");
-    for class in ["missing", "duplicated", "out_of_order", "mismatched"] {
-        assert_eq!(report[class]["count"], 0, "{class}: {report}");
-    }
+    crate::common::assert_verified(&s.config());
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -143,14 +143,7 @@ async fn avro_values_in(mode: &str) {
     );
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
     // and `verify` compares the encoded values: nothing missing or mismatched
-    let config = s.config().display().to_string();
-    let (code, stdout, stderr) =
-        crate::common::run_relay(&["verify", "--config", &config, "--format", "json"], EXIT_LIMIT);
-    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"));
-    assert_eq!(code, 0, "{report}");
-    for class in ["missing", "duplicated", "out_of_order", "mismatched"] {
-        assert_eq!(report[class]["count"], 0, "{class}: {report}");
-    }
+    crate::common::assert_verified(&s.config());
 }
 
 #[tokio::test(flavor = "multi_thread")]

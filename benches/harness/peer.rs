@@ -343,14 +343,7 @@ async fn debezium_latency(rate: usize, duration: Duration, o: &Options) -> Laten
     worker.start();
     let consumer = latency_consumer(&topic);
     let counter = watermarks();
-    client
-        .execute(
-            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
-             SELECT $1, 'warm-up', 'WarmUp', '{}' FROM generate_series(1, 10)",
-            &[&aggregate_type],
-        )
-        .await
-        .unwrap();
+    super::write_warm_up(&client, &aggregate_type).await;
     wait_until_within(Duration::from_secs(60), "Debezium's warm-up events", async || {
         worker.check();
         records(&counter, &topic) >= 10.0

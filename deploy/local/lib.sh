@@ -165,19 +165,33 @@ ensure_test_tools() {
     fi
 }
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
 # free_ports N: N distinct free ports on one line, all held open until all are chosen (N calls
 # of free_port may get one port twice: a Kafka node given the same port for two listeners
-# refused to format, on a run where many tests started brokers at once)
+# refused to format, on a run where many tests started brokers at once). They are picked below
+# the kernel's ephemeral range (ip_local_port_range): a port from that range, free now, can be
+# taken by any outgoing connection before the server binds it (a broker failed to start with
+# "Address already in use" that way), one below it only by another listener.
 free_ports() {
-    python3 -c 'import socket, sys
-held = [socket.socket() for _ in range(int(sys.argv[1]))]
-for s in held:
-    s.bind(("127.0.0.1", 0))
+    python3 -c 'import random, socket, sys
+low = 32768
+try:
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+except (OSError, ValueError, IndexError):
+    pass
+held = []
+while len(held) < int(sys.argv[1]):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", random.randrange(10000, low) if low > 11000 else 0))
+    except OSError:
+        s.close()
+        continue
+    held.append(s)
 print(*(s.getsockname()[1] for s in held))' "$1"
+}
+
+free_port() {
+    free_ports 1
 }
 
 wait_for_port() { # port seconds

@@ -650,3 +650,15 @@ pub async fn produce_again(record: &Consumed) {
     }
     producer.send(out, Duration::from_secs(10)).await.map_err(|(e, _)| e).unwrap();
 }
+
+/// `outbox-relay verify` of `config` exits 0 and finds nothing missing, duplicated, out of
+/// order or mismatched.
+pub fn assert_verified(config: &Path) {
+    let config = config.display().to_string();
+    let (code, stdout, stderr) = run_relay(&["verify", "--config", &config, "--format", "json"], EXIT_LIMIT);
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"));
+    assert_eq!(code, 0, "{report}");
+    for class in ["missing", "duplicated", "out_of_order", "mismatched"] {
+        assert_eq!(report[class]["count"], 0, "{class}: {report}");
+    }
+}
