@@ -202,15 +202,17 @@ impl KafkaRecord {
     /// The record's headers in order: the format's (`raw`: `id`, `event_type`,
     /// `aggregate_type`), then the row's own.
     pub fn headers(&self) -> impl Iterator<Item = (&str, &str)> {
-        let built_in: Vec<(&str, &str)> = match &self.formatted {
-            None => vec![
+        // (no allocation: the sink asks for them once per record)
+        let raw = self.formatted.is_none().then(|| {
+            [
                 ("id", self.id.as_str()),
                 ("event_type", &self.event_type),
                 ("aggregate_type", &self.aggregate_type),
-            ],
-            Some(f) => f.headers.iter().map(|(k, v)| (*k, v.as_str())).collect(),
-        };
-        built_in.into_iter().chain(self.row_headers.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            ]
+        });
+        let formatted = self.formatted.iter().flat_map(|f| f.headers.iter().map(|(k, v)| (*k, v.as_str())));
+        let built_in = raw.into_iter().flatten().chain(formatted);
+        built_in.chain(self.row_headers.iter().map(|(k, v)| (k.as_str(), v.as_str())))
     }
 
     /// The event type as the record carries it (what the read-back compares): `raw`'s
