@@ -1,6 +1,7 @@
 //! `deploy/local/bench --only scaling`: the replication drain's rate, CPU per event, memory and
 //! bytes in flight as payloads grow (100 B, 1 KB, 10 KB at 10 events per transaction) and as
-//! transactions grow (1, 10, 100 events of 1 KB each). Writes a table (the `scaling` section of
+//! transactions grow (1, 10, 100 events of 1 KB each), each beside `pg_recvlogical` on the same
+//! WAL (the 10 KB point is the network-bound case: bytes, not events, are the work). Writes a table (the `scaling` section of
 //! BENCHMARKS.md) and a chart, `benches/scaling.svg`.
 
 use std::path::Path;
@@ -24,12 +25,20 @@ pub struct Point {
     per_txn: i32,
     events: usize,
     drains: Vec<Drain>,
+    /// `pg_recvlogical`'s seconds on the same WAL, one per drain.
+    recvlogical: Vec<f64>,
 }
 
 pub async fn run(o: &Options) -> Vec<Point> {
     let mut points: Vec<Point> = VARIANTS
         .iter()
-        .map(|&(payload_bytes, per_txn, events)| Point { payload_bytes, per_txn, events, drains: Vec::new() })
+        .map(|&(payload_bytes, per_txn, events)| Point {
+            payload_bytes,
+            per_txn,
+            events,
+            drains: Vec::new(),
+            recvlogical: Vec::new(),
+        })
         .collect();
     for run in 1..=o.runs {
         for p in &mut points {
@@ -38,15 +47,18 @@ pub async fn run(o: &Options) -> Vec<Point> {
                 o.runs, p.events, p.payload_bytes, p.per_txn
             );
             let shape = Shape { per_txn: p.per_txn, payload_bytes: p.payload_bytes };
-            let (d, _) = replication_drain(p.events, Some(shape), false).await;
+            let (d, recvlogical) = replication_drain(p.events, Some(shape), true).await;
+            let recvlogical = recvlogical.expect("a twin slot was asked for");
             eprintln!(
-                "[bench]   {:.0} events/s, {:.2} CPU s/100k, peak RSS {:.1} MiB, at most {:.1} MiB in flight",
+                "[bench]   {:.0} events/s (pg_recvlogical {:.0}), {:.2} CPU s/100k, peak RSS {:.1} MiB, at most {:.1} MiB in flight",
                 p.events as f64 / d.seconds,
+                p.events as f64 / recvlogical,
                 d.cpu_per_100k,
                 d.rss_mib,
                 d.max_bytes_in_flight / (1 << 20) as f64
             );
             p.drains.push(d);
+            p.recvlogical.push(recvlogical);
         }
     }
     points
@@ -66,21 +78,26 @@ pub fn render(o: &Options, points: &[Point]) -> String {
     let mut out = format!(
         "Replication drains, median of {} runs (min-max); the relay at its defaults \
          (replication.max_in_flight_bytes = {bound} MiB).\n\n\
-         | payload | events per transaction | events | drain, events/s | after the first event, events/s | MB/s | relay CPU s per 100k events | peak RSS, MiB | most bytes in flight seen, MiB |\n\
-         |---|---|---|---|---|---|---|---|---|\n",
+         | payload | events per transaction | events | drain, events/s | after the first event, events/s | MB/s | `pg_recvlogical` on the same WAL, events/s | relay / `pg_recvlogical` | relay CPU s per 100k events | peak RSS, MiB | most bytes in flight seen, MiB |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
         o.runs
     );
     for p in points {
         let field = |f: fn(&Drain) -> f64| p.drains.iter().map(f).collect::<Vec<_>>();
         let mbps: Vec<f64> = rates(p).iter().map(|r| r * p.payload_bytes as f64 / 1e6).collect();
+        let recvlogical: Vec<f64> = p.recvlogical.iter().map(|s| p.events as f64 / s).collect();
+        // each run's relay beside its own pg_recvlogical
+        let ratio: Vec<f64> = p.drains.iter().zip(&p.recvlogical).map(|(d, r)| r / d.seconds).collect();
         out += &format!(
-            "| {} B | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} B | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             p.payload_bytes,
             p.per_txn,
             p.events,
             stat(&rates(p), 0),
             stat(&field(|d| d.after_first), 0),
             stat(&mbps, 1),
+            stat(&recvlogical, 0),
+            stat(&ratio, 2),
             stat(&field(|d| d.cpu_per_100k), 2),
             stat(&field(|d| d.rss_mib), 1),
             stat(&field(|d| d.max_bytes_in_flight / (1 << 20) as f64), 1),

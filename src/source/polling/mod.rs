@@ -46,7 +46,7 @@ use crate::source::handover;
 use crate::supervisor::Source;
 use crate::table::{OutboxTable, RowAt, quote_ident};
 use batch::{Deadline, Settlement};
-use claim::{HeldRow, Statements, already_dead_lettered};
+use claim::{HeldRow, Prepared, Statements, already_dead_lettered};
 
 mod batch;
 mod claim;
@@ -68,6 +68,8 @@ struct Session {
     /// While the switch from replication mode is unfinished: when this session last made sure
     /// no replication relay streams from the slot ([`SWITCH_RECHECK`]).
     switch_checked: Option<Instant>,
+    /// Each outbox's statements, prepared on this session's connection (by place).
+    prepared: Vec<Prepared>,
 }
 
 /// While a switch from replication mode is unfinished, how often a polling session looks again
@@ -196,6 +198,10 @@ impl<S: Sink> PollingSource<S> {
             });
             outbox.table = table;
         }
+        let mut prepared = Vec::with_capacity(self.outboxes.len());
+        for outbox in &self.outboxes {
+            prepared.push(Prepared::on(&client, outbox.statements.as_ref().expect("just made")).await?);
+        }
         self.sink.set_sources(&dedup::source_identities(&client, &self.config).await?);
         self.sink.retired(dedup::RETIRE_LIMIT).await;
         Ok(Session {
@@ -205,6 +211,7 @@ impl<S: Sink> PollingSource<S> {
             nonce: rand::random(),
             batches: 0,
             switch_checked: None,
+            prepared,
         })
     }
 
@@ -356,10 +363,12 @@ impl<S: Sink> PollingSource<S> {
             at: tokio::time::Instant::now() + Duration::from_millis(polling.claim_timeout_ms),
             claim_timeout_ms: polling.claim_timeout_ms,
         };
+        let began = Instant::now();
         let tx = session.client.transaction().await?;
         // while holding at a row, only that row (the first in id order) is claimed
         let limit = if delivery.holding() { 1 } else { polling.batch_size as usize };
-        let (rows, full) = claim::claim(&tx, statements, limit, polling.max_batch_bytes).await?;
+        let prepared = &session.prepared[outbox];
+        let (rows, full) = claim::claim(&tx, prepared, limit, polling.max_batch_bytes).await?;
         match claim::held_row(&tx, statements, delivery.held_id(), &rows).await? {
             HeldRow::Claimed => {}
             HeldRow::Skipped => {
@@ -402,11 +411,20 @@ impl<S: Sink> PollingSource<S> {
         let topics: BTreeSet<&str> =
             rows.iter().filter_map(|(_, row)| row.as_ref().ok()).map(|r| r.topic.as_str()).collect();
         let topics = topics.into_iter().map(String::from).collect();
+        let claimed_at = began.elapsed();
         let settlement = batch::deliver(delivery, reports, rows, dead_lettered, deadline).await?;
+        let delivered_at = began.elapsed();
         let read = if settlement.again { settlement.release.len() } else { claimed };
         metrics().events_read.with_label_values(&[MODE.label()]).inc_by(read as u64);
-        let dead_lettered = self.release(&tx, polled, &settlement, topics).await?;
+        let dead_lettered = self.release(&tx, polled, prepared, &settlement, topics).await?;
         tx.commit().await?;
+        tracing::debug!(
+            claimed,
+            claim_ms = claimed_at.as_millis() as u64,
+            deliver_ms = (delivered_at - claimed_at).as_millis() as u64,
+            release_ms = (began.elapsed() - delivered_at).as_millis() as u64,
+            "batch phases"
+        );
         self.dead_letters.report(&settlement.letters);
         Ok(BatchOutcome {
             claimed,
@@ -423,10 +441,10 @@ impl<S: Sink> PollingSource<S> {
         &self,
         tx: &Transaction<'_>,
         polled: &Polled,
+        statements: &Prepared,
         settlement: &Settlement,
         topics: BTreeSet<String>,
     ) -> Result<u64, RelayError> {
-        let statements = polled.statements.as_ref().expect("statements are prepared at connect");
         let Settlement { release, letters, lettered, .. } = settlement;
         if !release.is_empty() {
             let (tableoids, ctids) = RowAt::params(release);
