@@ -17,6 +17,8 @@
 //! - with `--only outboxes`, one relay reading ten outbox tables from one slot against ten
 //!   relays with one each (issue 31): drain, steady state, the relays' and the walsenders' CPU
 //!   (`harness/outboxes.rs`);
+//! - with `--only watch`, what continuous verification (`verify --watch`) costs beside a relay
+//!   at 2,000 events/s (issue 34, `harness/watch.rs`);
 //! - with `--peer debezium`, the relay side by side with Debezium's PostgreSQL connector and
 //!   outbox event router on the same database, broker and workload: drain, latency, memory and
 //!   CPU (issue 33, `harness/peer.rs`).
@@ -50,6 +52,8 @@ mod scaling;
 mod transactions;
 #[path = "harness/verify.rs"]
 mod verify;
+#[path = "harness/watch.rs"]
+mod watch;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -141,6 +145,7 @@ fn options() -> Options {
                     "formats",
                     "floor",
                     "peer",
+                    "watch",
                 ]
                 .contains(&value.as_str()) =>
             {
@@ -908,6 +913,15 @@ async fn main() {
             println!("{text}");
             if let Some(out) = &o.out {
                 dedup::write_section(out, "peer-cost", &text);
+            }
+            return;
+        }
+        Some("watch") => {
+            let cost = watch::run(&o).await;
+            let text = watch::render(&o, &cost);
+            println!("{text}");
+            if let Some(out) = &o.out {
+                dedup::write_section(out, "watch-cost", &text);
             }
             return;
         }

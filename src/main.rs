@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use outbox_relay::config::RelayConfig;
+use outbox_relay::error::RelayError;
 use outbox_relay::ops::check::{self, Status};
 use outbox_relay::ops::setup::{self, SetupReport};
-use outbox_relay::ops::{replay, verify};
+use outbox_relay::ops::{replay, switchover, verify};
 
 const EXIT_FAILURE: u8 = 1;
 const EXIT_CONFIG: u8 = 2;
@@ -87,6 +88,18 @@ enum Command {
         #[arg(long, value_enum, default_value = "text")]
         format: LogFormat,
     },
+    /// Is a planned switchover to STANDBY safe now for the relay? Exits 0 when the standby's copy
+    /// of the failover slot is one a promotion keeps and has reached the position the relay
+    /// confirmed on the primary (nothing would be sent twice), 1 when not (saying why), 2 on a
+    /// bad argument or configuration. For a pre-promotion hook. Reads only.
+    SwitchoverReady {
+        /// Configuration file (TOML).
+        #[arg(long, short, env = "OUTBOX_RELAY_CONFIG")]
+        config: PathBuf,
+        /// The standby to promote: host, host:port or [ipv6]:port (port: postgres.port).
+        #[arg(long)]
+        standby: String,
+    },
     /// Compare the outbox with Kafka: rows missing from Kafka, records with no row, ids more than
     /// once, records of one key out of commit order, records that differ from their row. Changes
     /// nothing. Exits 0 when all is there, 1 when anything is missing, unexpected, out of order or
@@ -112,6 +125,17 @@ enum Command {
         /// How many ids to show per class.
         #[arg(long, default_value_t = 10)]
         show: usize,
+        /// Verify again and again, as a companion process beside the relay: every `--every-secs`
+        /// over a rolling window (`--since`, default "15m"), exporting each pass's findings as
+        /// `outbox_relay_verify_*` metrics on `--listen` until SIGTERM.
+        #[arg(long)]
+        watch: bool,
+        /// With `--watch`: seconds from the end of one pass to the start of the next.
+        #[arg(long, default_value_t = 60, requires = "watch")]
+        every_secs: u64,
+        /// With `--watch`: the address of its /metrics, /healthz and /readyz listener.
+        #[arg(long, default_value = "0.0.0.0:9188", requires = "watch")]
+        listen: std::net::SocketAddr,
     },
     /// Publish this outbox's dead letters again, each under its event's own id, once their cause
     /// is fixed (the letter's row_data, a topic, a size limit). A letter Kafka acknowledged is
@@ -142,6 +166,9 @@ enum LogFormat {
     Json,
 }
 
+/// `verify --watch`'s rolling window when `--since` is not given.
+const WATCH_WINDOW: &str = "15m";
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format, &cli.log_level);
@@ -152,7 +179,8 @@ fn main() -> ExitCode {
         | Command::Setup { config, .. }
         | Command::Verify { config, .. }
         | Command::ReplayDeadLetters { config, .. }
-        | Command::Status { config, .. } => config,
+        | Command::Status { config, .. }
+        | Command::SwitchoverReady { config, .. } => config,
     };
     let config = match RelayConfig::load(config_path) {
         Ok(config) => config,
@@ -182,6 +210,42 @@ fn main() -> ExitCode {
             runtime.block_on(per_outbox(&config, matches!(format, LogFormat::Text), async |c| {
                 run_status(&c, metrics_url.as_deref(), format).await
             }))
+        }
+        Command::SwitchoverReady { standby, .. } => {
+            match runtime.block_on(switchover::run(&config, &standby)) {
+                Ok(Ok(ready)) => {
+                    println!("ready: {ready}");
+                    ExitCode::SUCCESS
+                }
+                Ok(Err(why)) => {
+                    println!("not ready: {why}");
+                    ExitCode::FAILURE
+                }
+                Err(e @ RelayError::Fatal { .. }) => {
+                    eprintln!("error: {e}");
+                    ExitCode::from(EXIT_CONFIG)
+                }
+                Err(e) => {
+                    eprintln!("error: cannot tell: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Verify { since, until, wait_secs, show, watch: true, every_secs, listen, .. } => {
+            let since = since.or_else(|| Some(WATCH_WINDOW.to_string()));
+            let options = verify::Options { since, until, wait: Duration::from_secs(wait_secs), show };
+            match runtime.block_on(verify::watch::run(
+                &config,
+                &options,
+                Duration::from_secs(every_secs),
+                listen,
+            )) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::from(EXIT_CONFIG)
+                }
+            }
         }
         Command::Verify { since, until, format, wait_secs, show, .. } => {
             let options = verify::Options { since, until, wait: Duration::from_secs(wait_secs), show };

@@ -61,7 +61,7 @@ async fn run_until_stopped(config: RelayConfig, health: Arc<Health>) -> Result<(
     m.slot_lag_critical.set(config.metrics.slot_lag_critical_bytes as i64);
     if !config.metrics.listen.is_empty() {
         let listen = config.metrics.listen.parse().expect("validated");
-        http::serve(listen, health.clone()).await.map_err(|e| {
+        http::serve(listen, health.clone(), http::relay_metrics).await.map_err(|e| {
             RelayError::fatal(FatalReason::Config, format!("metrics.listen {listen}: cannot listen: {e}"))
         })?;
     }

@@ -195,6 +195,21 @@ impl OutboxTable {
         )
     }
 
+    /// `verify --watch`: the age in seconds (by `created_at`) of each of the ids `$1` the table
+    /// holds; None without a created_at column.
+    pub fn ages_sql(&self, id_type: &str) -> Option<String> {
+        let created_at = &self.columns.created_at;
+        (!created_at.is_empty()).then(|| {
+            format!(
+                "SELECT t.{}::text, extract(epoch FROM now() - t.{})::float8 FROM {} t WHERE t.{}",
+                quote_ident(&self.columns.id),
+                quote_ident(created_at),
+                self.qualified(),
+                self.ids_match(id_type)
+            )
+        })
+    }
+
     /// The configured created_at column, empty when the table has none.
     pub fn created_at_column(&self) -> &str {
         &self.columns.created_at

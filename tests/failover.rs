@@ -449,3 +449,95 @@ async fn polling_follows_a_promotion_to_the_new_primary_losing_nothing() {
         arrivals.first_from_new_primary
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_planned_switchover_promoted_once_switchover_ready_says_yes_sends_nothing_twice_since_pg17() {
+    require_major(17).await;
+    // given a relay streaming from a failover slot with the read-back off (an event replayed
+    // from a copy that trails would be published again, so any gap shows as a duplicate), and
+    // 200 events published
+    let pair = Pair::start();
+    let db = TestDb::create_at(pair.primary_url(), "", true).await;
+    create_aggregates(&db.client().await, 8).await;
+    let s = Setup::create_on(db, &services().kafka, "", true, |slot| {
+        RelayToml::replication(slot)
+            .set("replication", "failover", true)
+            .set("dedup", "enabled", false)
+            .set("retry", "initial_backoff_ms", 100)
+            .set("retry", "max_backoff_ms", 500)
+    })
+    .await;
+    let consumer = consumer(&[&s.topic]);
+    let hosts = pair.hosts();
+    let env = [
+        ("OUTBOX_RELAY__POSTGRES__HOST", hosts.as_str()),
+        ("OUTBOX_RELAY__METRICS__SAMPLE_INTERVAL_SECS", "1"),
+    ];
+    let mut relay = s.start_with_env("relay", &env);
+    relay.wait_ready("active").await;
+    let primary = s.db.client().await;
+    let standby = connect(&pair.on_standby(&s.db.url)).await;
+    wait_sync_ready(&primary, &standby, &s.slot).await;
+    drop(standby);
+    let mut writer = s.db.client().await;
+    for i in 0..40 {
+        write_txn(&mut writer, &s.aggregate_type, &format!("agg-{}", i % 8), 5, true).await;
+    }
+    let (mut records, _) =
+        consume_until_all(&consumer, &outbox_ids(&primary).await, "-", Instant::now()).await;
+
+    // when the writers have stopped and switchover-ready is asked until it says yes
+    let config = s.config().display().to_string();
+    let target = format!("127.0.0.1:{}", pair.var("OUTBOX_RELAY_TEST_STANDBY_PORT"));
+    let args = ["switchover-ready", "--config", &config, "--standby", &target];
+    let mut answers = Vec::new();
+    wait_until_within(Duration::from_secs(120), "switchover-ready to say yes", async || {
+        primary.execute("SELECT pg_log_standby_snapshot()", &[]).await.unwrap();
+        let (code, out, err) = run_relay_with_env(&args, &env, Duration::from_secs(60));
+        answers.push(format!("{code}: {out}{err}"));
+        code == 0
+    })
+    .await;
+    let said = answers.last().unwrap();
+    assert!(
+        said.starts_with(&format!("0: ready: {target} has a synced copy a promotion keeps, at ")),
+        "{answers:?}"
+    );
+    // and every answer was yes or a reason, never an error
+    for answer in &answers {
+        assert!(answer.starts_with("0: ready: ") || answer.starts_with("1: not ready: "), "{answers:?}");
+    }
+    // and the relay's gauge says so too
+    relay.wait_metric("outbox_relay_switchover_ready_standbys", |v| v == 1.0).await;
+    // and asking about the primary itself is no
+    let primary_arg = format!("127.0.0.1:{}", pair.var("OUTBOX_RELAY_TEST_PG_PORT"));
+    let (code, out, _) = run_relay_with_env(
+        &["switchover-ready", "--config", &config, "--standby", &primary_arg],
+        &env,
+        Duration::from_secs(60),
+    );
+    assert_eq!((code, out.starts_with("not ready: ")), (1, true), "{out}");
+
+    // and the primary is stopped (a clean shutdown, as a planned switchover does) and the
+    // standby promoted, and 5 events are written on it
+    pair.pg_ctl(&["-D", pair.var("OUTBOX_RELAY_TEST_PG_DATA"), "-m", "fast", "-w", "stop"]);
+    pair.promote();
+    let mut new_primary = connect(&pair.on_standby(&s.db.url)).await;
+    new_primary.batch_execute("INSERT INTO test_aggregates (id) VALUES ('agg-after')").await.unwrap();
+    for _ in 0..5 {
+        write_txn(&mut new_primary, &s.aggregate_type, "agg-after", 1, true).await;
+    }
+
+    // then every event of the new primary arrives, in order per aggregate, and none twice
+    let expected = outbox_ids(&new_primary).await;
+    assert_eq!(expected.len(), 205);
+    let (after, _) = consume_until_all(&consumer, &expected, "agg-after", Instant::now()).await;
+    // (a little longer: a replay of the copy's tail would arrive after the relay reconnected)
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    records.extend(after);
+    records.extend(consume(&consumer, 10_000, Duration::from_secs(2)).await);
+    let report = assert_delivered(&records, &committed_counts(&new_primary).await);
+    assert_eq!(report.duplicates, 0, "a planned switchover sent events twice: {}", relay.log_text());
+    assert!(relay.exited().is_none(), "the relay stopped: {}", relay.log_text());
+    relay.wait_ready("active").await;
+}

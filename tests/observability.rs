@@ -103,7 +103,8 @@ async fn a_real_scrape_lists_every_metric_with_sane_values() {
     // and every metric a dashboard panel or an alert uses exists in this real scrape
     let used = names_used_by_dashboards_and_alerts();
     assert!(used.len() > 15, "found only {used:?}");
-    let missing: Vec<_> = used.difference(&names).collect();
+    // (verify --watch's own are checked against its scrape, below)
+    let missing: Vec<_> = used.difference(&names).filter(|n| !n.starts_with(VERIFY_PREFIX)).collect();
     assert!(missing.is_empty(), "used by dashboards/alerts but not exported: {missing:?}");
 
     // and the outbox's partitions and dead letters are sampled: sql/002 made daily partitions 7
@@ -181,6 +182,86 @@ fn alert_rules_pass_promtool_check_and_unit_tests() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// The names `verify --watch` exports (`outbox_relay::ops::verify::watch::ALL`).
+const VERIFY_PREFIX: &str = "outbox_relay_verify_";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn verify_watch_names_an_event_whose_record_was_deleted_and_a_real_prometheus_alerts() {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::{ClientConfig, TopicPartitionList};
+
+    // given a replication relay that published 60 events and streams on, and `verify --watch`
+    // beside it, passing every second, scraped by a real Prometheus with the shipped rules
+    let s = Setup::create(&services().kafka, "", true, RelayToml::replication).await;
+    let mut client = s.db.client().await;
+    create_aggregates(&client, 10).await;
+    let consumer = consumer(&[&s.topic]);
+    let mut relay = s.start("relay");
+    relay.wait_ready("active").await;
+    for i in 0..20 {
+        write_events(&mut client, &s.aggregate_type, &format!("agg-{}", i % 10), 3, true).await;
+    }
+    let records = consume_unique(&consumer, 60, IDLE, LINGER).await;
+    let args = ["--every-secs", "1", "--wait-secs", "5", "--show", "5"];
+    let mut watch = process::RelayProcess::watch(&s.config(), &s.dir.path().join("watch.log"), &args);
+    watch.wait_ready("active").await;
+    watch.wait_metric("outbox_relay_verify_rows", |v| v >= 60.0).await;
+    assert_eq!(watch.metric("outbox_relay_verify_missing_events"), Some(0.0), "{}", watch.log_text());
+    let (_prometheus, prom_port) =
+        start_prometheus(s.dir.path(), &[watch.metrics_port()], &quick_rules(|rules| rules));
+
+    // when the first record of a partition is deleted from Kafka (DeleteRecords)
+    let first = records.iter().min_by_key(|r| (r.partition, r.offset)).unwrap();
+    assert_eq!(first.offset, 0);
+    let lost = first.header("id").unwrap().to_string();
+    let mut cut = TopicPartitionList::new();
+    cut.add_partition_offset(&s.topic, first.partition, rdkafka::Offset::Offset(1)).unwrap();
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", &services().kafka).create().unwrap();
+    admin.delete_records(&cut, &AdminOptions::new()).await.unwrap();
+
+    // then the next pass counts it missing and names it, and nothing else is wrong
+    watch.wait_metric("outbox_relay_verify_missing_events", |v| v >= 1.0).await;
+    let scrape = watch.scrape();
+    assert_eq!(sample(&scrape, "outbox_relay_verify_missing_events"), Some(1.0), "{scrape}");
+    let named = format!("outbox_relay_verify_missing_event{{id=\"{lost}\"}}");
+    assert!(sample(&scrape, &named).is_some_and(|age| age >= 0.0), "{lost} is not named:\n{scrape}");
+    for class in ["unexpected_records", "out_of_order_events", "mismatched_events", "duplicated_events"] {
+        assert_eq!(sample(&scrape, &format!("{VERIFY_PREFIX}{class}")), Some(0.0), "{class}:\n{scrape}");
+    }
+    // and it exports every metric it defines, and those the alert rules use
+    let names = metric_names(&scrape);
+    for (name, _) in outbox_relay::ops::verify::watch::ALL {
+        assert!(names.contains(*name), "{name} missing from the watch's scrape:\n{scrape}");
+    }
+    let used: Vec<String> =
+        names_used_by_dashboards_and_alerts().into_iter().filter(|n| n.starts_with(VERIFY_PREFIX)).collect();
+    assert!(!used.is_empty() && used.iter().all(|n| names.contains(n)), "{used:?} vs {names:?}");
+
+    // and Prometheus fires OutboxRelayEventsMissing for this deployment, naming the event
+    let mut description = String::new();
+    wait_until(watch.context("OutboxRelayEventsMissing to fire".into()), async || {
+        description = alert_annotation(prom_port, "OutboxRelayEventsMissing", "description");
+        alert_state(prom_port, "OutboxRelayEventsMissing") == Some(Some("firing".into()))
+    })
+    .await;
+    assert!(description.contains(&format!("First missing: {lost} ")), "{description}");
+    let labels = alert_labels(prom_port, "OutboxRelayEventsMissing");
+    assert_eq!(labels[0]["database"], s.db.name.as_str(), "{labels:?}");
+    assert_eq!(watch.terminate(EXIT_LIMIT), Some(0), "{}", watch.log_text());
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+}
+
+/// The annotation `name` of the first alert named `alert` (empty when there is none).
+fn alert_annotation(port: u16, alert: &str, name: &str) -> String {
+    let Some((_, body)) = get(port, "/api/v1/alerts") else { return String::new() };
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    let alerts = json["data"]["alerts"].as_array().cloned().unwrap_or_default();
+    let found = alerts.iter().find(|a| a["labels"]["alertname"] == alert);
+    found.and_then(|a| a["annotations"][name].as_str()).unwrap_or_default().to_string()
 }
 
 struct Prometheus(Child);

@@ -69,6 +69,12 @@ impl PostgresConfig {
         self.parse_endpoints().unwrap_or_default()
     }
 
+    /// One server as `postgres.host` names them (`host`, `host:port`, `[v6]:port`; the port
+    /// defaults to `postgres.port`), e.g. a `--standby` argument.
+    pub fn endpoint(&self, entry: &str) -> Result<Endpoint, String> {
+        self.parse_endpoint(entry.trim())
+    }
+
     fn parse_endpoints(&self) -> Result<Vec<Endpoint>, String> {
         self.host.split(',').map(str::trim).map(|entry| self.parse_endpoint(entry)).collect()
     }

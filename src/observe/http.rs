@@ -73,8 +73,21 @@ struct Peer {
     reserved: bool,
 }
 
+/// What `/metrics` answers: the Prometheus text exposition, rendered at each scrape (the relay's
+/// [`crate::observe::metrics::Metrics::render`], or `verify --watch`'s).
+pub(crate) type Exposition = fn() -> String;
+
+/// The relay's exposition.
+pub(crate) fn relay_metrics() -> String {
+    metrics().render()
+}
+
 /// Binds `listen` and serves until the process ends.
-pub(crate) async fn serve(listen: SocketAddr, health: Arc<Health>) -> std::io::Result<()> {
+pub(crate) async fn serve(
+    listen: SocketAddr,
+    health: Arc<Health>,
+    exposition: Exposition,
+) -> std::io::Result<()> {
     let listener = TcpListener::bind(listen).await?;
     let bound = listener.local_addr()?;
     let cap = max_connections();
@@ -109,7 +122,7 @@ pub(crate) async fn serve(listen: SocketAddr, health: Arc<Health>) -> std::io::R
             tokio::spawn(async move {
                 let service = service_fn(move |request| {
                     let health = health.clone();
-                    async move { Ok::<_, Infallible>(respond(&request, &health, peer)) }
+                    async move { Ok::<_, Infallible>(respond(&request, &health, exposition, peer)) }
                 });
                 let connection = http1::Builder::new()
                     .timer(TokioTimer::new())
@@ -147,7 +160,12 @@ fn said_to(answer: Result<String, String>, peer: Peer) -> (StatusCode, String) {
     (status, format!("{word}\n"))
 }
 
-fn respond(request: &Request<Incoming>, health: &Health, peer: Peer) -> Response<Full<Bytes>> {
+fn respond(
+    request: &Request<Incoming>,
+    health: &Health,
+    exposition: Exposition,
+    peer: Peer,
+) -> Response<Full<Bytes>> {
     const TEXT: &str = "text/plain; charset=utf-8";
     let (status, content_type, body) = if request.method() != Method::GET && request.method() != Method::HEAD
     {
@@ -159,7 +177,7 @@ fn respond(request: &Request<Incoming>, health: &Health, peer: Peer) -> Response
                 TEXT,
                 "busy: only /healthz, /readyz and /startedz answer now\n".into(),
             ),
-            "/metrics" => (StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", metrics().render()),
+            "/metrics" => (StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", exposition()),
             "/healthz" if health.live() => (StatusCode::OK, TEXT, "ok\n".into()),
             "/healthz" => (
                 StatusCode::SERVICE_UNAVAILABLE,

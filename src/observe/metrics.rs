@@ -44,6 +44,7 @@ pub const SLOT_SAFE_WAL_SIZE: &str = "outbox_relay_slot_safe_wal_size_bytes";
 pub const SLOT_ACTIVE: &str = "outbox_relay_slot_active";
 pub const SLOT_FAILOVER: &str = "outbox_relay_slot_failover";
 pub const FAILOVER_STANDBYS_READY: &str = "outbox_relay_failover_standbys_ready";
+pub const SWITCHOVER_READY_STANDBYS: &str = "outbox_relay_switchover_ready_standbys";
 pub const SLOT_INACTIVE: &str = "outbox_relay_slot_inactive_seconds";
 pub const SLOT_IDLE_TIMEOUT_REMAINING: &str = "outbox_relay_slot_idle_timeout_remaining_seconds";
 pub const SLOT_LAG_WARNING: &str = "outbox_relay_slot_lag_warning_threshold_bytes";
@@ -124,6 +125,10 @@ pub const ALL: &[(&str, &str)] = &[
     (
         FAILOVER_STANDBYS_READY,
         "Servers of postgres.host other than the primary whose copy of the slot a promotion keeps",
+    ),
+    (
+        SWITCHOVER_READY_STANDBYS,
+        "Of those, the ones whose copy has reached the relay's confirmed position: a planned switchover to one sends nothing twice",
     ),
     (SLOT_INACTIVE, "Seconds since the slot was last streamed from (0 while active; PostgreSQL 17+)"),
     (
@@ -206,6 +211,7 @@ pub struct Metrics {
     pub slot_active: IntGauge,
     pub slot_failover: IntGauge,
     pub failover_standbys_ready: IntGauge,
+    pub switchover_ready_standbys: IntGauge,
     pub slot_inactive: Gauge,
     pub slot_idle_timeout_remaining: Gauge,
     pub slot_lag_warning: IntGauge,
@@ -289,6 +295,7 @@ impl Metrics {
             slot_active: int_gauge(&r, SLOT_ACTIVE),
             slot_failover: int_gauge(&r, SLOT_FAILOVER),
             failover_standbys_ready: int_gauge(&r, FAILOVER_STANDBYS_READY),
+            switchover_ready_standbys: int_gauge(&r, SWITCHOVER_READY_STANDBYS),
             slot_inactive: gauge(&r, SLOT_INACTIVE),
             slot_idle_timeout_remaining: gauge(&r, SLOT_IDLE_TIMEOUT_REMAINING),
             slot_lag_warning: int_gauge(&r, SLOT_LAG_WARNING),

@@ -39,7 +39,12 @@ pub async fn run(config: &RelayConfig, metrics_url: Option<&str>) -> Result<Vec<
         ("relay sessions", relay_sessions(&client, config).await?),
     ];
     match config.source.mode {
-        SourceMode::Replication => lines.extend(slot(&client, &config.replication.slot).await?),
+        SourceMode::Replication => {
+            lines.extend(slot(&client, &config.replication.slot).await?);
+            if config.replication.failover {
+                lines.extend(crate::ops::switchover::status_lines(config, &endpoint).await);
+            }
+        }
         SourceMode::Polling => {
             lines.extend(backlog(&client, config).await?);
             for left in crate::source::handover::leftover_slots(config, &client).await? {

@@ -18,6 +18,7 @@
 pub mod expected;
 pub mod records;
 pub mod report;
+pub mod watch;
 
 use std::time::{Duration, Instant, SystemTime};
 

@@ -13,6 +13,7 @@ use tokio_postgres::Client;
 
 use crate::config::{Endpoint, RelayConfig, SourceMode};
 use crate::error::RelayError;
+use crate::lsn::Lsn;
 use crate::observe::metrics::{WalStatus, metrics};
 use crate::source::handover;
 use crate::source::replication::failover;
@@ -87,6 +88,7 @@ async fn sample_slot(
                 (pg_current_wal_lsn() - restart_lsn)::bigint AS retained, wal_status, safe_wal_size, active, \
                 (pg_current_wal_lsn() - '0/0')::float8 AS wal_lsn, \
                 coalesce((to_jsonb(s) ->> 'failover')::boolean, false) AS failover, \
+                confirmed_flush_lsn::text AS confirmed, \
                 {} AS inactive_secs, ({}) AS idle_timeout \
          FROM pg_replication_slots s WHERE slot_name = $1 AND database = current_database()",
         failover::INACTIVE_SECS_SQL,
@@ -102,6 +104,7 @@ async fn sample_slot(
             m.slot_wal_status.with_label_values(&[status.label()]).set(0);
         }
         m.slot_failover.set(0);
+        m.switchover_ready_standbys.set(0);
         m.slot_inactive.set(0.0);
         m.slot_idle_timeout_remaining.set(-1.0);
         return Ok(());
@@ -125,13 +128,18 @@ async fn sample_slot(
     m.slot_inactive.set(idle.inactive_secs);
     m.slot_idle_timeout_remaining.set(idle.remaining_secs().unwrap_or(-1.0));
     // (a slot made a failover slot stays one when the setting is turned off: its alert needs this)
+    let confirmed: Option<Lsn> = row.get::<_, Option<String>>("confirmed").and_then(|lsn| lsn.parse().ok());
     if failover {
-        let mut ready = 0;
+        let (mut ready, mut switchover) = (0, 0);
         for (standby, copy) in standbys.copies(&config.postgres, primary, slot).await {
-            tracing::debug!(%standby, %copy, "the standby's copy of the slot");
-            ready += i64::from(copy.is_ready());
+            tracing::debug!(%standby, copy = %copy.state, confirmed = ?copy.confirmed, "the standby's copy of the slot");
+            ready += i64::from(copy.state.is_ready());
+            switchover += i64::from(confirmed.is_some_and(|at| copy.switchover_ready(at).is_ok()));
         }
         m.failover_standbys_ready.set(ready);
+        m.switchover_ready_standbys.set(switchover);
+    } else {
+        m.switchover_ready_standbys.set(0);
     }
     Ok(())
 }

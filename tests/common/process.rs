@@ -137,6 +137,24 @@ impl RelayProcess {
         RelayProcess { process: ChildProcess::start(command, "outbox-relay", log), metrics_port }
     }
 
+    /// Starts `outbox-relay verify --watch --config CONFIG --listen 127.0.0.1:<free port>` with
+    /// `args` added, its stderr going to `log`: watched like a relay, on its own listener.
+    pub fn watch(config: &Path, log: &Path, args: &[&str]) -> RelayProcess {
+        let metrics_port = free_port();
+        let mut command = Command::new(super::relay_bin());
+        command
+            .args(["--log-level", TEST_LOG_LEVEL, "verify", "--watch", "--listen"])
+            .arg(format!("127.0.0.1:{metrics_port}"))
+            .args(args)
+            .arg("--config")
+            .arg(config)
+            .env_remove("OUTBOX_RELAY_CONFIG");
+        RelayProcess {
+            process: ChildProcess::start(command, "outbox-relay verify --watch", log),
+            metrics_port,
+        }
+    }
+
     pub fn metrics_port(&self) -> u16 {
         self.metrics_port
     }

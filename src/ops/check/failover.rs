@@ -98,7 +98,7 @@ async fn standby_copies(config: &RelayConfig, primary: &Endpoint) -> Vec<Finding
             "list the failover-candidate standbys in postgres.host (\"primary:5432,standby:5432\")",
         )];
     }
-    copies.into_iter().map(|(standby, copy)| copy_finding(&standby, copy)).collect()
+    copies.into_iter().map(|(standby, copy)| copy_finding(&standby, copy.state)).collect()
 }
 
 fn copy_finding(standby: &Endpoint, copy: CopyState) -> Finding {

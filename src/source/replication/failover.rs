@@ -17,6 +17,7 @@ use tokio_postgres::Client;
 
 use crate::config::{Endpoint, PostgresConfig};
 use crate::error::RelayError;
+use crate::lsn::Lsn;
 
 /// A standby's copy of the slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +41,39 @@ pub(crate) enum CopyState {
 impl CopyState {
     pub(crate) fn is_ready(&self) -> bool {
         *self == CopyState::Ready
+    }
+}
+
+/// A standby's copy of the slot: its state, and the position it has confirmed (where a relay
+/// going on from it after a promotion starts: what lies past it is sent again).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SlotCopy {
+    pub state: CopyState,
+    pub confirmed: Option<Lsn>,
+}
+
+impl SlotCopy {
+    fn of(state: CopyState) -> SlotCopy {
+        SlotCopy { state, confirmed: None }
+    }
+
+    /// Whether a planned switchover to this standby is safe now, with the relay at `confirmed`
+    /// on the primary: the copy is one a promotion keeps and has reached that position, so the
+    /// relay goes on from it sending nothing twice. `Err` says what is missing.
+    pub(crate) fn switchover_ready(&self, confirmed: Lsn) -> Result<Lsn, String> {
+        if !self.state.is_ready() {
+            return Err(self.state.to_string());
+        }
+        match self.confirmed {
+            Some(copy) if copy >= confirmed => Ok(copy),
+            Some(copy) => Err(format!(
+                "has a copy at {copy}, {} bytes behind the {confirmed} the relay confirmed on the primary: the slot \
+                 sync worker copies it every few seconds (sync_replication_slots); events confirmed past the copy \
+                 would be sent again after a promotion now",
+                confirmed.bytes_since(copy)
+            )),
+            None => Err("has a copy with no confirmed position".into()),
+        }
     }
 }
 
@@ -75,7 +109,7 @@ impl Standbys {
         pg: &PostgresConfig,
         primary: &Endpoint,
         slot: &str,
-    ) -> Vec<(Endpoint, CopyState)> {
+    ) -> Vec<(Endpoint, SlotCopy)> {
         let mut copies = Vec::new();
         for standby in pg.endpoints().into_iter().filter(|e| e != primary) {
             let copy = self.copy(pg, &standby, slot).await;
@@ -85,12 +119,12 @@ impl Standbys {
     }
 
     /// The copy of `slot` on `standby`.
-    async fn copy(&mut self, pg: &PostgresConfig, standby: &Endpoint, slot: &str) -> CopyState {
+    pub(crate) async fn copy(&mut self, pg: &PostgresConfig, standby: &Endpoint, slot: &str) -> SlotCopy {
         let key = standby.to_string();
         if self.sessions.get(&key).is_none_or(Client::is_closed) {
             match crate::postgres::connect_to(pg, standby).await {
                 Ok(client) => self.sessions.insert(key.clone(), client),
-                Err(e) => return CopyState::Unreachable(e.to_string()),
+                Err(e) => return SlotCopy::of(CopyState::Unreachable(e.to_string())),
             };
         }
         let row = self.sessions[&key]
@@ -104,13 +138,16 @@ impl Standbys {
             Ok(r) => (r.get(0), r.get(1)),
             Err(e) => {
                 self.sessions.remove(&key);
-                return CopyState::Unreachable(e.to_string());
+                return SlotCopy::of(CopyState::Unreachable(e.to_string()));
             }
         };
         match copy.and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok()) {
-            _ if !in_recovery => CopyState::NotStandby,
-            None => CopyState::Missing,
-            Some(copy) => copy_state(&copy),
+            _ if !in_recovery => SlotCopy::of(CopyState::NotStandby),
+            None => SlotCopy::of(CopyState::Missing),
+            Some(copy) => SlotCopy {
+                state: copy_state(&copy),
+                confirmed: copy["confirmed_flush_lsn"].as_str().and_then(|lsn| lsn.parse().ok()),
+            },
         }
     }
 }
