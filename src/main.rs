@@ -11,7 +11,7 @@ use outbox_relay::config::RelayConfig;
 use outbox_relay::error::RelayError;
 use outbox_relay::ops::check::{self, Status};
 use outbox_relay::ops::setup::{self, SetupReport};
-use outbox_relay::ops::{replay, switchover, verify};
+use outbox_relay::ops::{locate, replay, republish, switchover, verify};
 
 const EXIT_FAILURE: u8 = 1;
 const EXIT_CONFIG: u8 = 2;
@@ -87,6 +87,56 @@ enum Command {
         /// `text` for people, `json` for machines.
         #[arg(long, value_enum, default_value = "text")]
         format: LogFormat,
+    },
+    /// A delivery receipt for one event: published (topic, partition, offset, record time, and
+    /// any duplicates), pending, dead-lettered (with the reason), missing, or unknown. Exits 0
+    /// published, 3 pending, 1 otherwise, 2 on a bad argument or configuration. Reads only.
+    Locate {
+        /// Configuration file (TOML).
+        #[arg(long, short, env = "OUTBOX_RELAY_CONFIG")]
+        config: PathBuf,
+        /// The event's id (the outbox's id column).
+        #[arg(long)]
+        id: String,
+        /// `text` for people, `json` for machines.
+        #[arg(long, value_enum, default_value = "text")]
+        format: LogFormat,
+        /// Replication mode: how long to wait for the slot to confirm past the row before an
+        /// event Kafka lacks is called pending rather than missing.
+        #[arg(long, default_value_t = 10)]
+        wait_secs: u64,
+    },
+    /// Send chosen events again, for consumers that lost their state: each as first written (the
+    /// same key, value, headers, position and partition) plus `outbox_relay_republished`, in
+    /// their original order, from the rows the outbox still holds. Refuses while a relay of this
+    /// outbox is connected. Exits 0 when every event was sent, 1 when one was refused or has no
+    /// row, 2 on a bad argument or configuration (or a relay connected).
+    #[command(group = clap::ArgGroup::new("which").required(true).multiple(true).args(["aggregate", "ids", "since"]))]
+    Republish {
+        /// Configuration file (TOML).
+        #[arg(long, short, env = "OUTBOX_RELAY_CONFIG")]
+        config: PathBuf,
+        /// The events of this aggregate (`aggregate_id`).
+        #[arg(long)]
+        aggregate: Option<String>,
+        /// With `--aggregate`: of this `aggregate_type` only.
+        #[arg(long, requires = "aggregate")]
+        aggregate_type: Option<String>,
+        /// These event ids, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        ids: Vec<String>,
+        /// Events created at or after this timestamp ("2026-12-01 10:00+00").
+        #[arg(long)]
+        since: Option<String>,
+        /// Events created before this timestamp.
+        #[arg(long)]
+        until: Option<String>,
+        /// Say what would be sent; send nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// With several outboxes (`[[outboxes]]`): this outbox (its `name`).
+        #[arg(long)]
+        outbox: Option<String>,
     },
     /// Is a planned switchover to STANDBY safe now for the relay? Exits 0 when the standby's copy
     /// of the failover slot is one a promotion keeps and has reached the position the relay
@@ -180,7 +230,9 @@ fn main() -> ExitCode {
         | Command::Verify { config, .. }
         | Command::ReplayDeadLetters { config, .. }
         | Command::Status { config, .. }
-        | Command::SwitchoverReady { config, .. } => config,
+        | Command::SwitchoverReady { config, .. }
+        | Command::Locate { config, .. }
+        | Command::Republish { config, .. } => config,
     };
     let config = match RelayConfig::load(config_path) {
         Ok(config) => config,
@@ -209,6 +261,12 @@ fn main() -> ExitCode {
         Command::Status { metrics_url, format, .. } => {
             runtime.block_on(per_outbox(&config, matches!(format, LogFormat::Text), async |c| {
                 run_status(&c, metrics_url.as_deref(), format).await
+            }))
+        }
+        Command::Locate { id, format, wait_secs, .. } => {
+            let text = matches!(format, LogFormat::Text);
+            runtime.block_on(per_outbox(&config, text, async |c| {
+                run_locate(&c, &id, Duration::from_secs(wait_secs), format).await
             }))
         }
         Command::SwitchoverReady { standby, .. } => {
@@ -263,7 +321,42 @@ fn main() -> ExitCode {
             let options = replay::Options { ids, dry_run };
             runtime.block_on(per_outbox(&config, true, async |c| run_replay(&c, &options).await))
         }
+        Command::Republish { aggregate, aggregate_type, ids, since, until, dry_run, outbox, .. } => {
+            let config = match one_outbox(&config, outbox.as_deref(), true) {
+                Ok(config) => config,
+                Err(e) => {
+                    eprintln!("error: {}", e.replace("--ids needs", "republish needs"));
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            let aggregate = aggregate.map(|id| (aggregate_type, id));
+            let options = republish::Options { aggregate, ids, since, until, dry_run };
+            runtime.block_on(run_republish(&config, &options))
+        }
         Command::Run { .. } => run(config, &runtime),
+    }
+}
+
+async fn run_republish(config: &RelayConfig, options: &republish::Options) -> ExitCode {
+    match republish::run(config, options).await {
+        Ok(outcome) => {
+            for line in &outcome.lines {
+                println!("{line}");
+            }
+            match options.dry_run {
+                true => println!("dry run: nothing sent; {} event(s) cannot be", outcome.refused),
+                false => println!("sent {} event(s) again; {} could not be", outcome.sent, outcome.refused),
+            }
+            ExitCode::from(if outcome.refused == 0 { 0 } else { EXIT_FAILURE })
+        }
+        Err(e @ RelayError::Fatal { .. }) => {
+            eprintln!("error: {e}");
+            ExitCode::from(EXIT_CONFIG)
+        }
+        Err(e) => {
+            eprintln!("error: republish could not finish: {e}");
+            ExitCode::from(EXIT_FAILURE)
+        }
     }
 }
 
@@ -420,6 +513,26 @@ async fn run_status(config: &RelayConfig, metrics_url: Option<&str>, format: Log
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(EXIT_FAILURE)
+        }
+    }
+}
+
+async fn run_locate(config: &RelayConfig, id: &str, wait: Duration, format: LogFormat) -> ExitCode {
+    match locate::run(config, id, wait).await {
+        Ok(receipt) => {
+            match format {
+                LogFormat::Text => print!("{}", receipt.text()),
+                LogFormat::Json => println!("{}", serde_json::to_string_pretty(&receipt).expect("json")),
+            }
+            ExitCode::from(receipt.exit_code())
+        }
+        Err(e @ RelayError::Fatal { .. }) => {
+            eprintln!("error: {e}");
+            ExitCode::from(EXIT_CONFIG)
+        }
+        Err(e) => {
+            eprintln!("error: locate could not finish: {e}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -208,6 +208,26 @@ impl Record {
     }
 }
 
+/// The block of event `id` as recorded now: its bits, its topics and when it was first written;
+/// None when the block (or the table) does not exist.
+pub async fn block_of(
+    client: &impl GenericClient,
+    source_table: &str,
+    id: i64,
+) -> Result<Option<(IdBits, Vec<String>, SystemTime)>, RelayError> {
+    let exists: bool =
+        client.query_one("SELECT to_regclass('outbox_relay_published') IS NOT NULL", &[]).await?.get(0);
+    if !exists {
+        return Ok(None);
+    }
+    let sql = "SELECT ids::text, topics, first_published_at FROM outbox_relay_published \
+               WHERE source_table = $1 AND block = $2";
+    let Some(row) = client.query_opt(sql, &[&source_table, &(id / BLOCK)]).await? else { return Ok(None) };
+    let mut bits = IdBits::default();
+    bits.set_block(id / BLOCK, row.get::<_, &str>(0));
+    Ok(Some((bits, row.get(1), row.get(2))))
+}
+
 /// The blocks of `ids` as recorded now: for records read after the record was loaded (published
 /// while verify ran).
 pub async fn recorded(

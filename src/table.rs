@@ -44,6 +44,8 @@ pub mod col {
     /// Polling's claim: the row's partition and its version's ctid (see [`super::RowAt`]).
     pub const TABLEOID: &str = "relay_tableoid";
     pub const CTID: &str = "relay_ctid";
+    /// `locate`: the row is still unpublished (`mark` mode; always true in `delete` mode).
+    pub const UNPUBLISHED: &str = "relay_unpublished";
 }
 
 /// The outbox table as the relay addresses it.
@@ -208,6 +210,40 @@ impl OutboxTable {
                 self.ids_match(id_type)
             )
         })
+    }
+
+    /// `locate`: the row of id `$1[1]` (as text; `$1::text[]`), with whether it is unpublished
+    /// ([`col::UNPUBLISHED`]).
+    pub fn row_by_id_sql(&self, id_type: &str) -> String {
+        self.select_events(
+            &format!(", {} AS {}", self.unpublished(), col::UNPUBLISHED),
+            &format!("WHERE t.{}", self.ids_match(id_type)),
+        )
+    }
+
+    /// `republish`: the rows chosen by `$1` aggregate_type, `$2` aggregate_id, `$3` ids (text[]),
+    /// `$4` and `$5` the created_at window (text as PostgreSQL reads a timestamptz), each NULL for
+    /// any, in id order. Without a created_at column the window is ignored (refused before).
+    pub fn chosen_sql(&self, id_type: &str) -> String {
+        let c = &self.columns;
+        let window = match c.created_at.is_empty() {
+            true => "$4::text IS NULL AND $5::text IS NULL".to_string(),
+            false => format!(
+                "($4::text IS NULL OR t.{at} >= $4::text::timestamptz) AND ($5::text IS NULL OR t.{at} < $5::text::timestamptz)",
+                at = quote_ident(&c.created_at)
+            ),
+        };
+        self.select_events(
+            "",
+            &format!(
+                "WHERE ($1::text IS NULL OR t.{}::text = $1) AND ($2::text IS NULL OR t.{}::text = $2) \
+                 AND ($3::text[] IS NULL OR t.{}) AND {window} ORDER BY t.{}",
+                quote_ident(&c.aggregate_type),
+                quote_ident(&c.aggregate_id),
+                self.ids_match(id_type).replace("$1", "$3"),
+                quote_ident(&c.id)
+            ),
+        )
     }
 
     /// The configured created_at column, empty when the table has none.

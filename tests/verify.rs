@@ -312,3 +312,169 @@ async fn deleted_rows_are_vouched_for(mode: &str) {
         assert_eq!((count(&report, "pending"), count(&report, "missing")), (1, 1), "{report}");
     }
 }
+
+/// `locate --format json --id ID`: (exit code, receipt).
+fn locate(s: &Setup, id: &str) -> (i32, Value) {
+    let config = s.config().display().to_string();
+    let args = ["locate", "--config", &config, "--id", id, "--format", "json", "--wait-secs", "10"];
+    let (code, stdout, stderr) = run_relay(&args, EXIT_LIMIT);
+    let receipt = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}{stderr}"));
+    (code, receipt)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn locate_gives_each_event_its_receipt_published_dead_lettered_missing_pending_or_unknown() {
+    // given a replication relay that published every event, streaming on
+    let (s, records, mut relay, client) = publishing(config("replication")).await;
+
+    // then a published event's receipt names the record the consumer read
+    let read = &records[7];
+    let id = read.header("id").unwrap();
+    let (code, receipt) = locate(&s, id);
+    assert_eq!((code, receipt["state"].as_str()), (0, Some("published")), "{receipt}");
+    let record = &receipt["records"][0];
+    assert_eq!(record["topic"], read.topic.as_str(), "{receipt}");
+    assert_eq!(
+        (record["partition"].as_i64(), record["offset"].as_i64()),
+        (Some(read.partition.into()), Some(read.offset))
+    );
+    assert!(record["time"].as_str().is_some_and(|t| t.ends_with('Z')), "{receipt}");
+    assert_eq!(receipt["records"].as_array().unwrap().len(), 1, "{receipt}");
+
+    // when its record is sent again, then the receipt lists both
+    produce_again(read).await;
+    let (code, receipt) = locate(&s, id);
+    assert_eq!((code, receipt["records"].as_array().map(Vec::len)), (0, Some(2)), "{receipt}");
+
+    // when a row names a topic (rows may not: outbox.row_topics is off), then it is dead-lettered
+    // and its receipt says why
+    let sql = "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, topic) \
+               VALUES ($1, 'agg-1', 'E', '{}', 'elsewhere') RETURNING id::text";
+    let lettered: String = client.query_one(sql, &[&s.aggregate_type]).await.unwrap().get(0);
+    let mut receipt = Value::Null;
+    wait_until(relay.context("the row to be dead-lettered".into()), async || {
+        receipt = locate(&s, &lettered).1;
+        receipt["state"] == "dead_lettered"
+    })
+    .await;
+    assert!(receipt["dead_letter"].as_str().unwrap().contains("row_topics"), "{receipt}");
+
+    // when rows are committed that the (stopped) relay's slot moves past, and the relay streams
+    // again, then such a row is missing: owed, and not in Kafka
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+    let skipped = skipped_rows(&s, &client, 1, "replication").await;
+    let mut again = s.start("again");
+    again.wait_ready("active").await;
+    let (code, receipt) = locate(&s, &skipped[0]);
+    assert_eq!((code, receipt["state"].as_str()), (1, Some("missing")), "{receipt}");
+    assert_eq!(receipt["in_table"], true, "{receipt}");
+
+    // when no relay streams and a row is committed, then it is pending, and says why
+    assert_eq!(again.terminate(EXIT_LIMIT), Some(0));
+    let sql = "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+               VALUES ($1, 'agg-1', 'E', '{}') RETURNING id::text";
+    let waiting: String = client.query_one(sql, &[&s.aggregate_type]).await.unwrap().get(0);
+    let (code, receipt) = locate(&s, &waiting);
+    assert_eq!((code, receipt["state"].as_str()), (3, Some("pending")), "{receipt}");
+    assert!(receipt["said"].as_str().unwrap().contains("no relay streams"), "{receipt}");
+
+    // and an id nothing knows is unknown; one that is no number is refused, naming the flag
+    let (code, receipt) = locate(&s, "987654321");
+    assert_eq!((code, receipt["state"].as_str()), (1, Some("unknown")), "{receipt}");
+    let config = s.config().display().to_string();
+    let (code, _, stderr) = run_relay(&["locate", "--config", &config, "--id", "abc"], EXIT_LIMIT);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("--id \"abc\""), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn republish_sends_chosen_events_again_as_first_written_in_order_once_each() {
+    // given a relay that published every event (30 per aggregate) and streams on
+    let (s, records, mut relay, _client) = publishing(config("replication")).await;
+    let config = s.config().display().to_string();
+    let republish = |extra: &[&str]| {
+        let mut args = vec!["republish", "--config", config.as_str()];
+        args.extend_from_slice(extra);
+        run_relay(&args, EXIT_LIMIT)
+    };
+
+    // when republish is asked beside the running relay, then it refuses, naming the relay's
+    // sessions; a dry run says what it would send and sends nothing
+    let (code, _, stderr) = republish(&["--aggregate", "agg-3"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("a relay of this outbox is connected"), "{stderr}");
+    let (code, stdout, _) = republish(&["--aggregate", "agg-3", "--dry-run"]);
+    assert_eq!(code, 0, "{stdout}");
+    assert_eq!(stdout.matches("as first written").count(), 30, "{stdout}");
+
+    // when the relay is stopped and agg-3's events, then two ids (one with no row), are sent again
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+    let (code, stdout, stderr) = republish(&["--aggregate", "agg-3"]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("sent 30 event(s) again; 0 could not be"), "{stdout}");
+    let two: Vec<&str> = records
+        .iter()
+        .filter(|r| r.key.as_deref() == Some("agg-5"))
+        .take(2)
+        .map(|r| r.header("id").unwrap())
+        .collect();
+    let ids = format!("{},{},987654321", two[0], two[1]);
+    let (code, stdout, _) = republish(&["--ids", &ids]);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.contains("event 987654321: no row"), "{stdout}");
+    assert!(stdout.contains("sent 2 event(s) again; 1 could not be"), "{stdout}");
+
+    // then a consumer that lost its state (reading the topic from the start) gets each chosen
+    // event once more: agg-3's in their first order, each copy the original's key, value,
+    // headers and partition, plus the republished header
+    let all = consume(&consumer(&[&s.topic]), EVENTS + 32, IDLE).await;
+    assert_eq!(all.len(), EVENTS + 32, "records in the topic");
+    let copies: Vec<&Consumed> =
+        all.iter().filter(|r| r.header("outbox_relay_republished").is_some()).collect();
+    assert_eq!(copies.len(), 32);
+    let first_order: Vec<&str> = records
+        .iter()
+        .filter(|r| r.key.as_deref() == Some("agg-3"))
+        .map(|r| r.header("id").unwrap())
+        .collect();
+    let copied_order: Vec<&str> = copies
+        .iter()
+        .filter(|r| r.key.as_deref() == Some("agg-3"))
+        .map(|r| r.header("id").unwrap())
+        .collect();
+    assert_eq!(copied_order, first_order, "agg-3's events again, in their first order, once each");
+    let copied_five: Vec<&str> = copies
+        .iter()
+        .filter(|r| r.key.as_deref() == Some("agg-5"))
+        .map(|r| r.header("id").unwrap())
+        .collect();
+    assert_eq!(copied_five, two);
+    for copy in copies {
+        let original = records.iter().find(|r| r.header("id") == copy.header("id")).unwrap();
+        assert_eq!(
+            (&copy.key, &copy.payload, copy.partition),
+            (&original.key, &original.payload, original.partition)
+        );
+        let headers: Vec<&(String, String)> =
+            copy.headers.iter().filter(|(k, _)| k != "outbox_relay_republished").collect();
+        assert_eq!(
+            headers,
+            original.headers.iter().collect::<Vec<_>>(),
+            "the copy's headers are the original's"
+        );
+    }
+    // and verify counts the copies as duplicates: nothing mismatched, out of order or missing
+    let mut again = s.start("again");
+    again.wait_ready("active").await;
+    let (code, report) = verify(&s, &[]);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(
+        (count(&report, "duplicated"), report["duplicate_records"].as_u64()),
+        (32, Some(32)),
+        "{report}"
+    );
+    for class in ["missing", "unexpected", "out_of_order", "mismatched"] {
+        assert_eq!(count(&report, class), 0, "{class}: {report}");
+    }
+    assert_eq!(again.terminate(EXIT_LIMIT), Some(0));
+}

@@ -6,7 +6,9 @@
 //! anything (through the replication source, which owns the slot and its first copy).
 
 pub mod check;
+pub mod locate;
 pub mod replay;
+pub mod republish;
 pub mod setup;
 pub mod status;
 pub mod switchover;

@@ -24,7 +24,9 @@ use crate::config::KafkaConfig;
 use crate::delivery::record::Position;
 use crate::delivery::record::format::Format;
 use crate::published::{IdBits, numeric_id};
-use crate::sink::kafka::{POSITION_HEADER, REPLAYED_HEADER, ReaderContext, SOURCE_HEADER};
+use crate::sink::kafka::{
+    POSITION_HEADER, REPLAYED_HEADER, REPUBLISHED_HEADER, ReaderContext, SOURCE_HEADER,
+};
 
 /// How long one metadata or offsets request may take.
 const REQUEST: Duration = Duration::from_secs(10);
@@ -293,12 +295,14 @@ impl Checker {
             return;
         }
         let (topic, key, payload) = (message.topic(), message.key().unwrap_or_default(), message.payload());
-        // the relay's two headers come first; a row's own header of the same name stays
+        // the relay's two headers come first; a row's own header of the same name stays (a row's
+        // header may not be named outbox_relay_*: a republished copy's mark is never the row's)
         let own = headers
             .into_iter()
             .flat_map(|h| h.iter())
             .enumerate()
             .filter(|(i, h)| !(*i < 2 && (h.key == SOURCE_HEADER || h.key == POSITION_HEADER)))
+            .filter(|(_, h)| h.key != REPUBLISHED_HEADER)
             .map(|(_, h)| (h.key, h.value.unwrap_or_default()));
         let record = match self.whole {
             true => fingerprint(topic, key, payload.unwrap_or_default(), own),
@@ -354,7 +358,7 @@ impl Checker {
 
 /// The settings of verify's reader (see [`crate::sink::kafka::reader_config`]): committed records
 /// only, prefetching at most 16 MB.
-fn reader_config(kafka: &KafkaConfig) -> ClientConfig {
+pub(crate) fn reader_config(kafka: &KafkaConfig) -> ClientConfig {
     let mut cc = crate::sink::kafka::reader_config(kafka, "verify", 100);
     cc.set("isolation.level", "read_committed")
         // librdkafka prefetches up to 64 MB by default; verify reads one topic at a time and

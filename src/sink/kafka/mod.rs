@@ -43,7 +43,7 @@ pub(crate) use client::transactional_producer_config;
 pub(crate) use client::{ReaderContext, log_librdkafka, reader_config};
 pub use client::{client_config, producer_config};
 use producer::{Channel, RecordProducer, create_producer};
-pub(crate) use producer::{POSITION_HEADER, REPLAYED_HEADER, Report, SOURCE_HEADER};
+pub(crate) use producer::{POSITION_HEADER, REPLAYED_HEADER, REPUBLISHED_HEADER, Report, SOURCE_HEADER};
 pub(crate) use stall::StallWatch;
 
 /// How long a metadata request may take when classifying a timed-out record.

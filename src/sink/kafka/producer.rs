@@ -23,6 +23,9 @@ pub(crate) const POSITION_HEADER: &str = "outbox_relay_position";
 /// a replay comes after later events of its key and carries the letter's data as fixed, so
 /// `verify` neither orders nor compares it.
 pub(crate) const REPLAYED_HEADER: &str = "outbox_relay_replayed";
+/// The header `outbox-relay republish` adds to a record it sends again as first written (when,
+/// in Unix milliseconds): `verify` compares the copy without it.
+pub(crate) const REPUBLISHED_HEADER: &str = "outbox_relay_republished";
 
 /// One record's delivery report: the number [`super::KafkaSink::enqueue`] gave it, and whether Kafka
 /// acknowledged it.

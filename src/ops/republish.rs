@@ -1,0 +1,330 @@
+//! `outbox-relay republish`: sends chosen events again, for consumers that lost their state (a
+//! restored database, a reset consumer group, a bug that dropped what it read). Chosen by
+//! aggregate, by ids, or by a `created_at` window, from the rows the outbox table still holds.
+//!
+//! Invariants:
+//! - an event Kafka still holds is sent again as it was first written: the same key, value and
+//!   headers (the `id`, the relay's source and position headers, the row's own), to the same
+//!   partition, plus `outbox_relay_republished`; a consumer that deduplicates by id or position
+//!   applies it once. One Kafka no longer holds (retention) is sent as the relay maps its row now,
+//!   by its key's partition, without a position;
+//! - events go out in their original order (by id, as the relay published them), each partition's
+//!   in send order (the idempotent producer keeps it), and the command waits for every
+//!   acknowledgement; one Kafka refuses is named and the exit code is 1;
+//! - it refuses to run while any relay of this outbox is connected (active or standby): a relay
+//!   publishing newer events meanwhile would put the old ones after them;
+//! - `--dry-run` sends nothing and says what it would send.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, SystemTime};
+
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use tokio_postgres::Client;
+
+use super::locate;
+use super::verify::records::CLOCK_SLACK;
+use crate::config::RelayConfig;
+use crate::delivery::record::Mapping;
+use crate::delivery::record::format::Format;
+use crate::error::{FatalReason, RelayError};
+use crate::sink::kafka::REPUBLISHED_HEADER;
+use crate::table::{OutboxTable, outbox_row};
+
+/// Which events.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// `aggregate_id`, optionally with `aggregate_type` (`--aggregate-type`).
+    pub aggregate: Option<(Option<String>, String)>,
+    pub ids: Vec<String>,
+    /// `created_at` in [since, until) as PostgreSQL reads a timestamptz.
+    pub since: Option<String>,
+    pub until: Option<String>,
+    pub dry_run: bool,
+}
+
+/// One line per event, and the counts.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub lines: Vec<String>,
+    pub sent: u64,
+    /// Events Kafka refused or ids with no row: the exit code is 1.
+    pub refused: u64,
+}
+
+/// A record to send again.
+#[derive(Debug, Clone)]
+struct Again {
+    id: String,
+    topic: String,
+    partition: Option<i32>,
+    key: Option<Vec<u8>>,
+    value: Option<Vec<u8>>,
+    headers: Vec<(String, Option<Vec<u8>>)>,
+    /// Where the original lies, when Kafka still holds it.
+    original: Option<(i32, i64)>,
+}
+
+pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, RelayError> {
+    let (client, _) = crate::postgres::connect_primary(&config.postgres).await?;
+    let table = OutboxTable::new(config);
+    let id_type = table.id_type(&client).await?;
+    if !options.dry_run {
+        refuse_beside_a_relay(&client, config).await?;
+    }
+    let mut outcome = Outcome::default();
+    let rows = chosen_rows(&client, &table, &id_type, options, &mut outcome).await?;
+    if rows.is_empty() {
+        outcome.lines.push("no event chosen: nothing to send".into());
+        return Ok(outcome);
+    }
+    // the originals, read from the first row's time (less the clock slack) to each end
+    let mapping = Mapping::new(&config.outbox);
+    let mut records = Vec::new();
+    let mut since: Option<SystemTime> = None;
+    for (id, raw, created_at) in rows {
+        since = match (since, created_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        match mapping.to_record(raw, created_at)? {
+            Ok(record) => records.push((id, record)),
+            Err(refused) => {
+                outcome.refused += 1;
+                outcome.lines.push(format!("event {id}: cannot be published: {}", refused.reason));
+            }
+        }
+    }
+    let topics: Vec<String> =
+        records.iter().map(|(_, r)| r.topic.clone()).collect::<BTreeSet<_>>().into_iter().collect();
+    let wanted: HashMap<String, usize> =
+        records.iter().enumerate().map(|(i, (id, _))| (id.clone(), i)).collect();
+    let source = match config.kafka.source_headers {
+        true => Some(crate::sink::dedup::source_identity(&client, config).await?),
+        false => None,
+    };
+    let source_header =
+        source.as_ref().map(|s| (crate::sink::kafka::SOURCE_HEADER.to_string(), Some(s.as_bytes().to_vec())));
+    let (kafka, format) = (config.kafka.clone(), Format::of(&config.outbox));
+    let from = since.map(|at| at.checked_sub(CLOCK_SLACK).unwrap_or(SystemTime::UNIX_EPOCH));
+    let originals =
+        tokio::task::spawn_blocking(move || originals(&kafka, &topics, from, &format, source, &wanted))
+            .await
+            .map_err(|e| RelayError::Kafka(format!("reading Kafka failed: {e}")))??;
+    // a record Kafka no longer holds is made again only in the relay's own format: the others'
+    // values are made by the sink (CloudEvents' envelope, a registry's schema id)
+    let remappable =
+        config.outbox.format == crate::config::RecordFormat::Raw && config.outbox.registry.is_none();
+    let mut again = Vec::with_capacity(records.len());
+    for (id, record) in records {
+        match originals.get(&id) {
+            Some(original) => again.push(original.clone()),
+            None if remappable => {
+                let mut headers: Vec<(String, Option<Vec<u8>>)> = source_header.iter().cloned().collect();
+                headers.extend(record.headers().map(|(k, v)| (k.to_string(), Some(v.as_bytes().to_vec()))));
+                again.push(Again {
+                    headers,
+                    id,
+                    partition: None,
+                    key: Some(record.key.as_bytes().to_vec()),
+                    value: Some(record.payload.to_vec()),
+                    topic: record.topic.clone(),
+                    original: None,
+                });
+            }
+            None => {
+                outcome.refused += 1;
+                outcome.lines.push(format!(
+                    "event {id}: Kafka no longer holds it, and outbox.format {:?} records are made by the relay's \
+                     sink: recreate the slot (outbox-relay setup --recreate-slot) to send it as the relay does",
+                    config.outbox.format
+                ));
+            }
+        }
+    }
+    if options.dry_run {
+        for a in &again {
+            outcome.lines.push(format!("event {}: would send {}", a.id, a.describe()));
+        }
+        return Ok(outcome);
+    }
+    send(config, again, &mut outcome).await?;
+    Ok(outcome)
+}
+
+impl Again {
+    fn describe(&self) -> String {
+        match self.original {
+            Some((partition, offset)) => {
+                format!("to {}[{partition}] as first written (offset {offset})", self.topic)
+            }
+            None => format!("to {} as its row maps now (Kafka no longer holds it)", self.topic),
+        }
+    }
+}
+
+/// Fails when any relay of this outbox is connected: it may publish newer events while the old
+/// ones are sent again, putting them after the newer ones.
+async fn refuse_beside_a_relay(client: &Client, config: &RelayConfig) -> Result<(), RelayError> {
+    let rows = client
+        .query(
+            "SELECT pid, coalesce(client_addr::text, 'a local socket'), backend_type FROM pg_stat_activity \
+             WHERE application_name = $1 AND (datname = current_database() OR datname IS NULL) \
+               AND pid <> pg_backend_pid()",
+            &[&config.postgres.application_name],
+        )
+        .await?;
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let sessions: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            format!("pid {} from {} ({})", r.get::<_, i32>(0), r.get::<_, String>(1), r.get::<_, String>(2))
+        })
+        .collect();
+    Err(RelayError::fatal(
+        FatalReason::Config,
+        format!(
+            "a relay of this outbox is connected ({} named {:?}): events it publishes meanwhile would come before the \
+             ones sent again -- stop every instance (scale the StatefulSet to 0), republish, then start them; \
+             --dry-run works beside it",
+            sessions.join(", "),
+            config.postgres.application_name
+        ),
+    ))
+}
+
+/// The rows chosen, in id order: (id, row, created_at). Ids with no row are refused.
+async fn chosen_rows(
+    client: &Client,
+    table: &OutboxTable,
+    id_type: &str,
+    options: &Options,
+    outcome: &mut Outcome,
+) -> Result<Vec<(String, crate::delivery::record::OutboxRow, Option<SystemTime>)>, RelayError> {
+    let (aggregate_type, aggregate_id) = match &options.aggregate {
+        Some((t, id)) => (t.clone(), Some(id.clone())),
+        None => (None, None),
+    };
+    let ids: Option<Vec<String>> = (!options.ids.is_empty()).then(|| options.ids.clone());
+    let sql = table.chosen_sql(id_type);
+    let rows = client
+        .query(&sql, &[&aggregate_type, &aggregate_id, &ids, &options.since, &options.until])
+        .await
+        .map_err(|e| match e.code() {
+            Some(code) if code.code().starts_with("22") => RelayError::fatal(
+                FatalReason::Config,
+                format!(
+                    "--since/--until/--ids: PostgreSQL cannot read them ({e}); e.g. \"2026-12-01 10:00+00\""
+                ),
+            ),
+            _ => e.into(),
+        })?;
+    let mut chosen = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let (raw, created_at) = outbox_row(row)?;
+        chosen.push((raw.id.clone().unwrap_or_default(), raw, created_at));
+    }
+    for id in &options.ids {
+        if !chosen.iter().any(|(found, _, _)| found == id) {
+            outcome.refused += 1;
+            outcome
+                .lines
+                .push(format!("event {id}: no row in {} (deleted, or never written)", table.display_name()));
+        }
+    }
+    Ok(chosen)
+}
+
+/// The first record of each wanted id in `topics`, as first written.
+fn originals(
+    kafka: &crate::config::KafkaConfig,
+    topics: &[String],
+    since: Option<SystemTime>,
+    format: &Format,
+    source: Option<String>,
+    wanted: &HashMap<String, usize>,
+) -> Result<HashMap<String, Again>, RelayError> {
+    let mut found: HashMap<String, Again> = HashMap::new();
+    locate::scan(kafka, topics, since, format, source.as_deref(), |m, id| {
+        if !wanted.contains_key(id) || found.contains_key(id) {
+            return;
+        }
+        let headers = m
+            .headers()
+            .map(|h| h.iter().map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec))).collect())
+            .unwrap_or_default();
+        found.insert(
+            id.to_string(),
+            Again {
+                id: id.to_string(),
+                topic: m.topic().to_string(),
+                partition: Some(m.partition()),
+                key: m.key().map(<[u8]>::to_vec),
+                value: m.payload().map(<[u8]>::to_vec),
+                headers,
+                original: Some((m.partition(), m.offset())),
+            },
+        );
+    })
+    .map_err(|e| RelayError::Kafka(format!("reading Kafka: {e}")))?;
+    Ok(found)
+}
+
+/// Sends `again` in order with an idempotent acks=all producer and waits for every report.
+async fn send(config: &RelayConfig, again: Vec<Again>, outcome: &mut Outcome) -> Result<(), RelayError> {
+    let producer: FutureProducer = crate::sink::kafka::producer_config(&config.kafka)
+        .create()
+        .map_err(|e| RelayError::Kafka(format!("cannot create a producer: {e}")))?;
+    let stamp =
+        SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_millis().to_string();
+    let timeout = Duration::from_millis(config.kafka.message_timeout_ms) + Duration::from_secs(10);
+    let mut deliveries = Vec::with_capacity(again.len());
+    for a in &again {
+        let mut headers = OwnedHeaders::new_with_capacity(a.headers.len() + 1);
+        for (key, value) in &a.headers {
+            headers = headers.insert(Header { key, value: value.as_deref() });
+        }
+        headers = headers.insert(Header { key: REPUBLISHED_HEADER, value: Some(stamp.as_bytes()) });
+        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&a.topic).headers(headers);
+        if let Some(key) = &a.key {
+            record = record.key(key.as_slice());
+        }
+        if let Some(value) = &a.value {
+            record = record.payload(value.as_slice());
+        }
+        if let Some(partition) = a.partition {
+            record = record.partition(partition);
+        }
+        // (enqueued in order now; the reports are awaited after: each partition keeps the order)
+        let delivery = producer
+            .send_result(record)
+            .map_err(|(e, _)| RelayError::Kafka(format!("cannot enqueue: {e}")))?;
+        deliveries.push(delivery);
+    }
+    for (a, delivery) in again.iter().zip(deliveries) {
+        match tokio::time::timeout(timeout, delivery).await {
+            Ok(Ok(Ok(delivered))) => {
+                outcome.sent += 1;
+                outcome.lines.push(format!(
+                    "event {}: sent {} -> {}[{}] offset {}",
+                    a.id,
+                    a.describe(),
+                    a.topic,
+                    delivered.partition,
+                    delivered.offset
+                ));
+            }
+            Ok(Ok(Err((e, _)))) => {
+                outcome.refused += 1;
+                outcome.lines.push(format!("event {}: Kafka refused it: {e}", a.id));
+            }
+            _ => {
+                outcome.refused += 1;
+                outcome.lines.push(format!("event {}: no answer from Kafka", a.id));
+            }
+        }
+    }
+    Ok(())
+}
