@@ -189,10 +189,6 @@ const VERIFY_PREFIX: &str = "outbox_relay_verify_";
 
 #[tokio::test(flavor = "multi_thread")]
 async fn verify_watch_names_an_event_whose_record_was_deleted_and_a_real_prometheus_alerts() {
-    use rdkafka::admin::{AdminClient, AdminOptions};
-    use rdkafka::client::DefaultClientContext;
-    use rdkafka::{ClientConfig, TopicPartitionList};
-
     // given a replication relay that published 60 events and streams on, and `verify --watch`
     // beside it, passing every second, scraped by a real Prometheus with the shipped rules
     let s = Setup::create(&services().kafka, "", true, RelayToml::replication).await;
@@ -214,14 +210,7 @@ async fn verify_watch_names_an_event_whose_record_was_deleted_and_a_real_prometh
         start_prometheus(s.dir.path(), &[watch.metrics_port()], &quick_rules(|rules| rules));
 
     // when the first record of a partition is deleted from Kafka (DeleteRecords)
-    let first = records.iter().min_by_key(|r| (r.partition, r.offset)).unwrap();
-    assert_eq!(first.offset, 0);
-    let lost = first.header("id").unwrap().to_string();
-    let mut cut = TopicPartitionList::new();
-    cut.add_partition_offset(&s.topic, first.partition, rdkafka::Offset::Offset(1)).unwrap();
-    let admin: AdminClient<DefaultClientContext> =
-        ClientConfig::new().set("bootstrap.servers", &services().kafka).create().unwrap();
-    admin.delete_records(&cut, &AdminOptions::new()).await.unwrap();
+    let lost = delete_first_record(&records).await;
 
     // then the next pass counts it missing and names it, and nothing else is wrong
     watch.wait_metric("outbox_relay_verify_missing_events", |v| v >= 1.0).await;

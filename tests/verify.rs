@@ -313,6 +313,61 @@ async fn deleted_rows_are_vouched_for(mode: &str) {
     }
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn verify_watch_with_every_row_deleted_after_publishing_names_a_record_deleted_from_kafka() {
+    for mode in ["polling", "replication"] {
+        watch_without_rows(mode).await;
+    }
+}
+
+/// `verify --watch` where no row outlives its publishing: polling in `delete` mode, or
+/// replication with rows written and deleted in one transaction (the insert+delete style).
+async fn watch_without_rows(mode: &str) {
+    // given a relay that published every event, no row left of them, events still being written,
+    // and `verify --watch` beside it
+    let mode_owned = mode.to_string();
+    let (s, records, mut relay, client) = publishing(move |slot| RelayToml::either(&mode_owned, slot)).await;
+    client.execute("DELETE FROM outbox_events", &[]).await.unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = tokio::spawn(write_while(
+        s.db.client().await,
+        s.aggregate_type.clone(),
+        mode == "replication",
+        stop.clone(),
+    ));
+    let args = ["--every-secs", "1", "--wait-secs", "5", "--show", "5"];
+    let log = s.dir.path().join("watch.log");
+    let mut watch = common::process::RelayProcess::watch(&s.config(), &log, &args);
+    watch.wait_ready("active").await;
+
+    // then passes read every record, and the record of what was published vouches for each
+    watch.wait_metric("outbox_relay_verify_records", |v| v >= EVENTS as f64).await;
+    let scrape = watch.scrape();
+    for class in ["missing_events", "unexpected_records", "duplicated_events", "out_of_order_events"] {
+        let value = common::http::sample(&scrape, &format!("outbox_relay_verify_{class}"));
+        assert_eq!(value, Some(0.0), "{mode} {class}:\n{scrape}\n{}", watch.log_text());
+    }
+
+    // when the first record of a partition is deleted from Kafka (DeleteRecords)
+    let lost = delete_first_record(&records).await;
+
+    // then the next pass counts it missing and names it
+    watch.wait_metric("outbox_relay_verify_missing_events", |v| v >= 1.0).await;
+    let scrape = watch.scrape();
+    let named = format!("outbox_relay_verify_missing_event{{id=\"{lost}\"}}");
+    assert!(common::http::sample(&scrape, &named).is_some(), "{mode}: {lost} is not named:\n{scrape}");
+    assert_eq!(common::http::sample(&scrape, "outbox_relay_verify_missing_events"), Some(1.0), "{scrape}");
+    assert_eq!(
+        common::http::sample(&scrape, "outbox_relay_verify_unexpected_records"),
+        Some(0.0),
+        "{scrape}"
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(writer.await.unwrap() > 0);
+    assert_eq!(watch.terminate(EXIT_LIMIT), Some(0), "{}", watch.log_text());
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
+}
+
 /// `locate --format json --id ID`: (exit code, receipt).
 fn locate(s: &Setup, id: &str) -> (i32, Value) {
     let config = s.config().display().to_string();

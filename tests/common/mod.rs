@@ -651,6 +651,21 @@ pub async fn produce_again(record: &Consumed) {
     producer.send(out, Duration::from_secs(10)).await.map_err(|(e, _)| e).unwrap();
 }
 
+/// Deletes the first record of the lowest partition holding one of `records` from Kafka
+/// (DeleteRecords up to offset 1), as a retention or an operator's mistake would; its event id.
+pub async fn delete_first_record(records: &[Consumed]) -> String {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::client::DefaultClientContext;
+    let first = records.iter().min_by_key(|r| (r.partition, r.offset)).unwrap();
+    assert_eq!(first.offset, 0, "the records do not start their partition");
+    let mut cut = rdkafka::TopicPartitionList::new();
+    cut.add_partition_offset(&first.topic, first.partition, rdkafka::Offset::Offset(1)).unwrap();
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", &services().kafka).create().unwrap();
+    admin.delete_records(&cut, &AdminOptions::new()).await.unwrap();
+    first.header("id").unwrap().to_string()
+}
+
 /// `outbox-relay verify` of `config` exits 0 and finds nothing missing, duplicated, out of
 /// order or mismatched.
 pub fn assert_verified(config: &Path) {
