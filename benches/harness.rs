@@ -515,8 +515,9 @@ async fn drop_topic(topic: &str) {
     }
 }
 
-/// A plain idempotent acks=all producer sending records shaped like the relay's.
-async fn producer_limit(events: usize) -> f64 {
+/// A plain idempotent acks=all producer sending records shaped like the relay's (payloads of
+/// `payload_bytes` when given): seconds to send `events` and have every one acknowledged.
+async fn producer_limit(events: usize, payload_bytes: Option<usize>) -> f64 {
     let topic = format!("bench.producer.{}", random_suffix());
     create_topic(&topic, PARTITIONS).await;
     let producer: FutureProducer = ClientConfig::new()
@@ -526,10 +527,14 @@ async fn producer_limit(events: usize) -> f64 {
         .set("linger.ms", "5")
         .create()
         .unwrap();
-    let payload = format!(
-        "{{\"note\": \"{}\", \"status\": \"placed\", \"currency\": \"EUR\", \"customer\": \"customer-1\", \"order_id\": 1, \"written_at\": \"2026-11-29T10:00:00.000000+00:00\", \"total_cents\": 1}}",
-        "x".repeat(60)
-    );
+    let payload = match payload_bytes {
+        // (the scaling curve's size: a JSON document of that many bytes)
+        Some(bytes) => format!("{{\"note\": \"{}\"}}", "x".repeat(bytes.saturating_sub(12))),
+        None => format!(
+            "{{\"note\": \"{}\", \"status\": \"placed\", \"currency\": \"EUR\", \"customer\": \"customer-1\", \"order_id\": 1, \"written_at\": \"2026-11-29T10:00:00.000000+00:00\", \"total_cents\": 1}}",
+            "x".repeat(60)
+        ),
+    };
     let started = Instant::now();
     let mut pending = Vec::with_capacity(events);
     for i in 0..events {

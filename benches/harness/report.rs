@@ -55,7 +55,7 @@ pub async fn run(o: &Options) -> Results {
             if events == o.events { &mut results.replication } else { &mut results.history }.push((d, r));
         }
         eprintln!("[bench] run {run}: plain producer");
-        results.producer.push(producer_limit(o.events).await);
+        results.producer.push(producer_limit(o.events, None).await);
         eprintln!("[bench] run {run}: polling drain of {} events", o.events);
         let p = polling_drain(o.events).await;
         eprintln!(
