@@ -21,13 +21,19 @@
 //!   at 2,000 events/s (issue 34, `harness/watch.rs`);
 //! - with `--peer debezium`, the relay side by side with Debezium's PostgreSQL connector and
 //!   outbox event router on the same database, broker and workload: drain, latency, memory and
-//!   CPU (issue 33, `harness/peer.rs`).
+//!   CPU (issue 33, `harness/peer.rs`);
+//! - with `--baseline PATH`, another build of the relay (an earlier commit's
+//!   `target/release/outbox-relay`, copied aside) drained side by side with this one, in both
+//!   modes, their order flipped each run: what a change did to CPU, rate and memory
+//!   (`harness/baseline.rs`).
 //!
 //! Each figure is the median of `--runs` runs (default 3) with min and max.
 //! [`report::run`] measures, [`report::render`] turns the results into the tables (with issue
 //! 16's targets, met or missed) that are printed and written to BENCHMARKS.md (`--out`). The
 //! databases, topics and relay processes come from the test harness (`tests/common`).
 
+#[path = "harness/baseline.rs"]
+mod baseline;
 #[path = "../tests/common/mod.rs"]
 mod common;
 #[path = "harness/dedup.rs"]
@@ -62,7 +68,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::process::RelayProcess;
 use common::{
-    RelayToml, TestDb, connect, create_topic, random_suffix, run_relay, services, wait_until_within,
+    RelayToml, TestDb, connect, create_topic, random_suffix, run_relay, services, use_relay_bin,
+    wait_until_within,
 };
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
@@ -99,6 +106,8 @@ struct Options {
     /// to Debezium's Kafka Connect worker and to its connector (`--peer debezium`).
     peer_worker: Vec<String>,
     peer_connector: Vec<String>,
+    /// `--baseline PATH`: another build of the relay, drained side by side with this one.
+    baseline: Option<std::path::PathBuf>,
 }
 
 fn options() -> Options {
@@ -114,6 +123,7 @@ fn options() -> Options {
         transactional: String::new(),
         peer_worker: Vec::new(),
         peer_connector: Vec::new(),
+        baseline: None,
     };
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
     let mut i = 0;
@@ -146,12 +156,17 @@ fn options() -> Options {
                     "floor",
                     "peer",
                     "watch",
+                    "baseline",
                 ]
                 .contains(&value.as_str()) =>
             {
                 o.only = Some(value)
             }
             "--peer" if value == "debezium" => o.only = Some("peer".into()),
+            "--baseline" => {
+                o.baseline = Some(value.into());
+                o.only = Some("baseline".into());
+            }
             "--kafka" => o.kafka = toml_lines(&value),
             "--transactional" => o.transactional = toml_lines(&value),
             "--peer-worker" => o.peer_worker = properties(&value),
@@ -936,6 +951,15 @@ async fn main() {
             println!("{text}");
             if let Some(out) = &o.out {
                 dedup::write_section(out, "outboxes-cost", &text);
+            }
+            return;
+        }
+        Some("baseline") => {
+            let runs = baseline::run(&o).await;
+            let text = baseline::render(&o, &runs);
+            println!("{text}");
+            if let Some(out) = &o.out {
+                dedup::write_section(out, "baseline", &text);
             }
             return;
         }

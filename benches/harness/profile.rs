@@ -15,8 +15,22 @@ impl Profile {
         let Some(dir) = std::env::var_os("BENCH_PERF_DIR").map(PathBuf::from) else { return Profile(None) };
         std::fs::create_dir_all(&dir).expect("BENCH_PERF_DIR");
         let out = dir.join(format!("{what}.perf.data"));
+        // (`BENCH_PERF_CALL_GRAPH=dwarf`: call chains through libc and librdkafka, which keep no
+        // frame pointers, at the price of a far larger file)
+        let call_graph = std::env::var("BENCH_PERF_CALL_GRAPH").unwrap_or_else(|_| "fp".into());
         let child = Command::new("perf")
-            .args(["record", "-e", "cpu-clock", "-F", "999", "-g", "-p", &pid.to_string(), "-o"])
+            .args([
+                "record",
+                "-e",
+                "cpu-clock",
+                "-F",
+                "999",
+                "--call-graph",
+                &call_graph,
+                "-p",
+                &pid.to_string(),
+            ])
+            .arg("-o")
             .arg(&out)
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -593,8 +593,18 @@ pub async fn wait_reconnected(client: &Client, condition: &str, since: SystemTim
     .await;
 }
 
+/// The relay binary started from here: this build's, unless the bench's baseline comparison
+/// switched to another build for a while ([`use_relay_bin`]).
+static RELAY_BIN: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
+
 pub fn relay_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_outbox-relay"))
+    let chosen = RELAY_BIN.lock().unwrap().clone();
+    chosen.unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_outbox-relay")))
+}
+
+/// Starts `bin` instead of this build's relay from now on; `None`: this build's again.
+pub fn use_relay_bin(bin: Option<PathBuf>) {
+    *RELAY_BIN.lock().unwrap() = bin;
 }
 
 /// Runs `outbox-relay ARGS` to completion; returns (exit code, stdout, stderr).
