@@ -156,7 +156,6 @@ fn options() -> Options {
                     "floor",
                     "peer",
                     "watch",
-                    "baseline",
                 ]
                 .contains(&value.as_str()) =>
             {

@@ -246,14 +246,22 @@ async fn rows_deleted_after_publishing_are_vouched_for_and_a_phantom_and_a_lost_
     }
 }
 
+/// A relay of `mode` (polling deletes what it published) that published `EVENTS` events, still
+/// running, with every row deleted: as [`publishing`].
+async fn published_without_rows(
+    mode: &str,
+) -> (Setup, Vec<Consumed>, common::process::RelayProcess, tokio_postgres::Client) {
+    let mode = mode.to_string();
+    let (s, records, relay, client) = publishing(move |slot| RelayToml::either(&mode, slot)).await;
+    client.execute("DELETE FROM outbox_events", &[]).await.unwrap();
+    (s, records, relay, client)
+}
+
 /// Polling in `delete` mode, or replication with the rows deleted after publishing (a cleanup).
 async fn deleted_rows_are_vouched_for(mode: &str) {
     // given a relay that published every event, and no row left of them
-    let mode_owned = mode.to_string();
-    let (s, records, mut relay, mut client) =
-        publishing(move |slot| RelayToml::either(&mode_owned, slot)).await;
     // (the relay goes on streaming: verify knows what the slot has confirmed)
-    client.execute("DELETE FROM outbox_events", &[]).await.unwrap();
+    let (s, records, mut relay, mut client) = published_without_rows(mode).await;
 
     // when verify compares the (empty) table with the topic
     let (code, report) = verify(&s, &[]);
@@ -321,13 +329,12 @@ async fn verify_watch_with_every_row_deleted_after_publishing_names_a_record_del
 }
 
 /// `verify --watch` where no row outlives its publishing: polling in `delete` mode, or
-/// replication with rows written and deleted in one transaction (the insert+delete style).
+/// replication with the published rows deleted afterwards and the live writer's rows written and
+/// deleted in one transaction (the insert+delete style).
 async fn watch_without_rows(mode: &str) {
     // given a relay that published every event, no row left of them, events still being written,
     // and `verify --watch` beside it
-    let mode_owned = mode.to_string();
-    let (s, records, mut relay, client) = publishing(move |slot| RelayToml::either(&mode_owned, slot)).await;
-    client.execute("DELETE FROM outbox_events", &[]).await.unwrap();
+    let (s, records, mut relay, _client) = published_without_rows(mode).await;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = tokio::spawn(write_while(
         s.db.client().await,
@@ -338,6 +345,8 @@ async fn watch_without_rows(mode: &str) {
     let args = ["--every-secs", "1", "--wait-secs", "5", "--show", "5"];
     let log = s.dir.path().join("watch.log");
     let mut watch = common::process::RelayProcess::watch(&s.config(), &log, &args);
+
+    // when it passes beside the relay
     watch.wait_ready("active").await;
 
     // then passes read every record, and the record of what was published vouches for each

@@ -1,5 +1,5 @@
 //! `deploy/local/bench --baseline PATH`: another build of the relay side by side with this one
-//! on the same backlogs (`--events`, default 1,000,000), replication and polling, `--runs` times
+//! on backlogs of the same size, each written afresh (`--events`, default 1,000,000), replication and polling, `--runs` times
 //! with the order flipped each run, so a change's effect on CPU per event, drain rate and peak
 //! RSS is read as a ratio from one run of the harness, not against numbers from another day.
 //! Copy the baseline aside first (`cp target/release/outbox-relay /tmp/outbox-relay.before`):
@@ -11,7 +11,7 @@ use super::{Drain, Options, polling_drain, replication_drain, stat, use_relay_bi
 
 /// Each side's drains, one per run.
 #[derive(Default)]
-pub struct Side {
+struct Side {
     replication: Vec<Drain>,
     polling: Vec<Drain>,
 }
@@ -40,26 +40,25 @@ pub async fn run(o: &Options) -> Runs {
             use_relay_bin(is_baseline.then(|| baseline.clone()));
             eprintln!("[bench] run {run}/{}: {name}, replication drain of {} events", o.runs, o.events);
             let (d, _) = replication_drain(o.events, None, false).await;
-            eprintln!(
-                "[bench]   {:.0} events/s, {:.2} CPU s/100k, peak RSS {:.1} MiB",
-                rate(o, &d),
-                d.cpu_per_100k,
-                d.rss_mib
-            );
+            say(o, &d);
             side.replication.push(d);
             eprintln!("[bench] run {run}/{}: {name}, polling drain of {} events", o.runs, o.events);
             let d = polling_drain(o.events).await;
-            eprintln!(
-                "[bench]   {:.0} events/s, {:.2} CPU s/100k, peak RSS {:.1} MiB",
-                rate(o, &d),
-                d.cpu_per_100k,
-                d.rss_mib
-            );
+            say(o, &d);
             side.polling.push(d);
         }
         use_relay_bin(None);
     }
     runs
+}
+
+fn say(o: &Options, d: &Drain) {
+    eprintln!(
+        "[bench]   {:.0} events/s, {:.2} CPU s/100k, peak RSS {:.1} MiB",
+        rate(o, d),
+        d.cpu_per_100k,
+        d.rss_mib
+    );
 }
 
 fn rate(o: &Options, d: &Drain) -> f64 {

@@ -11,8 +11,8 @@ use outbox_relay::config::DEFAULT_MAX_IN_FLIGHT_BYTES;
 
 use super::{Drain, Options, Shape, producer_limit, replication_drain, stat};
 
-/// (payload bytes, events per transaction, events drained): the byte volume stays near 100 MB
-/// or under, so a point takes seconds, not minutes.
+/// (payload bytes, events per transaction, events drained): the byte volume stays at 200 MB or
+/// under, so a point takes seconds, not minutes.
 const VARIANTS: [(i32, i32, usize); 5] = [
     (100, 10, 200_000),
     (1_000, 10, 100_000),
