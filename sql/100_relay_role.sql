@@ -21,7 +21,13 @@
 --   INSERT dead letter        unpublishable rows are moved there with their reason
 --   outbox_relay_published    the ids it published, for `verify` (010_published.sql)
 --
--- Neither is a superuser, and neither can read or write any other table.
+-- outbox_relay_verify (`verify`, `verify --watch` and `locate`; set
+-- postgres.user = "outbox_relay_verify" in their configuration):
+--   LOGIN                     no REPLICATION
+--   SELECT only               the outbox, the dead-letter table, outbox_relay_slots and
+--                             outbox_relay_published: it compares, and can change nothing
+--
+-- None is a superuser, and none can read or write any other table.
 -- Replication mode also needs a publication, and creating one needs ownership of the table.
 -- Either run `outbox-relay setup` once with the owner's credentials, or create it here:
 --   CREATE PUBLICATION outbox_relay FOR TABLE outbox_events
@@ -60,7 +66,15 @@ EXCEPTION
 END
 $$;
 
-GRANT USAGE ON SCHEMA public TO outbox_relay, outbox_relay_polling;
+DO $$
+BEGIN
+    CREATE ROLE outbox_relay_verify LOGIN;
+EXCEPTION
+    WHEN duplicate_object OR unique_violation THEN NULL;
+END
+$$;
+
+GRANT USAGE ON SCHEMA public TO outbox_relay, outbox_relay_polling, outbox_relay_verify;
 
 -- replication (older versions of this file granted it DELETE and UPDATE: taken back)
 REVOKE DELETE, UPDATE ON outbox_events FROM outbox_relay;
@@ -85,3 +99,7 @@ $$;
 GRANT SELECT, DELETE ON outbox_events TO outbox_relay_polling;
 GRANT UPDATE (published_at) ON outbox_events TO outbox_relay_polling;
 GRANT SELECT, INSERT ON outbox_dead_letter TO outbox_relay_polling;
+
+-- verify: reads, nothing more
+GRANT SELECT ON outbox_events, outbox_dead_letter, outbox_relay_slots, outbox_relay_published
+    TO outbox_relay_verify;

@@ -387,6 +387,56 @@ fn locate(s: &Setup, id: &str) -> (i32, Value) {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn the_verify_role_of_sql_100_verifies_and_locates_and_may_change_nothing() {
+    // given a replication relay that published every event, streaming on, and its
+    // configuration logging in as outbox_relay_verify instead
+    let (s, records, mut relay, client) = publishing(config("replication")).await;
+    let row = client
+        .query_one(
+            "SELECT r.rolreplication, bool_or(has_table_privilege('outbox_relay_verify', t, p)) \
+             FROM pg_roles r, unnest(ARRAY['outbox_events', 'outbox_dead_letter', 'outbox_relay_slots', \
+                  'outbox_relay_published']) t, unnest(ARRAY['INSERT', 'UPDATE', 'DELETE', 'TRUNCATE']) p \
+             WHERE r.rolname = 'outbox_relay_verify' GROUP BY r.rolreplication",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!((row.get::<_, bool>(0), row.get::<_, bool>(1)), (false, false), "the role may write");
+    let text = std::fs::read_to_string(s.config()).unwrap();
+    assert!(text.contains("user = \"postgres\""), "{text}");
+    let as_verify = s.dir.path().join("verify.toml");
+    std::fs::write(&as_verify, text.replacen("user = \"postgres\"", "user = \"outbox_relay_verify\"", 1))
+        .unwrap();
+    let config = as_verify.display().to_string();
+
+    // when verify compares the outbox with the topic as that role
+    let args = ["verify", "--config", &config, "--format", "json", "--wait-secs", "20"];
+    let (code, stdout, stderr) = run_relay(&args, EXIT_LIMIT);
+
+    // then it reads everything it needs and finds every event once
+    let report: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}{stderr}"));
+    assert_eq!(code, 0, "{report}{stderr}");
+    for class in ["missing", "pending", "unexpected", "duplicated", "out_of_order", "mismatched"] {
+        assert_eq!(count(&report, class), 0, "{class}: {report}");
+    }
+
+    // and locate gives a receipt as that role
+    let id = records[0].header("id").unwrap();
+    let args = ["locate", "--config", &config, "--id", id, "--format", "json", "--wait-secs", "10"];
+    let (code, stdout, stderr) = run_relay(&args, EXIT_LIMIT);
+    let receipt: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}{stderr}"));
+    assert_eq!((code, receipt["state"].as_str()), (0, Some("published")), "{receipt}{stderr}");
+
+    // and verify --watch passes as that role, finding nothing missing
+    let args = ["--every-secs", "1", "--wait-secs", "5"];
+    let mut watch = common::process::RelayProcess::watch(&as_verify, &s.dir.path().join("watch.log"), &args);
+    watch.wait_metric("outbox_relay_verify_rows", |v| v >= EVENTS as f64).await;
+    assert_eq!(watch.metric("outbox_relay_verify_missing_events"), Some(0.0), "{}", watch.log_text());
+    assert_eq!(watch.terminate(EXIT_LIMIT), Some(0), "{}", watch.log_text());
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn locate_gives_each_event_its_receipt_published_dead_lettered_missing_pending_or_unknown() {
     // given a replication relay that published every event, streaming on
     let (s, records, mut relay, client) = publishing(config("replication")).await;
