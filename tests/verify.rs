@@ -246,13 +246,30 @@ async fn rows_deleted_after_publishing_are_vouched_for_and_a_phantom_and_a_lost_
     }
 }
 
+/// How the rows of published events leave the table.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Cleanup {
+    Delete,
+    /// `DROP TABLE` of the daily partitions holding them (what `outbox_drop_partitions` does).
+    DropPartitions,
+}
+
 /// A relay of `mode` (polling deletes what it published) that published `EVENTS` events, still
-/// running, with every row deleted: as [`publishing`].
+/// running, with every row gone by `cleanup`: as [`publishing`].
 async fn published_without_rows(
     mode: &str,
+    cleanup: Cleanup,
 ) -> (Setup, Vec<Consumed>, common::process::RelayProcess, tokio_postgres::Client) {
     let mode = mode.to_string();
     let (s, records, relay, client) = publishing(move |slot| RelayToml::either(&mode, slot)).await;
+    if cleanup == Cleanup::DropPartitions {
+        let holding =
+            client.query("SELECT DISTINCT tableoid::regclass::text FROM outbox_events", &[]).await.unwrap();
+        for partition in holding.iter().map(|row| row.get::<_, String>(0)) {
+            assert_ne!(partition, "outbox_events_default", "the rows are in no daily partition");
+            client.batch_execute(&format!("DROP TABLE {partition}")).await.unwrap();
+        }
+    }
     client.execute("DELETE FROM outbox_events", &[]).await.unwrap();
     (s, records, relay, client)
 }
@@ -261,7 +278,7 @@ async fn published_without_rows(
 async fn deleted_rows_are_vouched_for(mode: &str) {
     // given a relay that published every event, and no row left of them
     // (the relay goes on streaming: verify knows what the slot has confirmed)
-    let (s, records, mut relay, mut client) = published_without_rows(mode).await;
+    let (s, records, mut relay, mut client) = published_without_rows(mode, Cleanup::Delete).await;
 
     // when verify compares the (empty) table with the topic
     let (code, report) = verify(&s, &[]);
@@ -322,19 +339,23 @@ async fn deleted_rows_are_vouched_for(mode: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn verify_watch_with_every_row_deleted_after_publishing_names_a_record_deleted_from_kafka() {
-    for mode in ["polling", "replication"] {
-        watch_without_rows(mode).await;
+async fn verify_watch_with_no_row_left_after_publishing_names_a_record_deleted_from_kafka() {
+    for (mode, cleanup) in [
+        ("polling", Cleanup::Delete),
+        ("replication", Cleanup::Delete),
+        ("replication", Cleanup::DropPartitions),
+    ] {
+        watch_without_rows(mode, cleanup).await;
     }
 }
 
 /// `verify --watch` where no row outlives its publishing: polling in `delete` mode, or
-/// replication with the published rows deleted afterwards and the live writer's rows written and
-/// deleted in one transaction (the insert+delete style).
-async fn watch_without_rows(mode: &str) {
+/// replication with the published rows deleted afterwards (or their partitions dropped) and the
+/// live writer's rows written and deleted in one transaction (the insert+delete style).
+async fn watch_without_rows(mode: &str, cleanup: Cleanup) {
     // given a relay that published every event, no row left of them, events still being written,
     // and `verify --watch` beside it
-    let (s, records, mut relay, _client) = published_without_rows(mode).await;
+    let (s, records, mut relay, _client) = published_without_rows(mode, cleanup).await;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = tokio::spawn(write_while(
         s.db.client().await,
@@ -354,7 +375,7 @@ async fn watch_without_rows(mode: &str) {
     let scrape = watch.scrape();
     for class in ["missing_events", "unexpected_records", "duplicated_events", "out_of_order_events"] {
         let value = common::http::sample(&scrape, &format!("outbox_relay_verify_{class}"));
-        assert_eq!(value, Some(0.0), "{mode} {class}:\n{scrape}\n{}", watch.log_text());
+        assert_eq!(value, Some(0.0), "{mode} {cleanup:?} {class}:\n{scrape}\n{}", watch.log_text());
     }
 
     // when the first record of a partition is deleted from Kafka (DeleteRecords)
@@ -364,7 +385,10 @@ async fn watch_without_rows(mode: &str) {
     watch.wait_metric("outbox_relay_verify_missing_events", |v| v >= 1.0).await;
     let scrape = watch.scrape();
     let named = format!("outbox_relay_verify_missing_event{{id=\"{lost}\"}}");
-    assert!(common::http::sample(&scrape, &named).is_some(), "{mode}: {lost} is not named:\n{scrape}");
+    assert!(
+        common::http::sample(&scrape, &named).is_some(),
+        "{mode} {cleanup:?}: {lost} is not named:\n{scrape}"
+    );
     assert_eq!(common::http::sample(&scrape, "outbox_relay_verify_missing_events"), Some(1.0), "{scrape}");
     assert_eq!(
         common::http::sample(&scrape, "outbox_relay_verify_unexpected_records"),
