@@ -186,6 +186,29 @@ async fn a_window_limits_the_rows_compared_and_a_bad_bound_names_the_flag() {
     assert!(stderr.contains("--since"), "{stderr}");
 }
 
+/// [`write_while`] in the background, in the style of `mode` (replication: insert+delete), until
+/// [`Writing::stop`].
+struct Writing {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<usize>,
+}
+
+impl Writing {
+    async fn start(s: &Setup, mode: &str) -> Writing {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let client = s.db.client().await;
+        let task =
+            tokio::spawn(write_while(client, s.aggregate_type.clone(), mode == "replication", stop.clone()));
+        Writing { stop, task }
+    }
+
+    /// Stops writing; how many events were written.
+    async fn stop(self) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.task.await.unwrap()
+    }
+}
+
 /// Writes an event every 20 ms until `stop` (replication: deleted in the same transaction, as
 /// the insert+delete style does); returns how many.
 async fn write_while(
@@ -292,16 +315,9 @@ async fn deleted_rows_are_vouched_for(mode: &str) {
 
     // when events are published while verify reads the topic (in replication written and
     // deleted in one transaction: the insert+delete style), then none of them is unexpected
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writer = tokio::spawn(write_while(
-        s.db.client().await,
-        s.aggregate_type.clone(),
-        mode == "replication",
-        stop.clone(),
-    ));
+    let writing = Writing::start(&s, mode).await;
     let (code, report) = verify(&s, &[]);
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let written = writer.await.unwrap();
+    let written = writing.stop().await;
     assert!(written > 0 && (code == 0 || code == 3), "{mode}: {written} written; {report}");
     assert_eq!((count(&report, "unexpected"), count(&report, "missing")), (0, 0), "{mode}: {report}");
 
@@ -356,13 +372,7 @@ async fn watch_without_rows(mode: &str, cleanup: Cleanup) {
     // given a relay that published every event, no row left of them, events still being written,
     // and `verify --watch` beside it
     let (s, records, mut relay, _client) = published_without_rows(mode, cleanup).await;
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writer = tokio::spawn(write_while(
-        s.db.client().await,
-        s.aggregate_type.clone(),
-        mode == "replication",
-        stop.clone(),
-    ));
+    let writing = Writing::start(&s, mode).await;
     let args = ["--every-secs", "1", "--wait-secs", "5", "--show", "5"];
     let log = s.dir.path().join("watch.log");
     let mut watch = common::process::RelayProcess::watch(&s.config(), &log, &args);
@@ -395,8 +405,7 @@ async fn watch_without_rows(mode: &str, cleanup: Cleanup) {
         Some(0.0),
         "{scrape}"
     );
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    assert!(writer.await.unwrap() > 0);
+    assert!(writing.stop().await > 0);
     assert_eq!(watch.terminate(EXIT_LIMIT), Some(0), "{}", watch.log_text());
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
 }
