@@ -145,8 +145,11 @@ impl KafkaConfig {
     /// with SASL, else what decides it (the TLS client certificate's subject, or ANONYMOUS on a
     /// listener without authentication).
     pub fn principal(&self) -> String {
-        let property =
-            |name: &str| self.client_properties().find(|(k, _)| *k == name).map(|(_, v)| v.to_string());
+        // the last setting of a name is the one librdkafka keeps: a secret file's `sasl.username`
+        // (a second principal's, e.g. `verify --watch`'s) over the configuration's
+        let property = |name: &str| {
+            self.client_properties().filter(|(k, _)| *k == name).last().map(|(_, v)| v.to_string())
+        };
         let protocol =
             property("security.protocol").unwrap_or_else(|| "plaintext".into()).to_ascii_lowercase();
         match (property("sasl.username"), protocol.as_str()) {
@@ -501,9 +504,8 @@ pub(super) fn string_or_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Stri
 mod tests {
     use super::*;
 
-    #[test]
-    fn oauthbearer_and_oidc_are_refused_at_load_saying_why() {
-        let config = |properties: &[(&str, &str)]| KafkaConfig {
+    fn config(properties: &[(&str, &str)]) -> KafkaConfig {
+        KafkaConfig {
             brokers: vec!["127.0.0.1:9092".into()],
             client_id: "c".into(),
             message_timeout_ms: 0,
@@ -523,7 +525,19 @@ mod tests {
                 .collect(),
             secret_properties_file: String::new(),
             secret_properties: BTreeMap::new(),
-        };
+        }
+    }
+
+    #[test]
+    fn the_principal_named_is_the_secret_files_when_it_sets_the_username_again() {
+        let mut kafka = config(&[("security.protocol", "SASL_SSL"), ("sasl.username", "outbox-relay")]);
+        assert_eq!(kafka.principal(), "principal User:outbox-relay");
+        kafka.secret_properties.insert("sasl.username".into(), Secret::new("outbox-relay-verify"));
+        assert_eq!(kafka.principal(), "principal User:outbox-relay-verify");
+    }
+
+    #[test]
+    fn oauthbearer_and_oidc_are_refused_at_load_saying_why() {
         for properties in [
             &[("security.protocol", "SASL_SSL"), ("sasl.mechanism", "OAUTHBEARER")][..],
             &[("sasl.mechanisms", "OAUTHBEARER"), ("sasl.oauthbearer.method", "oidc")][..],
