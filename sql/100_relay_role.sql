@@ -24,8 +24,9 @@
 -- outbox_relay_verify (`verify`, `verify --watch` and `locate`; set
 -- postgres.user = "outbox_relay_verify" in their configuration):
 --   LOGIN                     no REPLICATION
---   SELECT only               the outbox, the dead-letter table, outbox_relay_slots and
---                             outbox_relay_published: it compares, and can change nothing
+--   SELECT only               the outbox, the dead-letter table and outbox_relay_published
+--                             (and pg_replication_slots, which any role reads): it compares,
+--                             and can change nothing
 --
 -- None is a superuser, and none can read or write any other table.
 -- Replication mode also needs a publication, and creating one needs ownership of the table.
@@ -101,5 +102,4 @@ GRANT UPDATE (published_at) ON outbox_events TO outbox_relay_polling;
 GRANT SELECT, INSERT ON outbox_dead_letter TO outbox_relay_polling;
 
 -- verify: reads, nothing more
-GRANT SELECT ON outbox_events, outbox_dead_letter, outbox_relay_slots, outbox_relay_published
-    TO outbox_relay_verify;
+GRANT SELECT ON outbox_events, outbox_dead_letter, outbox_relay_published TO outbox_relay_verify;

@@ -435,6 +435,18 @@ async fn the_verify_role_of_sql_100_verifies_and_locates_and_may_change_nothing(
         .await
         .unwrap();
     assert_eq!((row.get::<_, bool>(0), row.get::<_, bool>(1)), (false, false), "the role may write");
+    // and may not read what verify does not: the relay's slot table, a business table
+    client.batch_execute("CREATE TABLE orders_of_the_app (id bigint)").await.unwrap();
+    let reads: bool = client
+        .query_one(
+            "SELECT has_table_privilege('outbox_relay_verify', 'outbox_relay_slots', 'SELECT') \
+                 OR has_table_privilege('outbox_relay_verify', 'orders_of_the_app', 'SELECT')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!reads, "the role reads more than verify needs");
     let text = std::fs::read_to_string(s.config()).unwrap();
     assert!(text.contains("user = \"postgres\""), "{text}");
     let as_verify = s.dir.path().join("verify.toml");

@@ -141,15 +141,19 @@ impl KafkaConfig {
         plain.chain(self.secret_properties.iter().map(|(k, v)| (k.as_str(), v.expose())))
     }
 
+    /// The value librdkafka gets for `name`: the last of its settings, so a secret file's (or an
+    /// `OUTBOX_RELAY_KAFKA_*` variable's) over `kafka.properties`.
+    pub fn property(&self, name: &str) -> Option<&str> {
+        self.client_properties().filter(|(k, _)| *k == name).last().map(|(_, v)| v)
+    }
+
     /// The principal the brokers' authorizer sees, as an ACL names it: `User:<sasl.username>`
     /// with SASL, else what decides it (the TLS client certificate's subject, or ANONYMOUS on a
     /// listener without authentication).
     pub fn principal(&self) -> String {
-        // the last setting of a name is the one librdkafka keeps: a secret file's `sasl.username`
-        // (a second principal's, e.g. `verify --watch`'s) over the configuration's
-        let property = |name: &str| {
-            self.client_properties().filter(|(k, _)| *k == name).last().map(|(_, v)| v.to_string())
-        };
+        // (a secret file's `sasl.username`, e.g. `verify --watch`'s own principal, over the
+        // configuration's)
+        let property = |name: &str| self.property(name).map(str::to_string);
         let protocol =
             property("security.protocol").unwrap_or_else(|| "plaintext".into()).to_ascii_lowercase();
         match (property("sasl.username"), protocol.as_str()) {
@@ -327,9 +331,7 @@ impl KafkaConfig {
     /// `enable.ssl.certificate.verification = false`, or `ssl.endpoint.identification.algorithm
     /// = none` (the name is not checked) on a TLS protocol.
     pub fn certificate_checks_off(&self) -> Vec<String> {
-        let property = |key: &str| {
-            self.client_properties().find(|(k, _)| *k == key).map(|(_, v)| v.trim().to_ascii_lowercase())
-        };
+        let property = |key: &str| self.property(key).map(|v| v.trim().to_ascii_lowercase());
         let protocol = property("security.protocol").unwrap_or_default();
         if !matches!(protocol.as_str(), "ssl" | "sasl_ssl") {
             return Vec::new();
@@ -360,9 +362,7 @@ impl KafkaConfig {
                 ),
             ));
         }
-        let property = |key: &str| {
-            self.client_properties().find(|(k, _)| *k == key).map(|(_, v)| v.to_ascii_lowercase())
-        };
+        let property = |key: &str| self.property(key).map(str::to_ascii_lowercase);
         if let Some(protocol) = property("security.protocol") {
             let ok = match protocol.as_str() {
                 "plaintext" => true,

@@ -49,10 +49,7 @@ const LIBRDKAFKA_MESSAGE_MAX_BYTES: &str = "1000000";
 /// the record before sending it), the topic's or the broker's (the broker refuses it), and the
 /// consumers' fetch sizes, which must then take it too.
 pub(crate) fn too_large(kafka: &KafkaConfig, record: &KafkaRecord, error: &KafkaError) -> String {
-    let producer_limit = kafka
-        .client_properties()
-        .find(|(key, _)| *key == "message.max.bytes")
-        .map_or(LIBRDKAFKA_MESSAGE_MAX_BYTES, |(_, value)| value);
+    let producer_limit = kafka.property("message.max.bytes").unwrap_or(LIBRDKAFKA_MESSAGE_MAX_BYTES);
     format!(
         "record of about {} bytes for topic \"{}\" is too large ({error}): raise the limit that refused it, \
          the producer's kafka.properties.\"message.max.bytes\" (now {producer_limit}), the topic's \
