@@ -1,7 +1,8 @@
 //! `deploy/local/bench --baseline PATH`: another build of the relay side by side with this one
-//! on backlogs of the same size, each written afresh (`--events`, default 1,000,000), replication and polling, `--runs` times
-//! with the order flipped each run, so a change's effect on CPU per event, drain rate and peak
-//! RSS is read as a ratio from one run of the harness, not against numbers from another day.
+//! on backlogs of the same size, each written afresh (`--events`, default 1,000,000), replication
+//! and polling, `--runs` times with the order flipped each run, so a change's effect on CPU per
+//! event, drain rate and peak RSS is read as a ratio from one run of the harness, not against
+//! numbers from another day.
 //! Copy the baseline aside first (`cp target/release/outbox-relay /tmp/outbox-relay.before`):
 //! the next build overwrites it.
 
@@ -16,8 +17,8 @@ struct Side {
     polling: Vec<Drain>,
 }
 
-/// A row of the table: its name, what it reads of a drain, its digits.
-type Measure = (&'static str, fn(&Drain) -> f64, usize);
+/// A row of the table: its name, what it reads of a drain of so many events, its digits.
+type Measure = (&'static str, fn(&Drain, f64) -> f64, usize);
 
 pub struct Runs {
     baseline: Side,
@@ -55,14 +56,10 @@ pub async fn run(o: &Options) -> Runs {
 fn say(o: &Options, d: &Drain) {
     eprintln!(
         "[bench]   {:.0} events/s, {:.2} CPU s/100k, peak RSS {:.1} MiB",
-        rate(o, d),
+        o.events as f64 / d.seconds,
         d.cpu_per_100k,
         d.rss_mib
     );
-}
-
-fn rate(o: &Options, d: &Drain) -> f64 {
-    o.events as f64 / d.seconds
 }
 
 pub fn render(o: &Options, runs: &Runs) -> String {
@@ -77,19 +74,18 @@ pub fn render(o: &Options, runs: &Runs) -> String {
         o.runs
     );
     let measures: [Measure; 4] = [
-        ("drain, events/s", |d| 1.0 / d.seconds, 0),
-        ("after the first event, events/s", |d| d.after_first, 0),
-        ("relay CPU s per 100k events", |d| d.cpu_per_100k, 2),
-        ("relay peak RSS, MiB", |d| d.rss_mib, 1),
+        ("drain, events/s", |d, events| events / d.seconds, 0),
+        ("after the first event, events/s", |d, _| d.after_first, 0),
+        ("relay CPU s per 100k events", |d, _| d.cpu_per_100k, 2),
+        ("relay peak RSS, MiB", |d, _| d.rss_mib, 1),
     ];
     for (mode, base, this) in [
         ("replication", &runs.baseline.replication, &runs.this.replication),
         ("polling", &runs.baseline.polling, &runs.this.polling),
     ] {
         for (name, field, digits) in measures {
-            let scale = if name == "drain, events/s" { o.events as f64 } else { 1.0 };
-            let b: Vec<f64> = base.iter().map(|d| field(d) * scale).collect();
-            let t: Vec<f64> = this.iter().map(|d| field(d) * scale).collect();
+            let b: Vec<f64> = base.iter().map(|d| field(d, o.events as f64)).collect();
+            let t: Vec<f64> = this.iter().map(|d| field(d, o.events as f64)).collect();
             let ratio: Vec<f64> = t.iter().zip(&b).map(|(t, b)| t / b).collect();
             out += &format!(
                 "| {mode}: {name} | {} | {} | {} |\n",
