@@ -21,6 +21,8 @@
 //! - [`sink`]: the Kafka producer (`acks=all`, idempotent), failures classified, the read-back;
 //! - [`checkpoint`]: which LSN may be confirmed; [`table`]: the outbox table and its SQL;
 //!   [`postgres`]: connecting, with `sslmode`, certificates and password files;
+//! - [`credentials`]: the Kafka OAUTHBEARER tokens of `[kafka.auth]` (OIDC client credentials,
+//!   a token file, AWS MSK IAM), fetched, cached and refreshed in one place for every client;
 //! - [`observe`]: metrics (with their typed labels), health and the session's pulse, the HTTP
 //!   listener;
 //! - [`backoff`]: capped exponential backoff, shared with the example services;
@@ -31,6 +33,7 @@
 pub mod backoff;
 pub(crate) mod checkpoint;
 pub mod config;
+pub mod credentials;
 pub(crate) mod dead_letter;
 pub(crate) mod delivery;
 pub mod error;

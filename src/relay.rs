@@ -66,6 +66,7 @@ async fn run_until_stopped(config: RelayConfig, health: Arc<Health>) -> Result<(
         })?;
     }
     sampler::spawn(config.clone());
+    first_kafka_token(&config).await?;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let sink = KafkaSink::new(&config.kafka).map_err(|e| {
         RelayError::fatal(
@@ -104,6 +105,22 @@ async fn run_until_stopped(config: RelayConfig, health: Arc<Health>) -> Result<(
                 "grace period elapsed with a batch in flight; it was not committed and will be published again"
             );
             source.abort();
+            Ok(())
+        }
+    }
+}
+
+/// With `[kafka.auth]`, the first token before any Kafka client: an identity provider that
+/// refuses the relay's client stops it here, naming the setting; one that cannot be reached now
+/// is retried by the token source while the session starts (`/readyz` says why).
+async fn first_kafka_token(config: &RelayConfig) -> Result<(), RelayError> {
+    match crate::credentials::first_token(&config.kafka).await {
+        Ok(_) => Ok(()),
+        Err(e @ crate::credentials::FetchError::Refused { .. }) => {
+            Err(RelayError::fatal(FatalReason::Config, format!("kafka token: {e}")))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "no Kafka token yet; retrying in the background");
             Ok(())
         }
     }

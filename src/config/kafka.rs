@@ -27,7 +27,7 @@ use super::{
     ConfigError, DEFAULT_KAFKA_CLIENT_ID, DEFAULT_KAFKA_COMPRESSION, DEFAULT_KAFKA_LINGER_MS,
     DEFAULT_KAFKA_MESSAGE_TIMEOUT_MS, DEFAULT_KAFKA_STALL_WARNING_MS, DEFAULT_KAFKA_TRANSACTION_MAX_BYTES,
     DEFAULT_KAFKA_TRANSACTION_MAX_EVENTS, DEFAULT_KAFKA_TRANSACTION_MAX_MS,
-    DEFAULT_KAFKA_TRANSACTION_TIMEOUT_MS, Secret,
+    DEFAULT_KAFKA_TRANSACTION_TIMEOUT_MS, KafkaAuthConfig, Secret,
 };
 
 /// Environment variables with this prefix are secret librdkafka properties.
@@ -114,6 +114,10 @@ pub struct KafkaConfig {
     /// Secret properties from `secret_properties_file` and `OUTBOX_RELAY_KAFKA_*`, read at load.
     #[serde(skip_deserializing)]
     pub secret_properties: BTreeMap<String, Secret>,
+    /// `[kafka.auth]`: SASL OAUTHBEARER tokens the relay obtains itself (OIDC, a token file,
+    /// AWS MSK IAM); none: librdkafka's own SASL/TLS settings alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<KafkaAuthConfig>,
 }
 
 /// A librdkafka property value; printed redacted when its key looks like a secret.
@@ -235,6 +239,9 @@ impl KafkaConfig {
             ));
         }
         self.validate_transactions()?;
+        if let Some(auth) = &self.auth {
+            auth.validate()?;
+        }
         self.validate_properties()?;
         self.validate_built_in()?;
         self.validate_with_librdkafka()
@@ -383,15 +390,15 @@ impl KafkaConfig {
         if let Some(method) = property("sasl.oauthbearer.method") {
             return Err(ConfigError::invalid(
                 "kafka.properties.\"sasl.oauthbearer.method\"",
-                format!("\"{method}\": {OAUTHBEARER_REFUSED}"),
+                format!("\"{method}\": {OAUTHBEARER_HOW}"),
             ));
         }
         if let Some(mechanisms) = property("sasl.mechanisms").or_else(|| property("sasl.mechanism")) {
             for mechanism in mechanisms.split(',').map(str::trim) {
-                if mechanism == "oauthbearer" {
+                if mechanism == "oauthbearer" && self.auth.is_none() {
                     return Err(ConfigError::invalid(
-                        "kafka.properties.\"sasl.mechanisms\"",
-                        format!("\"OAUTHBEARER\": {OAUTHBEARER_REFUSED}"),
+                        "kafka.auth",
+                        format!("must be set for sasl.mechanism = \"OAUTHBEARER\": {OAUTHBEARER_HOW}"),
                     ));
                 }
                 let needed = match mechanism {
@@ -416,14 +423,12 @@ impl KafkaConfig {
     }
 }
 
-/// Why SASL OAUTHBEARER is refused at load (docs/security.md, "Kafka TLS and SASL"): librdkafka fetches
-/// OIDC tokens only when built with libcurl, which this binary's is not, and its other way, a
-/// token handed over by the application, is a callback the relay does not implement (librdkafka's
-/// own unsecured tokens are for tests). Refused here, not at `check` or at the first connect.
-const OAUTHBEARER_REFUSED: &str = "SASL OAUTHBEARER (and OIDC, sasl.oauthbearer.method = oidc) is not supported by \
-     this binary: its librdkafka is built without libcurl, which OIDC token requests need, and the relay has no \
-     token callback; use SASL SCRAM-SHA-512 or SCRAM-SHA-256 (or PLAIN) over SASL_SSL, or TLS client certificates \
-     (security.protocol = SSL)";
+/// How OAUTHBEARER works here (docs/security.md, "Kafka OAUTHBEARER"): librdkafka fetches OIDC
+/// tokens itself only when built with libcurl, which this binary's is not; the relay fetches them
+/// (`[kafka.auth]`, `crate::credentials`) and hands them over through the token callback.
+const OAUTHBEARER_HOW: &str = "the relay obtains OAUTHBEARER tokens itself: set [kafka.auth] mechanism = \"oidc\" \
+     (client credentials), \"token_file\" or \"msk_iam\" and leave sasl.mechanism and sasl.oauthbearer.method out \
+     of kafka.properties (librdkafka's own OIDC fetch needs libcurl, which this binary's librdkafka is built without)";
 
 /// Why librdkafka refuses `key = value`, without the value; `None` when it takes it.
 fn librdkafka_refuses(key: &str, value: &str) -> Option<String> {
@@ -525,6 +530,7 @@ mod tests {
                 .collect(),
             secret_properties_file: String::new(),
             secret_properties: BTreeMap::new(),
+            auth: None,
         }
     }
 
@@ -537,18 +543,14 @@ mod tests {
     }
 
     #[test]
-    fn oauthbearer_and_oidc_are_refused_at_load_saying_why() {
+    fn oauthbearer_without_kafka_auth_and_librdkafkas_oidc_are_refused_naming_kafka_auth() {
         for properties in [
             &[("security.protocol", "SASL_SSL"), ("sasl.mechanism", "OAUTHBEARER")][..],
             &[("sasl.mechanisms", "OAUTHBEARER"), ("sasl.oauthbearer.method", "oidc")][..],
             &[("sasl.oauthbearer.method", "OIDC")][..],
         ] {
             let err = config(properties).validate().unwrap_err().to_string();
-            assert!(
-                err.contains("not supported by this binary") && err.contains("libcurl"),
-                "{properties:?}: {err}"
-            );
-            assert!(err.contains("SCRAM-SHA-512"), "{err}");
+            assert!(err.contains("[kafka.auth]") && err.contains("libcurl"), "{properties:?}: {err}");
         }
         assert!(config(&[("sasl.mechanism", "SCRAM-SHA-512")]).validate().is_ok());
     }

@@ -13,12 +13,14 @@ use serde::{Deserialize, Serialize};
 
 mod format;
 mod kafka;
+mod kafka_auth;
 mod load;
 mod postgres;
 mod secrets;
 mod validate;
 pub use format::{CloudEventsConfig, CloudEventsMode, Converter, DebeziumConfig, RecordFormat};
 pub use kafka::{KafkaConfig, KafkaProperty, built_in_features};
+pub use kafka_auth::{AuthMechanism, KafkaAuthConfig};
 pub use load::load_layered;
 pub use postgres::{Endpoint, PostgresConfig, SslMode};
 pub use secrets::{Secret, file_mode_warning, is_secret_kafka_property};

@@ -68,6 +68,15 @@ impl Stall {
     }
 }
 
+/// Why the Kafka token ([kafka.auth]) cannot be refreshed, while it cannot: process-wide, as the
+/// token source is (`crate::credentials` writes it, every relay's readiness reads it).
+static CREDENTIALS_FAILING: Mutex<Option<String>> = Mutex::new(None);
+
+/// The Kafka token's refresh fails (`Some(why)`), or works again (`None`).
+pub fn set_credentials_failing(why: Option<String>) {
+    *CREDENTIALS_FAILING.lock().unwrap() = why;
+}
+
 /// The session holding the polling lock, as a standby found it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct LockHolder {
@@ -179,6 +188,7 @@ impl Health {
     /// [`Health::readiness`] as of `now`.
     fn readiness_at(&self, now: Instant) -> Result<String, String> {
         let facts = self.facts.lock().unwrap();
+        let failing = CREDENTIALS_FAILING.lock().unwrap().clone();
         match (&facts.phase, &facts.blocked, &facts.stalled) {
             (Phase::Fatal(e), _, _) => Err(format!("degraded: fatal: {e}")),
             // blocked is reported from the session that holds (stream, polling or first copy)
@@ -190,6 +200,9 @@ impl Health {
                 Some(LockHolder { said, relay: true }) => Ok(format!("standby: {said}")),
                 None => Ok("standby: another instance is active".into()),
             },
+            (Phase::Active, None, _) if failing.is_some() => {
+                Err(format!("degraded: {}", failing.unwrap_or_default()))
+            }
             (Phase::Active, None, Some(stall)) => Err(format!("degraded: {}", stall.describe(now))),
             (Phase::Active, None, None) => Ok("active".into()),
         }

@@ -68,6 +68,8 @@ pub const OUTBOX_EVENTS_PUBLISHED: &str = "outbox_relay_outbox_events_published_
 pub const OUTBOX_EVENTS_DEAD_LETTERED: &str = "outbox_relay_outbox_events_dead_lettered_total";
 pub const OUTBOX_BACKLOG_EVENTS: &str = "outbox_relay_outbox_backlog_events";
 pub const OUTBOX_DEAD_LETTERS_OUTSTANDING: &str = "outbox_relay_outbox_dead_letters_outstanding";
+pub const CREDENTIAL_REFRESH_FAILURES: &str = "outbox_relay_credential_refresh_failures_total";
+pub const CREDENTIAL_EXPIRY: &str = "outbox_relay_credential_expiry_timestamp_seconds";
 
 /// The label of the per-outbox series: the outbox's name (`RelayConfig::outboxes`), so there are
 /// as many series as configured outboxes.
@@ -182,6 +184,14 @@ pub const ALL: &[(&str, &str)] = &[
         OUTBOX_DEAD_LETTERS_OUTSTANDING,
         "Rows of each outbox waiting in its dead-letter table, by outbox name (sampled; -1: cannot be read)",
     ),
+    (
+        CREDENTIAL_REFRESH_FAILURES,
+        "Failed requests for a Kafka OAUTHBEARER token ([kafka.auth]), by mechanism (oidc, token_file, msk_iam)",
+    ),
+    (
+        CREDENTIAL_EXPIRY,
+        "Unix time at which the Kafka token the relay holds expires ([kafka.auth]; 0: none yet)",
+    ),
 ];
 
 /// Buckets from 1 ms to 60 s.
@@ -235,6 +245,8 @@ pub struct Metrics {
     pub outbox_events_dead_lettered: IntCounterVec,
     pub outbox_backlog_events: IntGaugeVec,
     pub outbox_dead_letters_outstanding: IntGaugeVec,
+    pub credential_refresh_failures: IntCounterVec,
+    pub credential_expiry: Gauge,
     /// [`DEPLOYMENT_LABELS`] with their values, once known.
     deployment: Mutex<Vec<LabelPair>>,
 }
@@ -329,6 +341,8 @@ impl Metrics {
                 OUTBOX_DEAD_LETTERS_OUTSTANDING,
                 &[OUTBOX_NAME_LABEL],
             ),
+            credential_refresh_failures: counter(&r, CREDENTIAL_REFRESH_FAILURES, &["mechanism"]),
+            credential_expiry: gauge(&r, CREDENTIAL_EXPIRY),
             deployment: Mutex::default(),
             registry: r,
         }

@@ -337,6 +337,7 @@ pub(crate) fn scan(
 ) -> Result<(), KafkaError> {
     let consumer: BaseConsumer<ReaderContext> =
         super::verify::records::reader_config(kafka).create_with_context(ReaderContext)?;
+    crate::sink::kafka::serve_token_request(&consumer);
     let idle_limit = Duration::from_millis(kafka.message_timeout_ms.max(30_000));
     for topic in topics {
         let Some(assignment) = assignment(&consumer, topic, since)? else { continue };

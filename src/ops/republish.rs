@@ -274,9 +274,10 @@ fn originals(
 
 /// Sends `again` in order with an idempotent acks=all producer and waits for every report.
 async fn send(config: &RelayConfig, again: Vec<Again>, outcome: &mut Outcome) -> Result<(), RelayError> {
-    let producer: FutureProducer = crate::sink::kafka::producer_config(&config.kafka)
-        .create()
-        .map_err(|e| RelayError::Kafka(format!("cannot create a producer: {e}")))?;
+    let producer: FutureProducer<crate::sink::kafka::TokenContext> =
+        crate::sink::kafka::producer_config(&config.kafka)
+            .create_with_context(crate::sink::kafka::TokenContext)
+            .map_err(|e| RelayError::Kafka(format!("cannot create a producer: {e}")))?;
     let stamp =
         SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_millis().to_string();
     let timeout = Duration::from_millis(config.kafka.message_timeout_ms) + Duration::from_secs(10);

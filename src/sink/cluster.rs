@@ -36,6 +36,15 @@ pub(crate) struct ClusterInfo {
 struct FirstError(std::sync::Mutex<Option<String>>);
 
 impl ClientContext for FirstError {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(
+        &self,
+        config: Option<&str>,
+    ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
+        super::kafka::oauth_token(config)
+    }
+
     fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
         log_librdkafka(level, fac, message);
     }
@@ -62,6 +71,7 @@ fn fetch_metadata(kafka: &KafkaConfig, topic: Option<&str>, timeout: Duration) -
     let client: BaseConsumer<FirstError> = client_config(kafka)
         .create_with_context(FirstError::default())
         .map_err(|e| format!("cannot create a Kafka client: {e}"))?;
+    super::kafka::serve_token_request(&client);
     client.fetch_metadata(topic, timeout).map_err(|e| {
         // the error callback runs when the client's queue is served
         for _ in 0..10 {

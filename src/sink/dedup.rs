@@ -186,6 +186,15 @@ struct ReadBackContext {
 }
 
 impl ClientContext for ReadBackContext {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(
+        &self,
+        config: Option<&str>,
+    ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
+        crate::sink::kafka::oauth_token(config)
+    }
+
     fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
         if fac == "FAIL" && message.contains("SASL authentication error") {
             self.refused_login.lock().unwrap().get_or_insert_with(|| message.to_string());
@@ -338,6 +347,7 @@ impl Dedup {
                     format!("cannot create the Kafka client that reads topics back (check kafka.*): {e}"),
                 )
             })?;
+        crate::sink::kafka::serve_token_request(&consumer);
         Ok(self.consumer.insert(Arc::new(consumer)).clone())
     }
 }

@@ -49,7 +49,17 @@ use crate::retry::{Backoff, Failure, contention_name, describe};
 /// Logs rebalances and failed offset commits.
 pub struct LedgerContext;
 
-impl ClientContext for LedgerContext {}
+/// OAUTHBEARER tokens ([kafka.auth]) from the relay's one token source.
+impl ClientContext for LedgerContext {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(
+        &self,
+        config: Option<&str>,
+    ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
+        outbox_relay::sink::kafka::oauth_token(config)
+    }
+}
 
 impl ConsumerContext for LedgerContext {
     fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {

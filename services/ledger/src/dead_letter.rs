@@ -23,6 +23,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use outbox_relay::config::KafkaConfig;
+use outbox_relay::sink::kafka::TokenContext;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
@@ -51,14 +52,14 @@ type HeaderList = Vec<(String, Option<Vec<u8>>)>;
 
 /// The producer of dead letters (and of replays).
 pub struct DeadLetters {
-    producer: FutureProducer,
+    producer: FutureProducer<TokenContext>,
     topic: String,
 }
 
 impl DeadLetters {
     pub fn new(kafka: &KafkaConfig, topic: String) -> Result<DeadLetters, LedgerError> {
         let producer = outbox_relay::sink::kafka::producer_config(kafka)
-            .create()
+            .create_with_context(TokenContext)
             .map_err(|source| LedgerError::KafkaClient { client: "dead-letter producer", source })?;
         Ok(DeadLetters { producer, topic })
     }
@@ -191,18 +192,19 @@ pub async fn replay(
     Ok(replayed)
 }
 
-fn replay_consumer(config: &LedgerConfig, topic: &str) -> Result<StreamConsumer, LedgerError> {
-    let consumer: StreamConsumer = crate::consumer::group_config(config, &config.consumer.replay_group_id())
-        .set("enable.partition.eof", "true")
-        .create()
-        .map_err(|source| LedgerError::KafkaClient { client: "replay consumer", source })?;
+fn replay_consumer(config: &LedgerConfig, topic: &str) -> Result<StreamConsumer<TokenContext>, LedgerError> {
+    let consumer: StreamConsumer<TokenContext> =
+        crate::consumer::group_config(config, &config.consumer.replay_group_id())
+            .set("enable.partition.eof", "true")
+            .create_with_context(TokenContext)
+            .map_err(|source| LedgerError::KafkaClient { client: "replay consumer", source })?;
     consumer
         .subscribe(&[topic])
         .map_err(|source| LedgerError::Kafka { what: format!("cannot subscribe to {topic}"), source })?;
     Ok(consumer)
 }
 
-fn partition_count(consumer: &StreamConsumer, topic: &str) -> Result<usize, LedgerError> {
+fn partition_count(consumer: &StreamConsumer<TokenContext>, topic: &str) -> Result<usize, LedgerError> {
     let what = || format!("cannot read the metadata of {topic}");
     let metadata = consumer
         .fetch_metadata(Some(topic), Duration::from_secs(30))
@@ -217,7 +219,7 @@ fn partition_count(consumer: &StreamConsumer, topic: &str) -> Result<usize, Ledg
 
 /// Each partition's end offset (high watermark) now: where this replay stops.
 fn end_offsets(
-    consumer: &StreamConsumer,
+    consumer: &StreamConsumer<TokenContext>,
     topic: &str,
     partitions: usize,
 ) -> Result<HashMap<i32, i64>, LedgerError> {
@@ -260,7 +262,7 @@ async fn replay_one(sender: &DeadLetters, topic: &str, dead_letter: &Inbound) ->
 }
 
 /// Commits `record`'s offset + 1 and waits for the broker's answer.
-fn commit_sync(consumer: &StreamConsumer, record: &Inbound) -> Result<(), LedgerError> {
+fn commit_sync(consumer: &StreamConsumer<TokenContext>, record: &Inbound) -> Result<(), LedgerError> {
     let mut offsets = TopicPartitionList::new();
     offsets
         .add_partition_offset(&record.topic, record.partition, Offset::Offset(record.offset + 1))

@@ -142,6 +142,7 @@ impl Reader {
         keep: usize,
     ) -> Result<Reader, KafkaError> {
         let consumer = reader_config(kafka).create_with_context(ReaderContext)?;
+        crate::sink::kafka::serve_token_request(&consumer);
         let idle_limit = Duration::from_millis(kafka.message_timeout_ms.max(30_000));
         let checker = Checker { source, format, whole, last: HashMap::new(), published, keep };
         Ok(Reader { consumer, since, idle_limit, checker })

@@ -7,8 +7,9 @@
 
 use rdkafka::ClientConfig;
 use rdkafka::ClientContext;
+use rdkafka::client::OAuthToken;
 use rdkafka::config::RDKafkaLogLevel;
-use rdkafka::consumer::ConsumerContext;
+use rdkafka::consumer::{BaseConsumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
 use crate::config::KafkaConfig;
@@ -19,6 +20,10 @@ use crate::config::KafkaConfig;
 pub fn client_config(kafka: &KafkaConfig) -> ClientConfig {
     let mut cc = ClientConfig::new();
     for (key, value) in kafka.client_properties() {
+        cc.set(key, value);
+    }
+    // [kafka.auth]: OAUTHBEARER, with tokens from crate::credentials (see `oauth_token`)
+    for (key, value) in crate::credentials::kafka_settings(kafka) {
         cc.set(key, value);
     }
     cc.set("bootstrap.servers", kafka.brokers.join(",")).set("client.id", &kafka.client_id);
@@ -54,6 +59,12 @@ pub(crate) fn reader_config(kafka: &KafkaConfig, purpose: &str, fetch_wait_ms: u
 pub(crate) struct ReaderContext;
 
 impl ClientContext for ReaderContext {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(&self, config: Option<&str>) -> Result<OAuthToken, Box<dyn std::error::Error>> {
+        oauth_token(config)
+    }
+
     fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
         log_librdkafka(level, fac, message);
     }
@@ -66,6 +77,40 @@ impl ClientContext for ReaderContext {
 }
 
 impl ConsumerContext for ReaderContext {}
+
+/// The token every `ClientContext` of the relay hands librdkafka for SASL OAUTHBEARER
+/// (`[kafka.auth]`): each sets `ENABLE_REFRESH_OAUTH_TOKEN` and answers
+/// `generate_oauth_token` with this, so every client gets its tokens from one place,
+/// [`crate::credentials`].
+pub fn oauth_token(config: Option<&str>) -> Result<OAuthToken, Box<dyn std::error::Error>> {
+    crate::credentials::oauth_token(config)
+}
+
+/// Serves a new consumer's first OAUTHBEARER token request now: librdkafka asks for it through
+/// the client's queue at creation, and a client that fetches metadata before it polls would
+/// otherwise never connect. A no-op without `[kafka.auth]`.
+pub fn serve_token_request<C: ConsumerContext>(consumer: &BaseConsumer<C>) {
+    let _ = consumer.poll(std::time::Duration::ZERO);
+}
+
+/// The context of a client that needs nothing but the relay's log levels and its OAUTHBEARER
+/// tokens (the example services' producers, `republish`).
+#[derive(Clone, Copy, Default)]
+pub struct TokenContext;
+
+impl ClientContext for TokenContext {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(&self, config: Option<&str>) -> Result<OAuthToken, Box<dyn std::error::Error>> {
+        oauth_token(config)
+    }
+
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        log_librdkafka(level, fac, message);
+    }
+}
+
+impl ConsumerContext for TokenContext {}
 
 /// A partition's end, reported as an error.
 fn is_partition_end(error: &KafkaError) -> bool {

@@ -41,7 +41,7 @@ use classify::{error_type, topic_is_unknown};
 #[cfg(test)]
 pub(crate) use client::transactional_producer_config;
 pub(crate) use client::{ReaderContext, log_librdkafka, reader_config};
-pub use client::{client_config, producer_config};
+pub use client::{TokenContext, client_config, oauth_token, producer_config, serve_token_request};
 use producer::{Channel, RecordProducer, create_producer};
 pub(crate) use producer::{POSITION_HEADER, REPLAYED_HEADER, REPUBLISHED_HEADER, Report, SOURCE_HEADER};
 pub(crate) use stall::StallWatch;

@@ -41,6 +41,15 @@ pub(super) struct Reporter(mpsc::UnboundedSender<Report>);
 
 /// librdkafka's log lines and global errors, at the relay's levels.
 impl ClientContext for Reporter {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(
+        &self,
+        config: Option<&str>,
+    ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
+        super::client::oauth_token(config)
+    }
+
     fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
         log_librdkafka(level, fac, message);
     }
