@@ -26,6 +26,7 @@ mod ledger;
 mod ledger_faults;
 mod memory;
 mod mode_switch;
+mod oauth;
 mod observability;
 mod orders;
 mod orders_security;

@@ -408,7 +408,7 @@ kafka_java() {
 # KAFKA_SASL_BROKERS.
 start_kafka() {
     local brokers=${1:-1} dir=$OUTBOX_LOCAL_STATE/kafka id voters cluster rf isr relay_pw admin_pw node pids=() names=()
-    local plain ssl sasl controller
+    local plain ssl sasl controller oauth
     case $brokers in 1) rf=1 isr=1 ;; 3) rf=3 isr=2 ;; *) die "OUTBOX_KAFKA_NODES=$brokers: 1 or 3" ;; esac
     case ${OUTBOX_KAFKA_AUTO_CREATE_TOPICS:-true} in true | false) ;; *) die "OUTBOX_KAFKA_AUTO_CREATE_TOPICS=$OUTBOX_KAFKA_AUTO_CREATE_TOPICS: true or false" ;; esac
     mkdir -p "$dir"
@@ -418,14 +418,15 @@ start_kafka() {
     relay_pw=$(openssl rand -hex 16) admin_pw=$(openssl rand -hex 16)
     printf '%s\n' "$relay_pw" >"$dir/relay.password"
     printf '%s\n' "$admin_pw" >"$dir/admin.password"
-    KAFKA_BROKERS="" KAFKA_SSL_BROKERS="" KAFKA_SASL_BROKERS=""
+    KAFKA_BROKERS="" KAFKA_SSL_BROKERS="" KAFKA_SASL_BROKERS="" KAFKA_OAUTH_BROKERS=""
     for ((id = 1; id <= brokers; id++)); do
         mkdir -p "$dir/node-$id"
-        free_ports 4 >"$dir/node-$id/ports"
-        read -r plain ssl sasl controller <"$dir/node-$id/ports"
+        free_ports 5 >"$dir/node-$id/ports"
+        read -r plain ssl sasl controller oauth <"$dir/node-$id/ports"
         KAFKA_BROKERS+="${KAFKA_BROKERS:+,}127.0.0.1:$plain"
         KAFKA_SSL_BROKERS+="${KAFKA_SSL_BROKERS:+,}localhost:$ssl"
         KAFKA_SASL_BROKERS+="${KAFKA_SASL_BROKERS:+,}localhost:$sasl"
+        KAFKA_OAUTH_BROKERS+="${KAFKA_OAUTH_BROKERS:+,}localhost:$oauth"
     done
     if [ "$brokers" = 1 ]; then
         voters="1@127.0.0.1:$controller"
@@ -489,12 +490,20 @@ SH
 # kafka_node_files DIR NAME ID ROLES VOTERS RF ISR: the server.properties, log4j2.yaml and start
 # script of process NAME (node ID, process.roles ROLES) under DIR, from NAME/ports.
 kafka_node_files() {
-    local dir=$1 name=$2 id=$3 roles=$4 voters=$5 rf=$6 isr=$7 node=$1/$2 plain ssl sasl controller listeners ready
-    read -r plain ssl sasl controller <"$node/ports"
+    local dir=$1 name=$2 id=$3 roles=$4 voters=$5 rf=$6 isr=$7 node=$1/$2 plain ssl sasl controller oauth listeners ready
+    local oauth_listener="" oauth_advertised="" oauth_jvm=""
+    read -r plain ssl sasl controller oauth <"$node/ports"
+    # OUTBOX_KAFKA_OAUTH_JWKS (a JWKS URL): a fifth listener, OAUTH, SASL_SSL with OAUTHBEARER
+    # tokens validated against that identity provider's keys (start_keycloak's realm)
+    if [ -n "${OUTBOX_KAFKA_OAUTH_JWKS:-}" ] && [ "$roles" != controller ]; then
+        oauth_listener=",OAUTH://127.0.0.1:$oauth" oauth_advertised=",OAUTH://localhost:$oauth"
+        # Kafka 4 fetches only the URLs this system property allows
+        oauth_jvm="-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls=$OUTBOX_KAFKA_OAUTH_JWKS"
+    fi
     case $roles in
         controller) listeners="CONTROLLER://127.0.0.1:$controller" ;;
-        broker) listeners="PLAINTEXT://127.0.0.1:$plain,SSL://127.0.0.1:$ssl,SASL_SSL://127.0.0.1:$sasl" ;;
-        *) listeners="PLAINTEXT://127.0.0.1:$plain,SSL://127.0.0.1:$ssl,SASL_SSL://127.0.0.1:$sasl,CONTROLLER://127.0.0.1:$controller" ;;
+        broker) listeners="PLAINTEXT://127.0.0.1:$plain,SSL://127.0.0.1:$ssl,SASL_SSL://127.0.0.1:$sasl$oauth_listener" ;;
+        *) listeners="PLAINTEXT://127.0.0.1:$plain,SSL://127.0.0.1:$ssl,SASL_SSL://127.0.0.1:$sasl$oauth_listener,CONTROLLER://127.0.0.1:$controller" ;;
     esac
     {
         echo "process.roles=$roles"
@@ -503,11 +512,24 @@ kafka_node_files() {
         echo "controller.listener.names=CONTROLLER"
         echo "listeners=$listeners"
         if [ "$roles" != controller ]; then
-            echo "advertised.listeners=PLAINTEXT://127.0.0.1:$plain,SSL://localhost:$ssl,SASL_SSL://localhost:$sasl"
+            echo "advertised.listeners=PLAINTEXT://127.0.0.1:$plain,SSL://localhost:$ssl,SASL_SSL://localhost:$sasl$oauth_advertised"
             echo "inter.broker.listener.name=PLAINTEXT"
         fi
+        if [ -n "$oauth_listener" ]; then
+            # the principal is the token's azp claim (the client id, "outbox-relay"), which ACLs
+            # name; a session lives at most 20 s or until its token expires, whichever is first,
+            # so a client keeps working only if it hands over fresh tokens (KIP-368 re-authentication)
+            cat <<PROPS
+listener.name.oauth.sasl.enabled.mechanisms=OAUTHBEARER
+listener.name.oauth.oauthbearer.sasl.jaas.config=org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;
+listener.name.oauth.oauthbearer.sasl.server.callback.handler.class=org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler
+sasl.oauthbearer.jwks.endpoint.url=$OUTBOX_KAFKA_OAUTH_JWKS
+sasl.oauthbearer.sub.claim.name=azp
+listener.name.oauth.oauthbearer.connections.max.reauth.ms=${OUTBOX_KAFKA_OAUTH_REAUTH_MS:-20000}
+PROPS
+        fi
         cat <<PROPS
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT,OAUTH:SASL_SSL
 log.dirs=$node/data
 ssl.keystore.type=PEM
 ssl.keystore.location=$dir/tls/server.pem
@@ -549,7 +571,7 @@ sys.exit(1)'"
 # Starts Kafka $name (node $id, $roles) on its log directory; returns once it is ready (a
 # broker: it answers a metadata request naming at least \${1:-1} brokers).
 cd '$node'
-setsid java -Xms128m -Xmx$KAFKA_HEAP $KAFKA_BROKER_JVM_OPTS -XX:+ExitOnOutOfMemoryError \\
+setsid java -Xms128m -Xmx$KAFKA_HEAP $KAFKA_BROKER_JVM_OPTS $oauth_jvm -XX:+ExitOnOutOfMemoryError \\
     -Djava.awt.headless=true -Dlog4j2.configurationFile='$node/log4j2.yaml' \\
     -cp '$KAFKA_HOME/libs/*' kafka.Kafka '$node/server.properties' >>'$node/stdout.log' 2>&1 </dev/null &
 echo \$! >'$node/pid'
@@ -576,6 +598,11 @@ stop_services() {
         for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
         kill -9 "$pid" 2>/dev/null || true
     done
+    # an identity provider (deploy/local/keycloak/lib.sh, start_keycloak)
+    if [ -f "$state/keycloak/pid" ]; then
+        source "$REPO_ROOT/deploy/local/keycloak/lib.sh"
+        stop_keycloak "$state"
+    fi
     # a schema registry (deploy/local/registry/lib.sh, start_registry)
     if [ -f "$state/registry/pid" ]; then
         pid=$(cat "$state/registry/pid")
@@ -643,6 +670,7 @@ kafka_env() {
 OUTBOX_RELAY_TEST_KAFKA=$KAFKA_BROKERS
 OUTBOX_RELAY_TEST_KAFKA_SSL=$KAFKA_SSL_BROKERS
 OUTBOX_RELAY_TEST_KAFKA_SASL_SSL=$KAFKA_SASL_BROKERS
+OUTBOX_RELAY_TEST_KAFKA_OAUTH=$KAFKA_OAUTH_BROKERS
 OUTBOX_RELAY_TEST_KAFKA_DIR=$dir
 OUTBOX_RELAY_TEST_KAFKA_CA=$dir/tls/ca.crt
 ENV
