@@ -524,9 +524,13 @@ listener.name.oauth.sasl.enabled.mechanisms=OAUTHBEARER
 listener.name.oauth.oauthbearer.sasl.jaas.config=org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;
 listener.name.oauth.oauthbearer.sasl.server.callback.handler.class=org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler
 sasl.oauthbearer.jwks.endpoint.url=$OUTBOX_KAFKA_OAUTH_JWKS
+sasl.oauthbearer.expected.audience=kafka
 sasl.oauthbearer.sub.claim.name=azp
 listener.name.oauth.oauthbearer.connections.max.reauth.ms=${OUTBOX_KAFKA_OAUTH_REAUTH_MS:-20000}
 PROPS
+            if [ -n "${OUTBOX_KAFKA_OAUTH_ISSUER:-}" ]; then
+                echo "sasl.oauthbearer.expected.issuer=$OUTBOX_KAFKA_OAUTH_ISSUER"
+            fi
         fi
         cat <<PROPS
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT,OAUTH:SASL_SSL

@@ -29,6 +29,7 @@ use crate::config::{AuthMechanism, KafkaAuthConfig, KafkaConfig, Secret};
 use crate::observe::health::set_credentials_failing;
 use crate::observe::metrics::metrics;
 
+pub mod aws;
 mod file;
 pub mod jwt;
 pub mod msk_iam;

@@ -167,7 +167,7 @@ fn chain(error: &dyn std::error::Error) -> String {
 
 /// rustls on the ring provider, trusting `ca_file` when set, else the Mozilla roots (as the
 /// schema registry's client does).
-fn tls(ca_file: &str) -> Result<ClientConfig, FetchError> {
+pub(super) fn tls(ca_file: &str) -> Result<ClientConfig, FetchError> {
     let refused = |why: String| FetchError::Refused { setting: "kafka.auth.ca_file", why };
     let mut roots = RootCertStore::empty();
     if ca_file.is_empty() {

@@ -3,7 +3,7 @@
 # Maven, pinned by sha256 below), run on the machine's Java 17 in production mode with the
 # in-memory database, the local cache (no cluster discovery between test instances) and a realm
 # imported at each start (realm.json: a confidential client "outbox-relay" with the client
-# credentials grant, access tokens of 60 s; its secret and signing key are made once per install,
+# credentials grant, access tokens of 60 s whose audience includes "kafka"; its secret and signing key are made once per install,
 # so every instance signs alike and a restarted provider issues tokens the brokers' cached keys
 # still verify). Sourced by deploy/local/lib.sh users; needs its log/die/free_ports/make_tls.
 #
@@ -63,6 +63,7 @@ for client in realm["clients"]:
 realm["components"]["org.keycloak.keys.KeyProvider"][0]["config"]["privateKey"] = [key]
 json.dump(realm, open(home + "/data/import/outbox-realm.json", "w"), indent=1)
 PY
+    cp "$REPO_ROOT/deploy/local/keycloak/realm.json" "$KEYCLOAK_HOME/realm.template.json"
 }
 
 ensure_keycloak() {
@@ -71,9 +72,7 @@ ensure_keycloak() {
     command -v mvn >/dev/null || missing+=(maven)
     if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
     [ "$(cat "$KEYCLOAK_HOME/installed" 2>/dev/null)" = "$KEYCLOAK_SHA256" ] || install_keycloak
-    cmp -s <(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["accessTokenLifespan"])' "$REPO_ROOT/deploy/local/keycloak/realm.json") \
-        <(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["accessTokenLifespan"])' "$KEYCLOAK_HOME/data/import/outbox-realm.json") ||
-        write_keycloak_realm
+    cmp -s "$KEYCLOAK_HOME/realm.template.json" "$REPO_ROOT/deploy/local/keycloak/realm.json" || write_keycloak_realm
 }
 
 # start_keycloak: Keycloak under $OUTBOX_LOCAL_STATE/keycloak on free loopback ports: HTTP (the
