@@ -387,6 +387,12 @@ impl KafkaConfig {
                 ));
             }
         }
+        if self.auth.is_some() && !has("sasl_oauthbearer") {
+            return Err(ConfigError::invalid(
+                "kafka.auth",
+                format!("this binary's librdkafka has no OAUTHBEARER (it has: {})", features.join(",")),
+            ));
+        }
         if let Some(method) = property("sasl.oauthbearer.method") {
             return Err(ConfigError::invalid(
                 "kafka.properties.\"sasl.oauthbearer.method\"",

@@ -13,6 +13,7 @@ use crate::error::{FatalReason, RelayError};
 use crate::table::OutboxTable;
 
 mod failover;
+mod kafka_auth;
 mod privileges;
 mod published;
 mod replication;
@@ -76,6 +77,7 @@ pub async fn run(config: &RelayConfig) -> Vec<Finding> {
             None
         }
     };
+    findings.extend(kafka_auth::finding(config).await);
     let (kafka, topics) = kafka_check(config).await;
     findings.push(kafka);
     if let (Some(client), Some(topics)) = (&client, &topics) {
