@@ -241,6 +241,16 @@ async fn a_wrong_client_secret_is_a_fatal_error_naming_the_setting() {
     let code = relay.wait_exit();
     let log = relay.log_text();
     assert_ne!(code, 0, "{log}");
-    assert!(log.contains("kafka.auth.client_secret") && log.contains("invalid_client"), "{log}");
+    assert!(log.contains("fatal error") && log.contains("kafka.auth.client_secret"), "{log}");
+    assert!(log.contains("refused client \"outbox-relay\""), "{log}");
     assert!(!log.contains("SENTINEL"), "the secret reached the log: {log}");
+
+    // and `check` fails on it the same way
+    let (code, stdout, stderr) =
+        run_relay_with_env(&["check", "--config", s.config().to_str().unwrap()], &env, IDLE);
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    let line =
+        stdout.lines().find(|l| l.starts_with("FAIL kafka.auth")).unwrap_or_else(|| panic!("{stdout}"));
+    assert!(line.contains("kafka.auth.client_secret"), "{line}");
+    assert!(!stdout.contains("SENTINEL") && !stderr.contains("SENTINEL"), "{stdout}{stderr}");
 }
