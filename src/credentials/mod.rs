@@ -12,8 +12,9 @@
 //!   callback never waits on the caller's runtime: it only reads the cached token, waiting for
 //!   the first one at most a request timeout;
 //! - a token is replaced once `refresh_at_percent` of its lifetime has passed; a failed request is
-//!   retried with capped exponential backoff, counted (`outbox_relay_credential_refresh_failures_total`)
-//!   and said by `/readyz` while it fails; the token held stays in use until it expires;
+//!   retried with capped exponential backoff, counted (`outbox_relay_credential_refresh_failures_total`,
+//!   the alert OutboxRelayKafkaTokenRefreshFailing) and said by `/readyz` while it fails; the
+//!   token held stays in use until it expires;
 //! - an identity provider that refuses the client (`invalid_client`, 401) is [`FetchError::Refused`],
 //!   naming the setting: the daemon stops on it at start-up;
 //! - no token or secret is ever logged or printed: [`Token::value`] is a [`Secret`].
@@ -157,7 +158,7 @@ impl TokenSource {
                     lifetime * u32::from(auth.refresh_at_percent) / 100
                 }
                 Err(e) => {
-                    metrics().credential_refresh_failures.with_label_values(&[mechanism]).inc();
+                    metrics().credential_refresh_failures.inc();
                     let wait = backoff.next_delay();
                     tracing::warn!(mechanism, error = %e, retry_in_ms = wait.as_millis() as u64, "kafka token request failed");
                     wait

@@ -186,7 +186,7 @@ pub const ALL: &[(&str, &str)] = &[
     ),
     (
         CREDENTIAL_REFRESH_FAILURES,
-        "Failed requests for a Kafka OAUTHBEARER token ([kafka.auth]), by mechanism (oidc, token_file, msk_iam)",
+        "Failed requests for a Kafka OAUTHBEARER token ([kafka.auth]: an identity provider, a token file, AWS credentials)",
     ),
     (
         CREDENTIAL_EXPIRY,
@@ -245,7 +245,7 @@ pub struct Metrics {
     pub outbox_events_dead_lettered: IntCounterVec,
     pub outbox_backlog_events: IntGaugeVec,
     pub outbox_dead_letters_outstanding: IntGaugeVec,
-    pub credential_refresh_failures: IntCounterVec,
+    pub credential_refresh_failures: IntCounter,
     pub credential_expiry: Gauge,
     /// [`DEPLOYMENT_LABELS`] with their values, once known.
     deployment: Mutex<Vec<LabelPair>>,
@@ -341,7 +341,11 @@ impl Metrics {
                 OUTBOX_DEAD_LETTERS_OUTSTANDING,
                 &[OUTBOX_NAME_LABEL],
             ),
-            credential_refresh_failures: counter(&r, CREDENTIAL_REFRESH_FAILURES, &["mechanism"]),
+            credential_refresh_failures: register(
+                &r,
+                IntCounter::new(CREDENTIAL_REFRESH_FAILURES, help(CREDENTIAL_REFRESH_FAILURES))
+                    .expect("valid metric"),
+            ),
             credential_expiry: gauge(&r, CREDENTIAL_EXPIRY),
             deployment: Mutex::default(),
             registry: r,
