@@ -75,6 +75,23 @@ impl OAuthStack {
         format!("client_secret_file = \"{}\"", self.var("OUTBOX_RELAY_TEST_OIDC_CLIENT_SECRET_FILE"))
     }
 
+    /// A fresh access token from the realm, asked for as any client would (curl).
+    fn fetch_token(&self) -> String {
+        let secret = std::fs::read_to_string(self.var("OUTBOX_RELAY_TEST_OIDC_CLIENT_SECRET_FILE")).unwrap();
+        let out = std::process::Command::new("curl")
+            .args(["-sSf", "--cacert", self.var("OUTBOX_RELAY_TEST_OIDC_CA")])
+            .args(["-d", "grant_type=client_credentials", "-d"])
+            .arg(format!("client_id={}", self.var("OUTBOX_RELAY_TEST_OIDC_CLIENT_ID")))
+            .arg("-d")
+            .arg(format!("client_secret={}", secret.trim()))
+            .arg(self.var("OUTBOX_RELAY_TEST_OIDC_TOKEN_URL"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        answer["access_token"].as_str().unwrap().to_string()
+    }
+
     fn keycloak_dir(&self) -> PathBuf {
         PathBuf::from(self.var("OUTBOX_RELAY_TEST_KEYCLOAK_DIR"))
     }
@@ -117,8 +134,12 @@ impl Drop for OAuthStack {
 /// A relay in `mode` on the stack's OAUTH listener (client secret from the realm's file), its
 /// topic, aggregates to write to; started and active.
 async fn oauth_relay(stack: &OAuthStack, mode: &str) -> (Setup, RelayProcess) {
-    let kafka = stack.kafka_settings(&stack.secret_file_setting());
-    let s = Setup::create(&stack.oauth_brokers(), &kafka, false, |slot| {
+    relay_with(stack, mode, &stack.kafka_settings(&stack.secret_file_setting())).await
+}
+
+/// As [`oauth_relay`], with the `[kafka]` lines `kafka`.
+async fn relay_with(stack: &OAuthStack, mode: &str, kafka: &str) -> (Setup, RelayProcess) {
+    let s = Setup::create(&stack.oauth_brokers(), kafka, false, |slot| {
         RelayToml::either(mode, slot).set("retry", "initial_backoff_ms", 100).set(
             "retry",
             "max_backoff_ms",
@@ -253,4 +274,49 @@ async fn a_wrong_client_secret_is_a_fatal_error_naming_the_setting() {
         stdout.lines().find(|l| l.starts_with("FAIL kafka.auth")).unwrap_or_else(|| panic!("{stdout}"));
     assert!(line.contains("kafka.auth.client_secret"), "{line}");
     assert!(!stdout.contains("SENTINEL") && !stderr.contains("SENTINEL"), "{stdout}{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_token_file_rewritten_before_it_expires_keeps_the_relay_publishing() {
+    // given a token file (as a sidecar or a projected service-account token keeps it) and a relay
+    // reading its token from it
+    let stack = OAuthStack::start();
+    let files = tempfile::tempdir().unwrap();
+    let token_file = files.path().join("token");
+    std::fs::write(&token_file, stack.fetch_token()).unwrap();
+    let kafka = format!(
+        "{QUICK_KAFKA_SETTINGS}\n\"ssl.ca.location\" = \"{}\"\n\n[kafka.auth]\nmechanism = \"token_file\"\n\
+         token_file = \"{}\"\n",
+        stack.kafka().ca().display(),
+        token_file.display()
+    );
+    let (s, mut relay) = relay_with(&stack, "polling", &kafka).await;
+
+    // when the file is rewritten with a new 60 s token every 20 s while events are written for
+    // longer than two token lifetimes
+    let rewriting = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let rewriter = std::thread::spawn({
+        let (rewriting, token_file) = (rewriting.clone(), token_file.clone());
+        let stack_env = stack.env.clone();
+        move || {
+            let stack = OAuthStack { holder: None, env: stack_env };
+            while rewriting.load(std::sync::atomic::Ordering::SeqCst) {
+                for _ in 0..200 {
+                    if !rewriting.load(std::sync::atomic::Ordering::SeqCst) {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                std::fs::write(&token_file, stack.fetch_token()).unwrap();
+            }
+        }
+    });
+    let committed = write_for(&s, LOAD).await;
+
+    // then every event arrived once, in order, and the relay read the file again as it changed
+    assert_arrived_once_in_order(&stack, &s, &committed, &relay).await;
+    rewriting.store(false, std::sync::atomic::Ordering::SeqCst);
+    rewriter.join().unwrap();
+    assert!(tokens_obtained(&relay) >= 4, "the token file was not read again: {}", relay.log_text());
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
 }
