@@ -421,13 +421,30 @@ impl PostgresConfig {
                 SslMode::Prefer => PgSslMode::Prefer,
                 SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => PgSslMode::Require,
             });
-        if let Some(password) = self.password()? {
+        if let Some(password) = self.password_for(endpoint)? {
             pg.password(password);
             if unverified_tls(self) {
                 pg.channel_binding(ChannelBinding::Require);
             }
         }
         Ok(pg)
+    }
+
+    /// The password for `endpoint`: with `auth = "aws_iam"` an RDS IAM token made now
+    /// ([`crate::credentials::rds_iam`]), else [`PostgresConfig::password`].
+    pub(crate) fn password_for(&self, endpoint: &Endpoint) -> Result<Option<String>, RelayError> {
+        if self.auth != crate::config::PgAuth::AwsIam {
+            return self.password();
+        }
+        let region = self.aws_region().unwrap_or_default();
+        crate::credentials::rds_iam::password(&endpoint.host, endpoint.port, &self.user, &region)
+            .map(Some)
+            .map_err(|e| match e {
+                crate::credentials::FetchError::Refused { .. } => {
+                    RelayError::fatal(FatalReason::Auth, format!("postgres.auth = \"aws_iam\": {e}"))
+                }
+                e => RelayError::Disconnected(format!("postgres.auth = \"aws_iam\": no token: {e}")),
+            })
     }
 
     /// The password: `password`, or the first line of `password_file` (read at each connect,

@@ -22,7 +22,7 @@ pub use format::{CloudEventsConfig, CloudEventsMode, Converter, DebeziumConfig, 
 pub use kafka::{KafkaConfig, KafkaProperty, built_in_features};
 pub use kafka_auth::{AuthMechanism, KafkaAuthConfig};
 pub use load::load_layered;
-pub use postgres::{Endpoint, PostgresConfig, SslMode};
+pub use postgres::{Endpoint, PgAuth, PostgresConfig, SslMode};
 pub use secrets::{Secret, file_mode_warning, is_secret_kafka_property};
 
 pub const ENV_PREFIX: &str = "OUTBOX_RELAY";

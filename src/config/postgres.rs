@@ -44,6 +44,22 @@ pub struct PostgresConfig {
     /// PEM client certificate and key, for certificate authentication; both or neither.
     pub sslcert: String,
     pub sslkey: String,
+    /// `password` (default: `password`, `password_file` or none), or `aws_iam`: an RDS/Aurora
+    /// IAM authentication token made at each connect (SigV4, credentials from the AWS chain;
+    /// needs `sslmode = "verify-full"` and the `rds_iam` role on the user).
+    pub auth: PgAuth,
+    /// With `auth = "aws_iam"`: the database's AWS region; empty: `AWS_REGION`, then
+    /// `AWS_DEFAULT_REGION`.
+    pub aws_region: String,
+}
+
+/// `postgres.auth`: how the relay proves who it is to PostgreSQL.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PgAuth {
+    #[default]
+    Password,
+    AwsIam,
 }
 
 /// One server of `postgres.host`.
@@ -160,6 +176,28 @@ impl PostgresConfig {
                 "set postgres.password or postgres.password_file, not both",
             ));
         }
+        if pg.auth == PgAuth::AwsIam {
+            if pg.password.is_some() || !pg.password_file.is_empty() {
+                return Err(ConfigError::invalid(
+                    "postgres.auth",
+                    "\"aws_iam\" makes the password at each connect: leave postgres.password and \
+                     postgres.password_file unset",
+                ));
+            }
+            if pg.sslmode != SslMode::VerifyFull {
+                return Err(ConfigError::invalid(
+                    "postgres.sslmode",
+                    "must be \"verify-full\" with postgres.auth = \"aws_iam\": the token is a bearer credential for \
+                     15 minutes and goes only to a server whose certificate and name are checked",
+                ));
+            }
+            if pg.aws_region().is_none() {
+                return Err(ConfigError::invalid(
+                    "postgres.aws_region",
+                    "must be set with postgres.auth = \"aws_iam\" (or AWS_REGION)",
+                ));
+            }
+        }
         if pg.sslcert.is_empty() != pg.sslkey.is_empty() {
             return Err(ConfigError::invalid(
                 "postgres.sslkey",
@@ -259,13 +297,47 @@ impl Default for PostgresConfig {
             sslrootcert: String::new(),
             sslcert: String::new(),
             sslkey: String::new(),
+            auth: PgAuth::Password,
+            aws_region: String::new(),
         }
+    }
+}
+
+impl PostgresConfig {
+    /// The AWS region of `auth = "aws_iam"`: `aws_region`, else `AWS_REGION`, else
+    /// `AWS_DEFAULT_REGION`.
+    pub fn aws_region(&self) -> Option<String> {
+        if !self.aws_region.is_empty() {
+            return Some(self.aws_region.clone());
+        }
+        ["AWS_REGION", "AWS_DEFAULT_REGION"]
+            .iter()
+            .find_map(|n| std::env::var(n).ok().filter(|v| !v.is_empty()))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn aws_iam_needs_verify_full_a_region_and_no_password() {
+        let iam = PostgresConfig {
+            auth: PgAuth::AwsIam,
+            aws_region: "eu-west-1".into(),
+            sslmode: SslMode::VerifyFull,
+            ..Default::default()
+        };
+        assert!(iam.validate().is_ok());
+        let err = |c: PostgresConfig| c.validate().unwrap_err().to_string();
+        assert!(
+            err(PostgresConfig { sslmode: SslMode::Require, ..iam.clone() }).starts_with("postgres.sslmode")
+        );
+        assert!(
+            err(PostgresConfig { password: Some(Secret::new("x")), ..iam.clone() })
+                .starts_with("postgres.auth")
+        );
+    }
 
     #[test]
     fn system_roots_are_ssl_cert_file_or_the_first_bundle_found() {

@@ -35,6 +35,7 @@ mod file;
 pub mod jwt;
 pub mod msk_iam;
 mod oidc;
+pub mod rds_iam;
 
 /// A bearer token and what librdkafka needs with it.
 #[derive(Debug, Clone)]

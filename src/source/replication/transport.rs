@@ -66,7 +66,7 @@ pub async fn connect(
 ) -> Result<ReplicationClient, RelayError> {
     let pg = &config.postgres;
     let r = &config.replication;
-    let password = pg.password()?.unwrap_or_default();
+    let password = pg.password_for(server)?.unwrap_or_default();
     let cfg = ReplicationConfig::new(
         &server.host,
         &pg.user,
