@@ -132,3 +132,19 @@ OUTBOX_RELAY_TEST_OIDC_CLIENT_SECRET_FILE=$KEYCLOAK_HOME/client.secret
 OUTBOX_RELAY_TEST_KEYCLOAK_DIR=$dir
 ENV
 }
+
+# start_oauth_services: Keycloak and a one-node Kafka whose OAUTH listener validates the realm's
+# tokens (its JWKS, audience "kafka", the issuer of the HTTPS endpoint), in a new state directory;
+# writes the settings to $OUTBOX_LOCAL_STATE/env.
+start_oauth_services() {
+    ensure_keycloak
+    ensure_kafka
+    OUTBOX_LOCAL_STATE=$(mktemp -d /tmp/outbox-relay-oauth.XXXXXX)
+    chmod 755 "$OUTBOX_LOCAL_STATE"
+    start_keycloak
+    OUTBOX_KAFKA_OAUTH_JWKS=http://127.0.0.1:$KEYCLOAK_HTTP/realms/$KEYCLOAK_REALM/protocol/openid-connect/certs
+    # the issuer of the tokens asked for at the HTTPS endpoint the relay uses
+    OUTBOX_KAFKA_OAUTH_ISSUER=https://localhost:$KEYCLOAK_HTTPS/realms/$KEYCLOAK_REALM
+    start_kafka 1
+    { echo "OUTBOX_LOCAL_STATE=$OUTBOX_LOCAL_STATE"; kafka_env; keycloak_env; } >"$OUTBOX_LOCAL_STATE/env"
+}
