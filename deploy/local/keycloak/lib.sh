@@ -37,7 +37,7 @@ install_keycloak() {
     log "building Keycloak for the tests (once; about 35 s)"
     "$tmp/keycloak-$KEYCLOAK_VERSION/bin/kc.sh" build --db=dev-mem --cache=local --health-enabled=true \
         >"$tmp/build.log" 2>&1 || { tail -20 "$tmp/build.log" >&2; rm -rf "$tmp"; die "kc.sh build failed"; }
-    openssl rand -hex 24 >"$tmp/keycloak-$KEYCLOAK_VERSION/client.secret"
+    (umask 077 && openssl rand -hex 24 >"$tmp/keycloak-$KEYCLOAK_VERSION/client.secret")
     openssl genrsa -traditional 2048 >"$tmp/keycloak-$KEYCLOAK_VERSION/realm.key" 2>/dev/null ||
         openssl genrsa 2048 >"$tmp/keycloak-$KEYCLOAK_VERSION/realm.key" 2>/dev/null || die "openssl: cannot make the realm key"
     mkdir -p "$(dirname "$KEYCLOAK_HOME")"
@@ -71,8 +71,13 @@ ensure_keycloak() {
     command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
     command -v mvn >/dev/null || missing+=(maven)
     if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
-    [ "$(cat "$KEYCLOAK_HOME/installed" 2>/dev/null)" = "$KEYCLOAK_SHA256" ] || install_keycloak
-    cmp -s "$KEYCLOAK_HOME/realm.template.json" "$REPO_ROOT/deploy/local/keycloak/realm.json" || write_keycloak_realm
+    # the OAuth tests start at once, each its own stack: one installs, the others wait for it
+    mkdir -p "$(dirname "$KEYCLOAK_HOME")"
+    (
+        flock 9 || die "cannot lock $KEYCLOAK_HOME.lock"
+        [ "$(cat "$KEYCLOAK_HOME/installed" 2>/dev/null)" = "$KEYCLOAK_SHA256" ] || install_keycloak
+        cmp -s "$KEYCLOAK_HOME/realm.template.json" "$REPO_ROOT/deploy/local/keycloak/realm.json" || write_keycloak_realm
+    ) 9>"$KEYCLOAK_HOME.lock" || exit 1
 }
 
 # start_keycloak: Keycloak under $OUTBOX_LOCAL_STATE/keycloak on free loopback ports: HTTP (the
