@@ -102,7 +102,7 @@ JAVA_OPTS_APPEND='-XX:TieredStopAtLevel=1 -Djava.io.tmpdir=$dir/tmp -Dquarkus.tr
     --hostname-strict=false --http-management-port=$management >>'$dir/stdout.log' 2>&1 </dev/null &
 echo \$! >'$dir/pid'
 exec python3 -c 'import sys, time, urllib.request
-for _ in range(2400):
+for _ in range(6000):
     try:
         urllib.request.urlopen("http://127.0.0.1:$http/realms/$KEYCLOAK_REALM/.well-known/openid-configuration", timeout=1)
         sys.exit(0)
@@ -111,7 +111,7 @@ for _ in range(2400):
 sys.exit(1)'
 SH
     chmod 755 "$dir/start"
-    "$dir/start" || die "Keycloak did not answer within 4 minutes: $(tail -5 "$dir/stdout.log")"
+    "$dir/start" || die "Keycloak did not answer within 10 minutes: $(tail -5 "$dir/stdout.log")"
 }
 
 # stop_keycloak DIR: stops the Keycloak DIR/keycloak/pid names (its process group).
