@@ -10,11 +10,11 @@ use tokio::sync::watch;
 use super::Delivery;
 use crate::config::RelayConfig;
 use crate::dead_letter::DeadLetters;
-use crate::delivery::record::OutboxRow;
 use crate::observe::health::{Health, Phase};
 use crate::observe::metrics::Mode;
 use crate::observe::pulse::Pulse;
-use crate::sink::dedup::{Dedup, Lookback};
+use crate::readback::{Dedup, Lookback};
+use crate::record::OutboxRow;
 use crate::sink::scripted::ScriptedSink;
 
 /// What a delivery stage over the scripted sink needs: a configuration with `on_poison`, its

@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use crate::delivery::record::KafkaRecord;
+use crate::record::KafkaRecord;
 
 /// One record waiting for its report.
 pub(super) struct Sent<P> {

@@ -45,18 +45,17 @@ use tokio::sync::MutexGuard;
 
 use crate::config::KafkaConfig;
 use crate::dead_letter::{DeadLetter, DeadLetters, Hold};
-use crate::delivery::record::KafkaRecord;
 use crate::error::RelayError;
 use crate::observe::metrics::{Clock, Mode, metrics};
 use crate::observe::pulse::Pulse;
-use crate::sink::dedup::Dedup;
+use crate::readback::Dedup;
+use crate::record::KafkaRecord;
 use crate::sink::kafka::StallWatch;
 use crate::sink::{PublishError, Report, Reports, Sink};
 
 #[cfg(test)]
 pub(crate) mod fixture;
 mod in_flight;
-pub(crate) mod record;
 #[cfg(test)]
 mod tests;
 mod transaction;

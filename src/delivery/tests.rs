@@ -8,10 +8,10 @@ use super::fixture::Fixture;
 use super::{Delivery, Settled};
 use crate::checkpoint::{Tracker, TxnId};
 use crate::dead_letter::DeadLetter;
-use crate::delivery::record::OutboxRow;
 use crate::error::RelayError;
 use crate::lsn::Lsn;
 use crate::observe::metrics::Clock;
+use crate::record::OutboxRow;
 use crate::sink::Reports;
 use crate::sink::scripted::{Fault, ScriptedSink, record};
 

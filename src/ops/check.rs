@@ -92,7 +92,7 @@ pub async fn run(config: &RelayConfig) -> Vec<Finding> {
 /// Not tried: initializing transactions under that id would fence the running relay.
 async fn transactions_finding(config: &RelayConfig, client: &Client) -> Finding {
     let id = match config.kafka.transactional_id.as_str() {
-        "" => match crate::sink::dedup::source_identity(client, config).await {
+        "" => match crate::readback::source_identity(client, config).await {
             Ok(source) => format!("outbox-relay:{source}"),
             Err(e) => return Finding::fail("kafka.transactional", format!("cannot derive the id: {e}"), ""),
         },

@@ -22,16 +22,18 @@ use std::time::Duration;
 use rdkafka::error::KafkaError;
 use tokio::sync::{MutexGuard, mpsc};
 
-use crate::delivery::record::KafkaRecord;
 use crate::error::RelayError;
+use crate::record::KafkaRecord;
 
 pub(crate) mod cluster;
-pub(crate) mod dedup;
 pub mod kafka;
 #[cfg(test)]
 pub(crate) mod scripted;
 
 pub(crate) use kafka::{PublishError, Report};
+
+/// How long a session waits for the producer of a failed one to be destroyed (`Sink::retired`).
+pub(crate) const RETIRE_LIMIT: Duration = Duration::from_secs(10);
 
 /// Where a sink's reports arrive.
 pub(crate) type Reports = mpsc::UnboundedReceiver<Report>;

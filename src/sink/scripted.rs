@@ -18,8 +18,8 @@ use tokio::sync::{MutexGuard, mpsc};
 
 use super::{PublishError, Report};
 use super::{Reports, Sink};
-use crate::delivery::record::KafkaRecord;
 use crate::observe::metrics::ErrorType;
+use crate::record::KafkaRecord;
 
 /// What happens to one attempt at sending a record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,8 +9,8 @@ use rdkafka::types::RDKafkaRespErr;
 use super::METADATA_TIMEOUT;
 use super::producer::RecordProducer;
 use crate::config::KafkaConfig;
-use crate::delivery::record::KafkaRecord;
 use crate::observe::metrics::ErrorType;
+use crate::record::KafkaRecord;
 use rdkafka::error::KafkaError;
 
 /// Why one record was not acknowledged.

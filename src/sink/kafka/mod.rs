@@ -26,9 +26,9 @@ use rdkafka::producer::{BaseRecord, Producer};
 use tokio::sync::{Mutex, MutexGuard, mpsc};
 
 use crate::config::KafkaConfig;
-use crate::delivery::record::KafkaRecord;
 use crate::error::RelayError;
 use crate::observe::metrics::{TransactionOutcome, metrics};
+use crate::record::KafkaRecord;
 
 mod classify;
 mod client;
@@ -144,7 +144,7 @@ impl KafkaSink {
             return Ok(());
         }
         self.reset().map_err(|e| RelayError::Kafka(format!("cannot create the Kafka producer: {e}")))?;
-        self.retired(crate::sink::dedup::RETIRE_LIMIT).await;
+        self.retired(crate::sink::RETIRE_LIMIT).await;
         let (producer, timeout) = (self.producer.clone(), self.transaction_timeout());
         let init = tokio::task::spawn_blocking(move || transaction::init(&producer, &id, timeout));
         init.await.map_err(|e| RelayError::Kafka(format!("initializing transactions failed: {e}")))??;

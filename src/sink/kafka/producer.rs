@@ -17,7 +17,7 @@ use crate::config::KafkaConfig;
 
 /// The header naming the database and table a record came from (see [`super::KafkaSink::set_source`]).
 pub(crate) const SOURCE_HEADER: &str = "outbox_relay_source";
-/// The header saying where the source read the record ([`crate::delivery::record::Position`]).
+/// The header saying where the source read the record ([`crate::record::Position`]).
 pub(crate) const POSITION_HEADER: &str = "outbox_relay_position";
 /// The header `outbox-relay replay-dead-letters` marks a replayed record with (the letter's id):
 /// a replay comes after later events of its key and carries the letter's data as fixed, so

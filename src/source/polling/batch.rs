@@ -24,10 +24,10 @@
 use std::time::Instant;
 
 use crate::dead_letter::DeadLetter;
-use crate::delivery::record::{KafkaRecord, Mapping, Position, Unpublishable};
 use crate::delivery::{Delivery, Settled};
 use crate::error::RelayError;
 use crate::observe::metrics::{Clock, ErrorType, metrics};
+use crate::record::{KafkaRecord, Mapping, Position, Unpublishable};
 use crate::sink::{Reports, Sink};
 use crate::table::RowAt;
 

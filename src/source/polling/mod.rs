@@ -32,18 +32,18 @@ use tokio_postgres::{AsyncMessage, Client, Transaction};
 
 use crate::config::RelayConfig;
 use crate::dead_letter::{DeadLetters, LetterKey};
-use crate::delivery::record::Mapping;
 use crate::delivery::{Carried, Delivery};
 use crate::error::RelayError;
 use crate::observe::health::LockHolder;
 use crate::observe::metrics::{Mode, metrics};
 use crate::observe::pulse::Pulse;
 use crate::published::{Recorder, Sent};
-use crate::sink::dedup::{self, Dedup, Lookback};
+use crate::readback::{self, Dedup, Lookback};
+use crate::record::Mapping;
 use crate::sink::kafka::KafkaSink;
 use crate::sink::{Reports, Sink};
+use crate::source::Source;
 use crate::source::handover;
-use crate::supervisor::Source;
 use crate::table::{OutboxTable, RowAt, quote_ident};
 use batch::{Deadline, Settlement};
 use claim::{HeldRow, Prepared, Statements, already_dead_lettered};
@@ -202,8 +202,8 @@ impl<S: Sink> PollingSource<S> {
         for outbox in &self.outboxes {
             prepared.push(Prepared::on(&client, outbox.statements.as_ref().expect("just made")).await?);
         }
-        self.sink.set_sources(&dedup::source_identities(&client, &self.config).await?);
-        self.sink.retired(dedup::RETIRE_LIMIT).await;
+        self.sink.set_sources(&readback::source_identities(&client, &self.config).await?);
+        self.sink.retired(crate::sink::RETIRE_LIMIT).await;
         Ok(Session {
             client,
             notified,

@@ -22,12 +22,12 @@ use tokio_postgres::Client;
 
 use crate::config::{Endpoint, PostgresConfig};
 use crate::dead_letter::{DeadLetter, DeadLetters};
-use crate::delivery::record::{Mapping, OutboxRow, Position};
 use crate::delivery::{Delivery, Settled};
 use crate::error::RelayError;
 use crate::lsn::Lsn;
 use crate::observe::metrics::Clock;
 use crate::published::{Recorder, Sent};
+use crate::record::{Mapping, OutboxRow, Position};
 use crate::sink::{Reports, Sink};
 use crate::table::{OutboxTable, outbox_row, quote_literal};
 

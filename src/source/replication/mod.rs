@@ -20,6 +20,7 @@ pub use copy::CopyReport;
 mod decode;
 pub(crate) mod failover;
 pub(crate) mod publication;
+mod refusal;
 pub(crate) mod slot;
 mod stream;
 mod transport;
@@ -31,16 +32,16 @@ use tokio::sync::watch;
 use crate::config::{Outbox, RelayConfig};
 use crate::dead_letter::DeadLetters;
 use crate::delivery::Delivery;
-use crate::delivery::record::Mapping;
 use crate::error::RelayError;
 use crate::lsn::Lsn;
 use crate::observe::metrics::Mode;
 use crate::observe::pulse::Pulse;
 use crate::published::Recorder;
+use crate::readback::{self, Dedup, Lookback};
+use crate::record::Mapping;
 use crate::sink::Sink;
-use crate::sink::dedup::{self, Dedup, Lookback};
 use crate::sink::kafka::KafkaSink;
-use crate::supervisor::Source;
+use crate::source::Source;
 use crate::table::OutboxTable;
 use slot::SlotPlan;
 use stream::{Feed, StreamSession};
@@ -118,7 +119,7 @@ impl<S: Sink> ReplicationSource<S> {
     /// was there.
     pub(crate) async fn setup(&mut self, recreate: bool) -> Result<Option<(Lsn, CopyReport)>, RelayError> {
         let (client, server) = crate::postgres::connect_primary(&self.config.postgres).await?;
-        self.sink.set_sources(&dedup::source_identities(&client, &self.config).await?);
+        self.sink.set_sources(&readback::source_identities(&client, &self.config).await?);
         let plan = slot::prepare(&self.config, &client, recreate).await?;
         if let SlotPlan::Stream { .. } = plan {
             return Ok(None);
@@ -140,8 +141,8 @@ impl<S: Sink> ReplicationSource<S> {
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), RelayError> {
         let (client, server) = crate::postgres::connect_primary(&self.config.postgres).await?;
-        self.sink.set_sources(&dedup::source_identities(&client, &self.config).await?);
-        self.sink.retired(dedup::RETIRE_LIMIT).await;
+        self.sink.set_sources(&readback::source_identities(&client, &self.config).await?);
+        self.sink.retired(crate::sink::RETIRE_LIMIT).await;
         self.open_recorders(&client).await?;
         let plan = slot::prepare(&self.config, &client, false).await?;
         let slot_name = &self.config.replication.slot.clone();

@@ -19,6 +19,7 @@ use tokio::sync::watch;
 use tokio_postgres::Client;
 
 use super::copy::{CopyReport, FirstCopy};
+pub(crate) use super::refusal::Refusal;
 use super::transport::{self, Command};
 use super::{MODE, ReplicationSource};
 use crate::config::{Endpoint, RelayConfig};
@@ -26,8 +27,8 @@ use crate::delivery::Delivery;
 use crate::error::{FatalReason, RelayError};
 use crate::lsn::Lsn;
 use crate::observe::pulse::Pulse;
+use crate::readback::{Dedup, Lookback};
 use crate::sink::Sink;
-use crate::sink::dedup::{Dedup, Lookback};
 use crate::table::{OutboxTable, quote_ident};
 
 /// The relay's own memory of its slots (sql/006_relay_slots.sql, sql/007_relay_slots_timeline.sql,
@@ -184,21 +185,6 @@ pub(crate) enum Verdict {
     /// `run` and `setup` stop: the slot was lost, or is gone after the relay published from it,
     /// or may not be created.
     Refused(Refusal),
-}
-
-/// Why the relay will not use or create the slot, and what to do: `run` and `setup` stop with
-/// it ([`Refusal::error`]), `check` FAILs with the same words.
-#[derive(Debug, Clone)]
-pub(crate) struct Refusal {
-    pub reason: FatalReason,
-    pub problem: String,
-    pub fix: String,
-}
-
-impl Refusal {
-    pub(crate) fn error(&self) -> RelayError {
-        RelayError::fatal(self.reason, format!("{}; {}", self.problem, self.fix))
-    }
 }
 
 /// The slot and the relay's memory of it, judged (see [`Verdict`]).

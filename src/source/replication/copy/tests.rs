@@ -10,9 +10,9 @@ use super::{Chunk, CopyReport, Copying, settle_all};
 use crate::config::OutboxConfig;
 use crate::dead_letter::DeadLetter;
 use crate::delivery::fixture::{Fixture, outbox_row};
-use crate::delivery::record::{Mapping, OutboxRow};
 use crate::error::RelayError;
 use crate::lsn::Lsn;
+use crate::record::{Mapping, OutboxRow};
 use crate::sink::scripted::{Fault, record};
 
 /// How long a test waits for a chunk before it fails.

@@ -32,12 +32,12 @@ use super::super::{HEARTBEAT_PREFIX, MODE};
 use crate::checkpoint::{Tracker, TxnId};
 use crate::config::{Outbox, ReplicationConfig};
 use crate::dead_letter::DeadLetter;
-use crate::delivery::record::{Mapping, OutboxRow, Position};
 use crate::delivery::{Delivery, Settled};
 use crate::error::{FatalReason, RelayError};
 use crate::lsn::Lsn;
 use crate::observe::metrics::{Clock, SkippedKind, metrics};
 use crate::published::Sent;
+use crate::record::{Mapping, OutboxRow, Position};
 use crate::sink::{Report, Sink};
 
 /// The transaction being read (between Begin and Commit).

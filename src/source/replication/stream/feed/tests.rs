@@ -9,9 +9,9 @@ use super::Feed;
 use crate::checkpoint::TxnId;
 use crate::config::{DEFAULT_MESSAGE_PREFIX, Outbox, ReplicationConfig};
 use crate::delivery::fixture::{Fixture, outbox_row};
-use crate::delivery::record::Mapping;
 use crate::lsn::Lsn;
 use crate::observe::metrics::Clock;
+use crate::record::Mapping;
 use crate::sink::Reports;
 use crate::sink::scripted::{Fault, ScriptedSink};
 use crate::source::replication::transport::WalEvent;
@@ -248,7 +248,7 @@ async fn a_keepalive_is_confirmed_only_while_nothing_is_in_flight() {
 
 #[tokio::test]
 async fn each_outbox_numbers_its_own_events_and_maps_them_with_its_own_mapping() {
-    use crate::delivery::record::Position;
+    use crate::record::Position;
     use crate::source::replication::decode::tests::{COLUMNS, insert, relation};
     // given two outboxes, the second with its own topic template
     let outboxes = serde_json::json!([
