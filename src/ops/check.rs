@@ -362,7 +362,7 @@ async fn kafka_check(config: &RelayConfig) -> (Finding, Option<std::collections:
     let kafka = config.kafka.clone();
     let brokers = kafka.brokers.join(",");
     let fetched = tokio::task::spawn_blocking(move || {
-        crate::sink::cluster::fetch_cluster_info(&kafka, Duration::from_secs(10))
+        crate::sink::kafka::cluster::fetch_cluster_info(&kafka, Duration::from_secs(10))
     })
     .await;
     match fetched {

@@ -25,7 +25,6 @@ use tokio::sync::{MutexGuard, mpsc};
 use crate::error::RelayError;
 use crate::record::KafkaRecord;
 
-pub(crate) mod cluster;
 pub mod kafka;
 #[cfg(test)]
 pub(crate) mod scripted;

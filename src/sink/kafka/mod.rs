@@ -32,14 +32,13 @@ use crate::record::KafkaRecord;
 
 mod classify;
 mod client;
+pub(crate) mod cluster;
 mod producer;
 mod stall;
 mod transaction;
 
 pub(crate) use classify::PublishError;
 use classify::{error_type, topic_is_unknown};
-#[cfg(test)]
-pub(crate) use client::transactional_producer_config;
 pub(crate) use client::{ReaderContext, log_librdkafka, reader_config};
 pub use client::{client_config, producer_config};
 use producer::{Channel, RecordProducer, create_producer};

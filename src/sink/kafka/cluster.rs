@@ -15,7 +15,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::metadata::Metadata;
 
-use super::kafka::{client_config, log_librdkafka};
+use super::client::{client_config, log_librdkafka};
 use crate::config::KafkaConfig;
 
 /// Partitions named in a stall's diagnosis, at most (the rest are counted).
