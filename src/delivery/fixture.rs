@@ -68,10 +68,10 @@ impl Fixture {
     }
 
     /// A stage whose read-back is off (the sink has no source identity).
-    pub(crate) fn delivery<P: Clone>(&self) -> Delivery<'_, ScriptedSink, P> {
+    pub(crate) async fn delivery<P: Clone>(&self) -> Delivery<'_, ScriptedSink, P> {
         let (_, shutdown) = watch::channel(false);
         let dedup = Dedup::new(&self.config, Mode::Replication, Lookback::Everything, &[], &shutdown);
-        Delivery::new(
+        Delivery::open(
             &self.sink,
             &self.dead_letters,
             &self.config.kafka,
@@ -79,6 +79,7 @@ impl Fixture {
             &self.pulse,
             Mode::Replication,
         )
+        .await
     }
 }
 

@@ -56,6 +56,11 @@ impl<P> InFlight<P> {
         self.slots.push_back(Some(sent));
     }
 
+    /// The record numbered `seq`, left in place.
+    pub(super) fn get(&self, seq: usize) -> Option<&Sent<P>> {
+        self.slots.get(seq.checked_sub(self.base)?)?.as_ref()
+    }
+
     /// The record numbered `seq`, if it waits here (a report of an earlier session's record
     /// does not).
     pub(super) fn take(&mut self, seq: usize) -> Option<Sent<P>> {

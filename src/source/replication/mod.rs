@@ -167,7 +167,8 @@ impl<S: Sink> ReplicationSource<S> {
         // (after the copy's activation, this does nothing)
         pulse.alive_while(self.sink.activate()).await?;
         let dedup = Dedup::new(&self.config, MODE, Lookback::Since(confirmed), self.sink.sources(), shutdown);
-        let delivery = Delivery::new(&self.sink, &self.dead_letters, &self.config.kafka, dedup, pulse, MODE);
+        let delivery =
+            Delivery::open(&self.sink, &self.dead_letters, &self.config.kafka, dedup, pulse, MODE).await;
         let feed = Feed::new(delivery, confirmed, &self.outboxes, &self.mappings, &self.config.replication);
         StreamSession::new(&self.config, &self.dead_letters, &self.recorders, &client, wal, feed)
             .run(shutdown)

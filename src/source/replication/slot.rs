@@ -475,7 +475,8 @@ pub(super) async fn create_and_copy<S: Sink>(
     for (i, table) in source.tables.iter().enumerate() {
         let dedup = Dedup::new(&source.config, MODE, Lookback::Everything, source.sink.sources(), shutdown);
         let delivery =
-            Delivery::new(&source.sink, &source.dead_letters, &source.config.kafka, dedup, pulse, MODE);
+            Delivery::open(&source.sink, &source.dead_letters, &source.config.kafka, dedup, pulse, MODE)
+                .await;
         let copy = FirstCopy {
             postgres: &source.config.postgres,
             server,
