@@ -71,15 +71,9 @@ impl Fixture {
     pub(crate) async fn delivery<P: Clone>(&self) -> Delivery<'_, ScriptedSink, P> {
         let (_, shutdown) = watch::channel(false);
         let dedup = Dedup::new(&self.config, Mode::Replication, Lookback::Everything, &[], &shutdown);
-        Delivery::open(
-            &self.sink,
-            &self.dead_letters,
-            &self.config.kafka,
-            dedup,
-            &self.pulse,
-            Mode::Replication,
-        )
-        .await
+        let prologue = super::Prologue { dedup };
+        let stage = (&self.dead_letters, &self.config.kafka);
+        Delivery::open(&self.sink, prologue, stage, &self.pulse, Mode::Replication).await
     }
 }
 

@@ -43,10 +43,9 @@ use std::time::Instant;
 use prometheus::IntCounter;
 use tokio::sync::MutexGuard;
 
-use crate::config::KafkaConfig;
 use crate::dead_letter::{DeadLetter, DeadLetters, Hold};
 use crate::error::RelayError;
-use crate::observe::metrics::{Clock, Mode, metrics};
+use crate::observe::metrics::{Clock, metrics};
 use crate::observe::pulse::Pulse;
 use crate::readback::Dedup;
 use crate::record::KafkaRecord;
@@ -56,12 +55,16 @@ use crate::sink::{Report, Reports, Sink};
 #[cfg(test)]
 pub(crate) mod fixture;
 mod in_flight;
+mod open;
 mod settle;
 #[cfg(test)]
 mod tests;
 mod transaction;
 
 use in_flight::{InFlight, Sent};
+#[cfg(test)]
+use open::Prologue;
+pub(crate) use open::prologue;
 use transaction::{Acked, Transaction};
 
 /// What became of a position.
@@ -135,41 +138,6 @@ pub(crate) struct Delivery<'a, S: Sink, P> {
 }
 
 impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
-    /// Opens the stage of a session: from now on it is the one sending, and reports of earlier
-    /// sessions' records are passed over.
-    pub(crate) async fn open(
-        sink: &'a S,
-        dead_letters: &'a DeadLetters,
-        kafka: &KafkaConfig,
-        dedup: Dedup,
-        pulse: &'a Pulse,
-        mode: Mode,
-    ) -> Delivery<'a, S, P> {
-        let stall = StallWatch::new(kafka);
-        let mut stall_tick = tokio::time::interval(stall.period());
-        stall_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        Delivery {
-            sink,
-            dead_letters,
-            pulse,
-            dedup,
-            in_flight: InFlight::default(),
-            stall,
-            held: None,
-            transaction: sink.transactional().then(|| Transaction::new(kafka)),
-            published: metrics().events_published.with_label_values(&[mode.label()]),
-            published_by_outbox: dead_letters
-                .names()
-                .map(|name| metrics().outbox_events_published.with_label_values(&[name]))
-                .collect(),
-            reports: sink.reports().await,
-            received: VecDeque::new(),
-            received_at: Clock::now(),
-            stall_tick,
-            resends_held: true,
-        }
-    }
-
     /// The source claims a held row again itself ([`Delivery::retry_held_as`], polling):
     /// [`Delivery::next`] does not send it again.
     pub(crate) fn reclaims_held(&mut self) {

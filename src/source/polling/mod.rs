@@ -32,13 +32,13 @@ use tokio_postgres::{AsyncMessage, Client, Transaction};
 
 use crate::config::RelayConfig;
 use crate::dead_letter::{DeadLetters, LetterKey};
-use crate::delivery::{Carried, Delivery};
+use crate::delivery::{self, Carried, Delivery};
 use crate::error::RelayError;
 use crate::observe::health::LockHolder;
 use crate::observe::metrics::{Mode, metrics};
 use crate::observe::pulse::Pulse;
 use crate::published::{Recorder, Sent};
-use crate::readback::{self, Dedup, Lookback};
+use crate::readback::Lookback;
 use crate::record::Mapping;
 use crate::sink::Sink;
 use crate::sink::kafka::KafkaSink;
@@ -120,10 +120,17 @@ impl<S: Sink> Source for PollingSource<S> {
         let mut session = self.connect().await?;
         let lookback = self.lead(&mut session, pulse).await?;
         // only the leader: it may fence earlier producers (kafka.transactional)
-        pulse.alive_while(self.sink.activate()).await?;
-        let dedup = Dedup::new(&self.config, MODE, lookback, self.sink.sources(), shutdown);
-        let mut delivery =
-            Delivery::open(&self.sink, &self.dead_letters, &self.config.kafka, dedup, pulse, MODE).await;
+        let prologue = delivery::prologue(
+            &mut self.sink,
+            &session.client,
+            &self.config,
+            (MODE, lookback),
+            pulse,
+            shutdown,
+        )
+        .await?;
+        let stage = (&self.dead_letters, &self.config.kafka);
+        let mut delivery = Delivery::open(&self.sink, prologue, stage, pulse, MODE).await;
         // a held row is claimed again, by the claim's own turn (`relay_batch`)
         delivery.reclaims_held();
         delivery.resume(self.carried.take());
@@ -204,8 +211,6 @@ impl<S: Sink> PollingSource<S> {
         for outbox in &self.outboxes {
             prepared.push(Prepared::on(&client, outbox.statements.as_ref().expect("just made")).await?);
         }
-        self.sink.set_sources(&readback::source_identities(&client, &self.config).await?);
-        self.sink.retired(crate::sink::RETIRE_LIMIT).await;
         Ok(Session {
             client,
             notified,

@@ -23,11 +23,11 @@ pub(crate) use super::refusal::Refusal;
 use super::transport::{self, Command};
 use super::{MODE, ReplicationSource};
 use crate::config::{Endpoint, RelayConfig};
-use crate::delivery::Delivery;
+use crate::delivery::{self, Delivery};
 use crate::error::{FatalReason, RelayError};
 use crate::lsn::Lsn;
 use crate::observe::pulse::Pulse;
-use crate::readback::{Dedup, Lookback};
+use crate::readback::Lookback;
 use crate::sink::Sink;
 use crate::table::{OutboxTable, quote_ident};
 
@@ -466,17 +466,17 @@ pub(super) async fn create_and_copy<S: Sink>(
         text(2).ok_or_else(|| RelayError::Protocol("CREATE_REPLICATION_SLOT exported no snapshot".into()))?;
     client.execute(CREATED_SQL, &[slot, &consistent_point.to_string()]).await?;
     tracing::info!(%slot, %consistent_point, "created the slot; publishing the rows already in the table");
-    // the slot is this session's: it may fence earlier producers (kafka.transactional)
-    pulse.alive_while(source.sink.activate()).await?;
     // any row of the tables may be in the topics already (a copy that was interrupted, or the
     // slot recreated after it was lost): read back everything the topics hold from this source;
     // one outbox table after the other, each in the slot's snapshot
     let mut report = CopyReport::default();
     for (i, table) in source.tables.iter().enumerate() {
-        let dedup = Dedup::new(&source.config, MODE, Lookback::Everything, source.sink.sources(), shutdown);
-        let delivery =
-            Delivery::open(&source.sink, &source.dead_letters, &source.config.kafka, dedup, pulse, MODE)
-                .await;
+        // the slot is this session's: it may fence earlier producers (kafka.transactional)
+        let lookback = (MODE, Lookback::Everything);
+        let prologue =
+            delivery::prologue(&mut source.sink, client, &source.config, lookback, pulse, shutdown).await?;
+        let stage = (&source.dead_letters, &source.config.kafka);
+        let delivery = Delivery::open(&source.sink, prologue, stage, pulse, MODE).await;
         let copy = FirstCopy {
             postgres: &source.config.postgres,
             server,
