@@ -24,7 +24,7 @@ use crate::dead_letter::DeadLetters;
 use crate::error::RelayError;
 use crate::observe::metrics::{Clock, Mode, metrics};
 use crate::observe::pulse::Pulse;
-use crate::readback::{self, Dedup, Lookback};
+use crate::readback::{Dedup, Lookback};
 use crate::sink::kafka::StallWatch;
 use crate::sink::{RETIRE_LIMIT, Sink};
 
@@ -33,17 +33,18 @@ pub(crate) struct Prologue {
     pub(super) dedup: Dedup,
 }
 
-/// The session prologue, in its order (see the module doc). `lookback`: how far back a replay
-/// of this session's source can reach, so how far back to read.
+/// The session prologue, in its order (see the module doc). `identities`: the outboxes' source
+/// identities in this database (`readback::source_identities`); `lookback`: how far back a
+/// replay of this session's source can reach, so how far back to read.
 pub(crate) async fn prologue<S: Sink>(
     sink: &mut S,
-    client: &tokio_postgres::Client,
+    identities: &[String],
     config: &RelayConfig,
     (mode, lookback): (Mode, Lookback),
     pulse: &Pulse,
     shutdown: &watch::Receiver<bool>,
 ) -> Result<Prologue, RelayError> {
-    sink.set_sources(&readback::source_identities(client, config).await?);
+    sink.set_sources(identities);
     sink.retired(RETIRE_LIMIT).await;
     pulse.alive_while(sink.activate()).await?;
     let dedup = Dedup::new(config, mode, lookback, sink.sources(), shutdown);

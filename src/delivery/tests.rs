@@ -2,17 +2,22 @@
 //! counts, the poison policy under each setting, hold and resend, and (with the stream's
 //! tracker) confirming only the contiguous acknowledged prefix.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::sync::watch;
+
 use super::fixture::Fixture;
-use super::{Delivery, Settled};
+use super::{Delivery, Settled, prologue};
 use crate::checkpoint::{Tracker, TxnId};
 use crate::dead_letter::DeadLetter;
 use crate::error::RelayError;
 use crate::lsn::Lsn;
-use crate::observe::metrics::Clock;
+use crate::observe::metrics::{Clock, Mode};
+use crate::readback::Lookback;
 use crate::record::OutboxRow;
-use crate::sink::scripted::{Fault, ScriptedSink, record};
+use crate::sink::Sink;
+use crate::sink::scripted::{Fault, Lifecycle, ScriptedSink, record};
 
 /// How long a test waits for the stage to settle before it fails.
 const PATIENCE: Duration = Duration::from_secs(5);
@@ -346,4 +351,100 @@ async fn with_kafka_transactions_under_block_a_refused_record_is_not_remembered(
     assert!(error.contains("sent again after a backoff"), "{error}");
     assert!(!delivery.holding(), "the session ends instead of holding");
     assert!(f.dead_letters.refused_before(&record("1")).is_none());
+}
+
+#[tokio::test]
+async fn a_failed_activate_opens_no_stage_and_the_next_sessions_prologue_opens_one() {
+    // given a transactional sink whose activation fails once (it could not fence the producers
+    // before it), and the read-back off (the scripted sink has no topics to read)
+    let mut f = Fixture::transactional("dead_letter");
+    f.config.dedup.enabled = false;
+    f.sink.fail(Lifecycle::Activate, 1);
+    let (_stop, shutdown) = watch::channel(false);
+    let identities = ["system/db/public.outbox_events".to_string()];
+    let lookback = (Mode::Replication, Lookback::Everything);
+    // when a session's prologue runs
+    let failed = prologue(&mut f.sink, &identities, &f.config, lookback, &f.pulse, &shutdown).await;
+    // then it ends with the sink's error, the identities set before the activation was tried
+    let Err(error) = failed else { panic!("a failed activation opened a stage") };
+    assert!(error.to_string().contains("Activate failed"), "{error}");
+    assert_eq!(f.sink.sources(), [Arc::from(identities[0].as_str())]);
+    // and the next session's prologue opens a stage that sends and commits
+    let opened = prologue(&mut f.sink, &identities, &f.config, lookback, &f.pulse, &shutdown).await.unwrap();
+    let stage = (&f.dead_letters, &f.config.kafka);
+    let mut delivery = Delivery::<_, u32>::open(&f.sink, opened, stage, &f.pulse, Mode::Replication).await;
+    send_all(&mut delivery, &[1]).await;
+    assert!(settle_all(&mut delivery).await.is_empty());
+    assert_eq!(acked(&delivery.commit(&Clock::now()).await.unwrap()), [1]);
+}
+
+#[tokio::test]
+async fn with_kafka_transactions_a_failed_commit_settles_nothing() {
+    // given two records Kafka acknowledged in the open transaction
+    let f = Fixture::transactional("dead_letter");
+    let mut delivery = f.delivery::<u32>().await;
+    send_all(&mut delivery, &[1, 2]).await;
+    assert!(settle_all(&mut delivery).await.is_empty());
+    // when the commit fails
+    f.sink.fail(Lifecycle::Commit, 1);
+    let error = delivery.commit(&Clock::now()).await.unwrap_err();
+    // then the session ends with that error, no position settled (none is released: the next
+    // session sends them again) and nothing became visible to read_committed readers
+    assert!(error.to_string().contains("Commit failed"), "{error}");
+    assert!(f.sink.commits().is_empty());
+}
+
+#[tokio::test]
+async fn with_kafka_transactions_a_transaction_that_cannot_begin_sends_nothing() {
+    let f = Fixture::transactional("dead_letter");
+    f.sink.fail(Lifecycle::Begin, 1);
+    let mut delivery = f.delivery::<u32>().await;
+    let error = delivery.send(1, record("1"), Instant::now()).await.unwrap_err();
+    assert!(error.to_string().contains("Begin failed"), "{error}");
+    assert!(f.sink.sent().is_empty());
+    assert_eq!(delivery.records(), 0);
+}
+
+#[tokio::test]
+async fn the_stage_sends_a_held_record_again_itself_when_due() {
+    // given the block policy and a record Kafka refuses once
+    let f = Fixture::new("block");
+    f.sink.script("1", [Fault::Reject]);
+    let mut delivery = f.delivery::<u32>().await;
+    send_all(&mut delivery, &[1]).await;
+    assert!(matches!(next(&mut delivery).await.unwrap(), Some(Settled::Held(1))));
+    // when the stage runs on its own (the stream's and the copy's way)
+    let settled = async {
+        loop {
+            if let Some(settled) = delivery.next().await.unwrap() {
+                return settled;
+            }
+        }
+    };
+    let (settled, ()) =
+        tokio::time::timeout(PATIENCE, async { tokio::join!(settled, f.sink.reached(2)) }).await.unwrap();
+    // then it sent the record again at the hold's backoff, and Kafka took it
+    assert!(matches!(settled, Settled::Acked(1)), "{settled:?}");
+    assert_eq!(f.sink.written(), ["1"]);
+}
+
+#[tokio::test]
+async fn a_source_that_claims_held_rows_again_is_not_sent_them_by_the_stage() {
+    // given polling's stage (it claims a held row again itself) held at a refused record
+    let f = Fixture::new("block");
+    f.sink.script("1", [Fault::Reject]);
+    let mut delivery = f.delivery::<u32>().await;
+    delivery.reclaims_held();
+    send_all(&mut delivery, &[1]).await;
+    assert!(matches!(next(&mut delivery).await.unwrap(), Some(Settled::Held(1))));
+    // when the stage runs for ten times the hold's longest backoff (20 ms)
+    let ran = tokio::time::timeout(Duration::from_millis(200), async {
+        loop {
+            assert!(delivery.next().await.unwrap().is_none());
+        }
+    });
+    assert!(ran.await.is_err());
+    // then nothing was sent again: the retry is the claim's
+    assert_eq!(f.sink.sent(), ["1"]);
+    assert!(delivery.holding());
 }

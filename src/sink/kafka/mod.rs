@@ -29,6 +29,7 @@ use crate::config::KafkaConfig;
 use crate::error::RelayError;
 use crate::observe::metrics::{TransactionOutcome, metrics};
 use crate::record::KafkaRecord;
+use crate::sink::{PublishError, Report, SendFailure};
 
 mod classify;
 mod client;
@@ -37,12 +38,11 @@ mod producer;
 mod stall;
 mod transaction;
 
-pub(crate) use classify::PublishError;
 use classify::{error_type, topic_is_unknown};
 pub(crate) use client::{ReaderContext, log_librdkafka, reader_config};
 pub use client::{client_config, producer_config};
 use producer::{Channel, RecordProducer, create_producer};
-pub(crate) use producer::{POSITION_HEADER, REPLAYED_HEADER, REPUBLISHED_HEADER, Report, SOURCE_HEADER};
+pub(crate) use producer::{POSITION_HEADER, REPLAYED_HEADER, REPUBLISHED_HEADER, SOURCE_HEADER};
 pub(crate) use stall::StallWatch;
 
 /// How long a metadata request may take when classifying a timed-out record.
@@ -242,7 +242,7 @@ impl KafkaSink {
         self.look_up(&event.topic);
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = self.send(event, seq).await {
-            let _ = self.refusals.send(Report { seq, outcome: Err(e) });
+            let _ = self.refusals.send(Report { seq, outcome: Err(SendFailure::kafka(e)) });
         }
         seq
     }
@@ -283,7 +283,8 @@ impl KafkaSink {
 
     /// Classifies one failure. A timeout is checked against the topic's metadata: a topic the
     /// broker does not know (auto-create off) is permanent, anything else transient.
-    pub(crate) async fn classify(&self, record: &KafkaRecord, error: &KafkaError) -> PublishError {
+    pub(crate) async fn classify(&self, record: &KafkaRecord, failure: &SendFailure) -> PublishError {
+        let Some(error) = failure.as_kafka() else { return failure.classified() };
         let topic = record.topic.as_str();
         let code = error.rdkafka_error_code();
         match code {

@@ -38,7 +38,7 @@ use crate::observe::health::LockHolder;
 use crate::observe::metrics::{Mode, metrics};
 use crate::observe::pulse::Pulse;
 use crate::published::{Recorder, Sent};
-use crate::readback::Lookback;
+use crate::readback::{self, Lookback};
 use crate::record::Mapping;
 use crate::sink::Sink;
 use crate::sink::kafka::KafkaSink;
@@ -120,15 +120,10 @@ impl<S: Sink> Source for PollingSource<S> {
         let mut session = self.connect().await?;
         let lookback = self.lead(&mut session, pulse).await?;
         // only the leader: it may fence earlier producers (kafka.transactional)
-        let prologue = delivery::prologue(
-            &mut self.sink,
-            &session.client,
-            &self.config,
-            (MODE, lookback),
-            pulse,
-            shutdown,
-        )
-        .await?;
+        let identities = readback::source_identities(&session.client, &self.config).await?;
+        let prologue =
+            delivery::prologue(&mut self.sink, &identities, &self.config, (MODE, lookback), pulse, shutdown)
+                .await?;
         let stage = (&self.dead_letters, &self.config.kafka);
         let mut delivery = Delivery::open(&self.sink, prologue, stage, pulse, MODE).await;
         // a held row is claimed again, by the claim's own turn (`relay_batch`)

@@ -37,7 +37,7 @@ use crate::lsn::Lsn;
 use crate::observe::metrics::Mode;
 use crate::observe::pulse::Pulse;
 use crate::published::Recorder;
-use crate::readback::Lookback;
+use crate::readback::{self, Lookback};
 use crate::record::Mapping;
 use crate::sink::Sink;
 use crate::sink::kafka::KafkaSink;
@@ -163,8 +163,9 @@ impl<S: Sink> ReplicationSource<S> {
         pulse.active();
         // (after the copy's prologue, identities are read again and nothing else is done)
         let lookback = Lookback::Since(confirmed);
+        let identities = readback::source_identities(&client, &self.config).await?;
         let prologue =
-            delivery::prologue(&mut self.sink, &client, &self.config, (MODE, lookback), pulse, shutdown)
+            delivery::prologue(&mut self.sink, &identities, &self.config, (MODE, lookback), pulse, shutdown)
                 .await?;
         let stage = (&self.dead_letters, &self.config.kafka);
         let delivery = Delivery::open(&self.sink, prologue, stage, pulse, MODE).await;

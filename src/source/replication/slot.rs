@@ -27,7 +27,7 @@ use crate::delivery::{self, Delivery};
 use crate::error::{FatalReason, RelayError};
 use crate::lsn::Lsn;
 use crate::observe::pulse::Pulse;
-use crate::readback::Lookback;
+use crate::readback::{self, Lookback};
 use crate::sink::Sink;
 use crate::table::{OutboxTable, quote_ident};
 
@@ -473,8 +473,10 @@ pub(super) async fn create_and_copy<S: Sink>(
     for (i, table) in source.tables.iter().enumerate() {
         // the slot is this session's: it may fence earlier producers (kafka.transactional)
         let lookback = (MODE, Lookback::Everything);
+        let identities = readback::source_identities(client, &source.config).await?;
         let prologue =
-            delivery::prologue(&mut source.sink, client, &source.config, lookback, pulse, shutdown).await?;
+            delivery::prologue(&mut source.sink, &identities, &source.config, lookback, pulse, shutdown)
+                .await?;
         let stage = (&source.dead_letters, &source.config.kafka);
         let delivery = Delivery::open(&source.sink, prologue, stage, pulse, MODE).await;
         let copy = FirstCopy {
