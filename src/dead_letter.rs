@@ -28,9 +28,9 @@ use bytes::{BufMut, BytesMut};
 use tokio_postgres::types::{IsNull, ToSql, Type, accepts, to_sql_checked};
 
 use crate::backoff::Backoff;
-use crate::delivery::record::{KafkaRecord, OutboxRow, Unpublishable};
 use crate::observe::metrics::{Mode, metrics};
 use crate::observe::pulse::Pulse;
+use crate::record::{KafkaRecord, OutboxRow, Unpublishable};
 use crate::table::{OutboxTable, qualified_name};
 
 /// The dead-letter table (`dead_letter.table`), quoted for SQL.

@@ -15,7 +15,7 @@
 
 use tokio_postgres::error::SqlState;
 
-use crate::observe::metrics::labels;
+use crate::label::labels;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {

@@ -234,7 +234,9 @@ fn main() -> ExitCode {
         | Command::Locate { config, .. }
         | Command::Republish { config, .. } => config,
     };
-    let config = match RelayConfig::load(config_path) {
+    let config = match RelayConfig::load(config_path)
+        .and_then(|config| outbox_relay::record::registry::check(&config).map(|()| config))
+    {
         Ok(config) => config,
         Err(e) => {
             eprintln!("error: invalid configuration: {e}");

@@ -14,7 +14,6 @@
 //!   was such a loop);
 //! - an outage is logged once when it starts and once when progress resumes, not per retry.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,27 +24,11 @@ use crate::config::RetryConfig;
 use crate::error::{Action, RelayError};
 use crate::observe::health::{Health, Phase};
 use crate::observe::pulse::Pulse;
+use crate::source::Source;
 
 /// How often a standby asks again to become active (the advisory lock in polling mode, the slot
 /// in replication mode): the failover time once the active instance's session has ended.
 pub const STANDBY_RETRY: Duration = Duration::from_millis(1_000);
-
-/// A source of events, driven by [`run`].
-pub trait Source {
-    /// One session: connect, become active (or return [`RelayError::Standby`]), relay until
-    /// `shutdown` turns true (`Ok`) or an error.
-    fn session(
-        &mut self,
-        pulse: &Pulse,
-        shutdown: &mut watch::Receiver<bool>,
-    ) -> impl Future<Output = Result<(), RelayError>> + Send;
-
-    /// Prepares for the next session after a failed one (e.g. a fresh Kafka producer).
-    fn recover(&mut self);
-
-    /// Waits for what was handed to Kafka, at shutdown.
-    fn flush(&self) -> impl Future<Output = ()> + Send;
-}
 
 /// Runs `source` until shutdown (flushing it) or a fatal error.
 pub async fn run<S: Source>(

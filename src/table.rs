@@ -13,8 +13,8 @@ use std::time::SystemTime;
 use tokio_postgres::Row;
 
 use crate::config::{AfterPublish, ColumnsConfig, RelayConfig};
-use crate::delivery::record::OutboxRow;
 use crate::error::{FatalReason, RelayError};
+use crate::record::OutboxRow;
 
 /// Quotes a PostgreSQL identifier: `order` becomes `"order"`, `a"b` becomes `"a""b"`.
 pub fn quote_ident(name: &str) -> String {

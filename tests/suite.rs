@@ -22,6 +22,7 @@ mod http;
 mod image;
 mod kafka_faults;
 mod kafka_tls;
+mod layers;
 mod ledger;
 mod ledger_faults;
 mod memory;

@@ -1,4 +1,4 @@
-//! `outbox.format`: the shape of the records an outbox publishes (`delivery::record::format`
+//! `outbox.format`: the shape of the records an outbox publishes (`record::format`
 //! builds them). `raw` is the relay's own and the default; `cloudevents` is the CloudEvents 1.0
 //! Kafka protocol binding; `debezium` is what Debezium's outbox event router writes.
 

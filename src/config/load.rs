@@ -29,8 +29,8 @@ impl RelayConfig {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         let registry_password: BTreeMap<String, String> = env
-            .get(crate::registry::PASSWORD_ENV)
-            .map(|p| (crate::registry::PASSWORD_ENV.to_string(), p.clone()))
+            .get(super::registry::PASSWORD_ENV)
+            .map(|p| (super::registry::PASSWORD_ENV.to_string(), p.clone()))
             .into_iter()
             .collect();
         let names: Vec<String> = env.keys().cloned().collect();

@@ -16,14 +16,16 @@ mod kafka;
 mod kafka_auth;
 mod load;
 mod postgres;
+pub mod registry;
 mod secrets;
 mod validate;
+pub use crate::secret::Secret;
 pub use format::{CloudEventsConfig, CloudEventsMode, Converter, DebeziumConfig, RecordFormat};
 pub use kafka::{KafkaConfig, KafkaProperty, built_in_features};
 pub use kafka_auth::{AuthMechanism, KafkaAuthConfig};
 pub use load::load_layered;
 pub use postgres::{Endpoint, PgAuth, PostgresConfig, SslMode};
-pub use secrets::{Secret, file_mode_warning, is_secret_kafka_property};
+pub use secrets::{file_mode_warning, is_secret_kafka_property};
 
 pub const ENV_PREFIX: &str = "OUTBOX_RELAY";
 pub const DEFAULT_PG_HOST: &str = "127.0.0.1";
@@ -184,7 +186,14 @@ pub struct OutboxConfig {
     /// Values encoded against a schema registry (Avro, JSON Schema, Protobuf in the Confluent
     /// wire format); unset (default): the payload as stored.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub registry: Option<crate::registry::RegistryConfig>,
+    pub registry: Option<registry::RegistryConfig>,
+}
+
+impl OutboxConfig {
+    /// `schema.table`, as messages and the `outbox` deployment label name the table.
+    pub fn display_name(&self) -> String {
+        format!("{}.{}", self.schema, self.table)
+    }
 }
 
 impl Default for OutboxConfig {

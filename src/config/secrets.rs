@@ -1,8 +1,8 @@
-//! Secrets in the configuration: the [`Secret`] type, which librdkafka property values are
-//! shown, and warnings about secret files other users can read.
+//! Secrets in the configuration: which librdkafka property values are shown (the
+//! [`Secret`](crate::secret::Secret) type holds the others), and warnings about secret files
+//! other users can read.
 //!
 //! Invariants:
-//! - a [`Secret`]'s `Debug` and `Serialize` print a placeholder, never the value;
 //! - a `kafka.properties` value is shown only when its key is on a short list of settings known
 //!   to hold no credential ([`is_secret_kafka_property`] is false for them alone): a key the
 //!   list does not know, a misspelt one included, is redacted; new librdkafka secrets
@@ -10,41 +10,7 @@
 //! - a secret file readable by its group or by everyone is a warning, not an error: a mounted
 //!   Kubernetes Secret is often 0644 inside a pod no one else shares.
 
-use std::fmt;
 use std::path::Path;
-
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-/// A string that never reaches a log line.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(value: impl Into<String>) -> Self {
-        Secret(value.into())
-    }
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("\"<redacted>\"")
-    }
-}
-
-impl Serialize for Secret {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str("<redacted>")
-    }
-}
-
-impl<'de> Deserialize<'de> for Secret {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d).map(Secret)
-    }
-}
 
 /// Parts of a key that mark a credential whatever else the key says.
 const SECRET_NEEDLES: &[&str] = &[

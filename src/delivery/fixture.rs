@@ -10,11 +10,11 @@ use tokio::sync::watch;
 use super::Delivery;
 use crate::config::RelayConfig;
 use crate::dead_letter::DeadLetters;
-use crate::delivery::record::OutboxRow;
 use crate::observe::health::{Health, Phase};
 use crate::observe::metrics::Mode;
 use crate::observe::pulse::Pulse;
-use crate::sink::dedup::{Dedup, Lookback};
+use crate::readback::{Dedup, Lookback};
+use crate::record::OutboxRow;
 use crate::sink::scripted::ScriptedSink;
 
 /// What a delivery stage over the scripted sink needs: a configuration with `on_poison`, its
@@ -68,17 +68,12 @@ impl Fixture {
     }
 
     /// A stage whose read-back is off (the sink has no source identity).
-    pub(crate) fn delivery<P: Clone>(&self) -> Delivery<'_, ScriptedSink, P> {
+    pub(crate) async fn delivery<P: Clone>(&self) -> Delivery<'_, ScriptedSink, P> {
         let (_, shutdown) = watch::channel(false);
         let dedup = Dedup::new(&self.config, Mode::Replication, Lookback::Everything, &[], &shutdown);
-        Delivery::new(
-            &self.sink,
-            &self.dead_letters,
-            &self.config.kafka,
-            dedup,
-            &self.pulse,
-            Mode::Replication,
-        )
+        let prologue = super::Prologue { dedup };
+        let stage = (&self.dead_letters, &self.config.kafka);
+        Delivery::open(&self.sink, prologue, stage, &self.pulse, Mode::Replication).await
     }
 }
 

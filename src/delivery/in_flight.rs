@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use crate::delivery::record::KafkaRecord;
+use crate::record::KafkaRecord;
 
 /// One record waiting for its report.
 pub(super) struct Sent<P> {
@@ -54,6 +54,11 @@ impl<P> InFlight<P> {
         self.records += 1;
         self.bytes += sent.bytes;
         self.slots.push_back(Some(sent));
+    }
+
+    /// The record numbered `seq`, left in place.
+    pub(super) fn get(&self, seq: usize) -> Option<&Sent<P>> {
+        self.slots.get(seq.checked_sub(self.base)?)?.as_ref()
     }
 
     /// The record numbered `seq`, if it waits here (a report of an earlier session's record

@@ -38,30 +38,33 @@
 //! source hands over.
 
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use prometheus::IntCounter;
 use tokio::sync::MutexGuard;
 
-use crate::config::KafkaConfig;
 use crate::dead_letter::{DeadLetter, DeadLetters, Hold};
-use crate::delivery::record::KafkaRecord;
 use crate::error::RelayError;
-use crate::observe::metrics::{Clock, Mode, metrics};
+use crate::observe::metrics::{Clock, metrics};
 use crate::observe::pulse::Pulse;
-use crate::sink::dedup::Dedup;
+use crate::readback::Dedup;
+use crate::record::KafkaRecord;
 use crate::sink::kafka::StallWatch;
-use crate::sink::{PublishError, Report, Reports, Sink};
+use crate::sink::{Report, Reports, Sink};
 
 #[cfg(test)]
 pub(crate) mod fixture;
 mod in_flight;
-pub(crate) mod record;
+mod open;
+mod settle;
 #[cfg(test)]
 mod tests;
 mod transaction;
 
 use in_flight::{InFlight, Sent};
+#[cfg(test)]
+use open::Prologue;
+pub(crate) use open::prologue;
 use transaction::{Acked, Transaction};
 
 /// What became of a position.
@@ -121,39 +124,24 @@ pub(crate) struct Delivery<'a, S: Sink, P> {
     published: IntCounter,
     /// Each outbox's `outbox_events_published_total`, by place (looked up once).
     published_by_outbox: Vec<IntCounter>,
+    /// The sink's reports: this stage is the one sending while it lives.
+    reports: MutexGuard<'a, Reports>,
+    /// Reports received and not settled yet, in arrival order ([`Delivery::next`]).
+    received: VecDeque<Report>,
+    /// When they were received: one clock read for the run.
+    received_at: Clock,
+    /// When the stall watch looks next.
+    stall_tick: tokio::time::Interval,
+    /// Whether [`Delivery::next`] sends a held record again when due; off for polling, which
+    /// claims the held row again itself ([`Delivery::retry_held_as`]).
+    resends_held: bool,
 }
 
 impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
-    pub(crate) fn new(
-        sink: &'a S,
-        dead_letters: &'a DeadLetters,
-        kafka: &KafkaConfig,
-        dedup: Dedup,
-        pulse: &'a Pulse,
-        mode: Mode,
-    ) -> Delivery<'a, S, P> {
-        Delivery {
-            sink,
-            dead_letters,
-            pulse,
-            dedup,
-            in_flight: InFlight::default(),
-            stall: StallWatch::new(kafka),
-            held: None,
-            transaction: sink.transactional().then(|| Transaction::new(kafka)),
-            published: metrics().events_published.with_label_values(&[mode.label()]),
-            published_by_outbox: dead_letters
-                .names()
-                .map(|name| metrics().outbox_events_published.with_label_values(&[name]))
-                .collect(),
-        }
-    }
-
-    /// The sink's delivery reports, for [`Delivery::settle`]: this stage is the one sending
-    /// while the guard is held.
-    pub(crate) async fn reports(&self) -> MutexGuard<'a, Reports> {
-        let sink: &'a S = self.sink;
-        sink.reports().await
+    /// The source claims a held row again itself ([`Delivery::retry_held_as`], polling):
+    /// [`Delivery::next`] does not send it again.
+    pub(crate) fn reclaims_held(&mut self) {
+        self.resends_held = false;
     }
 
     /// Hands `record`, read at `position`, to the sink (`at`: when, as the caller's clock read
@@ -204,83 +192,6 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
         }
     }
 
-    /// One report from the sink: what its record's position became. `None`: a report of no
-    /// record of this stage's (an earlier session's), or a refused resend (still held).
-    pub(crate) async fn settle(
-        &mut self,
-        report: Report,
-        clock: &Clock,
-    ) -> Result<Option<Settled<P>>, RelayError> {
-        let Some(Sent { position, event, at, .. }) = self.in_flight.take(report.seq) else { return Ok(None) };
-        let resent =
-            self.held.as_ref().is_some_and(|h| h.resending.is_some_and(|(seq, _)| seq == report.seq));
-        let Err(e) = report.outcome else {
-            self.stall.progressed(clock.now, self.pulse);
-            if let Some(transaction) = self.transaction.as_mut() {
-                // settled by the commit
-                transaction.acked(Acked { position, at, created_at: event.created_at, outbox: event.outbox });
-                if resent {
-                    self.resent_accepted();
-                }
-                return Ok(None);
-            }
-            self.pulse.progressed();
-            metrics().acknowledged_at(&self.published, at, event.created_at, clock);
-            self.published_by_outbox[event.outbox].inc();
-            if resent {
-                self.resent_accepted();
-            }
-            return Ok(Some(Settled::Acked(position)));
-        };
-        if let Some(fenced) = self.sink.fenced() {
-            let outcome = crate::observe::metrics::TransactionOutcome::Fenced;
-            metrics().kafka_transactions.with_label_values(&[outcome.label()]).inc();
-            return Err(fenced);
-        }
-        let failure = self.sink.classify(&event, &e).await;
-        metrics().publish_errors.with_label_values(&[failure.error_type().label()]).inc();
-        match failure {
-            PublishError::Transient { detail, .. } => {
-                Err(RelayError::Kafka(format!("event {} not acknowledged: {detail}", event.id)))
-            }
-            PublishError::Permanent(reason) if self.transaction.is_some() => {
-                Err(self.refused_in_transaction(event, reason))
-            }
-            PublishError::Permanent(_) if resent => {
-                self.held.as_mut().expect("held").resending = None;
-                Ok(None)
-            }
-            PublishError::Permanent(reason) if self.dead_letters.blocks(event.outbox) => {
-                let refused = Refused { seq: report.seq, position: position.clone(), record: event.clone() };
-                self.hold(DeadLetter::refused(event, reason), Some(refused));
-                Ok(Some(Settled::Held(position)))
-            }
-            PublishError::Permanent(reason) => {
-                Ok(Some(Settled::DeadLettered(position, Box::new(DeadLetter::refused(event, reason)))))
-            }
-        }
-    }
-
-    /// Kafka refused `event` inside the open transaction, which must now be aborted: the session
-    /// ends (a fresh producer aborts it), remembering the refusal for the next session under
-    /// `on_poison = "dead_letter"`.
-    fn refused_in_transaction(&self, event: KafkaRecord, reason: String) -> RelayError {
-        let id = event.id.clone();
-        let then = if self.dead_letters.blocks(event.outbox) {
-            "under dead_letter.on_poison = \"block\" it is sent again after a backoff, and nothing after it commits \
-             until Kafka takes it"
-        } else {
-            "the next session dead-letters it without sending it and commits the rest"
-        };
-        self.dead_letters.remember_refused(DeadLetter::refused(event, reason.clone()));
-        let outcome = crate::observe::metrics::TransactionOutcome::Aborted;
-        metrics().kafka_transactions.with_label_values(&[outcome.label()]).inc();
-        RelayError::Kafka(format!(
-            "Kafka refused event {id} inside a Kafka transaction ({reason}): the transaction is aborted, so nothing of \
-             it is visible to read_committed consumers; {then}"
-        ))
-    }
-
     /// Whether the open Kafka transaction should commit (`idle`: the source has nothing more to
     /// read right now); never without `kafka.transactional` or an open transaction.
     pub(crate) fn commit_due(&self, idle: bool) -> bool {
@@ -290,15 +201,6 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
     /// Whether a Kafka transaction is open.
     pub(crate) fn in_transaction(&self) -> bool {
         self.transaction.as_ref().is_some_and(Transaction::is_open)
-    }
-
-    /// Resolves when the open Kafka transaction is due by its age (`kafka.transaction_max_ms`);
-    /// never while none is open.
-    pub(crate) async fn commit_deadline(&self) {
-        match self.transaction.as_ref().and_then(Transaction::deadline) {
-            Some(at) => tokio::time::sleep_until(at).await,
-            None => std::future::pending().await,
-        }
     }
 
     /// Commits the open Kafka transaction, with nothing in flight, and returns what it settles:
@@ -499,11 +401,6 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
     /// The bytes of those records.
     pub(crate) fn bytes(&self) -> usize {
         self.in_flight.bytes()
-    }
-
-    /// How often [`Delivery::check_stall`] should run.
-    pub(crate) fn stall_period(&self) -> Duration {
-        self.stall.period()
     }
 
     /// The periodic liveness tick and stall check, over the records in flight (not held ones).

@@ -20,7 +20,6 @@ use prometheus::{
 use crate::lsn::Lsn;
 
 mod labels;
-pub(crate) use labels::labels;
 pub use labels::{ErrorType, Mode, ScanResult, SkippedKind, TransactionOutcome, WalStatus};
 
 pub const EVENTS_READ: &str = "outbox_relay_events_read_total";
@@ -84,11 +83,7 @@ pub const DEPLOYMENT_LABELS: [&str; 3] = ["database", "outbox", "slot"];
 /// `schema.table` (several: comma-separated, in the configured order), and `replication.slot`
 /// (in polling mode too, so a mode switch keeps them).
 pub fn deployment_labels(config: &crate::config::RelayConfig) -> [String; 3] {
-    let tables: Vec<String> = config
-        .outboxes()
-        .iter()
-        .map(|o| crate::table::OutboxTable::new(&config.for_outbox(o)).display_name())
-        .collect();
+    let tables: Vec<String> = config.outboxes().iter().map(|o| o.config.display_name()).collect();
     [config.postgres.database.clone(), tables.join(","), config.replication.slot.clone()]
 }
 

@@ -94,7 +94,7 @@ pub async fn run(config: &RelayConfig) -> Vec<Finding> {
 /// Not tried: initializing transactions under that id would fence the running relay.
 async fn transactions_finding(config: &RelayConfig, client: &Client) -> Finding {
     let id = match config.kafka.transactional_id.as_str() {
-        "" => match crate::sink::dedup::source_identity(client, config).await {
+        "" => match crate::readback::source_identity(client, config).await {
             Ok(source) => format!("outbox-relay:{source}"),
             Err(e) => return Finding::fail("kafka.transactional", format!("cannot derive the id: {e}"), ""),
         },
@@ -364,7 +364,7 @@ async fn kafka_check(config: &RelayConfig) -> (Finding, Option<std::collections:
     let kafka = config.kafka.clone();
     let brokers = kafka.brokers.join(",");
     let fetched = tokio::task::spawn_blocking(move || {
-        crate::sink::cluster::fetch_cluster_info(&kafka, Duration::from_secs(10))
+        crate::sink::kafka::cluster::fetch_cluster_info(&kafka, Duration::from_secs(10))
     })
     .await;
     match fetched {

@@ -27,9 +27,9 @@ use tokio_postgres::Client;
 
 use super::verify::records::CLOCK_SLACK;
 use crate::config::{AfterPublish, RelayConfig, SourceMode};
-use crate::delivery::record::Mapping;
-use crate::delivery::record::format::Format;
 use crate::error::RelayError;
+use crate::record::Mapping;
+use crate::record::format::Format;
 use crate::sink::kafka::{ReaderContext, SOURCE_HEADER};
 use crate::table::{OutboxTable, outbox_row};
 
@@ -160,7 +160,7 @@ pub async fn run(config: &RelayConfig, id: &str, wait: Duration) -> Result<Recei
         false => {
             let (kafka, format, id) = (config.kafka.clone(), Format::of(&config.outbox), id.to_string());
             let source = match config.kafka.source_headers {
-                true => Some(crate::sink::dedup::source_identity(&client, config).await?),
+                true => Some(crate::readback::source_identity(&client, config).await?),
                 false => None,
             };
             let topics: Vec<String> = topics.iter().cloned().collect();

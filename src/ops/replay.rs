@@ -21,9 +21,9 @@ use std::time::Duration;
 use tokio_postgres::Transaction;
 
 use crate::config::RelayConfig;
-use crate::delivery::record::{KafkaRecord, Mapping, OutboxRow};
 use crate::error::{FatalReason, RelayError};
 use crate::published::{Recorder, Sent};
+use crate::record::{KafkaRecord, Mapping, OutboxRow};
 use crate::sink::kafka::{KafkaSink, REPLAYED_HEADER};
 use crate::table::OutboxTable;
 
@@ -57,7 +57,7 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, Rel
     let letters_table = crate::dead_letter::qualified_table(config);
     let mut outcome = Outcome::default();
     let recorder = Recorder::open(&client, &table.display_name()).await?;
-    let source = crate::sink::dedup::source_identity(&client, config).await?;
+    let source = crate::readback::source_identity(&client, config).await?;
     let id_type = table.id_type(&client).await?;
     let tx = client.transaction().await?;
     // the transaction stays open while Kafka acknowledges: a server's idle timeout must not end

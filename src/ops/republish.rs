@@ -25,9 +25,9 @@ use tokio_postgres::Client;
 use super::locate;
 use super::verify::records::CLOCK_SLACK;
 use crate::config::RelayConfig;
-use crate::delivery::record::Mapping;
-use crate::delivery::record::format::Format;
 use crate::error::{FatalReason, RelayError};
+use crate::record::Mapping;
+use crate::record::format::Format;
 use crate::sink::kafka::REPUBLISHED_HEADER;
 use crate::table::{OutboxTable, outbox_row};
 
@@ -100,7 +100,7 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, Rel
     let wanted: HashMap<String, usize> =
         records.iter().enumerate().map(|(i, (id, _))| (id.clone(), i)).collect();
     let source = match config.kafka.source_headers {
-        true => Some(crate::sink::dedup::source_identity(&client, config).await?),
+        true => Some(crate::readback::source_identity(&client, config).await?),
         false => None,
     };
     let source_header =
@@ -202,7 +202,7 @@ async fn chosen_rows(
     id_type: &str,
     options: &Options,
     outcome: &mut Outcome,
-) -> Result<Vec<(String, crate::delivery::record::OutboxRow, Option<SystemTime>)>, RelayError> {
+) -> Result<Vec<(String, crate::record::OutboxRow, Option<SystemTime>)>, RelayError> {
     let (aggregate_type, aggregate_id) = match &options.aggregate {
         Some((t, id)) => (t.clone(), Some(id.clone())),
         None => (None, None),

@@ -25,9 +25,9 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio_postgres::Client;
 
 use crate::config::{AfterPublish, RelayConfig, SourceMode};
-use crate::delivery::record::Mapping;
-use crate::delivery::record::format::Format;
 use crate::published::{IdBits, Record};
+use crate::record::Mapping;
+use crate::record::format::Format;
 use crate::table::{OutboxTable, outbox_row};
 use expected::{Expected, fingerprint};
 use records::{Located, Reader};
@@ -75,7 +75,7 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Report, Veri
     let (mut client, _) = crate::postgres::connect_primary(&config.postgres).await?;
     let table = OutboxTable::new(config);
     let (since, until) = window(&client, &table, options).await?;
-    let source = crate::sink::dedup::source_identity(&client, config).await?;
+    let source = crate::readback::source_identity(&client, config).await?;
     let mut report = Report {
         table: table.display_name(),
         source: source.clone(),

@@ -19,19 +19,101 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::error::KafkaError;
 use tokio::sync::{MutexGuard, mpsc};
 
-use crate::delivery::record::KafkaRecord;
 use crate::error::RelayError;
+use crate::observe::metrics::ErrorType;
+use crate::record::KafkaRecord;
 
-pub(crate) mod cluster;
-pub(crate) mod dedup;
 pub mod kafka;
 #[cfg(test)]
 pub(crate) mod scripted;
 
-pub(crate) use kafka::{PublishError, Report};
+/// One record's report: the number [`Sink::enqueue`] gave it, and whether Kafka acknowledged it.
+#[derive(Debug)]
+pub(crate) struct Report {
+    pub(crate) seq: usize,
+    pub(crate) outcome: Result<(), SendFailure>,
+}
+
+/// Why a record was not acknowledged, as the sink that sent it saw it: opaque to the stage,
+/// which asks that sink what it means ([`Sink::classify`]). No client library's type crosses
+/// the seam.
+#[derive(Debug)]
+pub(crate) struct SendFailure(Failure);
+
+#[derive(Debug)]
+enum Failure {
+    /// librdkafka's error, for the Kafka sink's classification.
+    Kafka(rdkafka::error::KafkaError),
+    /// A test double's outcome, classified when scripted.
+    #[cfg(test)]
+    Scripted(PublishError),
+}
+
+impl SendFailure {
+    fn kafka(error: rdkafka::error::KafkaError) -> SendFailure {
+        SendFailure(Failure::Kafka(error))
+    }
+
+    #[cfg(test)]
+    fn scripted(classified: PublishError) -> SendFailure {
+        SendFailure(Failure::Scripted(classified))
+    }
+
+    fn as_kafka(&self) -> Option<&rdkafka::error::KafkaError> {
+        match &self.0 {
+            Failure::Kafka(error) => Some(error),
+            #[cfg(test)]
+            Failure::Scripted(_) => None,
+        }
+    }
+
+    /// What a failure that was classified when it was made means.
+    fn classified(&self) -> PublishError {
+        match &self.0 {
+            Failure::Kafka(error) => {
+                PublishError::Transient { error_type: ErrorType::Other, detail: error.to_string() }
+            }
+            #[cfg(test)]
+            Failure::Scripted(classified) => classified.clone(),
+        }
+    }
+}
+
+impl std::fmt::Display for SendFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Failure::Kafka(error) => error.fmt(f),
+            #[cfg(test)]
+            Failure::Scripted(PublishError::Permanent(reason)) => f.write_str(reason),
+            #[cfg(test)]
+            Failure::Scripted(PublishError::Transient { detail, .. }) => f.write_str(detail),
+        }
+    }
+}
+
+/// Why one record was not acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum PublishError {
+    /// The broker will never take this record (too large, topic missing, not authorized).
+    Permanent(String),
+    /// Worth retrying: broker down, timeout, leader change, back-pressure.
+    Transient { error_type: ErrorType, detail: String },
+}
+
+impl PublishError {
+    /// The `error_type` label of `outbox_relay_publish_errors_total`.
+    pub(crate) fn error_type(&self) -> ErrorType {
+        match self {
+            PublishError::Permanent(_) => ErrorType::Permanent,
+            PublishError::Transient { error_type, .. } => *error_type,
+        }
+    }
+}
+
+/// How long a session waits for the producer of a failed one to be destroyed (`Sink::retired`).
+pub(crate) const RETIRE_LIMIT: Duration = Duration::from_secs(10);
 
 /// Where a sink's reports arrive.
 pub(crate) type Reports = mpsc::UnboundedReceiver<Report>;
@@ -48,9 +130,12 @@ pub(crate) trait Sink: Send + Sync {
     /// report numbered before the holder's first record is an earlier session's: pass it over.
     fn reports(&self) -> impl Future<Output = MutexGuard<'_, Reports>> + Send;
 
-    /// What the failed report `error` of a record for `topic` means.
-    fn classify(&self, record: &KafkaRecord, error: &KafkaError)
-    -> impl Future<Output = PublishError> + Send;
+    /// What the failed report `failure` of `record` means.
+    fn classify(
+        &self,
+        record: &KafkaRecord,
+        failure: &SendFailure,
+    ) -> impl Future<Output = PublishError> + Send;
 
     /// The source identity the records of each outbox (by place) carry as
     /// `outbox_relay_source` (when `kafka.source_headers`): a session sets them once it knows
@@ -101,9 +186,9 @@ impl Sink for kafka::KafkaSink {
     fn classify(
         &self,
         record: &KafkaRecord,
-        error: &KafkaError,
+        failure: &SendFailure,
     ) -> impl Future<Output = PublishError> + Send {
-        kafka::KafkaSink::classify(self, record, error)
+        kafka::KafkaSink::classify(self, record, failure)
     }
 
     fn set_sources(&mut self, sources: &[String]) {

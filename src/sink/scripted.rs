@@ -1,5 +1,8 @@
 //! A sink whose faults a test scripts, per record id and per attempt, after supabase/etl's test
-//! destination: reject a record, fail after the write, hold a response, delay it. What reached
+//! destination: reject a record, fail after the write, hold a response, delay it; and fail a
+//! lifecycle call (activate, begin, commit). A test awaits [`ScriptedSink::reached`] instead of
+//! sleeping. Outcomes are scripted as the stage sees them (a permanent refusal, a transient
+//! failure), not as a client library's codes. What reached
 //! "Kafka" is kept, in order, so a test can check loss, duplicates and order.
 //!
 //! Invariants (those of [`Sink`], kept as a real sink keeps them):
@@ -13,13 +16,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tokio::sync::{MutexGuard, mpsc};
 
-use super::{PublishError, Report};
-use super::{Reports, Sink};
-use crate::delivery::record::KafkaRecord;
+use super::{PublishError, Report, Reports, SendFailure, Sink};
 use crate::observe::metrics::ErrorType;
+use crate::record::KafkaRecord;
 
 /// What happens to one attempt at sending a record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +37,22 @@ pub(crate) enum Fault {
     Delay(Duration),
 }
 
+/// A lifecycle call of the sink a test can make fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Lifecycle {
+    /// Becoming the source's one producer (a transactional sink fences the ones before it).
+    Activate,
+    /// Beginning a Kafka transaction.
+    Begin,
+    /// Committing it.
+    Commit,
+}
+
 pub(crate) struct ScriptedSink {
+    /// Lifecycle calls to fail, and how many times each still fails.
+    lifecycle_faults: Mutex<HashMap<Lifecycle, usize>>,
+    /// Records handed over so far (every attempt), for [`ScriptedSink::reached`].
+    handed_over: tokio::sync::watch::Sender<usize>,
     /// The faults of the next attempts at each id, first attempt first.
     faults: Mutex<HashMap<String, VecDeque<Fault>>>,
     /// Ids in the order they were handed over (every attempt).
@@ -65,6 +81,8 @@ impl ScriptedSink {
     pub(crate) fn new() -> ScriptedSink {
         let (sender, reports) = mpsc::unbounded_channel();
         ScriptedSink {
+            lifecycle_faults: Mutex::default(),
+            handed_over: tokio::sync::watch::channel(0).0,
             faults: Mutex::default(),
             sent: Mutex::default(),
             records: Mutex::default(),
@@ -103,6 +121,31 @@ impl ScriptedSink {
         self.faults.lock().unwrap().entry(id.to_string()).or_default().extend(faults);
     }
 
+    /// The next `times` calls of `call` fail (a broker that refuses, a transaction coordinator
+    /// that times out).
+    pub(crate) fn fail(&self, call: Lifecycle, times: usize) {
+        *self.lifecycle_faults.lock().unwrap().entry(call).or_default() += times;
+    }
+
+    /// Resolves once `records` records were handed over in all (every attempt counts): a test
+    /// awaits this instead of sleeping.
+    pub(crate) async fn reached(&self, records: usize) {
+        let mut handed_over = self.handed_over.subscribe();
+        handed_over.wait_for(|n| *n >= records).await.expect("the sink lives");
+    }
+
+    /// The scripted failure of `call`, if one is left.
+    fn lifecycle(&self, call: Lifecycle) -> Result<(), crate::error::RelayError> {
+        let mut faults = self.lifecycle_faults.lock().unwrap();
+        match faults.get_mut(&call) {
+            Some(left) if *left > 0 => {
+                *left -= 1;
+                Err(crate::error::RelayError::Kafka(format!("scripted: {call:?} failed")))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Acknowledges every held record, in the order they were sent.
     pub(crate) fn release(&self) {
         for (seq, _) in self.held.lock().unwrap().drain(..) {
@@ -114,7 +157,7 @@ impl ScriptedSink {
     pub(crate) fn reject_held(&self) {
         for (seq, id) in self.held.lock().unwrap().drain(..) {
             self.written.lock().unwrap().retain(|written| *written != id);
-            let _ = self.sender.send(refused(seq, RDKafkaErrorCode::MessageSizeTooLarge));
+            let _ = self.sender.send(refused(seq));
         }
     }
 
@@ -143,6 +186,7 @@ impl Sink for ScriptedSink {
         );
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         self.sent.lock().unwrap().push(record.id.clone());
+        self.handed_over.send_modify(|n| *n += 1);
         self.records.lock().unwrap().push(record.clone());
         let fault = self.faults.lock().unwrap().get_mut(&record.id).and_then(VecDeque::pop_front);
         if fault != Some(Fault::Reject) {
@@ -150,8 +194,8 @@ impl Sink for ScriptedSink {
         }
         let report = match fault {
             None => Report { seq, outcome: Ok(()) },
-            Some(Fault::Reject) => refused(seq, RDKafkaErrorCode::MessageSizeTooLarge),
-            Some(Fault::FailAfterWrite) => refused(seq, RDKafkaErrorCode::RequestTimedOut),
+            Some(Fault::Reject) => refused(seq),
+            Some(Fault::FailAfterWrite) => lost(seq),
             Some(Fault::Hold) => {
                 self.held.lock().unwrap().push((seq, record.id.clone()));
                 return seq;
@@ -173,12 +217,9 @@ impl Sink for ScriptedSink {
         self.reports.lock().await
     }
 
-    /// A rejection is permanent, anything else transient (what the faults stand for).
-    async fn classify(&self, _record: &KafkaRecord, error: &KafkaError) -> PublishError {
-        match error.rdkafka_error_code() {
-            Some(RDKafkaErrorCode::MessageSizeTooLarge) => PublishError::Permanent(format!("{error}")),
-            _ => PublishError::Transient { error_type: ErrorType::Timeout, detail: format!("{error}") },
-        }
+    /// The outcome scripted ([`refused`], [`lost`]).
+    async fn classify(&self, _record: &KafkaRecord, failure: &SendFailure) -> PublishError {
+        failure.classified()
     }
 
     fn set_sources(&mut self, sources: &[String]) {
@@ -201,15 +242,17 @@ impl Sink for ScriptedSink {
     }
 
     async fn activate(&mut self) -> Result<(), crate::error::RelayError> {
-        Ok(())
+        self.lifecycle(Lifecycle::Activate)
     }
 
     fn begin(&self) -> Result<(), crate::error::RelayError> {
+        self.lifecycle(Lifecycle::Begin)?;
         assert!(!self.open.swap(true, Ordering::SeqCst), "a transaction begun twice");
         Ok(())
     }
 
     async fn commit(&self) -> Result<(), crate::error::RelayError> {
+        self.lifecycle(Lifecycle::Commit)?;
         assert!(self.open.swap(false, Ordering::SeqCst), "a commit without a transaction");
         assert!(self.held.lock().unwrap().is_empty(), "a commit with records unreported");
         let written = self.written.lock().unwrap();
@@ -223,9 +266,22 @@ impl Sink for ScriptedSink {
     }
 }
 
-/// The failed report of record `seq`.
-fn refused(seq: usize, code: RDKafkaErrorCode) -> Report {
-    Report { seq, outcome: Err(KafkaError::MessageProduction(code)) }
+/// The report of record `seq` refused for good (as a record too large is).
+fn refused(seq: usize) -> Report {
+    let failure = PublishError::Permanent("the broker refuses the record: message size too large".into());
+    Report { seq, outcome: Err(SendFailure::scripted(failure)) }
+}
+
+/// The report of record `seq` written but not acknowledged (a request that timed out).
+fn lost(seq: usize) -> Report {
+    let detail = "no acknowledgement: request timed out".into();
+    Report {
+        seq,
+        outcome: Err(SendFailure::scripted(PublishError::Transient {
+            error_type: ErrorType::Timeout,
+            detail,
+        })),
+    }
 }
 
 /// A record with id `id` for topic `t`, keyed `k`.

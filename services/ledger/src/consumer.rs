@@ -127,7 +127,7 @@ pub struct Ledger {
     /// `consumer.sources`.
     sources: Sources,
     /// `consumer.registry`: values in the Confluent wire format decoded to JSON.
-    decoder: Option<outbox_relay::registry::Decoder>,
+    decoder: Option<outbox_relay::record::registry::Decoder>,
 }
 
 impl Ledger {
@@ -218,7 +218,7 @@ impl Ledger {
     /// value that does not decode stays as it is: `classify` finds it is not JSON and it is
     /// dead-lettered. The registry not answering is waited out; None on shutdown.
     async fn decode(&mut self, record: &mut Inbound) -> Option<()> {
-        use outbox_relay::registry::{Decoder, EncodeError};
+        use outbox_relay::record::registry::{Decoder, EncodeError};
         let Some(decoder) = &self.decoder else { return Some(()) };
         let Some(value) = record.payload.as_deref().filter(|v| Decoder::is_framed(v)) else {
             return Some(());
@@ -521,8 +521,8 @@ fn consumer(config: &LedgerConfig) -> Result<StreamConsumer<LedgerContext>, Ledg
 /// The decoder of `consumer.registry`, when its url is set.
 fn decoder(
     registry: &crate::config::RegistryConfig,
-) -> Result<Option<outbox_relay::registry::Decoder>, LedgerError> {
-    use outbox_relay::registry::{RegistryConfig, SchemaType};
+) -> Result<Option<outbox_relay::record::registry::Decoder>, LedgerError> {
+    use outbox_relay::record::registry::{RegistryConfig, SchemaType};
     if registry.url.is_empty() {
         return Ok(None);
     }
@@ -530,7 +530,7 @@ fn decoder(
     config.username = registry.username.clone();
     config.ca_file = registry.ca_file.clone();
     config.load_secrets(&std::env::vars().collect());
-    let decoder = outbox_relay::registry::Decoder::new(&config).map_err(|e| {
+    let decoder = outbox_relay::record::registry::Decoder::new(&config).map_err(|e| {
         LedgerError::Config(outbox_relay::config::ConfigError::invalid("consumer.registry", e))
     })?;
     Ok(Some(decoder))

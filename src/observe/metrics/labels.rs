@@ -6,35 +6,7 @@
 //!   cannot be missing from `ALL` (and from the series created at start-up);
 //! - label values are distinct within an enum (a unit test checks every enum).
 
-/// Defines a label enum: its variants with their label values, `ALL` in declaration order, and
-/// `label()`.
-macro_rules! labels {
-    (
-        $(#[$meta:meta])*
-        $vis:vis enum $name:ident {
-            $( $(#[$variant_meta:meta])* $variant:ident = $label:literal, )+
-        }
-    ) => {
-        $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-        $vis enum $name {
-            $( $(#[$variant_meta])* $variant, )+
-        }
-
-        impl $name {
-            /// Every value, in declaration order.
-            pub const ALL: &'static [$name] = &[$($name::$variant),+];
-
-            /// The value of the metric label.
-            pub fn label(self) -> &'static str {
-                match self {
-                    $($name::$variant => $label,)+
-                }
-            }
-        }
-    };
-}
-pub(crate) use labels;
+use crate::label::labels;
 
 labels! {
     /// `mode`: the source mode a counter counts for.

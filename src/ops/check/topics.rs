@@ -9,7 +9,7 @@ use tokio_postgres::Client;
 
 use super::Finding;
 use crate::config::RelayConfig;
-use crate::delivery::record::Mapping;
+use crate::record::Mapping;
 use crate::table::OutboxTable;
 
 /// How many of the newest rows are sampled for their topics.

@@ -21,9 +21,9 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use super::expected::{Expected, fingerprint};
 use super::report::Class;
 use crate::config::KafkaConfig;
-use crate::delivery::record::Position;
-use crate::delivery::record::format::Format;
 use crate::published::{IdBits, numeric_id};
+use crate::record::Position;
+use crate::record::format::Format;
 use crate::sink::kafka::{
     POSITION_HEADER, REPLAYED_HEADER, REPUBLISHED_HEADER, ReaderContext, SOURCE_HEADER,
 };

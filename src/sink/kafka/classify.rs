@@ -9,28 +9,9 @@ use rdkafka::types::RDKafkaRespErr;
 use super::METADATA_TIMEOUT;
 use super::producer::RecordProducer;
 use crate::config::KafkaConfig;
-use crate::delivery::record::KafkaRecord;
 use crate::observe::metrics::ErrorType;
+use crate::record::KafkaRecord;
 use rdkafka::error::KafkaError;
-
-/// Why one record was not acknowledged.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum PublishError {
-    /// The broker will never take this record (too large, topic missing, not authorized).
-    Permanent(String),
-    /// Worth retrying: broker down, timeout, leader change, back-pressure.
-    Transient { error_type: ErrorType, detail: String },
-}
-
-impl PublishError {
-    /// The `error_type` label of `outbox_relay_publish_errors_total`.
-    pub(crate) fn error_type(&self) -> ErrorType {
-        match self {
-            PublishError::Permanent(_) => ErrorType::Permanent,
-            PublishError::Transient { error_type, .. } => *error_type,
-        }
-    }
-}
 
 /// Whether the broker's metadata says `topic` does not exist (a blocking request; a failed
 /// request says nothing).

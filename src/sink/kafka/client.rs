@@ -198,6 +198,16 @@ mod tests {
     use super::log_level;
 
     #[test]
+    fn a_transactional_producers_records_wait_at_most_the_transaction_timeout() {
+        let kafka: crate::config::KafkaConfig =
+            serde_json::from_value(serde_json::json!({"brokers": ["localhost:9092"], "transactional": true}))
+                .unwrap();
+        let producer = super::transactional_producer_config(&kafka, "id");
+        assert_eq!(producer.get("message.timeout.ms"), Some("60000"));
+        assert_eq!(producer.get("transactional.id"), Some("id"));
+    }
+
+    #[test]
     fn a_partition_end_is_not_an_error() {
         use rdkafka::error::{KafkaError, RDKafkaErrorCode};
         assert!(super::is_partition_end(&KafkaError::Global(RDKafkaErrorCode::PartitionEOF)));

@@ -26,24 +26,23 @@ use rdkafka::producer::{BaseRecord, Producer};
 use tokio::sync::{Mutex, MutexGuard, mpsc};
 
 use crate::config::KafkaConfig;
-use crate::delivery::record::KafkaRecord;
 use crate::error::RelayError;
 use crate::observe::metrics::{TransactionOutcome, metrics};
+use crate::record::KafkaRecord;
+use crate::sink::{PublishError, Report, SendFailure};
 
 mod classify;
 mod client;
+pub(crate) mod cluster;
 mod producer;
 mod stall;
 mod transaction;
 
-pub(crate) use classify::PublishError;
 use classify::{error_type, topic_is_unknown};
-#[cfg(test)]
-pub(crate) use client::transactional_producer_config;
 pub(crate) use client::{ReaderContext, log_librdkafka, reader_config};
 pub use client::{TokenContext, client_config, oauth_token, producer_config, serve_token_request};
 use producer::{Channel, RecordProducer, create_producer};
-pub(crate) use producer::{POSITION_HEADER, REPLAYED_HEADER, REPUBLISHED_HEADER, Report, SOURCE_HEADER};
+pub(crate) use producer::{POSITION_HEADER, REPLAYED_HEADER, REPUBLISHED_HEADER, SOURCE_HEADER};
 pub(crate) use stall::StallWatch;
 
 /// How long a metadata request may take when classifying a timed-out record.
@@ -144,7 +143,7 @@ impl KafkaSink {
             return Ok(());
         }
         self.reset().map_err(|e| RelayError::Kafka(format!("cannot create the Kafka producer: {e}")))?;
-        self.retired(crate::sink::dedup::RETIRE_LIMIT).await;
+        self.retired(crate::sink::RETIRE_LIMIT).await;
         let (producer, timeout) = (self.producer.clone(), self.transaction_timeout());
         let init = tokio::task::spawn_blocking(move || transaction::init(&producer, &id, timeout));
         init.await.map_err(|e| RelayError::Kafka(format!("initializing transactions failed: {e}")))??;
@@ -243,7 +242,7 @@ impl KafkaSink {
         self.look_up(&event.topic);
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = self.send(event, seq).await {
-            let _ = self.refusals.send(Report { seq, outcome: Err(e) });
+            let _ = self.refusals.send(Report { seq, outcome: Err(SendFailure::kafka(e)) });
         }
         seq
     }
@@ -284,7 +283,8 @@ impl KafkaSink {
 
     /// Classifies one failure. A timeout is checked against the topic's metadata: a topic the
     /// broker does not know (auto-create off) is permanent, anything else transient.
-    pub(crate) async fn classify(&self, record: &KafkaRecord, error: &KafkaError) -> PublishError {
+    pub(crate) async fn classify(&self, record: &KafkaRecord, failure: &SendFailure) -> PublishError {
+        let Some(error) = failure.as_kafka() else { return failure.classified() };
         let topic = record.topic.as_str();
         let code = error.rdkafka_error_code();
         match code {

@@ -14,10 +14,11 @@ use tokio::sync::mpsc;
 
 use super::client::{log_librdkafka, producer_config, transactional_producer_config};
 use crate::config::KafkaConfig;
+use crate::sink::{Report, SendFailure};
 
 /// The header naming the database and table a record came from (see [`super::KafkaSink::set_source`]).
 pub(crate) const SOURCE_HEADER: &str = "outbox_relay_source";
-/// The header saying where the source read the record ([`crate::delivery::record::Position`]).
+/// The header saying where the source read the record ([`crate::record::Position`]).
 pub(crate) const POSITION_HEADER: &str = "outbox_relay_position";
 /// The header `outbox-relay replay-dead-letters` marks a replayed record with (the letter's id):
 /// a replay comes after later events of its key and carries the letter's data as fixed, so
@@ -26,14 +27,6 @@ pub(crate) const REPLAYED_HEADER: &str = "outbox_relay_replayed";
 /// The header `outbox-relay republish` adds to a record it sends again as first written (when,
 /// in Unix milliseconds): `verify` compares the copy without it.
 pub(crate) const REPUBLISHED_HEADER: &str = "outbox_relay_republished";
-
-/// One record's delivery report: the number [`super::KafkaSink::enqueue`] gave it, and whether Kafka
-/// acknowledged it.
-#[derive(Debug)]
-pub(crate) struct Report {
-    pub(crate) seq: usize,
-    pub(crate) outcome: Result<(), KafkaError>,
-}
 
 /// Delivery reports from librdkafka's callback (on the producer's polling thread) into a
 /// channel, numbered by the record's delivery opaque: no future, oneshot or box per record.
@@ -75,7 +68,7 @@ impl ProducerContext for Reporter {
     fn delivery(&self, result: &DeliveryResult<'_>, seq: usize) {
         let outcome = match result {
             Ok(_) => Ok(()),
-            Err((e, _)) => Err(e.clone()),
+            Err((e, _)) => Err(SendFailure::kafka(e.clone())),
         };
         // closed: the sink replaced this producer, and nobody waits for its reports any more
         let _ = self.0.send(Report { seq, outcome });

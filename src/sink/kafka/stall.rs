@@ -22,7 +22,7 @@ pub(crate) struct StallWatch {
     /// (a polling session idles between claims, and a hold between resends: no stall).
     last_progress: Option<Instant>,
     stalled: bool,
-    /// For the stall's diagnosis ([`crate::sink::cluster::unhealthy_partitions`]).
+    /// For the stall's diagnosis ([`crate::sink::kafka::cluster::unhealthy_partitions`]).
     kafka: KafkaConfig,
     /// Counts stalls: a diagnosis that returns after its stall ended is dropped.
     stall_number: Arc<AtomicUsize>,
@@ -112,7 +112,8 @@ impl StallWatch {
         let (kafka, health, number) = (self.kafka.clone(), pulse.health(), self.stall_number.clone());
         let this_stall = number.load(Ordering::SeqCst);
         tokio::task::spawn_blocking(move || {
-            let Some(why) = crate::sink::cluster::unhealthy_partitions(&kafka, METADATA_TIMEOUT) else {
+            let Some(why) = crate::sink::kafka::cluster::unhealthy_partitions(&kafka, METADATA_TIMEOUT)
+            else {
                 return;
             };
             if number.load(Ordering::SeqCst) == this_stall {

@@ -24,17 +24,14 @@
 use std::time::Instant;
 
 use crate::dead_letter::DeadLetter;
-use crate::delivery::record::{KafkaRecord, Mapping, Position, Unpublishable};
 use crate::delivery::{Delivery, Settled};
 use crate::error::RelayError;
 use crate::observe::metrics::{Clock, ErrorType, metrics};
-use crate::sink::{Reports, Sink};
+use crate::record::{KafkaRecord, Mapping, Position, Unpublishable};
+use crate::sink::Sink;
 use crate::table::RowAt;
 
 use super::claim::Claimed;
-
-/// Delivery reports taken in one turn, at most (one clock read for the run).
-const REPORT_TURN: usize = 256;
 
 /// A claimed row: where it lies, and its record or why it cannot become one.
 pub(super) type Row = (RowAt, Result<KafkaRecord, Box<Unpublishable>>);
@@ -98,7 +95,6 @@ pub(super) fn map(
 /// Every topic of `rows` was read back already.
 pub(super) async fn deliver<S: Sink>(
     delivery: &mut Delivery<'_, S, RowAt>,
-    reports: &mut Reports,
     rows: Vec<Row>,
     mut settled: Vec<RowAt>,
     deadline: Deadline,
@@ -126,7 +122,7 @@ pub(super) async fn deliver<S: Sink>(
     let m = metrics();
     m.events_in_flight.set(delivery.records() as i64);
     m.bytes_in_flight.set(delivery.bytes() as i64);
-    let waited = settle(delivery, reports, deadline, &mut settlement).await;
+    let waited = settle(delivery, deadline, &mut settlement).await;
     m.events_in_flight.set(0);
     m.bytes_in_flight.set(0);
     waited?;
@@ -192,30 +188,22 @@ async fn retry_held<S: Sink>(
     }
 }
 
-/// Waits for the report of every record in flight, at most until `deadline`.
+/// Waits for the report of every record in flight, at most until `deadline`. A failure to
+/// settle one (the first is kept) does not stop the others: what Kafka acknowledged is released.
 async fn settle<S: Sink>(
     delivery: &mut Delivery<'_, S, RowAt>,
-    reports: &mut Reports,
     deadline: Deadline,
     settlement: &mut Settlement,
 ) -> Result<(), RelayError> {
-    let mut stall_check = tokio::time::interval(delivery.stall_period());
-    let mut batch = Vec::with_capacity(REPORT_TURN);
     while delivery.records() > 0 {
         tokio::select! {
-            _ = reports.recv_many(&mut batch, REPORT_TURN) => {
-                let clock = Clock::now();
-                for report in batch.drain(..) {
-                    match delivery.settle(report, &clock).await {
-                        Ok(Some(settled)) => settlement.add(settled),
-                        Ok(None) => {}
-                        Err(e) => {
-                            settlement.failed.get_or_insert(e);
-                        }
-                    }
+            settled = delivery.next() => match settled {
+                Ok(Some(settled)) => settlement.add(settled),
+                Ok(None) => {}
+                Err(e) => {
+                    settlement.failed.get_or_insert(e);
                 }
-            }
-            _ = stall_check.tick() => delivery.check_stall(),
+            },
             _ = tokio::time::sleep_until(deadline.at) => {
                 let waiting = delivery.records();
                 metrics().publish_errors.with_label_values(&[ErrorType::Timeout.label()]).inc_by(waiting as u64);

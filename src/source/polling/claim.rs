@@ -11,8 +11,8 @@ use std::time::SystemTime;
 use tokio_postgres::{Client, Statement, Transaction};
 
 use crate::dead_letter::LetterKey;
-use crate::delivery::record::OutboxRow;
 use crate::error::RelayError;
+use crate::record::OutboxRow;
 use crate::table::{RowAt, outbox_row};
 
 /// Claimed rows: where each lies, the row, its `created_at`.

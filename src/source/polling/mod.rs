@@ -32,18 +32,18 @@ use tokio_postgres::{AsyncMessage, Client, Transaction};
 
 use crate::config::RelayConfig;
 use crate::dead_letter::{DeadLetters, LetterKey};
-use crate::delivery::record::Mapping;
-use crate::delivery::{Carried, Delivery};
+use crate::delivery::{self, Carried, Delivery};
 use crate::error::RelayError;
 use crate::observe::health::LockHolder;
 use crate::observe::metrics::{Mode, metrics};
 use crate::observe::pulse::Pulse;
 use crate::published::{Recorder, Sent};
-use crate::sink::dedup::{self, Dedup, Lookback};
+use crate::readback::{self, Lookback};
+use crate::record::Mapping;
+use crate::sink::Sink;
 use crate::sink::kafka::KafkaSink;
-use crate::sink::{Reports, Sink};
+use crate::source::Source;
 use crate::source::handover;
-use crate::supervisor::Source;
 use crate::table::{OutboxTable, RowAt, quote_ident};
 use batch::{Deadline, Settlement};
 use claim::{HeldRow, Prepared, Statements, already_dead_lettered};
@@ -120,10 +120,14 @@ impl<S: Sink> Source for PollingSource<S> {
         let mut session = self.connect().await?;
         let lookback = self.lead(&mut session, pulse).await?;
         // only the leader: it may fence earlier producers (kafka.transactional)
-        pulse.alive_while(self.sink.activate()).await?;
-        let dedup = Dedup::new(&self.config, MODE, lookback, self.sink.sources(), shutdown);
-        let mut delivery =
-            Delivery::new(&self.sink, &self.dead_letters, &self.config.kafka, dedup, pulse, MODE);
+        let identities = readback::source_identities(&session.client, &self.config).await?;
+        let prologue =
+            delivery::prologue(&mut self.sink, &identities, &self.config, (MODE, lookback), pulse, shutdown)
+                .await?;
+        let stage = (&self.dead_letters, &self.config.kafka);
+        let mut delivery = Delivery::open(&self.sink, prologue, stage, pulse, MODE).await;
+        // a held row is claimed again, by the claim's own turn (`relay_batch`)
+        delivery.reclaims_held();
         delivery.resume(self.carried.take());
         let result = self.serve(&mut session, &mut delivery, pulse, shutdown).await;
         let carried = delivery.carry();
@@ -202,8 +206,6 @@ impl<S: Sink> PollingSource<S> {
         for outbox in &self.outboxes {
             prepared.push(Prepared::on(&client, outbox.statements.as_ref().expect("just made")).await?);
         }
-        self.sink.set_sources(&dedup::source_identities(&client, &self.config).await?);
-        self.sink.retired(dedup::RETIRE_LIMIT).await;
         Ok(Session {
             client,
             notified,
@@ -276,8 +278,6 @@ impl<S: Sink> PollingSource<S> {
         pulse: &Pulse,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), RelayError> {
-        // this session is the one sending: reports of earlier sessions' records are passed over
-        let mut reports = delivery.reports().await;
         while !*shutdown.borrow() {
             pulse.tick();
             if session.switch_checked.is_some_and(|checked| checked.elapsed() >= SWITCH_RECHECK) {
@@ -291,7 +291,7 @@ impl<S: Sink> PollingSource<S> {
                 if delivery.held_outbox().is_some_and(|held| held != outbox) {
                     continue;
                 }
-                let outcome = self.relay_batch(session, outbox, delivery, &mut reports).await?;
+                let outcome = self.relay_batch(session, outbox, delivery).await?;
                 if outcome.claimed > 0 {
                     tracing::debug!(
                         table = %self.outboxes[outbox].table.display_name(),
@@ -350,7 +350,6 @@ impl<S: Sink> PollingSource<S> {
         session: &mut Session,
         outbox: usize,
         delivery: &mut Delivery<'_, S, RowAt>,
-        reports: &mut Reports,
     ) -> Result<BatchOutcome, RelayError> {
         let polled = &self.outboxes[outbox];
         let statements = polled.statements.as_ref().expect("statements are prepared at connect");
@@ -412,7 +411,7 @@ impl<S: Sink> PollingSource<S> {
             rows.iter().filter_map(|(_, row)| row.as_ref().ok()).map(|r| r.topic.as_str()).collect();
         let topics = topics.into_iter().map(String::from).collect();
         let claimed_at = began.elapsed();
-        let settlement = batch::deliver(delivery, reports, rows, dead_lettered, deadline).await?;
+        let settlement = batch::deliver(delivery, rows, dead_lettered, deadline).await?;
         let delivered_at = began.elapsed();
         let read = if settlement.again { settlement.release.len() } else { claimed };
         metrics().events_read.with_label_values(&[MODE.label()]).inc_by(read as u64);

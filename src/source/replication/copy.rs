@@ -17,24 +17,22 @@
 use std::time::{Instant, SystemTime};
 
 use futures::{StreamExt, pin_mut};
-use tokio::sync::{MutexGuard, watch};
+use tokio::sync::watch;
 use tokio_postgres::Client;
 
 use crate::config::{Endpoint, PostgresConfig};
 use crate::dead_letter::{DeadLetter, DeadLetters};
-use crate::delivery::record::{Mapping, OutboxRow, Position};
 use crate::delivery::{Delivery, Settled};
 use crate::error::RelayError;
 use crate::lsn::Lsn;
 use crate::observe::metrics::Clock;
 use crate::published::{Recorder, Sent};
-use crate::sink::{Reports, Sink};
+use crate::record::{Mapping, OutboxRow, Position};
+use crate::sink::Sink;
 use crate::table::{OutboxTable, outbox_row, quote_literal};
 
 /// Rows of the initial copy published (and awaited) together.
 const COPY_CHUNK: usize = 2_000;
-/// Delivery reports taken in one turn, at most.
-const REPORT_TURN: usize = 256;
 
 /// When a chunk of the copy is full: at this many records, or bytes of them, in flight.
 #[derive(Debug, Clone, Copy)]
@@ -102,7 +100,7 @@ impl FirstCopy<'_> {
         let rows = tx.query_raw(&table.copy_sql(), std::iter::empty::<i32>()).await?;
         pin_mut!(rows);
         let chunk = Chunk { rows: COPY_CHUNK, bytes: self.chunk_bytes };
-        let mut copying = Copying::new(delivery, self.mapping, self.point, chunk).await;
+        let mut copying = Copying::new(delivery, self.mapping, self.point, chunk);
         loop {
             let next = rows.next().await.transpose()?;
             match &next {
@@ -140,7 +138,6 @@ impl FirstCopy<'_> {
 /// the dead-letter table are [`FirstCopy`]'s), so it is unit-tested against the scripted sink.
 struct Copying<'a, S: Sink> {
     delivery: Delivery<'a, S, u64>,
-    reports: MutexGuard<'a, Reports>,
     mapping: &'a Mapping,
     point: Lsn,
     /// Records in flight at most: a chunk is settled whole before the next row is read.
@@ -155,17 +152,10 @@ struct Copying<'a, S: Sink> {
 }
 
 impl<'a, S: Sink> Copying<'a, S> {
-    async fn new(
-        delivery: Delivery<'a, S, u64>,
-        mapping: &'a Mapping,
-        point: Lsn,
-        chunk: Chunk,
-    ) -> Copying<'a, S> {
-        // the copy is the one sending: reports of earlier sessions' records are passed over
-        let reports = delivery.reports().await;
+    fn new(delivery: Delivery<'a, S, u64>, mapping: &'a Mapping, point: Lsn, chunk: Chunk) -> Copying<'a, S> {
         let report = CopyReport::default();
         let (letters, sent) = (Vec::new(), Sent::default());
-        Copying { delivery, reports, mapping, point, chunk, index: 0, report, letters, sent }
+        Copying { delivery, mapping, point, chunk, index: 0, report, letters, sent }
     }
 
     /// Hands the next row over; settles the chunk when it is full, or held.
@@ -205,8 +195,7 @@ impl<'a, S: Sink> Copying<'a, S> {
 
     /// Settles everything handed over (see [`settle_all`]).
     async fn settle(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<(), RelayError> {
-        let (delivery, reports) = (&mut self.delivery, &mut *self.reports);
-        settle_all(delivery, reports, &mut self.report, &mut self.letters, shutdown).await
+        settle_all(&mut self.delivery, &mut self.report, &mut self.letters, shutdown).await
     }
 }
 
@@ -215,28 +204,20 @@ impl<'a, S: Sink> Copying<'a, S> {
 /// waits for shutdown: `Interrupted`.
 async fn settle_all<S: Sink>(
     delivery: &mut Delivery<'_, S, u64>,
-    reports: &mut Reports,
     report: &mut CopyReport,
     letters: &mut Vec<DeadLetter>,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<(), RelayError> {
-    let mut stall_check = tokio::time::interval(delivery.stall_period());
-    let mut batch = Vec::with_capacity(REPORT_TURN);
     while delivery.records() > 0 || delivery.holding() {
         if delivery.holding() && *shutdown.borrow() {
             return Err(RelayError::Interrupted);
         }
         tokio::select! {
-            _ = reports.recv_many(&mut batch, REPORT_TURN), if delivery.records() > 0 => {
-                let clock = Clock::now();
-                for sent in batch.drain(..) {
-                    if let Some(settled) = delivery.settle(sent, &clock).await? {
-                        count(settled, report, letters);
-                    }
+            settled = delivery.next() => {
+                if let Some(settled) = settled? {
+                    count(settled, report, letters);
                 }
             }
-            _ = stall_check.tick() => delivery.check_stall(),
-            _ = delivery.retry_due() => delivery.retry_held().await?,
             _ = shutdown.changed(), if delivery.holding() => {}
         }
     }

@@ -10,8 +10,8 @@
 use std::collections::HashMap;
 
 use crate::config::{ColumnsConfig, OutboxConfig};
-use crate::delivery::record::OutboxRow;
 use crate::observe::metrics::SkippedKind;
+use crate::record::OutboxRow;
 
 /// A decoding failure: the stream is not what protocol version 1 says it is.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

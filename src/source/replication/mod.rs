@@ -20,6 +20,7 @@ pub use copy::CopyReport;
 mod decode;
 pub(crate) mod failover;
 pub(crate) mod publication;
+mod refusal;
 pub(crate) mod slot;
 mod stream;
 mod transport;
@@ -30,17 +31,17 @@ use tokio::sync::watch;
 
 use crate::config::{Outbox, RelayConfig};
 use crate::dead_letter::DeadLetters;
-use crate::delivery::Delivery;
-use crate::delivery::record::Mapping;
+use crate::delivery::{self, Delivery};
 use crate::error::RelayError;
 use crate::lsn::Lsn;
 use crate::observe::metrics::Mode;
 use crate::observe::pulse::Pulse;
 use crate::published::Recorder;
+use crate::readback::{self, Lookback};
+use crate::record::Mapping;
 use crate::sink::Sink;
-use crate::sink::dedup::{self, Dedup, Lookback};
 use crate::sink::kafka::KafkaSink;
-use crate::supervisor::Source;
+use crate::source::Source;
 use crate::table::OutboxTable;
 use slot::SlotPlan;
 use stream::{Feed, StreamSession};
@@ -118,7 +119,6 @@ impl<S: Sink> ReplicationSource<S> {
     /// was there.
     pub(crate) async fn setup(&mut self, recreate: bool) -> Result<Option<(Lsn, CopyReport)>, RelayError> {
         let (client, server) = crate::postgres::connect_primary(&self.config.postgres).await?;
-        self.sink.set_sources(&dedup::source_identities(&client, &self.config).await?);
         let plan = slot::prepare(&self.config, &client, recreate).await?;
         if let SlotPlan::Stream { .. } = plan {
             return Ok(None);
@@ -140,8 +140,6 @@ impl<S: Sink> ReplicationSource<S> {
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), RelayError> {
         let (client, server) = crate::postgres::connect_primary(&self.config.postgres).await?;
-        self.sink.set_sources(&dedup::source_identities(&client, &self.config).await?);
-        self.sink.retired(dedup::RETIRE_LIMIT).await;
         self.open_recorders(&client).await?;
         let plan = slot::prepare(&self.config, &client, false).await?;
         let slot_name = &self.config.replication.slot.clone();
@@ -163,10 +161,14 @@ impl<S: Sink> ReplicationSource<S> {
         let wal = WalStream::start(replication, slot_name).await?;
         tracing::info!(slot = %slot_name, %confirmed, tables = %self.table_names(), "active: streaming from the slot");
         pulse.active();
-        // (after the copy's activation, this does nothing)
-        pulse.alive_while(self.sink.activate()).await?;
-        let dedup = Dedup::new(&self.config, MODE, Lookback::Since(confirmed), self.sink.sources(), shutdown);
-        let delivery = Delivery::new(&self.sink, &self.dead_letters, &self.config.kafka, dedup, pulse, MODE);
+        // (after the copy's prologue, identities are read again and nothing else is done)
+        let lookback = Lookback::Since(confirmed);
+        let identities = readback::source_identities(&client, &self.config).await?;
+        let prologue =
+            delivery::prologue(&mut self.sink, &identities, &self.config, (MODE, lookback), pulse, shutdown)
+                .await?;
+        let stage = (&self.dead_letters, &self.config.kafka);
+        let delivery = Delivery::open(&self.sink, prologue, stage, pulse, MODE).await;
         let feed = Feed::new(delivery, confirmed, &self.outboxes, &self.mappings, &self.config.replication);
         StreamSession::new(&self.config, &self.dead_letters, &self.recorders, &client, wal, feed)
             .run(shutdown)

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
-use super::slot::Refusal;
+use super::refusal::Refusal;
 use crate::config::RelayConfig;
 use crate::error::{FatalReason, RelayError};
 use crate::lsn::Lsn;

@@ -19,15 +19,16 @@ use tokio::sync::watch;
 use tokio_postgres::Client;
 
 use super::copy::{CopyReport, FirstCopy};
+pub(crate) use super::refusal::Refusal;
 use super::transport::{self, Command};
 use super::{MODE, ReplicationSource};
 use crate::config::{Endpoint, RelayConfig};
-use crate::delivery::Delivery;
+use crate::delivery::{self, Delivery};
 use crate::error::{FatalReason, RelayError};
 use crate::lsn::Lsn;
 use crate::observe::pulse::Pulse;
+use crate::readback::{self, Lookback};
 use crate::sink::Sink;
-use crate::sink::dedup::{Dedup, Lookback};
 use crate::table::{OutboxTable, quote_ident};
 
 /// The relay's own memory of its slots (sql/006_relay_slots.sql, sql/007_relay_slots_timeline.sql,
@@ -184,21 +185,6 @@ pub(crate) enum Verdict {
     /// `run` and `setup` stop: the slot was lost, or is gone after the relay published from it,
     /// or may not be created.
     Refused(Refusal),
-}
-
-/// Why the relay will not use or create the slot, and what to do: `run` and `setup` stop with
-/// it ([`Refusal::error`]), `check` FAILs with the same words.
-#[derive(Debug, Clone)]
-pub(crate) struct Refusal {
-    pub reason: FatalReason,
-    pub problem: String,
-    pub fix: String,
-}
-
-impl Refusal {
-    pub(crate) fn error(&self) -> RelayError {
-        RelayError::fatal(self.reason, format!("{}; {}", self.problem, self.fix))
-    }
 }
 
 /// The slot and the relay's memory of it, judged (see [`Verdict`]).
@@ -480,16 +466,19 @@ pub(super) async fn create_and_copy<S: Sink>(
         text(2).ok_or_else(|| RelayError::Protocol("CREATE_REPLICATION_SLOT exported no snapshot".into()))?;
     client.execute(CREATED_SQL, &[slot, &consistent_point.to_string()]).await?;
     tracing::info!(%slot, %consistent_point, "created the slot; publishing the rows already in the table");
-    // the slot is this session's: it may fence earlier producers (kafka.transactional)
-    pulse.alive_while(source.sink.activate()).await?;
     // any row of the tables may be in the topics already (a copy that was interrupted, or the
     // slot recreated after it was lost): read back everything the topics hold from this source;
     // one outbox table after the other, each in the slot's snapshot
     let mut report = CopyReport::default();
     for (i, table) in source.tables.iter().enumerate() {
-        let dedup = Dedup::new(&source.config, MODE, Lookback::Everything, source.sink.sources(), shutdown);
-        let delivery =
-            Delivery::new(&source.sink, &source.dead_letters, &source.config.kafka, dedup, pulse, MODE);
+        // the slot is this session's: it may fence earlier producers (kafka.transactional)
+        let lookback = (MODE, Lookback::Everything);
+        let identities = readback::source_identities(client, &source.config).await?;
+        let prologue =
+            delivery::prologue(&mut source.sink, &identities, &source.config, lookback, pulse, shutdown)
+                .await?;
+        let stage = (&source.dead_letters, &source.config.kafka);
+        let delivery = Delivery::open(&source.sink, prologue, stage, pulse, MODE).await;
         let copy = FirstCopy {
             postgres: &source.config.postgres,
             server,

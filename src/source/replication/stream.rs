@@ -28,9 +28,9 @@ use crate::config::RelayConfig;
 use crate::dead_letter::DeadLetters;
 use crate::error::RelayError;
 use crate::lsn::Lsn;
-use crate::observe::metrics::{Clock, metrics};
+use crate::observe::metrics::metrics;
 use crate::published::Recorder;
-use crate::sink::{Reports, Sink};
+use crate::sink::Sink;
 pub(super) use feed::Feed;
 
 mod feed;
@@ -38,8 +38,6 @@ mod feed;
 /// Stream events handled in one turn of the loop, at most, before reports are looked at again:
 /// one clock read and one `select!` for the run instead of one per event.
 const READ_TURN: usize = 128;
-/// Delivery reports taken in one turn, at most (one clock read for the run).
-const REPORT_TURN: usize = 256;
 
 /// At shutdown, how long the last status update (sent at once) is given to leave before the
 /// stream ends.
@@ -95,32 +93,25 @@ impl<'a, S: Sink> StreamSession<'a, S> {
     }
 
     async fn stream(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<(), RelayError> {
-        // this session is the one sending: reports of earlier sessions' records are passed over
-        let mut reports = self.feed.delivery.reports().await;
-        let mut batch = Vec::with_capacity(REPORT_TURN);
         self.publication_ok_through = publication::delivers_through(self.config, self.client).await?;
         let first = tokio::time::Instant::now() + publication::CHECK_INTERVAL;
         let mut verify = tokio::time::interval_at(first, publication::CHECK_INTERVAL);
         verify.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let heartbeat_ms = self.config.replication.heartbeat_interval_ms;
-        let mut stall_check = tokio::time::interval(self.feed.delivery.stall_period());
         let mut heartbeat = tokio::time::interval(Duration::from_millis(heartbeat_ms.max(1)));
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             self.commit_if_ready().await?;
-            // the timer's guard before `reading`: a transaction that comes due in between finds
-            // the timer armed, which then fires at once
-            let timed = !self.feed.delivery.commit_due(false);
             let reading = self.feed.reading();
             tokio::select! {
                 biased;
                 // 1. shutdown: stop reading, settle what is in flight, confirm it
-                _ = shutdown.changed() => return self.drain(&mut reports).await,
-                // 2. acknowledgements
-                _ = reports.recv_many(&mut batch, REPORT_TURN), if self.feed.delivery.records() > 0 => {
-                    let clock = Clock::now();
-                    for report in batch.drain(..) {
-                        self.feed.settle(report, &clock).await?;
+                _ = shutdown.changed() => return self.drain().await,
+                // 2. the delivery stage: acknowledgements, the stall watch, a held record sent
+                //    again, the open Kafka transaction come due by its age
+                settled = self.feed.delivery.next() => {
+                    if let Some(settled) = settled? {
+                        self.feed.settled(settled);
                     }
                     self.write_letters().await?;
                 }
@@ -131,25 +122,16 @@ impl<'a, S: Sink> StreamSession<'a, S> {
                     })?;
                     self.read_turn(event).await?;
                 }
-                // 4. liveness and the stall watch, at most every stall period (not per event); what
-                //    waits is the records sent, not held ones
-                _ = stall_check.tick() => self.feed.delivery.check_stall(),
-                // 5. heartbeat: a WAL record of our own, so an idle outbox in a busy database
+                // 4. heartbeat: a WAL record of our own, so an idle outbox in a busy database
                 //    still sees positions it may confirm (see `Feed::handle`)
                 _ = heartbeat.tick(), if heartbeat_ms > 0 => {
                     self.client.execute("SELECT pg_logical_emit_message(false, $1, '')", &[&HEARTBEAT_PREFIX]).await?;
                 }
-                // 6. the publication still delivers every insert: confirmations may go that far
+                // 5. the publication still delivers every insert: confirmations may go that far
                 _ = verify.tick() => {
                     self.publication_ok_through = publication::delivers_through(self.config, self.client).await?;
                     self.confirm(self.feed.confirmed()).await?;
                 }
-                // 7. held: try the refused record again, or report the held row again
-                _ = self.feed.delivery.retry_due() => {
-                    self.feed.delivery.retry_held().await?;
-                }
-                // 8. the open Kafka transaction comes due by its age (kafka.transaction_max_ms)
-                _ = self.feed.delivery.commit_deadline(), if timed => {}
             }
             self.confirm_acknowledged().await?;
         }
@@ -203,10 +185,11 @@ impl<'a, S: Sink> StreamSession<'a, S> {
     }
 
     /// Shutdown: settle what is in flight, confirm it, give the status update time to leave.
-    async fn drain(&mut self, reports: &mut Reports) -> Result<(), RelayError> {
+    async fn drain(&mut self) -> Result<(), RelayError> {
         while self.feed.delivery.records() > 0 {
-            let report = reports.recv().await.expect("the sink holds a sender");
-            self.feed.settle(report, &Clock::now()).await?;
+            if let Some(settled) = self.feed.delivery.next().await? {
+                self.feed.settled(settled);
+            }
             self.write_letters().await?;
         }
         self.feed.commit().await?;

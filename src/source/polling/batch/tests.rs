@@ -8,9 +8,8 @@ use super::{Deadline, Row, Settlement, deliver, map};
 use crate::config::OutboxConfig;
 use crate::delivery::Delivery;
 use crate::delivery::fixture::{Fixture, outbox_row};
-use crate::delivery::record::Mapping;
 use crate::error::RelayError;
-use crate::sink::Reports;
+use crate::record::Mapping;
 use crate::sink::scripted::{Fault, ScriptedSink};
 use crate::table::RowAt;
 
@@ -41,12 +40,11 @@ fn far() -> Deadline {
 /// One claim of `ids`, settled.
 async fn claim(
     delivery: &mut Delivery<'_, ScriptedSink, RowAt>,
-    reports: &mut Reports,
     ids: &[&str],
     settled: &[&str],
 ) -> Settlement {
     let settled = settled.iter().enumerate().map(|(n, id)| at(id, 100 + n)).collect();
-    let claim = deliver(delivery, reports, claimed(ids), settled, far());
+    let claim = deliver(delivery, claimed(ids), settled, far());
     tokio::time::timeout(PATIENCE, claim).await.expect("the claim settled in time").unwrap()
 }
 
@@ -60,10 +58,9 @@ async fn under_dead_letter_a_claim_releases_what_kafka_took_and_dead_letters_the
     let f = Fixture::new("dead_letter");
     f.sink.script("3", [Fault::Reject]);
     f.sink.script("4", [Fault::Delay(Duration::from_millis(30))]);
-    let mut delivery = f.delivery();
-    let mut reports = delivery.reports().await;
+    let mut delivery = f.delivery().await;
     // when it is delivered
-    let settlement = claim(&mut delivery, &mut reports, &["1", "!2", "3", "4"], &[]).await;
+    let settlement = claim(&mut delivery, &["1", "!2", "3", "4"], &[]).await;
     // then every record settled: the acknowledged rows are released, the others dead-lettered
     assert_eq!(ids(&settlement.release), ["1", "4"]);
     assert_eq!(letters(&settlement), ["2", "3"]);
@@ -76,21 +73,20 @@ async fn under_dead_letter_a_claim_releases_what_kafka_took_and_dead_letters_the
 async fn under_block_nothing_after_a_row_that_cannot_map_is_sent_until_it_is_fixed() {
     // given the block policy and a row that cannot map between two good ones
     let f = Fixture::new("block");
-    let mut delivery = f.delivery();
-    let mut reports = delivery.reports().await;
+    let mut delivery = f.delivery().await;
     // when the claim is delivered, only the row before it is sent and released
-    let settlement = claim(&mut delivery, &mut reports, &["1", "!2", "3"], &[]).await;
+    let settlement = claim(&mut delivery, &["1", "!2", "3"], &[]).await;
     assert_eq!(ids(&settlement.release), ["1"]);
     assert!(settlement.letters.is_empty());
     assert_eq!(f.sink.sent(), ["1"]);
     assert_eq!(delivery.held_id(), Some("2"));
     // then the held row claimed again, still broken, is reported again and nothing is sent
-    let again = claim(&mut delivery, &mut reports, &["!2"], &[]).await;
+    let again = claim(&mut delivery, &["!2"], &[]).await;
     assert!(again.release.is_empty() && again.letters.is_empty());
     assert_eq!(f.sink.sent(), ["1"]);
     assert!(f.health.readiness().unwrap_err().contains("blocked at event 2"));
     // and once its row is fixed, it is sent, released, and the hold ends
-    let fixed = claim(&mut delivery, &mut reports, &["2"], &[]).await;
+    let fixed = claim(&mut delivery, &["2"], &[]).await;
     assert_eq!(ids(&fixed.release), ["2"]);
     assert_eq!(f.sink.sent(), ["1", "2"]);
     assert!(!delivery.holding());
@@ -102,18 +98,17 @@ async fn under_block_a_refused_record_keeps_its_row_and_is_sent_again_until_kafk
     // given the block policy and a record Kafka refuses twice
     let f = Fixture::new("block");
     f.sink.script("2", [Fault::Reject, Fault::Reject]);
-    let mut delivery = f.delivery();
-    let mut reports = delivery.reports().await;
+    let mut delivery = f.delivery().await;
     // when the claim is delivered, the refused record's row stays, the others are released
-    let settlement = claim(&mut delivery, &mut reports, &["1", "2", "3"], &[]).await;
+    let settlement = claim(&mut delivery, &["1", "2", "3"], &[]).await;
     assert_eq!(ids(&settlement.release), ["1", "3"]);
     assert!(settlement.letters.is_empty(), "dead-lettered under block");
     assert_eq!(delivery.held_id(), Some("2"));
     // then each retry claims the held row alone and sends it again
-    let refused = claim(&mut delivery, &mut reports, &["2"], &[]).await;
+    let refused = claim(&mut delivery, &["2"], &[]).await;
     assert!(refused.release.is_empty());
     assert!(delivery.holding());
-    let taken = claim(&mut delivery, &mut reports, &["2"], &[]).await;
+    let taken = claim(&mut delivery, &["2"], &[]).await;
     assert_eq!(ids(&taken.release), ["2"]);
     assert!(!delivery.holding());
     assert_eq!(f.sink.sent(), ["1", "2", "3", "2", "2"]);
@@ -124,12 +119,11 @@ async fn under_block_a_refused_record_keeps_its_row_and_is_sent_again_until_kafk
 async fn a_held_row_dead_lettered_elsewhere_is_released_and_ends_the_hold() {
     // given a hold at a row that cannot map
     let f = Fixture::new("block");
-    let mut delivery = f.delivery();
-    let mut reports = delivery.reports().await;
-    claim(&mut delivery, &mut reports, &["!1"], &[]).await;
+    let mut delivery = f.delivery().await;
+    claim(&mut delivery, &["!1"], &[]).await;
     assert_eq!(delivery.held_id(), Some("1"));
     // when the held row is claimed again and found settled (replication mode dead-lettered it)
-    let settlement = claim(&mut delivery, &mut reports, &[], &["1"]).await;
+    let settlement = claim(&mut delivery, &[], &["1"]).await;
     // then it is released unsent and the hold ends
     assert_eq!(ids(&settlement.release), ["1"]);
     assert!(!delivery.holding());
@@ -140,16 +134,15 @@ async fn a_held_row_dead_lettered_elsewhere_is_released_and_ends_the_hold() {
 async fn a_claim_never_mixes_settled_rows_with_records_it_sends() {
     // given a claim whose first row is settled already and whose others are new
     let f = Fixture::new("dead_letter");
-    let mut delivery = f.delivery();
-    let mut reports = delivery.reports().await;
+    let mut delivery = f.delivery().await;
     // when it is delivered
-    let settlement = claim(&mut delivery, &mut reports, &["2", "3"], &["1"]).await;
+    let settlement = claim(&mut delivery, &["2", "3"], &["1"]).await;
     // then only the settled row is released, nothing is sent, and the rest is claimed again
     assert_eq!(ids(&settlement.release), ["1"]);
     assert!(settlement.again);
     assert!(f.sink.sent().is_empty());
     // and settled rows beside rows that cannot map (nothing to send) go together
-    let settlement = claim(&mut delivery, &mut reports, &["!4"], &["5"]).await;
+    let settlement = claim(&mut delivery, &["!4"], &["5"]).await;
     assert_eq!((ids(&settlement.release), letters(&settlement)), (vec!["5"], vec!["4"]));
 }
 
@@ -158,10 +151,9 @@ async fn a_lost_acknowledgement_ends_the_session_after_the_acknowledged_rows_are
     // given a record written but not acknowledged, under either policy
     let f = Fixture::new("block");
     f.sink.script("2", [Fault::FailAfterWrite]);
-    let mut delivery = f.delivery();
-    let mut reports = delivery.reports().await;
+    let mut delivery = f.delivery().await;
     // when the claim is delivered
-    let settlement = claim(&mut delivery, &mut reports, &["1", "2", "3"], &[]).await;
+    let settlement = claim(&mut delivery, &["1", "2", "3"], &[]).await;
     // then the others are released, and the failure ends the session (the row is read again)
     assert_eq!(ids(&settlement.release), ["1", "3"]);
     let failed = settlement.failed.expect("a transient failure");
@@ -174,13 +166,12 @@ async fn a_claim_waits_for_kafka_no_longer_than_its_deadline() {
     // given a record whose acknowledgement does not come
     let f = Fixture::new("dead_letter");
     f.sink.script("2", [Fault::Hold]);
-    let mut delivery = f.delivery();
-    let mut reports = delivery.reports().await;
+    let mut delivery = f.delivery().await;
     // when the claim is delivered with a deadline 100 ms away
     let deadline =
         Deadline { at: tokio::time::Instant::now() + Duration::from_millis(100), claim_timeout_ms: 100 };
     let started = Instant::now();
-    let claim = deliver(&mut delivery, &mut reports, claimed(&["1", "2"]), Vec::new(), deadline);
+    let claim = deliver(&mut delivery, claimed(&["1", "2"]), Vec::new(), deadline);
     let result = tokio::time::timeout(PATIENCE, claim).await.unwrap();
     // then it gives up at the deadline, so the claim is rolled back, naming the setting
     let error = result.unwrap_err();
@@ -195,20 +186,18 @@ async fn a_hold_is_carried_to_the_next_session() {
     let f = Fixture::new("block");
     f.sink.script("2", [Fault::Reject]);
     let carried = {
-        let mut delivery = f.delivery();
-        let mut reports = delivery.reports().await;
-        claim(&mut delivery, &mut reports, &["1", "2", "3"], &[]).await;
+        let mut delivery = f.delivery().await;
+        claim(&mut delivery, &["1", "2", "3"], &[]).await;
         assert!(delivery.holding());
         delivery.carry()
     };
     // when the next session's stage resumes from it
-    let mut delivery = f.delivery();
+    let mut delivery = f.delivery().await;
     delivery.resume(Some(carried));
     // then it still holds at that row, claims it alone, and sends it again when due
     assert_eq!(delivery.held_id(), Some("2"));
-    let mut reports = delivery.reports().await;
     tokio::time::timeout(PATIENCE, delivery.retry_due()).await.expect("the retry comes");
-    let taken = claim(&mut delivery, &mut reports, &["2"], &[]).await;
+    let taken = claim(&mut delivery, &["2"], &[]).await;
     assert_eq!(ids(&taken.release), ["2"]);
     assert!(!delivery.holding());
     assert_eq!(f.sink.sent(), ["1", "2", "3", "2"]);
@@ -219,10 +208,9 @@ async fn rows_sharing_an_id_are_released_and_dead_lettered_each_where_it_lies() 
     // given a claim of two rows with the same id (the owner wrote one over the id trigger), the
     // second of which cannot map
     let f = Fixture::new("dead_letter");
-    let mut delivery = f.delivery();
-    let mut reports = delivery.reports().await;
+    let mut delivery = f.delivery().await;
     // when it is delivered
-    let settlement = claim(&mut delivery, &mut reports, &["5", "!5"], &[]).await;
+    let settlement = claim(&mut delivery, &["5", "!5"], &[]).await;
     // then the first row alone is released and the second alone dead-lettered: neither
     // statement touches the other row, as one by id would
     assert_eq!(settlement.release, [at("5", 0)]);

@@ -10,9 +10,9 @@ use super::{Chunk, CopyReport, Copying, settle_all};
 use crate::config::OutboxConfig;
 use crate::dead_letter::DeadLetter;
 use crate::delivery::fixture::{Fixture, outbox_row};
-use crate::delivery::record::{Mapping, OutboxRow};
 use crate::error::RelayError;
 use crate::lsn::Lsn;
+use crate::record::{Mapping, OutboxRow};
 use crate::sink::scripted::{Fault, record};
 
 /// How long a test waits for a chunk before it fails.
@@ -24,15 +24,14 @@ async fn a_chunk_settles_whole_counting_what_kafka_took_and_what_it_refused() {
     let f = Fixture::new("dead_letter");
     f.sink.script("2", [Fault::Reject]);
     f.sink.script("3", [Fault::Delay(Duration::from_millis(30))]);
-    let mut delivery = f.delivery::<u64>();
-    let mut reports = delivery.reports().await;
+    let mut delivery = f.delivery::<u64>().await;
     for index in 1..=3u64 {
         assert!(delivery.send(index, record(&index.to_string()), Instant::now()).await.unwrap().is_none());
     }
     // when the chunk is awaited
     let (mut report, mut letters) = (CopyReport::default(), Vec::new());
     let (_stop, mut shutdown) = watch::channel(false);
-    let settled = settle_all(&mut delivery, &mut reports, &mut report, &mut letters, &mut shutdown);
+    let settled = settle_all(&mut delivery, &mut report, &mut letters, &mut shutdown);
     tokio::time::timeout(PATIENCE, settled).await.unwrap().unwrap();
     // then every record settled: two published, the refused one's letter to write
     assert_eq!(report, CopyReport { published: 2, already_in_kafka: 0, dead_lettered: 1 });
@@ -45,15 +44,14 @@ async fn a_refused_record_holds_the_copy_until_kafka_takes_it() {
     // given the block policy and a record Kafka refuses twice
     let f = Fixture::new("block");
     f.sink.script("2", [Fault::Reject, Fault::Reject]);
-    let mut delivery = f.delivery::<u64>();
-    let mut reports = delivery.reports().await;
+    let mut delivery = f.delivery::<u64>().await;
     for index in 1..=3u64 {
         delivery.send(index, record(&index.to_string()), Instant::now()).await.unwrap();
     }
     // when the chunk is awaited
     let (mut report, mut letters) = (CopyReport::default(), Vec::new());
     let (_stop, mut shutdown) = watch::channel(false);
-    let settled = settle_all(&mut delivery, &mut reports, &mut report, &mut letters, &mut shutdown);
+    let settled = settle_all(&mut delivery, &mut report, &mut letters, &mut shutdown);
     tokio::time::timeout(PATIENCE, settled).await.unwrap().unwrap();
     // then it returned only once the record was sent again and taken: nothing dead-lettered
     assert_eq!(report, CopyReport { published: 3, already_in_kafka: 0, dead_lettered: 0 });
@@ -66,8 +64,7 @@ async fn a_refused_record_holds_the_copy_until_kafka_takes_it() {
 async fn a_row_that_cannot_map_holds_the_copy_until_shutdown() {
     // given the block policy and a row that cannot become a record
     let f = Fixture::new("block");
-    let mut delivery = f.delivery::<u64>();
-    let mut reports = delivery.reports().await;
+    let mut delivery = f.delivery::<u64>().await;
     let row = OutboxRow { id: Some("9".into()), ..OutboxRow::default() };
     delivery.unpublishable(0, DeadLetter::row(row, "no topic".into()));
     // when the copy awaits it and shutdown comes 100 ms later
@@ -78,7 +75,7 @@ async fn a_row_that_cannot_map_holds_the_copy_until_shutdown() {
     });
     let (mut report, mut letters) = (CopyReport::default(), Vec::new());
     let started = Instant::now();
-    let settled = settle_all(&mut delivery, &mut reports, &mut report, &mut letters, &mut shutdown);
+    let settled = settle_all(&mut delivery, &mut report, &mut letters, &mut shutdown);
     let result = tokio::time::timeout(PATIENCE, settled).await.unwrap();
     // then the copy waited for it, and ends interrupted with nothing sent or dead-lettered
     assert!(matches!(result, Err(RelayError::Interrupted)), "{result:?}");
@@ -107,7 +104,7 @@ async fn a_chunk_is_settled_whole_before_the_next_row_is_read() {
     f.sink.script("1", [Fault::Delay(Duration::from_millis(30))]);
     let mapping = Mapping::new(&OutboxConfig::default());
     let mut copying =
-        Copying::new(f.delivery(), &mapping, Lsn(100), Chunk { rows: 2, bytes: usize::MAX }).await;
+        Copying::new(f.delivery().await, &mapping, Lsn(100), Chunk { rows: 2, bytes: usize::MAX });
     // when five rows are copied
     let in_flight = copy(&mut copying, &["1", "2", "3", "4", "5"]).await;
     // then never more than a chunk is in flight: each full chunk settles before the next row
@@ -124,12 +121,12 @@ async fn a_chunk_also_ends_at_its_byte_bound() {
     // given chunks of 2,000 rows but only a little more than two records' bytes
     let f = Fixture::new("dead_letter");
     let mapping = Mapping::new(&OutboxConfig::default());
-    let mut one = Copying::new(f.delivery(), &mapping, Lsn(100), Chunk { rows: 2, bytes: usize::MAX }).await;
+    let mut one = Copying::new(f.delivery().await, &mapping, Lsn(100), Chunk { rows: 2, bytes: usize::MAX });
     copy(&mut one, &["0"]).await;
     let bytes = one.delivery.bytes();
     drop(one);
     let chunk = Chunk { rows: 2_000, bytes: bytes * 2 + 1 };
-    let mut copying = Copying::new(f.delivery(), &mapping, Lsn(100), chunk).await;
+    let mut copying = Copying::new(f.delivery().await, &mapping, Lsn(100), chunk);
     // when five rows are copied
     let in_flight = copy(&mut copying, &["1", "2", "3", "4", "5"]).await;
     // then the chunk ends at the row that reached the byte bound: three rows at most in flight
@@ -144,7 +141,7 @@ async fn what_precedes_a_row_that_cannot_map_settles_before_its_dead_letter() {
     f.sink.script("1", [Fault::Delay(Duration::from_millis(30))]);
     let mapping = Mapping::new(&OutboxConfig::default());
     let mut copying =
-        Copying::new(f.delivery(), &mapping, Lsn(100), Chunk { rows: 2_000, bytes: usize::MAX }).await;
+        Copying::new(f.delivery().await, &mapping, Lsn(100), Chunk { rows: 2_000, bytes: usize::MAX });
     // when the row after it cannot map
     let in_flight = copy(&mut copying, &["1", "!2", "3"]).await;
     // then the record before it was acknowledged first, and the row is a dead letter to write
@@ -159,7 +156,7 @@ async fn under_block_nothing_after_a_row_that_cannot_map_is_copied() {
     let f = Fixture::new("block");
     let mapping = Mapping::new(&OutboxConfig::default());
     let mut copying =
-        Copying::new(f.delivery(), &mapping, Lsn(100), Chunk { rows: 2_000, bytes: usize::MAX }).await;
+        Copying::new(f.delivery().await, &mapping, Lsn(100), Chunk { rows: 2_000, bytes: usize::MAX });
     copy(&mut copying, &["1"]).await;
     let (stop, mut shutdown) = watch::channel(false);
     tokio::spawn(async move {

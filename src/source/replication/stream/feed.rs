@@ -32,13 +32,13 @@ use super::super::{HEARTBEAT_PREFIX, MODE};
 use crate::checkpoint::{Tracker, TxnId};
 use crate::config::{Outbox, ReplicationConfig};
 use crate::dead_letter::DeadLetter;
-use crate::delivery::record::{Mapping, OutboxRow, Position};
 use crate::delivery::{Delivery, Settled};
 use crate::error::{FatalReason, RelayError};
 use crate::lsn::Lsn;
 use crate::observe::metrics::{Clock, SkippedKind, metrics};
 use crate::published::Sent;
-use crate::sink::{Report, Sink};
+use crate::record::{Mapping, OutboxRow, Position};
+use crate::sink::Sink;
 
 /// The transaction being read (between Begin and Commit).
 #[derive(Debug, Clone, Copy)]
@@ -327,17 +327,9 @@ impl<'a, S: Sink> Feed<'a, S> {
         Ok(())
     }
 
-    /// A report from the sink, settled by the delivery stage.
-    pub(super) async fn settle(&mut self, report: Report, clock: &Clock) -> Result<(), RelayError> {
-        if let Some(settled) = self.delivery.settle(report, clock).await? {
-            self.settled(settled);
-        }
-        Ok(())
-    }
-
     /// What a settled record means to the stream: its transaction counts it as acknowledged
     /// once Kafka or the dead-letter table holds it; a held one keeps its transaction open.
-    fn settled(&mut self, settled: Settled<TxnId>) {
+    pub(super) fn settled(&mut self, settled: Settled<TxnId>) {
         match settled {
             Settled::Acked(txn) => self.tracker.acked(txn),
             Settled::DeadLettered(txn, letter) => self.letter(*letter, Written::Acked(txn)),

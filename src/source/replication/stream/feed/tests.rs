@@ -9,10 +9,8 @@ use super::Feed;
 use crate::checkpoint::TxnId;
 use crate::config::{DEFAULT_MESSAGE_PREFIX, Outbox, ReplicationConfig};
 use crate::delivery::fixture::{Fixture, outbox_row};
-use crate::delivery::record::Mapping;
 use crate::lsn::Lsn;
-use crate::observe::metrics::Clock;
-use crate::sink::Reports;
+use crate::record::Mapping;
 use crate::sink::scripted::{Fault, ScriptedSink};
 use crate::source::replication::transport::WalEvent;
 
@@ -52,10 +50,17 @@ async fn three_transactions(feed: &mut Feed<'_, ScriptedSink>) {
     }
 }
 
-/// Settles the next report.
-async fn settle_next(feed: &mut Feed<'_, ScriptedSink>, reports: &mut Reports) {
-    let report = tokio::time::timeout(PATIENCE, reports.recv()).await.expect("a report in time");
-    feed.settle(report.expect("the sink holds a sender"), &Clock::now()).await.unwrap();
+/// Settles the next position (passing over the stage's outcomes of none: a stall tick).
+async fn settle_next(feed: &mut Feed<'_, ScriptedSink>) {
+    let settled = async {
+        loop {
+            if let Some(settled) = feed.delivery.next().await.unwrap() {
+                return settled;
+            }
+        }
+    };
+    let settled = tokio::time::timeout(PATIENCE, settled).await.expect("a report in time");
+    feed.settled(settled);
 }
 
 /// What a feed borrows: a stage over the scripted sink, the default mapping, and the
@@ -83,8 +88,8 @@ impl Rig {
     }
 
     /// A feed from position 0.
-    fn feed(&self) -> Feed<'_, ScriptedSink> {
-        Feed::new(self.f.delivery::<TxnId>(), Lsn(0), &self.outboxes, &self.mappings, &self.replication)
+    async fn feed(&self) -> Feed<'_, ScriptedSink> {
+        Feed::new(self.f.delivery::<TxnId>().await, Lsn(0), &self.outboxes, &self.mappings, &self.replication)
     }
 }
 
@@ -97,16 +102,15 @@ async fn only_the_contiguous_acknowledged_prefix_is_confirmed() {
     // given three transactions whose first record is acknowledged last
     let rig = Rig::new("dead_letter");
     rig.f.sink.script("1", [Fault::Delay(Duration::from_millis(50))]);
-    let mut feed = rig.feed();
-    let mut reports = feed.delivery.reports().await;
+    let mut feed = rig.feed().await;
     three_transactions(&mut feed).await;
     // when the later two are acknowledged, nothing may be confirmed
     for _ in 0..2 {
-        settle_next(&mut feed, &mut reports).await;
+        settle_next(&mut feed).await;
         assert_eq!(feed.advance(), None, "confirmed past an unacknowledged transaction");
     }
     // then the first's acknowledgement confirms all three at once
-    settle_next(&mut feed, &mut reports).await;
+    settle_next(&mut feed).await;
     assert_eq!(feed.advance(), Some(Lsn(300)));
 }
 
@@ -117,20 +121,19 @@ async fn reading_stops_at_either_in_flight_bound() {
     for id in ["1", "2"] {
         rig.f.sink.script(id, [Fault::Hold]);
     }
-    let mut feed = rig.feed();
-    let mut reports = feed.delivery.reports().await;
+    let mut feed = rig.feed().await;
     // when two are in flight, reading stops; once they are acknowledged, it goes on
     txn(&mut feed, 100, &["1"]).await;
     assert!(feed.reading());
     txn(&mut feed, 200, &["2"]).await;
     assert!(!feed.reading(), "read past max_in_flight_events");
     rig.f.sink.release();
-    settle_next(&mut feed, &mut reports).await;
+    settle_next(&mut feed).await;
     assert!(feed.reading());
     // and a byte bound of one record's size stops reading after one record
     let rig = Rig::with("dead_letter", ReplicationConfig { max_in_flight_bytes: 1, ..Default::default() });
     rig.f.sink.script("3", [Fault::Hold]);
-    let mut feed = rig.feed();
+    let mut feed = rig.feed().await;
     assert!(feed.reading());
     txn(&mut feed, 300, &["3"]).await;
     assert!(!feed.reading(), "read past max_in_flight_bytes");
@@ -141,11 +144,10 @@ async fn under_dead_letter_a_refused_record_counts_only_once_its_letter_is_writt
     // given a transaction whose record Kafka refuses
     let rig = Rig::new("dead_letter");
     rig.f.sink.script("1", [Fault::Reject]);
-    let mut feed = rig.feed();
-    let mut reports = feed.delivery.reports().await;
+    let mut feed = rig.feed().await;
     txn(&mut feed, 100, &["1"]).await;
     // when its report comes, the letter is to be written, and nothing is confirmed yet
-    settle_next(&mut feed, &mut reports).await;
+    settle_next(&mut feed).await;
     assert_eq!(letter_ids(&feed), ["1"]);
     assert_eq!(feed.advance(), None, "confirmed before the dead letter was written");
     // then once written, the transaction is confirmed
@@ -157,13 +159,12 @@ async fn under_dead_letter_a_refused_record_counts_only_once_its_letter_is_writt
 #[tokio::test]
 async fn under_dead_letter_a_row_that_cannot_map_is_a_letter_and_reading_goes_on() {
     let rig = Rig::new("dead_letter");
-    let mut feed = rig.feed();
-    let mut reports = feed.delivery.reports().await;
+    let mut feed = rig.feed().await;
     txn(&mut feed, 100, &["!1", "2"]).await;
     assert_eq!(letter_ids(&feed), ["1"]);
     assert!(feed.reading());
     feed.letters_written();
-    settle_next(&mut feed, &mut reports).await;
+    settle_next(&mut feed).await;
     assert_eq!(feed.advance(), Some(Lsn(100)));
     assert_eq!(rig.f.sink.sent(), ["2"]);
 }
@@ -172,7 +173,7 @@ async fn under_dead_letter_a_row_that_cannot_map_is_a_letter_and_reading_goes_on
 async fn a_transaction_of_rows_that_cannot_map_is_confirmed_only_once_their_letters_are_written() {
     // given a transaction whose only row cannot map, its Commit handled
     let rig = Rig::new("dead_letter");
-    let mut feed = rig.feed();
+    let mut feed = rig.feed().await;
     txn(&mut feed, 100, &["!1"]).await;
     // then nothing is confirmed until its letter is written, however often the session asks
     assert_eq!(letter_ids(&feed), ["1"]);
@@ -186,19 +187,18 @@ async fn under_block_a_refused_record_holds_reading_and_confirmation_until_kafka
     // given the block policy and the second transaction's record refused once
     let rig = Rig::new("block");
     rig.f.sink.script("2", [Fault::Reject]);
-    let mut feed = rig.feed();
-    let mut reports = feed.delivery.reports().await;
+    let mut feed = rig.feed().await;
     three_transactions(&mut feed).await;
     // when the reports come, the first is confirmed alone, and reading stops at the held one
     for _ in 0..3 {
-        settle_next(&mut feed, &mut reports).await;
+        settle_next(&mut feed).await;
     }
     assert_eq!(feed.advance(), Some(Lsn(100)));
     assert!(!feed.reading() && feed.letters().is_empty());
     // then the held record is sent again when due, taken, and the rest is confirmed
     tokio::time::timeout(PATIENCE, feed.delivery.retry_due()).await.unwrap();
     feed.delivery.retry_held().await.unwrap();
-    settle_next(&mut feed, &mut reports).await;
+    settle_next(&mut feed).await;
     assert_eq!(feed.advance(), Some(Lsn(300)));
     assert!(feed.reading());
     assert_eq!(rig.f.sink.sent(), ["1", "2", "3", "2"]);
@@ -207,10 +207,9 @@ async fn under_block_a_refused_record_holds_reading_and_confirmation_until_kafka
 #[tokio::test]
 async fn under_block_a_row_that_cannot_map_stops_reading_and_confirmation() {
     let rig = Rig::new("block");
-    let mut feed = rig.feed();
-    let mut reports = feed.delivery.reports().await;
+    let mut feed = rig.feed().await;
     txn(&mut feed, 100, &["1", "!2"]).await;
-    settle_next(&mut feed, &mut reports).await;
+    settle_next(&mut feed).await;
     assert!(!feed.reading());
     assert!(feed.letters().is_empty());
     assert_eq!(feed.advance(), None, "confirmed past a held row");
@@ -220,7 +219,7 @@ async fn under_block_a_row_that_cannot_map_stops_reading_and_confirmation() {
 #[tokio::test]
 async fn a_non_transactional_outbox_message_is_a_letter_confirmed_once_written() {
     let rig = Rig::new("dead_letter");
-    let mut feed = rig.feed();
+    let mut feed = rig.feed().await;
     let WalEvent::Message { content, prefix, .. } = message("7", false) else { unreachable!() };
     let forged = WalEvent::Message { transactional: false, lsn: Lsn(150), prefix, content };
     assert_eq!(feed.handle(forged).await.unwrap(), None);
@@ -235,20 +234,19 @@ async fn a_non_transactional_outbox_message_is_a_letter_confirmed_once_written()
 async fn a_keepalive_is_confirmed_only_while_nothing_is_in_flight() {
     let rig = Rig::new("dead_letter");
     rig.f.sink.script("1", [Fault::Hold]);
-    let mut feed = rig.feed();
-    let mut reports = feed.delivery.reports().await;
+    let mut feed = rig.feed().await;
     assert_eq!(feed.handle(WalEvent::KeepAlive { wal_end: Lsn(50) }).await.unwrap(), Some(Lsn(50)));
     txn(&mut feed, 100, &["1"]).await;
     assert_eq!(feed.handle(WalEvent::KeepAlive { wal_end: Lsn(500) }).await.unwrap(), None);
     rig.f.sink.release();
-    settle_next(&mut feed, &mut reports).await;
+    settle_next(&mut feed).await;
     assert_eq!(feed.advance(), Some(Lsn(100)));
     assert_eq!(feed.handle(WalEvent::KeepAlive { wal_end: Lsn(500) }).await.unwrap(), Some(Lsn(500)));
 }
 
 #[tokio::test]
 async fn each_outbox_numbers_its_own_events_and_maps_them_with_its_own_mapping() {
-    use crate::delivery::record::Position;
+    use crate::record::Position;
     use crate::source::replication::decode::tests::{COLUMNS, insert, relation};
     // given two outboxes, the second with its own topic template
     let outboxes = serde_json::json!([
@@ -256,7 +254,7 @@ async fn each_outbox_numbers_its_own_events_and_maps_them_with_its_own_mapping()
         {"name": "ledger", "table": "ledger_outbox", "topic_template": "ledger.{event_type}"},
     ]);
     let rig = Rig::of(Fixture::with_outboxes("dead_letter", outboxes), ReplicationConfig::default());
-    let mut feed = rig.feed();
+    let mut feed = rig.feed().await;
 
     // when one transaction inserts into the first, the second, and the first again
     for (oid, table) in [(1, "outbox_events"), (2, "ledger_outbox")] {
@@ -283,11 +281,10 @@ async fn each_outbox_numbers_its_own_events_and_maps_them_with_its_own_mapping()
         ]
     );
     // and the transaction is confirmed only once all three are acknowledged
-    let mut reports = feed.delivery.reports().await;
     for _ in 0..2 {
-        settle_next(&mut feed, &mut reports).await;
+        settle_next(&mut feed).await;
     }
     assert_eq!(feed.advance(), None);
-    settle_next(&mut feed, &mut reports).await;
+    settle_next(&mut feed).await;
     assert_eq!(feed.advance(), Some(Lsn(100)));
 }

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::Secret;
+use crate::secret::Secret;
 
 pub const DEFAULT_REGISTRY_TIMEOUT_MS: u64 = 10_000;
 /// The longest `timeout_ms` accepted: a registry slower than this is down (and the first record

@@ -26,10 +26,11 @@ use std::time::SystemTime;
 use crate::config::OutboxConfig;
 use crate::error::RelayError;
 use crate::lsn::Lsn;
-use crate::registry::Registry;
+use registry::Registry;
 
 mod encode;
 pub mod format;
+pub mod registry;
 mod topics;
 use format::{Fields, Format, Formatted};
 use topics::AllowedTopics;
@@ -132,7 +133,7 @@ pub struct KafkaRecord {
     /// mode), for end-to-end latency; `None` when the table has no such column.
     pub created_at: Option<SystemTime>,
     /// Where the source read it: the `outbox_relay_position` header, and what the relay matches
-    /// replayed events by (see `sink::dedup`).
+    /// replayed events by (see `readback`).
     pub position: Option<Position>,
     /// Which of the relay's outboxes (`RelayConfig::outboxes`, by place) it came from: its
     /// `outbox_relay_source` header, its dead-letter table and policy.

@@ -3,7 +3,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use super::json::{expanded, java_double, java_string};
 use super::*;
 use crate::config::{CloudEventsConfig, OutboxConfig};
-use crate::delivery::record::{KafkaRecord, Mapping, OutboxRow};
+use crate::record::{KafkaRecord, Mapping, OutboxRow};
 
 fn row() -> OutboxRow {
     OutboxRow {

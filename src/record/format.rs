@@ -4,7 +4,7 @@
 //! A format decides the record's key, value and leading headers from the row's columns; the
 //! topic, the relay's position headers and the row's own headers stay as in `raw`. It also says
 //! how to read an event's identity back from a record (the id, the payload and the event type as
-//! written), which the read-back (`sink::dedup`) and `verify` compare, so that a record of any
+//! written), which the read-back (`readback`) and `verify` compare, so that a record of any
 //! format is recognised by its event id.
 //!
 //! Invariants:

@@ -40,13 +40,12 @@ use tokio::sync::OnceCell;
 
 mod avro;
 mod client;
-mod config;
 mod decode;
 mod error;
 mod protobuf;
 mod schema;
 
-pub use config::{
+pub use crate::config::registry::{
     DEFAULT_REGISTRY_TIMEOUT_MS, MAX_REGISTRY_TIMEOUT_MS, PASSWORD_ENV, RegistryConfig, SchemaType,
     SubjectStrategy,
 };
@@ -55,6 +54,22 @@ pub use error::EncodeError;
 
 use client::Client;
 use schema::Schema;
+
+/// Every outbox's registry built once, as the relay will build it: its schema file parses and
+/// its client's settings (the CA file) are usable. The configuration's own `validate` cannot do
+/// this (parsing a schema is this module's work, and the configuration sits below it); every
+/// command runs it right after loading.
+pub fn check(config: &crate::config::RelayConfig) -> Result<(), crate::config::ConfigError> {
+    for outbox in config.outboxes() {
+        if let Some(registry) = &outbox.config.registry {
+            let section = format!("{}.registry", outbox.path);
+            Registry::new(registry).map_err(|message| {
+                crate::config::ConfigError::invalid(&section, message.replacen("registry.", "", 1))
+            })?;
+        }
+    }
+    Ok(())
+}
 
 /// The first byte of every value in the wire format.
 pub const MAGIC_BYTE: u8 = 0;

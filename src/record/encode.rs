@@ -9,8 +9,8 @@
 use std::sync::Arc;
 
 use super::PoisonReason;
+use super::registry::{EncodeError, Registry};
 use crate::error::{FatalReason, RelayError};
-use crate::registry::{EncodeError, Registry};
 
 /// `payload` encoded for `topic` (`None` without a registry); unpublishable, or the registry's
 /// error for the session.

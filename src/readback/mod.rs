@@ -39,12 +39,12 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tokio::sync::watch;
 
 use crate::config::{KafkaConfig, RelayConfig};
-use crate::delivery::record::format::{Format, Identity};
-use crate::delivery::record::{KafkaRecord, Position};
 use crate::error::{FatalReason, RelayError};
 use crate::lsn::Lsn;
 use crate::observe::metrics::{Mode, metrics};
 use crate::observe::pulse::Pulse;
+use crate::record::format::{Format, Identity};
+use crate::record::{KafkaRecord, Position};
 use crate::sink::kafka::StallWatch;
 
 mod scan;
@@ -150,9 +150,6 @@ pub(crate) async fn source_identity(
 ) -> Result<String, RelayError> {
     Ok(source_identities(client, config).await?.swap_remove(0))
 }
-
-/// How long a session waits for the producer of a failed one to be destroyed.
-pub(crate) const RETIRE_LIMIT: Duration = Duration::from_secs(10);
 
 /// One session's skip rule.
 pub(crate) struct Dedup {
@@ -399,9 +396,9 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// The read-back client's settings (see [`super::kafka::reader_config`]).
+/// The read-back client's settings (see [`crate::sink::kafka::reader_config`]).
 fn reader_config(config: &RelayConfig) -> ClientConfig {
-    super::kafka::reader_config(&config.kafka, "read-back", 50)
+    crate::sink::kafka::reader_config(&config.kafka, "read-back", 50)
 }
 
 #[cfg(test)]

@@ -17,9 +17,9 @@ use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::{Content, Fingerprint, Lookback, ReadBackContext};
-use crate::delivery::record::Position;
-use crate::delivery::record::format::Format;
 use crate::observe::metrics::{ScanResult, metrics};
+use crate::record::Position;
+use crate::record::format::Format;
 use crate::sink::kafka::{POSITION_HEADER, SOURCE_HEADER};
 
 /// The first window read back from each partition's end; each further one is twice as large.
@@ -511,10 +511,10 @@ mod tests {
     use std::time::Instant;
 
     use super::{Partition, Scan, ScanOutcome, ScanResult};
-    use crate::sink::dedup::{Fingerprint, Lookback};
+    use crate::readback::{Fingerprint, Lookback};
 
     fn scan(lookback: Lookback) -> Scan {
-        use crate::delivery::record::format::Format;
+        use crate::record::format::Format;
         Scan {
             cancelled: Arc::new(AtomicBool::new(false)),
             refused_login: Default::default(),

@@ -15,7 +15,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::metadata::Metadata;
 
-use super::kafka::{client_config, log_librdkafka};
+use super::client::{client_config, log_librdkafka};
 use crate::config::KafkaConfig;
 
 /// Partitions named in a stall's diagnosis, at most (the rest are counted).
@@ -42,7 +42,7 @@ impl ClientContext for FirstError {
         &self,
         config: Option<&str>,
     ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
-        super::kafka::oauth_token(config)
+        super::oauth_token(config)
     }
 
     fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
@@ -71,7 +71,7 @@ fn fetch_metadata(kafka: &KafkaConfig, topic: Option<&str>, timeout: Duration) -
     let client: BaseConsumer<FirstError> = client_config(kafka)
         .create_with_context(FirstError::default())
         .map_err(|e| format!("cannot create a Kafka client: {e}"))?;
-    super::kafka::serve_token_request(&client);
+    super::serve_token_request(&client);
     client.fetch_metadata(topic, timeout).map_err(|e| {
         // the error callback runs when the client's queue is served
         for _ in 0..10 {

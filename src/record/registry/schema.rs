@@ -5,9 +5,9 @@ use std::fmt;
 use serde_json::Value as Json;
 
 use super::avro::AvroSchema;
-use super::config::SchemaType;
 use super::error::excerpt;
 use super::protobuf::ProtoSchema;
+use crate::config::registry::SchemaType;
 
 /// A parsed schema, ready to encode payloads.
 #[derive(Debug)]

@@ -21,9 +21,9 @@ use rustls::pki_types::pem::PemObject;
 use rustls::{ClientConfig, RootCertStore};
 use serde::Deserialize;
 
-use super::config::{PASSWORD_ENV, RegistryConfig, SchemaType};
 use super::error::{EncodeError, excerpt};
 use crate::config::Secret;
+use crate::config::registry::{PASSWORD_ENV, RegistryConfig, SchemaType};
 
 /// The media type of the registry's API, requests and answers.
 const SCHEMA_REGISTRY_JSON: &str = "application/vnd.schemaregistry.v1+json";
