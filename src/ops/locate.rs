@@ -80,9 +80,9 @@ pub struct Receipt {
     pub said: String,
 }
 
-impl Receipt {
+impl super::Output for Receipt {
     /// Exit status: 0 published, 3 pending, 1 otherwise.
-    pub fn exit_code(&self) -> u8 {
+    fn exit_code(&self) -> u8 {
         match self.state {
             State::Published => 0,
             State::Pending => 3,
@@ -90,7 +90,7 @@ impl Receipt {
         }
     }
 
-    pub fn text(&self) -> String {
+    fn text(&self) -> String {
         let mut out = format!("event {}: {}\n", self.id, self.said);
         for l in &self.records {
             let at = l.time.as_ref().map_or(String::new(), |time| format!(", record time {time}"));
@@ -101,6 +101,10 @@ impl Receipt {
             out += &format!("  read {} from {since}\n", self.topics.join(", "));
         }
         out
+    }
+
+    fn json(&self) -> Option<String> {
+        Some(serde_json::to_string_pretty(self).expect("json"))
     }
 }
 

@@ -42,6 +42,23 @@ pub struct Outcome {
     pub replayed: u64,
     /// Letters that still cannot be published, or ids not found: the exit code is 1.
     pub refused: u64,
+    /// Nothing was sent: a line per letter says what would be.
+    pub dry_run: bool,
+}
+
+impl super::Output for Outcome {
+    /// The letters' lines, then the counts.
+    fn text(&self) -> String {
+        let mut out: String = self.lines.iter().map(|line| format!("{line}\n")).collect();
+        let verb = if self.dry_run { "would replay" } else { "replayed" };
+        let ready = if self.dry_run { self.lines.len() as u64 - self.refused } else { self.replayed };
+        out += &format!("{verb} {ready} letter(s); {} cannot be, and stay\n", self.refused);
+        out
+    }
+
+    fn exit_code(&self) -> u8 {
+        if self.refused == 0 { 0 } else { super::EXIT_FAILURE }
+    }
 }
 
 /// A letter read for replay.
@@ -55,7 +72,7 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, Rel
     let (mut client, _) = crate::postgres::connect_primary(&config.postgres).await?;
     let table = OutboxTable::new(config);
     let letters_table = crate::dead_letter::qualified_table(config);
-    let mut outcome = Outcome::default();
+    let mut outcome = Outcome { dry_run: options.dry_run, ..Outcome::default() };
     let recorder = Recorder::open(&client, &table.display_name()).await?;
     let source = crate::sink::dedup::source_identity(&client, config).await?;
     let id_type = table.id_type(&client).await?;

@@ -50,6 +50,24 @@ pub struct Outcome {
     pub sent: u64,
     /// Events Kafka refused or ids with no row: the exit code is 1.
     pub refused: u64,
+    /// Nothing was sent: a line per event says what would be.
+    pub dry_run: bool,
+}
+
+impl super::Output for Outcome {
+    /// The events' lines, then the counts.
+    fn text(&self) -> String {
+        let mut out: String = self.lines.iter().map(|line| format!("{line}\n")).collect();
+        out += &match self.dry_run {
+            true => format!("dry run: nothing sent; {} event(s) cannot be\n", self.refused),
+            false => format!("sent {} event(s) again; {} could not be\n", self.sent, self.refused),
+        };
+        out
+    }
+
+    fn exit_code(&self) -> u8 {
+        if self.refused == 0 { 0 } else { super::EXIT_FAILURE }
+    }
 }
 
 /// A record to send again.
@@ -72,7 +90,7 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, Rel
     if !options.dry_run {
         refuse_beside_a_relay(&client, config).await?;
     }
-    let mut outcome = Outcome::default();
+    let mut outcome = Outcome { dry_run: options.dry_run, ..Outcome::default() };
     let rows = chosen_rows(&client, &table, &id_type, options, &mut outcome).await?;
     if rows.is_empty() {
         outcome.lines.push("no event chosen: nothing to send".into());

@@ -58,6 +58,16 @@ pub enum VerifyError {
     Failed(String),
 }
 
+impl From<VerifyError> for super::Failure {
+    /// A usage error exits 2 as it is; any other exits 1, saying verify could not finish.
+    fn from(e: VerifyError) -> Self {
+        match e {
+            VerifyError::Usage(_) => super::Failure::usage(e),
+            VerifyError::Failed(_) => super::Failure::failed(format!("verify could not finish: {e}")),
+        }
+    }
+}
+
 impl From<crate::error::RelayError> for VerifyError {
     fn from(e: crate::error::RelayError) -> Self {
         VerifyError::Failed(e.to_string())
