@@ -14,28 +14,26 @@
 //!    row is unpublished); missing when it is owed (the slot confirmed past it, the row is marked,
 //!    or it was recorded as published); unknown when nothing knows the id.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant, SystemTime};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{BorrowedMessage, Headers, Message};
-use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 use tokio_postgres::Client;
 
-use super::verify::records::CLOCK_SLACK;
+use super::verify::records::{CLOCK_SLACK, identity, read_to_end};
 use crate::config::{AfterPublish, RelayConfig, SourceMode};
 use crate::delivery::record::Mapping;
 use crate::delivery::record::format::Format;
 use crate::error::RelayError;
-use crate::sink::kafka::{ReaderContext, SOURCE_HEADER};
+use crate::sink::kafka::ReaderContext;
 use crate::table::{OutboxTable, outbox_row};
 
 /// What a Kafka request may take.
 const REQUEST: Duration = Duration::from_secs(10);
-const POLL: Duration = Duration::from_millis(200);
 
 /// Where the event stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -344,52 +342,11 @@ pub(crate) fn scan(
     let idle_limit = Duration::from_millis(kafka.message_timeout_ms.max(30_000));
     for topic in topics {
         let Some(assignment) = assignment(&consumer, topic, since)? else { continue };
-        let mut ends = HashMap::new();
-        for e in assignment.elements() {
-            let (low, high) = consumer.fetch_watermarks(topic, e.partition(), REQUEST)?;
-            let from = match e.offset() {
-                Offset::Offset(o) => o,
-                Offset::End => high,
-                _ => low,
-            };
-            if from < high {
-                ends.insert(e.partition(), high);
+        read_to_end(&consumer, topic, &assignment, idle_limit, |message| {
+            if let Some(identity) = identity(message, format, source) {
+                seen(message, &identity.id);
             }
-        }
-        if ends.is_empty() {
-            continue;
-        }
-        consumer.assign(&assignment)?;
-        let mut idle_since = Instant::now();
-        while !ends.is_empty() {
-            match consumer.poll(POLL) {
-                Some(Ok(m)) => {
-                    idle_since = Instant::now();
-                    let headers = m.headers();
-                    let header = |name: &str| {
-                        headers.and_then(|h| h.iter().find(|h| h.key == name)).and_then(|h| h.value)
-                    };
-                    let ours = source.is_none_or(|s| header(SOURCE_HEADER) == Some(s.as_bytes()));
-                    if let Some(identity) =
-                        format.identity(header, m.payload().unwrap_or_default()).filter(|_| ours)
-                    {
-                        seen(&m, &identity.id);
-                    }
-                    if ends.get(&m.partition()).is_some_and(|end| m.offset() + 1 >= *end) {
-                        ends.remove(&m.partition());
-                    }
-                }
-                Some(Err(KafkaError::PartitionEOF(p))) => {
-                    ends.remove(&p);
-                }
-                Some(Err(e)) => return Err(e),
-                None if idle_since.elapsed() > idle_limit => {
-                    return Err(KafkaError::MessageConsumption(RDKafkaErrorCode::OperationTimedOut));
-                }
-                None => {}
-            }
-        }
-        consumer.unassign()?;
+        })?;
     }
     Ok(())
 }
