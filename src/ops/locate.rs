@@ -116,10 +116,10 @@ fn millis(at: SystemTime) -> i64 {
     at.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_millis() as i64
 }
 
+/// The receipt for event `id`, step by step as the module doc says.
 pub async fn run(config: &RelayConfig, id: &str, wait: Duration) -> Result<Receipt, RelayError> {
     let (client, _) = crate::postgres::connect_primary(&config.postgres).await?;
     let table = OutboxTable::new(config);
-    let source_table = table.display_name();
     let id_type = table.id_type(&client).await?;
     let integer = matches!(id_type.as_str(), "bigint" | "integer" | "smallint");
     if integer && id.parse::<i64>().is_err() {
@@ -130,56 +130,10 @@ pub async fn run(config: &RelayConfig, id: &str, wait: Duration) -> Result<Recei
     }
     // the WAL position after the row was read: the slot must confirm past it for the row to be owed
     let read_at: String = client.query_one("SELECT pg_current_wal_lsn()::text", &[]).await?.get(0);
-    let row = client.query_opt(&table.row_by_id_sql(&id_type), &[&vec![id]]).await?;
-    let mut topics = BTreeSet::new();
-    let mut since = None;
-    let mut unpublished = false;
-    if let Some(row) = &row {
-        let (raw, created_at) = outbox_row(row)?;
-        unpublished = row.get::<_, bool>(crate::table::col::UNPUBLISHED);
-        if let Ok(record) = Mapping::new(&config.outbox).to_record(raw, created_at)? {
-            topics.insert(record.topic);
-        }
-        since = created_at;
-    }
-    let mut recorded = false;
-    let number = crate::published::numeric_id(id);
-    let block = match number {
-        Some(n) => crate::published::block_of(&client, &source_table, n).await?,
-        None => None,
-    };
-    if let (Some(n), Some((bits, block_topics, first))) = (number, block) {
-        recorded = bits.contains(n);
-        if row.is_none() {
-            topics.extend(block_topics);
-            since = Some(first);
-        }
-    }
-    let dead_letter = letter(&client, config, &source_table, id).await?;
-    let since = since.map(|at| at.checked_sub(CLOCK_SLACK).unwrap_or(SystemTime::UNIX_EPOCH));
-    let records = match topics.is_empty() {
-        true => Vec::new(),
-        false => {
-            let (kafka, format, id) = (config.kafka.clone(), Format::of(&config.outbox), id.to_string());
-            let source = match config.kafka.source_headers {
-                true => Some(crate::sink::dedup::source_identity(&client, config).await?),
-                false => None,
-            };
-            let topics: Vec<String> = topics.iter().cloned().collect();
-            let mut found = tokio::task::spawn_blocking(move || {
-                find(&kafka, &topics, since, &format, source.as_deref(), &id)
-            })
-            .await
-            .map_err(|e| RelayError::Kafka(format!("reading Kafka failed: {e}")))?
-            .map_err(|e| RelayError::Kafka(format!("reading Kafka: {e}")))?;
-            for location in &mut found {
-                if let Some(ms) = location.timestamp_ms {
-                    location.time = Some(timestamp(&client, ms).await?);
-                }
-            }
-            found
-        }
-    };
+    let known = known(&client, config, &table, &id_type, id).await?;
+    let dead_letter = letter(&client, config, &table.display_name(), id).await?;
+    let since = known.since.map(|at| at.checked_sub(CLOCK_SLACK).unwrap_or(SystemTime::UNIX_EPOCH));
+    let records = records(&client, config, &known.topics, since, id).await?;
     let since_text = match since {
         Some(at) => Some(timestamp(&client, millis(at)).await?),
         None => None,
@@ -188,15 +142,95 @@ pub async fn run(config: &RelayConfig, id: &str, wait: Duration) -> Result<Recei
         id: id.to_string(),
         state: State::Unknown,
         records,
-        in_table: row.is_some(),
+        in_table: known.in_table,
         dead_letter,
-        recorded,
-        topics: topics.into_iter().collect(),
+        recorded: known.recorded,
+        topics: known.topics.into_iter().collect(),
         since: since_text,
         said: String::new(),
     };
-    (receipt.state, receipt.said) = judge(config, &client, &receipt, unpublished, &read_at, wait).await?;
+    (receipt.state, receipt.said) =
+        judge(config, &client, &receipt, known.unpublished, &read_at, wait).await?;
     Ok(receipt)
+}
+
+/// What PostgreSQL knows of the event.
+#[derive(Default)]
+struct Known {
+    in_table: bool,
+    /// Its row is not yet marked published (polling `mark` mode).
+    unpublished: bool,
+    /// The record of what was published has its id.
+    recorded: bool,
+    /// The topics it may be in, and since when.
+    topics: BTreeSet<String>,
+    since: Option<SystemTime>,
+}
+
+/// Step 1: the event's row (its topic as the relay maps it, its `created_at`, unpublished or
+/// not) and its bit in the record of what was published (without a row, its block's topics and
+/// first publication tell where and since when to look).
+async fn known(
+    client: &Client,
+    config: &RelayConfig,
+    table: &OutboxTable,
+    id_type: &str,
+    id: &str,
+) -> Result<Known, RelayError> {
+    let row = client.query_opt(&table.row_by_id_sql(id_type), &[&vec![id]]).await?;
+    let mut known = Known { in_table: row.is_some(), ..Known::default() };
+    if let Some(row) = &row {
+        let (raw, created_at) = outbox_row(row)?;
+        known.unpublished = row.get::<_, bool>(crate::table::col::UNPUBLISHED);
+        if let Ok(record) = Mapping::new(&config.outbox).to_record(raw, created_at)? {
+            known.topics.insert(record.topic);
+        }
+        known.since = created_at;
+    }
+    let number = crate::published::numeric_id(id);
+    let block = match number {
+        Some(n) => crate::published::block_of(client, &table.display_name(), n).await?,
+        None => None,
+    };
+    if let (Some(n), Some((bits, block_topics, first))) = (number, block) {
+        known.recorded = bits.contains(n);
+        if row.is_none() {
+            known.topics.extend(block_topics);
+            known.since = Some(first);
+        }
+    }
+    Ok(known)
+}
+
+/// Step 2: every record of this source with event id `id` in `topics`, read from `since` on a
+/// blocking thread, each with its record time.
+async fn records(
+    client: &Client,
+    config: &RelayConfig,
+    topics: &BTreeSet<String>,
+    since: Option<SystemTime>,
+    id: &str,
+) -> Result<Vec<Location>, RelayError> {
+    if topics.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (kafka, format, id) = (config.kafka.clone(), Format::of(&config.outbox), id.to_string());
+    let source = match config.kafka.source_headers {
+        true => Some(crate::sink::dedup::source_identity(client, config).await?),
+        false => None,
+    };
+    let topics: Vec<String> = topics.iter().cloned().collect();
+    let mut found =
+        tokio::task::spawn_blocking(move || find(&kafka, &topics, since, &format, source.as_deref(), &id))
+            .await
+            .map_err(|e| RelayError::Kafka(format!("reading Kafka failed: {e}")))?
+            .map_err(|e| RelayError::Kafka(format!("reading Kafka: {e}")))?;
+    for location in &mut found {
+        if let Some(ms) = location.timestamp_ms {
+            location.time = Some(timestamp(client, ms).await?);
+        }
+    }
+    Ok(found)
 }
 
 /// The state, and why.

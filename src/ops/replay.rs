@@ -68,6 +68,9 @@ struct Letter {
     row_data: String,
 }
 
+/// Replays the chosen letters (or says what it would send): read and lock them, map them, send
+/// them, then remove the acknowledged ones with their rows and record their ids, in one
+/// transaction.
 pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, RelayError> {
     let (mut client, _) = crate::postgres::connect_primary(&config.postgres).await?;
     let table = OutboxTable::new(config);
@@ -86,21 +89,7 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, Rel
     let source_table = table.display_name();
     let letters =
         read(&tx, (&letters_table, &source_table), &options.ids, !options.dry_run, &mut outcome).await?;
-    let mapping = Mapping::new(&config.outbox);
-    let mut records = Vec::new();
-    for letter in letters {
-        match record_of(&mapping, &letter) {
-            Ok(record) => records.push((letter, record)),
-            Err(reason) => {
-                outcome.refused += 1;
-                outcome.lines.push(format!(
-                    "letter {} (event {}): still cannot be published: {reason} -- fix row_data first, e.g. UPDATE \
-                     {letters_table} SET row_data = jsonb_set(row_data, '{{topic}}', '\"orders\"') WHERE id = {}",
-                    letter.id, letter.event_id, letter.id
-                ));
-            }
-        }
-    }
+    let records = mapped(&Mapping::new(&config.outbox), letters, &letters_table, &mut outcome);
     if options.dry_run {
         for (letter, record) in &records {
             outcome.lines.push(format!(
@@ -158,6 +147,31 @@ async fn read(
         outcome.lines.push(format!("letter {id}: no dead letter of {source_table} has this id"));
     }
     Ok(letters)
+}
+
+/// The records `letters` become now; a letter that still cannot be published is refused, saying
+/// how to fix its row_data in `letters_table`.
+fn mapped(
+    mapping: &Mapping,
+    letters: Vec<Letter>,
+    letters_table: &str,
+    outcome: &mut Outcome,
+) -> Vec<(Letter, KafkaRecord)> {
+    let mut records = Vec::new();
+    for letter in letters {
+        match record_of(mapping, &letter) {
+            Ok(record) => records.push((letter, record)),
+            Err(reason) => {
+                outcome.refused += 1;
+                outcome.lines.push(format!(
+                    "letter {} (event {}): still cannot be published: {reason} -- fix row_data first, e.g. UPDATE \
+                     {letters_table} SET row_data = jsonb_set(row_data, '{{topic}}', '\"orders\"') WHERE id = {}",
+                    letter.id, letter.event_id, letter.id
+                ));
+            }
+        }
+    }
+    records
 }
 
 /// The record `letter` becomes now, or why it still cannot be published.

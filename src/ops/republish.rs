@@ -25,8 +25,8 @@ use tokio_postgres::Client;
 use super::locate;
 use super::verify::records::CLOCK_SLACK;
 use crate::config::RelayConfig;
-use crate::delivery::record::Mapping;
 use crate::delivery::record::format::Format;
+use crate::delivery::record::{KafkaRecord, Mapping, OutboxRow};
 use crate::error::{FatalReason, RelayError};
 use crate::sink::kafka::REPUBLISHED_HEADER;
 use crate::table::{OutboxTable, outbox_row};
@@ -83,6 +83,8 @@ struct Again {
     original: Option<(i32, i64)>,
 }
 
+/// Sends the chosen events again (or says what it would send), step by step: the rows, the
+/// records they map to, the originals Kafka still holds, then the records to send.
 pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, RelayError> {
     let (client, _) = crate::postgres::connect_primary(&config.postgres).await?;
     let table = OutboxTable::new(config);
@@ -96,7 +98,30 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, Rel
         outcome.lines.push("no event chosen: nothing to send".into());
         return Ok(outcome);
     }
-    // the originals, read from the first row's time (less the clock slack) to each end
+    let (records, since) = mapped(config, rows, &mut outcome)?;
+    let source = match config.kafka.source_headers {
+        true => Some(crate::sink::dedup::source_identity(&client, config).await?),
+        false => None,
+    };
+    let originals = read_originals(config, &records, since, source.clone()).await?;
+    let again = to_send(config, records, originals, source, &mut outcome);
+    if options.dry_run {
+        for a in &again {
+            outcome.lines.push(format!("event {}: would send {}", a.id, a.describe()));
+        }
+        return Ok(outcome);
+    }
+    send(config, again, &mut outcome).await?;
+    Ok(outcome)
+}
+
+/// The records the rows map to now, each with its event id, and the earliest `created_at`;
+/// a row that cannot be published is refused.
+fn mapped(
+    config: &RelayConfig,
+    rows: Vec<(String, OutboxRow, Option<SystemTime>)>,
+    outcome: &mut Outcome,
+) -> Result<(Vec<(String, KafkaRecord)>, Option<SystemTime>), RelayError> {
     let mapping = Mapping::new(&config.outbox);
     let mut records = Vec::new();
     let mut since: Option<SystemTime> = None;
@@ -113,22 +138,39 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, Rel
             }
         }
     }
+    Ok((records, since))
+}
+
+/// The originals of `records` Kafka still holds, read on a blocking thread from the first row's
+/// time (less the clock slack) to each partition's end.
+async fn read_originals(
+    config: &RelayConfig,
+    records: &[(String, KafkaRecord)],
+    since: Option<SystemTime>,
+    source: Option<String>,
+) -> Result<HashMap<String, Again>, RelayError> {
     let topics: Vec<String> =
         records.iter().map(|(_, r)| r.topic.clone()).collect::<BTreeSet<_>>().into_iter().collect();
     let wanted: HashMap<String, usize> =
         records.iter().enumerate().map(|(i, (id, _))| (id.clone(), i)).collect();
-    let source = match config.kafka.source_headers {
-        true => Some(crate::sink::dedup::source_identity(&client, config).await?),
-        false => None,
-    };
-    let source_header =
-        source.as_ref().map(|s| (crate::sink::kafka::SOURCE_HEADER.to_string(), Some(s.as_bytes().to_vec())));
     let (kafka, format) = (config.kafka.clone(), Format::of(&config.outbox));
     let from = since.map(|at| at.checked_sub(CLOCK_SLACK).unwrap_or(SystemTime::UNIX_EPOCH));
-    let originals =
-        tokio::task::spawn_blocking(move || originals(&kafka, &topics, from, &format, source, &wanted))
-            .await
-            .map_err(|e| RelayError::Kafka(format!("reading Kafka failed: {e}")))??;
+    tokio::task::spawn_blocking(move || originals(&kafka, &topics, from, &format, source, &wanted))
+        .await
+        .map_err(|e| RelayError::Kafka(format!("reading Kafka failed: {e}")))?
+}
+
+/// What to send, in the records' order: each original as first written; a record Kafka no
+/// longer holds as its row maps now (with this source's header), in the relay's own format
+/// only, else refused.
+fn to_send(
+    config: &RelayConfig,
+    records: Vec<(String, KafkaRecord)>,
+    originals: HashMap<String, Again>,
+    source: Option<String>,
+    outcome: &mut Outcome,
+) -> Vec<Again> {
+    let source_header = source.map(|s| (crate::sink::kafka::SOURCE_HEADER.to_string(), Some(s.into_bytes())));
     // a record Kafka no longer holds is made again only in the relay's own format: the others'
     // values are made by the sink (CloudEvents' envelope, a registry's schema id)
     let remappable =
@@ -160,14 +202,7 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, Rel
             }
         }
     }
-    if options.dry_run {
-        for a in &again {
-            outcome.lines.push(format!("event {}: would send {}", a.id, a.describe()));
-        }
-        return Ok(outcome);
-    }
-    send(config, again, &mut outcome).await?;
-    Ok(outcome)
+    again
 }
 
 impl Again {
@@ -220,7 +255,7 @@ async fn chosen_rows(
     id_type: &str,
     options: &Options,
     outcome: &mut Outcome,
-) -> Result<Vec<(String, crate::delivery::record::OutboxRow, Option<SystemTime>)>, RelayError> {
+) -> Result<Vec<(String, OutboxRow, Option<SystemTime>)>, RelayError> {
     let (aggregate_type, aggregate_id) = match &options.aggregate {
         Some((t, id)) => (t.clone(), Some(id.clone())),
         None => (None, None),
