@@ -98,7 +98,9 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, Rel
         outcome.lines.push("no event chosen: nothing to send".into());
         return Ok(outcome);
     }
-    let (records, since) = mapped(config, rows, &mut outcome)?;
+    // the originals are read from the first row's time
+    let since = rows.iter().filter_map(|(_, _, created_at)| *created_at).min();
+    let records = mapped(config, rows, &mut outcome)?;
     let source = match config.kafka.source_headers {
         true => Some(crate::sink::dedup::source_identity(&client, config).await?),
         false => None,
@@ -115,21 +117,16 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, Rel
     Ok(outcome)
 }
 
-/// The records the rows map to now, each with its event id, and the earliest `created_at`;
-/// a row that cannot be published is refused.
+/// The records the rows map to now, each with its event id; a row that cannot be published is
+/// refused.
 fn mapped(
     config: &RelayConfig,
     rows: Vec<(String, OutboxRow, Option<SystemTime>)>,
     outcome: &mut Outcome,
-) -> Result<(Vec<(String, KafkaRecord)>, Option<SystemTime>), RelayError> {
+) -> Result<Vec<(String, KafkaRecord)>, RelayError> {
     let mapping = Mapping::new(&config.outbox);
     let mut records = Vec::new();
-    let mut since: Option<SystemTime> = None;
     for (id, raw, created_at) in rows {
-        since = match (since, created_at) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
         match mapping.to_record(raw, created_at)? {
             Ok(record) => records.push((id, record)),
             Err(refused) => {
@@ -138,7 +135,7 @@ fn mapped(
             }
         }
     }
-    Ok((records, since))
+    Ok(records)
 }
 
 /// The originals of `records` Kafka still holds, read on a blocking thread from the first row's
