@@ -64,8 +64,44 @@ impl fmt::Display for Finding {
     }
 }
 
+/// Every finding, and the mode they were checked for.
+#[derive(Debug)]
+pub struct Checked {
+    pub findings: Vec<Finding>,
+    pub mode: SourceMode,
+}
+
+impl super::Output for Checked {
+    /// One line per finding, then the counts.
+    fn text(&self) -> String {
+        let mut out = String::new();
+        for finding in &self.findings {
+            out += &format!("{finding}\n");
+        }
+        let failed = self.count(Status::Fail);
+        let warned = self.count(Status::Warn);
+        out += &format!(
+            "{} check(s): {failed} failed, {warned} warning(s), mode {}\n",
+            self.findings.len(),
+            self.mode
+        );
+        out
+    }
+
+    /// 1 when anything failed.
+    fn exit_code(&self) -> u8 {
+        if self.count(Status::Fail) > 0 { super::EXIT_FAILURE } else { 0 }
+    }
+}
+
+impl Checked {
+    fn count(&self, status: Status) -> usize {
+        self.findings.iter().filter(|f| f.status == status).count()
+    }
+}
+
 /// Runs every check that applies to the configured mode.
-pub async fn run(config: &RelayConfig) -> Vec<Finding> {
+pub async fn run(config: &RelayConfig) -> Checked {
     let mut findings = Vec::new();
     let client = match connect(config).await {
         Ok((client, server)) => {
@@ -87,7 +123,7 @@ pub async fn run(config: &RelayConfig) -> Vec<Finding> {
         findings.push(transactions_finding(config, client).await);
     }
     findings.extend(security::config_findings(config));
-    findings
+    Checked { findings, mode: config.source.mode }
 }
 
 /// With Kafka transactions: the `transactional.id` the relay will use and the grant it needs.

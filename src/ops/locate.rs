@@ -14,28 +14,26 @@
 //!    row is unpublished); missing when it is owed (the slot confirmed past it, the row is marked,
 //!    or it was recorded as published); unknown when nothing knows the id.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant, SystemTime};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{BorrowedMessage, Headers, Message};
-use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 use tokio_postgres::Client;
 
-use super::verify::records::CLOCK_SLACK;
+use super::verify::records::{CLOCK_SLACK, identity, read_to_end};
 use crate::config::{AfterPublish, RelayConfig, SourceMode};
 use crate::error::RelayError;
 use crate::record::Mapping;
 use crate::record::format::Format;
-use crate::sink::kafka::{ReaderContext, SOURCE_HEADER};
+use crate::sink::kafka::ReaderContext;
 use crate::table::{OutboxTable, outbox_row};
 
 /// What a Kafka request may take.
 const REQUEST: Duration = Duration::from_secs(10);
-const POLL: Duration = Duration::from_millis(200);
 
 /// Where the event stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -80,9 +78,9 @@ pub struct Receipt {
     pub said: String,
 }
 
-impl Receipt {
+impl super::Output for Receipt {
     /// Exit status: 0 published, 3 pending, 1 otherwise.
-    pub fn exit_code(&self) -> u8 {
+    fn exit_code(&self) -> u8 {
         match self.state {
             State::Published => 0,
             State::Pending => 3,
@@ -90,7 +88,7 @@ impl Receipt {
         }
     }
 
-    pub fn text(&self) -> String {
+    fn text(&self) -> String {
         let mut out = format!("event {}: {}\n", self.id, self.said);
         for l in &self.records {
             let at = l.time.as_ref().map_or(String::new(), |time| format!(", record time {time}"));
@@ -101,6 +99,10 @@ impl Receipt {
             out += &format!("  read {} from {since}\n", self.topics.join(", "));
         }
         out
+    }
+
+    fn json(&self) -> Option<String> {
+        Some(serde_json::to_string_pretty(self).expect("json"))
     }
 }
 
@@ -114,10 +116,10 @@ fn millis(at: SystemTime) -> i64 {
     at.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_millis() as i64
 }
 
+/// The receipt for event `id`, step by step as the module doc says.
 pub async fn run(config: &RelayConfig, id: &str, wait: Duration) -> Result<Receipt, RelayError> {
     let (client, _) = crate::postgres::connect_primary(&config.postgres).await?;
     let table = OutboxTable::new(config);
-    let source_table = table.display_name();
     let id_type = table.id_type(&client).await?;
     let integer = matches!(id_type.as_str(), "bigint" | "integer" | "smallint");
     if integer && id.parse::<i64>().is_err() {
@@ -128,56 +130,10 @@ pub async fn run(config: &RelayConfig, id: &str, wait: Duration) -> Result<Recei
     }
     // the WAL position after the row was read: the slot must confirm past it for the row to be owed
     let read_at: String = client.query_one("SELECT pg_current_wal_lsn()::text", &[]).await?.get(0);
-    let row = client.query_opt(&table.row_by_id_sql(&id_type), &[&vec![id]]).await?;
-    let mut topics = BTreeSet::new();
-    let mut since = None;
-    let mut unpublished = false;
-    if let Some(row) = &row {
-        let (raw, created_at) = outbox_row(row)?;
-        unpublished = row.get::<_, bool>(crate::table::col::UNPUBLISHED);
-        if let Ok(record) = Mapping::new(&config.outbox).to_record(raw, created_at)? {
-            topics.insert(record.topic);
-        }
-        since = created_at;
-    }
-    let mut recorded = false;
-    let number = crate::published::numeric_id(id);
-    let block = match number {
-        Some(n) => crate::published::block_of(&client, &source_table, n).await?,
-        None => None,
-    };
-    if let (Some(n), Some((bits, block_topics, first))) = (number, block) {
-        recorded = bits.contains(n);
-        if row.is_none() {
-            topics.extend(block_topics);
-            since = Some(first);
-        }
-    }
-    let dead_letter = letter(&client, config, &source_table, id).await?;
-    let since = since.map(|at| at.checked_sub(CLOCK_SLACK).unwrap_or(SystemTime::UNIX_EPOCH));
-    let records = match topics.is_empty() {
-        true => Vec::new(),
-        false => {
-            let (kafka, format, id) = (config.kafka.clone(), Format::of(&config.outbox), id.to_string());
-            let source = match config.kafka.source_headers {
-                true => Some(crate::readback::source_identity(&client, config).await?),
-                false => None,
-            };
-            let topics: Vec<String> = topics.iter().cloned().collect();
-            let mut found = tokio::task::spawn_blocking(move || {
-                find(&kafka, &topics, since, &format, source.as_deref(), &id)
-            })
-            .await
-            .map_err(|e| RelayError::Kafka(format!("reading Kafka failed: {e}")))?
-            .map_err(|e| RelayError::Kafka(format!("reading Kafka: {e}")))?;
-            for location in &mut found {
-                if let Some(ms) = location.timestamp_ms {
-                    location.time = Some(timestamp(&client, ms).await?);
-                }
-            }
-            found
-        }
-    };
+    let known = known(&client, config, &table, &id_type, id).await?;
+    let dead_letter = letter(&client, config, &table.display_name(), id).await?;
+    let since = known.since.map(|at| at.checked_sub(CLOCK_SLACK).unwrap_or(SystemTime::UNIX_EPOCH));
+    let records = records(&client, config, &known.topics, since, id).await?;
     let since_text = match since {
         Some(at) => Some(timestamp(&client, millis(at)).await?),
         None => None,
@@ -186,15 +142,95 @@ pub async fn run(config: &RelayConfig, id: &str, wait: Duration) -> Result<Recei
         id: id.to_string(),
         state: State::Unknown,
         records,
-        in_table: row.is_some(),
+        in_table: known.in_table,
         dead_letter,
-        recorded,
-        topics: topics.into_iter().collect(),
+        recorded: known.recorded,
+        topics: known.topics.into_iter().collect(),
         since: since_text,
         said: String::new(),
     };
-    (receipt.state, receipt.said) = judge(config, &client, &receipt, unpublished, &read_at, wait).await?;
+    (receipt.state, receipt.said) =
+        judge(config, &client, &receipt, known.unpublished, &read_at, wait).await?;
     Ok(receipt)
+}
+
+/// What PostgreSQL knows of the event.
+#[derive(Default)]
+struct Known {
+    in_table: bool,
+    /// Its row is not yet marked published (polling `mark` mode).
+    unpublished: bool,
+    /// The record of what was published has its id.
+    recorded: bool,
+    /// The topics it may be in, and since when.
+    topics: BTreeSet<String>,
+    since: Option<SystemTime>,
+}
+
+/// Step 1: the event's row (its topic as the relay maps it, its `created_at`, unpublished or
+/// not) and its bit in the record of what was published (without a row, its block's topics and
+/// first publication tell where and since when to look).
+async fn known(
+    client: &Client,
+    config: &RelayConfig,
+    table: &OutboxTable,
+    id_type: &str,
+    id: &str,
+) -> Result<Known, RelayError> {
+    let row = client.query_opt(&table.row_by_id_sql(id_type), &[&vec![id]]).await?;
+    let mut known = Known { in_table: row.is_some(), ..Known::default() };
+    if let Some(row) = &row {
+        let (raw, created_at) = outbox_row(row)?;
+        known.unpublished = row.get::<_, bool>(crate::table::col::UNPUBLISHED);
+        if let Ok(record) = Mapping::new(&config.outbox).to_record(raw, created_at)? {
+            known.topics.insert(record.topic);
+        }
+        known.since = created_at;
+    }
+    let number = crate::published::numeric_id(id);
+    let block = match number {
+        Some(n) => crate::published::block_of(client, &table.display_name(), n).await?,
+        None => None,
+    };
+    if let (Some(n), Some((bits, block_topics, first))) = (number, block) {
+        known.recorded = bits.contains(n);
+        if row.is_none() {
+            known.topics.extend(block_topics);
+            known.since = Some(first);
+        }
+    }
+    Ok(known)
+}
+
+/// Step 2: every record of this source with event id `id` in `topics`, read from `since` on a
+/// blocking thread, each with its record time.
+async fn records(
+    client: &Client,
+    config: &RelayConfig,
+    topics: &BTreeSet<String>,
+    since: Option<SystemTime>,
+    id: &str,
+) -> Result<Vec<Location>, RelayError> {
+    if topics.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (kafka, format, id) = (config.kafka.clone(), Format::of(&config.outbox), id.to_string());
+    let source = match config.kafka.source_headers {
+        true => Some(crate::readback::source_identity(client, config).await?),
+        false => None,
+    };
+    let topics: Vec<String> = topics.iter().cloned().collect();
+    let mut found =
+        tokio::task::spawn_blocking(move || find(&kafka, &topics, since, &format, source.as_deref(), &id))
+            .await
+            .map_err(|e| RelayError::Kafka(format!("reading Kafka failed: {e}")))?
+            .map_err(|e| RelayError::Kafka(format!("reading Kafka: {e}")))?;
+    for location in &mut found {
+        if let Some(ms) = location.timestamp_ms {
+            location.time = Some(timestamp(client, ms).await?);
+        }
+    }
+    Ok(found)
 }
 
 /// The state, and why.
@@ -341,52 +377,11 @@ pub(crate) fn scan(
     let idle_limit = Duration::from_millis(kafka.message_timeout_ms.max(30_000));
     for topic in topics {
         let Some(assignment) = assignment(&consumer, topic, since)? else { continue };
-        let mut ends = HashMap::new();
-        for e in assignment.elements() {
-            let (low, high) = consumer.fetch_watermarks(topic, e.partition(), REQUEST)?;
-            let from = match e.offset() {
-                Offset::Offset(o) => o,
-                Offset::End => high,
-                _ => low,
-            };
-            if from < high {
-                ends.insert(e.partition(), high);
+        read_to_end(&consumer, topic, &assignment, idle_limit, |message| {
+            if let Some(identity) = identity(message, format, source) {
+                seen(message, &identity.id);
             }
-        }
-        if ends.is_empty() {
-            continue;
-        }
-        consumer.assign(&assignment)?;
-        let mut idle_since = Instant::now();
-        while !ends.is_empty() {
-            match consumer.poll(POLL) {
-                Some(Ok(m)) => {
-                    idle_since = Instant::now();
-                    let headers = m.headers();
-                    let header = |name: &str| {
-                        headers.and_then(|h| h.iter().find(|h| h.key == name)).and_then(|h| h.value)
-                    };
-                    let ours = source.is_none_or(|s| header(SOURCE_HEADER) == Some(s.as_bytes()));
-                    if let Some(identity) =
-                        format.identity(header, m.payload().unwrap_or_default()).filter(|_| ours)
-                    {
-                        seen(&m, &identity.id);
-                    }
-                    if ends.get(&m.partition()).is_some_and(|end| m.offset() + 1 >= *end) {
-                        ends.remove(&m.partition());
-                    }
-                }
-                Some(Err(KafkaError::PartitionEOF(p))) => {
-                    ends.remove(&p);
-                }
-                Some(Err(e)) => return Err(e),
-                None if idle_since.elapsed() > idle_limit => {
-                    return Err(KafkaError::MessageConsumption(RDKafkaErrorCode::OperationTimedOut));
-                }
-                None => {}
-            }
-        }
-        consumer.unassign()?;
+        })?;
     }
     Ok(())
 }

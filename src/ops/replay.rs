@@ -42,6 +42,23 @@ pub struct Outcome {
     pub replayed: u64,
     /// Letters that still cannot be published, or ids not found: the exit code is 1.
     pub refused: u64,
+    /// Nothing was sent: a line per letter says what would be.
+    pub dry_run: bool,
+}
+
+impl super::Output for Outcome {
+    /// The letters' lines, then the counts.
+    fn text(&self) -> String {
+        let mut out: String = self.lines.iter().map(|line| format!("{line}\n")).collect();
+        let verb = if self.dry_run { "would replay" } else { "replayed" };
+        let ready = if self.dry_run { self.lines.len() as u64 - self.refused } else { self.replayed };
+        out += &format!("{verb} {ready} letter(s); {} cannot be, and stay\n", self.refused);
+        out
+    }
+
+    fn exit_code(&self) -> u8 {
+        if self.refused == 0 { 0 } else { super::EXIT_FAILURE }
+    }
 }
 
 /// A letter read for replay.
@@ -51,11 +68,14 @@ struct Letter {
     row_data: String,
 }
 
+/// Replays the chosen letters (or says what it would send): read and lock them, map them, send
+/// them, then remove the acknowledged ones with their rows and record their ids, in one
+/// transaction.
 pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, RelayError> {
     let (mut client, _) = crate::postgres::connect_primary(&config.postgres).await?;
     let table = OutboxTable::new(config);
     let letters_table = crate::dead_letter::qualified_table(config);
-    let mut outcome = Outcome::default();
+    let mut outcome = Outcome { dry_run: options.dry_run, ..Outcome::default() };
     let recorder = Recorder::open(&client, &table.display_name()).await?;
     let source = crate::readback::source_identity(&client, config).await?;
     let id_type = table.id_type(&client).await?;
@@ -69,21 +89,7 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, Rel
     let source_table = table.display_name();
     let letters =
         read(&tx, (&letters_table, &source_table), &options.ids, !options.dry_run, &mut outcome).await?;
-    let mapping = Mapping::new(&config.outbox);
-    let mut records = Vec::new();
-    for letter in letters {
-        match record_of(&mapping, &letter) {
-            Ok(record) => records.push((letter, record)),
-            Err(reason) => {
-                outcome.refused += 1;
-                outcome.lines.push(format!(
-                    "letter {} (event {}): still cannot be published: {reason} -- fix row_data first, e.g. UPDATE \
-                     {letters_table} SET row_data = jsonb_set(row_data, '{{topic}}', '\"orders\"') WHERE id = {}",
-                    letter.id, letter.event_id, letter.id
-                ));
-            }
-        }
-    }
+    let records = mapped(&Mapping::new(&config.outbox), letters, &letters_table, &mut outcome);
     if options.dry_run {
         for (letter, record) in &records {
             outcome.lines.push(format!(
@@ -141,6 +147,31 @@ async fn read(
         outcome.lines.push(format!("letter {id}: no dead letter of {source_table} has this id"));
     }
     Ok(letters)
+}
+
+/// The records `letters` become now; a letter that still cannot be published is refused, saying
+/// how to fix its row_data in `letters_table`.
+fn mapped(
+    mapping: &Mapping,
+    letters: Vec<Letter>,
+    letters_table: &str,
+    outcome: &mut Outcome,
+) -> Vec<(Letter, KafkaRecord)> {
+    let mut records = Vec::new();
+    for letter in letters {
+        match record_of(mapping, &letter) {
+            Ok(record) => records.push((letter, record)),
+            Err(reason) => {
+                outcome.refused += 1;
+                outcome.lines.push(format!(
+                    "letter {} (event {}): still cannot be published: {reason} -- fix row_data first, e.g. UPDATE \
+                     {letters_table} SET row_data = jsonb_set(row_data, '{{topic}}', '\"orders\"') WHERE id = {}",
+                    letter.id, letter.event_id, letter.id
+                ));
+            }
+        }
+    }
+    records
 }
 
 /// The record `letter` becomes now, or why it still cannot be published.

@@ -26,8 +26,8 @@ use super::locate;
 use super::verify::records::CLOCK_SLACK;
 use crate::config::RelayConfig;
 use crate::error::{FatalReason, RelayError};
-use crate::record::Mapping;
 use crate::record::format::Format;
+use crate::record::{KafkaRecord, Mapping, OutboxRow};
 use crate::sink::kafka::REPUBLISHED_HEADER;
 use crate::table::{OutboxTable, outbox_row};
 
@@ -50,6 +50,24 @@ pub struct Outcome {
     pub sent: u64,
     /// Events Kafka refused or ids with no row: the exit code is 1.
     pub refused: u64,
+    /// Nothing was sent: a line per event says what would be.
+    pub dry_run: bool,
+}
+
+impl super::Output for Outcome {
+    /// The events' lines, then the counts.
+    fn text(&self) -> String {
+        let mut out: String = self.lines.iter().map(|line| format!("{line}\n")).collect();
+        out += &match self.dry_run {
+            true => format!("dry run: nothing sent; {} event(s) cannot be\n", self.refused),
+            false => format!("sent {} event(s) again; {} could not be\n", self.sent, self.refused),
+        };
+        out
+    }
+
+    fn exit_code(&self) -> u8 {
+        if self.refused == 0 { 0 } else { super::EXIT_FAILURE }
+    }
 }
 
 /// A record to send again.
@@ -65,6 +83,8 @@ struct Again {
     original: Option<(i32, i64)>,
 }
 
+/// Sends the chosen events again (or says what it would send), step by step: the rows, the
+/// records they map to, the originals Kafka still holds, then the records to send.
 pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, RelayError> {
     let (client, _) = crate::postgres::connect_primary(&config.postgres).await?;
     let table = OutboxTable::new(config);
@@ -72,21 +92,41 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, Rel
     if !options.dry_run {
         refuse_beside_a_relay(&client, config).await?;
     }
-    let mut outcome = Outcome::default();
+    let mut outcome = Outcome { dry_run: options.dry_run, ..Outcome::default() };
     let rows = chosen_rows(&client, &table, &id_type, options, &mut outcome).await?;
     if rows.is_empty() {
         outcome.lines.push("no event chosen: nothing to send".into());
         return Ok(outcome);
     }
-    // the originals, read from the first row's time (less the clock slack) to each end
+    // the originals are read from the first row's time
+    let since = rows.iter().filter_map(|(_, _, created_at)| *created_at).min();
+    let records = mapped(config, rows, &mut outcome)?;
+    let source = match config.kafka.source_headers {
+        true => Some(crate::readback::source_identity(&client, config).await?),
+        false => None,
+    };
+    let originals = read_originals(config, &records, since, source.clone()).await?;
+    let again = to_send(config, records, originals, source, &mut outcome);
+    if options.dry_run {
+        for a in &again {
+            outcome.lines.push(format!("event {}: would send {}", a.id, a.describe()));
+        }
+        return Ok(outcome);
+    }
+    send(config, again, &mut outcome).await?;
+    Ok(outcome)
+}
+
+/// The records the rows map to now, each with its event id; a row that cannot be published is
+/// refused.
+fn mapped(
+    config: &RelayConfig,
+    rows: Vec<(String, OutboxRow, Option<SystemTime>)>,
+    outcome: &mut Outcome,
+) -> Result<Vec<(String, KafkaRecord)>, RelayError> {
     let mapping = Mapping::new(&config.outbox);
     let mut records = Vec::new();
-    let mut since: Option<SystemTime> = None;
     for (id, raw, created_at) in rows {
-        since = match (since, created_at) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
         match mapping.to_record(raw, created_at)? {
             Ok(record) => records.push((id, record)),
             Err(refused) => {
@@ -95,22 +135,39 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, Rel
             }
         }
     }
+    Ok(records)
+}
+
+/// The originals of `records` Kafka still holds, read on a blocking thread from the first row's
+/// time (less the clock slack) to each partition's end.
+async fn read_originals(
+    config: &RelayConfig,
+    records: &[(String, KafkaRecord)],
+    since: Option<SystemTime>,
+    source: Option<String>,
+) -> Result<HashMap<String, Again>, RelayError> {
     let topics: Vec<String> =
         records.iter().map(|(_, r)| r.topic.clone()).collect::<BTreeSet<_>>().into_iter().collect();
     let wanted: HashMap<String, usize> =
         records.iter().enumerate().map(|(i, (id, _))| (id.clone(), i)).collect();
-    let source = match config.kafka.source_headers {
-        true => Some(crate::readback::source_identity(&client, config).await?),
-        false => None,
-    };
-    let source_header =
-        source.as_ref().map(|s| (crate::sink::kafka::SOURCE_HEADER.to_string(), Some(s.as_bytes().to_vec())));
     let (kafka, format) = (config.kafka.clone(), Format::of(&config.outbox));
     let from = since.map(|at| at.checked_sub(CLOCK_SLACK).unwrap_or(SystemTime::UNIX_EPOCH));
-    let originals =
-        tokio::task::spawn_blocking(move || originals(&kafka, &topics, from, &format, source, &wanted))
-            .await
-            .map_err(|e| RelayError::Kafka(format!("reading Kafka failed: {e}")))??;
+    tokio::task::spawn_blocking(move || originals(&kafka, &topics, from, &format, source, &wanted))
+        .await
+        .map_err(|e| RelayError::Kafka(format!("reading Kafka failed: {e}")))?
+}
+
+/// What to send, in the records' order: each original as first written; a record Kafka no
+/// longer holds as its row maps now (with this source's header), in the relay's own format
+/// only, else refused.
+fn to_send(
+    config: &RelayConfig,
+    records: Vec<(String, KafkaRecord)>,
+    originals: HashMap<String, Again>,
+    source: Option<String>,
+    outcome: &mut Outcome,
+) -> Vec<Again> {
+    let source_header = source.map(|s| (crate::sink::kafka::SOURCE_HEADER.to_string(), Some(s.into_bytes())));
     // a record Kafka no longer holds is made again only in the relay's own format: the others'
     // values are made by the sink (CloudEvents' envelope, a registry's schema id)
     let remappable =
@@ -142,14 +199,7 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, Rel
             }
         }
     }
-    if options.dry_run {
-        for a in &again {
-            outcome.lines.push(format!("event {}: would send {}", a.id, a.describe()));
-        }
-        return Ok(outcome);
-    }
-    send(config, again, &mut outcome).await?;
-    Ok(outcome)
+    again
 }
 
 impl Again {
@@ -202,7 +252,7 @@ async fn chosen_rows(
     id_type: &str,
     options: &Options,
     outcome: &mut Outcome,
-) -> Result<Vec<(String, crate::record::OutboxRow, Option<SystemTime>)>, RelayError> {
+) -> Result<Vec<(String, OutboxRow, Option<SystemTime>)>, RelayError> {
     let (aggregate_type, aggregate_id) = match &options.aggregate {
         Some((t, id)) => (t.clone(), Some(id.clone())),
         None => (None, None),

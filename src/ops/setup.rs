@@ -5,7 +5,8 @@
 //! Invariant: setup returns what it did ([`SetupReport`]), counted by the copy itself; it reads
 //! no process-wide metric.
 
-use crate::config::RelayConfig;
+use super::Failure;
+use crate::config::{RelayConfig, SourceMode};
 use crate::error::{FatalReason, RelayError};
 use crate::lsn::Lsn;
 use crate::sink::kafka::KafkaSink;
@@ -30,4 +31,67 @@ pub async fn run(config: RelayConfig, recreate_slot: bool) -> Result<SetupReport
         Some((at, copy)) => SetupReport::SlotCreated { at, copy },
         None => SetupReport::SlotPresent,
     })
+}
+
+/// What `setup` says it did.
+#[derive(Debug)]
+pub enum Setup {
+    /// Polling mode has no publication or slot to set up.
+    NothingToDo { mode: SourceMode },
+    /// The publication is there, and the slot was there or was created.
+    Done { publication: String, slot: String, report: SetupReport },
+}
+
+impl super::Output for Setup {
+    fn text(&self) -> String {
+        match self {
+            Setup::NothingToDo { mode } => {
+                format!("source.mode = {mode}: nothing to set up (setup prepares replication mode's slot)\n")
+            }
+            Setup::Done { publication, slot, report } => {
+                let slot = match report {
+                    SetupReport::SlotCreated { at, copy } => format!(
+                        "slot \"{slot}\": created at {at}; rows already in the table: {} published, {} already in \
+                         Kafka (not sent again), {} dead-lettered",
+                        copy.published, copy.already_in_kafka, copy.dead_lettered
+                    ),
+                    SetupReport::SlotPresent => format!("slot \"{slot}\": present, nothing to do"),
+                };
+                format!("publication \"{publication}\": present\n{slot}\n")
+            }
+        }
+    }
+
+    fn exit_code(&self) -> u8 {
+        0
+    }
+}
+
+/// `setup` as the command line asks: refused (exit 2) when the flags do not fit the mode;
+/// nothing to do in polling mode; else [`run`], with `skip_published` reading Kafka back first.
+pub async fn command(
+    mut config: RelayConfig,
+    recreate_slot: bool,
+    skip_published: bool,
+) -> Result<Setup, Failure> {
+    let mode = config.source.mode;
+    if mode != SourceMode::Replication {
+        // a slot made here would hold WAL for no one
+        if recreate_slot || skip_published {
+            return Err(Failure::usage(format!(
+                "--recreate-slot and --skip-published are for replication mode, and source.mode is {mode}: \
+                 polling has no slot"
+            )));
+        }
+        return Ok(Setup::NothingToDo { mode });
+    }
+    if skip_published {
+        // the read-back's own requirements (kafka.source_headers) hold as for dedup.enabled
+        config.dedup.enabled = true;
+        config.validate().map_err(|e| Failure::usage(format!("--skip-published: {e}")))?;
+    }
+    let slot = config.replication.slot.clone();
+    let publication = config.replication.publication.clone();
+    let report = run(config, recreate_slot).await.map_err(Failure::failed)?;
+    Ok(Setup::Done { publication, slot, report })
 }

@@ -19,6 +19,29 @@ use crate::source::sampler::BACKLOG_COUNT_CAP;
 /// One line of the report: what, and its value.
 pub type Line = (&'static str, String);
 
+/// The report: its lines, in order.
+#[derive(Debug)]
+pub struct Lines(pub Vec<Line>);
+
+impl super::Output for Lines {
+    /// `what  value`, the values aligned.
+    fn text(&self) -> String {
+        let width = self.0.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+        self.0.iter().map(|(key, value)| format!("{key:<width$}  {value}\n")).collect()
+    }
+
+    /// An object of the lines (a key given twice keeps its last value).
+    fn json(&self) -> Option<String> {
+        let map: serde_json::Map<_, _> =
+            self.0.iter().map(|(k, v)| (k.to_string(), serde_json::Value::String(v.clone()))).collect();
+        Some(serde_json::to_string_pretty(&map).expect("json"))
+    }
+
+    fn exit_code(&self) -> u8 {
+        0
+    }
+}
+
 /// How long the metrics endpoint may take to answer.
 const HTTP_TIMEOUT: Duration = Duration::from_secs(3);
 

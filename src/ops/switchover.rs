@@ -16,6 +16,23 @@ use crate::source::replication::failover::{CopyState, Standbys};
 /// The answer: `Ok(what is ready)` or `Err(why not)`.
 pub type Verdict = Result<String, String>;
 
+/// The answer as the command prints it: exit 0 ready, 1 not.
+#[derive(Debug)]
+pub struct Readiness(pub Verdict);
+
+impl super::Output for Readiness {
+    fn text(&self) -> String {
+        match &self.0 {
+            Ok(ready) => format!("ready: {ready}\n"),
+            Err(why) => format!("not ready: {why}\n"),
+        }
+    }
+
+    fn exit_code(&self) -> u8 {
+        if self.0.is_ok() { 0 } else { super::EXIT_FAILURE }
+    }
+}
+
 /// Whether a switchover to `standby` (`host`, `host:port`, `[v6]:port`; the port defaults to
 /// `postgres.port`) is safe now.
 pub async fn run(config: &RelayConfig, standby: &str) -> Result<Verdict, RelayError> {

@@ -15,6 +15,7 @@
 //!
 //! It changes nothing, anywhere: no offsets are committed, no row is touched.
 
+mod classify;
 pub mod expected;
 pub mod records;
 pub mod report;
@@ -29,8 +30,9 @@ use crate::published::{IdBits, Record};
 use crate::record::Mapping;
 use crate::record::format::Format;
 use crate::table::{OutboxTable, outbox_row};
+use classify::Lookup;
 use expected::{Expected, fingerprint};
-use records::{Located, Reader};
+use records::Reader;
 use report::Report;
 
 /// Rows fetched from the window at a time.
@@ -58,6 +60,16 @@ pub enum VerifyError {
     Failed(String),
 }
 
+impl From<VerifyError> for super::Failure {
+    /// A usage error exits 2 as it is; any other exits 1, saying verify could not finish.
+    fn from(e: VerifyError) -> Self {
+        match e {
+            VerifyError::Usage(_) => super::Failure::usage(e),
+            VerifyError::Failed(_) => super::Failure::failed(format!("verify could not finish: {e}")),
+        }
+    }
+}
+
 impl From<crate::error::RelayError> for VerifyError {
     fn from(e: crate::error::RelayError) -> Self {
         VerifyError::Failed(e.to_string())
@@ -70,52 +82,118 @@ impl From<tokio_postgres::Error> for VerifyError {
     }
 }
 
+/// Compares the outbox with Kafka, step by step as the module doc says.
 pub async fn run(config: &RelayConfig, options: &Options) -> Result<Report, VerifyError> {
     let started = Instant::now();
     let (mut client, _) = crate::postgres::connect_primary(&config.postgres).await?;
     let table = OutboxTable::new(config);
-    let (since, until) = window(&client, &table, options).await?;
-    let source = crate::readback::source_identity(&client, config).await?;
+    let (mut report, read) = read(&mut client, &table, config, options).await?;
+    let lookup = Lookup {
+        client: &client,
+        table: &table,
+        id_type: table.id_type(&client).await?,
+        letters: crate::dead_letter::reasons_sql(config),
+    };
+    classify::classes(&lookup, config, read, options, &mut report).await?;
+    report.seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// What was read, for [`classify::classes`].
+struct Read {
+    /// The window's rows, each marked with how Kafka held it.
+    expected: Expected,
+    scan: records::Scan,
+    /// Ids recorded as published in blocks first written within the window.
+    recent: IdBits,
+    since: Option<SystemTime>,
+    /// `Err(why)` while rows Kafka lacks may still be on their way.
+    caught_up: Result<(), String>,
+    /// Kafka owes the ids recorded as published.
+    recorded_owed: bool,
+}
+
+/// Steps 1 to 3: the window's rows, the record of what was published, whether what Kafka lacks
+/// is owed, and every record of the topics; the report's header and counts.
+async fn read(
+    client: &mut Client,
+    table: &OutboxTable,
+    config: &RelayConfig,
+    options: &Options,
+) -> Result<(Report, Read), VerifyError> {
+    let (since, until) = window(client, table, options).await?;
+    let source = crate::readback::source_identity(client, config).await?;
     let mut report = Report {
         table: table.display_name(),
         source: source.clone(),
-        since: described(&client, since).await?,
-        until: described(&client, until).await?,
+        since: described(client, since).await?,
+        until: described(client, until).await?,
         ..Report::default()
     };
-    let mut expected =
-        read_rows(&mut client, &table, config, (since, until), options.show, &mut report).await?;
+    let mut expected = read_rows(client, table, config, (since, until), options.show, &mut report).await?;
     // read before the slot's target position: every id recorded by then was committed before it
     let touched_since =
         since.map(|at| at.checked_sub(records::CLOCK_SLACK).unwrap_or(SystemTime::UNIX_EPOCH));
-    let record = Record::load(&client, &table.display_name(), touched_since, since).await?;
+    let record = Record::load(client, &table.display_name(), touched_since, since).await?;
     let record_bytes = record.published.memory_bytes() + record.recent.memory_bytes();
-    let caught_up = match config.source.mode {
-        SourceMode::Replication => slot_caught_up(&client, &config.replication.slot, options.wait).await?,
+    let caught_up = rows_owed(client, config, options.wait).await?;
+    // polling records an id once Kafka acknowledged it; replication before the slot confirms it
+    let recorded_owed = config.source.mode == SourceMode::Polling || caught_up.is_ok();
+    // rows deleted after publishing leave their topics in the record only
+    expected.topics.extend(record.topics);
+    report.topics = expected.topics.iter().cloned().collect();
+    report.record_kept = record.kept;
+    let reader_source = config.kafka.source_headers.then_some(source);
+    let (scan, expected) =
+        read_kafka(config, reader_source, since, record.published, options.show, expected).await?;
+    let scan = counted(scan, &mut report);
+    report.memory_bytes = expected.memory_bytes() + record_bytes;
+    Ok((report, Read { expected, scan, recent: record.recent, since, caught_up, recorded_owed }))
+}
+
+/// Step 2: `Ok` when Kafka owes every row it lacks, `Err(why)` when some may still be on their
+/// way (replication: the slot has not confirmed what verify read; polling `delete` mode: every
+/// row it keeps is unpublished).
+async fn rows_owed(
+    client: &Client,
+    config: &RelayConfig,
+    wait: Duration,
+) -> Result<Result<(), String>, VerifyError> {
+    Ok(match config.source.mode {
+        SourceMode::Replication => slot_caught_up(client, &config.replication.slot, wait).await?,
         // a row delete mode keeps is one not yet published
         SourceMode::Polling if config.polling.after_publish == AfterPublish::Delete => {
             Err("not yet published (polling.after_publish = \"delete\" keeps only unpublished rows)".into())
         }
         SourceMode::Polling => Ok(()),
-    };
-    // polling records an id once Kafka acknowledged it; replication before the slot confirms it
-    let recorded_owed = config.source.mode == SourceMode::Polling || caught_up.is_ok();
-    let reader_source = config.kafka.source_headers.then_some(source);
-    // rows deleted after publishing leave their topics in the record only
-    expected.topics.extend(record.topics);
-    report.topics = expected.topics.iter().cloned().collect();
+    })
+}
+
+/// Step 3: every record of the topics `expected` routes to, read on a blocking thread and
+/// marked in `expected` as it streams by.
+async fn read_kafka(
+    config: &RelayConfig,
+    source: Option<String>,
+    since: Option<SystemTime>,
+    published: IdBits,
+    show: usize,
+    mut expected: Expected,
+) -> Result<(records::Scan, Expected), VerifyError> {
     let format = Format::of(&config.outbox);
     let whole = compared_whole(&config.outbox);
-    let reader =
-        Reader::new(&config.kafka, reader_source, (format, whole), since, record.published, options.show)
-            .map_err(|e| VerifyError::Failed(format!("cannot create a Kafka client: {e}")))?;
+    let reader = Reader::new(&config.kafka, source, (format, whole), since, published, show)
+        .map_err(|e| VerifyError::Failed(format!("cannot create a Kafka client: {e}")))?;
     let (scan, expected) = tokio::task::spawn_blocking(move || {
         let scan = reader.scan(&mut expected);
         (scan, expected)
     })
     .await
     .map_err(|e| VerifyError::Failed(format!("reading Kafka failed: {e}")))?;
-    let mut scan = scan.map_err(VerifyError::Failed)?;
+    Ok((scan.map_err(VerifyError::Failed)?, expected))
+}
+
+/// The scan's counts and classes into the report; the rest of the scan.
+fn counted(mut scan: records::Scan, report: &mut Report) -> records::Scan {
     report.partitions = scan.partitions;
     report.records = scan.records;
     report.records_of_other_sources = scan.foreign;
@@ -123,44 +201,7 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Report, Veri
     report.out_of_order = std::mem::take(&mut scan.out_of_order);
     report.published_elsewhere = scan.published_elsewhere;
     report.replayed = scan.replayed;
-    report.record_kept = record.kept;
-    let lookup = Lookup {
-        client: &client,
-        table: &table,
-        id_type: table.id_type(&client).await?,
-        letters: crate::dead_letter::reasons_sql(config),
-    };
-    classify_rows(&lookup, &expected, caught_up, options.show, &mut report).await?;
-    // what was published while Kafka was read is recorded by the time the slot confirms past it
-    let settled = match config.source.mode {
-        SourceMode::Replication if !scan.outside.is_empty() => {
-            slot_caught_up(&client, &config.replication.slot, options.wait).await?
-        }
-        _ => Ok(()),
-    };
-    classify_outside(&lookup, &scan.outside, settled, options.show, &mut report).await?;
-    let floor = if since.is_some() { Some(0) } else { scan.floor() };
-    if floor.is_none() && record.kept {
-        report.record_unchecked = Some(format!(
-            "ids recorded as published whose rows are gone were not checked: retention removed every record of {} \
-             (or every one of this source there); give --since within the topics' retention",
-            scan.emptied().first().map_or("a partition", String::as_str)
-        ));
-    }
-    classify_recorded(
-        &lookup,
-        &expected,
-        &record.recent,
-        &scan,
-        floor,
-        recorded_owed,
-        options.show,
-        &mut report,
-    )
-    .await?;
-    report.memory_bytes = expected.memory_bytes() + record_bytes;
-    report.seconds = started.elapsed().as_secs_f64();
-    Ok(report)
+    scan
 }
 
 /// The window's bounds as timestamps, read by PostgreSQL (so every format it accepts works).
@@ -300,186 +341,6 @@ async fn slot_caught_up(
     }
 }
 
-/// What the lookups in PostgreSQL need.
-struct Lookup<'a> {
-    client: &'a Client,
-    table: &'a OutboxTable,
-    id_type: String,
-    /// `$1` the source table, `$2` event ids: those dead-lettered, with the reason.
-    letters: String,
-}
-
-/// Rows Kafka held more than once or differently, and rows it lacks: dead-lettered, missing or
-/// pending.
-async fn classify_rows(
-    lookup: &Lookup<'_>,
-    expected: &Expected,
-    caught_up: Result<(), String>,
-    show: usize,
-    report: &mut Report,
-) -> Result<(), VerifyError> {
-    let mut unseen = Vec::new();
-    for (id, slot) in expected.slots() {
-        match slot.seen {
-            0 => unseen.push(id.clone()),
-            1 => {}
-            n => {
-                report.duplicated.note(show, || format!("{id} x{n}"));
-                report.duplicate_records += u64::from(n - 1);
-            }
-        }
-        if slot.mismatched > 0 {
-            report.mismatched.note(show, || id.clone());
-        }
-    }
-    let unseen = unlettered(lookup, unseen, show, report).await?;
-    owed(unseen, caught_up, lookup, show, report).await
-}
-
-/// Ids Kafka lacks that were dead-lettered are `unpublishable` (with the letter's reason); the
-/// others are returned.
-async fn unlettered(
-    lookup: &Lookup<'_>,
-    ids: Vec<String>,
-    show: usize,
-    report: &mut Report,
-) -> Result<Vec<String>, VerifyError> {
-    let mut letters = std::collections::HashMap::new();
-    let source_table = lookup.table.display_name();
-    for batch in ids.chunks(10_000) {
-        match lookup.client.query(&lookup.letters, &[&source_table, &batch]).await {
-            Ok(rows) => letters.extend(rows.iter().map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))),
-            // no dead-letter table: nothing was dead-lettered there
-            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => break,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    let mut rest = Vec::with_capacity(ids.len() - letters.len().min(ids.len()));
-    for id in ids {
-        match letters.get(&id) {
-            Some(reason) => report.unpublishable.note(show, || format!("{id} (dead-lettered: {reason})")),
-            None => rest.push(id),
-        }
-    }
-    Ok(rest)
-}
-
-/// Rows Kafka lacks, not dead-lettered: pending when the slot has not confirmed past them or the
-/// row is not yet marked published, else missing.
-async fn owed(
-    unseen: Vec<String>,
-    caught_up: Result<(), String>,
-    lookup: &Lookup<'_>,
-    show: usize,
-    report: &mut Report,
-) -> Result<(), VerifyError> {
-    if let Err(reason) = caught_up {
-        for id in unseen {
-            report.pending.note(show, || id);
-        }
-        report.pending_reason = Some(reason);
-        return Ok(());
-    }
-    let present = present(lookup, &unseen).await?;
-    for id in unseen {
-        match present.get(&id) {
-            Some(true) => report.pending.note(show, || id),
-            _ => report.missing.note(show, || id),
-        }
-    }
-    if report.pending.count > 0 {
-        report.pending_reason = Some("not yet marked published (polling.after_publish = \"mark\")".into());
-    }
-    Ok(())
-}
-
-/// Records whose id the window does not hold and the relay had not recorded as published: a row
-/// outside the window is fine; an id recorded since (published while verify read Kafka) is its
-/// row's, deleted after publishing; any other is unexpected, once the relay has recorded
-/// everything it sent before the read ended (`settled`: polling records as it deletes; in
-/// replication, the slot confirmed past what verify read, which comes only after the record).
-async fn classify_outside(
-    lookup: &Lookup<'_>,
-    outside: &[Located],
-    settled: Result<(), String>,
-    show: usize,
-    report: &mut Report,
-) -> Result<(), VerifyError> {
-    let ids: Vec<String> = outside.iter().map(|l| l.id.clone()).collect();
-    let present = present(lookup, &ids).await?;
-    let gone: Vec<&Located> = outside.iter().filter(|l| !present.contains_key(&l.id)).collect();
-    let numbers: Vec<i64> = gone.iter().filter_map(|l| crate::published::numeric_id(&l.id)).collect();
-    let recorded = match report.record_kept {
-        true => crate::published::recorded(lookup.client, &lookup.table.display_name(), &numbers).await?,
-        false => IdBits::default(),
-    };
-    for located in gone {
-        if crate::published::numeric_id(&located.id).is_some_and(|n| recorded.contains(n)) {
-            report.published_elsewhere += 1;
-        } else if let Err(reason) = &settled {
-            report.pending.note(show, || format!("record {} ({}), not recorded yet", located.id, located.at));
-            report.pending_reason.get_or_insert_with(|| reason.clone());
-        } else {
-            report.unexpected.note(show, || format!("{} ({})", located.id, located.at));
-        }
-    }
-    Ok(())
-}
-
-/// Ids recorded as published in blocks first written within the window (at or above `floor`,
-/// the oldest id Kafka still holds, when there is no window) whose rows are gone: Kafka must
-/// hold them. Without `floor` (no window, and no record of this source in Kafka) none is asked.
-#[allow(clippy::too_many_arguments)]
-async fn classify_recorded(
-    lookup: &Lookup<'_>,
-    expected: &Expected,
-    recent: &IdBits,
-    scan: &records::Scan,
-    floor: Option<i64>,
-    caught_up: bool,
-    show: usize,
-    report: &mut Report,
-) -> Result<(), VerifyError> {
-    let Some(floor) = floor else { return Ok(()) };
-    let mut gone: Vec<String> = recent
-        .ids()
-        .filter(|id| *id >= floor && !scan.seen_published.contains(*id))
-        .map(|id| id.to_string())
-        .filter(|id| !expected.contains(id))
-        .collect();
-    gone.sort_by_key(|id| id.parse::<i64>().unwrap_or_default());
-    let present = present(lookup, &gone).await?;
-    gone.retain(|id| !present.contains_key(id));
-    for id in unlettered(lookup, gone, show, report).await? {
-        if caught_up {
-            report.missing.note(show, || format!("{id} (published, row deleted)"));
-        } else {
-            report.pending.note(show, || id);
-        }
-    }
-    Ok(())
-}
-
-/// Which of `ids` the table holds, each with whether it is still unpublished (mark mode). Ids
-/// that cannot be of the id column's type are not held.
-async fn present(
-    lookup: &Lookup<'_>,
-    ids: &[String],
-) -> Result<std::collections::HashMap<String, bool>, VerifyError> {
-    let mut present = std::collections::HashMap::new();
-    let integer = matches!(lookup.id_type.as_str(), "bigint" | "integer" | "smallint");
-    let sql = lookup.table.ids_present_sql(&lookup.id_type);
-    for batch in ids.chunks(10_000) {
-        let batch: Vec<&String> = batch.iter().filter(|id| !integer || id.parse::<i64>().is_ok()).collect();
-        if batch.is_empty() {
-            continue;
-        }
-        for row in lookup.client.query(&sql, &[&batch]).await? {
-            present.insert(row.get::<_, String>(0), row.get::<_, bool>(1));
-        }
-    }
-    Ok(present)
-}
 /// Whether `verify` compares an outbox's records whole (key, value, every header): the relay's
 /// own records. Other formats' headers hold CloudEvents' `time` (the commit time when streamed),
 /// and a registry's values its schema id, so for them the key, the payload and the event type

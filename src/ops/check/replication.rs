@@ -117,34 +117,7 @@ async fn publication_check(config: &RelayConfig, client: &Client) -> Finding {
     let exists = client.query_opt("SELECT 1 FROM pg_publication WHERE pubname = $1", &[publication]).await;
     let problem = match exists {
         Ok(Some(_)) => publication::problem(config, client).await,
-        Ok(None) if config.replication.create_publication => {
-            // `setup` and `run` create it only as the table's owner: the same test, the same words
-            return match publication::creation_refusal(config, client).await {
-                Ok(None) => Finding::ok(
-                    "replication.publication",
-                    format!(
-                        "publication \"{publication}\" does not exist yet; `setup` or `run` creates it (this role \
-                         owns {})",
-                        table.display_name()
-                    ),
-                ),
-                Ok(Some(refusal)) => Finding::fail("replication.publication", refusal.problem, refusal.fix),
-                Err(e) => Finding::fail(
-                    "replication.publication",
-                    format!("cannot tell whether this role may create the publication: {e}"),
-                    "check the role can read pg_class",
-                ),
-            };
-        }
-        Ok(None) => {
-            return Finding::fail(
-                "replication.publication",
-                format!(
-                    "publication \"{publication}\" does not exist and replication.create_publication = false"
-                ),
-                publication::create_sql(config),
-            );
-        }
+        Ok(None) => return missing_publication(config, client).await,
         Err(e) => Err(e),
     };
     match problem {
@@ -169,6 +142,38 @@ async fn publication_check(config: &RelayConfig, client: &Client) -> Finding {
             "replication.publication",
             format!("cannot read pg_publication: {e}"),
             "check the role's privileges",
+        ),
+    }
+}
+
+/// The publication does not exist: fine when `setup` or `run` will create it (as the table's
+/// owner), else a FAIL with the SQL that creates it.
+async fn missing_publication(config: &RelayConfig, client: &Client) -> Finding {
+    let publication = &config.replication.publication;
+    if !config.replication.create_publication {
+        return Finding::fail(
+            "replication.publication",
+            format!(
+                "publication \"{publication}\" does not exist and replication.create_publication = false"
+            ),
+            publication::create_sql(config),
+        );
+    }
+    // `setup` and `run` create it only as the table's owner: the same test, the same words
+    match publication::creation_refusal(config, client).await {
+        Ok(None) => Finding::ok(
+            "replication.publication",
+            format!(
+                "publication \"{publication}\" does not exist yet; `setup` or `run` creates it (this role \
+                 owns {})",
+                OutboxTable::new(config).display_name()
+            ),
+        ),
+        Ok(Some(refusal)) => Finding::fail("replication.publication", refusal.problem, refusal.fix),
+        Err(e) => Finding::fail(
+            "replication.publication",
+            format!("cannot tell whether this role may create the publication: {e}"),
+            "check the role can read pg_class",
         ),
     }
 }

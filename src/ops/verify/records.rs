@@ -23,7 +23,7 @@ use super::report::Class;
 use crate::config::KafkaConfig;
 use crate::published::{IdBits, numeric_id};
 use crate::record::Position;
-use crate::record::format::Format;
+use crate::record::format::{Format, Identity};
 use crate::sink::kafka::{
     POSITION_HEADER, REPLAYED_HEADER, REPUBLISHED_HEADER, ReaderContext, SOURCE_HEADER,
 };
@@ -160,6 +160,8 @@ impl Reader {
         Ok(scan)
     }
 
+    /// Reads one topic: every record of it marked in `expected` or noted in `scan`, and the
+    /// partitions retention emptied.
     fn scan_topic(
         &mut self,
         topic: &str,
@@ -170,47 +172,23 @@ impl Reader {
             scan.missing_topics.push(topic.to_string());
             return Ok(());
         };
-        // each partition is read to its end as of now: every record of a row verify read was
-        // acknowledged before (replication: the slot confirmed past it; polling: it was released),
-        // and records landing meanwhile belong to later rows
-        let mut ends: HashMap<i32, i64> = HashMap::new();
-        for element in assignment.elements() {
-            let (low, high) = self.consumer.fetch_watermarks(topic, element.partition(), REQUEST)?;
-            let empty = match element.offset() {
-                Offset::Offset(start) => start >= high,
-                Offset::End => true,
-                _ => low >= high,
-            };
-            if !empty {
-                ends.insert(element.partition(), high);
-            }
-        }
         scan.partitions += assignment.count();
-        if ends.is_empty() {
-            return Ok(());
+        let checker = &mut self.checker;
+        let observe = |message: &BorrowedMessage<'_>| checker.observe(message, expected, scan);
+        if read_to_end(&self.consumer, topic, &assignment, self.idle_limit, observe)? {
+            self.note_emptied(topic, &assignment, scan)?;
         }
-        self.consumer.assign(&assignment)?;
-        let mut idle_since = Instant::now();
-        while !ends.is_empty() {
-            match self.consumer.poll(POLL) {
-                Some(Ok(message)) => {
-                    idle_since = Instant::now();
-                    self.checker.observe(&message, expected, scan);
-                    if ends.get(&message.partition()).is_some_and(|end| message.offset() + 1 >= *end) {
-                        ends.remove(&message.partition());
-                    }
-                }
-                Some(Err(KafkaError::PartitionEOF(partition))) => {
-                    ends.remove(&partition);
-                }
-                Some(Err(e)) => return Err(e),
-                None if idle_since.elapsed() > self.idle_limit => {
-                    return Err(KafkaError::MessageConsumption(RDKafkaErrorCode::OperationTimedOut));
-                }
-                None => {}
-            }
-        }
-        self.consumer.unassign()?;
+        Ok(())
+    }
+
+    /// Without a window, the partitions of `topic` where nothing of this source was read and
+    /// retention removed records (the log starts after offset 0).
+    fn note_emptied(
+        &self,
+        topic: &str,
+        assignment: &TopicPartitionList,
+        scan: &mut Scan,
+    ) -> Result<(), KafkaError> {
         for element in assignment.elements() {
             let partition = element.partition();
             if self.since.is_none() && !scan.spans.contains_key(&(topic.to_string(), partition)) {
@@ -253,26 +231,20 @@ impl Reader {
 }
 
 impl Checker {
+    /// Marks `message` in `expected` (seen, mismatched) or notes it in `scan` (another source's,
+    /// replayed, outside the window), and checks its key's order.
     fn observe(&mut self, message: &BorrowedMessage<'_>, expected: &mut Expected, scan: &mut Scan) {
-        let headers = message.headers();
-        let header =
-            |name: &str| headers.and_then(|h| h.iter().find(|h| h.key == name)).and_then(|h| h.value);
-        let ours = match &self.source {
-            None => true,
-            Some(source) => header(SOURCE_HEADER) == Some(source.as_bytes()),
-        };
         let span = scan
             .spans
             .entry((message.topic().to_string(), message.partition()))
             .or_insert(Span { first_offset: message.offset(), lowest_id: None });
-        let value = message.payload().unwrap_or_default();
-        let Some(identity) = self.format.identity(header, value).filter(|_| ours) else {
+        let Some(identity) = identity(message, &self.format, self.source.as_deref()) else {
             scan.foreign += 1;
             return;
         };
         let id: &str = &identity.id;
         scan.records += 1;
-        let replayed = header(REPLAYED_HEADER).is_some();
+        let replayed = header(message, REPLAYED_HEADER).is_some();
         // (a replay is an old id sent late: it says nothing of what retention removed)
         if let Some(n) = numeric_id(id).filter(|_| !replayed) {
             span.lowest_id = Some(span.lowest_id.map_or(n, |lowest| lowest.min(n)));
@@ -290,22 +262,37 @@ impl Checker {
             return self.outside(Located { id: id.to_string(), at }, scan);
         };
         slot.seen += 1;
-        if header(REPLAYED_HEADER).is_some() {
+        if replayed {
             // the letter's data as fixed, after later events of its key: neither compared nor ordered
             scan.replayed += 1;
             return;
         }
+        if self.fingerprint(message, &identity) != slot.fingerprint {
+            slot.mismatched += 1;
+        }
+        if slot.seen == 1 {
+            let position = header(message, POSITION_HEADER)
+                .and_then(|v| std::str::from_utf8(v).ok())
+                .and_then(|v| v.parse::<Position>().ok());
+            self.check_order(message.key().unwrap_or_default(), id, position, at, scan);
+        }
+    }
+
+    /// What of `message` is compared with its row: all of it (the relay's own format), or its
+    /// key, its payload and its event type as written.
+    fn fingerprint(&self, message: &BorrowedMessage<'_>, identity: &Identity<'_>) -> u64 {
         let (topic, key, payload) = (message.topic(), message.key().unwrap_or_default(), message.payload());
         // the relay's two headers come first; a row's own header of the same name stays (a row's
         // header may not be named outbox_relay_*: a republished copy's mark is never the row's)
-        let own = headers
+        let own = message
+            .headers()
             .into_iter()
             .flat_map(|h| h.iter())
             .enumerate()
             .filter(|(i, h)| !(*i < 2 && (h.key == SOURCE_HEADER || h.key == POSITION_HEADER)))
             .filter(|(_, h)| h.key != REPUBLISHED_HEADER)
             .map(|(_, h)| (h.key, h.value.unwrap_or_default()));
-        let record = match self.whole {
+        match self.whole {
             true => fingerprint(topic, key, payload.unwrap_or_default(), own),
             // (a format's headers hold CloudEvents' `time`, the commit time when streamed)
             false => fingerprint(
@@ -314,15 +301,6 @@ impl Checker {
                 &identity.payload,
                 std::iter::once(("type", identity.event_type.as_bytes())),
             ),
-        };
-        if record != slot.fingerprint {
-            slot.mismatched += 1;
-        }
-        if slot.seen == 1 {
-            let position = header(POSITION_HEADER)
-                .and_then(|v| std::str::from_utf8(v).ok())
-                .and_then(|v| v.parse::<Position>().ok());
-            self.check_order(key, id, position, at, scan);
         }
     }
 
@@ -355,6 +333,75 @@ impl Checker {
         }
         self.last.insert(hash.finish(), (place, id.to_string()));
     }
+}
+
+/// The value of `message`'s header `name`, if it has one.
+fn header<'m>(message: &'m BorrowedMessage<'_>, name: &str) -> Option<&'m [u8]> {
+    message.headers().and_then(|h| h.iter().find(|h| h.key == name)).and_then(|h| h.value)
+}
+
+/// The event `message` is of, as `format` reads it, when it is a record of this source
+/// (`source`: its header; None, any record).
+pub(crate) fn identity<'m>(
+    message: &'m BorrowedMessage<'_>,
+    format: &Format,
+    source: Option<&str>,
+) -> Option<Identity<'m>> {
+    let ours = source.is_none_or(|s| header(message, SOURCE_HEADER) == Some(s.as_bytes()));
+    let value = message.payload().unwrap_or_default();
+    format.identity(|name| header(message, name), value).filter(|_| ours)
+}
+
+/// Reads each partition of `assignment` (of `topic`) from its assigned offset to its high
+/// watermark as the read begins, or its PartitionEOF, whichever comes first, calling `seen` with
+/// each record. Every record of a row read before was acknowledged by then (replication: the
+/// slot confirmed past it; polling: it was released), and records landing meanwhile belong to
+/// later rows. `false`, having assigned nothing, when no partition has anything to read.
+pub(crate) fn read_to_end(
+    consumer: &BaseConsumer<ReaderContext>,
+    topic: &str,
+    assignment: &TopicPartitionList,
+    idle_limit: Duration,
+    mut seen: impl FnMut(&BorrowedMessage<'_>),
+) -> Result<bool, KafkaError> {
+    let mut ends: HashMap<i32, i64> = HashMap::new();
+    for element in assignment.elements() {
+        let (low, high) = consumer.fetch_watermarks(topic, element.partition(), REQUEST)?;
+        let empty = match element.offset() {
+            Offset::Offset(start) => start >= high,
+            Offset::End => true,
+            _ => low >= high,
+        };
+        if !empty {
+            ends.insert(element.partition(), high);
+        }
+    }
+    if ends.is_empty() {
+        return Ok(false);
+    }
+    consumer.assign(assignment)?;
+    let mut idle_since = Instant::now();
+    while !ends.is_empty() {
+        match consumer.poll(POLL) {
+            Some(Ok(message)) => {
+                idle_since = Instant::now();
+                seen(&message);
+                if ends.get(&message.partition()).is_some_and(|end| message.offset() + 1 >= *end) {
+                    ends.remove(&message.partition());
+                }
+            }
+            Some(Err(KafkaError::PartitionEOF(partition))) => {
+                ends.remove(&partition);
+            }
+            Some(Err(e)) => return Err(e),
+            None if idle_since.elapsed() > idle_limit => {
+                return Err(KafkaError::MessageConsumption(RDKafkaErrorCode::OperationTimedOut));
+            }
+            None => {}
+        }
+    }
+    consumer.unassign()?;
+    Ok(true)
 }
 
 /// The settings of verify's reader (see [`crate::sink::kafka::reader_config`]): committed records

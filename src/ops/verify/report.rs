@@ -70,6 +70,20 @@ pub const EXIT_OK: u8 = 0;
 pub const EXIT_FOUND: u8 = 1;
 pub const EXIT_PENDING: u8 = 3;
 
+impl crate::ops::Output for Report {
+    fn text(&self) -> String {
+        Report::text(self)
+    }
+
+    fn json(&self) -> Option<String> {
+        Some(serde_json::to_string_pretty(self).expect("json"))
+    }
+
+    fn exit_code(&self) -> u8 {
+        Report::exit_code(self)
+    }
+}
+
 impl Report {
     pub fn exit_code(&self) -> u8 {
         let wrong =

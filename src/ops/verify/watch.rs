@@ -252,26 +252,12 @@ async fn missing_ages(
         .collect())
 }
 
-/// A finished pass's findings into the gauges.
+/// A finished pass's findings into the gauges, and a log line saying what it found.
 fn publish(watch: &mut Watch, report: &Report, ages: Vec<(String, Option<f64>)>, took: Duration) {
     let w = watched();
-    let labels = &watch.labels;
     let now = SystemTime::now();
-    // the events named last time and no longer missing lose their series
-    let named: Vec<&String> = ages.iter().map(|(id, _)| id).collect();
-    for gone in watch.missing_since.keys().filter(|id| !named.contains(id)) {
-        let series: Vec<&str> = labels.iter().map(String::as_str).chain([gone.as_str()]).collect();
-        let _ = w.missing_event.remove_label_values(&series);
-    }
-    watch.missing_since.retain(|id, _| named.contains(&id));
-    let mut oldest: f64 = 0.0;
-    for (id, age) in &ages {
-        let since = *watch.missing_since.entry(id.clone()).or_insert(now);
-        let age = age.unwrap_or_else(|| now.duration_since(since).unwrap_or_default().as_secs_f64());
-        oldest = oldest.max(age);
-        let series: Vec<&str> = labels.iter().map(String::as_str).chain([id.as_str()]).collect();
-        w.missing_event.with_label_values(&series).set(age);
-    }
+    let oldest = name_missing(watch, &ages, now);
+    let labels = &watch.labels;
     let counts = [
         (MISSING, report.missing.count),
         (PENDING, report.pending.count),
@@ -296,11 +282,40 @@ fn publish(watch: &mut Watch, report: &Report, ages: Vec<(String, Option<f64>)>,
         _ => "found",
     };
     w.pass(labels, result);
+    log_pass(&labels[1], report, took);
+}
+
+/// The missing events named at this pass, each a series with its age (by `created_at`, else
+/// since the watch first found it missing); the series of those no longer missing are removed.
+/// Returns the oldest age, 0 when none is missing.
+fn name_missing(watch: &mut Watch, ages: &[(String, Option<f64>)], now: SystemTime) -> f64 {
+    let w = watched();
+    let labels = &watch.labels;
+    // the events named last time and no longer missing lose their series
+    let named: Vec<&String> = ages.iter().map(|(id, _)| id).collect();
+    for gone in watch.missing_since.keys().filter(|id| !named.contains(id)) {
+        let series: Vec<&str> = labels.iter().map(String::as_str).chain([gone.as_str()]).collect();
+        let _ = w.missing_event.remove_label_values(&series);
+    }
+    watch.missing_since.retain(|id, _| named.contains(&id));
+    let mut oldest: f64 = 0.0;
+    for (id, age) in ages {
+        let since = *watch.missing_since.entry(id.clone()).or_insert(now);
+        let age = age.unwrap_or_else(|| now.duration_since(since).unwrap_or_default().as_secs_f64());
+        oldest = oldest.max(age);
+        let series: Vec<&str> = labels.iter().map(String::as_str).chain([id.as_str()]).collect();
+        w.missing_event.with_label_values(&series).set(age);
+    }
+    oldest
+}
+
+/// A warning naming what is missing or held wrongly, else a line with the pass's counts.
+fn log_pass(outbox: &str, report: &Report, took: Duration) {
     if report.missing.count + report.out_of_order.count + report.unexpected.count + report.mismatched.count
         > 0
     {
         tracing::warn!(
-            outbox = %labels[1],
+            outbox = %outbox,
             missing = report.missing.count,
             first_missing = %report.missing.first.join(", "),
             out_of_order = report.out_of_order.count,
@@ -310,7 +325,7 @@ fn publish(watch: &mut Watch, report: &Report, ages: Vec<(String, Option<f64>)>,
         );
     } else {
         tracing::info!(
-            outbox = %labels[1],
+            outbox = %outbox,
             rows = report.rows,
             records = report.records,
             pending = report.pending.count,
