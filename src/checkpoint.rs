@@ -104,7 +104,11 @@ impl Tracker {
 
     /// Moves the confirmed position to `lsn` when nothing is in flight: a keepalive's WAL end
     /// is the last position the server sent, and with no open transaction everything before
-    /// it was received and settled.
+    /// it was received and settled. PostgreSQL's protocol documentation ("Streaming Replication
+    /// Protocol", Primary keepalive message) defines that field as "the current end of WAL on
+    /// the server"; a logical walsender sends a keepalive only once it has sent (or skipped as
+    /// not in the publication) every change before that end, so no event of ours lies behind
+    /// it (Materialize's `replication.rs` reasons the same way).
     pub fn idle_advance(&mut self, lsn: Lsn) -> Option<Lsn> {
         if self.txns.is_empty() && lsn > self.confirmed {
             self.confirmed = lsn;

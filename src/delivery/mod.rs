@@ -33,9 +33,9 @@
 //! "dead_letter"` the next session dead-letters it unsent and commits the rest, under "block"
 //! it is sent again after the session's backoff, with nothing after it committed.
 //!
-//! Room for what comes next: several outbox tables are several mappings in front of one stage (a position
-//! already says where a record came from); a serializer is the step that makes the record the
-//! source hands over.
+//! The stage runs itself ([`Delivery::next`], `settle.rs`): a source `select!`s on it beside its
+//! own input, and opens it once per session through the prologue (`open.rs`). Several outbox
+//! tables are several mappings in front of one stage: a record says which outbox it came from.
 
 use std::collections::VecDeque;
 use std::time::Instant;

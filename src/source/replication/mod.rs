@@ -12,8 +12,10 @@
 //! - at most `replication.max_in_flight_events` records are unacknowledged; reading pauses at
 //!   the bound, so memory stays flat however large the backlog.
 //!
-//! Files: [`slot`] (publication, slot), [`copy`] (the first copy of a new slot), [`stream`] (one streaming session's loop),
-//! [`decode`] (pgoutput), [`transport`] (the replication connection, behind our own seam).
+//! Files: [`slot`] (the slot and its first copy), [`publication`] (the publication and what it
+//! delivers), [`copy`] (the first copy of a new slot), [`stream`] (one streaming session's
+//! loop), [`decode`] (pgoutput), [`transport`] (the replication connection, behind our own
+//! seam), [`failover`] (the slot's copies on standbys), `refusal.rs` (why a slot is refused).
 
 mod copy;
 pub use copy::CopyReport;
