@@ -1,4 +1,5 @@
 use super::*;
+use crate::config::OutboxConfig;
 
 fn raw() -> OutboxRow {
     OutboxRow {
