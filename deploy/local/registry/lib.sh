@@ -126,13 +126,22 @@ ensure_registry() {
     command -v curl >/dev/null || missing+=(curl)
     command -v openssl >/dev/null || missing+=(openssl)
     if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
-    { registry_cached "$REGISTRY_HOME" && [ -f "$REGISTRY_HOME/$REGISTRY_JAR" ]; } || install_registry
+    # the registry tests start at once, each its own registry: one installs, the others wait for
+    # it (two installing at once replaced the directory a started registry was loading from)
+    mkdir -p "$REGISTRY_CACHE"
+    (
+        flock 9 || die "cannot lock $REGISTRY_HOME.lock"
+        { registry_cached "$REGISTRY_HOME" && [ -f "$REGISTRY_HOME/$REGISTRY_JAR" ]; } || install_registry
+    ) 9>"$REGISTRY_HOME.lock" || exit 1
     if [ -n "${OUTBOX_REGISTRY_JAVA:-}" ]; then
         REGISTRY_JAVA=$OUTBOX_REGISTRY_JAVA
     elif [ "$(java_major java)" -ge "$REGISTRY_JAVA_MAJOR" ]; then
         REGISTRY_JAVA=$(command -v java)
     else
-        registry_cached "$REGISTRY_JDK_HOME" && [ -x "$REGISTRY_JDK_HOME/bin/java" ] || install_registry_jdk
+        (
+            flock 9 || die "cannot lock $REGISTRY_JDK_HOME.lock"
+            registry_cached "$REGISTRY_JDK_HOME" && [ -x "$REGISTRY_JDK_HOME/bin/java" ] || install_registry_jdk
+        ) 9>"$REGISTRY_JDK_HOME.lock" || exit 1
         REGISTRY_JAVA=$REGISTRY_JDK_HOME/bin/java
     fi
     [ "$(java_major "$REGISTRY_JAVA")" -ge "$REGISTRY_JAVA_MAJOR" ] ||
