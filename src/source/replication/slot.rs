@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use tokio_postgres::Client;
 
 use super::copy::{CopyReport, FirstCopy};
-pub(crate) use super::refusal::Refusal;
+use super::refusal::Refusal;
 use super::transport::{self, Command};
 use super::{MODE, ReplicationSource};
 use crate::config::{Endpoint, RelayConfig};
