@@ -200,7 +200,7 @@ impl RelayConfig {
 }
 
 /// One outbox's settings; errors name them under its path (`outbox.table`, `outboxes[1].table`).
-fn validate_outbox(outbox: &Outbox) -> Result<(), ConfigError> {
+fn validate_outbox(outbox: &OutboxEntry) -> Result<(), ConfigError> {
     let (o, path) = (&outbox.config, &outbox.path);
     if o.schema.is_empty() {
         return Err(ConfigError::invalid(format!("{path}.schema"), "must not be empty"));

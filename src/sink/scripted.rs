@@ -296,7 +296,7 @@ pub(crate) fn record(id: &str) -> KafkaRecord {
         row_headers: Vec::new(),
         created_at: None,
         position: None,
-        outbox: 0,
+        outbox: crate::config::OutboxId::default(),
         formatted: None,
     }
 }

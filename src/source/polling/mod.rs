@@ -24,22 +24,23 @@
 
 use std::collections::{BTreeSet, HashSet};
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
 use tokio_postgres::{AsyncMessage, Client, Transaction};
 
-use crate::config::RelayConfig;
+use crate::config::{OutboxId, PerOutbox, RelayConfig};
 use crate::dead_letter::{DeadLetters, LetterKey};
 use crate::delivery::{self, Carried, Delivery};
 use crate::error::RelayError;
 use crate::observe::health::LockHolder;
 use crate::observe::metrics::{Mode, metrics};
 use crate::observe::pulse::Pulse;
-use crate::published::{Recorder, Sent};
+use crate::outboxes::{Outbox, Outboxes};
+use crate::published::Sent;
 use crate::readback::{self, Lookback};
-use crate::record::Mapping;
 use crate::sink::Sink;
 use crate::sink::kafka::KafkaSink;
 use crate::source::Source;
@@ -59,17 +60,17 @@ const MODE: Mode = Mode::Polling;
 struct Session {
     client: Client,
     notified: mpsc::UnboundedReceiver<()>,
-    /// Switching from replication mode (see [`handover`]): the events it dead-lettered (id and
-    /// content), which are released unsent, by the outbox's place. Empty otherwise.
-    dead_lettered: Vec<HashSet<LetterKey>>,
+    /// Switching from replication mode (see [`handover`]): the events each outbox dead-lettered
+    /// (id and content), which are released unsent. Empty otherwise.
+    dead_lettered: PerOutbox<HashSet<LetterKey>>,
     /// This session's batches are `batch:<nonce>-<n>` in their records' positions.
     nonce: u64,
     batches: u64,
     /// While the switch from replication mode is unfinished: when this session last made sure
     /// no replication relay streams from the slot ([`SWITCH_RECHECK`]).
     switch_checked: Option<Instant>,
-    /// Each outbox's statements, prepared on this session's connection (by place).
-    prepared: Vec<Prepared>,
+    /// Each outbox's statements, prepared on this session's connection.
+    prepared: PerOutbox<Prepared>,
 }
 
 /// While a switch from replication mode is unfinished, how often a polling session looks again
@@ -91,19 +92,17 @@ struct BatchOutcome {
     failed: Option<RelayError>,
 }
 
-/// One outbox table as polling reads it.
+/// One outbox table as polling reads it: adapted to the database's encoding, its statements made
+/// by the first session.
 struct Polled {
     table: OutboxTable,
-    mapping: Mapping,
-    /// The record of what was published (`sql/010_published.sql`), opened with the statements.
-    recorder: Recorder,
     statements: Option<Statements>,
 }
 
 pub(crate) struct PollingSource<S = KafkaSink> {
     config: RelayConfig,
-    /// By the outbox's place.
-    outboxes: Vec<Polled>,
+    outboxes: Arc<Outboxes>,
+    polled: PerOutbox<Polled>,
     sink: S,
     dead_letters: DeadLetters,
     /// The delivery stage's hold (its backoff keeps growing) and Kafka's silence, from one
@@ -145,24 +144,15 @@ impl<S: Sink> Source for PollingSource<S> {
 }
 
 impl<S: Sink> PollingSource<S> {
-    pub(crate) fn new(config: RelayConfig, sink: S) -> PollingSource<S> {
-        let outboxes = config
-            .outboxes()
-            .iter()
-            .enumerate()
-            .map(|(i, o)| Polled {
-                table: OutboxTable::new(&config.for_outbox(o)),
-                mapping: Mapping::of(&o.config, i),
-                recorder: Recorder::disabled(),
-                statements: None,
-            })
-            .collect();
-        PollingSource { outboxes, dead_letters: DeadLetters::new(&config, MODE), config, sink, carried: None }
-    }
-
-    /// The outbox tables, for the log.
-    fn table_names(&self) -> String {
-        self.outboxes.iter().map(|o| o.table.display_name()).collect::<Vec<_>>().join(", ")
+    pub(crate) fn new(config: RelayConfig, outboxes: Arc<Outboxes>, sink: S) -> PollingSource<S> {
+        PollingSource {
+            polled: outboxes.per(|o| Polled { table: o.table.clone(), statements: None }),
+            dead_letters: DeadLetters::new(&outboxes, &config.retry, MODE),
+            outboxes,
+            config,
+            sink,
+            carried: None,
+        }
     }
 
     /// A leader session's connection; the sink learns its source identity.
@@ -185,7 +175,7 @@ impl<S: Sink> PollingSource<S> {
             }
         });
         let mut encoding: Option<String> = None;
-        for outbox in self.outboxes.iter_mut().filter(|o| o.statements.is_none()) {
+        for (id, outbox) in self.polled.iter_mut().filter(|(_, o)| o.statements.is_none()) {
             // (the database's, so the same for every outbox: asked once)
             if encoding.is_none() {
                 encoding = Some(client.query_one(OutboxTable::SERVER_ENCODING_SQL, &[]).await?.get(0));
@@ -193,7 +183,7 @@ impl<S: Sink> PollingSource<S> {
             let encoding = encoding.as_deref().expect("just read");
             let table = outbox.table.clone().for_server_encoding(encoding);
             let id_type = table.id_type(&client).await?;
-            outbox.recorder = Recorder::open(&client, &table.display_name()).await?;
+            self.outboxes[id].recorder(&client).await?;
             outbox.statements = Some(Statements {
                 claim: table.claim_sql(),
                 unpublished_count: table.unpublished_count_sql(&id_type),
@@ -202,18 +192,18 @@ impl<S: Sink> PollingSource<S> {
             });
             outbox.table = table;
         }
-        let mut prepared = Vec::with_capacity(self.outboxes.len());
-        for outbox in &self.outboxes {
+        let mut prepared = Vec::with_capacity(self.polled.len());
+        for outbox in self.polled.values() {
             prepared.push(Prepared::on(&client, outbox.statements.as_ref().expect("just made")).await?);
         }
         Ok(Session {
             client,
             notified,
-            dead_lettered: self.outboxes.iter().map(|_| HashSet::new()).collect(),
+            dead_lettered: self.polled.values().map(|_| HashSet::new()).collect(),
             nonce: rand::random(),
             batches: 0,
             switch_checked: None,
-            prepared,
+            prepared: prepared.into_iter().collect(),
         })
     }
 
@@ -224,7 +214,7 @@ impl<S: Sink> PollingSource<S> {
     /// (see [`Dedup`]).
     async fn lead(&self, session: &mut Session, pulse: &Pulse) -> Result<Lookback, RelayError> {
         let health = pulse.health();
-        let mut tables: Vec<&OutboxTable> = self.outboxes.iter().map(|o| &o.table).collect();
+        let mut tables: Vec<&OutboxTable> = self.polled.values().map(|o| &o.table).collect();
         tables.sort_by_key(|t| (t.schema.as_str(), t.name.as_str()));
         let mut keys = Vec::with_capacity(tables.len());
         for table in tables {
@@ -244,7 +234,7 @@ impl<S: Sink> PollingSource<S> {
         if !channel.is_empty() {
             session.client.batch_execute(&format!("LISTEN {}", quote_ident(channel))).await?;
         }
-        let (tables, locks) = (self.table_names(), format!("{keys:?}"));
+        let (tables, locks) = (self.outboxes.table_names(), format!("{keys:?}"));
         tracing::info!(%tables, %locks, "active: this instance now relays the outbox");
         pulse.active();
         Ok(lookback)
@@ -286,7 +276,7 @@ impl<S: Sink> PollingSource<S> {
             }
             while session.notified.try_recv().is_ok() {}
             let mut full = false;
-            for outbox in 0..self.outboxes.len() {
+            for outbox in self.outboxes.iter().map(|o| o.id) {
                 // while held, only the held event's outbox is claimed from
                 if delivery.held_outbox().is_some_and(|held| held != outbox) {
                     continue;
@@ -294,7 +284,7 @@ impl<S: Sink> PollingSource<S> {
                 let outcome = self.relay_batch(session, outbox, delivery).await?;
                 if outcome.claimed > 0 {
                     tracing::debug!(
-                        table = %self.outboxes[outbox].table.display_name(),
+                        table = %self.polled[outbox].table.display_name(),
                         claimed = outcome.claimed,
                         released = outcome.released,
                         dead_lettered = outcome.dead_lettered,
@@ -343,16 +333,14 @@ impl<S: Sink> PollingSource<S> {
         Ok(())
     }
 
-    /// One cycle of outbox `outbox` (by place): claim, deliver, write the dead letters and
-    /// release, commit.
+    /// One cycle of outbox `outbox`: claim, deliver, write the dead letters and release, commit.
     async fn relay_batch(
         &self,
         session: &mut Session,
-        outbox: usize,
+        outbox: OutboxId,
         delivery: &mut Delivery<'_, S, RowAt>,
     ) -> Result<BatchOutcome, RelayError> {
-        let polled = &self.outboxes[outbox];
-        let statements = polled.statements.as_ref().expect("statements are prepared at connect");
+        let statements = self.polled[outbox].statements.as_ref().expect("statements are prepared at connect");
         let polling = &self.config.polling;
         let batch = session.batches;
         session.batches += 1;
@@ -391,7 +379,7 @@ impl<S: Sink> PollingSource<S> {
         }
         let claimed = rows.len();
         let (rows, dead_lettered) = already_dead_lettered(&session.dead_lettered[outbox], rows);
-        let rows = batch::map(&polled.mapping, rows, (session.nonce, batch))?;
+        let rows = batch::map(&self.outboxes[outbox].mapping, rows, (session.nonce, batch))?;
         let unread: Vec<String> = delivery
             .unread(rows.iter().filter_map(|(_, row)| row.as_ref().ok()))
             .into_iter()
@@ -415,7 +403,7 @@ impl<S: Sink> PollingSource<S> {
         let delivered_at = began.elapsed();
         let read = if settlement.again { settlement.release.len() } else { claimed };
         metrics().events_read.with_label_values(&[MODE.label()]).inc_by(read as u64);
-        let dead_lettered = self.release(&tx, polled, prepared, &settlement, topics).await?;
+        let dead_lettered = self.release(&tx, &self.outboxes[outbox], prepared, &settlement, topics).await?;
         tx.commit().await?;
         tracing::debug!(
             claimed,
@@ -439,7 +427,7 @@ impl<S: Sink> PollingSource<S> {
     async fn release(
         &self,
         tx: &Transaction<'_>,
-        polled: &Polled,
+        outbox: &Outbox,
         statements: &Prepared,
         settlement: &Settlement,
         topics: BTreeSet<String>,
@@ -448,7 +436,11 @@ impl<S: Sink> PollingSource<S> {
         if !release.is_empty() {
             let (tableoids, ctids) = RowAt::params(release);
             tx.execute(&statements.release, &[&tableoids, &ctids]).await?;
-            polled.recorder.record(tx, &Sent::of(release.iter().map(|r| r.id.as_str()), topics)).await?;
+            outbox
+                .recorder(tx)
+                .await?
+                .record(tx, &Sent::of(release.iter().map(|r| r.id.as_str()), topics))
+                .await?;
         }
         if letters.is_empty() {
             return Ok(0);
