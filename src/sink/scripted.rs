@@ -233,7 +233,11 @@ impl Sink for ScriptedSink {
     /// Nothing of a failed session outlives it here: nothing to wait for, nothing to renew.
     async fn retired(&mut self, _limit: Duration) {}
 
-    fn recover(&mut self) {}
+    /// A fresh producer, as the Kafka sink's: a transaction the failed one left open is
+    /// aborted (see [`ScriptedSink::abandon`]).
+    fn recover(&mut self) {
+        self.abandon();
+    }
 
     async fn flush(&self) {}
 

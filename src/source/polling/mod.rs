@@ -52,6 +52,8 @@ use claim::{HeldRow, Prepared, Statements, already_dead_lettered};
 mod batch;
 mod claim;
 mod leader;
+#[cfg(test)]
+mod tests;
 
 /// The `mode` label of this source's metrics.
 const MODE: Mode = Mode::Polling;
