@@ -19,38 +19,38 @@
 //!   poison policy: a dead-lettered row is moved to the dead-letter table in the same
 //!   transaction that removes it; a held one stays, and while the stage holds, the relay claims
 //!   one row at a time (the held one comes first, in id order), so nothing after it is
-//!   published and nothing acknowledged is published again. What is decided between the claim
-//!   and its release is [`batch`]'s; the claim's size is [`claim`]'s.
+//!   published and nothing acknowledged is published again. One claim-deliver-release cycle is
+//!   [`cycle`]'s; what is decided between the claim and its release is [`batch`]'s; the claim's
+//!   size is [`claim`]'s.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::HashSet;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
-use tokio_postgres::{AsyncMessage, Client, Transaction};
+use tokio_postgres::{AsyncMessage, Client};
 
-use crate::config::{OutboxId, PerOutbox, RelayConfig};
+use crate::config::{PerOutbox, RelayConfig};
 use crate::dead_letter::{DeadLetters, LetterKey};
 use crate::delivery::{self, Carried, Delivery};
 use crate::error::RelayError;
 use crate::observe::health::LockHolder;
-use crate::observe::metrics::{Mode, metrics};
+use crate::observe::metrics::Mode;
 use crate::observe::pulse::Pulse;
-use crate::outboxes::{Outbox, Outboxes};
-use crate::published::Sent;
+use crate::outboxes::Outboxes;
 use crate::readback::{self, Lookback};
 use crate::sink::Sink;
 use crate::sink::kafka::KafkaSink;
 use crate::source::Source;
 use crate::source::handover;
 use crate::table::{OutboxTable, RowAt, quote_ident};
-use batch::{Deadline, Settlement};
-use claim::{HeldRow, Prepared, Statements, already_dead_lettered};
+use claim::{Prepared, Statements};
 
 mod batch;
 mod claim;
+mod cycle;
 mod leader;
 #[cfg(test)]
 mod tests;
@@ -79,20 +79,6 @@ struct Session {
 /// whether a replication relay streams from the slot (one started after the session began):
 /// both would publish, so the session ends and waits as a standby.
 const SWITCH_RECHECK: Duration = Duration::from_secs(2);
-
-/// What one claim-deliver-release cycle did.
-#[derive(Debug, Default)]
-struct BatchOutcome {
-    claimed: usize,
-    /// The claim ended at `polling.batch_size` or `polling.max_batch_bytes`, or left rows for
-    /// the next claim: more rows may wait.
-    full: bool,
-    released: usize,
-    dead_lettered: u64,
-    /// The first record that failed transiently; its row (and every row not acknowledged)
-    /// stays and is published by a later session.
-    failed: Option<RelayError>,
-}
 
 /// One outbox table as polling reads it: adapted to the database's encoding, its statements made
 /// by the first session.
@@ -333,123 +319,5 @@ impl<S: Sink> PollingSource<S> {
             _ = shutdown.changed() => {}
         }
         Ok(())
-    }
-
-    /// One cycle of outbox `outbox`: claim, deliver, write the dead letters and release, commit.
-    async fn relay_batch(
-        &self,
-        session: &mut Session,
-        outbox: OutboxId,
-        delivery: &mut Delivery<'_, S, RowAt>,
-    ) -> Result<BatchOutcome, RelayError> {
-        let statements = self.polled[outbox].statements.as_ref().expect("statements are prepared at connect");
-        let polling = &self.config.polling;
-        let batch = session.batches;
-        session.batches += 1;
-        // the claim transaction holds row locks and the database's xmin horizon: waiting for Kafka
-        // takes at most polling.claim_timeout_ms, then it rolls back (dropping `tx`)
-        let deadline = Deadline {
-            at: tokio::time::Instant::now() + Duration::from_millis(polling.claim_timeout_ms),
-            claim_timeout_ms: polling.claim_timeout_ms,
-        };
-        let began = Instant::now();
-        let tx = session.client.transaction().await?;
-        // while holding at a row, only that row (the first in id order) is claimed
-        let limit = if delivery.holding() { 1 } else { polling.batch_size as usize };
-        let prepared = &session.prepared[outbox];
-        let (rows, full) = claim::claim(&tx, prepared, limit, polling.max_batch_bytes).await?;
-        match claim::held_row(&tx, statements, delivery.held_id(), &rows).await? {
-            HeldRow::Claimed => {}
-            HeldRow::Skipped => {
-                // nothing past the held row is published while it waits
-                tx.rollback().await?;
-                delivery.retry_held_as(None).await?;
-                return Ok(BatchOutcome::default());
-            }
-            HeldRow::Gone => {
-                delivery.held_gone();
-                if delivery.holding() {
-                    // the next held row is claimed at the next retry
-                    tx.rollback().await?;
-                    return Ok(BatchOutcome::default());
-                }
-            }
-        }
-        if rows.is_empty() {
-            tx.commit().await?;
-            return Ok(BatchOutcome { full, ..BatchOutcome::default() });
-        }
-        let claimed = rows.len();
-        let (rows, dead_lettered) = already_dead_lettered(&session.dead_lettered[outbox], rows);
-        let rows = batch::map(&self.outboxes[outbox].mapping, rows, (session.nonce, batch))?;
-        let unread: Vec<String> = delivery
-            .unread(rows.iter().filter_map(|(_, row)| row.as_ref().ok()))
-            .into_iter()
-            .map(String::from)
-            .collect();
-        if !unread.is_empty() {
-            // a topic not read back yet is read outside the claim (it may take long: it must not
-            // hold row locks and the xmin horizon), then the same rows are claimed again
-            tx.rollback().await?;
-            for topic in unread {
-                delivery.read_back(&topic).await?;
-            }
-            return Ok(BatchOutcome { full: true, ..BatchOutcome::default() });
-        }
-        // (one copy per distinct topic, not per row)
-        let topics: BTreeSet<&str> =
-            rows.iter().filter_map(|(_, row)| row.as_ref().ok()).map(|r| r.topic.as_str()).collect();
-        let topics = topics.into_iter().map(String::from).collect();
-        let claimed_at = began.elapsed();
-        let settlement = batch::deliver(delivery, rows, dead_lettered, deadline).await?;
-        let delivered_at = began.elapsed();
-        let read = if settlement.again { settlement.release.len() } else { claimed };
-        metrics().events_read.with_label_values(&[MODE.label()]).inc_by(read as u64);
-        let dead_lettered = self.release(&tx, &self.outboxes[outbox], prepared, &settlement, topics).await?;
-        tx.commit().await?;
-        tracing::debug!(
-            claimed,
-            claim_ms = claimed_at.as_millis() as u64,
-            deliver_ms = (delivered_at - claimed_at).as_millis() as u64,
-            release_ms = (began.elapsed() - delivered_at).as_millis() as u64,
-            "batch phases"
-        );
-        self.dead_letters.report(&settlement.letters);
-        Ok(BatchOutcome {
-            claimed,
-            full: full || settlement.again,
-            released: settlement.release.len(),
-            dead_lettered,
-            failed: settlement.failed,
-        })
-    }
-
-    /// Releases the settled rows (recording them as published, to some of the claim's `topics`)
-    /// and moves the dead letters to their table, in `tx`; returns how many letters were written.
-    async fn release(
-        &self,
-        tx: &Transaction<'_>,
-        outbox: &Outbox,
-        statements: &Prepared,
-        settlement: &Settlement,
-        topics: BTreeSet<String>,
-    ) -> Result<u64, RelayError> {
-        let Settlement { release, letters, lettered, .. } = settlement;
-        if !release.is_empty() {
-            let (tableoids, ctids) = RowAt::params(release);
-            tx.execute(&statements.release, &[&tableoids, &ctids]).await?;
-            outbox
-                .recorder(tx)
-                .await?
-                .record(tx, &Sent::of(release.iter().map(|r| r.id.as_str()), topics))
-                .await?;
-        }
-        if letters.is_empty() {
-            return Ok(0);
-        }
-        let written = self.dead_letters.write(tx, letters).await?;
-        let (tableoids, ctids) = RowAt::params(lettered);
-        tx.execute(&statements.delete, &[&tableoids, &ctids]).await?;
-        Ok(written)
     }
 }
