@@ -4,6 +4,8 @@ pub(crate) mod handover;
 pub(crate) mod polling;
 pub mod replication;
 pub(crate) mod sampler;
+#[cfg(test)]
+pub(crate) mod testing;
 
 use std::future::Future;
 

@@ -25,6 +25,8 @@ pub(crate) mod publication;
 mod refusal;
 pub(crate) mod slot;
 mod stream;
+#[cfg(test)]
+mod tests;
 mod transport;
 
 use std::future::Future;
