@@ -259,6 +259,10 @@ fn counter(r: &Registry, name: &str, labels: &[&str]) -> IntCounterVec {
     register(r, IntCounterVec::new(Opts::new(name, help(name)), labels).expect("valid metric"))
 }
 
+fn int_counter(r: &Registry, name: &str) -> IntCounter {
+    register(r, IntCounter::new(name, help(name)).expect("valid metric"))
+}
+
 fn int_gauge(r: &Registry, name: &str) -> IntGauge {
     register(r, IntGauge::new(name, help(name)).expect("valid metric"))
 }
@@ -271,12 +275,18 @@ fn gauge(r: &Registry, name: &str) -> Gauge {
     register(r, Gauge::new(name, help(name)).expect("valid metric"))
 }
 
+fn gauge_vec(r: &Registry, name: &str, labels: &[&str]) -> GaugeVec {
+    register(r, GaugeVec::new(Opts::new(name, help(name)), labels).expect("valid metric"))
+}
+
 fn histogram(r: &Registry, name: &str) -> Histogram {
     let opts = HistogramOpts::new(name, help(name)).buckets(LATENCY_BUCKETS.to_vec());
     register(r, Histogram::with_opts(opts).expect("valid metric"))
 }
 
 impl Metrics {
+    /// Creates every metric and registers it once, each through the helper of its type (its help
+    /// text from [`ALL`]); one registry per process: [`metrics`].
     fn new() -> Metrics {
         let r = Registry::new();
         Metrics {
@@ -310,19 +320,12 @@ impl Metrics {
             backlog_events: int_gauge(&r, BACKLOG_EVENTS),
             backlog_oldest_age: gauge(&r, BACKLOG_OLDEST_AGE),
             leader: int_gauge(&r, LEADER),
-            build_info: register(
-                &r,
-                GaugeVec::new(Opts::new(BUILD_INFO, help(BUILD_INFO)), &["version", "mode"])
-                    .expect("valid metric"),
-            ),
+            build_info: gauge_vec(&r, BUILD_INFO, &["version", "mode"]),
             fatal: int_gauge_vec(&r, FATAL, &["reason"]),
             stream_messages_skipped: counter(&r, STREAM_MESSAGES_SKIPPED, &["kind"]),
             dedup_skipped: counter(&r, DEDUP_SKIPPED, &["mode"]),
             dedup_scans: counter(&r, DEDUP_SCANS, &["result"]),
-            dedup_scanned_records: register(
-                &r,
-                IntCounter::new(DEDUP_SCANNED_RECORDS, help(DEDUP_SCANNED_RECORDS)).expect("valid metric"),
-            ),
+            dedup_scanned_records: int_counter(&r, DEDUP_SCANNED_RECORDS),
             kafka_transactions: counter(&r, KAFKA_TRANSACTIONS, &["outcome"]),
             dead_letters_outstanding: int_gauge(&r, DEAD_LETTERS_OUTSTANDING),
             dead_letters_oldest_age: gauge(&r, DEAD_LETTERS_OLDEST_AGE),
@@ -336,11 +339,7 @@ impl Metrics {
                 OUTBOX_DEAD_LETTERS_OUTSTANDING,
                 &[OUTBOX_NAME_LABEL],
             ),
-            credential_refresh_failures: register(
-                &r,
-                IntCounter::new(CREDENTIAL_REFRESH_FAILURES, help(CREDENTIAL_REFRESH_FAILURES))
-                    .expect("valid metric"),
-            ),
+            credential_refresh_failures: int_counter(&r, CREDENTIAL_REFRESH_FAILURES),
             credential_expiry: gauge(&r, CREDENTIAL_EXPIRY),
             deployment: Mutex::default(),
             registry: r,
