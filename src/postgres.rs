@@ -295,43 +295,8 @@ fn classify_connect(pg: &PostgresConfig, endpoint: &Endpoint, e: tokio_postgres:
             ),
         );
     }
-    // tokio-postgres's "invalid configuration: password missing": the server asked for one
-    let cause = std::error::Error::source(&e).map(ToString::to_string).unwrap_or_default();
-    if e.as_db_error().is_none() && (e.to_string() + &cause).contains("password missing") {
-        return RelayError::fatal(
-            FatalReason::Auth,
-            format!(
-                "postgres {endpoint} asks for a password for user \"{}\" and no password is configured: set \
-                 OUTBOX_RELAY__POSTGRES__PASSWORD, postgres.password_file, or postgres.password",
-                pg.user
-            ),
-        );
-    }
-    if e.as_db_error().is_none() && (e.to_string() + &cause).contains("channel binding") {
-        return RelayError::fatal(
-            FatalReason::Auth,
-            format!(
-                "postgres {endpoint}: the password was not sent: postgres.sslmode = {} does not verify the \
-                 server, and it asked for the password without SCRAM channel binding (in clear, as MD5, by \
-                 SCRAM not bound to TLS, or over an unencrypted session), which a man in the middle could \
-                 use; set postgres.sslmode = verify-full with postgres.sslrootcert, or make the server \
-                 authenticate by scram-sha-256 over TLS (ssl = on, password_encryption = scram-sha-256)",
-                pg.sslmode
-            ),
-        );
-    }
-    // tokio-postgres's words when the server answers the SSLRequest with 'N'
-    if e.as_db_error().is_none() && (e.to_string() + &cause).contains("server does not support TLS") {
-        return RelayError::fatal(
-            FatalReason::Tls,
-            format!(
-                "postgres {endpoint}: the server does not support SSL, and postgres.sslmode = {} requires it: \
-                 turn TLS on at the server (ssl = on, with ssl_cert_file and ssl_key_file), or point \
-                 postgres.host at a server or proxy that has it; postgres.sslmode = disable sends the password \
-                 and every event in clear",
-                pg.sslmode
-            ),
-        );
+    if let Some(refusal) = client_refusal(pg, endpoint, &e) {
+        return refusal;
     }
     let refused_plaintext = e.as_db_error().is_some_and(|db| db.message().contains("no encryption"));
     if refused_plaintext && pg.sslmode == SslMode::Disable {
@@ -354,6 +319,55 @@ fn classify_connect(pg: &PostgresConfig, endpoint: &Endpoint, e: tokio_postgres:
         return RelayError::fatal(FatalReason::Auth, auth_refused(pg, endpoint, db));
     }
     RelayError::Postgres(e)
+}
+
+/// What tokio-postgres itself refused, before the server said anything (no server error): a
+/// password the server asked for and none configured, a password not sent without channel
+/// binding, a server without TLS when `sslmode` requires it; `None` for anything else.
+fn client_refusal(pg: &PostgresConfig, endpoint: &Endpoint, e: &tokio_postgres::Error) -> Option<RelayError> {
+    if e.as_db_error().is_some() {
+        return None;
+    }
+    // tokio-postgres's "invalid configuration: password missing": the server asked for one
+    let cause = std::error::Error::source(e).map(ToString::to_string).unwrap_or_default();
+    let text = e.to_string() + &cause;
+    if text.contains("password missing") {
+        return Some(RelayError::fatal(
+            FatalReason::Auth,
+            format!(
+                "postgres {endpoint} asks for a password for user \"{}\" and no password is configured: set \
+                 OUTBOX_RELAY__POSTGRES__PASSWORD, postgres.password_file, or postgres.password",
+                pg.user
+            ),
+        ));
+    }
+    if text.contains("channel binding") {
+        return Some(RelayError::fatal(
+            FatalReason::Auth,
+            format!(
+                "postgres {endpoint}: the password was not sent: postgres.sslmode = {} does not verify the \
+                 server, and it asked for the password without SCRAM channel binding (in clear, as MD5, by \
+                 SCRAM not bound to TLS, or over an unencrypted session), which a man in the middle could \
+                 use; set postgres.sslmode = verify-full with postgres.sslrootcert, or make the server \
+                 authenticate by scram-sha-256 over TLS (ssl = on, password_encryption = scram-sha-256)",
+                pg.sslmode
+            ),
+        ));
+    }
+    // tokio-postgres's words when the server answers the SSLRequest with 'N'
+    if text.contains("server does not support TLS") {
+        return Some(RelayError::fatal(
+            FatalReason::Tls,
+            format!(
+                "postgres {endpoint}: the server does not support SSL, and postgres.sslmode = {} requires it: \
+                 turn TLS on at the server (ssl = on, with ssl_cert_file and ssl_key_file), or point \
+                 postgres.host at a server or proxy that has it; postgres.sslmode = disable sends the password \
+                 and every event in clear",
+                pg.sslmode
+            ),
+        ));
+    }
+    None
 }
 
 /// The server refused the credentials (28P01) or the login (28000: no pg_hba.conf line, no such

@@ -20,15 +20,16 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use rdkafka::error::KafkaError;
-use rdkafka::types::RDKafkaConfRes;
-
 use super::{
     ConfigError, DEFAULT_KAFKA_CLIENT_ID, DEFAULT_KAFKA_COMPRESSION, DEFAULT_KAFKA_LINGER_MS,
     DEFAULT_KAFKA_MESSAGE_TIMEOUT_MS, DEFAULT_KAFKA_STALL_WARNING_MS, DEFAULT_KAFKA_TRANSACTION_MAX_BYTES,
     DEFAULT_KAFKA_TRANSACTION_MAX_EVENTS, DEFAULT_KAFKA_TRANSACTION_MAX_MS,
     DEFAULT_KAFKA_TRANSACTION_TIMEOUT_MS, KafkaAuthConfig, Secret,
 };
+
+mod librdkafka;
+
+pub use librdkafka::built_in_features;
 
 /// Environment variables with this prefix are secret librdkafka properties.
 pub const SECRET_ENV_PREFIX: &str = "OUTBOX_RELAY_KAFKA_";
@@ -320,20 +321,6 @@ impl KafkaConfig {
         Ok(())
     }
 
-    /// Gives each property to librdkafka alone; a refusal names the key, never the value.
-    fn validate_with_librdkafka(&self) -> Result<(), ConfigError> {
-        let place = |key: &str| match self.properties.contains_key(key) {
-            true => "kafka.properties",
-            false => "kafka secret properties (file or OUTBOX_RELAY_KAFKA_*)",
-        };
-        for (key, value) in self.client_properties() {
-            if let Some(problem) = librdkafka_refuses(key, value) {
-                return Err(ConfigError::invalid(format!("{}.\"{key}\"", place(key)), problem));
-            }
-        }
-        Ok(())
-    }
-
     /// What turns off the brokers' certificate checks, as (property, value) lines for `check`:
     /// `enable.ssl.certificate.verification = false`, or `ssl.endpoint.identification.algorithm
     /// = none` (the name is not checked) on a TLS protocol.
@@ -354,114 +341,6 @@ impl KafkaConfig {
         }
         off
     }
-
-    /// Refuses what this binary's librdkafka cannot do, naming the setting.
-    fn validate_built_in(&self) -> Result<(), ConfigError> {
-        let features = built_in_features();
-        let has = |feature: &str| features.iter().any(|f| f == feature);
-        if self.compression != "none" && !has(&self.compression) {
-            return Err(ConfigError::invalid(
-                "kafka.compression",
-                format!(
-                    "\"{}\" is not built into this binary (librdkafka has: {})",
-                    self.compression,
-                    features.join(",")
-                ),
-            ));
-        }
-        let property = |key: &str| self.property(key).map(str::to_ascii_lowercase);
-        if let Some(protocol) = property("security.protocol") {
-            let ok = match protocol.as_str() {
-                "plaintext" => true,
-                "ssl" | "sasl_ssl" => has("ssl"),
-                "sasl_plaintext" => has("sasl"),
-                _ => false,
-            };
-            if !ok {
-                return Err(ConfigError::invalid(
-                    "kafka.properties.\"security.protocol\"",
-                    format!(
-                        "\"{protocol}\" is not supported by this binary (librdkafka has: {})",
-                        features.join(",")
-                    ),
-                ));
-            }
-        }
-        if self.auth.is_some() && !has("sasl_oauthbearer") {
-            return Err(ConfigError::invalid(
-                "kafka.auth",
-                format!("this binary's librdkafka has no OAUTHBEARER (it has: {})", features.join(",")),
-            ));
-        }
-        if let Some(method) = property("sasl.oauthbearer.method") {
-            return Err(ConfigError::invalid(
-                "kafka.properties.\"sasl.oauthbearer.method\"",
-                format!("\"{method}\": {OAUTHBEARER_HOW}"),
-            ));
-        }
-        if let Some(mechanisms) = property("sasl.mechanisms").or_else(|| property("sasl.mechanism")) {
-            for mechanism in mechanisms.split(',').map(str::trim) {
-                if mechanism == "oauthbearer" && self.auth.is_none() {
-                    return Err(ConfigError::invalid(
-                        "kafka.auth",
-                        format!("must be set for sasl.mechanism = \"OAUTHBEARER\": {OAUTHBEARER_HOW}"),
-                    ));
-                }
-                let needed = match mechanism {
-                    "plain" => "sasl_plain",
-                    "scram-sha-256" | "scram-sha-512" => "sasl_scram",
-                    "oauthbearer" => "sasl_oauthbearer",
-                    "gssapi" => "sasl_gssapi",
-                    _ => "unknown mechanism",
-                };
-                if !has(needed) {
-                    return Err(ConfigError::invalid(
-                        "kafka.properties.\"sasl.mechanisms\"",
-                        format!(
-                            "\"{mechanism}\" is not supported by this binary (librdkafka has: {})",
-                            features.join(",")
-                        ),
-                    ));
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-/// How OAUTHBEARER works here (docs/security.md, "Kafka OAUTHBEARER"): librdkafka fetches OIDC
-/// tokens itself only when built with libcurl, which this binary's is not; the relay fetches them
-/// (`[kafka.auth]`, `crate::credentials`) and hands them over through the token callback.
-const OAUTHBEARER_HOW: &str = "the relay obtains OAUTHBEARER tokens itself: set [kafka.auth] mechanism = \"oidc\" \
-     (client credentials), \"token_file\" or \"msk_iam\" and leave sasl.mechanism and sasl.oauthbearer.method out \
-     of kafka.properties (librdkafka's own OIDC fetch needs libcurl, which this binary's librdkafka is built without)";
-
-/// Why librdkafka refuses `key = value`, without the value; `None` when it takes it.
-fn librdkafka_refuses(key: &str, value: &str) -> Option<String> {
-    let mut one = rdkafka::ClientConfig::new();
-    one.set(key, value);
-    match one.create_native_config() {
-        Ok(_) => None,
-        Err(KafkaError::ClientConfig(RDKafkaConfRes::RD_KAFKA_CONF_UNKNOWN, ..)) => Some(
-            "librdkafka has no such property; fix its spelling (librdkafka's CONFIGURATION.md lists them)"
-                .into(),
-        ),
-        Err(KafkaError::ClientConfig(..)) => Some(
-            "librdkafka refuses the value (not shown: it may be a secret); see librdkafka's \
-             CONFIGURATION.md for the values it takes"
-                .into(),
-        ),
-        Err(_) => Some("librdkafka cannot take it (a NUL character in the key or the value)".into()),
-    }
-}
-
-/// librdkafka's `builtin.features` (e.g. `gzip,snappy,ssl,sasl,...,zstd`).
-pub fn built_in_features() -> Vec<String> {
-    rdkafka::ClientConfig::new()
-        .create_native_config()
-        .and_then(|native| native.get("builtin.features"))
-        .map(|features| features.split(',').map(String::from).collect())
-        .unwrap_or_default()
 }
 
 fn default_client_id() -> String {
@@ -512,60 +391,4 @@ pub(super) fn string_or_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Stri
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn config(properties: &[(&str, &str)]) -> KafkaConfig {
-        KafkaConfig {
-            brokers: vec!["127.0.0.1:9092".into()],
-            client_id: "c".into(),
-            message_timeout_ms: 0,
-            stall_warning_ms: 10_000,
-            linger_ms: 5,
-            compression: "none".into(),
-            source_headers: true,
-            transactional: false,
-            transactional_id: String::new(),
-            transaction_timeout_ms: DEFAULT_KAFKA_TRANSACTION_TIMEOUT_MS,
-            transaction_max_events: DEFAULT_KAFKA_TRANSACTION_MAX_EVENTS,
-            transaction_max_bytes: DEFAULT_KAFKA_TRANSACTION_MAX_BYTES,
-            transaction_max_ms: DEFAULT_KAFKA_TRANSACTION_MAX_MS,
-            properties: properties
-                .iter()
-                .map(|(k, v)| (k.to_string(), KafkaProperty(v.to_string())))
-                .collect(),
-            secret_properties_file: String::new(),
-            secret_properties: BTreeMap::new(),
-            auth: None,
-        }
-    }
-
-    #[test]
-    fn the_principal_named_is_the_secret_files_when_it_sets_the_username_again() {
-        let mut kafka = config(&[("security.protocol", "SASL_SSL"), ("sasl.username", "outbox-relay")]);
-        assert_eq!(kafka.principal(), "principal User:outbox-relay");
-        kafka.secret_properties.insert("sasl.username".into(), Secret::new("outbox-relay-verify"));
-        assert_eq!(kafka.principal(), "principal User:outbox-relay-verify");
-    }
-
-    #[test]
-    fn oauthbearer_without_kafka_auth_and_librdkafkas_oidc_are_refused_naming_kafka_auth() {
-        for properties in [
-            &[("security.protocol", "SASL_SSL"), ("sasl.mechanism", "OAUTHBEARER")][..],
-            &[("sasl.mechanisms", "OAUTHBEARER"), ("sasl.oauthbearer.method", "oidc")][..],
-            &[("sasl.oauthbearer.method", "OIDC")][..],
-        ] {
-            let err = config(properties).validate().unwrap_err().to_string();
-            assert!(err.contains("[kafka.auth]") && err.contains("libcurl"), "{properties:?}: {err}");
-        }
-        assert!(config(&[("sasl.mechanism", "SCRAM-SHA-512")]).validate().is_ok());
-    }
-
-    #[test]
-    fn the_binary_has_tls_sasl_and_zstd() {
-        let features = built_in_features();
-        for feature in ["ssl", "sasl_plain", "sasl_scram", "zstd"] {
-            assert!(features.iter().any(|f| f == feature), "{feature} missing from {features:?}");
-        }
-    }
-}
+mod tests;

@@ -177,27 +177,41 @@ impl PostgresConfig {
             ));
         }
         if pg.auth == PgAuth::AwsIam {
-            if pg.password.is_some() || !pg.password_file.is_empty() {
-                return Err(ConfigError::invalid(
-                    "postgres.auth",
-                    "\"aws_iam\" makes the password at each connect: leave postgres.password and \
-                     postgres.password_file unset",
-                ));
-            }
-            if pg.sslmode != SslMode::VerifyFull {
-                return Err(ConfigError::invalid(
-                    "postgres.sslmode",
-                    "must be \"verify-full\" with postgres.auth = \"aws_iam\": the token is a bearer credential for \
-                     15 minutes and goes only to a server whose certificate and name are checked",
-                ));
-            }
-            if pg.aws_region().is_none() {
-                return Err(ConfigError::invalid(
-                    "postgres.aws_region",
-                    "must be set with postgres.auth = \"aws_iam\" (or AWS_REGION)",
-                ));
-            }
+            pg.validate_aws_iam()?;
         }
+        pg.validate_tls()
+    }
+
+    /// `postgres.auth = "aws_iam"`: no password of its own, `verify-full`, and a region.
+    fn validate_aws_iam(&self) -> Result<(), ConfigError> {
+        let pg = self;
+        if pg.password.is_some() || !pg.password_file.is_empty() {
+            return Err(ConfigError::invalid(
+                "postgres.auth",
+                "\"aws_iam\" makes the password at each connect: leave postgres.password and \
+                 postgres.password_file unset",
+            ));
+        }
+        if pg.sslmode != SslMode::VerifyFull {
+            return Err(ConfigError::invalid(
+                "postgres.sslmode",
+                "must be \"verify-full\" with postgres.auth = \"aws_iam\": the token is a bearer credential for \
+                 15 minutes and goes only to a server whose certificate and name are checked",
+            ));
+        }
+        if pg.aws_region().is_none() {
+            return Err(ConfigError::invalid(
+                "postgres.aws_region",
+                "must be set with postgres.auth = \"aws_iam\" (or AWS_REGION)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The TLS settings: a client certificate with its key, a root for `verify-ca`, the system's
+    /// roots only with `verify-full`, and every file named there.
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        let pg = self;
         if pg.sslcert.is_empty() != pg.sslkey.is_empty() {
             return Err(ConfigError::invalid(
                 "postgres.sslkey",

@@ -306,21 +306,7 @@ fn split_path(section: &str, message: String) -> ConfigError {
 /// `outbox.allowed_topics` entries are topic names or prefixes ending in `*`; `row_topics`
 /// needs a topic column and a list; a set list must leave the template some topic.
 fn validate_topic_routing(path: &str, o: &OutboxConfig) -> Result<(), ConfigError> {
-    for (i, entry) in o.allowed_topics.iter().enumerate() {
-        let name = entry.strip_suffix('*').unwrap_or(entry);
-        let valid = name.len() <= 249
-            && (!name.is_empty() || entry == "*")
-            && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-        if !valid {
-            return Err(ConfigError::invalid(
-                format!("{path}.allowed_topics[{i}]"),
-                format!(
-                    "\"{entry}\" is neither a topic name nor a prefix ending in * (a-z, A-Z, 0-9, '.', '_' \
-                     and '-', at most 249, and * only at the end)"
-                ),
-            ));
-        }
-    }
+    validate_allowed_topics(path, &o.allowed_topics)?;
     if o.row_topics && o.columns.topic.is_empty() {
         return Err(ConfigError::invalid(
             format!("{path}.row_topics"),
@@ -339,20 +325,8 @@ fn validate_topic_routing(path: &str, o: &OutboxConfig) -> Result<(), ConfigErro
             ),
         ));
     }
-    // the template's fixed start (up to its first placeholder) must be able to match an entry
-    let start = o.topic_template.split('{').next().unwrap_or_default();
-    let whole = !o.topic_template.contains('{');
-    let reachable = o.allowed_topics.iter().any(|entry| match entry.strip_suffix('*') {
-        Some(prefix) => start.starts_with(prefix) || (!whole && prefix.starts_with(start)),
-        None => {
-            if whole {
-                entry == start
-            } else {
-                entry.starts_with(start)
-            }
-        }
-    });
-    if !o.allowed_topics.is_empty() && !reachable {
+    if !o.allowed_topics.is_empty() && !allows_template(&o.allowed_topics, &o.topic_template) {
+        let start = o.topic_template.split('{').next().unwrap_or_default();
         return Err(ConfigError::invalid(
             format!("{path}.allowed_topics"),
             format!(
@@ -363,6 +337,43 @@ fn validate_topic_routing(path: &str, o: &OutboxConfig) -> Result<(), ConfigErro
         ));
     }
     Ok(())
+}
+
+/// Each `allowed_topics` entry is a topic name, or a prefix ending in `*` (`*` alone: any).
+fn validate_allowed_topics(path: &str, allowed_topics: &[String]) -> Result<(), ConfigError> {
+    for (i, entry) in allowed_topics.iter().enumerate() {
+        let name = entry.strip_suffix('*').unwrap_or(entry);
+        let valid = name.len() <= 249
+            && (!name.is_empty() || entry == "*")
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        if !valid {
+            return Err(ConfigError::invalid(
+                format!("{path}.allowed_topics[{i}]"),
+                format!(
+                    "\"{entry}\" is neither a topic name nor a prefix ending in * (a-z, A-Z, 0-9, '.', '_' \
+                     and '-', at most 249, and * only at the end)"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether an entry of `allowed` can match a topic `template` renders: the template's fixed
+/// start (up to its first placeholder) must be able to match the entry.
+fn allows_template(allowed: &[String], template: &str) -> bool {
+    let start = template.split('{').next().unwrap_or_default();
+    let whole = !template.contains('{');
+    allowed.iter().any(|entry| match entry.strip_suffix('*') {
+        Some(prefix) => start.starts_with(prefix) || (!whole && prefix.starts_with(start)),
+        None => {
+            if whole {
+                entry == start
+            } else {
+                entry.starts_with(start)
+            }
+        }
+    })
 }
 
 fn validate_topic_template(path: &str, template: &str) -> Result<(), ConfigError> {

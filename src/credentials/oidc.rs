@@ -70,8 +70,28 @@ impl Oidc {
         Ok(Secret::new(text.lines().next().unwrap_or_default().trim()))
     }
 
+    /// Asks the token endpoint for a token with the client's credentials.
     pub(super) async fn fetch(&self) -> Result<Token, FetchError> {
         let secret = self.secret()?;
+        let form = self.form(&secret);
+        let asked = SystemTime::now();
+        let response = self
+            .http
+            .post(&self.url)
+            .header(reqwest::header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .header(reqwest::header::ACCEPT, "application/json")
+            .body(form)
+            .send()
+            .await
+            .map_err(|e| FetchError::Unavailable(format!("{}: {}", self.url, chain(&e))))?;
+        let status = response.status();
+        let body =
+            response.bytes().await.map_err(|e| FetchError::Unavailable(format!("{}: {e}", self.url)))?;
+        self.answered(status, serde_json::from_slice(&body).ok(), asked)
+    }
+
+    /// The request's body: the grant, the client's id and secret, `scope` and `audience` when set.
+    fn form(&self, secret: &Secret) -> String {
         let mut form = form_urlencoded::Serializer::new(String::new());
         form.append_pair("grant_type", "client_credentials")
             .append_pair("client_id", &self.client_id)
@@ -82,41 +102,20 @@ impl Oidc {
         if !self.audience.is_empty() {
             form.append_pair("audience", &self.audience);
         }
-        let asked = SystemTime::now();
-        let response = self
-            .http
-            .post(&self.url)
-            .header(reqwest::header::CONTENT_TYPE, "application/x-www-form-urlencoded")
-            .header(reqwest::header::ACCEPT, "application/json")
-            .body(form.finish())
-            .send()
-            .await
-            .map_err(|e| FetchError::Unavailable(format!("{}: {}", self.url, chain(&e))))?;
-        let status = response.status();
-        let body =
-            response.bytes().await.map_err(|e| FetchError::Unavailable(format!("{}: {e}", self.url)))?;
-        let answer: Option<Answer> = serde_json::from_slice(&body).ok();
-        let said = |a: &Answer| {
-            let error = a.error.as_deref().unwrap_or("no error code");
-            match &a.error_description {
-                Some(d) => format!("{error}: {d}"),
-                None => error.to_string(),
-            }
-        };
+        form.finish()
+    }
+
+    /// What the endpoint's answer (`None`: not JSON) with `status` means: a token, a refusal
+    /// naming the setting to fix, or a failure to retry.
+    fn answered(
+        &self,
+        status: StatusCode,
+        answer: Option<Answer>,
+        asked: SystemTime,
+    ) -> Result<Token, FetchError> {
         match (status, answer) {
             (StatusCode::OK, Some(Answer { access_token: Some(token), expires_in, .. })) => {
-                let claims = jwt::claims(&token).unwrap_or_default();
-                // expires_in is the provider's word; a JWT's exp is the brokers' (the earlier wins)
-                let by_answer = expires_in.map(|s| asked + Duration::from_secs(s));
-                let expires_at =
-                    [by_answer, claims.expires_at].into_iter().flatten().min().ok_or_else(|| {
-                        FetchError::Unavailable(format!(
-                            "{}: the token has neither expires_in nor exp",
-                            self.url
-                        ))
-                    })?;
-                let principal = claims.subject.unwrap_or_else(|| self.client_id.clone());
-                Ok(Token { value: Secret::new(token), expires_at, principal })
+                self.token(token, expires_in, asked)
             }
             (StatusCode::BAD_REQUEST | StatusCode::UNAUTHORIZED, Some(a))
                 if matches!(a.error.as_deref(), Some("invalid_client" | "unauthorized_client")) =>
@@ -133,22 +132,45 @@ impl Oidc {
                          secret",
                         self.url,
                         self.client_id,
-                        said(&a)
+                        a.said()
                     ),
                 })
             }
             (StatusCode::BAD_REQUEST, Some(a)) if a.error.as_deref() == Some("invalid_scope") => {
                 Err(FetchError::Refused {
                     setting: "kafka.auth.scope",
-                    why: format!("the identity provider {} refused the scope ({})", self.url, said(&a)),
+                    why: format!("the identity provider {} refused the scope ({})", self.url, a.said()),
                 })
             }
             (status, Some(a)) if a.error.is_some() => {
-                Err(FetchError::Unavailable(format!("{}: HTTP {status}: {}", self.url, said(&a))))
+                Err(FetchError::Unavailable(format!("{}: HTTP {status}: {}", self.url, a.said())))
             }
             (status, _) => {
                 Err(FetchError::Unavailable(format!("{}: HTTP {status} without a token", self.url)))
             }
+        }
+    }
+
+    /// The token granted at `asked`, expiring at the earlier of `expires_in` and its JWT's `exp`.
+    fn token(&self, token: String, expires_in: Option<u64>, asked: SystemTime) -> Result<Token, FetchError> {
+        let claims = jwt::claims(&token).unwrap_or_default();
+        // expires_in is the provider's word; a JWT's exp is the brokers' (the earlier wins)
+        let by_answer = expires_in.map(|s| asked + Duration::from_secs(s));
+        let expires_at = [by_answer, claims.expires_at].into_iter().flatten().min().ok_or_else(|| {
+            FetchError::Unavailable(format!("{}: the token has neither expires_in nor exp", self.url))
+        })?;
+        let principal = claims.subject.unwrap_or_else(|| self.client_id.clone());
+        Ok(Token { value: Secret::new(token), expires_at, principal })
+    }
+}
+
+impl Answer {
+    /// The error the endpoint said, with its description when it gave one.
+    fn said(&self) -> String {
+        let error = self.error.as_deref().unwrap_or("no error code");
+        match &self.error_description {
+            Some(d) => format!("{error}: {d}"),
+            None => error.to_string(),
         }
     }
 }

@@ -259,6 +259,10 @@ fn counter(r: &Registry, name: &str, labels: &[&str]) -> IntCounterVec {
     register(r, IntCounterVec::new(Opts::new(name, help(name)), labels).expect("valid metric"))
 }
 
+fn int_counter(r: &Registry, name: &str) -> IntCounter {
+    register(r, IntCounter::new(name, help(name)).expect("valid metric"))
+}
+
 fn int_gauge(r: &Registry, name: &str) -> IntGauge {
     register(r, IntGauge::new(name, help(name)).expect("valid metric"))
 }
@@ -271,12 +275,18 @@ fn gauge(r: &Registry, name: &str) -> Gauge {
     register(r, Gauge::new(name, help(name)).expect("valid metric"))
 }
 
+fn gauge_vec(r: &Registry, name: &str, labels: &[&str]) -> GaugeVec {
+    register(r, GaugeVec::new(Opts::new(name, help(name)), labels).expect("valid metric"))
+}
+
 fn histogram(r: &Registry, name: &str) -> Histogram {
     let opts = HistogramOpts::new(name, help(name)).buckets(LATENCY_BUCKETS.to_vec());
     register(r, Histogram::with_opts(opts).expect("valid metric"))
 }
 
 impl Metrics {
+    /// Creates every metric and registers it once, each through the helper of its type (its help
+    /// text from [`ALL`]); one registry per process: [`metrics`].
     fn new() -> Metrics {
         let r = Registry::new();
         Metrics {
@@ -310,19 +320,12 @@ impl Metrics {
             backlog_events: int_gauge(&r, BACKLOG_EVENTS),
             backlog_oldest_age: gauge(&r, BACKLOG_OLDEST_AGE),
             leader: int_gauge(&r, LEADER),
-            build_info: register(
-                &r,
-                GaugeVec::new(Opts::new(BUILD_INFO, help(BUILD_INFO)), &["version", "mode"])
-                    .expect("valid metric"),
-            ),
+            build_info: gauge_vec(&r, BUILD_INFO, &["version", "mode"]),
             fatal: int_gauge_vec(&r, FATAL, &["reason"]),
             stream_messages_skipped: counter(&r, STREAM_MESSAGES_SKIPPED, &["kind"]),
             dedup_skipped: counter(&r, DEDUP_SKIPPED, &["mode"]),
             dedup_scans: counter(&r, DEDUP_SCANS, &["result"]),
-            dedup_scanned_records: register(
-                &r,
-                IntCounter::new(DEDUP_SCANNED_RECORDS, help(DEDUP_SCANNED_RECORDS)).expect("valid metric"),
-            ),
+            dedup_scanned_records: int_counter(&r, DEDUP_SCANNED_RECORDS),
             kafka_transactions: counter(&r, KAFKA_TRANSACTIONS, &["outcome"]),
             dead_letters_outstanding: int_gauge(&r, DEAD_LETTERS_OUTSTANDING),
             dead_letters_oldest_age: gauge(&r, DEAD_LETTERS_OLDEST_AGE),
@@ -336,11 +339,7 @@ impl Metrics {
                 OUTBOX_DEAD_LETTERS_OUTSTANDING,
                 &[OUTBOX_NAME_LABEL],
             ),
-            credential_refresh_failures: register(
-                &r,
-                IntCounter::new(CREDENTIAL_REFRESH_FAILURES, help(CREDENTIAL_REFRESH_FAILURES))
-                    .expect("valid metric"),
-            ),
+            credential_refresh_failures: int_counter(&r, CREDENTIAL_REFRESH_FAILURES),
             credential_expiry: gauge(&r, CREDENTIAL_EXPIRY),
             deployment: Mutex::default(),
             registry: r,
@@ -462,60 +461,4 @@ pub fn metrics() -> &'static Metrics {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_metric_renders_with_its_name() {
-        let m = metrics();
-        m.events_read.with_label_values(&["polling"]).inc();
-        m.events_published.with_label_values(&["polling"]).inc();
-        m.events_dead_lettered.with_label_values(&["polling"]).inc();
-        m.publish_errors.with_label_values(&["timeout"]).inc();
-        m.slot_wal_status.with_label_values(&["reserved"]).set(1);
-        m.build_info.with_label_values(&["0", "polling"]).set(1.0);
-        m.fatal.with_label_values(&["other"]).set(0);
-        let published = m.events_published.with_label_values(&["polling"]);
-        m.acknowledged_at(&published, Instant::now(), Some(SystemTime::now()), &Clock::now());
-        let text = m.render();
-        for name in
-            [EVENTS_READ, PUBLISH_LATENCY, END_TO_END_LATENCY, SLOT_CONFIRMED_LAG, LEADER, BUILD_INFO, FATAL]
-        {
-            assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing");
-        }
-        assert!(text.contains("outbox_relay_end_to_end_latency_seconds_bucket{le=\"0.001\"}"));
-        m.initialize(Mode::Replication, "0");
-        m.initialize_outboxes(["orders", "ledger"]);
-        let text = m.render();
-        assert!(
-            text.contains("outbox_relay_outbox_events_published_total{outbox_name=\"ledger\"} 0"),
-            "{text}"
-        );
-        for (name, help) in ALL {
-            assert!(text.contains(&format!("# HELP {name} {help}")), "{name} missing after initialize");
-        }
-        assert!(text.contains("outbox_relay_end_to_end_latency_seconds_bucket{le=\"60\"}"));
-    }
-
-    #[test]
-    fn every_series_carries_the_deployment_s_labels() {
-        let m = Metrics::new();
-        m.initialize(Mode::Polling, "0");
-        m.label_deployment(["app".into(), "public.outbox_events".into(), "orders_slot".into()]);
-        m.events_read.with_label_values(&["polling"]).inc();
-        m.leader.set(1);
-        let text = m.render();
-        let deployment = r#"database="app",outbox="public.outbox_events",slot="orders_slot""#;
-        assert!(text.contains(&format!("outbox_relay_leader{{{deployment}}} 1")), "{text}");
-        assert!(text.contains(&format!("outbox_relay_events_read_total{{mode=\"polling\",{deployment}}} 1")));
-        assert!(
-            text.contains(&format!(
-                "outbox_relay_end_to_end_latency_seconds_bucket{{{deployment},le=\"60\"}} 0"
-            )),
-            "{text}"
-        );
-        let samples = text.lines().filter(|l| !l.starts_with('#'));
-        let unlabelled: Vec<_> = samples.filter(|l| !l.contains(deployment)).collect();
-        assert!(unlabelled.is_empty(), "series without the deployment's labels: {unlabelled:?}");
-    }
-}
+mod tests;

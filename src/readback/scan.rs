@@ -17,10 +17,12 @@ use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::{Content, Fingerprint, Lookback, ReadBackContext};
-use crate::observe::metrics::{ScanResult, metrics};
+use crate::observe::metrics::ScanResult;
 use crate::record::Position;
 use crate::record::format::Format;
 use crate::sink::kafka::{POSITION_HEADER, SOURCE_HEADER};
+
+mod report;
 
 /// The first window read back from each partition's end; each further one is twice as large.
 const FIRST_WINDOW: i64 = 256;
@@ -47,66 +49,6 @@ pub(super) struct ScanOutcome {
     foreign: u64,
     /// When the last record arrived.
     last_record: Option<Instant>,
-}
-
-impl ScanOutcome {
-    pub(super) fn report(&self, topic: &str, lookback: Lookback, took: Duration) {
-        let m = metrics();
-        m.dedup_scans.with_label_values(&[self.result.label()]).inc();
-        m.dedup_scanned_records.inc_by(self.records);
-        let (result, keys, partitions, records, foreign) =
-            (self.result.label(), self.keys.len(), self.partitions, self.records, self.foreign);
-        let took_ms = took.as_millis() as u64;
-        match self.result {
-            // the producer says what happens to its records when it is first given one
-            // (`KafkaSink::look_up`): one warning, not two
-            ScanResult::TopicMissing => tracing::info!(
-                topic,
-                ?lookback,
-                result,
-                took_ms,
-                "the topic does not exist (not created yet, or deleted): nothing to read back"
-            ),
-            ScanResult::Complete => tracing::info!(
-                topic,
-                ?lookback,
-                result,
-                partitions,
-                records,
-                foreign,
-                already_written = keys,
-                took_ms,
-                "read the topic back: events it already holds are not sent again"
-            ),
-            ScanResult::Truncated | ScanResult::Limit | ScanResult::Timeout => {
-                let why = match self.result {
-                    ScanResult::Truncated => {
-                        "read the topic back to the start of a partition whose older records are gone (retention \
-                         or deletion): replayed events older than what the topic still holds are sent again"
-                    }
-                    ScanResult::Limit => {
-                        "stopped reading the topic back at dedup.max_scan_records: older replayed events may be \
-                         sent again (raise dedup.max_scan_records to look further)"
-                    }
-                    _ => {
-                        "stopped reading the topic back at dedup.scan_timeout_ms, records still arriving: older \
-                         replayed events may be sent again (raise dedup.scan_timeout_ms, or clear what other \
-                         producers wrote to the topic)"
-                    }
-                };
-                tracing::warn!(
-                    topic,
-                    ?lookback,
-                    result,
-                    partitions,
-                    records,
-                    already_written = keys,
-                    took_ms,
-                    "{why}"
-                )
-            }
-        }
-    }
 }
 
 /// One record of this relay, as read back, with its key for the session's lookback.
@@ -503,67 +445,4 @@ impl Scan {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::collections::HashSet;
-    use std::hash::RandomState;
-    use std::sync::Arc;
-    use std::sync::atomic::AtomicBool;
-    use std::time::Instant;
-
-    use super::{Partition, Scan, ScanOutcome, ScanResult};
-    use crate::readback::{Fingerprint, Lookback};
-
-    fn scan(lookback: Lookback) -> Scan {
-        use crate::record::format::Format;
-        Scan {
-            cancelled: Arc::new(AtomicBool::new(false)),
-            refused_login: Default::default(),
-            topic: "t".into(),
-            sources: vec![Arc::from("s")].into(),
-            formats: vec![Format::Raw].into(),
-            lookback,
-            fingerprint: Fingerprint(RandomState::new(), RandomState::new()),
-            max_records: 1_000,
-            deadline: Instant::now(),
-        }
-    }
-
-    /// A partition read back to `low`, its first offset still held.
-    fn read_to_start(low: i64) -> Partition {
-        Partition {
-            id: 0,
-            low,
-            start: low,
-            end: None,
-            window: 100,
-            done: false,
-            batch: None,
-            written: Vec::new(),
-            read: true,
-            tail: low + 10,
-        }
-    }
-
-    fn result(lookback: Lookback, low: i64) -> ScanResult {
-        let mut outcome = ScanOutcome {
-            keys: HashSet::new(),
-            result: ScanResult::Complete,
-            partitions: 1,
-            records: 0,
-            foreign: 0,
-            last_record: None,
-        };
-        let mut partition = read_to_start(low);
-        scan(lookback).take_window(&mut partition, &mut outcome);
-        assert!(partition.done);
-        outcome.result
-    }
-
-    #[test]
-    fn a_read_back_to_a_partition_whose_oldest_records_are_gone_is_truncated_whatever_its_lookback() {
-        for lookback in [Lookback::Everything, Lookback::LastBatch, Lookback::Since(crate::lsn::Lsn(1))] {
-            assert_eq!(result(lookback, 5), ScanResult::Truncated, "{lookback:?}");
-            assert_eq!(result(lookback, 0), ScanResult::Complete, "{lookback:?}");
-        }
-    }
-}
+mod tests;

@@ -61,6 +61,34 @@ fn parse_template(template: &str) -> Vec<TopicPart> {
     parts
 }
 
+/// The schema registry's encoding of the value replaces the `payload`; the row's own payload is
+/// kept as `formatted`'s (made with the raw format's headers, from the `row`'s id, event type and
+/// aggregate type, when the format built none).
+fn put_encoded(
+    encoded: Vec<u8>,
+    payload: &mut Vec<u8>,
+    formatted: &mut Option<Box<Formatted>>,
+    (id, event_type, aggregate_type): (&String, &String, &String),
+) {
+    let row_payload = String::from_utf8(std::mem::replace(payload, encoded)).expect("a payload is text");
+    let f = formatted.get_or_insert_with(|| {
+        let headers = vec![
+            ("id", id.clone()),
+            ("event_type", event_type.clone()),
+            ("aggregate_type", aggregate_type.clone()),
+        ];
+        let written_type = event_type.clone();
+        Box::new(Formatted {
+            headers,
+            written_type,
+            aggregate_id: None,
+            payload: None,
+            data_is_payload: false,
+        })
+    });
+    f.payload = Some(row_payload);
+}
+
 impl Mapping {
     /// The mapping of a relay's only (or first) outbox.
     pub fn new(outbox: &OutboxConfig) -> Self {
@@ -115,24 +143,8 @@ impl Mapping {
             ),
         };
         if let Some(encoded) = encoded {
-            let row_payload =
-                String::from_utf8(std::mem::replace(&mut payload, encoded)).expect("a payload is text");
-            let f = formatted.get_or_insert_with(|| {
-                let headers = vec![
-                    ("id", id.clone()),
-                    ("event_type", event_type.clone()),
-                    ("aggregate_type", aggregate_type.clone()),
-                ];
-                let written_type = event_type.clone();
-                Box::new(Formatted {
-                    headers,
-                    written_type,
-                    aggregate_id: None,
-                    payload: None,
-                    data_is_payload: false,
-                })
-            });
-            f.payload = Some(row_payload);
+            let row = (&id, &event_type, &aggregate_type);
+            put_encoded(encoded, &mut payload, &mut formatted, row);
         }
         Ok(Ok(KafkaRecord {
             id,

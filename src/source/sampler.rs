@@ -80,6 +80,8 @@ async fn sample_polling(
     sample_slot(config, client, primary, standbys, slot).await
 }
 
+/// The slot's gauges from `pg_replication_slots`: lag, retained WAL, status, activity, idle
+/// timeout and, for a failover slot, its standbys' copies.
 async fn sample_slot(
     config: &RelayConfig,
     client: &Client,
@@ -101,17 +103,7 @@ async fn sample_slot(
     );
     let row = client.query_opt(&sql, &[&slot]).await?;
     let Some(row) = row else {
-        // a slot that is gone retains nothing (dropped after a switch to polling mode)
-        m.slot_active.set(0);
-        m.slot_confirmed_lag.set(0);
-        m.slot_retained_wal.set(0);
-        for status in WalStatus::ALL {
-            m.slot_wal_status.with_label_values(&[status.label()]).set(0);
-        }
-        m.slot_failover.set(0);
-        m.switchover_ready_standbys.set(0);
-        m.slot_inactive.set(0.0);
-        m.slot_idle_timeout_remaining.set(-1.0);
+        clear_slot_gauges();
         return Ok(());
     };
     m.slot_confirmed_lag.set(row.get::<_, Option<i64>>("confirmed_lag").unwrap_or(0));
@@ -135,18 +127,47 @@ async fn sample_slot(
     // (a slot made a failover slot stays one when the setting is turned off: its alert needs this)
     let confirmed: Option<Lsn> = row.get::<_, Option<String>>("confirmed").and_then(|lsn| lsn.parse().ok());
     if failover {
-        let (mut ready, mut switchover) = (0, 0);
-        for (standby, copy) in standbys.copies(&config.postgres, primary, slot).await {
-            tracing::debug!(%standby, copy = %copy.state, confirmed = ?copy.confirmed, "the standby's copy of the slot");
-            ready += i64::from(copy.state.is_ready());
-            switchover += i64::from(confirmed.is_some_and(|at| copy.switchover_ready(at).is_ok()));
-        }
-        m.failover_standbys_ready.set(ready);
-        m.switchover_ready_standbys.set(switchover);
+        sample_standbys(config, primary, standbys, slot, confirmed).await;
     } else {
         m.switchover_ready_standbys.set(0);
     }
     Ok(())
+}
+
+/// A slot that is gone retains nothing (dropped after a switch to polling mode): its gauges
+/// read 0 (the idle timeout's -1: none).
+fn clear_slot_gauges() {
+    let m = metrics();
+    m.slot_active.set(0);
+    m.slot_confirmed_lag.set(0);
+    m.slot_retained_wal.set(0);
+    for status in WalStatus::ALL {
+        m.slot_wal_status.with_label_values(&[status.label()]).set(0);
+    }
+    m.slot_failover.set(0);
+    m.switchover_ready_standbys.set(0);
+    m.slot_inactive.set(0.0);
+    m.slot_idle_timeout_remaining.set(-1.0);
+}
+
+/// A failover slot's copies on the standbys: how many a promotion keeps, and how many have
+/// reached the slot's `confirmed` position (a switchover to one sends nothing twice).
+async fn sample_standbys(
+    config: &RelayConfig,
+    primary: &Endpoint,
+    standbys: &mut failover::Standbys,
+    slot: &str,
+    confirmed: Option<Lsn>,
+) {
+    let (mut ready, mut switchover) = (0, 0);
+    for (standby, copy) in standbys.copies(&config.postgres, primary, slot).await {
+        tracing::debug!(%standby, copy = %copy.state, confirmed = ?copy.confirmed, "the standby's copy of the slot");
+        ready += i64::from(copy.state.is_ready());
+        switchover += i64::from(confirmed.is_some_and(|at| copy.switchover_ready(at).is_ok()));
+    }
+    let m = metrics();
+    m.failover_standbys_ready.set(ready);
+    m.switchover_ready_standbys.set(switchover);
 }
 
 /// The unpublished rows, counted up to [`BACKLOG_COUNT_CAP`], and the age in seconds of the one

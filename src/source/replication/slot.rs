@@ -15,38 +15,27 @@
 
 use std::str::FromStr;
 
-use tokio::sync::watch;
 use tokio_postgres::Client;
 
-use super::copy::{CopyReport, FirstCopy};
 use super::refusal::Refusal;
 use super::transport::{self, Command};
-use super::{MODE, ReplicationSource};
-use crate::config::{Endpoint, RelayConfig};
-use crate::delivery::{self, Delivery};
+use crate::config::RelayConfig;
 use crate::error::{FatalReason, RelayError};
 use crate::lsn::Lsn;
-use crate::observe::pulse::Pulse;
-use crate::readback::{self, Lookback};
-use crate::sink::Sink;
 use crate::table::{OutboxTable, quote_ident};
+
+mod create;
+
+pub(super) use create::create_and_copy;
 
 /// The relay's own memory of its slots (sql/006_relay_slots.sql, sql/007_relay_slots_timeline.sql,
 /// sql/008_relay_slots_owner.sql).
 const REMEMBERED_SQL: &str = "SELECT snapshot_completed_at IS NOT NULL AS copied, created_timeline, outbox_table \
                               FROM outbox_relay_slots WHERE slot_name = $1";
 const FORGET_SQL: &str = "DELETE FROM outbox_relay_slots WHERE slot_name = $1";
-/// Written *before* the slot is created, copy unfinished: a slot that exists without its memory
-/// would be streamed from its consistent point, and the rows the first copy owes never published.
-const REMEMBER_SQL: &str = "INSERT INTO outbox_relay_slots (slot_name, created_lsn, created_timeline, outbox_table) \
-     VALUES ($1, '0/0', (SELECT timeline FROM current_timeline), $2) \
-     ON CONFLICT (slot_name) DO UPDATE SET created_lsn = '0/0', snapshot_completed_at = NULL, \
-     created_timeline = EXCLUDED.created_timeline, outbox_table = EXCLUDED.outbox_table";
-const CREATED_SQL: &str = "UPDATE outbox_relay_slots SET created_lsn = $2::text::pg_lsn WHERE slot_name = $1";
 /// The server's timeline, from the name of its current WAL file (pg_control_checkpoint() needs
 /// more privilege than the relay has).
 const CURRENT_TIMELINE_CTE: &str = "WITH current_timeline AS (SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int AS timeline) ";
-const COPIED_SQL: &str = "UPDATE outbox_relay_slots SET snapshot_completed_at = now() WHERE slot_name = $1";
 const DROP_SLOT_SQL: &str = "SELECT pg_drop_replication_slot($1)";
 
 /// What the relay must do with the slot before streaming.
@@ -432,70 +421,4 @@ fn missing_outbox(outbox: &crate::config::OutboxEntry, table: &OutboxTable) -> S
             table.display_name()
         ),
     }
-}
-
-/// Creates the slot on the (not yet streaming) replication session, remembers it, and
-/// publishes the rows visible in its exported snapshot. Returns the slot's consistent point,
-/// and what the copy did.
-pub(super) async fn create_and_copy<S: Sink>(
-    source: &mut ReplicationSource<S>,
-    server: &Endpoint,
-    replication: &mut pgwire_replication::ReplicationClient,
-    client: &Client,
-    pulse: &Pulse,
-    shutdown: &mut watch::Receiver<bool>,
-) -> Result<(Lsn, CopyReport), RelayError> {
-    let slot = &source.config.replication.slot;
-    // (the first outbox's table: what polling mode's handover looks for)
-    let owner = source.outboxes.first().table.display_name();
-    client.execute(&format!("{CURRENT_TIMELINE_CTE}{REMEMBER_SQL}"), &[slot, &owner]).await?;
-    // the option list is PostgreSQL 15+ syntax, FAILOVER 17+; the older form works everywhere
-    let options =
-        if source.config.replication.failover { "(SNAPSHOT 'export', FAILOVER)" } else { "EXPORT_SNAPSHOT" };
-    let rows = replication
-        .simple_query(&format!("CREATE_REPLICATION_SLOT {} LOGICAL pgoutput {options}", quote_ident(slot)))
-        .await
-        .map_err(|e| transport::in_context(transport::classify(e), Command::Create, slot))?;
-    let row =
-        rows.first().ok_or_else(|| RelayError::Protocol("CREATE_REPLICATION_SLOT returned no row".into()))?;
-    let text = |i: usize| row.get(i).cloned().flatten().map(|b| String::from_utf8_lossy(&b).into_owned());
-    let consistent_point: Lsn = text(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| RelayError::Protocol("CREATE_REPLICATION_SLOT returned no consistent point".into()))?;
-    let snapshot =
-        text(2).ok_or_else(|| RelayError::Protocol("CREATE_REPLICATION_SLOT exported no snapshot".into()))?;
-    client.execute(CREATED_SQL, &[slot, &consistent_point.to_string()]).await?;
-    tracing::info!(%slot, %consistent_point, "created the slot; publishing the rows already in the table");
-    // any row of the tables may be in the topics already (a copy that was interrupted, or the
-    // slot recreated after it was lost): read back everything the topics hold from this source;
-    // one outbox table after the other, each in the slot's snapshot
-    let mut report = CopyReport::default();
-    for outbox in source.outboxes.iter() {
-        // the slot is this session's: it may fence earlier producers (kafka.transactional)
-        let lookback = (MODE, Lookback::Everything);
-        let identities = readback::source_identities(client, &source.config).await?;
-        let prologue =
-            delivery::prologue(&mut source.sink, &identities, &source.config, lookback, pulse, shutdown)
-                .await?;
-        let stage = (&source.dead_letters, &source.config.kafka);
-        let delivery = Delivery::open(&source.sink, prologue, stage, pulse, MODE).await;
-        let copy = FirstCopy {
-            postgres: &source.config.postgres,
-            server,
-            table: &outbox.table,
-            mapping: &outbox.mapping,
-            dead_letters: &source.dead_letters,
-            letters_to: client,
-            recorder: outbox.recorder(client).await?,
-            point: consistent_point,
-            chunk_bytes: source.config.replication.max_in_flight_bytes,
-        };
-        report.add(copy.run(&snapshot, delivery, shutdown).await?);
-    }
-    client.execute(COPIED_SQL, &[slot]).await?;
-    let CopyReport { published, already_in_kafka, dead_lettered } = report;
-    // `rows`: every row Kafka holds now (tests read this figure from the log)
-    let rows = published + already_in_kafka;
-    tracing::info!(%slot, rows, published, already_in_kafka, dead_lettered, "pre-existing rows published; streaming from the slot");
-    Ok((consistent_point, report))
 }
