@@ -9,18 +9,22 @@
 //!   and its id recorded as published, in one transaction committed only after Kafka
 //!   acknowledged every record sent; a letter that still cannot map, or that Kafka refuses,
 //!   stays, and the command says why and exits 1;
+//! - records go to Kafka through the daemon's delivery stage, in a one-off session
+//!   ([`crate::delivery::once`]): with `kafka.transactional` the replay is one Kafka transaction,
+//!   under a `transactional.id` of its own (the relay's is never fenced);
 //! - a replayed record carries the relay's headers (`id`, the source) and
 //!   `outbox_relay_replayed: <letter id>`, and no position: it comes after later events of its
 //!   key, so `verify` neither orders nor compares it, and the relay's read-back passes it over.
 //!   A replay that dies after Kafka acknowledged and before the commit leaves the letters: run
 //!   again, the events are sent again under the same ids (consumers deduplicate by id).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::time::Duration;
 
 use tokio_postgres::Transaction;
 
 use crate::config::RelayConfig;
+use crate::delivery::once::{self, Delivered};
 use crate::error::{FatalReason, RelayError};
 use crate::published::{Recorder, Sent};
 use crate::record::{KafkaRecord, Mapping, OutboxRow};
@@ -104,10 +108,7 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, Rel
     if records.is_empty() {
         return Ok(outcome);
     }
-    let mut sink = KafkaSink::new(&config.kafka)
-        .map_err(|e| RelayError::Kafka(format!("cannot create a producer: {e}")))?;
-    sink.set_sources(&[source]);
-    let acked = send(&sink, &records, config.kafka.message_timeout_ms, &mut outcome).await;
+    let acked = send(config, source, &records, &mut outcome).await?;
     let sent: Vec<&(Letter, KafkaRecord)> = records.iter().filter(|(l, _)| acked.contains(&l.id)).collect();
     remove(&tx, &letters_table, &table.delete_ids_sql(&id_type), &sent).await?;
     let topics = sent.iter().map(|(_, r)| r.topic.clone()).collect();
@@ -235,39 +236,40 @@ async fn may_remove(
     ))
 }
 
-/// Sends every record and waits for its report; returns the letters Kafka acknowledged, and
-/// notes each refusal.
+/// Sends every record through a one-off session of the delivery stage (the daemon's headers,
+/// classification and Kafka transactions) and waits for each; returns the letters Kafka
+/// acknowledged, and notes each of the others.
 async fn send(
-    sink: &KafkaSink,
+    config: &RelayConfig,
+    source: String,
     records: &[(Letter, KafkaRecord)],
-    message_timeout_ms: u64,
     outcome: &mut Outcome,
-) -> HashSet<i64> {
-    let mut reports = sink.reports().await;
-    let mut waiting = HashMap::new();
-    for (letter, record) in records {
-        waiting.insert(sink.enqueue(record).await, letter.id);
-    }
+) -> Result<HashSet<i64>, RelayError> {
+    let mut config = config.clone();
+    config.kafka = once::one_off_kafka(&config.kafka, &source, "replay-dead-letters");
+    let mut sink = KafkaSink::new(&config.kafka)
+        .map_err(|e| RelayError::Kafka(format!("cannot create a producer: {e}")))?;
+    let limit = Duration::from_millis(config.kafka.message_timeout_ms) + Duration::from_secs(10);
+    let records = records.iter().map(|(letter, record)| (letter.id, record.clone())).collect();
     let mut acked = HashSet::new();
-    let limit = Duration::from_millis(message_timeout_ms) + Duration::from_secs(10);
-    while !waiting.is_empty() {
-        let Ok(Some(report)) = tokio::time::timeout(limit, reports.recv()).await else { break };
-        let Some(letter) = waiting.remove(&report.seq) else { continue };
-        match report.outcome {
-            Ok(()) => {
+    for (letter, sent) in once::send_all(&mut sink, &config, &[source], records, limit).await? {
+        match sent {
+            Delivered::Acked => {
                 acked.insert(letter);
             }
-            Err(e) => {
+            Delivered::Refused(why) => {
                 outcome.refused += 1;
-                outcome.lines.push(format!("letter {letter}: Kafka refused it: {e}; it stays"));
+                outcome.lines.push(format!("letter {letter}: Kafka refused it: {why}; it stays"));
+            }
+            Delivered::Unacknowledged(why) => {
+                outcome.refused += 1;
+                outcome
+                    .lines
+                    .push(format!("letter {letter}: Kafka did not acknowledge it ({why}); it stays"));
             }
         }
     }
-    for letter in waiting.into_values() {
-        outcome.refused += 1;
-        outcome.lines.push(format!("letter {letter}: no answer from Kafka; it stays"));
-    }
-    acked
+    Ok(acked)
 }
 
 /// Removes the letters of `sent` and their events' rows (`delete_rows_sql`, by id).
