@@ -5,6 +5,9 @@
 //! Invariants:
 //! - the letters are locked (`FOR UPDATE`) for the whole replay, so two replays do not both send
 //!   one; the privileges to remove them are checked before anything is sent;
+//! - only letters the relay wrote are sent ([`trust`]): one whose digest this relay's key
+//!   (`dead_letter.signing_key_file`) does not verify is refused, named, and left as it is, unless
+//!   the operator vouches for it by id (`--vouch`); nothing of it is sent, removed or recorded;
 //! - a letter is removed, with its event's row still in the outbox (replication mode keeps it)
 //!   and its id recorded as published, in one transaction committed only after Kafka
 //!   acknowledged every record sent; a letter that still cannot map, or that Kafka refuses,
@@ -31,11 +34,16 @@ use crate::record::{KafkaRecord, Mapping, OutboxRow};
 use crate::sink::kafka::{KafkaSink, REPLAYED_HEADER};
 use crate::table::OutboxTable;
 
+mod trust;
+
 /// Which letters, and whether to send them.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
     /// Letter ids (`outbox_dead_letter.id`); empty: every letter of this outbox.
     pub ids: Vec<i64>,
+    /// Letters the operator checked and vouches for although this relay's key does not verify
+    /// them (edited since the relay wrote them, or written without a key).
+    pub vouched: Vec<i64>,
     pub dry_run: bool,
 }
 
@@ -70,6 +78,8 @@ struct Letter {
     id: i64,
     event_id: String,
     row_data: String,
+    /// The relay's digest of it (`sql/011_dead_letter_digest.sql`), if any.
+    digest: Option<String>,
 }
 
 /// Replays the chosen letters (or says what it would send): read and lock them, map them, send
@@ -93,6 +103,7 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, Rel
     let source_table = table.display_name();
     let letters =
         read(&tx, (&letters_table, &source_table), &options.ids, !options.dry_run, &mut outcome).await?;
+    let letters = trust::trusted(letters, &trust::Check::new(config, options, &source_table)?, &mut outcome);
     let records = mapped(&Mapping::new(&config.outbox), letters, &letters_table, &mut outcome);
     if options.dry_run {
         for (letter, record) in &records {
@@ -109,6 +120,7 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, Rel
         return Ok(outcome);
     }
     let acked = send(config, source, &records, &mut outcome).await?;
+    // only what this replay published: its letters, their rows, their ids
     let sent: Vec<&(Letter, KafkaRecord)> = records.iter().filter(|(l, _)| acked.contains(&l.id)).collect();
     remove(&tx, &letters_table, &table.delete_ids_sql(&id_type), &sent).await?;
     let topics = sent.iter().map(|(_, r)| r.topic.clone()).collect();
@@ -136,13 +148,19 @@ async fn read(
     outcome: &mut Outcome,
 ) -> Result<Vec<Letter>, RelayError> {
     let sql = format!(
-        "SELECT id, event_id, row_data::text FROM {letters_table} WHERE source_table = $1 \
-         AND (cardinality($2::bigint[]) = 0 OR id = ANY($2)) ORDER BY id{}",
+        // (the digest through to_jsonb: a table without the column, sql/011, reads none)
+        "SELECT id, event_id, row_data::text, to_jsonb(l) ->> 'digest' FROM {letters_table} l \
+         WHERE source_table = $1 AND (cardinality($2::bigint[]) = 0 OR id = ANY($2)) ORDER BY id{}",
         if lock { " FOR UPDATE" } else { "" }
     );
     let rows = tx.query(&sql, &[&source_table, &ids]).await?;
-    let letters: Vec<Letter> =
-        rows.iter().map(|r| Letter { id: r.get(0), event_id: r.get(1), row_data: r.get(2) }).collect();
+    let letter = |r: &tokio_postgres::Row| Letter {
+        id: r.get(0),
+        event_id: r.get(1),
+        row_data: r.get(2),
+        digest: r.get(3),
+    };
+    let letters: Vec<Letter> = rows.iter().map(letter).collect();
     for id in ids.iter().filter(|id| !letters.iter().any(|l| l.id == **id)) {
         outcome.refused += 1;
         outcome.lines.push(format!("letter {id}: no dead letter of {source_table} has this id"));

@@ -116,6 +116,22 @@ pub struct RowData<'a> {
     topic: Option<&'a str>,
 }
 
+impl RowData<'_> {
+    /// The fields in their one order (`id`, `aggregate_type`, `aggregate_id`, `event_type`,
+    /// `payload`, `headers`, `topic`): what a dead letter's digest covers.
+    pub fn fields(&self) -> [Option<&str>; 7] {
+        [
+            self.id,
+            self.aggregate_type,
+            self.aggregate_id,
+            self.event_type,
+            self.payload.as_deref(),
+            self.headers.as_deref(),
+            self.topic,
+        ]
+    }
+}
+
 /// A record ready for the sink.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KafkaRecord {
