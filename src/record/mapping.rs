@@ -146,6 +146,7 @@ impl Mapping {
             position: None,
             outbox: self.outbox,
             formatted,
+            as_written: None,
         }))
     }
 

@@ -298,5 +298,6 @@ pub(crate) fn record(id: &str) -> KafkaRecord {
         position: None,
         outbox: 0,
         formatted: None,
+        as_written: None,
     }
 }
