@@ -35,7 +35,7 @@
 //!
 //! The stage runs itself ([`Delivery::next`], `settle.rs`): a source `select!`s on it beside its
 //! own input, and opens it once per session through the prologue (`open.rs`); the operator
-//! commands that send (`replay-dead-letters`) open a one-off session of it ([`once`]). Several outbox
+//! commands that send (`replay-dead-letters`, `republish`) open a one-off session of it ([`once`]). Several outbox
 //! tables are several mappings in front of one stage: a record says which outbox it came from.
 
 use std::collections::VecDeque;

@@ -1,5 +1,6 @@
-//! A one-off delivery session, for the operator commands that send (`replay-dead-letters`):
-//! the daemon's prologue and stage over records handed over at once, each waited for.
+//! A one-off delivery session, for the operator commands that send (`replay-dead-letters`,
+//! `republish`): the daemon's prologue and stage over records handed over at once, each waited
+//! for.
 //!
 //! Invariants:
 //! - the records go through [`prologue`] and [`Delivery`] as the daemon's do: the same headers,
