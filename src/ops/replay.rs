@@ -148,7 +148,7 @@ async fn read(
     outcome: &mut Outcome,
 ) -> Result<Vec<Letter>, RelayError> {
     let sql = format!(
-        // (the digest through to_jsonb: a table without the column, sql/011, reads none)
+        // (the digest through to_jsonb: a table without the column (sql/011_dead_letter_digest.sql) reads none)
         "SELECT id, event_id, row_data::text, to_jsonb(l) ->> 'digest' FROM {letters_table} l \
          WHERE source_table = $1 AND (cardinality($2::bigint[]) = 0 OR id = ANY($2)) ORDER BY id{}",
         if lock { " FOR UPDATE" } else { "" }
