@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use tokio_postgres::GenericClient;
 
-use crate::config::{OnPoison, RelayConfig, RetryConfig};
+use crate::config::{DeadLetterConfig, OnPoison, OutboxId, PerOutbox, RelayConfig, RetryConfig};
 use crate::error::{FatalReason, RelayError};
 use bytes::{BufMut, BytesMut};
 use tokio_postgres::types::{IsNull, ToSql, Type, accepts, to_sql_checked};
@@ -33,16 +33,17 @@ use tokio_postgres::types::{IsNull, ToSql, Type, accepts, to_sql_checked};
 use crate::backoff::Backoff;
 use crate::observe::metrics::{Mode, metrics};
 use crate::observe::pulse::Pulse;
+use crate::outboxes::{Outbox, Outboxes};
 use crate::record::{KafkaRecord, OutboxRow, Unpublishable};
-use crate::table::{OutboxTable, qualified_name};
+use crate::table::qualified_name;
 
 mod signing;
 
 pub use signing::SigningKey;
 
 /// The dead-letter table (`dead_letter.table`), quoted for SQL.
-pub fn qualified_table(config: &RelayConfig) -> String {
-    let (schema, table) = config.dead_letter.schema_and_table();
+pub fn qualified_table(letters: &DeadLetterConfig) -> String {
+    let (schema, table) = letters.schema_and_table();
     qualified_name(schema, table)
 }
 
@@ -52,7 +53,7 @@ pub fn reasons_sql(config: &RelayConfig) -> String {
     format!(
         "SELECT DISTINCT ON (event_id) event_id, reason FROM {} WHERE source_table = $1 AND event_id = ANY($2::text[]) \
          ORDER BY event_id, id DESC",
-        qualified_table(config)
+        qualified_table(&config.dead_letter)
     )
 }
 
@@ -63,7 +64,7 @@ pub struct DeadLetter {
     pub row: LetterRow,
     pub reason: String,
     /// The outbox it came from (see [`KafkaRecord::outbox`]): its table and policy decide.
-    pub outbox: usize,
+    pub outbox: OutboxId,
 }
 
 /// What a dead letter keeps of its event, to write as `row_data`: the row as read, or the
@@ -101,7 +102,12 @@ impl DeadLetter {
 
     /// A row of the first outbox that is not published, for `reason` (of another: [`DeadLetter::in_outbox`]).
     pub fn row(row: OutboxRow, reason: String) -> DeadLetter {
-        DeadLetter { id: row.id.clone().unwrap_or_default(), row: LetterRow::Row(row), reason, outbox: 0 }
+        DeadLetter {
+            id: row.id.clone().unwrap_or_default(),
+            row: LetterRow::Row(row),
+            reason,
+            outbox: OutboxId::default(),
+        }
     }
 
     /// A record Kafka refused permanently.
@@ -110,8 +116,8 @@ impl DeadLetter {
         DeadLetter { id: event.id.clone(), row: LetterRow::Record(event), reason, outbox }
     }
 
-    /// The letter, of the outbox at place `outbox`.
-    pub fn in_outbox(self, outbox: usize) -> DeadLetter {
+    /// The letter, of the outbox `outbox`.
+    pub fn in_outbox(self, outbox: OutboxId) -> DeadLetter {
         DeadLetter { outbox, ..self }
     }
 }
@@ -141,8 +147,8 @@ impl LetterKey {
 /// The dead-letter policies and tables of one relay's outboxes.
 #[derive(Debug, Clone)]
 pub struct DeadLetters {
-    /// By the outbox's place (see [`DeadLetter::outbox`]).
-    outboxes: Vec<OutboxLetters>,
+    /// See [`DeadLetter::outbox`].
+    outboxes: PerOutbox<OutboxLetters>,
     mode: Mode,
     retry: RetryConfig,
     /// Letters of records Kafka refused inside a Kafka transaction, which was then aborted
@@ -167,12 +173,12 @@ struct OutboxLetters {
 }
 
 impl OutboxLetters {
-    fn new(config: &RelayConfig, name: &str) -> OutboxLetters {
-        let (schema, table) = config.dead_letter.schema_and_table();
-        let key_file = &config.dead_letter.signing_key_file;
+    fn new(outbox: &Outbox) -> OutboxLetters {
+        let (schema, table) = outbox.dead_letter.schema_and_table();
+        let key_file = &outbox.dead_letter.signing_key_file;
         let signing = (!key_file.is_empty()).then(|| SigningKey::read(key_file));
         OutboxLetters {
-            name: name.to_string(),
+            name: outbox.name.clone(),
             insert_sql: format!(
                 "INSERT INTO {} (source_table, event_id, row_data, reason{}) \
                  SELECT $1, u.event_id, u.row_data::jsonb, u.reason{} \
@@ -186,8 +192,8 @@ impl OutboxLetters {
                  FROM {} WHERE source_table = $1 AND event_id <> ''",
                 qualified_name(schema, table)
             ),
-            source_table: OutboxTable::new(config).display_name(),
-            policy: config.dead_letter.on_poison,
+            source_table: outbox.table.display_name(),
+            policy: outbox.dead_letter.on_poison,
             signing,
         }
     }
@@ -232,31 +238,27 @@ impl OutboxLetters {
 const REFUSED_REMEMBERED: usize = 1_000;
 
 impl DeadLetters {
-    /// `mode`: the `mode` label of the metrics.
-    pub fn new(config: &RelayConfig, mode: Mode) -> DeadLetters {
+    /// `retry`: the backoff of a write that failed; `mode`: the `mode` label of the metrics.
+    pub fn new(outboxes: &Outboxes, retry: &RetryConfig, mode: Mode) -> DeadLetters {
         DeadLetters {
-            outboxes: config
-                .outboxes()
-                .iter()
-                .map(|o| OutboxLetters::new(&config.for_outbox(o), &o.name))
-                .collect(),
+            outboxes: outboxes.per(OutboxLetters::new),
             mode,
-            retry: config.retry.clone(),
+            retry: retry.clone(),
             refused: Default::default(),
         }
     }
 
-    /// The outboxes' names, by place.
+    /// The outboxes' names, in order.
     pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.outboxes.iter().map(|o| o.name.as_str())
+        self.outboxes.values().map(|o| o.name.as_str())
     }
 
-    /// How many outboxes the relay reads.
-    pub fn outboxes(&self) -> usize {
-        self.outboxes.len()
+    /// The outboxes, in order.
+    pub fn ids(&self) -> impl Iterator<Item = OutboxId> + use<'_> {
+        self.outboxes.iter().map(|(id, _)| id)
     }
 
-    fn of(&self, outbox: usize) -> &OutboxLetters {
+    fn of(&self, outbox: OutboxId) -> &OutboxLetters {
         &self.outboxes[outbox]
     }
 
@@ -293,7 +295,7 @@ impl DeadLetters {
     }
 
     /// True when outbox `outbox` has `on_poison = "block"`.
-    pub fn blocks(&self, outbox: usize) -> bool {
+    pub fn blocks(&self, outbox: OutboxId) -> bool {
         self.of(outbox).policy == OnPoison::Block
     }
 
@@ -302,7 +304,7 @@ impl DeadLetters {
     pub async fn dead_lettered(
         &self,
         client: &tokio_postgres::Client,
-        outbox: usize,
+        outbox: OutboxId,
     ) -> Result<HashSet<LetterKey>, RelayError> {
         let of = self.of(outbox);
         match client.query(&of.dead_lettered_sql, &[&of.source_table]).await {
@@ -332,7 +334,7 @@ impl DeadLetters {
     ) -> Result<u64, RelayError> {
         let mut written = 0;
         // one statement per outbox with letters (each has its table)
-        for (outbox, of) in self.outboxes.iter().enumerate() {
+        for (outbox, of) in self.outboxes.iter() {
             let letters: Vec<&DeadLetter> = letters.iter().filter(|l| l.outbox == outbox).collect();
             if letters.is_empty() {
                 continue;

@@ -21,8 +21,9 @@
 //!    PostgreSQL says of them (slot, backlog)
 //! 4. [`delivery`]: the one path from a source to Kafka (the poison policy, hold and resend, the
 //!    stall watch, Kafka transactions)
-//! 5. [`dead_letter`], [`published`]: the one row shape and INSERT of a dead letter; the record
-//!    of what was published
+//! 5. [`dead_letter`], [`outboxes`], [`published`]: the one row shape and INSERT of a dead
+//!    letter; the typed list of the outboxes read (built once, passed down); the record of what
+//!    was published
 //! 6. [`readback`]: the Kafka consumer that finds what this relay already published (dedup)
 //! 7. [`sink`]: the Kafka producer (`acks=all`, idempotent), failures classified; its client
 //!    settings (TLS, SASL) for every client of the relay's
@@ -52,6 +53,7 @@ pub(crate) mod label;
 pub mod lsn;
 pub mod observe;
 pub mod ops;
+pub mod outboxes;
 pub mod postgres;
 pub mod published;
 pub(crate) mod readback;

@@ -16,6 +16,7 @@ use crate::error::{Action, FatalReason, RelayError};
 use crate::observe::health::{Health, Phase};
 use crate::observe::http;
 use crate::observe::metrics::metrics;
+use crate::outboxes::Outboxes;
 use crate::sink::kafka::KafkaSink;
 use crate::source::polling::PollingSource;
 use crate::source::replication::ReplicationSource;
@@ -56,7 +57,8 @@ async fn run_until_stopped(config: RelayConfig, health: Arc<Health>) -> Result<(
     let m = metrics();
     m.initialize(config.source.mode.into(), env!("CARGO_PKG_VERSION"));
     m.label_deployment(crate::observe::metrics::deployment_labels(&config));
-    m.initialize_outboxes(config.outboxes().iter().map(|o| o.name.as_str()));
+    let outboxes = Arc::new(Outboxes::new(&config));
+    m.initialize_outboxes(outboxes.iter().map(|o| o.name.as_str()));
     m.slot_lag_warning.set(config.metrics.slot_lag_warning_bytes as i64);
     m.slot_lag_critical.set(config.metrics.slot_lag_critical_bytes as i64);
     if !config.metrics.listen.is_empty() {
@@ -65,7 +67,7 @@ async fn run_until_stopped(config: RelayConfig, health: Arc<Health>) -> Result<(
             RelayError::fatal(FatalReason::Config, format!("metrics.listen {listen}: cannot listen: {e}"))
         })?;
     }
-    sampler::spawn(config.clone());
+    sampler::spawn(config.clone(), outboxes.clone());
     first_kafka_token(&config).await?;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let sink = KafkaSink::new(&config.kafka).map_err(|e| {
@@ -78,11 +80,11 @@ async fn run_until_stopped(config: RelayConfig, health: Arc<Health>) -> Result<(
     let retry = config.retry.clone();
     let mut source = match config.source.mode {
         SourceMode::Polling => {
-            let source = PollingSource::new(config, sink);
+            let source = PollingSource::new(config, outboxes, sink);
             tokio::spawn(async move { supervisor::run(source, health, &retry, shutdown_rx).await })
         }
         SourceMode::Replication => {
-            let source = ReplicationSource::new(config, sink);
+            let source = ReplicationSource::new(config, outboxes, sink);
             tokio::spawn(async move { supervisor::run(source, health, &retry, shutdown_rx).await })
         }
     };

@@ -12,7 +12,7 @@ use std::time::SystemTime;
 
 use tokio_postgres::Row;
 
-use crate::config::{AfterPublish, ColumnsConfig, RelayConfig};
+use crate::config::{AfterPublish, ColumnsConfig, OutboxConfig, PollingConfig, RelayConfig};
 use crate::error::{FatalReason, RelayError};
 use crate::record::OutboxRow;
 
@@ -62,15 +62,20 @@ pub struct OutboxTable {
 }
 
 impl OutboxTable {
+    /// The table of a single-outbox configuration (`[outbox]`), as the operator commands read it.
     pub fn new(config: &RelayConfig) -> Self {
-        let outbox = &config.outbox;
+        OutboxTable::of(&config.outbox, &config.polling)
+    }
+
+    /// `outbox`'s table; `polling` says what publishing does to a row (delete or mark).
+    pub fn of(outbox: &OutboxConfig, polling: &PollingConfig) -> Self {
         OutboxTable {
             schema: outbox.schema.clone(),
             name: outbox.table.clone(),
             columns: outbox.columns.clone(),
-            published_at: match config.polling.after_publish {
+            published_at: match polling.after_publish {
                 AfterPublish::Delete => None,
-                AfterPublish::Mark => Some(config.polling.published_at_column.clone()),
+                AfterPublish::Mark => Some(polling.published_at_column.clone()),
             },
             raw_text: false,
         }

@@ -136,6 +136,11 @@ fn named_paths(code: &str) -> Vec<(usize, Vec<String>)> {
     let mut found = Vec::new();
     let mut from = 0;
     while let Some(at) = find_word(code, "use", from) {
+        // (`+ use<'a>` in a return type is precise capturing, not an import)
+        if !code[at + 3..].starts_with(char::is_whitespace) {
+            from = at + 3;
+            continue;
+        }
         let end = code[at..].find(';').map_or(code.len(), |n| at + n);
         let mut paths = Vec::new();
         use_paths(&code[at + 3..end], &[], &mut paths);

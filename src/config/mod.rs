@@ -15,6 +15,7 @@ mod format;
 mod kafka;
 mod kafka_auth;
 mod load;
+mod outbox;
 mod postgres;
 pub mod registry;
 mod secrets;
@@ -24,6 +25,7 @@ pub use format::{CloudEventsConfig, CloudEventsMode, Converter, DebeziumConfig, 
 pub use kafka::{KafkaConfig, KafkaProperty, built_in_features};
 pub use kafka_auth::{AuthMechanism, KafkaAuthConfig};
 pub use load::load_layered;
+pub use outbox::{ColumnsConfig, OutboxConfig, OutboxEntry, OutboxId, PerOutbox};
 pub use postgres::{Endpoint, PgAuth, PostgresConfig, SslMode};
 pub use secrets::{file_mode_warning, is_secret_kafka_property};
 
@@ -151,131 +153,6 @@ impl fmt::Display for SourceMode {
             SourceMode::Replication => "replication",
             SourceMode::Polling => "polling",
         })
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct OutboxConfig {
-    /// What metrics, logs and errors call the outbox; empty (default): the table's name.
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub name: String,
-    pub schema: String,
-    pub table: String,
-    /// Topic for each event; `{aggregate_type}` and `{event_type}` are replaced from the row.
-    pub topic_template: String,
-    /// Whether a row's own topic (`columns.topic`, when set and not empty) chooses its topic
-    /// instead of the template. Off (default): a row naming any other topic than the template's
-    /// is unpublishable (`dead_letter.on_poison`). On: needs `allowed_topics`.
-    pub row_topics: bool,
-    /// The topics events may go to: exact names, or prefixes ending in `*` (`"billing.*"`).
-    /// Empty (default): whatever the template renders. Set: every topic, the template's too,
-    /// must match one, or the event is unpublishable.
-    #[serde(deserialize_with = "kafka::string_or_list")]
-    pub allowed_topics: Vec<String>,
-    pub columns: ColumnsConfig,
-    /// This outbox's dead-letter policy and table; unset (default): `[dead_letter]`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub dead_letter: Option<DeadLetterConfig>,
-    /// The records' shape: `raw` (default), `cloudevents` or `debezium`.
-    pub format: RecordFormat,
-    /// The attribute mapping of `format = "cloudevents"`.
-    pub cloudevents: CloudEventsConfig,
-    /// The converters of `format = "debezium"`.
-    pub debezium: DebeziumConfig,
-    /// Values encoded against a schema registry (Avro, JSON Schema, Protobuf in the Confluent
-    /// wire format); unset (default): the payload as stored.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub registry: Option<registry::RegistryConfig>,
-}
-
-impl OutboxConfig {
-    /// `schema.table`, as messages and the `outbox` deployment label name the table.
-    pub fn display_name(&self) -> String {
-        format!("{}.{}", self.schema, self.table)
-    }
-}
-
-impl Default for OutboxConfig {
-    fn default() -> Self {
-        OutboxConfig {
-            name: String::new(),
-            schema: DEFAULT_OUTBOX_SCHEMA.into(),
-            table: DEFAULT_OUTBOX_TABLE.into(),
-            topic_template: DEFAULT_TOPIC_TEMPLATE.into(),
-            row_topics: false,
-            allowed_topics: Vec::new(),
-            columns: ColumnsConfig::default(),
-            dead_letter: None,
-            format: RecordFormat::Raw,
-            cloudevents: CloudEventsConfig::default(),
-            debezium: DebeziumConfig::default(),
-            registry: None,
-        }
-    }
-}
-
-/// One outbox as the relay reads it: `[outbox]` with `[dead_letter]`, or an `[[outboxes]]`
-/// entry with its own `dead_letter` or the shared one ([`RelayConfig::outboxes`]).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Outbox {
-    /// Unique among the relay's outboxes: the `outbox` label of its metrics.
-    pub name: String,
-    /// Where its settings are, for errors: `outbox` or `outboxes[2]`.
-    pub path: String,
-    pub config: OutboxConfig,
-    pub dead_letter: DeadLetterConfig,
-}
-
-/// Column names of the outbox table. Optional columns are switched off with an empty string,
-/// which is how a Debezium-style table (`id, aggregatetype, aggregateid, type, payload`) is read.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ColumnsConfig {
-    pub id: String,
-    pub aggregate_type: String,
-    pub aggregate_id: String,
-    pub event_type: String,
-    pub payload: String,
-    pub headers: String,
-    pub topic: String,
-    pub created_at: String,
-}
-
-impl Default for ColumnsConfig {
-    fn default() -> Self {
-        ColumnsConfig {
-            id: "id".into(),
-            aggregate_type: "aggregate_type".into(),
-            aggregate_id: "aggregate_id".into(),
-            event_type: "event_type".into(),
-            payload: "payload".into(),
-            headers: "headers".into(),
-            topic: "topic".into(),
-            created_at: "created_at".into(),
-        }
-    }
-}
-
-impl ColumnsConfig {
-    /// Required columns, as (config key, column name).
-    pub fn required(&self) -> [(&'static str, &str); 5] {
-        [
-            ("id", &self.id),
-            ("aggregate_type", &self.aggregate_type),
-            ("aggregate_id", &self.aggregate_id),
-            ("event_type", &self.event_type),
-            ("payload", &self.payload),
-        ]
-    }
-
-    /// Optional columns that are switched on, as (config key, column name).
-    pub fn optional(&self) -> Vec<(&'static str, &str)> {
-        [("headers", &self.headers), ("topic", &self.topic), ("created_at", &self.created_at)]
-            .into_iter()
-            .filter(|(_, name)| !name.is_empty())
-            .map(|(key, name)| (key, name.as_str()))
-            .collect()
     }
 }
 
@@ -512,36 +389,6 @@ impl Default for MetricsConfig {
 }
 
 impl RelayConfig {
-    /// The outboxes this relay reads, in configured order: the `[[outboxes]]` entries, or the
-    /// one `[outbox]`. Each has its name and its dead-letter settings resolved.
-    pub fn outboxes(&self) -> Vec<Outbox> {
-        let listed: Vec<(String, &OutboxConfig)> = if self.outboxes.is_empty() {
-            vec![("outbox".to_string(), &self.outbox)]
-        } else {
-            self.outboxes.iter().enumerate().map(|(i, o)| (format!("outboxes[{i}]"), o)).collect()
-        };
-        listed
-            .into_iter()
-            .map(|(path, o)| Outbox {
-                name: if o.name.is_empty() { o.table.clone() } else { o.name.clone() },
-                path,
-                config: o.clone(),
-                dead_letter: o.dead_letter.clone().unwrap_or_else(|| self.dead_letter.clone()),
-            })
-            .collect()
-    }
-
-    /// This configuration for `outbox` alone, in the single-table form (`[outbox]` with its
-    /// `[dead_letter]`): what the parts about one table (its SQL, its dead letters, its source
-    /// identity) read.
-    pub fn for_outbox(&self, outbox: &Outbox) -> RelayConfig {
-        let mut config = self.clone();
-        config.outbox = OutboxConfig { dead_letter: None, ..outbox.config.clone() };
-        config.outboxes = Vec::new();
-        config.dead_letter = outbox.dead_letter.clone();
-        config
-    }
-
     /// One readable line for the start-up log: what the relay reads, where it writes.
     pub fn summary(&self) -> String {
         let pg = &self.postgres;

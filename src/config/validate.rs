@@ -202,7 +202,6 @@ impl RelayConfig {
     }
 }
 
-/// One outbox's settings; errors name them under its path (`outbox.table`, `outboxes[1].table`).
 /// The dead letters' key file, when set: readable, and long enough.
 fn validate_signing_key(path: &str) -> Result<(), ConfigError> {
     if path.is_empty() {
@@ -224,7 +223,8 @@ fn validate_signing_key(path: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
-fn validate_outbox(outbox: &Outbox) -> Result<(), ConfigError> {
+/// One outbox's settings; errors name them under its path (`outbox.table`, `outboxes[1].table`).
+fn validate_outbox(outbox: &OutboxEntry) -> Result<(), ConfigError> {
     let (o, path) = (&outbox.config, &outbox.path);
     if o.schema.is_empty() {
         return Err(ConfigError::invalid(format!("{path}.schema"), "must not be empty"));

@@ -13,6 +13,7 @@ use crate::dead_letter::DeadLetters;
 use crate::observe::health::{Health, Phase};
 use crate::observe::metrics::Mode;
 use crate::observe::pulse::Pulse;
+use crate::outboxes::Outboxes;
 use crate::readback::{Dedup, Lookback};
 use crate::record::OutboxRow;
 use crate::sink::scripted::ScriptedSink;
@@ -59,7 +60,7 @@ impl Fixture {
         let health = Arc::new(Health::new(Duration::from_secs(1)));
         health.set_phase(Phase::Active);
         Fixture {
-            dead_letters: DeadLetters::new(&config, Mode::Replication),
+            dead_letters: DeadLetters::new(&Outboxes::new(&config), &config.retry, Mode::Replication),
             sink,
             pulse: Pulse::new(health.clone()),
             health,

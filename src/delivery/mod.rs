@@ -44,6 +44,7 @@ use std::time::Instant;
 use prometheus::IntCounter;
 use tokio::sync::MutexGuard;
 
+use crate::config::{OutboxId, PerOutbox};
 use crate::dead_letter::{DeadLetter, DeadLetters, Hold};
 use crate::error::RelayError;
 use crate::observe::metrics::{Clock, metrics};
@@ -125,7 +126,7 @@ pub(crate) struct Delivery<'a, S: Sink, P> {
     /// The mode's `events_published_total` (looked up once).
     published: IntCounter,
     /// Each outbox's `outbox_events_published_total`, by place (looked up once).
-    published_by_outbox: Vec<IntCounter>,
+    published_by_outbox: PerOutbox<IntCounter>,
     /// The sink's reports: this stage is the one sending while it lives.
     reports: MutexGuard<'a, Reports>,
     /// Reports received and not settled yet, in arrival order ([`Delivery::next`]).
@@ -344,7 +345,7 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
     }
 
     /// The outbox of the first held event (see [`Delivery::held_id`]).
-    pub(crate) fn held_outbox(&self) -> Option<usize> {
+    pub(crate) fn held_outbox(&self) -> Option<OutboxId> {
         let held = self.held.as_ref()?;
         Some(held.refused.front().map_or(held.hold.letter.outbox, |r| r.record.outbox))
     }

@@ -26,6 +26,7 @@ use crate::dead_letter::DeadLetters;
 use crate::error::RelayError;
 use crate::observe::metrics::{Clock, Mode};
 use crate::observe::pulse::Pulse;
+use crate::outboxes::Outboxes;
 use crate::readback::Lookback;
 use crate::record::KafkaRecord;
 use crate::sink::Sink;
@@ -73,7 +74,7 @@ pub(crate) async fn send_all<S: Sink, P: Clone + Eq + Hash>(
     let mode = Mode::from(config.source.mode);
     let (pulse, (_stop, shutdown)) = (Pulse::detached(), watch::channel(false));
     let opened = prologue(sink, identities, &config, (mode, Lookback::LastBatch), &pulse, &shutdown).await?;
-    let dead_letters = DeadLetters::new(&config, mode);
+    let dead_letters = DeadLetters::new(&Outboxes::new(&config), &config.retry, mode);
     let mut delivery = Delivery::open(&*sink, opened, (&dead_letters, &config.kafka), &pulse, mode).await;
     // (a held record is never sent again: it is refused)
     delivery.reclaims_held();

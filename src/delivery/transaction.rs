@@ -15,7 +15,7 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::config::KafkaConfig;
+use crate::config::{KafkaConfig, OutboxId};
 
 /// A record acknowledged in the open transaction, settled at its commit.
 pub(super) struct Acked<P> {
@@ -24,8 +24,8 @@ pub(super) struct Acked<P> {
     /// measured to the commit.
     pub(super) at: Instant,
     pub(super) created_at: Option<SystemTime>,
-    /// Its outbox's place (see `KafkaRecord::outbox`).
-    pub(super) outbox: usize,
+    /// Its outbox (see `KafkaRecord::outbox`).
+    pub(super) outbox: OutboxId,
 }
 
 /// The open transaction's size.
@@ -136,7 +136,7 @@ mod tests {
         t.begun();
         for position in [7, 8, 9] {
             t.sent(1);
-            t.acked(Acked { position, at: Instant::now(), created_at: None, outbox: 0 });
+            t.acked(Acked { position, at: Instant::now(), created_at: None, outbox: OutboxId::default() });
         }
         let settled: Vec<u32> = t.committed().into_iter().map(|a| a.position).collect();
         assert_eq!(settled, [7, 8, 9]);

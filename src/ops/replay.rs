@@ -88,7 +88,7 @@ struct Letter {
 pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, RelayError> {
     let (mut client, _) = crate::postgres::connect_primary(&config.postgres).await?;
     let table = OutboxTable::new(config);
-    let letters_table = crate::dead_letter::qualified_table(config);
+    let letters_table = crate::dead_letter::qualified_table(&config.dead_letter);
     let mut outcome = Outcome { dry_run: options.dry_run, ..Outcome::default() };
     let recorder = Recorder::open(&client, &table.display_name()).await?;
     let source = crate::readback::source_identity(&client, config).await?;

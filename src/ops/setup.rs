@@ -5,10 +5,13 @@
 //! Invariant: setup returns what it did ([`SetupReport`]), counted by the copy itself; it reads
 //! no process-wide metric.
 
+use std::sync::Arc;
+
 use super::Failure;
 use crate::config::{RelayConfig, SourceMode};
 use crate::error::{FatalReason, RelayError};
 use crate::lsn::Lsn;
+use crate::outboxes::Outboxes;
 use crate::sink::kafka::KafkaSink;
 use crate::source::replication::{CopyReport, ReplicationSource};
 
@@ -27,7 +30,8 @@ pub async fn run(config: RelayConfig, recreate_slot: bool) -> Result<SetupReport
     let sink = KafkaSink::new(&config.kafka).map_err(|e| {
         RelayError::fatal(FatalReason::Other, format!("cannot create the Kafka producer: {e}"))
     })?;
-    Ok(match ReplicationSource::new(config, sink).setup(recreate_slot).await? {
+    let outboxes = Arc::new(Outboxes::new(&config));
+    Ok(match ReplicationSource::new(config, outboxes, sink).setup(recreate_slot).await? {
         Some((at, copy)) => SetupReport::SlotCreated { at, copy },
         None => SetupReport::SlotPresent,
     })

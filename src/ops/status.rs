@@ -15,6 +15,7 @@ use tokio_postgres::Client;
 use crate::config::{RelayConfig, SourceMode};
 use crate::error::RelayError;
 use crate::source::sampler::BACKLOG_COUNT_CAP;
+use crate::table::OutboxTable;
 
 /// One line of the report: what, and its value.
 pub type Line = (&'static str, String);
@@ -135,7 +136,7 @@ async fn slot(client: &Client, slot: &str) -> Result<Vec<Line>, RelayError> {
 }
 
 async fn backlog(client: &Client, config: &RelayConfig) -> Result<Vec<Line>, RelayError> {
-    let (count, age) = crate::source::sampler::backlog(config, client).await?;
+    let (count, age) = crate::source::sampler::backlog(&OutboxTable::new(config), client).await?;
     let mut lines = vec![(
         "backlog (unpublished rows)",
         match count >= BACKLOG_COUNT_CAP {
@@ -152,7 +153,13 @@ async fn backlog(client: &Client, config: &RelayConfig) -> Result<Vec<Line>, Rel
 /// How many of this outbox's events wait in the dead-letter table, since when, and why.
 async fn dead_letters(client: &Client, config: &RelayConfig) -> Result<Vec<Line>, RelayError> {
     let table = &config.dead_letter.table;
-    let waiting = match crate::source::sampler::dead_letters(config, client, 3).await {
+    let waiting = match crate::source::sampler::dead_letters(
+        (&config.dead_letter, &OutboxTable::new(config)),
+        client,
+        3,
+    )
+    .await
+    {
         Ok(Some(waiting)) => waiting,
         Ok(None) => return Ok(vec![("dead letters (waiting)", format!("none: there is no table {table}"))]),
         // (a role that may not read the table: the rest of status still helps)

@@ -77,7 +77,7 @@ impl<'a> Content<'a> {
     /// An event about to be sent: its identity as its record carries it (`KafkaRecord::written_*`).
     fn of(event: &'a KafkaRecord) -> Content<'a> {
         Content {
-            outbox: event.outbox,
+            outbox: event.outbox.index(),
             id: &event.id,
             key: event.key.as_bytes(),
             payload: event.written_payload(),
@@ -138,8 +138,9 @@ pub(crate) async fn source_identities(
 ) -> Result<Vec<String>, RelayError> {
     let row = client.query_one(SOURCE_SQL, &[]).await?;
     let (system, database): (String, String) = (row.get(0), row.get(1));
-    let identity =
-        |o: &crate::config::Outbox| format!("{system}/{database}/{}.{}", o.config.schema, o.config.table);
+    let identity = |o: &crate::config::OutboxEntry| {
+        format!("{system}/{database}/{}.{}", o.config.schema, o.config.table)
+    };
     Ok(config.outboxes().iter().map(identity).collect())
 }
 

@@ -12,7 +12,7 @@ use super::topics::AllowedTopics;
 use super::{
     KafkaRecord, OutboxRow, PoisonReason, RESERVED_HEADER_PREFIX, RESERVED_HEADERS, Unpublishable, excerpt,
 };
-use crate::config::OutboxConfig;
+use crate::config::{OutboxConfig, OutboxId};
 use crate::error::RelayError;
 
 /// A piece of the topic template, parsed once (the hot path only concatenates).
@@ -32,7 +32,7 @@ pub struct Mapping {
     row_topics: bool,
     allowed_topics: AllowedTopics,
     /// The outbox's place among the relay's: what its records and refusals say they came from.
-    outbox: usize,
+    outbox: OutboxId,
     pub(super) format: Format,
     /// `[outbox.registry]`: values encoded against the schema registry (or why it cannot be
     /// set up: every record then stops the relay with it).
@@ -64,17 +64,17 @@ fn parse_template(template: &str) -> Vec<TopicPart> {
 impl Mapping {
     /// The mapping of a relay's only (or first) outbox.
     pub fn new(outbox: &OutboxConfig) -> Self {
-        Mapping::of(outbox, 0)
+        Mapping::of(outbox, OutboxId::default())
     }
 
-    /// The mapping of the relay's outbox at place `index`.
-    pub fn of(outbox: &OutboxConfig, index: usize) -> Self {
+    /// The mapping of the relay's outbox `id`.
+    pub fn of(outbox: &OutboxConfig, id: OutboxId) -> Self {
         Mapping {
             topic_template: parse_template(&outbox.topic_template),
             columns: outbox.columns.clone(),
             row_topics: outbox.row_topics,
             allowed_topics: AllowedTopics::new(&outbox.allowed_topics),
-            outbox: index,
+            outbox: id,
             format: Format::of(outbox),
             registry: outbox.registry.as_ref().map(|r| Registry::new(r).map(Arc::new)),
         }

@@ -22,6 +22,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::SystemTime;
 
+use crate::config::OutboxId;
 use crate::lsn::Lsn;
 
 mod encode;
@@ -150,9 +151,9 @@ pub struct KafkaRecord {
     /// Where the source read it: the `outbox_relay_position` header, and what the relay matches
     /// replayed events by (see `readback`).
     pub position: Option<Position>,
-    /// Which of the relay's outboxes (`RelayConfig::outboxes`, by place) it came from: its
-    /// `outbox_relay_source` header, its dead-letter table and policy.
-    pub outbox: usize,
+    /// Which of the relay's outboxes it came from: its `outbox_relay_source` header, its
+    /// dead-letter table and policy.
+    pub outbox: OutboxId,
     /// The record's leading headers when its outbox's format is not `raw` (then `key` and
     /// `payload` are the record's key and value as the format wrote them).
     pub formatted: Option<Box<Formatted>>,
@@ -288,7 +289,7 @@ pub struct Unpublishable {
     pub reason: PoisonReason,
     pub row: OutboxRow,
     /// The outbox it came from (see [`KafkaRecord::outbox`]).
-    pub outbox: usize,
+    pub outbox: OutboxId,
 }
 
 /// Row data quoted in a reason: escaped (a control character stays visible and harmless in a

@@ -233,7 +233,11 @@ impl Sink for ScriptedSink {
     /// Nothing of a failed session outlives it here: nothing to wait for, nothing to renew.
     async fn retired(&mut self, _limit: Duration) {}
 
-    fn recover(&mut self) {}
+    /// A fresh producer, as the Kafka sink's: a transaction the failed one left open is
+    /// aborted (see [`ScriptedSink::abandon`]).
+    fn recover(&mut self) {
+        self.abandon();
+    }
 
     async fn flush(&self) {}
 
@@ -296,7 +300,7 @@ pub(crate) fn record(id: &str) -> KafkaRecord {
         row_headers: Vec::new(),
         created_at: None,
         position: None,
-        outbox: 0,
+        outbox: crate::config::OutboxId::default(),
         formatted: None,
         as_written: None,
     }

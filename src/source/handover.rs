@@ -22,10 +22,9 @@ use std::collections::HashSet;
 
 use tokio_postgres::Client;
 
-use crate::config::RelayConfig;
+use crate::config::{PerOutbox, RelayConfig};
 use crate::dead_letter::{DeadLetters, LetterKey};
 use crate::error::{FatalReason, RelayError};
-use crate::table::OutboxTable;
 
 /// The slots of this outbox's replication mode in this database: the configured one, and any
 /// the relay remembers making for this outbox table (under an earlier `replication.slot`).
@@ -76,8 +75,7 @@ pub(crate) async fn leftover_slots(
     let slot = &config.replication.slot;
     let rows = if owners {
         // (replication mode records the first outbox's table as the slot's owner)
-        let first = &config.outboxes()[0];
-        let table = OutboxTable::new(&config.for_outbox(first)).display_name();
+        let table = config.outboxes()[0].config.display_name();
         client.query(&format!("{LEFTOVER_SLOTS_SQL}{OWNED_SQL}{ORDER_SQL}"), &[slot, &table]).await?
     } else {
         client.query(&format!("{LEFTOVER_SLOTS_SQL}{ORDER_SQL}"), &[slot]).await?
@@ -112,13 +110,13 @@ pub(crate) async fn refuse_active_slot(config: &RelayConfig, client: &Client) ->
 }
 
 /// What a polling session must not publish again: `None` when no switch is under way, else the
-/// events of each outbox (by place) the dead-letter tables hold. Errors when the session cannot
+/// events of each outbox the dead-letter tables hold. Errors when the session cannot
 /// go on.
 pub(crate) async fn unfinished_switch(
     config: &RelayConfig,
     client: &Client,
     dead_letters: &DeadLetters,
-) -> Result<Option<Vec<HashSet<LetterKey>>>, RelayError> {
+) -> Result<Option<PerOutbox<HashSet<LetterKey>>>, RelayError> {
     let slots = leftover_slots(config, client).await?;
     refuse_active(&slots)?;
     let Some(slot) = slots.first() else { return Ok(None) };
@@ -133,14 +131,15 @@ pub(crate) async fn unfinished_switch(
             ),
         ));
     }
-    let mut dead_lettered = Vec::with_capacity(dead_letters.outboxes());
-    for outbox in 0..dead_letters.outboxes() {
+    let mut dead_lettered = Vec::new();
+    for outbox in dead_letters.ids() {
         dead_lettered.push(dead_letters.dead_lettered(client, outbox).await?);
     }
+    let dead_lettered: PerOutbox<_> = dead_lettered.into_iter().collect();
     tracing::warn!(
         slot = %slot.name,
         retained_bytes = slot.retained_bytes,
-        dead_lettered = dead_lettered.iter().map(HashSet::len).sum::<usize>(),
+        dead_lettered = dead_lettered.values().map(HashSet::len).sum::<usize>(),
         "switching from replication mode: each topic is read back whole before this session publishes, so \
          rows replication mode published or dead-lettered are not sent again; {}",
         slot.remedy()

@@ -7,14 +7,16 @@
 //! It runs on its own connection, apart from the relay loop, so the numbers SREs are paged on
 //! stay truthful while Kafka is down and the loop is stuck retrying.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_postgres::Client;
 
-use crate::config::{Endpoint, RelayConfig, SourceMode};
+use crate::config::{DeadLetterConfig, Endpoint, RelayConfig, SourceMode};
 use crate::error::RelayError;
 use crate::lsn::Lsn;
 use crate::observe::metrics::{WalStatus, metrics};
+use crate::outboxes::Outboxes;
 use crate::source::handover;
 use crate::source::replication::failover;
 use crate::table::OutboxTable;
@@ -22,7 +24,7 @@ use crate::table::OutboxTable;
 /// Rows counted at most, so sampling a huge backlog stays cheap.
 pub(crate) const BACKLOG_COUNT_CAP: i64 = 1_000_000;
 
-pub fn spawn(config: RelayConfig) {
+pub fn spawn(config: RelayConfig, outboxes: Arc<Outboxes>) {
     let interval = Duration::from_secs(config.metrics.sample_interval_secs);
     tokio::spawn(async move {
         let mut client: Option<(Client, Endpoint)> = None;
@@ -42,16 +44,18 @@ pub fn spawn(config: RelayConfig) {
                     SourceMode::Replication => {
                         sample_slot(&config, c, primary, &mut standbys, &config.replication.slot).await
                     }
-                    SourceMode::Polling => sample_polling(&config, c, primary, &mut standbys).await,
+                    SourceMode::Polling => {
+                        sample_polling(&config, &outboxes, c, primary, &mut standbys).await
+                    }
                 };
                 if let Err(e) = sampled {
                     tracing::debug!(error = %e, "metrics sampling failed");
                 }
                 // apart from the above: one failing (no dead-letter table) leaves the others
-                if let Err(e) = sample_dead_letters(&config, c).await {
+                if let Err(e) = sample_dead_letters(&outboxes, c).await {
                     tracing::debug!(error = %e, "sampling the dead-letter table failed");
                 }
-                if let Err(e) = sample_partitions(&config, c).await {
+                if let Err(e) = sample_partitions(&outboxes, c).await {
                     tracing::debug!(error = %e, "sampling the outbox table's partitions failed");
                 }
             }
@@ -65,11 +69,12 @@ pub fn spawn(config: RelayConfig) {
 /// ([`handover::leftover_slots`]); with none, the slot gauges read 0.
 async fn sample_polling(
     config: &RelayConfig,
+    outboxes: &Outboxes,
     client: &Client,
     primary: &Endpoint,
     standbys: &mut failover::Standbys,
 ) -> Result<(), RelayError> {
-    sample_backlog(config, client).await?;
+    sample_backlog(outboxes, client).await?;
     let leftover = handover::leftover_slots(config, client).await?;
     let slot = leftover.first().map_or(config.replication.slot.as_str(), |s| s.name.as_str());
     sample_slot(config, client, primary, standbys, slot).await
@@ -148,10 +153,9 @@ async fn sample_slot(
 /// with the lowest id: `None` without a created_at column, `Some(None)` without a row (or with a
 /// NULL created_at). `status` shows the same.
 pub(crate) async fn backlog(
-    config: &RelayConfig,
+    table: &OutboxTable,
     client: &Client,
 ) -> Result<(i64, Option<Option<f64>>), tokio_postgres::Error> {
-    let table = OutboxTable::new(config);
     let count: i64 = client.query_one(&table.backlog_count_sql(BACKLOG_COUNT_CAP), &[]).await?.get(0);
     let age = match table.backlog_age_sql() {
         Some(sql) => Some(client.query_opt(&sql, &[]).await?.and_then(|r| r.get::<_, Option<f64>>(0))),
@@ -161,11 +165,11 @@ pub(crate) async fn backlog(
 }
 
 /// The backlog of every outbox of the relay: the rows summed, and the oldest one's age.
-async fn sample_backlog(config: &RelayConfig, client: &Client) -> Result<(), tokio_postgres::Error> {
+async fn sample_backlog(outboxes: &Outboxes, client: &Client) -> Result<(), tokio_postgres::Error> {
     let m = metrics();
     let (mut count, mut oldest) = (0, None::<f64>);
-    for outbox in config.outboxes() {
-        let (rows, age) = backlog(&config.for_outbox(&outbox), client).await?;
+    for outbox in outboxes.iter() {
+        let (rows, age) = backlog(&outbox.table, client).await?;
         m.outbox_backlog_events.with_label_values(&[&outbox.name]).set(rows);
         count += rows;
         if let Some(age) = age {
@@ -191,15 +195,16 @@ pub(crate) struct Outstanding {
     pub reasons: Vec<(String, i64)>,
 }
 
-/// [`Outstanding`] with up to `reasons` reasons; None when the dead-letter table does not exist
-/// (`on_poison = "block"` needs none).
+/// [`Outstanding`] of the outbox table `source` in its dead-letter table `letters`, with up to
+/// `reasons` reasons; None when the dead-letter table does not exist (`on_poison = "block"`
+/// needs none).
 pub(crate) async fn dead_letters(
-    config: &RelayConfig,
+    (letters, source): (&DeadLetterConfig, &OutboxTable),
     client: &Client,
     reasons: i64,
 ) -> Result<Option<Outstanding>, tokio_postgres::Error> {
-    let table = crate::dead_letter::qualified_table(config);
-    let source = OutboxTable::new(config).display_name();
+    let table = crate::dead_letter::qualified_table(letters);
+    let source = source.display_name();
     let counted = client
         .query_one(
             &format!(
@@ -227,11 +232,11 @@ pub(crate) async fn dead_letters(
 }
 
 /// The letters of every outbox of the relay: their sum, and the oldest one's age.
-async fn sample_dead_letters(config: &RelayConfig, client: &Client) -> Result<(), tokio_postgres::Error> {
+async fn sample_dead_letters(outboxes: &Outboxes, client: &Client) -> Result<(), tokio_postgres::Error> {
     let m = metrics();
     let (mut count, mut oldest, mut failed) = (0, 0.0_f64, None);
-    for outbox in config.outboxes() {
-        let outstanding = dead_letters(&config.for_outbox(&outbox), client, 0).await;
+    for outbox in outboxes.iter() {
+        let outstanding = dead_letters((&outbox.dead_letter, &outbox.table), client, 0).await;
         let of_outbox = m.outbox_dead_letters_outstanding.with_label_values(&[&outbox.name]);
         match outstanding {
             Ok(Some(o)) => {
@@ -264,11 +269,11 @@ const PARTITIONS_SQL: &str = "SELECT \
 
 /// Of every outbox table: the default partitions' rows summed, and the shortest reach of the
 /// partitioned ones (-1: none is partitioned by date).
-async fn sample_partitions(config: &RelayConfig, client: &Client) -> Result<(), tokio_postgres::Error> {
+async fn sample_partitions(outboxes: &Outboxes, client: &Client) -> Result<(), tokio_postgres::Error> {
     let m = metrics();
     let (mut default_rows, mut ahead) = (0, None::<f64>);
-    for outbox in config.outboxes() {
-        let table = OutboxTable::new(&config.for_outbox(&outbox)).qualified();
+    for outbox in outboxes.iter() {
+        let table = outbox.table.qualified();
         let row = client.query_one(PARTITIONS_SQL, &[&table]).await?;
         default_rows += row.get::<_, Option<i64>>(0).unwrap_or(0);
         if let Some(reach) = row.get::<_, Option<f64>>(1) {

@@ -39,7 +39,7 @@ impl<'a> Check<'a> {
             true => None,
             false => Some(SigningKey::read(file).map_err(|e| RelayError::fatal(FatalReason::Config, e))?),
         };
-        let letters_table = crate::dead_letter::qualified_table(config);
+        let letters_table = crate::dead_letter::qualified_table(&config.dead_letter);
         Ok(Check { key, vouched: &options.vouched, source_table, letters_table })
     }
 

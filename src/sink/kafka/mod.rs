@@ -281,7 +281,7 @@ impl KafkaSink {
         let mut headers = OwnedHeaders::new_with_capacity(event.row_headers.len() + 5);
         // the relay's own headers first: a row header of the same name does not shadow them
         // (a replayed dead letter has no position: `replay-dead-letters`)
-        let source = self.sources.get(event.outbox);
+        let source = self.sources.get(event.outbox.index());
         if let Some(source) = source {
             headers = headers.insert(Header { key: SOURCE_HEADER, value: Some(source.as_bytes()) });
         }

@@ -19,38 +19,41 @@
 //!   poison policy: a dead-lettered row is moved to the dead-letter table in the same
 //!   transaction that removes it; a held one stays, and while the stage holds, the relay claims
 //!   one row at a time (the held one comes first, in id order), so nothing after it is
-//!   published and nothing acknowledged is published again. What is decided between the claim
-//!   and its release is [`batch`]'s; the claim's size is [`claim`]'s.
+//!   published and nothing acknowledged is published again. One claim-deliver-release cycle is
+//!   [`cycle`]'s; what is decided between the claim and its release is [`batch`]'s; the claim's
+//!   size is [`claim`]'s.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::HashSet;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
-use tokio_postgres::{AsyncMessage, Client, Transaction};
+use tokio_postgres::{AsyncMessage, Client};
 
-use crate::config::RelayConfig;
+use crate::config::{PerOutbox, RelayConfig};
 use crate::dead_letter::{DeadLetters, LetterKey};
 use crate::delivery::{self, Carried, Delivery};
 use crate::error::RelayError;
 use crate::observe::health::LockHolder;
-use crate::observe::metrics::{Mode, metrics};
+use crate::observe::metrics::Mode;
 use crate::observe::pulse::Pulse;
-use crate::published::{Recorder, Sent};
+use crate::outboxes::Outboxes;
 use crate::readback::{self, Lookback};
-use crate::record::Mapping;
 use crate::sink::Sink;
 use crate::sink::kafka::KafkaSink;
 use crate::source::Source;
 use crate::source::handover;
 use crate::table::{OutboxTable, RowAt, quote_ident};
-use batch::{Deadline, Settlement};
-use claim::{HeldRow, Prepared, Statements, already_dead_lettered};
+use claim::{Prepared, Statements};
 
 mod batch;
 mod claim;
+mod cycle;
 mod leader;
+#[cfg(test)]
+mod tests;
 
 /// The `mode` label of this source's metrics.
 const MODE: Mode = Mode::Polling;
@@ -59,17 +62,17 @@ const MODE: Mode = Mode::Polling;
 struct Session {
     client: Client,
     notified: mpsc::UnboundedReceiver<()>,
-    /// Switching from replication mode (see [`handover`]): the events it dead-lettered (id and
-    /// content), which are released unsent, by the outbox's place. Empty otherwise.
-    dead_lettered: Vec<HashSet<LetterKey>>,
+    /// Switching from replication mode (see [`handover`]): the events each outbox dead-lettered
+    /// (id and content), which are released unsent. Empty otherwise.
+    dead_lettered: PerOutbox<HashSet<LetterKey>>,
     /// This session's batches are `batch:<nonce>-<n>` in their records' positions.
     nonce: u64,
     batches: u64,
     /// While the switch from replication mode is unfinished: when this session last made sure
     /// no replication relay streams from the slot ([`SWITCH_RECHECK`]).
     switch_checked: Option<Instant>,
-    /// Each outbox's statements, prepared on this session's connection (by place).
-    prepared: Vec<Prepared>,
+    /// Each outbox's statements, prepared on this session's connection.
+    prepared: PerOutbox<Prepared>,
 }
 
 /// While a switch from replication mode is unfinished, how often a polling session looks again
@@ -77,33 +80,17 @@ struct Session {
 /// both would publish, so the session ends and waits as a standby.
 const SWITCH_RECHECK: Duration = Duration::from_secs(2);
 
-/// What one claim-deliver-release cycle did.
-#[derive(Debug, Default)]
-struct BatchOutcome {
-    claimed: usize,
-    /// The claim ended at `polling.batch_size` or `polling.max_batch_bytes`, or left rows for
-    /// the next claim: more rows may wait.
-    full: bool,
-    released: usize,
-    dead_lettered: u64,
-    /// The first record that failed transiently; its row (and every row not acknowledged)
-    /// stays and is published by a later session.
-    failed: Option<RelayError>,
-}
-
-/// One outbox table as polling reads it.
+/// One outbox table as polling reads it: adapted to the database's encoding, its statements made
+/// by the first session.
 struct Polled {
     table: OutboxTable,
-    mapping: Mapping,
-    /// The record of what was published (`sql/010_published.sql`), opened with the statements.
-    recorder: Recorder,
     statements: Option<Statements>,
 }
 
 pub(crate) struct PollingSource<S = KafkaSink> {
     config: RelayConfig,
-    /// By the outbox's place.
-    outboxes: Vec<Polled>,
+    outboxes: Arc<Outboxes>,
+    polled: PerOutbox<Polled>,
     sink: S,
     dead_letters: DeadLetters,
     /// The delivery stage's hold (its backoff keeps growing) and Kafka's silence, from one
@@ -145,24 +132,15 @@ impl<S: Sink> Source for PollingSource<S> {
 }
 
 impl<S: Sink> PollingSource<S> {
-    pub(crate) fn new(config: RelayConfig, sink: S) -> PollingSource<S> {
-        let outboxes = config
-            .outboxes()
-            .iter()
-            .enumerate()
-            .map(|(i, o)| Polled {
-                table: OutboxTable::new(&config.for_outbox(o)),
-                mapping: Mapping::of(&o.config, i),
-                recorder: Recorder::disabled(),
-                statements: None,
-            })
-            .collect();
-        PollingSource { outboxes, dead_letters: DeadLetters::new(&config, MODE), config, sink, carried: None }
-    }
-
-    /// The outbox tables, for the log.
-    fn table_names(&self) -> String {
-        self.outboxes.iter().map(|o| o.table.display_name()).collect::<Vec<_>>().join(", ")
+    pub(crate) fn new(config: RelayConfig, outboxes: Arc<Outboxes>, sink: S) -> PollingSource<S> {
+        PollingSource {
+            polled: outboxes.per(|o| Polled { table: o.table.clone(), statements: None }),
+            dead_letters: DeadLetters::new(&outboxes, &config.retry, MODE),
+            outboxes,
+            config,
+            sink,
+            carried: None,
+        }
     }
 
     /// A leader session's connection; the sink learns its source identity.
@@ -185,7 +163,7 @@ impl<S: Sink> PollingSource<S> {
             }
         });
         let mut encoding: Option<String> = None;
-        for outbox in self.outboxes.iter_mut().filter(|o| o.statements.is_none()) {
+        for (id, outbox) in self.polled.iter_mut().filter(|(_, o)| o.statements.is_none()) {
             // (the database's, so the same for every outbox: asked once)
             if encoding.is_none() {
                 encoding = Some(client.query_one(OutboxTable::SERVER_ENCODING_SQL, &[]).await?.get(0));
@@ -193,7 +171,7 @@ impl<S: Sink> PollingSource<S> {
             let encoding = encoding.as_deref().expect("just read");
             let table = outbox.table.clone().for_server_encoding(encoding);
             let id_type = table.id_type(&client).await?;
-            outbox.recorder = Recorder::open(&client, &table.display_name()).await?;
+            self.outboxes[id].recorder(&client).await?;
             outbox.statements = Some(Statements {
                 claim: table.claim_sql(),
                 unpublished_count: table.unpublished_count_sql(&id_type),
@@ -202,18 +180,18 @@ impl<S: Sink> PollingSource<S> {
             });
             outbox.table = table;
         }
-        let mut prepared = Vec::with_capacity(self.outboxes.len());
-        for outbox in &self.outboxes {
+        let mut prepared = Vec::with_capacity(self.polled.len());
+        for outbox in self.polled.values() {
             prepared.push(Prepared::on(&client, outbox.statements.as_ref().expect("just made")).await?);
         }
         Ok(Session {
             client,
             notified,
-            dead_lettered: self.outboxes.iter().map(|_| HashSet::new()).collect(),
+            dead_lettered: self.polled.values().map(|_| HashSet::new()).collect(),
             nonce: rand::random(),
             batches: 0,
             switch_checked: None,
-            prepared,
+            prepared: prepared.into_iter().collect(),
         })
     }
 
@@ -224,7 +202,7 @@ impl<S: Sink> PollingSource<S> {
     /// (see [`Dedup`]).
     async fn lead(&self, session: &mut Session, pulse: &Pulse) -> Result<Lookback, RelayError> {
         let health = pulse.health();
-        let mut tables: Vec<&OutboxTable> = self.outboxes.iter().map(|o| &o.table).collect();
+        let mut tables: Vec<&OutboxTable> = self.polled.values().map(|o| &o.table).collect();
         tables.sort_by_key(|t| (t.schema.as_str(), t.name.as_str()));
         let mut keys = Vec::with_capacity(tables.len());
         for table in tables {
@@ -244,7 +222,7 @@ impl<S: Sink> PollingSource<S> {
         if !channel.is_empty() {
             session.client.batch_execute(&format!("LISTEN {}", quote_ident(channel))).await?;
         }
-        let (tables, locks) = (self.table_names(), format!("{keys:?}"));
+        let (tables, locks) = (self.outboxes.table_names(), format!("{keys:?}"));
         tracing::info!(%tables, %locks, "active: this instance now relays the outbox");
         pulse.active();
         Ok(lookback)
@@ -286,7 +264,7 @@ impl<S: Sink> PollingSource<S> {
             }
             while session.notified.try_recv().is_ok() {}
             let mut full = false;
-            for outbox in 0..self.outboxes.len() {
+            for outbox in self.outboxes.iter().map(|o| o.id) {
                 // while held, only the held event's outbox is claimed from
                 if delivery.held_outbox().is_some_and(|held| held != outbox) {
                     continue;
@@ -294,7 +272,7 @@ impl<S: Sink> PollingSource<S> {
                 let outcome = self.relay_batch(session, outbox, delivery).await?;
                 if outcome.claimed > 0 {
                     tracing::debug!(
-                        table = %self.outboxes[outbox].table.display_name(),
+                        table = %self.polled[outbox].table.display_name(),
                         claimed = outcome.claimed,
                         released = outcome.released,
                         dead_lettered = outcome.dead_lettered,
@@ -341,121 +319,5 @@ impl<S: Sink> PollingSource<S> {
             _ = shutdown.changed() => {}
         }
         Ok(())
-    }
-
-    /// One cycle of outbox `outbox` (by place): claim, deliver, write the dead letters and
-    /// release, commit.
-    async fn relay_batch(
-        &self,
-        session: &mut Session,
-        outbox: usize,
-        delivery: &mut Delivery<'_, S, RowAt>,
-    ) -> Result<BatchOutcome, RelayError> {
-        let polled = &self.outboxes[outbox];
-        let statements = polled.statements.as_ref().expect("statements are prepared at connect");
-        let polling = &self.config.polling;
-        let batch = session.batches;
-        session.batches += 1;
-        // the claim transaction holds row locks and the database's xmin horizon: waiting for Kafka
-        // takes at most polling.claim_timeout_ms, then it rolls back (dropping `tx`)
-        let deadline = Deadline {
-            at: tokio::time::Instant::now() + Duration::from_millis(polling.claim_timeout_ms),
-            claim_timeout_ms: polling.claim_timeout_ms,
-        };
-        let began = Instant::now();
-        let tx = session.client.transaction().await?;
-        // while holding at a row, only that row (the first in id order) is claimed
-        let limit = if delivery.holding() { 1 } else { polling.batch_size as usize };
-        let prepared = &session.prepared[outbox];
-        let (rows, full) = claim::claim(&tx, prepared, limit, polling.max_batch_bytes).await?;
-        match claim::held_row(&tx, statements, delivery.held_id(), &rows).await? {
-            HeldRow::Claimed => {}
-            HeldRow::Skipped => {
-                // nothing past the held row is published while it waits
-                tx.rollback().await?;
-                delivery.retry_held_as(None).await?;
-                return Ok(BatchOutcome::default());
-            }
-            HeldRow::Gone => {
-                delivery.held_gone();
-                if delivery.holding() {
-                    // the next held row is claimed at the next retry
-                    tx.rollback().await?;
-                    return Ok(BatchOutcome::default());
-                }
-            }
-        }
-        if rows.is_empty() {
-            tx.commit().await?;
-            return Ok(BatchOutcome { full, ..BatchOutcome::default() });
-        }
-        let claimed = rows.len();
-        let (rows, dead_lettered) = already_dead_lettered(&session.dead_lettered[outbox], rows);
-        let rows = batch::map(&polled.mapping, rows, (session.nonce, batch))?;
-        let unread: Vec<String> = delivery
-            .unread(rows.iter().filter_map(|(_, row)| row.as_ref().ok()))
-            .into_iter()
-            .map(String::from)
-            .collect();
-        if !unread.is_empty() {
-            // a topic not read back yet is read outside the claim (it may take long: it must not
-            // hold row locks and the xmin horizon), then the same rows are claimed again
-            tx.rollback().await?;
-            for topic in unread {
-                delivery.read_back(&topic).await?;
-            }
-            return Ok(BatchOutcome { full: true, ..BatchOutcome::default() });
-        }
-        // (one copy per distinct topic, not per row)
-        let topics: BTreeSet<&str> =
-            rows.iter().filter_map(|(_, row)| row.as_ref().ok()).map(|r| r.topic.as_str()).collect();
-        let topics = topics.into_iter().map(String::from).collect();
-        let claimed_at = began.elapsed();
-        let settlement = batch::deliver(delivery, rows, dead_lettered, deadline).await?;
-        let delivered_at = began.elapsed();
-        let read = if settlement.again { settlement.release.len() } else { claimed };
-        metrics().events_read.with_label_values(&[MODE.label()]).inc_by(read as u64);
-        let dead_lettered = self.release(&tx, polled, prepared, &settlement, topics).await?;
-        tx.commit().await?;
-        tracing::debug!(
-            claimed,
-            claim_ms = claimed_at.as_millis() as u64,
-            deliver_ms = (delivered_at - claimed_at).as_millis() as u64,
-            release_ms = (began.elapsed() - delivered_at).as_millis() as u64,
-            "batch phases"
-        );
-        self.dead_letters.report(&settlement.letters);
-        Ok(BatchOutcome {
-            claimed,
-            full: full || settlement.again,
-            released: settlement.release.len(),
-            dead_lettered,
-            failed: settlement.failed,
-        })
-    }
-
-    /// Releases the settled rows (recording them as published, to some of the claim's `topics`)
-    /// and moves the dead letters to their table, in `tx`; returns how many letters were written.
-    async fn release(
-        &self,
-        tx: &Transaction<'_>,
-        polled: &Polled,
-        statements: &Prepared,
-        settlement: &Settlement,
-        topics: BTreeSet<String>,
-    ) -> Result<u64, RelayError> {
-        let Settlement { release, letters, lettered, .. } = settlement;
-        if !release.is_empty() {
-            let (tableoids, ctids) = RowAt::params(release);
-            tx.execute(&statements.release, &[&tableoids, &ctids]).await?;
-            polled.recorder.record(tx, &Sent::of(release.iter().map(|r| r.id.as_str()), topics)).await?;
-        }
-        if letters.is_empty() {
-            return Ok(0);
-        }
-        let written = self.dead_letters.write(tx, letters).await?;
-        let (tableoids, ctids) = RowAt::params(lettered);
-        tx.execute(&statements.delete, &[&tableoids, &ctids]).await?;
-        Ok(written)
     }
 }

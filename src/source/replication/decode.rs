@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use crate::config::{ColumnsConfig, OutboxConfig};
+use crate::config::{ColumnsConfig, OutboxConfig, OutboxId, PerOutbox};
 use crate::observe::metrics::SkippedKind;
 use crate::record::OutboxRow;
 
@@ -21,8 +21,8 @@ pub struct DecodeError(String);
 /// What one XLogData payload means to the relay.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Change {
-    /// A row was inserted into the outbox at this place among the relay's.
-    Insert(usize, OutboxRow),
+    /// A row was inserted into this outbox.
+    Insert(OutboxId, OutboxRow),
     /// A relation description was (re)learnt; nothing to publish.
     Relation,
     /// Deliberately not an event, by kind (the `kind` label of
@@ -38,8 +38,7 @@ pub enum Change {
 /// Where the configured columns sit in an outbox relation's tuple.
 #[derive(Debug, Clone, Default)]
 struct Layout {
-    /// The outbox's place among the relay's.
-    outbox: usize,
+    outbox: OutboxId,
     id: Option<usize>,
     aggregate_type: Option<usize>,
     aggregate_id: Option<usize>,
@@ -58,8 +57,7 @@ struct Table {
 
 /// Decodes pgoutput for the relay's outbox tables; remembers relation layouts by OID.
 pub struct Decoder {
-    /// By the outbox's place.
-    tables: Vec<Table>,
+    tables: PerOutbox<Table>,
     relations: HashMap<u32, Layout>,
     /// Where each column's text is in the message being decoded (see [`tuple`]).
     spans: Vec<Option<(usize, usize)>>,
@@ -177,7 +175,8 @@ impl Decoder {
             let _type_oid = r.u32()?;
             let _typmod = r.u32()?;
         }
-        let Some(outbox) = self.tables.iter().position(|t| t.schema == namespace && t.name == name) else {
+        let Some((outbox, _)) = self.tables.iter().find(|(_, t)| t.schema == namespace && t.name == name)
+        else {
             if let Some(layout) = self.relations.get(&oid) {
                 let was = &self.tables[layout.outbox];
                 return Ok(Change::OutboxRenamed {
@@ -248,8 +247,8 @@ impl Decoder {
 /// A change over `replication.max_message_bytes`, as far as its first bytes tell.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Oversized {
-    /// An insert into the outbox at place `outbox`, with its id when the bytes read hold it.
-    OutboxInsert { outbox: usize, id: Option<String> },
+    /// An insert into `outbox`, with its id when the bytes read hold it.
+    OutboxInsert { outbox: OutboxId, id: Option<String> },
     /// A logical decoding message with this prefix.
     Message { transactional: bool, prefix: String },
     /// Anything else (another table's change, an outbox update): nothing the relay publishes.
@@ -376,8 +375,11 @@ pub(super) mod tests {
             assert_eq!(d.decode(&relation(oid, "public", table, COLUMNS)).unwrap(), Change::Relation);
         }
         let row = |id| [Some(id), Some("order"), Some("o-1"), Some("Placed"), Some("{}"), None, None, None];
-        let Change::Insert(0, first) = d.decode(&insert(1, &row("7"))).unwrap() else { panic!("outbox 0") };
-        let Change::Insert(1, second) = d.decode(&insert(2, &row("7"))).unwrap() else { panic!("outbox 1") };
+        let Change::Insert(at, first) = d.decode(&insert(1, &row("7"))).unwrap() else { panic!("outbox 0") };
+        let Change::Insert(then, second) = d.decode(&insert(2, &row("7"))).unwrap() else {
+            panic!("outbox 1")
+        };
+        assert_eq!((at.index(), then.index()), (0, 1));
         assert_eq!((first.id.as_deref(), second.id.as_deref()), (Some("7"), Some("7")));
         assert_eq!(d.decode(&insert(3, &row("7"))).unwrap(), Change::Skipped(SkippedKind::OtherTable));
         // the second table renamed: named as it was
@@ -396,8 +398,14 @@ pub(super) mod tests {
         let row =
             insert(7, &[Some("17"), Some("order"), Some("42"), Some("Placed"), Some(&big), None, None, None]);
         // the head of an outbox row holds its id; a head cut inside the id holds none
-        assert_eq!(d.oversized(&row[..200]), Oversized::OutboxInsert { outbox: 0, id: Some("17".into()) });
-        assert_eq!(d.oversized(&row[..14]), Oversized::OutboxInsert { outbox: 0, id: None });
+        assert_eq!(
+            d.oversized(&row[..200]),
+            Oversized::OutboxInsert { outbox: OutboxId::default(), id: Some("17".into()) }
+        );
+        assert_eq!(
+            d.oversized(&row[..14]),
+            Oversized::OutboxInsert { outbox: OutboxId::default(), id: None }
+        );
         // another table's row, and a logical message named by its prefix
         assert_eq!(
             d.oversized(&insert(8, &[Some("1"), Some(&big)])[..100]),

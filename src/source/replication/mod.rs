@@ -28,23 +28,22 @@ mod stream;
 mod transport;
 
 use std::future::Future;
+use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use crate::config::{Outbox, RelayConfig};
+use crate::config::RelayConfig;
 use crate::dead_letter::DeadLetters;
 use crate::delivery::{self, Delivery};
 use crate::error::RelayError;
 use crate::lsn::Lsn;
 use crate::observe::metrics::Mode;
 use crate::observe::pulse::Pulse;
-use crate::published::Recorder;
+use crate::outboxes::Outboxes;
 use crate::readback::{self, Lookback};
-use crate::record::Mapping;
 use crate::sink::Sink;
 use crate::sink::kafka::KafkaSink;
 use crate::source::Source;
-use crate::table::OutboxTable;
 use slot::SlotPlan;
 use stream::{Feed, StreamSession};
 use transport::WalStream;
@@ -55,17 +54,12 @@ pub const HEARTBEAT_PREFIX: &str = "outbox-relay-heartbeat";
 /// The `mode` label of this source's metrics.
 const MODE: Mode = Mode::Replication;
 
-/// One slot and one publication for every outbox of the relay (`RelayConfig::outboxes`); the
-/// per-outbox parts below are by the outbox's place.
+/// One slot and one publication for every outbox of the relay.
 pub(crate) struct ReplicationSource<S = KafkaSink> {
     config: RelayConfig,
     sink: S,
-    outboxes: Vec<Outbox>,
-    mappings: Vec<Mapping>,
-    tables: Vec<OutboxTable>,
+    outboxes: Arc<Outboxes>,
     dead_letters: DeadLetters,
-    /// The records of what was published, opened by the first session.
-    recorders: Vec<Recorder>,
 }
 
 impl<S: Sink> Source for ReplicationSource<S> {
@@ -87,13 +81,9 @@ impl<S: Sink> Source for ReplicationSource<S> {
 }
 
 impl<S: Sink> ReplicationSource<S> {
-    pub(crate) fn new(config: RelayConfig, sink: S) -> ReplicationSource<S> {
-        let outboxes = config.outboxes();
+    pub(crate) fn new(config: RelayConfig, outboxes: Arc<Outboxes>, sink: S) -> ReplicationSource<S> {
         ReplicationSource {
-            mappings: outboxes.iter().enumerate().map(|(i, o)| Mapping::of(&o.config, i)).collect(),
-            tables: outboxes.iter().map(|o| OutboxTable::new(&config.for_outbox(o))).collect(),
-            dead_letters: DeadLetters::new(&config, MODE),
-            recorders: outboxes.iter().map(|_| Recorder::disabled()).collect(),
+            dead_letters: DeadLetters::new(&outboxes, &config.retry, MODE),
             outboxes,
             config,
             sink,
@@ -102,18 +92,11 @@ impl<S: Sink> ReplicationSource<S> {
 
     /// Opens the records of what was published, once per process (as polling: its warning is
     /// not repeated at every reconnect).
-    async fn open_recorders(&mut self, client: &tokio_postgres::Client) -> Result<(), RelayError> {
-        for (recorder, table) in self.recorders.iter_mut().zip(&self.tables) {
-            if !recorder.is_open() {
-                *recorder = Recorder::open(client, &table.display_name()).await?;
-            }
+    async fn open_recorders(&self, client: &tokio_postgres::Client) -> Result<(), RelayError> {
+        for outbox in self.outboxes.iter() {
+            outbox.recorder(client).await?;
         }
         Ok(())
-    }
-
-    /// The outbox tables, for the log.
-    fn table_names(&self) -> String {
-        self.tables.iter().map(OutboxTable::display_name).collect::<Vec<_>>().join(", ")
     }
 
     /// `outbox-relay setup`: the publication, and the slot with its first copy when missing.
@@ -161,7 +144,7 @@ impl<S: Sink> ReplicationSource<S> {
             }
         };
         let wal = WalStream::start(replication, slot_name).await?;
-        tracing::info!(slot = %slot_name, %confirmed, tables = %self.table_names(), "active: streaming from the slot");
+        tracing::info!(slot = %slot_name, %confirmed, tables = %self.outboxes.table_names(), "active: streaming from the slot");
         pulse.active();
         // (after the copy's prologue, identities are read again and nothing else is done)
         let lookback = Lookback::Since(confirmed);
@@ -171,8 +154,8 @@ impl<S: Sink> ReplicationSource<S> {
                 .await?;
         let stage = (&self.dead_letters, &self.config.kafka);
         let delivery = Delivery::open(&self.sink, prologue, stage, pulse, MODE).await;
-        let feed = Feed::new(delivery, confirmed, &self.outboxes, &self.mappings, &self.config.replication);
-        StreamSession::new(&self.config, &self.dead_letters, &self.recorders, &client, wal, feed)
+        let feed = Feed::new(delivery, confirmed, &self.outboxes, &self.config.replication);
+        StreamSession::new(&self.config, &self.dead_letters, &self.outboxes, &client, wal, feed)
             .run(shutdown)
             .await
     }

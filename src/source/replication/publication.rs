@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio_postgres::Client;
 
 use super::refusal::Refusal;
-use crate::config::RelayConfig;
+use crate::config::{ColumnsConfig, RelayConfig};
 use crate::error::{FatalReason, RelayError};
 use crate::lsn::Lsn;
 use crate::table::OutboxTable;
@@ -92,11 +92,10 @@ pub async fn problem(
     }
     let entries = row.get::<_, Option<serde_json::Value>>("entries").unwrap_or_default();
     for outbox in &config.outboxes() {
-        let config = config.for_outbox(outbox);
-        let table = OutboxTable::new(&config);
+        let table = OutboxTable::of(&outbox.config, &config.polling);
         let entry = entries.get(format!("{}\u{1f}{}", table.schema, table.name));
         let problem = match entry {
-            Some(entry) => entry_problem(&config, &table, entry),
+            Some(entry) => entry_problem(publication, (&outbox.config.columns, &table), entry),
             None if !table.exists(client).await? => Some(Problem::TableMissing(table.missing_text())),
             None => Some(Problem::Narrowed(format!(
                 "publication \"{publication}\" does not include {}: a table that left the publication, or an \
@@ -115,10 +114,13 @@ pub async fn problem(
     Ok(None)
 }
 
-/// What the publication's `entry` for the outbox of `config` leaves out: a row filter, or a
-/// column list without a column the relay reads.
-fn entry_problem(config: &RelayConfig, table: &OutboxTable, entry: &serde_json::Value) -> Option<Problem> {
-    let publication = &config.replication.publication;
+/// What `publication`'s `entry` for an outbox `table` (with its `columns`) leaves out: a row
+/// filter, or a column list without a column the relay reads.
+fn entry_problem(
+    publication: &str,
+    (columns, table): (&ColumnsConfig, &OutboxTable),
+    entry: &serde_json::Value,
+) -> Option<Problem> {
     if let Some(filter) = entry.get("rowfilter").and_then(|f| f.as_str()) {
         return Some(Problem::Narrowed(format!(
             "publication \"{publication}\" has a row filter on {} (WHERE {filter}): rows it excludes would never \
@@ -127,20 +129,18 @@ fn entry_problem(config: &RelayConfig, table: &OutboxTable, entry: &serde_json::
             table.qualified()
         )));
     }
-    column_list_problem(config, table, entry)
+    column_list_problem(publication, (columns, table), entry)
 }
 
 /// A column list (15+) on the publication's entry for the outbox that leaves out a column the
 /// relay reads: those columns would arrive as NULL.
 fn column_list_problem(
-    config: &RelayConfig,
-    table: &OutboxTable,
+    publication: &str,
+    (c, table): (&ColumnsConfig, &OutboxTable),
     entry: &serde_json::Value,
 ) -> Option<Problem> {
-    let publication = &config.replication.publication;
     let columns = entry.get("attnames").and_then(|a| a.as_array())?;
     let listed: Vec<&str> = columns.iter().filter_map(|c| c.as_str()).collect();
-    let c = &config.outbox.columns;
     let read =
         c.required().into_iter().chain(c.optional()).filter(|(_, name)| *name != c.created_at.as_str());
     let missing: Vec<&str> = read.map(|(_, name)| name).filter(|name| !listed.contains(name)).collect();
@@ -209,7 +209,7 @@ pub(crate) async fn creation_refusal(
     client: &Client,
 ) -> Result<Option<Refusal>, tokio_postgres::Error> {
     for outbox in config.outboxes() {
-        let table = OutboxTable::new(&config.for_outbox(&outbox));
+        let table = OutboxTable::of(&outbox.config, &config.polling);
         let row = client.query_one(MAY_CREATE_SQL, &[&table.qualified()]).await?;
         let (owner, create): (bool, bool) = (row.get(0), row.get(1));
         if let Some(refusal) = creation_refused(config, &table, owner, create) {
@@ -222,7 +222,7 @@ pub(crate) async fn creation_refusal(
 /// `CREATE PUBLICATION` of the relay's publication, for every outbox table.
 pub(crate) fn create_sql(config: &RelayConfig) -> String {
     let tables: Vec<OutboxTable> =
-        config.outboxes().iter().map(|o| OutboxTable::new(&config.for_outbox(o))).collect();
+        config.outboxes().iter().map(|o| OutboxTable::of(&o.config, &config.polling)).collect();
     OutboxTable::create_publication_sql(&config.replication.publication, &tables)
 }
 

@@ -373,7 +373,7 @@ async fn ensure_publication(config: &RelayConfig, client: &Client, recreate: boo
     let create = super::publication::create_sql(config);
     // a publication cannot take a table that does not exist: say that, not how to add it
     for outbox in config.outboxes() {
-        let table = OutboxTable::new(&config.for_outbox(&outbox));
+        let table = OutboxTable::of(&outbox.config, &config.polling);
         if !table.exists(client).await? {
             return Err(RelayError::fatal(FatalReason::Schema, missing_outbox(&outbox, &table)));
         }
@@ -406,7 +406,7 @@ async fn ensure_publication(config: &RelayConfig, client: &Client, recreate: boo
 async fn add_missing_tables(config: &RelayConfig, client: &Client) -> Result<(), RelayError> {
     let publication = &config.replication.publication;
     for outbox in config.outboxes() {
-        let table = OutboxTable::new(&config.for_outbox(&outbox));
+        let table = OutboxTable::of(&outbox.config, &config.polling);
         let listed = client
             .query_opt(
                 "SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
@@ -422,7 +422,7 @@ async fn add_missing_tables(config: &RelayConfig, client: &Client) -> Result<(),
 }
 
 /// What to say when outbox `outbox`'s table does not exist: with several, which entry names it.
-fn missing_outbox(outbox: &crate::config::Outbox, table: &OutboxTable) -> String {
+fn missing_outbox(outbox: &crate::config::OutboxEntry, table: &OutboxTable) -> String {
     match outbox.path.as_str() {
         "outbox" => table.missing_text(),
         path => format!(
@@ -447,7 +447,7 @@ pub(super) async fn create_and_copy<S: Sink>(
 ) -> Result<(Lsn, CopyReport), RelayError> {
     let slot = &source.config.replication.slot;
     // (the first outbox's table: what polling mode's handover looks for)
-    let owner = source.tables[0].display_name();
+    let owner = source.outboxes.first().table.display_name();
     client.execute(&format!("{CURRENT_TIMELINE_CTE}{REMEMBER_SQL}"), &[slot, &owner]).await?;
     // the option list is PostgreSQL 15+ syntax, FAILOVER 17+; the older form works everywhere
     let options =
@@ -470,7 +470,7 @@ pub(super) async fn create_and_copy<S: Sink>(
     // slot recreated after it was lost): read back everything the topics hold from this source;
     // one outbox table after the other, each in the slot's snapshot
     let mut report = CopyReport::default();
-    for (i, table) in source.tables.iter().enumerate() {
+    for outbox in source.outboxes.iter() {
         // the slot is this session's: it may fence earlier producers (kafka.transactional)
         let lookback = (MODE, Lookback::Everything);
         let identities = readback::source_identities(client, &source.config).await?;
@@ -482,11 +482,11 @@ pub(super) async fn create_and_copy<S: Sink>(
         let copy = FirstCopy {
             postgres: &source.config.postgres,
             server,
-            table,
-            mapping: &source.mappings[i],
+            table: &outbox.table,
+            mapping: &outbox.mapping,
             dead_letters: &source.dead_letters,
             letters_to: client,
-            recorder: &source.recorders[i],
+            recorder: outbox.recorder(client).await?,
             point: consistent_point,
             chunk_bytes: source.config.replication.max_in_flight_bytes,
         };

@@ -29,7 +29,7 @@ use crate::dead_letter::DeadLetters;
 use crate::error::RelayError;
 use crate::lsn::Lsn;
 use crate::observe::metrics::metrics;
-use crate::published::Recorder;
+use crate::outboxes::Outboxes;
 use crate::sink::Sink;
 pub(super) use feed::Feed;
 
@@ -54,9 +54,9 @@ pub(super) struct StreamSession<'a, S: Sink> {
     publication_ok_through: Lsn,
     /// The last position confirmed to PostgreSQL: never past `publication_ok_through`.
     confirmed: Lsn,
-    /// Record the ids handed to Kafka before a position past them is confirmed, by the
-    /// outbox's place.
-    recorders: &'a [Recorder],
+    /// Each outbox's record: the ids handed to Kafka are recorded before a position past them
+    /// is confirmed.
+    outboxes: &'a Outboxes,
     /// When ids were last recorded: while records are in flight, once per status interval.
     recorded_at: Instant,
 }
@@ -66,7 +66,7 @@ impl<'a, S: Sink> StreamSession<'a, S> {
     pub(super) fn new(
         config: &'a RelayConfig,
         dead_letters: &'a DeadLetters,
-        recorders: &'a [Recorder],
+        outboxes: &'a Outboxes,
         client: &'a Client,
         wal: WalStream,
         feed: Feed<'a, S>,
@@ -80,7 +80,7 @@ impl<'a, S: Sink> StreamSession<'a, S> {
             feed,
             publication_ok_through: confirmed,
             confirmed,
-            recorders,
+            outboxes,
             recorded_at: Instant::now(),
         }
     }
@@ -229,8 +229,8 @@ impl<'a, S: Sink> StreamSession<'a, S> {
             if self.feed.delivery.records() > 0 && self.recorded_at.elapsed() < interval {
                 return Ok(());
             }
-            for (recorder, sent) in self.recorders.iter().zip(self.feed.take_sent()) {
-                recorder.record(self.client, &sent).await?;
+            for (outbox, sent) in self.feed.take_sent().iter() {
+                self.outboxes[outbox].recorder(self.client).await?.record(self.client, sent).await?;
             }
             self.recorded_at = Instant::now();
         }

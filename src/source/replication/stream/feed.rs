@@ -30,14 +30,15 @@ use super::super::decode::{self, Change, Decoder};
 use super::super::transport::WalEvent;
 use super::super::{HEARTBEAT_PREFIX, MODE};
 use crate::checkpoint::{Tracker, TxnId};
-use crate::config::{Outbox, ReplicationConfig};
+use crate::config::{OutboxId, PerOutbox, ReplicationConfig};
 use crate::dead_letter::DeadLetter;
 use crate::delivery::{Delivery, Settled};
 use crate::error::{FatalReason, RelayError};
 use crate::lsn::Lsn;
 use crate::observe::metrics::{Clock, SkippedKind, metrics};
+use crate::outboxes::Outboxes;
 use crate::published::Sent;
-use crate::record::{Mapping, OutboxRow, Position};
+use crate::record::{OutboxRow, Position};
 use crate::sink::Sink;
 
 /// The transaction being read (between Begin and Commit).
@@ -61,20 +62,20 @@ pub(in crate::source::replication) struct Feed<'a, S: Sink> {
     pub(super) delivery: Delivery<'a, S, TxnId>,
     tracker: Tracker,
     decoder: Decoder,
-    /// By the outbox's place.
-    mappings: &'a [Mapping],
+    /// Each outbox's mapping.
+    outboxes: &'a Outboxes,
     replication: &'a ReplicationConfig,
     /// When the current turn of reading began: the send time of the records it hands over.
     turn_at: Instant,
     open: Option<OpenTxn>,
     /// Per outbox, the place of its next event in the open transaction (its position's index).
-    next_index: Vec<u32>,
+    next_index: PerOutbox<u32>,
     /// Dead letters to write before [`Feed::letters_written`], and what each then settles.
     letters: Vec<DeadLetter>,
     written: Vec<Written>,
     /// Ids handed to Kafka and not yet recorded as published (see [`crate::published`]): the
-    /// session records them before it confirms a position past them. By the outbox's place.
-    sent: Vec<Sent>,
+    /// session records them before it confirms a position past them.
+    sent: PerOutbox<Sent>,
     /// This mode's `events_read_total` (looked up once).
     read: IntCounter,
     /// The last turn of reading found nothing more to read: a Kafka transaction is due.
@@ -86,22 +87,21 @@ impl<'a, S: Sink> Feed<'a, S> {
     pub(in crate::source::replication) fn new(
         delivery: Delivery<'a, S, TxnId>,
         confirmed: Lsn,
-        outboxes: &[Outbox],
-        mappings: &'a [Mapping],
+        outboxes: &'a Outboxes,
         replication: &'a ReplicationConfig,
     ) -> Feed<'a, S> {
         Feed {
             delivery,
             tracker: Tracker::new(confirmed),
             decoder: Decoder::new(outboxes.iter().map(|o| &o.config)),
-            mappings,
+            outboxes,
             replication,
             turn_at: Instant::now(),
             open: None,
-            next_index: vec![0; mappings.len()],
+            next_index: outboxes.per(|_| 0),
             letters: Vec::new(),
             written: Vec::new(),
-            sent: mappings.iter().map(|_| Sent::default()).collect(),
+            sent: outboxes.per(|_| Sent::default()),
             read: metrics().events_read.with_label_values(&[MODE.label()]),
             idle: false,
         }
@@ -151,7 +151,7 @@ impl<'a, S: Sink> Feed<'a, S> {
         match event {
             WalEvent::Begin { commit_lsn, commit_time } => {
                 self.open = Some(OpenTxn { id: self.tracker.begin(), commit_lsn, commit_time });
-                self.next_index.fill(0);
+                self.next_index.values_mut().for_each(|next| *next = 0);
             }
             WalEvent::Commit { end_lsn } => {
                 let txn =
@@ -209,7 +209,7 @@ impl<'a, S: Sink> Feed<'a, S> {
             OutboxRow::default()
         });
         if transactional && self.open.is_some() {
-            let at = self.next_event(0, "a message outside a transaction")?;
+            let at = self.next_event(OutboxId::default(), "a message outside a transaction")?;
             self.publish(raw, at).await?;
         } else {
             self.untrusted(raw, lsn);
@@ -236,7 +236,7 @@ impl<'a, S: Sink> Feed<'a, S> {
                     self.untrusted(OutboxRow::default(), lsn);
                     return Ok(());
                 }
-                (0, OutboxRow::default(), format!("an outbox message at {lsn}"))
+                (OutboxId::default(), OutboxRow::default(), format!("an outbox message at {lsn}"))
             }
             decode::Oversized::Message { .. } => {
                 tracing::warn!(%lsn, bytes, "a logical decoding message over replication.max_message_bytes, not the outbox's: skipped");
@@ -302,7 +302,7 @@ impl<'a, S: Sink> Feed<'a, S> {
     /// The open transaction's next event of outbox `outbox`, numbered (every event read counts,
     /// published or not, so a replay numbers them the same way); `outside`: the protocol error
     /// when no transaction is open.
-    fn next_event(&mut self, outbox: usize, outside: &str) -> Result<EventAt, RelayError> {
+    fn next_event(&mut self, outbox: OutboxId, outside: &str) -> Result<EventAt, RelayError> {
         let txn = self.open.ok_or_else(|| RelayError::Protocol(outside.into()))?;
         let index = self.next_index[outbox];
         self.next_index[outbox] += 1;
@@ -313,7 +313,7 @@ impl<'a, S: Sink> Feed<'a, S> {
     async fn publish(&mut self, raw: OutboxRow, at: EventAt) -> Result<(), RelayError> {
         self.read.inc();
         let txn = at.txn;
-        match self.mappings[at.outbox].to_record(raw, Some(txn.commit_time))? {
+        match self.outboxes[at.outbox].mapping.to_record(raw, Some(txn.commit_time))? {
             Ok(mut event) => {
                 event.position = Some(Position::Stream { commit: txn.commit_lsn, index: at.index });
                 self.tracker.sent(txn.id);
@@ -364,13 +364,12 @@ impl<'a, S: Sink> Feed<'a, S> {
     }
 
     pub(super) fn has_sent(&self) -> bool {
-        self.sent.iter().any(|s| !s.is_empty())
+        self.sent.values().any(|s| !s.is_empty())
     }
 
-    /// The events handed to Kafka since the last call, for the record of what was published:
-    /// by the outbox's place.
-    pub(super) fn take_sent(&mut self) -> Vec<Sent> {
-        self.sent.iter_mut().map(std::mem::take).collect()
+    /// The events handed to Kafka since the last call, for the record of what was published.
+    pub(super) fn take_sent(&mut self) -> PerOutbox<Sent> {
+        self.sent.values_mut().map(std::mem::take).collect()
     }
 
     /// The position the tracker would confirm.
@@ -392,7 +391,7 @@ impl<'a, S: Sink> Feed<'a, S> {
 #[derive(Debug, Clone, Copy)]
 struct EventAt {
     txn: OpenTxn,
-    outbox: usize,
+    outbox: OutboxId,
     index: u32,
 }
 

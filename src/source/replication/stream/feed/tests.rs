@@ -7,10 +7,10 @@ use std::time::{Duration, SystemTime};
 
 use super::Feed;
 use crate::checkpoint::TxnId;
-use crate::config::{DEFAULT_MESSAGE_PREFIX, Outbox, ReplicationConfig};
+use crate::config::{DEFAULT_MESSAGE_PREFIX, ReplicationConfig};
 use crate::delivery::fixture::{Fixture, outbox_row};
 use crate::lsn::Lsn;
-use crate::record::Mapping;
+use crate::outboxes::Outboxes;
 use crate::sink::scripted::{Fault, ScriptedSink};
 use crate::source::replication::transport::WalEvent;
 
@@ -67,8 +67,7 @@ async fn settle_next(feed: &mut Feed<'_, ScriptedSink>) {
 /// replication settings (the in-flight bounds).
 struct Rig {
     f: Fixture,
-    outboxes: Vec<Outbox>,
-    mappings: Vec<Mapping>,
+    outboxes: Outboxes,
     replication: ReplicationConfig,
 }
 
@@ -82,14 +81,13 @@ impl Rig {
     }
 
     fn of(f: Fixture, replication: ReplicationConfig) -> Rig {
-        let outboxes = f.config.outboxes();
-        let mappings = outboxes.iter().enumerate().map(|(i, o)| Mapping::of(&o.config, i)).collect();
-        Rig { f, outboxes, mappings, replication }
+        let outboxes = Outboxes::new(&f.config);
+        Rig { f, outboxes, replication }
     }
 
     /// A feed from position 0.
     async fn feed(&self) -> Feed<'_, ScriptedSink> {
-        Feed::new(self.f.delivery::<TxnId>().await, Lsn(0), &self.outboxes, &self.mappings, &self.replication)
+        Feed::new(self.f.delivery::<TxnId>().await, Lsn(0), &self.outboxes, &self.replication)
     }
 }
 
@@ -270,7 +268,7 @@ async fn each_outbox_numbers_its_own_events_and_maps_them_with_its_own_mapping()
     // then each record says its outbox, is numbered among its outbox's events, and has its
     // outbox's topic
     let sent: Vec<_> =
-        rig.f.sink.records().into_iter().map(|r| (r.outbox, r.id, r.topic, r.position)).collect();
+        rig.f.sink.records().into_iter().map(|r| (r.outbox.index(), r.id, r.topic, r.position)).collect();
     let at = |index| Some(Position::Stream { commit: Lsn(99), index });
     assert_eq!(
         sent,
