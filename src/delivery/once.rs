@@ -70,7 +70,8 @@ pub(crate) async fn send_all<S: Sink, P: Clone + Eq + Hash>(
     // nothing held, nothing dead-lettered: the command keeps what Kafka refuses, and says so
     let mut config = config.clone();
     config.dead_letter.on_poison = OnPoison::DeadLetter;
-    config.outbox.dead_letter = None;
+    let own = config.outboxes.iter_mut().chain([&mut config.outbox]).filter_map(|o| o.dead_letter.as_mut());
+    own.for_each(|letters| letters.on_poison = OnPoison::DeadLetter);
     let mode = Mode::from(config.source.mode);
     let (pulse, (_stop, shutdown)) = (Pulse::detached(), watch::channel(false));
     let opened = prologue(sink, identities, &config, (mode, Lookback::LastBatch), &pulse, &shutdown).await?;

@@ -64,3 +64,15 @@ async fn a_session_that_cannot_activate_sends_nothing() {
     assert!(send_all(&mut f.sink, &f.config, &[], records(&["1"]), LIMIT).await.is_err());
     assert!(f.sink.sent().is_empty());
 }
+
+#[tokio::test]
+async fn an_outbox_of_its_own_block_policy_is_refused_with_the_reason_too() {
+    // given an outbox whose own dead_letter policy is block
+    let outboxes = serde_json::json!([{"name": "orders", "dead_letter": {"on_poison": "block"}}]);
+    let mut f = Fixture::with_outboxes("dead_letter", outboxes);
+    f.sink.script("1", [Fault::Reject]);
+    let sent = send_all(&mut f.sink, &f.config, &[], records(&["1"]), LIMIT).await.unwrap();
+    // then the refusal says the sink's reason, and the record was sent once
+    assert!(matches!(&sent[0].1, Delivered::Refused(why) if why != "Kafka refused it"), "{sent:?}");
+    assert_eq!(f.sink.sent(), ["1"]);
+}
