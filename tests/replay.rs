@@ -240,3 +240,27 @@ async fn a_forged_letter_inserted_by_a_relay_role_is_refused_and_never_published
         .get(0);
     assert_eq!(left, 1);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn check_fails_a_dead_letter_table_without_the_digest_a_signing_key_needs() {
+    // given a relay that signs its letters, on a table with the digest column
+    let (_key_dir, key) = signing_key();
+    let s = Setup::create(&services().kafka, "", true, |slot| {
+        RelayToml::replication(slot).set("source", "mode", "polling").set(
+            "dead_letter",
+            "signing_key_file",
+            &key,
+        )
+    })
+    .await;
+    let config = s.config().display().to_string();
+    let check = || run_relay(&["check", "--config", &config], EXIT_LIMIT);
+    let (_, out, _) = check();
+    assert!(out.contains("OK   dead_letter.table"), "{out}");
+    // when the column is missing (sql/011 not applied), then check fails, naming it and the file
+    s.db.client().await.batch_execute("ALTER TABLE outbox_dead_letter DROP COLUMN digest").await.unwrap();
+    let (code, out, _) = check();
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("FAIL dead_letter.table") && out.contains("lacks digest text"), "{out}");
+    assert!(out.contains("sql/011_dead_letter_digest.sql"), "{out}");
+}
