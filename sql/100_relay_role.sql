@@ -6,7 +6,9 @@
 --   LOGIN, REPLICATION        connect and stream from its slot (on RDS and Aurora: LOGIN and
 --                             membership in rds_replication, which grants it there)
 --   SELECT on outbox          the first copy of the rows that predate the slot
---   INSERT dead letter        unpublishable events, with their reason
+--   INSERT dead letter        unpublishable events, with their reason (and, with
+--                             dead_letter.signing_key_file, the digest replay-dead-letters checks:
+--                             INSERT alone cannot make a letter a replay sends, 011_dead_letter_digest.sql)
 --   outbox_relay_slots        the relay's memory of its slot (006_relay_slots.sql)
 --   outbox_relay_published    the ids it published, for `verify` (010_published.sql)
 --   pg_logical_emit_message   its heartbeat (replication.heartbeat_interval_ms)

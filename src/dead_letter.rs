@@ -15,7 +15,10 @@
 //!   then is the event's position released (polling: in the transaction that removes the row);
 //! - `block`: the relay holds at the event ([`Hold`]): it reports it (error log, `/readyz`,
 //!   `outbox_relay_events_blocked`), retries a refused record with backoff, releases nothing
-//!   past it, and never publishes again what Kafka already acknowledged.
+//!   past it, and never publishes again what Kafka already acknowledged;
+//! - with `dead_letter.signing_key_file`, each letter carries the key's digest of its outbox,
+//!   event id and `row_data` ([`signing`]): `replay-dead-letters` replays only letters the relay
+//!   wrote (or the operator vouched for), whoever else may INSERT into the table.
 
 use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
@@ -23,7 +26,7 @@ use std::time::Duration;
 use tokio_postgres::GenericClient;
 
 use crate::config::{DeadLetterConfig, OnPoison, OutboxId, PerOutbox, RelayConfig, RetryConfig};
-use crate::error::RelayError;
+use crate::error::{FatalReason, RelayError};
 use bytes::{BufMut, BytesMut};
 use tokio_postgres::types::{IsNull, ToSql, Type, accepts, to_sql_checked};
 
@@ -33,6 +36,10 @@ use crate::observe::pulse::Pulse;
 use crate::outboxes::{Outbox, Outboxes};
 use crate::record::{KafkaRecord, OutboxRow, Unpublishable};
 use crate::table::qualified_name;
+
+mod signing;
+
+pub use signing::SigningKey;
 
 /// The dead-letter table (`dead_letter.table`), quoted for SQL.
 pub fn qualified_table(letters: &DeadLetterConfig) -> String {
@@ -160,18 +167,25 @@ struct OutboxLetters {
     dead_lettered_sql: String,
     source_table: String,
     policy: OnPoison,
+    /// The key letters are signed with (`dead_letter.signing_key_file`), or why it could not be
+    /// read; `None`: letters are not signed.
+    signing: Option<Result<SigningKey, String>>,
 }
 
 impl OutboxLetters {
     fn new(outbox: &Outbox) -> OutboxLetters {
         let (schema, table) = outbox.dead_letter.schema_and_table();
+        let key_file = &outbox.dead_letter.signing_key_file;
+        let signing = (!key_file.is_empty()).then(|| SigningKey::read(key_file));
         OutboxLetters {
             name: outbox.name.clone(),
             insert_sql: format!(
-                "INSERT INTO {} (source_table, event_id, row_data, reason) \
-                 SELECT $1, u.event_id, u.row_data::jsonb, u.reason \
-                 FROM unnest($2::text[], $3::text[], $4::text[]) AS u(event_id, row_data, reason)",
-                qualified_name(schema, table)
+                "INSERT INTO {} (source_table, event_id, row_data, reason{}) \
+                 SELECT $1, u.event_id, u.row_data::jsonb, u.reason{} \
+                 FROM unnest($2::text[], $3::text[], $4::text[], $5::text[]) AS u(event_id, row_data, reason, digest)",
+                qualified_name(schema, table),
+                if signing.is_some() { ", digest" } else { "" },
+                if signing.is_some() { ", u.digest" } else { "" },
             ),
             dead_lettered_sql: format!(
                 "SELECT event_id, row_data ->> 'aggregate_id', row_data ->> 'event_type', row_data ->> 'payload' \
@@ -180,7 +194,42 @@ impl OutboxLetters {
             ),
             source_table: outbox.table.display_name(),
             policy: outbox.dead_letter.on_poison,
+            signing,
         }
+    }
+}
+
+impl OutboxLetters {
+    /// Each letter's digest (none without a key).
+    fn digests(&self, letters: &[&DeadLetter]) -> Result<Vec<Option<String>>, RelayError> {
+        let key = match &self.signing {
+            None => return Ok(vec![None; letters.len()]),
+            Some(Ok(key)) => key,
+            Some(Err(why)) => return Err(RelayError::fatal(FatalReason::Config, why.clone())),
+        };
+        let digest = |letter: &&DeadLetter| {
+            let row_data = match &letter.row {
+                LetterRow::Row(raw) => raw.row_data(),
+                LetterRow::Record(event) => event.row_data(),
+            };
+            Some(key.sign(&self.source_table, &letter.id, &row_data.fields()))
+        };
+        Ok(letters.iter().map(digest).collect())
+    }
+
+    /// A failed INSERT, saying which migration a signed letter needs.
+    fn write_error(&self, error: tokio_postgres::Error) -> RelayError {
+        if self.signing.is_some() && error.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_COLUMN)
+        {
+            return RelayError::fatal(
+                FatalReason::Config,
+                format!(
+                    "the dead-letter table has no digest column, which dead_letter.signing_key_file needs ({error}): \
+                     apply sql/011_dead_letter_digest.sql"
+                ),
+            );
+        }
+        error.into()
     }
 }
 
@@ -293,7 +342,9 @@ impl DeadLetters {
             let ids: Vec<&str> = letters.iter().map(|l| l.id.as_str()).collect();
             let rows: Vec<&LetterRow> = letters.iter().map(|l| &l.row).collect();
             let reasons: Vec<&str> = letters.iter().map(|l| l.reason.as_str()).collect();
-            written += client.execute(&of.insert_sql, &[&of.source_table, &ids, &rows, &reasons]).await?;
+            let digests = of.digests(&letters)?;
+            let params: [&(dyn ToSql + Sync); 5] = [&of.source_table, &ids, &rows, &reasons, &digests];
+            written += client.execute(&of.insert_sql, &params).await.map_err(|e| of.write_error(e))?;
         }
         Ok(written)
     }

@@ -72,13 +72,13 @@ fn dispatch(command: Command, config: RelayConfig, runtime: &Runtime) -> ExitCod
             let watch = watch.then_some((Duration::from_secs(every_secs), listen));
             run_verify(&config, verify::Options { since, until, wait, show }, watch, format, runtime)
         }
-        Command::ReplayDeadLetters { ids, dry_run, outbox, .. } => {
-            let needed_by = (!ids.is_empty()).then_some("--ids");
+        Command::ReplayDeadLetters { ids, dry_run, vouch, outbox, .. } => {
+            let needed_by = (!ids.is_empty()).then_some("--ids").or((!vouch.is_empty()).then_some("--vouch"));
             let config = match one_outbox(&config, outbox.as_deref(), needed_by) {
                 Ok(config) => config,
                 Err(e) => return print_output(Err::<(), _>(Failure::usage(e)), text),
             };
-            let options = replay::Options { ids, dry_run };
+            let options = replay::Options { ids, vouched: vouch, dry_run };
             runtime.block_on(per_outbox(&config, true, async |c| {
                 print_output(replay::run(&c, &options).await.map_err(Failure::failed), text)
             }))

@@ -280,11 +280,25 @@ pub struct DeadLetterConfig {
     pub on_poison: OnPoison,
     /// The dead-letter table, `schema.table` (or `table`, in schema `public`).
     pub table: String,
+    /// A file holding the key (its bytes less trailing whitespace, at least
+    /// [`MIN_SIGNING_KEY_BYTES`]) each letter is signed with as the relay writes it (HMAC-SHA256,
+    /// the table's `digest` column, `sql/011_dead_letter_digest.sql`), and `replay-dead-letters`
+    /// checks: a letter without this key's digest is not replayed unless vouched for. Give the
+    /// relay and the operator who replays the same file; no one else needs it. Empty: letters
+    /// are not signed.
+    pub signing_key_file: String,
 }
+
+/// The shortest `dead_letter.signing_key_file` key, in bytes.
+pub const MIN_SIGNING_KEY_BYTES: usize = 32;
 
 impl Default for DeadLetterConfig {
     fn default() -> Self {
-        DeadLetterConfig { on_poison: OnPoison::default(), table: DEFAULT_DEAD_LETTER_TABLE.into() }
+        DeadLetterConfig {
+            on_poison: OnPoison::default(),
+            table: DEFAULT_DEAD_LETTER_TABLE.into(),
+            signing_key_file: String::new(),
+        }
     }
 }
 

@@ -51,6 +51,9 @@ impl RelayConfig {
         self.validate_replication()?;
         self.validate_dedup()?;
         self.validate_metrics()?;
+        for outbox in self.outboxes() {
+            validate_signing_key(&outbox.dead_letter.signing_key_file)?;
+        }
         if self.retry.initial_backoff_ms == 0 {
             return Err(ConfigError::invalid("retry.initial_backoff_ms", "must be > 0"));
         }
@@ -197,6 +200,27 @@ impl RelayConfig {
         }
         Ok(())
     }
+}
+
+/// The dead letters' key file, when set: readable, and long enough.
+fn validate_signing_key(path: &str) -> Result<(), ConfigError> {
+    if path.is_empty() {
+        return Ok(());
+    }
+    let setting = "dead_letter.signing_key_file";
+    let bytes =
+        std::fs::read(path).map_err(|e| ConfigError::invalid(setting, format!("cannot read {path}: {e}")))?;
+    let held = bytes.iter().rposition(|b| !b.is_ascii_whitespace()).map_or(0, |i| i + 1);
+    if held < super::MIN_SIGNING_KEY_BYTES {
+        return Err(ConfigError::invalid(
+            setting,
+            format!(
+                "{path} holds {held} bytes; a key needs at least {} (e.g. openssl rand -hex 32 > {path})",
+                super::MIN_SIGNING_KEY_BYTES
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// One outbox's settings; errors name them under its path (`outbox.table`, `outboxes[1].table`).

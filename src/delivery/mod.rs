@@ -34,7 +34,8 @@
 //! it is sent again after the session's backoff, with nothing after it committed.
 //!
 //! The stage runs itself ([`Delivery::next`], `settle.rs`): a source `select!`s on it beside its
-//! own input, and opens it once per session through the prologue (`open.rs`). Several outbox
+//! own input, and opens it once per session through the prologue (`open.rs`); the operator
+//! commands that send (`replay-dead-letters`, `republish`) open a one-off session of it ([`once`]). Several outbox
 //! tables are several mappings in front of one stage: a record says which outbox it came from.
 
 use std::collections::VecDeque;
@@ -56,6 +57,7 @@ use crate::sink::{Report, Reports, Sink};
 #[cfg(test)]
 pub(crate) mod fixture;
 mod in_flight;
+pub(crate) mod once;
 mod open;
 mod settle;
 #[cfg(test)]

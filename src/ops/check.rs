@@ -333,8 +333,11 @@ async fn dead_letter_check(config: &RelayConfig, client: &Client) -> Finding {
             "apply sql/004_dead_letter.sql, or set dead_letter.table",
         );
     }
+    // (signed letters: dead_letter.signing_key_file)
+    let signed = !config.dead_letter.signing_key_file.is_empty();
     let wrong: Vec<String> = COLUMNS
         .iter()
+        .chain(signed.then_some(&("digest", "text")))
         .filter(|(column, ty)| !present.iter().any(|(n, t)| n == column && t == ty))
         .map(|(column, ty)| format!("{column} {ty}"))
         .collect();
@@ -344,7 +347,7 @@ async fn dead_letter_check(config: &RelayConfig, client: &Client) -> Finding {
         Finding::fail(
             "dead_letter.table",
             format!("dead-letter table {name} lacks {}", wrong.join(", ")),
-            "create it as sql/004_dead_letter.sql does",
+            "create it as sql/004_dead_letter.sql does (and sql/011_dead_letter_digest.sql, with dead_letter.signing_key_file)",
         )
     }
 }

@@ -195,6 +195,11 @@ pub enum Command {
         /// Print what would be sent; send nothing, change nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Letter ids, comma-separated, you checked and vouch for although the relay's key
+        /// (`dead_letter.signing_key_file`) does not verify them: edited since the relay wrote
+        /// them, or written without a key. Every other unverified letter is refused.
+        #[arg(long, value_delimiter = ',')]
+        vouch: Vec<i64>,
         /// With several outboxes (`[[outboxes]]`): only this outbox's letters (its `name`).
         /// Needed with `--ids`, whose letters belong to one outbox.
         #[arg(long)]

@@ -5,33 +5,45 @@
 //! Invariants:
 //! - the letters are locked (`FOR UPDATE`) for the whole replay, so two replays do not both send
 //!   one; the privileges to remove them are checked before anything is sent;
+//! - only letters the relay wrote are sent ([`trust`]): one whose digest this relay's key
+//!   (`dead_letter.signing_key_file`) does not verify is refused, named, and left as it is, unless
+//!   the operator vouches for it by id (`--vouch`); nothing of it is sent, removed or recorded;
 //! - a letter is removed, with its event's row still in the outbox (replication mode keeps it)
 //!   and its id recorded as published, in one transaction committed only after Kafka
 //!   acknowledged every record sent; a letter that still cannot map, or that Kafka refuses,
 //!   stays, and the command says why and exits 1;
+//! - records go to Kafka through the daemon's delivery stage, in a one-off session
+//!   ([`crate::delivery::once`]): with `kafka.transactional` the replay is one Kafka transaction,
+//!   under a `transactional.id` of its own (the relay's is never fenced);
 //! - a replayed record carries the relay's headers (`id`, the source) and
 //!   `outbox_relay_replayed: <letter id>`, and no position: it comes after later events of its
 //!   key, so `verify` neither orders nor compares it, and the relay's read-back passes it over.
 //!   A replay that dies after Kafka acknowledged and before the commit leaves the letters: run
 //!   again, the events are sent again under the same ids (consumers deduplicate by id).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::time::Duration;
 
 use tokio_postgres::Transaction;
 
 use crate::config::RelayConfig;
+use crate::delivery::once::{self, Delivered};
 use crate::error::{FatalReason, RelayError};
 use crate::published::{Recorder, Sent};
 use crate::record::{KafkaRecord, Mapping, OutboxRow};
 use crate::sink::kafka::{KafkaSink, REPLAYED_HEADER};
 use crate::table::OutboxTable;
 
+mod trust;
+
 /// Which letters, and whether to send them.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
     /// Letter ids (`outbox_dead_letter.id`); empty: every letter of this outbox.
     pub ids: Vec<i64>,
+    /// Letters the operator checked and vouches for although this relay's key does not verify
+    /// them (edited since the relay wrote them, or written without a key).
+    pub vouched: Vec<i64>,
     pub dry_run: bool,
 }
 
@@ -66,6 +78,8 @@ struct Letter {
     id: i64,
     event_id: String,
     row_data: String,
+    /// The relay's digest of it (`sql/011_dead_letter_digest.sql`), if any.
+    digest: Option<String>,
 }
 
 /// Replays the chosen letters (or says what it would send): read and lock them, map them, send
@@ -89,6 +103,7 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, Rel
     let source_table = table.display_name();
     let letters =
         read(&tx, (&letters_table, &source_table), &options.ids, !options.dry_run, &mut outcome).await?;
+    let letters = trust::trusted(letters, &trust::Check::new(config, options, &source_table)?, &mut outcome);
     let records = mapped(&Mapping::new(&config.outbox), letters, &letters_table, &mut outcome);
     if options.dry_run {
         for (letter, record) in &records {
@@ -104,10 +119,8 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, Rel
     if records.is_empty() {
         return Ok(outcome);
     }
-    let mut sink = KafkaSink::new(&config.kafka)
-        .map_err(|e| RelayError::Kafka(format!("cannot create a producer: {e}")))?;
-    sink.set_sources(&[source]);
-    let acked = send(&sink, &records, config.kafka.message_timeout_ms, &mut outcome).await;
+    let acked = send(config, source, &records, &mut outcome).await?;
+    // only what this replay published: its letters, their rows, their ids
     let sent: Vec<&(Letter, KafkaRecord)> = records.iter().filter(|(l, _)| acked.contains(&l.id)).collect();
     remove(&tx, &letters_table, &table.delete_ids_sql(&id_type), &sent).await?;
     let topics = sent.iter().map(|(_, r)| r.topic.clone()).collect();
@@ -135,13 +148,19 @@ async fn read(
     outcome: &mut Outcome,
 ) -> Result<Vec<Letter>, RelayError> {
     let sql = format!(
-        "SELECT id, event_id, row_data::text FROM {letters_table} WHERE source_table = $1 \
-         AND (cardinality($2::bigint[]) = 0 OR id = ANY($2)) ORDER BY id{}",
+        // (the digest through to_jsonb: a table without the column (sql/011_dead_letter_digest.sql) reads none)
+        "SELECT id, event_id, row_data::text, to_jsonb(l) ->> 'digest' FROM {letters_table} l \
+         WHERE source_table = $1 AND (cardinality($2::bigint[]) = 0 OR id = ANY($2)) ORDER BY id{}",
         if lock { " FOR UPDATE" } else { "" }
     );
     let rows = tx.query(&sql, &[&source_table, &ids]).await?;
-    let letters: Vec<Letter> =
-        rows.iter().map(|r| Letter { id: r.get(0), event_id: r.get(1), row_data: r.get(2) }).collect();
+    let letter = |r: &tokio_postgres::Row| Letter {
+        id: r.get(0),
+        event_id: r.get(1),
+        row_data: r.get(2),
+        digest: r.get(3),
+    };
+    let letters: Vec<Letter> = rows.iter().map(letter).collect();
     for id in ids.iter().filter(|id| !letters.iter().any(|l| l.id == **id)) {
         outcome.refused += 1;
         outcome.lines.push(format!("letter {id}: no dead letter of {source_table} has this id"));
@@ -235,39 +254,40 @@ async fn may_remove(
     ))
 }
 
-/// Sends every record and waits for its report; returns the letters Kafka acknowledged, and
-/// notes each refusal.
+/// Sends every record through a one-off session of the delivery stage (the daemon's headers,
+/// classification and Kafka transactions) and waits for each; returns the letters Kafka
+/// acknowledged, and notes each of the others.
 async fn send(
-    sink: &KafkaSink,
+    config: &RelayConfig,
+    source: String,
     records: &[(Letter, KafkaRecord)],
-    message_timeout_ms: u64,
     outcome: &mut Outcome,
-) -> HashSet<i64> {
-    let mut reports = sink.reports().await;
-    let mut waiting = HashMap::new();
-    for (letter, record) in records {
-        waiting.insert(sink.enqueue(record).await, letter.id);
-    }
+) -> Result<HashSet<i64>, RelayError> {
+    let mut config = config.clone();
+    config.kafka = once::one_off_kafka(&config.kafka, &source, "replay-dead-letters");
+    let mut sink = KafkaSink::new(&config.kafka)
+        .map_err(|e| RelayError::Kafka(format!("cannot create a producer: {e}")))?;
+    let limit = Duration::from_millis(config.kafka.message_timeout_ms) + Duration::from_secs(10);
+    let records = records.iter().map(|(letter, record)| (letter.id, record.clone())).collect();
     let mut acked = HashSet::new();
-    let limit = Duration::from_millis(message_timeout_ms) + Duration::from_secs(10);
-    while !waiting.is_empty() {
-        let Ok(Some(report)) = tokio::time::timeout(limit, reports.recv()).await else { break };
-        let Some(letter) = waiting.remove(&report.seq) else { continue };
-        match report.outcome {
-            Ok(()) => {
+    for (letter, sent) in once::send_all(&mut sink, &config, &[source], records, limit).await? {
+        match sent {
+            Delivered::Acked => {
                 acked.insert(letter);
             }
-            Err(e) => {
+            Delivered::Refused(why) => {
                 outcome.refused += 1;
-                outcome.lines.push(format!("letter {letter}: Kafka refused it: {e}; it stays"));
+                outcome.lines.push(format!("letter {letter}: Kafka refused it: {why}; it stays"));
+            }
+            Delivered::Unacknowledged(why) => {
+                outcome.refused += 1;
+                outcome
+                    .lines
+                    .push(format!("letter {letter}: Kafka did not acknowledge it ({why}); it stays"));
             }
         }
     }
-    for letter in waiting.into_values() {
-        outcome.refused += 1;
-        outcome.lines.push(format!("letter {letter}: no answer from Kafka; it stays"));
-    }
-    acked
+    Ok(acked)
 }
 
 /// Removes the letters of `sent` and their events' rows (`delete_rows_sql`, by id).

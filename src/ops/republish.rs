@@ -9,8 +9,10 @@
 //!   applies it once. One Kafka no longer holds (retention) is sent as the relay maps its row now,
 //!   by its key's partition, without a position;
 //! - events go out in their original order (by id, as the relay published them), each partition's
-//!   in send order (the idempotent producer keeps it), and the command waits for every
-//!   acknowledgement; one Kafka refuses is named and the exit code is 1;
+//!   in send order (the idempotent producer keeps it), through the daemon's delivery stage in a
+//!   one-off session ([`crate::delivery::once`]: its sink, classification and, with
+//!   `kafka.transactional`, one Kafka transaction under a `transactional.id` of its own), and the
+//!   command waits for every acknowledgement; one Kafka refuses is named and the exit code is 1;
 //! - it refuses to run while any relay of this outbox is connected (active or standby): a relay
 //!   publishing newer events meanwhile would put the old ones after them;
 //! - `--dry-run` sends nothing and says what it would send.
@@ -18,17 +20,17 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, SystemTime};
 
-use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::message::{Headers, Message};
 use tokio_postgres::Client;
 
 use super::locate;
 use super::verify::records::CLOCK_SLACK;
 use crate::config::RelayConfig;
+use crate::delivery::once::{self, Delivered};
 use crate::error::{FatalReason, RelayError};
 use crate::record::format::Format;
-use crate::record::{KafkaRecord, Mapping, OutboxRow};
-use crate::sink::kafka::REPUBLISHED_HEADER;
+use crate::record::{AsWritten, KafkaRecord, Mapping, OutboxRow};
+use crate::sink::kafka::{KafkaSink, REPUBLISHED_HEADER};
 use crate::table::{OutboxTable, outbox_row};
 
 /// Which events.
@@ -71,16 +73,23 @@ impl super::Output for Outcome {
 }
 
 /// A record to send again.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct Again {
     id: String,
+    record: KafkaRecord,
+    /// Where the original lies (partition, offset), when Kafka still holds it.
+    original: Option<(i32, i64)>,
+}
+
+/// An event's first record, as Kafka holds it.
+#[derive(Debug, Clone)]
+struct Original {
     topic: String,
-    partition: Option<i32>,
+    partition: i32,
+    offset: i64,
     key: Option<Vec<u8>>,
     value: Option<Vec<u8>>,
     headers: Vec<(String, Option<Vec<u8>>)>,
-    /// Where the original lies, when Kafka still holds it.
-    original: Option<(i32, i64)>,
 }
 
 /// Sends the chosen events again (or says what it would send), step by step: the rows, the
@@ -101,19 +110,22 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, Rel
     // the originals are read from the first row's time
     let since = rows.iter().filter_map(|(_, _, created_at)| *created_at).min();
     let records = mapped(config, rows, &mut outcome)?;
-    let source = match config.kafka.source_headers {
+    // (the source names the records, and a Kafka transaction's id)
+    let kafka = &config.kafka;
+    let source = match kafka.source_headers || kafka.transactional {
         true => Some(crate::readback::source_identity(&client, config).await?),
         false => None,
     };
-    let originals = read_originals(config, &records, since, source.clone()).await?;
-    let again = to_send(config, records, originals, source, &mut outcome);
+    let header_source = source.clone().filter(|_| kafka.source_headers);
+    let originals = read_originals(config, &records, since, header_source).await?;
+    let again = to_send(config, records, originals, &mut outcome);
     if options.dry_run {
         for a in &again {
             outcome.lines.push(format!("event {}: would send {}", a.id, a.describe()));
         }
         return Ok(outcome);
     }
-    send(config, again, &mut outcome).await?;
+    send(config, source, again, &mut outcome).await?;
     Ok(outcome)
 }
 
@@ -145,7 +157,7 @@ async fn read_originals(
     records: &[(String, KafkaRecord)],
     since: Option<SystemTime>,
     source: Option<String>,
-) -> Result<HashMap<String, Again>, RelayError> {
+) -> Result<HashMap<String, Original>, RelayError> {
     let topics: Vec<String> =
         records.iter().map(|(_, r)| r.topic.clone()).collect::<BTreeSet<_>>().into_iter().collect();
     let wanted: HashMap<String, usize> =
@@ -157,58 +169,80 @@ async fn read_originals(
         .map_err(|e| RelayError::Kafka(format!("reading Kafka failed: {e}")))?
 }
 
-/// What to send, in the records' order: each original as first written; a record Kafka no
-/// longer holds as its row maps now (with this source's header), in the relay's own format
-/// only, else refused.
+/// What to send, in the records' order: each original as first written, plus the republished
+/// header; a record Kafka no longer holds as its row maps now (the sink gives it this source's
+/// header), in the relay's own format only, else refused.
 fn to_send(
     config: &RelayConfig,
     records: Vec<(String, KafkaRecord)>,
-    originals: HashMap<String, Again>,
-    source: Option<String>,
+    mut originals: HashMap<String, Original>,
     outcome: &mut Outcome,
 ) -> Vec<Again> {
-    let source_header = source.map(|s| (crate::sink::kafka::SOURCE_HEADER.to_string(), Some(s.into_bytes())));
+    let stamp =
+        SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_millis().to_string();
     // a record Kafka no longer holds is made again only in the relay's own format: the others'
     // values are made by the sink (CloudEvents' envelope, a registry's schema id)
     let remappable =
         config.outbox.format == crate::config::RecordFormat::Raw && config.outbox.registry.is_none();
     let mut again = Vec::with_capacity(records.len());
-    for (id, record) in records {
-        match originals.get(&id) {
-            Some(original) => again.push(original.clone()),
+    for (id, mut record) in records {
+        let refused = match originals.remove(&id) {
+            Some(original) => match as_first_written(record, original, &stamp) {
+                Ok((record, at)) => {
+                    again.push(Again { id, record, original: Some(at) });
+                    continue;
+                }
+                Err(why) => why,
+            },
             None if remappable => {
-                let mut headers: Vec<(String, Option<Vec<u8>>)> = source_header.iter().cloned().collect();
-                headers.extend(record.headers().map(|(k, v)| (k.to_string(), Some(v.as_bytes().to_vec()))));
-                again.push(Again {
-                    headers,
-                    id,
-                    partition: None,
-                    key: Some(record.key.as_bytes().to_vec()),
-                    value: Some(record.payload.to_vec()),
-                    topic: record.topic.clone(),
-                    original: None,
-                });
+                record.row_headers.push((REPUBLISHED_HEADER.to_string(), stamp.clone()));
+                again.push(Again { id, record, original: None });
+                continue;
             }
-            None => {
-                outcome.refused += 1;
-                outcome.lines.push(format!(
-                    "event {id}: Kafka no longer holds it, and outbox.format {:?} records are made by the relay's \
-                     sink: recreate the slot (outbox-relay setup --recreate-slot) to send it as the relay does",
-                    config.outbox.format
-                ));
-            }
-        }
+            None => format!(
+                "Kafka no longer holds it, and outbox.format {:?} records are made by the relay's sink: recreate the \
+                 slot (outbox-relay setup --recreate-slot) to send it as the relay does",
+                config.outbox.format
+            ),
+        };
+        outcome.refused += 1;
+        outcome.lines.push(format!("event {id}: {refused}"));
     }
     again
+}
+
+/// `record` as its `original` was first written (its topic, partition, key, value and headers,
+/// plus the republished header `stamp`), and where the original lies; or why it cannot be.
+fn as_first_written(
+    record: KafkaRecord,
+    original: Original,
+    stamp: &str,
+) -> Result<(KafkaRecord, (i32, i64)), String> {
+    let Original { topic, partition, offset, key, value, mut headers } = original;
+    let at = format!("{topic}[{partition}] offset {offset}");
+    let key = match key.map(String::from_utf8) {
+        Some(Ok(key)) => key,
+        _ => {
+            return Err(format!(
+                "its original ({at}) has no key, or one that is not UTF-8: the relay never writes such"
+            ));
+        }
+    };
+    let Some(payload) = value else {
+        return Err(format!("its original ({at}) has no value: the relay never writes such"));
+    };
+    headers.push((REPUBLISHED_HEADER.to_string(), Some(stamp.as_bytes().to_vec())));
+    let as_written = Some(Box::new(AsWritten { partition, headers }));
+    Ok((KafkaRecord { topic, key, payload, position: None, as_written, ..record }, (partition, offset)))
 }
 
 impl Again {
     fn describe(&self) -> String {
         match self.original {
             Some((partition, offset)) => {
-                format!("to {}[{partition}] as first written (offset {offset})", self.topic)
+                format!("to {}[{partition}] as first written (offset {offset})", self.record.topic)
             }
-            None => format!("to {} as its row maps now (Kafka no longer holds it)", self.topic),
+            None => format!("to {} as its row maps now (Kafka no longer holds it)", self.record.topic),
         }
     }
 }
@@ -295,8 +329,8 @@ fn originals(
     format: &Format,
     source: Option<String>,
     wanted: &HashMap<String, usize>,
-) -> Result<HashMap<String, Again>, RelayError> {
-    let mut found: HashMap<String, Again> = HashMap::new();
+) -> Result<HashMap<String, Original>, RelayError> {
+    let mut found: HashMap<String, Original> = HashMap::new();
     locate::scan(kafka, topics, since, format, source.as_deref(), |m, id| {
         if !wanted.contains_key(id) || found.contains_key(id) {
             return;
@@ -307,14 +341,13 @@ fn originals(
             .unwrap_or_default();
         found.insert(
             id.to_string(),
-            Again {
-                id: id.to_string(),
+            Original {
                 topic: m.topic().to_string(),
-                partition: Some(m.partition()),
+                partition: m.partition(),
+                offset: m.offset(),
                 key: m.key().map(<[u8]>::to_vec),
                 value: m.payload().map(<[u8]>::to_vec),
                 headers,
-                original: Some((m.partition(), m.offset())),
             },
         );
     })
@@ -322,58 +355,38 @@ fn originals(
     Ok(found)
 }
 
-/// Sends `again` in order with an idempotent acks=all producer and waits for every report.
-async fn send(config: &RelayConfig, again: Vec<Again>, outcome: &mut Outcome) -> Result<(), RelayError> {
-    let producer: FutureProducer<crate::sink::kafka::TokenContext> =
-        crate::sink::kafka::producer_config(&config.kafka)
-            .create_with_context(crate::sink::kafka::TokenContext)
-            .map_err(|e| RelayError::Kafka(format!("cannot create a producer: {e}")))?;
-    let stamp =
-        SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_millis().to_string();
-    let timeout = Duration::from_millis(config.kafka.message_timeout_ms) + Duration::from_secs(10);
-    let mut deliveries = Vec::with_capacity(again.len());
-    for a in &again {
-        let mut headers = OwnedHeaders::new_with_capacity(a.headers.len() + 1);
-        for (key, value) in &a.headers {
-            headers = headers.insert(Header { key, value: value.as_deref() });
-        }
-        headers = headers.insert(Header { key: REPUBLISHED_HEADER, value: Some(stamp.as_bytes()) });
-        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&a.topic).headers(headers);
-        if let Some(key) = &a.key {
-            record = record.key(key.as_slice());
-        }
-        if let Some(value) = &a.value {
-            record = record.payload(value.as_slice());
-        }
-        if let Some(partition) = a.partition {
-            record = record.partition(partition);
-        }
-        // (enqueued in order now; the reports are awaited after: each partition keeps the order)
-        let delivery = producer
-            .send_result(record)
-            .map_err(|(e, _)| RelayError::Kafka(format!("cannot enqueue: {e}")))?;
-        deliveries.push(delivery);
+/// Sends `again` in order through a one-off session of the delivery stage (the daemon's sink,
+/// classification and Kafka transactions) and waits for each; `source`: this outbox's identity.
+async fn send(
+    config: &RelayConfig,
+    source: Option<String>,
+    again: Vec<Again>,
+    outcome: &mut Outcome,
+) -> Result<(), RelayError> {
+    let mut config = config.clone();
+    let identities: Vec<String> = source.into_iter().collect();
+    if let Some(source) = identities.first() {
+        config.kafka = once::one_off_kafka(&config.kafka, source, "republish");
     }
-    for (a, delivery) in again.iter().zip(deliveries) {
-        match tokio::time::timeout(timeout, delivery).await {
-            Ok(Ok(Ok(delivered))) => {
+    let mut sink = KafkaSink::new(&config.kafka)
+        .map_err(|e| RelayError::Kafka(format!("cannot create a producer: {e}")))?;
+    let limit = Duration::from_millis(config.kafka.message_timeout_ms) + Duration::from_secs(10);
+    let described: Vec<(String, String)> = again.iter().map(|a| (a.id.clone(), a.describe())).collect();
+    let records = again.into_iter().enumerate().map(|(i, a)| (i, a.record)).collect();
+    for (i, delivered) in once::send_all(&mut sink, &config, &identities, records, limit).await? {
+        let (id, describe) = &described[i];
+        match delivered {
+            Delivered::Acked => {
                 outcome.sent += 1;
-                outcome.lines.push(format!(
-                    "event {}: sent {} -> {}[{}] offset {}",
-                    a.id,
-                    a.describe(),
-                    a.topic,
-                    delivered.partition,
-                    delivered.offset
-                ));
+                outcome.lines.push(format!("event {id}: sent {describe}"));
             }
-            Ok(Ok(Err((e, _)))) => {
+            Delivered::Refused(why) => {
                 outcome.refused += 1;
-                outcome.lines.push(format!("event {}: Kafka refused it: {e}", a.id));
+                outcome.lines.push(format!("event {id}: Kafka refused it: {why}"));
             }
-            _ => {
+            Delivered::Unacknowledged(why) => {
                 outcome.refused += 1;
-                outcome.lines.push(format!("event {}: no answer from Kafka", a.id));
+                outcome.lines.push(format!("event {id}: Kafka did not acknowledge it ({why})"));
             }
         }
     }

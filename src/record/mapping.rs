@@ -158,6 +158,7 @@ impl Mapping {
             position: None,
             outbox: self.outbox,
             formatted,
+            as_written: None,
         }))
     }
 

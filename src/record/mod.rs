@@ -117,6 +117,22 @@ pub struct RowData<'a> {
     topic: Option<&'a str>,
 }
 
+impl RowData<'_> {
+    /// The fields in their one order (`id`, `aggregate_type`, `aggregate_id`, `event_type`,
+    /// `payload`, `headers`, `topic`): what a dead letter's digest covers.
+    pub fn fields(&self) -> [Option<&str>; 7] {
+        [
+            self.id,
+            self.aggregate_type,
+            self.aggregate_id,
+            self.event_type,
+            self.payload.as_deref(),
+            self.headers.as_deref(),
+            self.topic,
+        ]
+    }
+}
+
 /// A record ready for the sink.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KafkaRecord {
@@ -141,6 +157,16 @@ pub struct KafkaRecord {
     /// The record's leading headers when its outbox's format is not `raw` (then `key` and
     /// `payload` are the record's key and value as the format wrote them).
     pub formatted: Option<Box<Formatted>>,
+    /// Sent again as Kafka first held it (`republish`): see [`AsWritten`].
+    pub as_written: Option<Box<AsWritten>>,
+}
+
+/// A record sent again as Kafka first held it (`republish`): to the partition it lies in, with
+/// exactly its headers (the sink adds none of its own: the original carries them already).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AsWritten {
+    pub partition: i32,
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
 }
 
 /// Where an event was read, as the `outbox_relay_position` header carries it. Deterministic for

@@ -302,5 +302,6 @@ pub(crate) fn record(id: &str) -> KafkaRecord {
         position: None,
         outbox: crate::config::OutboxId::default(),
         formatted: None,
+        as_written: None,
     }
 }

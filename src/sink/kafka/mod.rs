@@ -45,6 +45,15 @@ use producer::{Channel, RecordProducer, create_producer};
 pub(crate) use producer::{POSITION_HEADER, REPLAYED_HEADER, REPUBLISHED_HEADER, SOURCE_HEADER};
 pub(crate) use stall::StallWatch;
 
+/// The headers of a record sent again as first written, exactly.
+fn as_written(written: &crate::record::AsWritten) -> OwnedHeaders {
+    let mut headers = OwnedHeaders::new_with_capacity(written.headers.len());
+    for (key, value) in &written.headers {
+        headers = headers.insert(Header { key, value: value.as_deref() });
+    }
+    headers
+}
+
 /// How long a metadata request may take when classifying a timed-out record.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long shutdown waits for records handed to the producer.
@@ -250,27 +259,13 @@ impl KafkaSink {
     /// Hands one record to the producer, waiting out a full local queue.
     async fn send(&self, event: &KafkaRecord, seq: usize) -> Result<(), KafkaError> {
         loop {
-            let mut headers = OwnedHeaders::new_with_capacity(event.row_headers.len() + 5);
-            // the relay's own headers first: a row header of the same name does not shadow them
-            // (a replayed dead letter has no position: `replay-dead-letters`)
-            let source = self.sources.get(event.outbox.index());
-            if let Some(source) = source {
-                headers = headers.insert(Header { key: SOURCE_HEADER, value: Some(source.as_bytes()) });
-            }
-            if let (Some(_), Some(position)) = (source, &event.position) {
-                let mut text = [0u8; 64];
-                let mut cursor = &mut text[..];
-                write!(cursor, "{position}").expect("a position fits in 64 bytes");
-                let written = 64 - cursor.len();
-                headers = headers.insert(Header { key: POSITION_HEADER, value: Some(&text[..written]) });
-            }
-            for (key, value) in event.headers() {
-                headers = headers.insert(Header { key, value: Some(value.as_bytes()) });
-            }
-            let record = BaseRecord::with_opaque_to(&event.topic, seq)
-                .key(&event.key)
-                .payload(&event.payload)
-                .headers(headers);
+            let record =
+                BaseRecord::with_opaque_to(&event.topic, seq).key(&event.key).payload(&event.payload);
+            let record = match &event.as_written {
+                // sent again as first written (`republish`): its partition, its headers alone
+                Some(written) => record.partition(written.partition).headers(as_written(written)),
+                None => record.headers(self.headers(event)),
+            };
             match self.producer.send(record) {
                 Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
@@ -279,6 +274,28 @@ impl KafkaSink {
                 Err((e, _)) => return Err(e),
             }
         }
+    }
+
+    /// The headers of `event`: the relay's own, then the record's ([`KafkaRecord::headers`]).
+    fn headers(&self, event: &KafkaRecord) -> OwnedHeaders {
+        let mut headers = OwnedHeaders::new_with_capacity(event.row_headers.len() + 5);
+        // the relay's own headers first: a row header of the same name does not shadow them
+        // (a replayed dead letter has no position: `replay-dead-letters`)
+        let source = self.sources.get(event.outbox.index());
+        if let Some(source) = source {
+            headers = headers.insert(Header { key: SOURCE_HEADER, value: Some(source.as_bytes()) });
+        }
+        if let (Some(_), Some(position)) = (source, &event.position) {
+            let mut text = [0u8; 64];
+            let mut cursor = &mut text[..];
+            write!(cursor, "{position}").expect("a position fits in 64 bytes");
+            let written = 64 - cursor.len();
+            headers = headers.insert(Header { key: POSITION_HEADER, value: Some(&text[..written]) });
+        }
+        for (key, value) in event.headers() {
+            headers = headers.insert(Header { key, value: Some(value.as_bytes()) });
+        }
+        headers
     }
 
     /// Classifies one failure. A timeout is checked against the topic's metadata: a topic the
