@@ -7,8 +7,10 @@
 //! - latest: `GET /subjects/{subject}/versions/latest` -> `{"id", "schema", "schemaType"}`.
 //!
 //! A status is classified once, in [`classify`]: unreachable, timeout, 408, 429 and 5xx are
-//! [`EncodeError::Unavailable`] (retried); a certificate that cannot be trusted and every other
-//! refusal are [`EncodeError::Refused`], with the setting to change.
+//! [`EncodeError::Unavailable`] (retried); a 404 with the registry's own code for an unknown
+//! subject, version or schema under it is [`EncodeError::NoSchema`] (this subject's rows only);
+//! a certificate that cannot be trusted and every other refusal are [`EncodeError::Refused`],
+//! with the setting to change.
 
 use std::error::Error as StdError;
 use std::sync::Arc;
@@ -219,6 +221,7 @@ pub(super) fn classify(
     };
     let refused = |detail: String| EncodeError::Refused { subject: subject.to_string(), detail };
     let on_subject = |detail: String| refused(format!("subject {subject}: {detail}"));
+    let no_schema = |detail: String| EncodeError::NoSchema { subject: subject.to_string(), detail };
     match status.as_u16() {
         408 | 429 | 500..=599 => {
             EncodeError::Unavailable(format!("{} answered {status}: {said}", call.name()))
@@ -242,14 +245,13 @@ pub(super) fn classify(
             schema_id: 0,
             detail: format!("the registry holds no schema of this id ({said})"),
         },
-        404 if call == Call::Lookup && (code == 40401 || code == 40403) => refused(format!(
+        404 if call == Call::Lookup && (code == 40401 || code == 40403) => no_schema(format!(
             "schema not registered under subject {subject}; register it or set auto_register = true"
         )),
-        404 if call == Call::Latest && (code == 40401 || code == 40402) => on_subject(
-            "it has no schema in the registry; register one, or set registry.schema_file and \
-             auto_register = true"
-                .to_string(),
-        ),
+        404 if call == Call::Latest && (code == 40401 || code == 40402) => no_schema(format!(
+            "subject {subject}: it has no schema in the registry; register one, or set \
+             registry.schema_file and auto_register = true"
+        )),
         404 => on_subject(format!(
             "the registry answered 404 to {} ({said}); check registry.url: it must be the base of the \
              Confluent-compatible API (for Apicurio, http://host:8080/apis/ccompat/v7)",

@@ -156,7 +156,7 @@ async fn record_name_uses_the_schema_name_and_lookup_by_content() {
 }
 
 #[tokio::test]
-async fn a_schema_not_registered_is_refused_and_asked_again_next_time() {
+async fn a_subject_not_registered_is_this_rows_problem_and_asked_again_next_time() {
     let registry_side = Fixture::start(Duration::ZERO, |_| {
         (404, r#"{"error_code": 40403, "message": "Schema not found"}"#.into())
     })
@@ -170,8 +170,15 @@ async fn a_schema_not_registered_is_refused_and_asked_again_next_time() {
         error.to_string(),
         "schema registry: schema not registered under subject orders-value; register it or set auto_register = true"
     );
+    assert!(matches!(error, EncodeError::NoSchema { .. }), "the row's topic chose the subject: {error:?}");
     registry.encode("orders", "{}").await.unwrap_err();
     assert_eq!(registry_side.seen().len(), 2, "a failure is not cached");
+
+    // under record_name the subject is every row's: the operator must act
+    let mut by_name = config(&registry_side.url, SchemaType::Avro, Some(ORDER_AVSC), &dir);
+    by_name.subject_strategy = SubjectStrategy::RecordName;
+    let error = Registry::new(&by_name).unwrap().encode("orders", "{}").await.unwrap_err();
+    assert!(matches!(error, EncodeError::Refused { .. }), "{error:?}");
 }
 
 #[tokio::test]
@@ -303,11 +310,16 @@ fn statuses_are_classified_with_the_setting_to_change() {
     );
     let text = classified(Call::Lookup, 404, &confluent(40401, "Subject not found")).to_string();
     assert!(text.contains("schema not registered under subject orders-value"), "{text}");
-    let text = classified(Call::Latest, 404, &confluent(40401, "Subject not found")).to_string();
+    let unknown = classified(Call::Latest, 404, &confluent(40401, "Subject not found"));
+    assert!(matches!(unknown, EncodeError::NoSchema { .. }), "{unknown:?}");
+    let text = unknown.to_string();
     assert!(text.contains("subject orders-value: it has no schema in the registry"), "{text}");
-    // a 404 that is not the registry's: the URL is wrong
-    let text = classified(Call::Lookup, 404, "<html>Not Found</html>").to_string();
-    assert!(text.contains("check registry.url"), "{text}");
+    let no_version = classified(Call::Latest, 404, &confluent(40402, "Version not found"));
+    assert!(matches!(no_version, EncodeError::NoSchema { .. }), "{no_version:?}");
+    // a 404 that is not the registry's: the URL is wrong, for every row alike
+    let wrong_url = classified(Call::Lookup, 404, "<html>Not Found</html>");
+    assert!(matches!(wrong_url, EncodeError::Refused { .. }), "{wrong_url:?}");
+    assert!(wrong_url.to_string().contains("check registry.url"), "{wrong_url}");
     let anonymous = classify(Call::Latest, "s", "", StatusCode::UNAUTHORIZED, b"").to_string();
     assert!(anonymous.contains("requires authentication (401); set registry.username"), "{anonymous}");
 }
