@@ -4,7 +4,8 @@
 //! - the password is a [`Secret`]: `Debug` and `Serialize` print a placeholder;
 //! - [`RegistryConfig::validate`] names the setting by the path it is given
 //!   (`outboxes[0].registry.url: ...`);
-//! - credentials never go in `url` (a URL is logged); they go in `username` and `password`.
+//! - credentials never go in `url` (a URL is logged); they go in `username` and `password`;
+//! - credentials are not sent over plain `http://` unless `allow_http_credentials` says so.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -70,6 +71,11 @@ pub struct RegistryConfig {
     /// ([`RegistryConfig::load_secrets`]). Never printed.
     #[serde(default)]
     pub password: Secret,
+    /// Send `username`/`password` (basic auth: the password in clear) over a plain `http://`
+    /// url. Off (default): refused at load, naming this setting; use `https://`, or turn it on
+    /// only where no one else can read the network (loopback, a sidecar).
+    #[serde(default)]
+    pub allow_http_credentials: bool,
     /// A PEM file of the CA certificates that sign the registry's certificate (an `https://`
     /// registry with a private CA). Empty (default): the Mozilla roots (webpki-roots).
     #[serde(default)]
@@ -106,6 +112,7 @@ impl RegistryConfig {
             url: url.into(),
             username: String::new(),
             password: Secret::default(),
+            allow_http_credentials: false,
             ca_file: String::new(),
             timeout_ms: DEFAULT_REGISTRY_TIMEOUT_MS,
             schema_type,
@@ -165,12 +172,29 @@ impl RegistryConfig {
         if url.query().is_some() || url.fragment().is_some() {
             return Err(format!("{path}.url: must be the registry's base URL, without ?query or #fragment"));
         }
+        if let Some(refused) = self.refuse_http_credentials(path) {
+            return Err(refused);
+        }
         if !self.ca_file.is_empty() && url.scheme() == "http" {
             return Err(format!(
                 "{path}.ca_file: is only used with an https:// url; use https:// or remove ca_file"
             ));
         }
         Ok(())
+    }
+
+    /// The error for credentials configured with a plain `http://` url, unless
+    /// `allow_http_credentials` is on. (The registry client checks it again: the ledger builds
+    /// its client without [`RegistryConfig::validate`].)
+    pub fn refuse_http_credentials(&self, path: &str) -> Option<String> {
+        let plain = reqwest::Url::parse(&self.url).is_ok_and(|url| url.scheme() == "http");
+        (plain && !self.username.is_empty() && !self.allow_http_credentials).then(|| {
+            format!(
+                "{path}.url: is http://, and {path}.username/password would cross the network in \
+                 clear (basic auth); use https://, or set {path}.allow_http_credentials = true where \
+                 no one else can read the network (loopback)"
+            )
+        })
     }
 
     fn validate_files(&self, path: &str) -> Result<(), String> {
@@ -257,6 +281,27 @@ mod tests {
         assert_eq!(c.password.expose(), "SENTINEL");
         c.username.clear();
         assert!(error(&c).starts_with(&format!("{PATH}.username: must be set with {PATH}.password")));
+    }
+
+    #[test]
+    fn credentials_over_plain_http_are_refused_unless_allowed() {
+        let mut c = config();
+        c.url = "http://registry:8081".into();
+        c.username = "relay".into();
+        c.password = Secret::new("SENTINEL");
+        let message = error(&c);
+        assert!(message.starts_with(&format!("{PATH}.url: is http://")), "{message}");
+        assert!(message.contains(&format!("{PATH}.allow_http_credentials = true")), "{message}");
+        assert!(!message.contains("SENTINEL"), "{message}");
+        c.allow_http_credentials = true;
+        c.validate(PATH).unwrap();
+        c.allow_http_credentials = false;
+        c.url = "HTTPS://registry:8081".into();
+        c.validate(PATH).unwrap();
+        c.url = "http://registry:8081".into();
+        c.username.clear();
+        c.password = Secret::default();
+        c.validate(PATH).unwrap();
     }
 
     #[test]

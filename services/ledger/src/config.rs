@@ -105,6 +105,9 @@ pub struct RegistryConfig {
     pub username: String,
     /// A PEM file of the CA that signs an `https://` registry's certificate.
     pub ca_file: String,
+    /// Send `username` and the password over a plain `http://` url (in clear). Off (default):
+    /// refused at start-up, naming this setting.
+    pub allow_http_credentials: bool,
 }
 
 impl Default for ConsumerConfig {

@@ -30,6 +30,12 @@ use crate::config::registry::{PASSWORD_ENV, RegistryConfig, SchemaType};
 /// The media type of the registry's API, requests and answers.
 const SCHEMA_REGISTRY_JSON: &str = "application/vnd.schemaregistry.v1+json";
 
+/// The largest answer read from the registry: a schema, its id and an error body fit many times
+/// over (Confluent's own default limit on a schema is 1 MiB of text, escaped in JSON here). A
+/// longer answer is refused when its `Content-Length` says so, or as soon as that many bytes
+/// have arrived, so a registry (or whatever answers at `registry.url`) cannot exhaust memory.
+pub(super) const MAX_RESPONSE_BYTES: usize = 8 * 1024 * 1024;
+
 /// A registry connection: the base URL and the credentials.
 pub(super) struct Client {
     http: reqwest::Client,
@@ -77,6 +83,9 @@ impl Client {
         let base = Url::parse(&config.url).map_err(|e| format!("registry.url: {e}"))?;
         if base.cannot_be_a_base() || !matches!(base.scheme(), "http" | "https") {
             return Err(format!("registry.url: {} is not an http:// or https:// base URL", config.url));
+        }
+        if let Some(refused) = config.refuse_http_credentials("registry") {
+            return Err(refused);
         }
         let timeout = Duration::from_millis(config.timeout_ms);
         let http = reqwest::Client::builder()
@@ -164,11 +173,27 @@ impl Client {
             request = request.header(CONTENT_TYPE, SCHEMA_REGISTRY_JSON).body(body);
         }
         let transport = |e: reqwest::Error| transport_error(&shown, subject, &e);
-        let response = request.send().await.map_err(transport)?;
+        let mut response = request.send().await.map_err(transport)?;
         let status = response.status();
-        let body = response.bytes().await.map_err(transport)?;
+        let too_long = || EncodeError::Refused {
+            subject: subject.to_string(),
+            detail: format!(
+                "{shown}: the registry's answer ({status}) is longer than {MAX_RESPONSE_BYTES} bytes, \
+                 more than any schema; check registry.url"
+            ),
+        };
+        if response.content_length().is_some_and(|length| length > MAX_RESPONSE_BYTES as u64) {
+            return Err(too_long());
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(transport)? {
+            if body.len() + chunk.len() > MAX_RESPONSE_BYTES {
+                return Err(too_long());
+            }
+            body.extend_from_slice(&chunk);
+        }
         if status.is_success() {
-            return Ok(body.to_vec());
+            return Ok(body);
         }
         Err(classify(call, subject, &self.username, status, &body))
     }
