@@ -427,7 +427,8 @@ async fn two_thousand_unauthenticated_connections_keep_the_services_memory_withi
     // http.max_body_bytes is answered 413
     assert_eq!(service.order(Some("k-after"), BODY).unwrap().status, 201);
     let token = service.token("customer-1", 3600);
-    let long = format!(r#"{{"total_cents": 1999, "customer_id": "{}"}}"#, "c".repeat(max_body_bytes as usize));
+    let long =
+        format!(r#"{{"total_cents": 1999, "customer_id": "{}"}}"#, "c".repeat(max_body_bytes as usize));
     let refused = service.order_with(Some(&token), Some("k-long"), &long).unwrap();
     assert_eq!((refused.status, refused.json()["code"].as_str()), (413, Some("too_large")), "{refused:?}");
     assert_eq!(shop.written().await.0, 2);

@@ -533,7 +533,9 @@ fn decoder(
     config.load_secrets(&std::env::vars().collect());
     let decoder = outbox_relay::record::registry::Decoder::new(&config).map_err(|e| {
         // (the client's errors name `registry.<setting>`: here they are consumer.registry's)
-        LedgerError::Config(outbox_relay::config::ConfigError::Load(e.replace("registry.", "consumer.registry.")))
+        LedgerError::Config(outbox_relay::config::ConfigError::Load(
+            e.replace("registry.", "consumer.registry."),
+        ))
     })?;
     Ok(Some(decoder))
 }

@@ -209,7 +209,9 @@ async fn post_order(
             let status = rejection.status().as_u16();
             let limit = app.config.http.max_body_bytes;
             let message = match status {
-                413 => format!("the body is longer than http.max_body_bytes ({limit} bytes): an order is a small JSON object"),
+                413 => format!(
+                    "the body is longer than http.max_body_bytes ({limit} bytes): an order is a small JSON object"
+                ),
                 _ => format!("the body could not be read: {rejection}"),
             };
             let reply = Reply::error(status, if status == 413 { "too_large" } else { "invalid" }, message);

@@ -64,7 +64,8 @@ impl Decoder {
         let version = self.client.by_id(id).await?;
         // (a schema this consumer cannot read is this record's problem, as an unknown id is: it
         // is a mismatch, dead-lettered, never retried: issue 46's ledger residual)
-        let refused = |detail: String| EncodeError::Mismatch { subject: "(read back)".into(), schema_id: id, detail };
+        let refused =
+            |detail: String| EncodeError::Mismatch { subject: "(read back)".into(), schema_id: id, detail };
         let schema = match version.schema_type.as_deref().unwrap_or("AVRO") {
             "AVRO" => Some(
                 apache_avro::Schema::parse_str(&version.schema)

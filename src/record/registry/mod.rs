@@ -145,7 +145,9 @@ impl Registry {
     pub async fn encode(&self, topic: &str, payload: &str) -> Result<Vec<u8>, EncodeError> {
         let subject_name = self.subject(topic);
         let subject = match self.resolve(&subject_name).await {
-            Err(EncodeError::NoSchema { subject, detail }) if self.strategy == SubjectStrategy::RecordName => {
+            Err(EncodeError::NoSchema { subject, detail })
+                if self.strategy == SubjectStrategy::RecordName =>
+            {
                 return Err(EncodeError::Refused { subject, detail });
             }
             resolved => resolved?,

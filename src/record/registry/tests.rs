@@ -353,10 +353,14 @@ async fn an_answer_longer_than_the_bound_is_refused_before_it_is_read_whole() {
     let dir = tempfile::tempdir().unwrap();
     // with a Content-Length that says so
     let big = Fixture::start(Duration::ZERO, |_| (200, " ".repeat(client::MAX_RESPONSE_BYTES + 1))).await;
-    let error = Registry::new(&config(&big.url, SchemaType::Avro, None, &dir)).unwrap().encode("o", "{}").await;
+    let error =
+        Registry::new(&config(&big.url, SchemaType::Avro, None, &dir)).unwrap().encode("o", "{}").await;
     let error = error.unwrap_err();
     assert!(matches!(error, EncodeError::Refused { .. }), "{error:?}");
-    assert!(error.to_string().contains("is longer than 8388608 bytes") && error.to_string().contains("registry.url"));
+    assert!(
+        error.to_string().contains("is longer than 8388608 bytes")
+            && error.to_string().contains("registry.url")
+    );
     // and chunked, without one: the reading stops at the bound
     let url = endless_answer(2 * client::MAX_RESPONSE_BYTES).await;
     let error = Registry::new(&config(&url, SchemaType::Avro, None, &dir)).unwrap().encode("o", "{}").await;
@@ -371,7 +375,10 @@ fn credentials_over_plain_http_are_refused_by_the_client_too() {
     plain.username = "relay".into();
     plain.password = Secret::new("SENTINEL");
     let error = Decoder::new(&plain).err().unwrap();
-    assert!(error.contains("registry.allow_http_credentials = true") && !error.contains("SENTINEL"), "{error}");
+    assert!(
+        error.contains("registry.allow_http_credentials = true") && !error.contains("SENTINEL"),
+        "{error}"
+    );
     assert!(Registry::new(&plain).err().unwrap().contains("registry.url: is http://"));
     plain.allow_http_credentials = true;
     Decoder::new(&plain).unwrap();
