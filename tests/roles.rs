@@ -208,6 +208,55 @@ async fn no_writer_chooses_an_event_id_the_owner_included() {
     assert!(next_real > real && !given.contains(&next_real), "{ids:?}");
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn no_other_login_borrows_the_id_triggers_privilege() {
+    // given the outbox with the example roles, and a login of no one's that owns a schema
+    let db = TestDb::new().await;
+    let owner = db.client().await;
+    apply_examples(&owner, &["orders", "idempotency", "ledger", "roles"]).await;
+    let intruder = format!("intruder_{}", crate::common::random_suffix());
+    owner
+        .batch_execute(&format!(
+            "CREATE ROLE {intruder} LOGIN; CREATE SCHEMA {intruder} AUTHORIZATION {intruder}"
+        ))
+        .await
+        .unwrap();
+    let sequence: u32 = owner
+        .query_one("SELECT pg_get_serial_sequence('outbox_events', 'id')::regclass::oid", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let (host, port, _) = db.pg_parts();
+    let login = connect(&format!("postgres://{intruder}@{host}:{port}/{}", db.name)).await;
+
+    // when it attaches the SECURITY DEFINER id trigger to a table of its own, naming the outbox's
+    // sequence (it would then take ids of it, or of any sequence, as the function's owner)
+    let borrowed = format!(
+        "CREATE TABLE {intruder}.t (id bigint); \
+         CREATE TRIGGER t BEFORE INSERT ON {intruder}.t FOR EACH ROW \
+         EXECUTE FUNCTION public.outbox_events_assign_id('{sequence}')"
+    );
+    let error = login.batch_execute(&borrowed).await.expect_err("the trigger was created");
+
+    // then it is refused: EXECUTE on the function is revoked from PUBLIC
+    let message = error.as_db_error().map(|e| e.message().to_string()).unwrap_or(error.to_string());
+    assert!(
+        message.contains("permission denied for function") && message.contains("outbox_events_assign_id"),
+        "{message}"
+    );
+    // and the outbox's writers still get their ids from it (a trigger's function is checked
+    // when the trigger is made, not when it fires)
+    let writer = connect(&format!("postgres://orders_service@{host}:{port}/{}", db.name)).await;
+    writer
+        .batch_execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('order', 'o-1', 'E', '{}')",
+        )
+        .await
+        .unwrap();
+    assert_eq!(outbox_ids(&owner).await.len(), 1);
+}
+
 /// `check` WARNs (`postgres.excess_privilege`) when the relay's role holds more than its mode
 /// needs: a superuser, the outbox table's owner, REPLICATION in polling mode; the example roles
 /// hold none of it.
