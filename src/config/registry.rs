@@ -66,11 +66,15 @@ pub struct RegistryConfig {
     /// Basic-auth user; empty (default): no authentication.
     #[serde(default)]
     pub username: String,
-    /// Basic-auth password, with `username`. Better kept out of the file: the environment
-    /// variable `OUTBOX_RELAY_REGISTRY_PASSWORD`, when set, is used instead
+    /// Basic-auth password, with `username`. Better kept out of the file: `password_file`, or the
+    /// environment variable `OUTBOX_RELAY_REGISTRY_PASSWORD`, which when set is used instead
     /// ([`RegistryConfig::load_secrets`]). Never printed.
     #[serde(default)]
     pub password: Secret,
+    /// A file whose first line is the password, read at each request (a rotated Kubernetes
+    /// Secret is used without a restart); instead of `password` and `OUTBOX_RELAY_REGISTRY_PASSWORD`.
+    #[serde(default)]
+    pub password_file: String,
     /// Send `username`/`password` (basic auth: the password in clear) over a plain `http://`
     /// url. Off (default): refused at load, naming this setting; use `https://`, or turn it on
     /// only where no one else can read the network (loopback, a sidecar).
@@ -112,6 +116,7 @@ impl RegistryConfig {
             url: url.into(),
             username: String::new(),
             password: Secret::default(),
+            password_file: String::new(),
             allow_http_credentials: false,
             ca_file: String::new(),
             timeout_ms: DEFAULT_REGISTRY_TIMEOUT_MS,
@@ -135,17 +140,22 @@ impl RegistryConfig {
     /// Checks the settings; an error names `<path>.<setting>` and says what to do.
     pub fn validate(&self, path: &str) -> Result<(), String> {
         self.validate_url(path)?;
-        let has_password = !self.password.expose().is_empty();
-        if self.username.is_empty() && has_password {
+        let (inline, file) = (!self.password.expose().is_empty(), !self.password_file.is_empty());
+        if inline && file {
             return Err(format!(
-                "{path}.username: must be set with {path}.password (or {PASSWORD_ENV}): the registry \
-                 uses basic authentication"
+                "{path}.password_file: set either it or {path}.password (or {PASSWORD_ENV}), not both"
             ));
         }
-        if !self.username.is_empty() && !has_password {
+        if self.username.is_empty() && (inline || file) {
             return Err(format!(
-                "{path}.password: must be set with {path}.username; set it, or the environment \
-                 variable {PASSWORD_ENV}"
+                "{path}.username: must be set with {path}.password (or {path}.password_file, or \
+                 {PASSWORD_ENV}): the registry uses basic authentication"
+            ));
+        }
+        if !self.username.is_empty() && !(inline || file) {
+            return Err(format!(
+                "{path}.password: must be set with {path}.username; set {path}.password_file, \
+                 {path}.password, or the environment variable {PASSWORD_ENV}"
             ));
         }
         if self.timeout_ms == 0 || self.timeout_ms > MAX_REGISTRY_TIMEOUT_MS {
@@ -183,6 +193,17 @@ impl RegistryConfig {
         Ok(())
     }
 
+    /// The password to send: `password`, or the first line of `password_file`, read now (at
+    /// each request, so a rotated file is used); the error names the setting, never the value.
+    pub fn current_password(&self) -> Result<Secret, String> {
+        if self.password_file.is_empty() {
+            return Ok(self.password.clone());
+        }
+        let text = std::fs::read_to_string(&self.password_file)
+            .map_err(|e| format!("registry.password_file {}: {e}", self.password_file))?;
+        Ok(Secret::new(text.lines().next().unwrap_or_default()))
+    }
+
     /// The error for credentials configured with a plain `http://` url, unless
     /// `allow_http_credentials` is on. (The registry client checks it again: the ledger builds
     /// its client without [`RegistryConfig::validate`].)
@@ -211,7 +232,12 @@ impl RegistryConfig {
                 ));
             }
         }
-        for (setting, file) in [("schema_file", &self.schema_file), ("ca_file", &self.ca_file)] {
+        let files = [
+            ("schema_file", &self.schema_file),
+            ("ca_file", &self.ca_file),
+            ("password_file", &self.password_file),
+        ];
+        for (setting, file) in files {
             if !file.is_empty() && !Path::new(file).is_file() {
                 return Err(format!("{path}.{setting}: {file} is not a readable file"));
             }
@@ -302,6 +328,31 @@ mod tests {
         c.username.clear();
         c.password = Secret::default();
         c.validate(PATH).unwrap();
+    }
+
+    #[test]
+    fn the_password_may_come_from_a_file_read_at_each_use_but_not_from_two_places() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("registry-password");
+        std::fs::write(&file, "SENTINEL-1\nignored\n").unwrap();
+        let mut c = config();
+        c.username = "relay".into();
+        c.password_file = file.display().to_string();
+        c.validate(PATH).unwrap();
+        assert_eq!(c.current_password().unwrap().expose(), "SENTINEL-1");
+        std::fs::write(&file, "SENTINEL-2\n").unwrap();
+        assert_eq!(c.current_password().unwrap().expose(), "SENTINEL-2", "a rotated file is read again");
+        let debug = format!("{c:?}");
+        assert!(!debug.contains("SENTINEL"), "{debug}");
+        c.password = Secret::new("SENTINEL-3");
+        let message = error(&c);
+        assert!(message.starts_with(&format!("{PATH}.password_file: set either it")), "{message}");
+        assert!(!message.contains("SENTINEL"), "{message}");
+        c.password = Secret::default();
+        std::fs::remove_file(&file).unwrap();
+        assert!(error(&c).starts_with(&format!("{PATH}.password_file: ")), "{}", error(&c));
+        let gone = c.current_password().unwrap_err();
+        assert!(gone.starts_with("registry.password_file ") && !gone.contains("SENTINEL"), "{gone}");
     }
 
     #[test]

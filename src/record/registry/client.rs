@@ -24,7 +24,6 @@ use rustls::{ClientConfig, RootCertStore};
 use serde::Deserialize;
 
 use super::error::{EncodeError, excerpt};
-use crate::config::Secret;
 use crate::config::registry::{PASSWORD_ENV, RegistryConfig, SchemaType};
 
 /// The media type of the registry's API, requests and answers.
@@ -41,7 +40,8 @@ pub(super) struct Client {
     http: reqwest::Client,
     base: Url,
     username: String,
-    password: Secret,
+    /// The credentials' settings: `password`, or `password_file` read at each request.
+    credentials: RegistryConfig,
 }
 
 /// What a registry call was, for the message of its error.
@@ -95,7 +95,7 @@ impl Client {
             .user_agent(concat!("outbox-relay/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| format!("registry: cannot set up the HTTP client: {}", chain(&e)))?;
-        Ok(Client { http, base, username: config.username.clone(), password: config.password.clone() })
+        Ok(Client { http, base, username: config.username.clone(), credentials: config.clone() })
     }
 
     /// Registers `schema` under `subject` (or finds it registered) and returns its id.
@@ -167,7 +167,11 @@ impl Client {
         let shown = format!("{method} {}", url.path());
         let mut request = self.http.request(method, url).header(ACCEPT, SCHEMA_REGISTRY_JSON);
         if !self.username.is_empty() {
-            request = request.basic_auth(&self.username, Some(self.password.expose()));
+            let password = self.credentials.current_password().map_err(|detail| EncodeError::Refused {
+                subject: subject.to_string(),
+                detail: format!("{detail}; the file must hold the registry password on its first line"),
+            })?;
+            request = request.basic_auth(&self.username, Some(password.expose()));
         }
         if let Some(body) = body {
             request = request.header(CONTENT_TYPE, SCHEMA_REGISTRY_JSON).body(body);

@@ -368,6 +368,29 @@ async fn an_answer_longer_than_the_bound_is_refused_before_it_is_read_whole() {
     assert!(error.to_string().contains("is longer than 8388608 bytes"), "{error:?}");
 }
 
+#[tokio::test]
+async fn the_password_file_is_read_at_each_request() {
+    let registry_side = Fixture::start(Duration::ZERO, |_| (200, r#"{"id": 1}"#.into())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(&registry_side.url, SchemaType::Avro, Some(ORDER_AVSC), &dir);
+    let file = dir.path().join("registry-password");
+    std::fs::write(&file, "one\n").unwrap();
+    (config.auto_register, config.username, config.allow_http_credentials) = (true, "relay".into(), true);
+    config.password_file = file.display().to_string();
+    let registry = Registry::new(&config).unwrap();
+    registry.encode("a", r#"{"id": "o", "amount": 1}"#).await.unwrap();
+    std::fs::write(&file, "two\n").unwrap();
+    registry.encode("b", r#"{"id": "o", "amount": 1}"#).await.unwrap();
+    let sent: Vec<String> = registry_side.seen().into_iter().map(|seen| seen.authorization).collect();
+    assert_eq!(sent, ["Basic cmVsYXk6b25l", "Basic cmVsYXk6dHdv"]); // relay:one, relay:two
+    std::fs::remove_file(&file).unwrap();
+    let error = registry.encode("c", "{}").await.unwrap_err();
+    assert!(
+        matches!(&error, EncodeError::Refused { detail, .. } if detail.contains("registry.password_file")),
+        "{error:?}"
+    );
+}
+
 #[test]
 fn credentials_over_plain_http_are_refused_by_the_client_too() {
     let dir = tempfile::tempdir().unwrap();
