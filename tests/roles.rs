@@ -257,6 +257,39 @@ async fn no_other_login_borrows_the_id_triggers_privilege() {
     assert_eq!(outbox_ids(&owner).await.len(), 1);
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relay_role_adds_published_ids_and_never_clears_or_moves_one() {
+    // given a block of published ids, ids 1 and 2 of public.outbox_events
+    let db = TestDb::new().await;
+    let owner = db.client().await;
+    let (host, port, _) = db.pg_parts();
+    let relay = connect(&format!("postgres://outbox_relay_polling@{host}:{port}/{}", db.name)).await;
+    let record = "INSERT INTO outbox_relay_published AS p (source_table, block, ids, topics) \
+                  VALUES ('public.outbox_events', 0, B'1'::bit(8192) >> $1::int, '{t}') \
+                  ON CONFLICT (source_table, block) DO UPDATE SET ids = p.ids | EXCLUDED.ids";
+    for id in [1i32, 2] {
+        relay.execute(record, &[&id]).await.unwrap();
+    }
+
+    // when the relay's role clears id 2, or moves the block to another table or number
+    for tamper in [
+        "UPDATE outbox_relay_published SET ids = B'01'::bit(8192)",
+        "UPDATE outbox_relay_published SET source_table = 'public.other'",
+        "UPDATE outbox_relay_published SET block = 7",
+    ] {
+        // then it is refused, and the block is as it was
+        let error = relay.batch_execute(tamper).await.expect_err(tamper);
+        let message = error.as_db_error().map(|e| e.message().to_string()).unwrap_or(error.to_string());
+        assert!(message.contains("published ids are only ever added"), "{tamper}: {message}");
+    }
+    let bits: String = owner
+        .query_one("SELECT substring(ids::text, 1, 4) FROM outbox_relay_published WHERE block = 0", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(bits, "0110");
+}
+
 /// `check` WARNs (`postgres.excess_privilege`) when the relay's role holds more than its mode
 /// needs: a superuser, the outbox table's owner, REPLICATION in polling mode; the example roles
 /// hold none of it.
