@@ -152,7 +152,8 @@ impl RegistryConfig {
                  {PASSWORD_ENV}): the registry uses basic authentication"
             ));
         }
-        if !self.username.is_empty() && !(inline || file) {
+        let has_password = inline || file;
+        if !self.username.is_empty() && !has_password {
             return Err(format!(
                 "{path}.password: must be set with {path}.username; set {path}.password_file, \
                  {path}.password, or the environment variable {PASSWORD_ENV}"
