@@ -290,6 +290,24 @@ async fn a_relay_role_adds_published_ids_and_never_clears_or_moves_one() {
     assert_eq!(bits, "0110");
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn check_warns_while_any_login_may_connect_and_take_the_polling_lock() {
+    // given a polling relay's database where PUBLIC holds CONNECT (PostgreSQL's default)
+    let s = setup_as("outbox_relay_polling", "polling", |toml| toml).await;
+    let (_, out) = check(&s);
+    assert!(out.contains("WARN postgres.public_connect"), "{out}");
+    assert!(out.contains(&format!("REVOKE CONNECT ON DATABASE \"{}\" FROM PUBLIC", s.db.name)), "{out}");
+
+    // when CONNECT is the relay's alone, then it is OK
+    let name = &s.db.name;
+    let grants = format!(
+        "REVOKE CONNECT ON DATABASE {name} FROM PUBLIC; GRANT CONNECT ON DATABASE {name} TO outbox_relay_polling"
+    );
+    s.db.client().await.batch_execute(&grants).await.unwrap();
+    let (_, out) = check(&s);
+    assert!(out.contains("OK   postgres.public_connect"), "{out}");
+}
+
 /// `check` WARNs (`postgres.excess_privilege`) when the relay's role holds more than its mode
 /// needs: a superuser, the outbox table's owner, REPLICATION in polling mode; the example roles
 /// hold none of it.

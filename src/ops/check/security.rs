@@ -148,6 +148,41 @@ pub(super) async fn privilege_finding(config: &RelayConfig, client: &Client) -> 
     )
 }
 
+/// Polling mode: whether every role may connect to the database (PUBLIC's CONNECT, granted by
+/// default), and so take the polling lock: an advisory lock has no privileges of its own
+/// (docs/polling.md, "Who can hold the lock"; issue 46's M9).
+pub(super) async fn public_connect_finding(client: &Client) -> Finding {
+    const CHECK: &str = "postgres.public_connect";
+    let row = client
+        .query_one(
+            "SELECT current_database()::text, has_database_privilege('public', current_database(), 'CONNECT')",
+            &[],
+        )
+        .await;
+    let (database, public): (String, bool) = match row {
+        Ok(row) => (row.get(0), row.get(1)),
+        Err(e) => return Finding::warn(CHECK, format!("cannot read the database's privileges: {e}"), ""),
+    };
+    let database = quote_ident(&database);
+    if !public {
+        return Finding::ok(
+            CHECK,
+            format!("only roles granted CONNECT on {database} can take the polling lock"),
+        );
+    }
+    Finding::warn(
+        CHECK,
+        format!(
+            "every role may connect to {database} (PUBLIC holds CONNECT, PostgreSQL's default): any login can take \
+             the polling lock and keep every relay a standby (the standbys name it in /readyz)"
+        ),
+        format!(
+            "REVOKE CONNECT ON DATABASE {database} FROM PUBLIC, and GRANT CONNECT ON DATABASE {database} to the \
+             roles that need it (the relay's, the writers', the readers')"
+        ),
+    )
+}
+
 /// (what the role can do beyond its job, how to take it away), for each excess privilege.
 fn excess_privileges(
     config: &RelayConfig,
