@@ -28,6 +28,11 @@ BEGIN
     RETURN NEW;
 END
 $$;
+-- No one needs EXECUTE on it: a trigger's function is checked when the trigger is created (by
+-- this file, as the owner), not when it fires. Granted to PUBLIC, any login owning a table could
+-- attach it to that table with the OID of any sequence and take values of it as the function's
+-- owner (issue 46).
+REVOKE EXECUTE ON FUNCTION outbox_events_assign_id() FROM PUBLIC;
 
 DO $$
 DECLARE

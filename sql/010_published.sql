@@ -20,3 +20,27 @@ CREATE TABLE IF NOT EXISTS outbox_relay_published (
     last_published_at  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (source_table, block)
 );
+
+-- Published ids are only ever added: the relay's upsert ORs bits in. An UPDATE that clears one,
+-- or moves a block to another table or number, is refused for every role (the owner may still
+-- DELETE a block, as above), so a relay role cannot make a published-then-deleted event look
+-- like a phantom to `verify` (issue 46). A relay role can still set a bit: see the threat table
+-- in docs/security.md. No one needs EXECUTE on the function: a trigger's is checked when the
+-- trigger is made.
+CREATE OR REPLACE FUNCTION outbox_relay_published_only_adds() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog AS $$
+BEGIN
+    IF NEW.source_table IS DISTINCT FROM OLD.source_table OR NEW.block IS DISTINCT FROM OLD.block
+       OR (NEW.ids & OLD.ids) <> OLD.ids THEN
+        RAISE EXCEPTION 'outbox_relay_published: published ids are only ever added (block % of %)',
+            OLD.block, OLD.source_table
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'the table''s owner may DELETE a whole block; no role may clear an id';
+    END IF;
+    RETURN NEW;
+END
+$$;
+REVOKE EXECUTE ON FUNCTION outbox_relay_published_only_adds() FROM PUBLIC;
+DROP TRIGGER IF EXISTS outbox_relay_published_only_adds ON outbox_relay_published;
+CREATE TRIGGER outbox_relay_published_only_adds BEFORE UPDATE ON outbox_relay_published
+    FOR EACH ROW EXECUTE FUNCTION outbox_relay_published_only_adds();

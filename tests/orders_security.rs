@@ -349,3 +349,87 @@ async fn a_request_waits_for_a_session_and_for_its_answer_only_so_long() {
     let retry = service.order_with(Some(&token), Some("k-slow"), BODY).unwrap();
     assert_eq!((retry.status, retry.header("idempotent-replayed")), (201, Some("true")), "{retry:?}");
 }
+
+/// A process's resident memory in bytes: `VmRSS` (now) or `VmHWM` (its peak), from /proc.
+fn resident(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with(field)).unwrap_or_else(|| panic!("{field}: {status}"));
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib * 1024
+}
+
+/// What one connection may cost the service beyond its head and body buffers: hyper's write
+/// buffer and connection state, the task, the router's clone; generous (measured: a few KiB).
+const CONNECTION_OVERHEAD_BYTES: u64 = 64 * 1024;
+
+/// An unauthenticated `POST /orders` on a connection of its own: the head announcing `body`
+/// bytes, then all of them but the last, then whatever the service answers, until it closes.
+/// The connection's outcome: the status line's code, or 0 when it was reset or refused.
+async fn unauthenticated_post(port: u16, body: &'static [u8]) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut socket) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else { return 0 };
+    let head = format!(
+        "POST /orders HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: k-flood\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len() + 1
+    );
+    // (a refusal before the body is read resets the writes: that is the point)
+    if socket.write_all(head.as_bytes()).await.is_ok() {
+        let _ = socket.write_all(body).await;
+    }
+    let mut answer = Vec::new();
+    let _ = socket.read_to_end(&mut answer).await;
+    let answer = String::from_utf8_lossy(&answer);
+    answer.split_whitespace().nth(1).and_then(|code| code.parse().ok()).unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_thousand_unauthenticated_connections_keep_the_services_memory_within_its_bound() {
+    // given a service serving 512 connections at once, each buffering at most 8 KiB of head and,
+    // once authenticated, 1 KiB of body: its memory may grow by at most
+    // 512 x (8 KiB + 1 KiB + the connection's own overhead)
+    let (max_connections, max_header_bytes, max_body_bytes) = (512u64, 8192u64, 1024u64);
+    let shop = Shop::new().await;
+    let extra = format!(
+        "max_connections = {max_connections}\nmax_header_bytes = {max_header_bytes}\n\
+         max_body_bytes = {max_body_bytes}\nrequest_timeout_ms = 5000\n"
+    );
+    let service = shop.start("orders", &extra).await;
+    assert_eq!(service.order(Some("k-warm"), BODY).unwrap().status, 201, "warm-up order");
+    let pid = service.process.pid();
+    let before = resident(pid, "VmRSS");
+    let bound = max_connections * (max_header_bytes + max_body_bytes + CONNECTION_OVERHEAD_BYTES);
+
+    // when 2,000 connections without a token each send a head announcing a 1 MiB body (half of
+    // axum's default limit) and all of it but the last byte, at once
+    let body: &'static [u8] = Box::leak(vec![b' '; 1 << 20].into_boxed_slice());
+    let port = service.port;
+    let clients: Vec<_> = (0..2_000).map(|_| tokio::spawn(unauthenticated_post(port, body))).collect();
+    let mut outcomes = std::collections::BTreeMap::<u16, usize>::new();
+    for client in clients {
+        *outcomes.entry(client.await.unwrap()).or_default() += 1;
+    }
+
+    // then the service's peak resident memory grew by no more than the bound: it refused each
+    // with 401 before reading a body, whatever the clients sent
+    let grown = resident(pid, "VmHWM").saturating_sub(before);
+    eprintln!("peak resident memory grew by {} KiB (bound {} KiB): {outcomes:?}", grown / 1024, bound / 1024);
+    assert!(
+        grown <= bound,
+        "the service's peak memory grew by {} KiB, over the bound of {} KiB derived from its config \
+         (outcomes by status, 0 = reset: {outcomes:?})",
+        grown / 1024,
+        bound / 1024
+    );
+    assert!(outcomes.get(&401).is_some_and(|n| *n > 0), "no 401 among {outcomes:?}");
+    assert!(!outcomes.contains_key(&201), "{outcomes:?}");
+    // and it goes on serving, and wrote nothing for them; an authenticated caller's body over
+    // http.max_body_bytes is answered 413
+    assert_eq!(service.order(Some("k-after"), BODY).unwrap().status, 201);
+    let token = service.token("customer-1", 3600);
+    let long =
+        format!(r#"{{"total_cents": 1999, "customer_id": "{}"}}"#, "c".repeat(max_body_bytes as usize));
+    let refused = service.order_with(Some(&token), Some("k-long"), &long).unwrap();
+    assert_eq!((refused.status, refused.json()["code"].as_str()), (413, Some("too_large")), "{refused:?}");
+    assert_eq!(shop.written().await.0, 2);
+}

@@ -241,6 +241,66 @@ async fn record_name_subjects_are_looked_up_when_not_registering() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_row_whose_subject_the_registry_lacks_is_dead_lettered_and_the_rest_flow_on() {
+    subject_lacking_in("polling").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_row_whose_subject_the_registry_lacks_is_dead_lettered_in_replication_mode_too() {
+    subject_lacking_in("replication").await;
+}
+
+/// A relay in `mode`: a row whose topic names a subject the registry does not hold is
+/// dead-lettered naming it, and the events around it are published (issue 46, N2).
+async fn subject_lacking_in(mode: &str) {
+    // given a relay encoding with each subject's latest schema (nothing registered by the
+    // relay), and the events' subject registered; no subject for any other aggregate type
+    let url = url(false);
+    let s = Setup::create(&crate::common::services().kafka, "", true, |slot| {
+        avro_toml(mode, slot, &url, "").set("outbox.registry", "auto_register", false)
+    })
+    .await;
+    let subject = format!("{}-value", s.topic);
+    let body = serde_json::json!({ "schema": ORDER_AVSC }).to_string();
+    let (status, answer) = registry_call("POST", &format!("{url}/subjects/{subject}/versions"), Some(&body));
+    assert_eq!(status, 200, "{answer}");
+    let client = s.db.client().await;
+    let mut relay = s.start("relay");
+    relay.wait_ready("active").await;
+
+    // when a writer's row names an aggregate type whose subject the registry does not hold,
+    // between events of the registered one
+    let stray = format!("{}_stray", s.aggregate_type);
+    for n in 1..=3 {
+        insert(&client, &s.aggregate_type, n, &order(n)).await;
+    }
+    insert(&client, &stray, 4, &order(4)).await;
+    for n in 5..=7 {
+        insert(&client, &s.aggregate_type, n, &order(n)).await;
+    }
+
+    // then the six are published and the stray row is dead-lettered naming its subject; the
+    // relay keeps running (it was a fatal error, restarted on the same row for ever)
+    let published = format!("outbox_relay_events_published_total{{mode=\"{mode}\"}}");
+    relay.wait_metric(&published, |v| v >= 6.0).await;
+    assert_eq!(decoded(&s.topic, &url, "avro", 6).len(), 6, "{}", relay.log_text());
+    let reasons: Vec<String> = client
+        .query("SELECT reason FROM outbox_dead_letter", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(reasons.len(), 1, "{reasons:?}");
+    assert!(reasons[0].contains(&format!("outbox.event.{stray}-value")), "{reasons:?}");
+    assert!(reasons[0].contains("register the subject's schema"), "{reasons:?}");
+    if mode == "polling" {
+        assert_eq!(s.outbox_rows().await, 0, "released: published or dead-lettered");
+    }
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn an_unreachable_registry_is_retried_and_nothing_is_dead_lettered() {
     // given a polling relay whose registry does not answer (nothing listens on its port)
     let url = url(false);

@@ -208,6 +208,106 @@ async fn no_writer_chooses_an_event_id_the_owner_included() {
     assert!(next_real > real && !given.contains(&next_real), "{ids:?}");
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn no_other_login_borrows_the_id_triggers_privilege() {
+    // given the outbox with the example roles, and a login of no one's that owns a schema
+    let db = TestDb::new().await;
+    let owner = db.client().await;
+    apply_examples(&owner, &["orders", "idempotency", "ledger", "roles"]).await;
+    let intruder = format!("intruder_{}", crate::common::random_suffix());
+    owner
+        .batch_execute(&format!(
+            "CREATE ROLE {intruder} LOGIN; CREATE SCHEMA {intruder} AUTHORIZATION {intruder}"
+        ))
+        .await
+        .unwrap();
+    let sequence: u32 = owner
+        .query_one("SELECT pg_get_serial_sequence('outbox_events', 'id')::regclass::oid", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let (host, port, _) = db.pg_parts();
+    let login = connect(&format!("postgres://{intruder}@{host}:{port}/{}", db.name)).await;
+
+    // when it attaches the SECURITY DEFINER id trigger to a table of its own, naming the outbox's
+    // sequence (it would then take ids of it, or of any sequence, as the function's owner)
+    let borrowed = format!(
+        "CREATE TABLE {intruder}.t (id bigint); \
+         CREATE TRIGGER t BEFORE INSERT ON {intruder}.t FOR EACH ROW \
+         EXECUTE FUNCTION public.outbox_events_assign_id('{sequence}')"
+    );
+    let error = login.batch_execute(&borrowed).await.expect_err("the trigger was created");
+
+    // then it is refused: EXECUTE on the function is revoked from PUBLIC
+    let message = error.as_db_error().map(|e| e.message().to_string()).unwrap_or(error.to_string());
+    assert!(
+        message.contains("permission denied for function") && message.contains("outbox_events_assign_id"),
+        "{message}"
+    );
+    // and the outbox's writers still get their ids from it (a trigger's function is checked
+    // when the trigger is made, not when it fires)
+    let writer = connect(&format!("postgres://orders_service@{host}:{port}/{}", db.name)).await;
+    writer
+        .batch_execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('order', 'o-1', 'E', '{}')",
+        )
+        .await
+        .unwrap();
+    assert_eq!(outbox_ids(&owner).await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relay_role_adds_published_ids_and_never_clears_or_moves_one() {
+    // given a block of published ids, ids 1 and 2 of public.outbox_events
+    let db = TestDb::new().await;
+    let owner = db.client().await;
+    let (host, port, _) = db.pg_parts();
+    let relay = connect(&format!("postgres://outbox_relay_polling@{host}:{port}/{}", db.name)).await;
+    let record = "INSERT INTO outbox_relay_published AS p (source_table, block, ids, topics) \
+                  VALUES ('public.outbox_events', 0, B'1'::bit(8192) >> $1::int, '{t}') \
+                  ON CONFLICT (source_table, block) DO UPDATE SET ids = p.ids | EXCLUDED.ids";
+    for id in [1i32, 2] {
+        relay.execute(record, &[&id]).await.unwrap();
+    }
+
+    // when the relay's role clears id 2, or moves the block to another table or number
+    for tamper in [
+        "UPDATE outbox_relay_published SET ids = B'01'::bit(8192)",
+        "UPDATE outbox_relay_published SET source_table = 'public.other'",
+        "UPDATE outbox_relay_published SET block = 7",
+    ] {
+        // then it is refused, and the block is as it was
+        let error = relay.batch_execute(tamper).await.expect_err(tamper);
+        let message = error.as_db_error().map(|e| e.message().to_string()).unwrap_or(error.to_string());
+        assert!(message.contains("published ids are only ever added"), "{tamper}: {message}");
+    }
+    let bits: String = owner
+        .query_one("SELECT substring(ids::text, 1, 4) FROM outbox_relay_published WHERE block = 0", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(bits, "0110");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn check_warns_while_any_login_may_connect_and_take_the_polling_lock() {
+    // given a polling relay's database where PUBLIC holds CONNECT (PostgreSQL's default)
+    let s = setup_as("outbox_relay_polling", "polling", |toml| toml).await;
+    let (_, out) = check(&s);
+    assert!(out.contains("WARN postgres.public_connect"), "{out}");
+    assert!(out.contains(&format!("REVOKE CONNECT ON DATABASE \"{}\" FROM PUBLIC", s.db.name)), "{out}");
+
+    // when CONNECT is the relay's alone, then it is OK
+    let name = &s.db.name;
+    let grants = format!(
+        "REVOKE CONNECT ON DATABASE {name} FROM PUBLIC; GRANT CONNECT ON DATABASE {name} TO outbox_relay_polling"
+    );
+    s.db.client().await.batch_execute(&grants).await.unwrap();
+    let (_, out) = check(&s);
+    assert!(out.contains("OK   postgres.public_connect"), "{out}");
+}
+
 /// `check` WARNs (`postgres.excess_privilege`) when the relay's role holds more than its mode
 /// needs: a superuser, the outbox table's owner, REPLICATION in polling mode; the example roles
 /// hold none of it.

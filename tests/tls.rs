@@ -64,16 +64,25 @@ fn ca(name: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn both_modes_relay_over_verify_full() {
+    // given a relay told to verify the server fully, by the test CA and the name localhost
+    relay_in_both_modes(&format!(
+        "host = \"localhost\"\nsslmode = \"verify-full\"\nsslrootcert = \"{}\"",
+        ca("ca.crt")
+    ))
+    .await;
+}
+
+/// `check` says the session is encrypted, and events written arrive, in polling and in
+/// replication mode (the SQL sessions' TLS and the replication connection's own), with the
+/// `postgres` settings.
+async fn relay_in_both_modes(postgres: &str) {
     for mode in ["polling", "replication"] {
-        // given a relay told to verify the server fully, by the test CA and the name localhost
         let (database, client) = database().await;
         let suffix = random_suffix();
         let topic = format!("tls.{suffix}");
         create_topic(&topic, 1).await;
         let dir = tempfile::tempdir().unwrap();
-        let postgres =
-            format!("host = \"localhost\"\nsslmode = \"verify-full\"\nsslrootcert = \"{}\"", ca("ca.crt"));
-        let config = write_config(dir.path(), &database, &postgres, mode, &suffix);
+        let config = write_config(dir.path(), &database, postgres, mode, &suffix);
 
         // then check says the session is encrypted
         let (code, stdout, stderr) = run_relay(&["check", "--config", config.to_str().unwrap()], IDLE);
@@ -142,18 +151,16 @@ async fn an_untrusted_certificate_stops_the_relay_naming_the_settings() {
     assert!(stderr.to_lowercase().contains("not valid for"), "{stderr}");
 }
 
+/// (In replication mode too: the vendored replication client's verifier matched only rustls's
+/// `NotValidForName`, and rustls 0.23.46 says `NotValidForNameContext`, so verify-ca refused
+/// the replication connection whose host the certificate does not name.)
 #[tokio::test(flavor = "multi_thread")]
 async fn verify_ca_accepts_the_chain_whatever_the_host_name() {
-    let (database, _client) = database().await;
-    let dir = tempfile::tempdir().unwrap();
-    let postgres =
-        format!("host = \"127.0.0.1\"\nsslmode = \"verify-ca\"\nsslrootcert = \"{}\"", ca("ca.crt"));
-    let config = write_config(dir.path(), &database, &postgres, "polling", &random_suffix());
-    let (_, stdout, stderr) = run_relay(&["check", "--config", config.to_str().unwrap()], IDLE);
-    assert!(
-        stdout.contains("OK   postgres.connect") && stdout.contains("session encrypted"),
-        "{stdout}{stderr}"
-    );
+    relay_in_both_modes(&format!(
+        "host = \"127.0.0.1\"\nsslmode = \"verify-ca\"\nsslrootcert = \"{}\"",
+        ca("ca.crt")
+    ))
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -331,7 +331,10 @@ impl KafkaConfig {
             return Vec::new();
         }
         let mut off = Vec::new();
-        if property("enable.ssl.certificate.verification").is_some_and(|v| v == "false") {
+        // (librdkafka reads a boolean as true/t/1 or false/f/0, any case)
+        if property("enable.ssl.certificate.verification")
+            .is_some_and(|v| matches!(v.as_str(), "false" | "f" | "0"))
+        {
             off.push("enable.ssl.certificate.verification = false (any certificate is accepted)".into());
         }
         if property("ssl.endpoint.identification.algorithm").is_some_and(|v| v == "none") {

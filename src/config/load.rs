@@ -56,15 +56,21 @@ impl RelayConfig {
     }
 
     /// A warning for each secret file (`postgres.password_file`, `postgres.sslkey`,
-    /// `kafka.secret_properties_file`) that users other than its owner can read.
+    /// `kafka.secret_properties_file`, each outbox's `registry.password_file`) that users other
+    /// than its owner can read.
     pub fn secret_file_warnings(&self) -> Vec<String> {
+        let registries = self.outboxes().into_iter().filter_map(|outbox| {
+            let file = outbox.config.registry?.password_file;
+            Some((format!("{}.registry.password_file", outbox.path), file))
+        });
         [
-            ("postgres.password_file", &self.postgres.password_file),
-            ("postgres.sslkey", &self.postgres.sslkey),
-            ("kafka.secret_properties_file", &self.kafka.secret_properties_file),
+            ("postgres.password_file".to_string(), self.postgres.password_file.clone()),
+            ("postgres.sslkey".to_string(), self.postgres.sslkey.clone()),
+            ("kafka.secret_properties_file".to_string(), self.kafka.secret_properties_file.clone()),
         ]
         .into_iter()
-        .filter_map(|(setting, path)| super::file_mode_warning(setting, path))
+        .chain(registries)
+        .filter_map(|(setting, path)| super::file_mode_warning(&setting, &path))
         .collect()
     }
 }

@@ -4,7 +4,8 @@
 //! - the password is a [`Secret`]: `Debug` and `Serialize` print a placeholder;
 //! - [`RegistryConfig::validate`] names the setting by the path it is given
 //!   (`outboxes[0].registry.url: ...`);
-//! - credentials never go in `url` (a URL is logged); they go in `username` and `password`.
+//! - credentials never go in `url` (a URL is logged); they go in `username` and `password`;
+//! - credentials are not sent over plain `http://` unless `allow_http_credentials` says so.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -65,11 +66,20 @@ pub struct RegistryConfig {
     /// Basic-auth user; empty (default): no authentication.
     #[serde(default)]
     pub username: String,
-    /// Basic-auth password, with `username`. Better kept out of the file: the environment
-    /// variable `OUTBOX_RELAY_REGISTRY_PASSWORD`, when set, is used instead
+    /// Basic-auth password, with `username`. Better kept out of the file: `password_file`, or the
+    /// environment variable `OUTBOX_RELAY_REGISTRY_PASSWORD`, which when set is used instead
     /// ([`RegistryConfig::load_secrets`]). Never printed.
     #[serde(default)]
     pub password: Secret,
+    /// A file whose first line is the password, read at each request (a rotated Kubernetes
+    /// Secret is used without a restart); instead of `password` and `OUTBOX_RELAY_REGISTRY_PASSWORD`.
+    #[serde(default)]
+    pub password_file: String,
+    /// Send `username`/`password` (basic auth: the password in clear) over a plain `http://`
+    /// url. Off (default): refused at load, naming this setting; use `https://`, or turn it on
+    /// only where no one else can read the network (loopback, a sidecar).
+    #[serde(default)]
+    pub allow_http_credentials: bool,
     /// A PEM file of the CA certificates that sign the registry's certificate (an `https://`
     /// registry with a private CA). Empty (default): the Mozilla roots (webpki-roots).
     #[serde(default)]
@@ -106,6 +116,8 @@ impl RegistryConfig {
             url: url.into(),
             username: String::new(),
             password: Secret::default(),
+            password_file: String::new(),
+            allow_http_credentials: false,
             ca_file: String::new(),
             timeout_ms: DEFAULT_REGISTRY_TIMEOUT_MS,
             schema_type,
@@ -128,17 +140,23 @@ impl RegistryConfig {
     /// Checks the settings; an error names `<path>.<setting>` and says what to do.
     pub fn validate(&self, path: &str) -> Result<(), String> {
         self.validate_url(path)?;
-        let has_password = !self.password.expose().is_empty();
-        if self.username.is_empty() && has_password {
+        let (inline, file) = (!self.password.expose().is_empty(), !self.password_file.is_empty());
+        if inline && file {
             return Err(format!(
-                "{path}.username: must be set with {path}.password (or {PASSWORD_ENV}): the registry \
-                 uses basic authentication"
+                "{path}.password_file: set either it or {path}.password (or {PASSWORD_ENV}), not both"
             ));
         }
+        if self.username.is_empty() && (inline || file) {
+            return Err(format!(
+                "{path}.username: must be set with {path}.password (or {path}.password_file, or \
+                 {PASSWORD_ENV}): the registry uses basic authentication"
+            ));
+        }
+        let has_password = inline || file;
         if !self.username.is_empty() && !has_password {
             return Err(format!(
-                "{path}.password: must be set with {path}.username; set it, or the environment \
-                 variable {PASSWORD_ENV}"
+                "{path}.password: must be set with {path}.username; set {path}.password_file, \
+                 {path}.password, or the environment variable {PASSWORD_ENV}"
             ));
         }
         if self.timeout_ms == 0 || self.timeout_ms > MAX_REGISTRY_TIMEOUT_MS {
@@ -165,12 +183,40 @@ impl RegistryConfig {
         if url.query().is_some() || url.fragment().is_some() {
             return Err(format!("{path}.url: must be the registry's base URL, without ?query or #fragment"));
         }
+        if let Some(refused) = self.refuse_http_credentials(path) {
+            return Err(refused);
+        }
         if !self.ca_file.is_empty() && url.scheme() == "http" {
             return Err(format!(
                 "{path}.ca_file: is only used with an https:// url; use https:// or remove ca_file"
             ));
         }
         Ok(())
+    }
+
+    /// The password to send: `password`, or the first line of `password_file`, read now (at
+    /// each request, so a rotated file is used); the error names the setting, never the value.
+    pub fn current_password(&self) -> Result<Secret, String> {
+        if self.password_file.is_empty() {
+            return Ok(self.password.clone());
+        }
+        let text = std::fs::read_to_string(&self.password_file)
+            .map_err(|e| format!("registry.password_file {}: {e}", self.password_file))?;
+        Ok(Secret::new(text.lines().next().unwrap_or_default()))
+    }
+
+    /// The error for credentials configured with a plain `http://` url, unless
+    /// `allow_http_credentials` is on. (The registry client checks it again: the ledger builds
+    /// its client without [`RegistryConfig::validate`].)
+    pub fn refuse_http_credentials(&self, path: &str) -> Option<String> {
+        let plain = reqwest::Url::parse(&self.url).is_ok_and(|url| url.scheme() == "http");
+        (plain && !self.username.is_empty() && !self.allow_http_credentials).then(|| {
+            format!(
+                "{path}.url: is http://, and {path}.username/password would cross the network in \
+                 clear (basic auth); use https://, or set {path}.allow_http_credentials = true where \
+                 no one else can read the network (loopback)"
+            )
+        })
     }
 
     fn validate_files(&self, path: &str) -> Result<(), String> {
@@ -187,7 +233,12 @@ impl RegistryConfig {
                 ));
             }
         }
-        for (setting, file) in [("schema_file", &self.schema_file), ("ca_file", &self.ca_file)] {
+        let files = [
+            ("schema_file", &self.schema_file),
+            ("ca_file", &self.ca_file),
+            ("password_file", &self.password_file),
+        ];
+        for (setting, file) in files {
             if !file.is_empty() && !Path::new(file).is_file() {
                 return Err(format!("{path}.{setting}: {file} is not a readable file"));
             }
@@ -257,6 +308,52 @@ mod tests {
         assert_eq!(c.password.expose(), "SENTINEL");
         c.username.clear();
         assert!(error(&c).starts_with(&format!("{PATH}.username: must be set with {PATH}.password")));
+    }
+
+    #[test]
+    fn credentials_over_plain_http_are_refused_unless_allowed() {
+        let mut c = config();
+        c.url = "http://registry:8081".into();
+        c.username = "relay".into();
+        c.password = Secret::new("SENTINEL");
+        let message = error(&c);
+        assert!(message.starts_with(&format!("{PATH}.url: is http://")), "{message}");
+        assert!(message.contains(&format!("{PATH}.allow_http_credentials = true")), "{message}");
+        assert!(!message.contains("SENTINEL"), "{message}");
+        c.allow_http_credentials = true;
+        c.validate(PATH).unwrap();
+        c.allow_http_credentials = false;
+        c.url = "HTTPS://registry:8081".into();
+        c.validate(PATH).unwrap();
+        c.url = "http://registry:8081".into();
+        c.username.clear();
+        c.password = Secret::default();
+        c.validate(PATH).unwrap();
+    }
+
+    #[test]
+    fn the_password_may_come_from_a_file_read_at_each_use_but_not_from_two_places() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("registry-password");
+        std::fs::write(&file, "SENTINEL-1\nignored\n").unwrap();
+        let mut c = config();
+        c.username = "relay".into();
+        c.password_file = file.display().to_string();
+        c.validate(PATH).unwrap();
+        assert_eq!(c.current_password().unwrap().expose(), "SENTINEL-1");
+        std::fs::write(&file, "SENTINEL-2\n").unwrap();
+        assert_eq!(c.current_password().unwrap().expose(), "SENTINEL-2", "a rotated file is read again");
+        let debug = format!("{c:?}");
+        assert!(!debug.contains("SENTINEL"), "{debug}");
+        c.password = Secret::new("SENTINEL-3");
+        let message = error(&c);
+        assert!(message.starts_with(&format!("{PATH}.password_file: set either it")), "{message}");
+        assert!(!message.contains("SENTINEL"), "{message}");
+        c.password = Secret::default();
+        std::fs::remove_file(&file).unwrap();
+        assert!(error(&c).starts_with(&format!("{PATH}.password_file: ")), "{}", error(&c));
+        let gone = c.current_password().unwrap_err();
+        assert!(gone.starts_with("registry.password_file ") && !gone.contains("SENTINEL"), "{gone}");
     }
 
     #[test]

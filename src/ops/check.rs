@@ -236,6 +236,9 @@ async fn postgres_checks(config: &RelayConfig, client: &Client, server: &Endpoin
         findings.push(published::finding(client, &config.postgres.user).await);
     }
     findings.push(security::privilege_finding(config, client).await);
+    if config.source.mode == SourceMode::Polling {
+        findings.push(security::public_connect_finding(client).await);
+    }
     findings
 }
 

@@ -4,7 +4,9 @@
 //! thread (the mapping is synchronous), bounded by `registry.timeout_ms`; later records use the
 //! cached schema. A payload the subject's schema refuses is unpublishable; when the subject
 //! follows its latest version, the latest version is asked for again first (one registered since
-//! may take it). The registry unreachable ends the session (retried); refusing stops the relay.
+//! may take it). A subject the registry does not hold, named by the row's topic, makes that row
+//! unpublishable too (a writer's `aggregate_type` must not stop every other row: issue 46's N2).
+//! The registry unreachable ends the session (retried); refusing stops the relay.
 
 use std::sync::Arc;
 
@@ -40,6 +42,7 @@ pub(super) fn encode(
         Err(e @ EncodeError::Mismatch { .. }) => {
             Ok(Err(PoisonReason::SchemaMismatch { detail: e.to_string() }))
         }
+        Err(e @ EncodeError::NoSchema { .. }) => Ok(Err(PoisonReason::NoSchema { detail: e.to_string() })),
         Err(e @ EncodeError::Unavailable(_)) => Err(RelayError::Registry(e.to_string())),
         Err(e @ EncodeError::Refused { .. }) => {
             Err(RelayError::fatal(FatalReason::SchemaRegistry, e.to_string()))

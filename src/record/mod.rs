@@ -342,6 +342,11 @@ pub enum PoisonReason {
     NotJson { attribute: String },
     #[error("{detail}; fix the payload (or the schema), then replay the dead letter")]
     SchemaMismatch { detail: String },
+    #[error(
+        "{detail} (the row's topic names the subject); register the subject's schema, or fix the \
+         row's topic, then replay the dead letter"
+    )]
+    NoSchema { detail: String },
 }
 
 #[cfg(test)]

@@ -95,7 +95,7 @@ pub struct ConsumerConfig {
 }
 
 /// Where to read writer schemas; `url` empty (default): values are the relay's JSON as is. The
-/// password comes from `OUTBOX_RELAY_REGISTRY_PASSWORD`.
+/// password comes from `password_file` or `OUTBOX_RELAY_REGISTRY_PASSWORD`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RegistryConfig {
@@ -105,6 +105,12 @@ pub struct RegistryConfig {
     pub username: String,
     /// A PEM file of the CA that signs an `https://` registry's certificate.
     pub ca_file: String,
+    /// A file whose first line is the password, read at each request; instead of
+    /// `OUTBOX_RELAY_REGISTRY_PASSWORD`.
+    pub password_file: String,
+    /// Send `username` and the password over a plain `http://` url (in clear). Off (default):
+    /// refused at start-up, naming this setting.
+    pub allow_http_credentials: bool,
 }
 
 impl Default for ConsumerConfig {

@@ -529,9 +529,17 @@ fn decoder(
     let mut config = RegistryConfig::new(registry.url.clone(), SchemaType::Avro);
     config.username = registry.username.clone();
     config.ca_file = registry.ca_file.clone();
+    config.allow_http_credentials = registry.allow_http_credentials;
     config.load_secrets(&std::env::vars().collect());
+    config.password_file = registry.password_file.clone();
+    config
+        .validate("consumer.registry")
+        .map_err(|e| LedgerError::Config(outbox_relay::config::ConfigError::Load(e)))?;
     let decoder = outbox_relay::record::registry::Decoder::new(&config).map_err(|e| {
-        LedgerError::Config(outbox_relay::config::ConfigError::invalid("consumer.registry", e))
+        // (the client's errors name `registry.<setting>`: here they are consumer.registry's)
+        LedgerError::Config(outbox_relay::config::ConfigError::Load(
+            e.replace("registry.", "consumer.registry."),
+        ))
     })?;
     Ok(Some(decoder))
 }

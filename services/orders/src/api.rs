@@ -2,8 +2,9 @@
 //!
 //! | request | answer |
 //! |---|---|
-//! | no `Authorization: Bearer <JWT>`, or a token that fails verification (`auth`) | 401, `WWW-Authenticate: Bearer`; why is logged, not sent |
-//! | more than the caller's `rate_limit` | 429, `Retry-After` |
+//! | no `Authorization: Bearer <JWT>`, or a token that fails verification (`auth`) | 401, `WWW-Authenticate: Bearer`, before the body is read; why is logged, not sent |
+//! | more than the caller's `rate_limit` | 429, `Retry-After`, before the body is read |
+//! | a body longer than `http.max_body_bytes` | 413, nothing written |
 //! | no `Idempotency-Key`, or an empty or non-ASCII one | 400, nothing written |
 //! | body not `{"total_cents": 1..}` (a `customer_id` may be given too) | 400 naming the field, nothing written |
 //! | a body whose `customer_id` is not the caller (the token's `sub`) | 403, nothing written |
@@ -28,7 +29,8 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Extension, Request, State};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Extension, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -84,8 +86,13 @@ impl App {
 }
 
 pub fn router(app: Arc<App>) -> Router {
+    // (the layers run outside in: the caller is authenticated and within its rate limit before
+    // a byte of the body is read, and then at most `http.max_body_bytes` of it)
+    let orders = post(post_order)
+        .layer(DefaultBodyLimit::max(app.config.http.max_body_bytes))
+        .layer(middleware::from_fn_with_state(app.clone(), authenticate));
     Router::new()
-        .route("/orders", post(post_order))
+        .route("/orders", orders)
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
         .layer(middleware::from_fn_with_state(app.clone(), per_request))
@@ -174,14 +181,46 @@ impl IntoResponse for Reply {
     }
 }
 
+/// Before `POST /orders` reads its body: the caller, within its rate limit, or the 401 or 429
+/// (the body left unread; hyper then closes the connection rather than read it).
+async fn authenticate(State(app): State<Arc<App>>, mut request: Request, next: Next) -> Response {
+    match admit(&app, request.headers()) {
+        Ok(caller) => {
+            request.extensions_mut().insert(caller);
+            next.run(request).await
+        }
+        Err(reply) => {
+            app.requests.with_label_values(&[reply.outcome]).inc();
+            reply.into_response()
+        }
+    }
+}
+
 async fn post_order(
     State(app): State<Arc<App>>,
     Extension(id): Extension<RequestId>,
+    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) => {
+            let status = rejection.status().as_u16();
+            let limit = app.config.http.max_body_bytes;
+            let message = match status {
+                413 => format!(
+                    "the body is longer than http.max_body_bytes ({limit} bytes): an order is a small JSON object"
+                ),
+                _ => format!("the body could not be read: {rejection}"),
+            };
+            let reply = Reply::error(status, if status == 413 { "too_large" } else { "invalid" }, message);
+            app.requests.with_label_values(&[reply.outcome]).inc();
+            return reply.into_response();
+        }
+    };
     let (task_app, task_id) = (app.clone(), id.clone());
-    let work = async move { place(&task_app, &task_id, &headers, &body).await };
+    let work = async move { place(&task_app, &task_id, &caller, &headers, &body).await };
     let reply = match tokio::spawn(work.in_current_span()).await {
         Ok(reply) => reply,
         Err(e) => {
@@ -207,11 +246,7 @@ fn admit(app: &App, headers: &HeaderMap) -> Result<Caller, Reply> {
     Ok(caller)
 }
 
-async fn place(app: &App, id: &RequestId, headers: &HeaderMap, body: &[u8]) -> Reply {
-    let caller = match admit(app, headers) {
-        Ok(caller) => caller,
-        Err(reply) => return reply,
-    };
+async fn place(app: &App, id: &RequestId, caller: &Caller, headers: &HeaderMap, body: &[u8]) -> Reply {
     let key = match idempotency_key(headers) {
         Ok(key) => key,
         Err(message) => return Reply::error(400, "missing_key", message),

@@ -5,7 +5,9 @@
 //!   `auth.hs256_secret_file`, RS256 with `auth.rs256_public_key_file`): a token's own `alg` never
 //!   chooses how it is checked, so `none` and an HS256 token "signed" with the RSA public key
 //!   (algorithm confusion) are refused.
-//! - `exp` and `sub` are required; `iss` and `aud` are required and must match when configured.
+//! - `exp` and `sub` are required; `nbf` is checked when present (both with `auth.leeway_secs`);
+//!   `iss` and `aud` are required and must match when configured (off by default: a start-up
+//!   warning says so).
 //! - The caller is the token's `sub`, and nothing else: the customer an order is placed for, and
 //!   the scope of its Idempotency-Keys.
 //! - A refusal tells the client only that it is unauthorized; the reason goes to the log.
@@ -34,6 +36,9 @@ pub struct Claims {
     pub iss: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub aud: Option<String>,
+    /// Not before (seconds since the epoch): checked when present, with `auth.leeway_secs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbf: Option<u64>,
 }
 
 /// An authenticated caller.
@@ -83,6 +88,8 @@ impl Verifier {
         };
         let mut validation = Validation::new(algorithm);
         validation.leeway = auth.leeway_secs;
+        // (jsonwebtoken leaves `nbf` unchecked unless asked: a token minted for later is refused)
+        validation.validate_nbf = true;
         let mut required = vec!["exp", "sub"];
         if !auth.issuer.is_empty() {
             validation.set_issuer(&[&auth.issuer]);
@@ -95,6 +102,12 @@ impl Verifier {
             required.push("aud");
         }
         validation.set_required_spec_claims(&required);
+        if auth.issuer.is_empty() || auth.audience.is_empty() {
+            tracing::warn!(
+                "auth.issuer or auth.audience is empty: a token the key signed for another service is \
+                 accepted; set both to what your identity provider puts in this service's tokens"
+            );
+        }
         Ok(Verifier { key, validation })
     }
 
@@ -183,7 +196,7 @@ mod tests {
     }
 
     fn claims(sub: &str, exp: u64) -> Claims {
-        Claims { sub: sub.into(), exp, iss: None, aud: None }
+        Claims { sub: sub.into(), exp, iss: None, aud: None, nbf: None }
     }
 
     #[test]
@@ -199,6 +212,17 @@ mod tests {
             assert!(verifier.verify(&bearer(&token)).is_err(), "{token}");
         }
         assert!(matches!(verifier.verify(&HeaderMap::new()), Err(Refused::Missing)));
+    }
+
+    #[test]
+    fn a_token_not_valid_before_a_later_time_is_refused_until_then() {
+        let verifier = verifier("", "");
+        let exp = now_secs() + 3600;
+        let later = mint_hs256(SECRET, &Claims { nbf: Some(now_secs() + 600), ..claims("c", exp) });
+        let refused = verifier.verify(&bearer(&later)).unwrap_err().to_string();
+        assert!(refused.contains("ImmatureSignature"), "{refused}");
+        let earlier = mint_hs256(SECRET, &Claims { nbf: Some(now_secs() - 10), ..claims("c", exp) });
+        assert_eq!(verifier.verify(&bearer(&earlier)).unwrap().subject, "c");
     }
 
     #[test]

@@ -12,6 +12,11 @@ use serde::{Deserialize, Serialize};
 /// The longest a key may be remembered.
 pub const MAX_KEY_TTL_SECS: u64 = 30 * 86_400;
 
+/// `http.max_header_bytes` by default: a bearer token, a key and the usual headers fit.
+pub const DEFAULT_MAX_HEADER_BYTES: usize = 16 * 1024;
+/// `http.max_body_bytes` by default.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 16 * 1024;
+
 /// The environment prefix: `ORDERS__HTTP__LISTEN=0.0.0.0:8080`.
 pub const ENV_PREFIX: &str = "ORDERS";
 
@@ -45,6 +50,12 @@ pub struct HttpConfig {
     pub request_timeout_ms: u64,
     /// Connections served at once; further ones wait in the listen backlog until one closes.
     pub max_connections: usize,
+    /// The most a connection may buffer of a request's line and headers (hyper's read buffer;
+    /// 8192 at least). Longer headers: the connection is closed.
+    pub max_header_bytes: usize,
+    /// The largest request body read, and only once the caller is authenticated; a longer one
+    /// is answered 413. An order is a few dozen bytes of JSON.
+    pub max_body_bytes: usize,
 }
 
 impl Default for HttpConfig {
@@ -56,6 +67,8 @@ impl Default for HttpConfig {
             header_read_timeout_ms: 10_000,
             request_timeout_ms: 30_000,
             max_connections: 1_024,
+            max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         }
     }
 }
@@ -219,6 +232,12 @@ impl OrdersConfig {
         if !(1..=100_000).contains(&h.max_connections) {
             return Err(ConfigError::invalid("http.max_connections", "must be between 1 and 100000"));
         }
+        if !(8_192..=1 << 20).contains(&h.max_header_bytes) {
+            return Err(ConfigError::invalid("http.max_header_bytes", "must be between 8192 and 1048576"));
+        }
+        if !(64..=1 << 20).contains(&h.max_body_bytes) {
+            return Err(ConfigError::invalid("http.max_body_bytes", "must be between 64 and 1048576"));
+        }
         let r = &self.rate_limit;
         if !(r.requests_per_sec.is_finite() && r.requests_per_sec > 0.0 && r.requests_per_sec <= 1e6) {
             return Err(ConfigError::invalid("rate_limit.requests_per_sec", "must be > 0 and <= 1000000"));
@@ -300,6 +319,8 @@ mod tests {
             ("ORDERS__HTTP__POOL_SIZE", "0", "http.pool_size"),
             ("ORDERS__HTTP__HEADER_READ_TIMEOUT_MS", "0", "http.header_read_timeout_ms"),
             ("ORDERS__HTTP__MAX_CONNECTIONS", "0", "http.max_connections"),
+            ("ORDERS__HTTP__MAX_HEADER_BYTES", "1024", "http.max_header_bytes"),
+            ("ORDERS__HTTP__MAX_BODY_BYTES", "0", "http.max_body_bytes"),
             ("ORDERS__RATE_LIMIT__BURST", "0", "rate_limit.burst"),
             ("ORDERS__AUTH__HS256_SECRET_FILE", "", "auth.hs256_secret_file"),
             ("ORDERS__AUTH__RS256_PUBLIC_KEY_FILE", "/k.pem", "auth.rs256_public_key_file"),

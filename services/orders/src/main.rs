@@ -109,6 +109,7 @@ fn mint_token(config: &OrdersConfig, subject: String, ttl_secs: i64) -> ExitCode
         exp: auth::now_secs().saturating_add_signed(ttl_secs),
         iss: optional(&config.auth.issuer),
         aud: optional(&config.auth.audience),
+        nbf: None,
     };
     println!("{}", auth::mint_hs256(&secret, &claims));
     ExitCode::SUCCESS

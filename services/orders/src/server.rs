@@ -1,8 +1,11 @@
 //! Serving the router over HTTP/1.1 with the limits `axum::serve` does not have: a connection
 //! that does not finish its request headers within `http.header_read_timeout_ms` (a slowloris
 //! client, or one idle between requests) is closed, and at most `http.max_connections` are
-//! served at once (the rest wait in the listen backlog). The request timeout and the pool's
-//! bounded wait live in `api` and `pool`.
+//! served at once (the rest wait in the listen backlog), each buffering at most
+//! `http.max_header_bytes` of a request's head. So a connection holds a bounded amount of
+//! memory until its caller is authenticated (`api` checks the token before it reads a body, and
+//! reads at most `http.max_body_bytes` of one). The request timeout and the pool's bounded wait
+//! live in `api` and `pool`.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -27,7 +30,10 @@ pub async fn serve(listener: TcpListener, router: Router, http: &HttpConfig, sto
     let connections = Arc::new(Semaphore::new(http.max_connections));
     let graceful = GracefulShutdown::new();
     let mut builder = http1::Builder::new();
-    builder.timer(TokioTimer::new()).header_read_timeout(http.header_read_timeout());
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(http.header_read_timeout())
+        .max_buf_size(http.max_header_bytes);
     tokio::pin!(stop);
     loop {
         let permit = tokio::select! {

@@ -1,5 +1,6 @@
 //! What `check` says about the relay's own exposure: TLS that does not verify a server (to
-//! PostgreSQL below `verify-full`, to Kafka with certificate checks off), secret files other
+//! PostgreSQL below `verify-full`, to Kafka with certificate checks off), Kafka without TLS
+//! (PLAINTEXT, SASL_PLAINTEXT: the events and the credential in clear), secret files other
 //! users can read, and a role holding more than its mode needs (superuser, the outbox table's
 //! owner, REPLICATION in polling mode).
 //!
@@ -50,12 +51,17 @@ fn sslmode_finding(config: &RelayConfig) -> Finding {
 
 fn kafka_tls_finding(config: &RelayConfig) -> Finding {
     const CHECK: &str = "kafka.tls";
+    if let Some(cleartext) = kafka_cleartext(config) {
+        return Finding::warn(
+            CHECK,
+            cleartext,
+            "set kafka.properties security.protocol = \"SSL\" (or \"SASL_SSL\") with ssl.ca.location the \
+             brokers' CA; plaintext only where no one else can reach the network (loopback)",
+        );
+    }
     let off = config.kafka.certificate_checks_off();
     if off.is_empty() {
-        return Finding::ok(
-            CHECK,
-            "the brokers' certificate checks are librdkafka's defaults (or TLS is off)",
-        );
+        return Finding::ok(CHECK, "TLS to the brokers, with librdkafka's certificate and name checks");
     }
     Finding::warn(
         CHECK,
@@ -66,6 +72,38 @@ fn kafka_tls_finding(config: &RelayConfig) -> Finding {
         ),
         "remove those kafka.properties and set ssl.ca.location to the brokers' CA",
     )
+}
+
+/// What crosses the network to the brokers in clear, when the protocol has no TLS: the events,
+/// and with SASL_PLAINTEXT the credential as the mechanism sends it. `None` over TLS.
+fn kafka_cleartext(config: &RelayConfig) -> Option<String> {
+    let kafka = &config.kafka;
+    let property = |key: &str| kafka.property(key).map(|v| v.trim().to_ascii_uppercase());
+    // ([kafka.auth] makes it SASL_SSL unless the properties say otherwise; librdkafka's own
+    // defaults are PLAINTEXT and GSSAPI)
+    let sasl_default = if kafka.auth.is_some() { "SASL_SSL" } else { "PLAINTEXT" };
+    let protocol = property("security.protocol").unwrap_or_else(|| sasl_default.into());
+    let mechanism = property("sasl.mechanisms")
+        .or_else(|| property("sasl.mechanism"))
+        .unwrap_or_else(|| if kafka.auth.is_some() { "OAUTHBEARER" } else { "GSSAPI" }.into());
+    match protocol.as_str() {
+        "PLAINTEXT" => Some(
+            "security.protocol = PLAINTEXT (librdkafka's default): every event crosses the network in clear, and \
+             any host answering at kafka.brokers is believed"
+                .into(),
+        ),
+        "SASL_PLAINTEXT" => {
+            let credential = match mechanism.as_str() {
+                "PLAIN" => "the SASL password itself (sasl.mechanisms = PLAIN sends it as it is)",
+                "OAUTHBEARER" => "the bearer token (anyone who reads it can use it until it expires)",
+                _ => "the SASL exchange",
+            };
+            Some(format!(
+                "security.protocol = SASL_PLAINTEXT: every event and {credential} cross the network in clear"
+            ))
+        }
+        _ => None,
+    }
 }
 
 fn secret_files_finding(config: &RelayConfig) -> Finding {
@@ -107,6 +145,41 @@ pub(super) async fn privilege_finding(config: &RelayConfig, client: &Client) -> 
         CHECK,
         format!("role {role} {}", what.join("; ")),
         format!("{} (sql/100_relay_role.sql makes least-privilege roles)", fixes.join("; ")),
+    )
+}
+
+/// Polling mode: whether every role may connect to the database (PUBLIC's CONNECT, granted by
+/// default), and so take the polling lock: an advisory lock has no privileges of its own
+/// (docs/polling.md, "Who can hold the lock"; issue 46's M9).
+pub(super) async fn public_connect_finding(client: &Client) -> Finding {
+    const CHECK: &str = "postgres.public_connect";
+    let row = client
+        .query_one(
+            "SELECT current_database()::text, has_database_privilege('public', current_database(), 'CONNECT')",
+            &[],
+        )
+        .await;
+    let (database, public): (String, bool) = match row {
+        Ok(row) => (row.get(0), row.get(1)),
+        Err(e) => return Finding::warn(CHECK, format!("cannot read the database's privileges: {e}"), ""),
+    };
+    let database = quote_ident(&database);
+    if !public {
+        return Finding::ok(
+            CHECK,
+            format!("only roles granted CONNECT on {database} can take the polling lock"),
+        );
+    }
+    Finding::warn(
+        CHECK,
+        format!(
+            "every role may connect to {database} (PUBLIC holds CONNECT, PostgreSQL's default): any login can take \
+             the polling lock and keep every relay a standby (the standbys name it in /readyz)"
+        ),
+        format!(
+            "REVOKE CONNECT ON DATABASE {database} FROM PUBLIC, and GRANT CONNECT ON DATABASE {database} to the \
+             roles that need it (the relay's, the writers', the readers')"
+        ),
     )
 }
 
@@ -180,17 +253,44 @@ mod tests {
     #[test]
     fn kafka_certificate_checks_off_warn() {
         let mut c = config(SourceMode::Polling, SslMode::VerifyFull);
-        assert_eq!(kafka_tls_finding(&c).status, super::super::Status::Ok);
         let set = |c: &mut RelayConfig, k: &str, v: &str| {
             c.kafka.properties.insert(k.into(), crate::config::KafkaProperty(v.into()));
         };
         set(&mut c, "security.protocol", "SASL_SSL");
+        assert_eq!(kafka_tls_finding(&c).status, super::super::Status::Ok);
         set(&mut c, "enable.ssl.certificate.verification", "false");
         set(&mut c, "ssl.endpoint.identification.algorithm", "none");
         let finding = kafka_tls_finding(&c);
         assert_eq!(finding.status, super::super::Status::Warn);
         assert!(finding.detail.contains("enable.ssl.certificate.verification = false"), "{finding}");
         assert!(finding.detail.contains("identification.algorithm = none"), "{finding}");
+        // librdkafka's other spellings of false
+        for off in ["f", "0", "F"] {
+            set(&mut c, "ssl.endpoint.identification.algorithm", "https");
+            set(&mut c, "enable.ssl.certificate.verification", off);
+            let finding = kafka_tls_finding(&c);
+            assert_eq!(finding.status, super::super::Status::Warn, "{off}: {finding}");
+        }
+    }
+
+    #[test]
+    fn kafka_without_tls_warns_naming_what_crosses_in_clear() {
+        let mut c = config(SourceMode::Polling, SslMode::VerifyFull);
+        let set = |c: &mut RelayConfig, k: &str, v: &str| {
+            c.kafka.properties.insert(k.into(), crate::config::KafkaProperty(v.into()));
+        };
+        // librdkafka's default is PLAINTEXT
+        let finding = kafka_tls_finding(&c);
+        assert_eq!(finding.status, super::super::Status::Warn, "{finding}");
+        assert!(finding.detail.contains("PLAINTEXT") && finding.fix.contains("SASL_SSL"), "{finding}");
+        set(&mut c, "security.protocol", "sasl_plaintext");
+        set(&mut c, "sasl.mechanisms", "PLAIN");
+        let finding = kafka_tls_finding(&c);
+        assert!(finding.detail.contains("the SASL password itself"), "{finding}");
+        set(&mut c, "sasl.mechanisms", "SCRAM-SHA-512");
+        assert!(kafka_tls_finding(&c).detail.contains("the SASL exchange"));
+        set(&mut c, "security.protocol", "SSL");
+        assert_eq!(kafka_tls_finding(&c).status, super::super::Status::Ok);
     }
 
     #[test]

@@ -7,8 +7,10 @@
 //! - latest: `GET /subjects/{subject}/versions/latest` -> `{"id", "schema", "schemaType"}`.
 //!
 //! A status is classified once, in [`classify`]: unreachable, timeout, 408, 429 and 5xx are
-//! [`EncodeError::Unavailable`] (retried); a certificate that cannot be trusted and every other
-//! refusal are [`EncodeError::Refused`], with the setting to change.
+//! [`EncodeError::Unavailable`] (retried); a 404 with the registry's own code for an unknown
+//! subject, version or schema under it is [`EncodeError::NoSchema`] (this subject's rows only);
+//! a certificate that cannot be trusted and every other refusal are [`EncodeError::Refused`],
+//! with the setting to change.
 
 use std::error::Error as StdError;
 use std::sync::Arc;
@@ -22,18 +24,24 @@ use rustls::{ClientConfig, RootCertStore};
 use serde::Deserialize;
 
 use super::error::{EncodeError, excerpt};
-use crate::config::Secret;
 use crate::config::registry::{PASSWORD_ENV, RegistryConfig, SchemaType};
 
 /// The media type of the registry's API, requests and answers.
 const SCHEMA_REGISTRY_JSON: &str = "application/vnd.schemaregistry.v1+json";
+
+/// The largest answer read from the registry: a schema, its id and an error body fit many times
+/// over (Confluent's own default limit on a schema is 1 MiB of text, escaped in JSON here). A
+/// longer answer is refused when its `Content-Length` says so, or as soon as that many bytes
+/// have arrived, so a registry (or whatever answers at `registry.url`) cannot exhaust memory.
+pub(super) const MAX_RESPONSE_BYTES: usize = 8 * 1024 * 1024;
 
 /// A registry connection: the base URL and the credentials.
 pub(super) struct Client {
     http: reqwest::Client,
     base: Url,
     username: String,
-    password: Secret,
+    /// The credentials' settings: `password`, or `password_file` read at each request.
+    credentials: RegistryConfig,
 }
 
 /// What a registry call was, for the message of its error.
@@ -76,6 +84,9 @@ impl Client {
         if base.cannot_be_a_base() || !matches!(base.scheme(), "http" | "https") {
             return Err(format!("registry.url: {} is not an http:// or https:// base URL", config.url));
         }
+        if let Some(refused) = config.refuse_http_credentials("registry") {
+            return Err(refused);
+        }
         let timeout = Duration::from_millis(config.timeout_ms);
         let http = reqwest::Client::builder()
             .tls_backend_preconfigured(tls(&config.ca_file)?)
@@ -84,7 +95,7 @@ impl Client {
             .user_agent(concat!("outbox-relay/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| format!("registry: cannot set up the HTTP client: {}", chain(&e)))?;
-        Ok(Client { http, base, username: config.username.clone(), password: config.password.clone() })
+        Ok(Client { http, base, username: config.username.clone(), credentials: config.clone() })
     }
 
     /// Registers `schema` under `subject` (or finds it registered) and returns its id.
@@ -156,17 +167,37 @@ impl Client {
         let shown = format!("{method} {}", url.path());
         let mut request = self.http.request(method, url).header(ACCEPT, SCHEMA_REGISTRY_JSON);
         if !self.username.is_empty() {
-            request = request.basic_auth(&self.username, Some(self.password.expose()));
+            let password = self.credentials.current_password().map_err(|detail| EncodeError::Refused {
+                subject: subject.to_string(),
+                detail: format!("{detail}; the file must hold the registry password on its first line"),
+            })?;
+            request = request.basic_auth(&self.username, Some(password.expose()));
         }
         if let Some(body) = body {
             request = request.header(CONTENT_TYPE, SCHEMA_REGISTRY_JSON).body(body);
         }
         let transport = |e: reqwest::Error| transport_error(&shown, subject, &e);
-        let response = request.send().await.map_err(transport)?;
+        let mut response = request.send().await.map_err(transport)?;
         let status = response.status();
-        let body = response.bytes().await.map_err(transport)?;
+        let too_long = || EncodeError::Refused {
+            subject: subject.to_string(),
+            detail: format!(
+                "{shown}: the registry's answer ({status}) is longer than {MAX_RESPONSE_BYTES} bytes, \
+                 more than any schema; check registry.url"
+            ),
+        };
+        if response.content_length().is_some_and(|length| length > MAX_RESPONSE_BYTES as u64) {
+            return Err(too_long());
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(transport)? {
+            if body.len() + chunk.len() > MAX_RESPONSE_BYTES {
+                return Err(too_long());
+            }
+            body.extend_from_slice(&chunk);
+        }
         if status.is_success() {
-            return Ok(body.to_vec());
+            return Ok(body);
         }
         Err(classify(call, subject, &self.username, status, &body))
     }
@@ -219,6 +250,7 @@ pub(super) fn classify(
     };
     let refused = |detail: String| EncodeError::Refused { subject: subject.to_string(), detail };
     let on_subject = |detail: String| refused(format!("subject {subject}: {detail}"));
+    let no_schema = |detail: String| EncodeError::NoSchema { subject: subject.to_string(), detail };
     match status.as_u16() {
         408 | 429 | 500..=599 => {
             EncodeError::Unavailable(format!("{} answered {status}: {said}", call.name()))
@@ -242,14 +274,13 @@ pub(super) fn classify(
             schema_id: 0,
             detail: format!("the registry holds no schema of this id ({said})"),
         },
-        404 if call == Call::Lookup && (code == 40401 || code == 40403) => refused(format!(
+        404 if call == Call::Lookup && (code == 40401 || code == 40403) => no_schema(format!(
             "schema not registered under subject {subject}; register it or set auto_register = true"
         )),
-        404 if call == Call::Latest && (code == 40401 || code == 40402) => on_subject(
-            "it has no schema in the registry; register one, or set registry.schema_file and \
-             auto_register = true"
-                .to_string(),
-        ),
+        404 if call == Call::Latest && (code == 40401 || code == 40402) => no_schema(format!(
+            "subject {subject}: it has no schema in the registry; register one, or set \
+             registry.schema_file and auto_register = true"
+        )),
         404 => on_subject(format!(
             "the registry answered 404 to {} ({said}); check registry.url: it must be the base of the \
              Confluent-compatible API (for Apicurio, http://host:8080/apis/ccompat/v7)",

@@ -27,8 +27,10 @@ impl Decoder {
         value.len() >= 5 && value[0] == MAGIC_BYTE
     }
 
-    /// `value` as JSON. `Mismatch` for bytes that do not decode with the writer's schema (the
-    /// consumer dead-letters the record), `Unavailable` when the registry cannot be asked.
+    /// `value` as JSON. `Mismatch` for bytes that do not decode with the writer's schema, or
+    /// whose schema id the registry does not hold or this consumer cannot read (Protobuf, a
+    /// schema that does not parse): the consumer dead-letters the record. `Unavailable` when the
+    /// registry cannot be asked; `Refused` when it refuses the credentials.
     pub async fn decode(&self, value: &[u8]) -> Result<serde_json::Value, EncodeError> {
         let mismatch = |id: u32, detail: String| EncodeError::Mismatch {
             subject: "(read back)".into(),
@@ -60,7 +62,10 @@ impl Decoder {
             return Ok(schema.clone());
         }
         let version = self.client.by_id(id).await?;
-        let refused = |detail: String| EncodeError::Refused { subject: format!("(schema id {id})"), detail };
+        // (a schema this consumer cannot read is this record's problem, as an unknown id is: it
+        // is a mismatch, dead-lettered, never retried: issue 46's ledger residual)
+        let refused =
+            |detail: String| EncodeError::Mismatch { subject: "(read back)".into(), schema_id: id, detail };
         let schema = match version.schema_type.as_deref().unwrap_or("AVRO") {
             "AVRO" => Some(
                 apache_avro::Schema::parse_str(&version.schema)

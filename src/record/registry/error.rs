@@ -1,6 +1,6 @@
 //! Why a payload could not be encoded, classified for the caller: dead-letter the row
-//! ([`EncodeError::Mismatch`]), retry ([`EncodeError::Unavailable`]) or stop
-//! ([`EncodeError::Refused`]).
+//! ([`EncodeError::Mismatch`], [`EncodeError::NoSchema`]), retry ([`EncodeError::Unavailable`])
+//! or stop ([`EncodeError::Refused`]).
 
 /// An encoding failure. The message is lowercase and says what to do; a `Mismatch`'s `detail`
 /// names the field.
@@ -10,6 +10,14 @@ pub enum EncodeError {
     /// this schema. The caller dead-letters it with this text.
     #[error("payload does not fit the schema of subject {subject} (id {schema_id}): {detail}")]
     Mismatch { subject: String, schema_id: u32, detail: String },
+    /// The registry holds no schema under the subject this record's topic names (404, `40401`
+    /// subject not found, `40402` no such version, `40403` schema not under the subject). The
+    /// subject comes from the row (`topic_name`), so only the rows of this subject are affected:
+    /// the caller dead-letters the row (or holds it), and the rest flow on. (Under
+    /// `record_name` every row has the one subject: [`Registry::encode`](super::Registry::encode)
+    /// makes it [`EncodeError::Refused`] instead.)
+    #[error("schema registry: {detail}")]
+    NoSchema { subject: String, detail: String },
     /// The registry could not be reached or answered 5xx/429: retried, never dead-lettered.
     #[error("schema registry unavailable: {0}")]
     Unavailable(String),
@@ -58,6 +66,7 @@ mod tests {
         let mismatch = EncodeError::Mismatch { subject: "s".into(), schema_id: 1, detail: "d".into() };
         assert!(!mismatch.is_retryable());
         assert!(!EncodeError::Refused { subject: "s".into(), detail: "d".into() }.is_retryable());
+        assert!(!EncodeError::NoSchema { subject: "s".into(), detail: "d".into() }.is_retryable());
         assert!(EncodeError::Unavailable("timed out".into()).is_retryable());
     }
 

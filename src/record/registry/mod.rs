@@ -24,9 +24,12 @@
 //!   This row can never be encoded: dead-letter it;
 //! - `Unavailable`: the registry cannot be reached, timed out, or answered 408, 429 or 5xx: retry;
 //!   never dead-letter a row for it;
+//! - `NoSchema`: the registry holds no schema under the subject a row's topic names (404 with
+//!   the registry's code for it): that row is dead-lettered (or holds under `block`), the rest
+//!   flow on. Under `record_name` the subject is every row's: `Refused` instead;
 //! - `Refused`: the registry refuses the schema (409 incompatible, 422 invalid), the credentials
-//!   (401, 403), or does not hold what is looked up (404), or its certificate cannot be trusted:
-//!   an operator must act; the message names the setting.
+//!   (401, 403), or answers a 404 that is not its own (`registry.url` is wrong), or its
+//!   certificate cannot be trusted: an operator must act; the message names the setting.
 //!
 //! Left out: Avro's decimal, big-decimal and duration logical types (such a schema is refused);
 //! Protobuf messages other than the file's first, and imports other than the well-known types;
@@ -137,9 +140,18 @@ impl Registry {
     }
 
     /// The record value for `payload` (JSON text) on `topic`, in the wire format.
+    /// A subject the registry does not hold is [`EncodeError::NoSchema`] when the topic (and so
+    /// the row) chose it, [`EncodeError::Refused`] under `record_name` (every row's subject).
     pub async fn encode(&self, topic: &str, payload: &str) -> Result<Vec<u8>, EncodeError> {
         let subject_name = self.subject(topic);
-        let subject = self.resolve(&subject_name).await?;
+        let subject = match self.resolve(&subject_name).await {
+            Err(EncodeError::NoSchema { subject, detail })
+                if self.strategy == SubjectStrategy::RecordName =>
+            {
+                return Err(EncodeError::Refused { subject, detail });
+            }
+            resolved => resolved?,
+        };
         encode_with(&subject_name, &subject, payload)
     }
 

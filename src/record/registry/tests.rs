@@ -106,6 +106,7 @@ async fn registers_once_per_subject_and_writes_the_wire_format() {
     config.auto_register = true;
     config.username = "relay".into();
     config.password = Secret::new("s3cret");
+    config.allow_http_credentials = true; // (the fixture is plain http on loopback)
     let registry = Registry::new(&config).unwrap();
 
     // when they are encoded concurrently
@@ -156,7 +157,7 @@ async fn record_name_uses_the_schema_name_and_lookup_by_content() {
 }
 
 #[tokio::test]
-async fn a_schema_not_registered_is_refused_and_asked_again_next_time() {
+async fn a_subject_not_registered_is_this_rows_problem_and_asked_again_next_time() {
     let registry_side = Fixture::start(Duration::ZERO, |_| {
         (404, r#"{"error_code": 40403, "message": "Schema not found"}"#.into())
     })
@@ -170,8 +171,15 @@ async fn a_schema_not_registered_is_refused_and_asked_again_next_time() {
         error.to_string(),
         "schema registry: schema not registered under subject orders-value; register it or set auto_register = true"
     );
+    assert!(matches!(error, EncodeError::NoSchema { .. }), "the row's topic chose the subject: {error:?}");
     registry.encode("orders", "{}").await.unwrap_err();
     assert_eq!(registry_side.seen().len(), 2, "a failure is not cached");
+
+    // under record_name the subject is every row's: the operator must act
+    let mut by_name = config(&registry_side.url, SchemaType::Avro, Some(ORDER_AVSC), &dir);
+    by_name.subject_strategy = SubjectStrategy::RecordName;
+    let error = Registry::new(&by_name).unwrap().encode("orders", "{}").await.unwrap_err();
+    assert!(matches!(error, EncodeError::Refused { .. }), "{error:?}");
 }
 
 #[tokio::test]
@@ -303,13 +311,111 @@ fn statuses_are_classified_with_the_setting_to_change() {
     );
     let text = classified(Call::Lookup, 404, &confluent(40401, "Subject not found")).to_string();
     assert!(text.contains("schema not registered under subject orders-value"), "{text}");
-    let text = classified(Call::Latest, 404, &confluent(40401, "Subject not found")).to_string();
+    let unknown = classified(Call::Latest, 404, &confluent(40401, "Subject not found"));
+    assert!(matches!(unknown, EncodeError::NoSchema { .. }), "{unknown:?}");
+    let text = unknown.to_string();
     assert!(text.contains("subject orders-value: it has no schema in the registry"), "{text}");
-    // a 404 that is not the registry's: the URL is wrong
-    let text = classified(Call::Lookup, 404, "<html>Not Found</html>").to_string();
-    assert!(text.contains("check registry.url"), "{text}");
+    let no_version = classified(Call::Latest, 404, &confluent(40402, "Version not found"));
+    assert!(matches!(no_version, EncodeError::NoSchema { .. }), "{no_version:?}");
+    // a 404 that is not the registry's: the URL is wrong, for every row alike
+    let wrong_url = classified(Call::Lookup, 404, "<html>Not Found</html>");
+    assert!(matches!(wrong_url, EncodeError::Refused { .. }), "{wrong_url:?}");
+    assert!(wrong_url.to_string().contains("check registry.url"), "{wrong_url}");
     let anonymous = classify(Call::Latest, "s", "", StatusCode::UNAUTHORIZED, b"").to_string();
     assert!(anonymous.contains("requires authentication (401); set registry.username"), "{anonymous}");
+}
+
+/// A registry stand-in that answers any request with a chunked (no `Content-Length`) 200 of
+/// `bytes` bytes of JSON text, then closes.
+async fn endless_answer(bytes: usize) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/apis/ccompat/v7", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let _ = socket.read(&mut [0u8; 4096]).await;
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n";
+        socket.write_all(head.as_bytes()).await.unwrap();
+        let chunk = [b' '; 64 * 1024];
+        for _ in 0..bytes.div_ceil(chunk.len()) {
+            let framed = [format!("{:x}\r\n", chunk.len()).as_bytes(), &chunk, b"\r\n"].concat();
+            if socket.write_all(&framed).await.is_err() {
+                return; // (the client stopped reading: what the bound is for)
+            }
+        }
+        let _ = socket.write_all(b"0\r\n\r\n").await;
+    });
+    url
+}
+
+#[tokio::test]
+async fn an_answer_longer_than_the_bound_is_refused_before_it_is_read_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    // with a Content-Length that says so
+    let big = Fixture::start(Duration::ZERO, |_| (200, " ".repeat(client::MAX_RESPONSE_BYTES + 1))).await;
+    let error =
+        Registry::new(&config(&big.url, SchemaType::Avro, None, &dir)).unwrap().encode("o", "{}").await;
+    let error = error.unwrap_err();
+    assert!(matches!(error, EncodeError::Refused { .. }), "{error:?}");
+    assert!(
+        error.to_string().contains("is longer than 8388608 bytes")
+            && error.to_string().contains("registry.url")
+    );
+    // and chunked, without one: the reading stops at the bound
+    let url = endless_answer(2 * client::MAX_RESPONSE_BYTES).await;
+    let error = Registry::new(&config(&url, SchemaType::Avro, None, &dir)).unwrap().encode("o", "{}").await;
+    let error = error.unwrap_err();
+    assert!(error.to_string().contains("is longer than 8388608 bytes"), "{error:?}");
+}
+
+#[tokio::test]
+async fn the_password_file_is_read_at_each_request() {
+    let registry_side = Fixture::start(Duration::ZERO, |_| (200, r#"{"id": 1}"#.into())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(&registry_side.url, SchemaType::Avro, Some(ORDER_AVSC), &dir);
+    let file = dir.path().join("registry-password");
+    std::fs::write(&file, "one\n").unwrap();
+    (config.auto_register, config.username, config.allow_http_credentials) = (true, "relay".into(), true);
+    config.password_file = file.display().to_string();
+    let registry = Registry::new(&config).unwrap();
+    registry.encode("a", r#"{"id": "o", "amount": 1}"#).await.unwrap();
+    std::fs::write(&file, "two\n").unwrap();
+    registry.encode("b", r#"{"id": "o", "amount": 1}"#).await.unwrap();
+    let sent: Vec<String> = registry_side.seen().into_iter().map(|seen| seen.authorization).collect();
+    assert_eq!(sent, ["Basic cmVsYXk6b25l", "Basic cmVsYXk6dHdv"]); // relay:one, relay:two
+    std::fs::remove_file(&file).unwrap();
+    let error = registry.encode("c", "{}").await.unwrap_err();
+    assert!(
+        matches!(&error, EncodeError::Refused { detail, .. } if detail.contains("registry.password_file")),
+        "{error:?}"
+    );
+}
+
+#[test]
+fn credentials_over_plain_http_are_refused_by_the_client_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut plain = config("http://registry:8081", SchemaType::Avro, None, &dir);
+    plain.username = "relay".into();
+    plain.password = Secret::new("SENTINEL");
+    let error = Decoder::new(&plain).err().unwrap();
+    assert!(
+        error.contains("registry.allow_http_credentials = true") && !error.contains("SENTINEL"),
+        "{error}"
+    );
+    assert!(Registry::new(&plain).err().unwrap().contains("registry.url: is http://"));
+    plain.allow_http_credentials = true;
+    Decoder::new(&plain).unwrap();
+}
+
+#[tokio::test]
+async fn a_value_whose_schema_id_names_protobuf_is_a_mismatch_for_the_reader_not_a_retry() {
+    let proto = serde_json::json!({"schema": "syntax = \"proto3\"; message M { string id = 1; }", "schemaType": "PROTOBUF"});
+    let registry_side = Fixture::start(Duration::ZERO, move |_| (200, proto.to_string())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let decoder = Decoder::new(&config(&registry_side.url, SchemaType::Avro, None, &dir)).unwrap();
+    let error = decoder.decode(&[0, 0, 0, 0, 42, 0x0a, 0x01, b'x']).await.unwrap_err();
+    assert!(matches!(&error, EncodeError::Mismatch { schema_id: 42, .. }), "{error:?}");
+    assert!(error.to_string().contains("schema id 42 is PROTOBUF"), "{error}");
 }
 
 #[test]

@@ -109,6 +109,7 @@ impl Credentials {
                     exp: auth::now_secs() + 600,
                     iss: issuer.clone(),
                     aud: audience.clone(),
+                    nbf: None,
                 };
                 auth::mint_hs256(secret, &claims)
             }
