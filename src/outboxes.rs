@@ -43,11 +43,6 @@ impl Outbox {
         let source_table = self.table.display_name();
         self.recorder.get_or_try_init(|| Recorder::open(client, &source_table)).await
     }
-
-    /// The recorder if a session opened it; a disabled one otherwise.
-    pub fn opened_recorder(&self) -> Recorder {
-        self.recorder.get().cloned().unwrap_or_else(Recorder::disabled)
-    }
 }
 
 /// The relay's outboxes, in configured order (`[outbox]`, or the `[[outboxes]]` entries).

@@ -47,8 +47,6 @@ pub struct Recorder {
     /// `schema.table`, as the dead-letter table names it.
     source_table: String,
     enabled: bool,
-    /// [`Recorder::open`] made it (a disabled one may still be opened).
-    opened: bool,
 }
 
 impl Recorder {
@@ -63,16 +61,7 @@ impl Recorder {
                  sql/010_published.sql and sql/100_relay_role.sql"
             );
         }
-        Ok(Recorder { source_table: source_table.to_string(), enabled, opened: true })
-    }
-
-    /// A recorder that records nothing, until [`Recorder::open`] replaces it.
-    pub fn disabled() -> Recorder {
-        Recorder { source_table: String::new(), enabled: false, opened: false }
-    }
-
-    pub fn is_open(&self) -> bool {
-        self.opened
+        Ok(Recorder { source_table: source_table.to_string(), enabled })
     }
 
     /// Records what `sent` holds.
