@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use tokio_postgres::GenericClient;
 
-use crate::config::{DeadLetterConfig, OnPoison, OutboxId, PerOutbox, RelayConfig, RetryConfig};
+use crate::config::{DeadLetterConfig, OnPoison, OutboxId, PerOutbox, RetryConfig};
 use crate::error::{FatalReason, RelayError};
 use bytes::{BufMut, BytesMut};
 use tokio_postgres::types::{IsNull, ToSql, Type, accepts, to_sql_checked};
@@ -49,11 +49,11 @@ pub fn qualified_table(letters: &DeadLetterConfig) -> String {
 
 /// `$1` the source table, `$2` event ids (text): each one dead-lettered, with its latest letter's
 /// reason (`verify`).
-pub fn reasons_sql(config: &RelayConfig) -> String {
+pub fn reasons_sql(letters: &DeadLetterConfig) -> String {
     format!(
         "SELECT DISTINCT ON (event_id) event_id, reason FROM {} WHERE source_table = $1 AND event_id = ANY($2::text[]) \
          ORDER BY event_id, id DESC",
-        qualified_table(&config.dead_letter)
+        qualified_table(letters)
     )
 }
 

@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use clap::Parser;
 use outbox_relay::config::RelayConfig;
-use outbox_relay::ops::cli::{Cli, Command, LogFormat, one_outbox};
+use outbox_relay::ops::cli::{Cli, Command, LogFormat, chosen};
 use outbox_relay::ops::{EXIT_FAILURE, EXIT_USAGE, Failure, Output};
 use outbox_relay::ops::{check, locate, replay, republish, setup, status, switchover, verify};
+use outbox_relay::outboxes::{Outbox, Outboxes};
 use tokio::runtime::Runtime;
 
 /// `verify --watch`'s rolling window when `--since` is not given.
@@ -39,27 +40,33 @@ fn main() -> ExitCode {
 /// Runs `command` and prints what it says; the exit code.
 fn dispatch(command: Command, config: RelayConfig, runtime: &Runtime) -> ExitCode {
     let text = LogFormat::Text;
+    let outboxes = Outboxes::new(&config);
+    let all = || chosen(&outboxes, None, None).expect("no outbox named, none needed");
     match command {
         Command::Run { .. } => run(config, runtime),
         Command::Validate { .. } => {
             println!("{}", serde_json::to_string_pretty(&config.redacted()).expect("json"));
             ExitCode::SUCCESS
         }
-        Command::Check { .. } => runtime.block_on(per_outbox(&config, true, async |c| {
-            print_output(Ok::<_, Failure>(check::run(&c).await), text)
+        Command::Check { .. } => runtime.block_on(per_outbox(&all(), true, async |o| {
+            print_output(Ok::<_, Failure>(check::run(&config, o).await), text)
         })),
         Command::Setup { recreate_slot, skip_published, .. } => {
             print_output(runtime.block_on(setup::command(config, recreate_slot, skip_published)), text)
         }
         Command::Status { metrics_url, format, .. } => {
-            runtime.block_on(per_outbox(&config, is_text(format), async |c| {
-                let lines = status::run(&c, metrics_url.as_deref()).await;
+            runtime.block_on(per_outbox(&all(), is_text(format), async |o| {
+                let lines = status::run(&config, o, metrics_url.as_deref()).await;
                 print_output(lines.map(status::Lines).map_err(Failure::failed), format)
             }))
         }
-        Command::Locate { id, format, wait_secs, .. } => {
-            runtime.block_on(per_outbox(&config, is_text(format), async |c| {
-                let receipt = locate::run(&c, &id, Duration::from_secs(wait_secs)).await;
+        Command::Locate { id, format, wait_secs, outbox, .. } => {
+            let chosen = match chosen(&outboxes, outbox.as_deref(), Some("locate")) {
+                Ok(chosen) => chosen,
+                Err(e) => return print_output(Err::<(), _>(Failure::usage(e)), text),
+            };
+            runtime.block_on(per_outbox(&chosen, is_text(format), async |o| {
+                let receipt = locate::run(&config, o, &id, Duration::from_secs(wait_secs)).await;
                 print_output(receipt.map_err(|e| Failure::of(e, "locate could not finish")), format)
             }))
         }
@@ -67,30 +74,37 @@ fn dispatch(command: Command, config: RelayConfig, runtime: &Runtime) -> ExitCod
             let verdict = runtime.block_on(switchover::run(&config, &standby));
             print_output(verdict.map(switchover::Readiness).map_err(|e| Failure::of(e, "cannot tell")), text)
         }
-        Command::Verify { since, until, format, wait_secs, show, watch, every_secs, listen, .. } => {
+        Command::Verify {
+            since, until, format, wait_secs, show, watch, every_secs, listen, outbox, ..
+        } => {
+            let chosen = match chosen(&outboxes, outbox.as_deref(), None) {
+                Ok(chosen) => chosen,
+                Err(e) => return print_output(Err::<(), _>(Failure::usage(e)), text),
+            };
             let wait = Duration::from_secs(wait_secs);
             let watch = watch.then_some((Duration::from_secs(every_secs), listen));
-            run_verify(&config, verify::Options { since, until, wait, show }, watch, format, runtime)
+            let options = verify::Options { since, until, wait, show };
+            run_verify((&config, &chosen), options, watch, format, runtime)
         }
         Command::ReplayDeadLetters { ids, dry_run, vouch, outbox, .. } => {
             let needed_by = (!ids.is_empty()).then_some("--ids").or((!vouch.is_empty()).then_some("--vouch"));
-            let config = match one_outbox(&config, outbox.as_deref(), needed_by) {
-                Ok(config) => config,
+            let chosen = match chosen(&outboxes, outbox.as_deref(), needed_by) {
+                Ok(chosen) => chosen,
                 Err(e) => return print_output(Err::<(), _>(Failure::usage(e)), text),
             };
             let options = replay::Options { ids, vouched: vouch, dry_run };
-            runtime.block_on(per_outbox(&config, true, async |c| {
-                print_output(replay::run(&c, &options).await.map_err(Failure::failed), text)
+            runtime.block_on(per_outbox(&chosen, true, async |o| {
+                print_output(replay::run(&config, o, &options).await.map_err(Failure::failed), text)
             }))
         }
         Command::Republish { aggregate, aggregate_type, ids, since, until, dry_run, outbox, .. } => {
-            let config = match one_outbox(&config, outbox.as_deref(), Some("republish")) {
-                Ok(config) => config,
+            let outbox = match chosen(&outboxes, outbox.as_deref(), Some("republish")) {
+                Ok(chosen) => chosen[0],
                 Err(e) => return print_output(Err::<(), _>(Failure::usage(e)), text),
             };
             let aggregate = aggregate.map(|id| (aggregate_type, id));
             let options = republish::Options { aggregate, ids, since, until, dry_run };
-            let outcome = runtime.block_on(republish::run(&config, &options));
+            let outcome = runtime.block_on(republish::run(&config, outbox, &options));
             print_output(outcome.map_err(|e| Failure::of(e, "republish could not finish")), text)
         }
     }
@@ -121,7 +135,7 @@ fn is_text(format: LogFormat) -> bool {
 /// `verify`: once, a report per outbox; or with `watch` (every, listen) again and again over a
 /// rolling window until a signal, where any error is the command's (exit 2).
 fn run_verify(
-    config: &RelayConfig,
+    (config, outboxes): (&RelayConfig, &[&Outbox]),
     mut options: verify::Options,
     watch: Option<(Duration, SocketAddr)>,
     format: LogFormat,
@@ -129,32 +143,23 @@ fn run_verify(
 ) -> ExitCode {
     if let Some((every, listen)) = watch {
         options.since = options.since.or_else(|| Some(WATCH_WINDOW.to_string()));
-        let watched = runtime.block_on(verify::watch::run(config, &options, every, listen));
+        let watched = runtime.block_on(verify::watch::run((config, outboxes), &options, every, listen));
         return print_output(watched.map_err(Failure::usage), LogFormat::Text);
     }
-    runtime.block_on(per_outbox(config, is_text(format), async |c| {
-        print_output(verify::run(&c, &options).await.map_err(Failure::from), format)
+    runtime.block_on(per_outbox(outboxes, is_text(format), async |o| {
+        print_output(verify::run(config, o, &options).await.map_err(Failure::from), format)
     }))
 }
 
-/// Runs an operator command for each of the relay's outboxes, in the configured order: with
-/// several, each under a line naming it (`header`: in text output). The exit code is the first
-/// failing one's.
-async fn per_outbox(
-    config: &RelayConfig,
-    header: bool,
-    run: impl AsyncFn(RelayConfig) -> ExitCode,
-) -> ExitCode {
-    let outboxes = config.outboxes();
-    if outboxes.len() == 1 {
-        return run(config.clone()).await;
-    }
+/// Runs an operator command for each of `outboxes`, in the configured order: with several, each
+/// under a line naming it (`header`: in text output). The exit code is the first failing one's.
+async fn per_outbox(outboxes: &[&Outbox], header: bool, run: impl AsyncFn(&Outbox) -> ExitCode) -> ExitCode {
     let mut code = ExitCode::SUCCESS;
-    for outbox in &outboxes {
-        if header {
-            println!("== outbox {} ({}.{}) ==", outbox.name, outbox.config.schema, outbox.config.table);
+    for outbox in outboxes {
+        if header && outboxes.len() > 1 {
+            println!("== outbox {} ({}) ==", outbox.name, outbox.table.display_name());
         }
-        let ran = run(config.for_outbox(outbox)).await;
+        let ran = run(outbox).await;
         if code == ExitCode::SUCCESS {
             code = ran;
         }

@@ -4,8 +4,9 @@
 //!
 //! Invariants:
 //! - an id is recorded only once Kafka acknowledged its record (polling: in the transaction that
-//!   releases the row), or once it was handed to Kafka and before the slot confirms past it
-//!   (replication: a restart sends it again from the slot until Kafka has it);
+//!   releases the row; replication: once its transaction is settled, before the slot confirms
+//!   past it; the first copy: once its chunk is settled), so Kafka owes every recorded id,
+//!   whether a relay is running or not;
 //! - recording is idempotent (bits are OR-ed), so a replay records nothing new;
 //! - ids that are not non-negative integers are not recorded (a uuid id column);
 //! - without the table or the privilege the relay says so once at start and records nothing:
@@ -97,6 +98,13 @@ impl Sent {
     /// The events `ids`, sent to some of `topics`.
     pub fn of<'a>(ids: impl IntoIterator<Item = &'a str>, topics: BTreeSet<String>) -> Sent {
         Sent { ids: ids.into_iter().filter_map(numeric_id).collect(), topics }
+    }
+
+    /// These events and `other`'s.
+    pub fn and(mut self, other: Sent) -> Sent {
+        self.ids.extend(other.ids);
+        self.topics.extend(other.topics);
+        self
     }
 
     pub fn is_empty(&self) -> bool {

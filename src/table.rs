@@ -12,7 +12,7 @@ use std::time::SystemTime;
 
 use tokio_postgres::Row;
 
-use crate::config::{AfterPublish, ColumnsConfig, OutboxConfig, PollingConfig, RelayConfig};
+use crate::config::{AfterPublish, ColumnsConfig, OutboxConfig, PollingConfig};
 use crate::error::{FatalReason, RelayError};
 use crate::record::OutboxRow;
 
@@ -62,11 +62,6 @@ pub struct OutboxTable {
 }
 
 impl OutboxTable {
-    /// The table of a single-outbox configuration (`[outbox]`), as the operator commands read it.
-    pub fn new(config: &RelayConfig) -> Self {
-        OutboxTable::of(&config.outbox, &config.polling)
-    }
-
     /// `outbox`'s table; `polling` says what publishing does to a row (delete or mark).
     pub fn of(outbox: &OutboxConfig, polling: &PollingConfig) -> Self {
         OutboxTable {
@@ -452,6 +447,7 @@ impl<'a> tokio_postgres::types::FromSql<'a> for TextBytes<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::RelayConfig;
 
     fn config(toml_polling: AfterPublish) -> RelayConfig {
         let mut config: RelayConfig =
@@ -469,14 +465,20 @@ mod tests {
 
     #[test]
     fn unpublished_is_one_definition_used_everywhere() {
-        let mark = OutboxTable::new(&config(AfterPublish::Mark));
+        let mark = {
+            let c = config(AfterPublish::Mark);
+            OutboxTable::of(&c.outbox, &c.polling)
+        };
         assert_eq!(mark.unpublished(), "t.\"published_at\" IS NULL");
         for sql in
             [mark.claim_sql(), mark.copy_sql(), mark.backlog_count_sql(10), mark.backlog_age_sql().unwrap()]
         {
             assert!(sql.contains("WHERE t.\"published_at\" IS NULL"), "{sql}");
         }
-        let delete = OutboxTable::new(&config(AfterPublish::Delete));
+        let delete = {
+            let c = config(AfterPublish::Delete);
+            OutboxTable::of(&c.outbox, &c.polling)
+        };
         assert!(delete.claim_sql().contains("WHERE TRUE ORDER BY t.\"id\""), "{}", delete.claim_sql());
         assert!(delete.release_sql().starts_with("DELETE FROM \"public\".\"outbox_events\" t WHERE t.ctid"));
         assert!(mark.release_sql().starts_with("UPDATE \"public\".\"outbox_events\" t SET \"published_at\""));
@@ -487,7 +489,7 @@ mod tests {
         let mut c = config(AfterPublish::Delete);
         c.outbox.columns.event_type = "type".into();
         c.outbox.columns.headers = String::new();
-        let sql = OutboxTable::new(&c).copy_sql();
+        let sql = OutboxTable::of(&c.outbox, &c.polling).copy_sql();
         assert!(sql.contains("t.\"type\"::text AS event_type"), "{sql}");
         assert!(sql.contains("NULL::text AS headers"), "{sql}");
     }

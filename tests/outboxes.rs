@@ -323,6 +323,24 @@ async fn an_outbox_added_then_restarted(mode: &str) {
     assert!(code == 2 && stderr.contains("--outbox ob9: no outbox has this name"), "{stderr}");
     let (code, stdout, stderr) = replay(&["--outbox", "ob1"]);
     assert_eq!(code, 0, "{stdout}{stderr}");
+    // (each outbox numbers its events: `locate` names the outbox, and finds the event in its topic)
+    let last =
+        records.iter().rfind(|r| r.topic == second_topic).and_then(|r| r.header("id")).unwrap().to_string();
+    let locate = |args: &[&str]| {
+        let all = [&["locate", "--config", &config, "--id", &last], args].concat();
+        crate::common::run_relay(&all, limit)
+    };
+    let (code, _, stderr) = locate(&[]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("locate needs --outbox NAME with several outboxes: one of ob0, ob1"), "{stderr}");
+    let (code, stdout, stderr) = locate(&["--outbox", "ob1"]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains(&format!("published to {second_topic}[")), "{stdout}");
+    // (and `verify --outbox` answers for that outbox alone)
+    let (code, stdout, stderr) =
+        crate::common::run_relay(&["verify", "--config", &config, "--outbox", "ob1"], limit);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("public.outbox_1") && !stdout.contains("== outbox"), "{stdout}");
     assert_eq!(relay.terminate(crate::common::EXIT_LIMIT), Some(0), "{}", relay.log_text());
 }
 

@@ -405,9 +405,22 @@ async fn watch_without_rows(mode: &str, cleanup: Cleanup) {
         Some(0.0),
         "{scrape}"
     );
+
+    // when the relay is stopped (the runbook's step 3), and the watch passes again
     assert!(writing.stop().await > 0);
-    assert_eq!(watch.terminate(EXIT_LIMIT), Some(0), "{}", watch.log_text());
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0), "{}", relay.log_text());
+    let found = "outbox_relay_verify_passes_total{result=\"found\"}";
+    let before = watch.metric(found).unwrap_or_default();
+    watch.wait_metric(found, |v| v >= before + 2.0).await;
+
+    // then the event is still missing and named: the alert does not resolve with nothing fixed
+    let scrape = watch.scrape();
+    assert_eq!(common::http::sample(&scrape, "outbox_relay_verify_missing_events"), Some(1.0), "{scrape}");
+    assert!(
+        common::http::sample(&scrape, &named).is_some(),
+        "{mode} {cleanup:?}: {lost} is not named:\n{scrape}"
+    );
+    assert_eq!(watch.terminate(EXIT_LIMIT), Some(0), "{}", watch.log_text());
 }
 
 /// `locate --format json --id ID`: (exit code, receipt).

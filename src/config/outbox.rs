@@ -230,15 +230,4 @@ impl RelayConfig {
             })
             .collect()
     }
-
-    /// This configuration for `outbox` alone, in the single-table form (`[outbox]` with its
-    /// `[dead_letter]`): what the parts about one table (its SQL, its dead letters, its source
-    /// identity) read.
-    pub fn for_outbox(&self, outbox: &OutboxEntry) -> RelayConfig {
-        let mut config = self.clone();
-        config.outbox = OutboxConfig { dead_letter: None, ..outbox.config.clone() };
-        config.outboxes = Vec::new();
-        config.dead_letter = outbox.dead_letter.clone();
-        config
-    }
 }

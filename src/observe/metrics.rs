@@ -87,6 +87,15 @@ pub fn deployment_labels(config: &crate::config::RelayConfig) -> [String; 3] {
     [config.postgres.database.clone(), tables.join(","), config.replication.slot.clone()]
 }
 
+/// The values of [`DEPLOYMENT_LABELS`] for one of `config`'s outboxes alone (`verify --watch`,
+/// per outbox).
+pub fn outbox_labels(
+    config: &crate::config::RelayConfig,
+    outbox: &crate::config::OutboxConfig,
+) -> [String; 3] {
+    [config.postgres.database.clone(), outbox.display_name(), config.replication.slot.clone()]
+}
+
 /// Every metric with its help text, in the order they are documented.
 pub const ALL: &[(&str, &str)] = &[
     (EVENTS_READ, "Events read from the source"),

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
-use crate::config::{Endpoint, RelayConfig, SourceMode};
+use crate::config::{DeadLetterConfig, Endpoint, RelayConfig, SourceMode};
 use crate::error::{FatalReason, RelayError};
-use crate::table::OutboxTable;
+use crate::outboxes::Outbox;
 
 mod failover;
 mod kafka_auth;
@@ -101,11 +101,11 @@ impl Checked {
 }
 
 /// Runs every check that applies to the configured mode.
-pub async fn run(config: &RelayConfig) -> Checked {
+pub async fn run(config: &RelayConfig, outbox: &Outbox) -> Checked {
     let mut findings = Vec::new();
     let client = match connect(config).await {
         Ok((client, server)) => {
-            findings.extend(postgres_checks(config, &client, &server).await);
+            findings.extend(postgres_checks((config, outbox), &client, &server).await);
             Some(client)
         }
         Err(finding) => {
@@ -117,10 +117,10 @@ pub async fn run(config: &RelayConfig) -> Checked {
     let (kafka, topics) = kafka_check(config).await;
     findings.push(kafka);
     if let (Some(client), Some(topics)) = (&client, &topics) {
-        findings.push(topics::finding(config, client, topics).await);
+        findings.push(topics::finding(outbox, client, topics).await);
     }
     if let (Some(client), true) = (&client, config.kafka.transactional) {
-        findings.push(transactions_finding(config, client).await);
+        findings.push(transactions_finding(config, outbox, client).await);
     }
     findings.extend(security::config_findings(config));
     Checked { findings, mode: config.source.mode }
@@ -128,9 +128,9 @@ pub async fn run(config: &RelayConfig) -> Checked {
 
 /// With Kafka transactions: the `transactional.id` the relay will use and the grant it needs.
 /// Not tried: initializing transactions under that id would fence the running relay.
-async fn transactions_finding(config: &RelayConfig, client: &Client) -> Finding {
+async fn transactions_finding(config: &RelayConfig, outbox: &Outbox, client: &Client) -> Finding {
     let id = match config.kafka.transactional_id.as_str() {
-        "" => match crate::readback::source_identity(client, config).await {
+        "" => match crate::readback::source_identity(client, &outbox.config).await {
             Ok(source) => format!("outbox-relay:{source}"),
             Err(e) => return Finding::fail("kafka.transactional", format!("cannot derive the id: {e}"), ""),
         },
@@ -197,7 +197,11 @@ async fn tls_check(config: &RelayConfig, client: &Client) -> Finding {
     }
 }
 
-async fn postgres_checks(config: &RelayConfig, client: &Client, server: &Endpoint) -> Vec<Finding> {
+async fn postgres_checks(
+    (config, outbox): (&RelayConfig, &Outbox),
+    client: &Client,
+    server: &Endpoint,
+) -> Vec<Finding> {
     let pg = &config.postgres;
     let version: String = query_setting(client, "server_version").await.unwrap_or_default();
     let mut findings = vec![Finding::ok(
@@ -205,8 +209,8 @@ async fn postgres_checks(config: &RelayConfig, client: &Client, server: &Endpoin
         format!("connected to {server}/{} as {} (PostgreSQL {version})", pg.database, pg.user),
     )];
     findings.push(tls_check(config, client).await);
-    let table = OutboxTable::new(config);
-    let table_exists = match table_check(config, client, &table).await {
+    let table = &outbox.table;
+    let table_exists = match table_check(outbox, client).await {
         Ok(found) => {
             let exists = found.status != Status::Fail;
             findings.push(found);
@@ -223,19 +227,19 @@ async fn postgres_checks(config: &RelayConfig, client: &Client, server: &Endpoin
     };
     match config.source.mode {
         SourceMode::Replication => {
-            findings.extend(replication::checks(config, client).await);
+            findings.extend(replication::checks(config, outbox, client).await);
             findings.extend(failover::findings(config, client, server).await);
         }
-        SourceMode::Polling => findings.extend(leftover_slot_checks(config, client).await),
+        SourceMode::Polling => findings.extend(leftover_slot_checks((config, outbox), client).await),
     }
-    if config.dead_letter.on_poison == crate::config::OnPoison::DeadLetter {
-        findings.push(dead_letter_check(config, client).await);
+    if outbox.dead_letter.on_poison == crate::config::OnPoison::DeadLetter {
+        findings.push(dead_letter_check(&outbox.dead_letter, client).await);
     }
     if table_exists {
-        findings.push(privileges::check(config, client).await);
+        findings.push(privileges::check(config, outbox, client).await);
         findings.push(published::finding(client, &config.postgres.user).await);
     }
-    findings.push(security::privilege_finding(config, client).await);
+    findings.push(security::privilege_finding(config, outbox, client).await);
     if config.source.mode == SourceMode::Polling {
         findings.push(security::public_connect_finding(client).await);
     }
@@ -248,7 +252,7 @@ const LEFTOVER_CHECK: &str = "polling.replication_slot";
 /// finished: `replication.slot`, or a slot the relay made for this outbox under an earlier
 /// name), as it keeps WAL and makes every polling session read each topic back whole. One
 /// finding per slot.
-async fn leftover_slot_checks(config: &RelayConfig, client: &Client) -> Vec<Finding> {
+async fn leftover_slot_checks((config, outbox): (&RelayConfig, &Outbox), client: &Client) -> Vec<Finding> {
     let slots = match crate::source::handover::leftover_slots(config, client).await {
         Ok(slots) if slots.is_empty() => {
             return vec![Finding::ok(
@@ -268,10 +272,13 @@ async fn leftover_slot_checks(config: &RelayConfig, client: &Client) -> Vec<Find
             )];
         }
     };
-    slots.iter().map(|slot| leftover_slot_finding(config, slot)).collect()
+    slots.iter().map(|slot| leftover_slot_finding((config, outbox), slot)).collect()
 }
 
-fn leftover_slot_finding(config: &RelayConfig, slot: &crate::source::handover::LeftoverSlot) -> Finding {
+fn leftover_slot_finding(
+    (config, outbox): (&RelayConfig, &Outbox),
+    slot: &crate::source::handover::LeftoverSlot,
+) -> Finding {
     let mut detail = format!(
         "slot \"{}\" of replication mode still exists (active = {}) and retains {} bytes of WAL",
         slot.name, slot.active, slot.retained_bytes
@@ -279,7 +286,7 @@ fn leftover_slot_finding(config: &RelayConfig, slot: &crate::source::handover::L
     if slot.name != config.replication.slot {
         detail.push_str(&format!(
             " (the relay made it for {} under an earlier replication.slot)",
-            OutboxTable::new(config).display_name()
+            outbox.table.display_name()
         ));
     }
     if slot.active {
@@ -306,10 +313,10 @@ fn leftover_slot_finding(config: &RelayConfig, slot: &crate::source::handover::L
 }
 
 /// The dead-letter table exists with the columns the relay writes.
-async fn dead_letter_check(config: &RelayConfig, client: &Client) -> Finding {
+async fn dead_letter_check(letters: &DeadLetterConfig, client: &Client) -> Finding {
     const COLUMNS: [(&str, &str); 4] =
         [("source_table", "text"), ("event_id", "text"), ("row_data", "jsonb"), ("reason", "text")];
-    let (schema, table) = config.dead_letter.schema_and_table();
+    let (schema, table) = letters.schema_and_table();
     let rows = client
         .query(
             "SELECT a.attname::text AS name, format_type(a.atttypid, a.atttypmod) AS type \
@@ -318,7 +325,7 @@ async fn dead_letter_check(config: &RelayConfig, client: &Client) -> Finding {
             &[&schema, &table],
         )
         .await;
-    let name = &config.dead_letter.table;
+    let name = &letters.table;
     let present: Vec<(String, String)> = match rows {
         Ok(rows) => rows.iter().map(|r| (r.get("name"), r.get("type"))).collect(),
         Err(e) => {
@@ -337,7 +344,7 @@ async fn dead_letter_check(config: &RelayConfig, client: &Client) -> Finding {
         );
     }
     // (signed letters: dead_letter.signing_key_file)
-    let signed = !config.dead_letter.signing_key_file.is_empty();
+    let signed = !letters.signing_key_file.is_empty();
     let wrong: Vec<String> = COLUMNS
         .iter()
         .chain(signed.then_some(&("digest", "text")))
@@ -361,11 +368,8 @@ async fn query_setting(client: &Client, name: &str) -> Result<String, tokio_post
 }
 
 /// The outbox table exists and has every configured column.
-async fn table_check(
-    config: &RelayConfig,
-    client: &Client,
-    table: &OutboxTable,
-) -> Result<Finding, tokio_postgres::Error> {
+async fn table_check(outbox: &Outbox, client: &Client) -> Result<Finding, tokio_postgres::Error> {
+    let table = &outbox.table;
     let oid_row = client.query_one("SELECT to_regclass($1)::oid", &[&table.qualified()]).await?;
     let oid: Option<u32> = oid_row.get(0);
     let Some(oid) = oid else {
@@ -382,7 +386,7 @@ async fn table_check(
         )
         .await?;
     let present: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
-    let columns = &config.outbox.columns;
+    let columns = &outbox.config.columns;
     let missing: Vec<String> = columns
         .required()
         .into_iter()

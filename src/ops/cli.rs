@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::config::RelayConfig;
+use crate::outboxes::{Outbox, Outboxes};
 
 /// Moves committed transactional-outbox events from PostgreSQL to Apache Kafka.
 ///
@@ -97,6 +97,10 @@ pub enum Command {
         /// event Kafka lacks is called pending rather than missing.
         #[arg(long, default_value_t = 10)]
         wait_secs: u64,
+        /// With several outboxes (`[[outboxes]]`): the outbox whose event this is (its `name`).
+        /// Needed then: each outbox numbers its events on its own.
+        #[arg(long)]
+        outbox: Option<String>,
     },
     /// Send chosen events again, for consumers that lost their state: each as first written (the
     /// same key, value, headers, position and partition) plus `outbox_relay_republished`, in
@@ -178,6 +182,10 @@ pub enum Command {
         /// With `--watch`: the address of its /metrics, /healthz and /readyz listener.
         #[arg(long, default_value = "0.0.0.0:9188", requires = "watch")]
         listen: std::net::SocketAddr,
+        /// With several outboxes (`[[outboxes]]`): only this outbox (its `name`). Default: each
+        /// in turn, under a line naming it.
+        #[arg(long)]
+        outbox: Option<String>,
     },
     /// Publish this outbox's dead letters again, each under its event's own id, once their cause
     /// is fixed (the letter's row_data, a topic, a size limit). A letter Kafka acknowledged is
@@ -231,23 +239,23 @@ impl Command {
     }
 }
 
-/// The configuration of outbox `name` alone, or all of them when no name is given and no
-/// outbox must be named: `needed_by` names what needs one (the letter ids of
-/// `replay-dead-letters --ids` belong to one outbox; `republish` sends one outbox's events).
-pub fn one_outbox(
-    config: &RelayConfig,
+/// The outboxes a command runs for: outbox `name` alone, or all of them when no name is given
+/// and no outbox must be named: `needed_by` names what needs one (an event id belongs to one
+/// outbox, as do the letter ids of `replay-dead-letters --ids`; `republish` sends one outbox's
+/// events).
+pub fn chosen<'a>(
+    outboxes: &'a Outboxes,
     name: Option<&str>,
     needed_by: Option<&str>,
-) -> Result<RelayConfig, String> {
-    let outboxes = config.outboxes();
+) -> Result<Vec<&'a Outbox>, String> {
     let names = || outboxes.iter().map(|o| o.name.as_str()).collect::<Vec<_>>().join(", ");
     match (name, needed_by) {
         (None, Some(needer)) if outboxes.len() > 1 => {
             Err(format!("{needer} needs --outbox NAME with several outboxes: one of {}", names()))
         }
-        (None, _) => Ok(config.clone()),
+        (None, _) => Ok(outboxes.iter().collect()),
         (Some(name), _) => match outboxes.iter().find(|o| o.name == name) {
-            Some(outbox) => Ok(config.for_outbox(outbox)),
+            Some(outbox) => Ok(vec![outbox]),
             None => Err(format!("--outbox {name}: no outbox has this name; the outboxes are {}", names())),
         },
     }

@@ -27,10 +27,10 @@ use tokio_postgres::Client;
 use super::verify::records::{CLOCK_SLACK, identity, read_to_end};
 use crate::config::{AfterPublish, RelayConfig, SourceMode};
 use crate::error::RelayError;
-use crate::record::Mapping;
+use crate::outboxes::Outbox;
 use crate::record::format::Format;
 use crate::sink::kafka::ReaderContext;
-use crate::table::{OutboxTable, outbox_row};
+use crate::table::outbox_row;
 
 /// What a Kafka request may take.
 const REQUEST: Duration = Duration::from_secs(10);
@@ -117,9 +117,14 @@ fn millis(at: SystemTime) -> i64 {
 }
 
 /// The receipt for event `id`, step by step as the module doc says.
-pub async fn run(config: &RelayConfig, id: &str, wait: Duration) -> Result<Receipt, RelayError> {
+pub async fn run(
+    config: &RelayConfig,
+    outbox: &Outbox,
+    id: &str,
+    wait: Duration,
+) -> Result<Receipt, RelayError> {
     let (client, _) = crate::postgres::connect_primary(&config.postgres).await?;
-    let table = OutboxTable::new(config);
+    let table = &outbox.table;
     let id_type = table.id_type(&client).await?;
     let integer = matches!(id_type.as_str(), "bigint" | "integer" | "smallint");
     if integer && id.parse::<i64>().is_err() {
@@ -130,10 +135,10 @@ pub async fn run(config: &RelayConfig, id: &str, wait: Duration) -> Result<Recei
     }
     // the WAL position after the row was read: the slot must confirm past it for the row to be owed
     let read_at: String = client.query_one("SELECT pg_current_wal_lsn()::text", &[]).await?.get(0);
-    let known = known(&client, config, &table, &id_type, id).await?;
-    let dead_letter = letter(&client, config, &table.display_name(), id).await?;
+    let known = known(&client, outbox, &id_type, id).await?;
+    let dead_letter = letter(&client, outbox, id).await?;
     let since = known.since.map(|at| at.checked_sub(CLOCK_SLACK).unwrap_or(SystemTime::UNIX_EPOCH));
-    let records = records(&client, config, &known.topics, since, id).await?;
+    let records = records(&client, (config, outbox), &known.topics, since, id).await?;
     let since_text = match since {
         Some(at) => Some(timestamp(&client, millis(at)).await?),
         None => None,
@@ -170,19 +175,14 @@ struct Known {
 /// Step 1: the event's row (its topic as the relay maps it, its `created_at`, unpublished or
 /// not) and its bit in the record of what was published (without a row, its block's topics and
 /// first publication tell where and since when to look).
-async fn known(
-    client: &Client,
-    config: &RelayConfig,
-    table: &OutboxTable,
-    id_type: &str,
-    id: &str,
-) -> Result<Known, RelayError> {
+async fn known(client: &Client, outbox: &Outbox, id_type: &str, id: &str) -> Result<Known, RelayError> {
+    let table = &outbox.table;
     let row = client.query_opt(&table.row_by_id_sql(id_type), &[&vec![id]]).await?;
     let mut known = Known { in_table: row.is_some(), ..Known::default() };
     if let Some(row) = &row {
         let (raw, created_at) = outbox_row(row)?;
         known.unpublished = row.get::<_, bool>(crate::table::col::UNPUBLISHED);
-        if let Ok(record) = Mapping::new(&config.outbox).to_record(raw, created_at)? {
+        if let Ok(record) = outbox.mapping.to_record(raw, created_at)? {
             known.topics.insert(record.topic);
         }
         known.since = created_at;
@@ -206,7 +206,7 @@ async fn known(
 /// blocking thread, each with its record time.
 async fn records(
     client: &Client,
-    config: &RelayConfig,
+    (config, outbox): (&RelayConfig, &Outbox),
     topics: &BTreeSet<String>,
     since: Option<SystemTime>,
     id: &str,
@@ -214,9 +214,9 @@ async fn records(
     if topics.is_empty() {
         return Ok(Vec::new());
     }
-    let (kafka, format, id) = (config.kafka.clone(), Format::of(&config.outbox), id.to_string());
+    let (kafka, format, id) = (config.kafka.clone(), Format::of(&outbox.config), id.to_string());
     let source = match config.kafka.source_headers {
-        true => Some(crate::readback::source_identity(client, config).await?),
+        true => Some(crate::readback::source_identity(client, &outbox.config).await?),
         false => None,
     };
     let topics: Vec<String> = topics.iter().cloned().collect();
@@ -288,13 +288,10 @@ async fn judge(
 }
 
 /// The latest letter's reason for event `id`, if any.
-async fn letter(
-    client: &Client,
-    config: &RelayConfig,
-    source_table: &str,
-    id: &str,
-) -> Result<Option<String>, RelayError> {
-    match client.query_opt(&crate::dead_letter::reasons_sql(config), &[&source_table, &vec![id]]).await {
+async fn letter(client: &Client, outbox: &Outbox, id: &str) -> Result<Option<String>, RelayError> {
+    let (sql, source_table) =
+        (crate::dead_letter::reasons_sql(&outbox.dead_letter), outbox.table.display_name());
+    match client.query_opt(&sql, &[&source_table, &vec![id]]).await {
         Ok(row) => Ok(row.map(|r| r.get::<_, String>(1))),
         // no dead-letter table: nothing was dead-lettered
         Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => Ok(None),

@@ -29,7 +29,8 @@ use tokio_postgres::Transaction;
 use crate::config::RelayConfig;
 use crate::delivery::once::{self, Delivered};
 use crate::error::{FatalReason, RelayError};
-use crate::published::{Recorder, Sent};
+use crate::outboxes::Outbox;
+use crate::published::Sent;
 use crate::record::{KafkaRecord, Mapping, OutboxRow};
 use crate::sink::kafka::{KafkaSink, REPLAYED_HEADER};
 use crate::table::OutboxTable;
@@ -85,26 +86,30 @@ struct Letter {
 /// Replays the chosen letters (or says what it would send): read and lock them, map them, send
 /// them, then remove the acknowledged ones with their rows and record their ids, in one
 /// transaction.
-pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, RelayError> {
+pub async fn run(config: &RelayConfig, outbox: &Outbox, options: &Options) -> Result<Outcome, RelayError> {
     let (mut client, _) = crate::postgres::connect_primary(&config.postgres).await?;
-    let table = OutboxTable::new(config);
-    let letters_table = crate::dead_letter::qualified_table(&config.dead_letter);
+    let table = &outbox.table;
+    let letters_table = crate::dead_letter::qualified_table(&outbox.dead_letter);
     let mut outcome = Outcome { dry_run: options.dry_run, ..Outcome::default() };
-    let recorder = Recorder::open(&client, &table.display_name()).await?;
-    let source = crate::readback::source_identity(&client, config).await?;
+    let recorder = outbox.recorder(&client).await?;
+    let identities = crate::readback::source_identities(&client, config).await?;
     let id_type = table.id_type(&client).await?;
     let tx = client.transaction().await?;
     // the transaction stays open while Kafka acknowledges: a server's idle timeout must not end
     // it between the acknowledgement and the commit (a rerun would send the letters again)
     tx.batch_execute("SET LOCAL idle_in_transaction_session_timeout = 0").await?;
-    if !options.dry_run {
-        may_remove(&tx, &letters_table, &table).await?;
-    }
+    // (a dry run checks what the real run will need: the privileges, the topics, the size limit)
+    may_remove(&tx, &letters_table, table).await?;
     let source_table = table.display_name();
     let letters =
         read(&tx, (&letters_table, &source_table), &options.ids, !options.dry_run, &mut outcome).await?;
-    let letters = trust::trusted(letters, &trust::Check::new(config, options, &source_table)?, &mut outcome);
-    let records = mapped(&Mapping::new(&config.outbox), letters, &letters_table, &mut outcome);
+    let letters = trust::trusted(
+        letters,
+        &trust::Check::new(&outbox.dead_letter, options, &source_table)?,
+        &mut outcome,
+    );
+    let records = mapped(&outbox.mapping, letters, &letters_table, &mut outcome);
+    let records = kafka_takes(config, records, &mut outcome).await?;
     if options.dry_run {
         for (letter, record) in &records {
             outcome.lines.push(format!(
@@ -119,7 +124,7 @@ pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, Rel
     if records.is_empty() {
         return Ok(outcome);
     }
-    let acked = send(config, source, &records, &mut outcome).await?;
+    let acked = send(config, (&identities, outbox), &records, &mut outcome).await?;
     // only what this replay published: its letters, their rows, their ids
     let sent: Vec<&(Letter, KafkaRecord)> = records.iter().filter(|(l, _)| acked.contains(&l.id)).collect();
     remove(&tx, &letters_table, &table.delete_ids_sql(&id_type), &sent).await?;
@@ -213,6 +218,51 @@ fn record_of(mapping: &Mapping, letter: &Letter) -> Result<KafkaRecord, String> 
     Ok(record)
 }
 
+/// The records Kafka will take, as far as can be told before sending: each whose topic does not
+/// exist, or that is over the producer's `message.max.bytes`, is refused (and its letter stays)
+/// with what to do, rather than sent to fail.
+async fn kafka_takes(
+    config: &RelayConfig,
+    records: Vec<(Letter, KafkaRecord)>,
+    outcome: &mut Outcome,
+) -> Result<Vec<(Letter, KafkaRecord)>, RelayError> {
+    if records.is_empty() {
+        return Ok(records);
+    }
+    let kafka = config.kafka.clone();
+    let topics = tokio::task::spawn_blocking(move || {
+        crate::sink::kafka::cluster::fetch_cluster_info(&kafka, Duration::from_secs(10))
+    })
+    .await
+    .map_err(|e| RelayError::Kafka(format!("reading Kafka's metadata failed: {e}")))?
+    .map_err(|e| RelayError::Kafka(format!("cannot read Kafka's metadata: {e}")))?
+    .topics;
+    let limit = config.kafka.property("message.max.bytes").and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
+    let mut takes = Vec::with_capacity(records.len());
+    for (letter, record) in records {
+        let refusal = if !topics.contains(&record.topic) {
+            format!(
+                "topic {} does not exist: create it (kafka-topics.sh --create --topic {}), then replay",
+                record.topic, record.topic
+            )
+        } else if record.size() > limit {
+            format!(
+                "record of about {} bytes is over the producer's message.max.bytes ({limit}): raise                  kafka.properties.\"message.max.bytes\" and the topic's max.message.bytes, or make the event smaller",
+                record.size()
+            )
+        } else {
+            takes.push((letter, record));
+            continue;
+        };
+        outcome.refused += 1;
+        outcome.lines.push(format!(
+            "letter {} (event {}): Kafka would refuse it: {refusal}; it stays",
+            letter.id, letter.event_id
+        ));
+    }
+    Ok(takes)
+}
+
 fn describe(record: &KafkaRecord) -> String {
     format!("to {} (key {:?}, {} bytes)", record.topic, record.key, record.payload.len())
 }
@@ -259,18 +309,18 @@ async fn may_remove(
 /// acknowledged, and notes each of the others.
 async fn send(
     config: &RelayConfig,
-    source: String,
+    (identities, outbox): (&[String], &Outbox),
     records: &[(Letter, KafkaRecord)],
     outcome: &mut Outcome,
 ) -> Result<HashSet<i64>, RelayError> {
     let mut config = config.clone();
-    config.kafka = once::one_off_kafka(&config.kafka, &source, "replay-dead-letters");
+    config.kafka = once::one_off_kafka(&config.kafka, &identities[outbox.id.index()], "replay-dead-letters");
     let mut sink = KafkaSink::new(&config.kafka)
         .map_err(|e| RelayError::Kafka(format!("cannot create a producer: {e}")))?;
     let limit = Duration::from_millis(config.kafka.message_timeout_ms) + Duration::from_secs(10);
     let records = records.iter().map(|(letter, record)| (letter.id, record.clone())).collect();
     let mut acked = HashSet::new();
-    for (letter, sent) in once::send_all(&mut sink, &config, &[source], records, limit).await? {
+    for (letter, sent) in once::send_all(&mut sink, &config, identities, records, limit).await? {
         match sent {
             Delivered::Acked => {
                 acked.insert(letter);

@@ -25,9 +25,10 @@ use tokio_postgres::Client;
 
 use super::locate;
 use super::verify::records::CLOCK_SLACK;
-use crate::config::RelayConfig;
+use crate::config::{OutboxConfig, RelayConfig};
 use crate::delivery::once::{self, Delivered};
 use crate::error::{FatalReason, RelayError};
+use crate::outboxes::Outbox;
 use crate::record::format::Format;
 use crate::record::{AsWritten, KafkaRecord, Mapping, OutboxRow};
 use crate::sink::kafka::{KafkaSink, REPUBLISHED_HEADER};
@@ -94,49 +95,48 @@ struct Original {
 
 /// Sends the chosen events again (or says what it would send), step by step: the rows, the
 /// records they map to, the originals Kafka still holds, then the records to send.
-pub async fn run(config: &RelayConfig, options: &Options) -> Result<Outcome, RelayError> {
+pub async fn run(config: &RelayConfig, outbox: &Outbox, options: &Options) -> Result<Outcome, RelayError> {
     let (client, _) = crate::postgres::connect_primary(&config.postgres).await?;
-    let table = OutboxTable::new(config);
+    let table = &outbox.table;
     let id_type = table.id_type(&client).await?;
     if !options.dry_run {
         refuse_beside_a_relay(&client, config).await?;
     }
     let mut outcome = Outcome { dry_run: options.dry_run, ..Outcome::default() };
-    let rows = chosen_rows(&client, &table, &id_type, options, &mut outcome).await?;
+    let rows = chosen_rows(&client, table, &id_type, options, &mut outcome).await?;
     if rows.is_empty() {
         outcome.lines.push("no event chosen: nothing to send".into());
         return Ok(outcome);
     }
     // the originals are read from the first row's time
     let since = rows.iter().filter_map(|(_, _, created_at)| *created_at).min();
-    let records = mapped(config, rows, &mut outcome)?;
+    let records = mapped(&outbox.mapping, rows, &mut outcome)?;
     // (the source names the records, and a Kafka transaction's id)
     let kafka = &config.kafka;
-    let source = match kafka.source_headers || kafka.transactional {
-        true => Some(crate::readback::source_identity(&client, config).await?),
-        false => None,
+    let identities = match kafka.source_headers || kafka.transactional {
+        true => crate::readback::source_identities(&client, config).await?,
+        false => Vec::new(),
     };
-    let header_source = source.clone().filter(|_| kafka.source_headers);
-    let originals = read_originals(config, &records, since, header_source).await?;
-    let again = to_send(config, records, originals, &mut outcome);
+    let header_source = identities.get(outbox.id.index()).filter(|_| kafka.source_headers).cloned();
+    let originals = read_originals((config, outbox), &records, since, header_source).await?;
+    let again = to_send(&outbox.config, records, originals, &mut outcome);
     if options.dry_run {
         for a in &again {
             outcome.lines.push(format!("event {}: would send {}", a.id, a.describe()));
         }
         return Ok(outcome);
     }
-    send(config, source, again, &mut outcome).await?;
+    send(config, (&identities, outbox), again, &mut outcome).await?;
     Ok(outcome)
 }
 
 /// The records the rows map to now, each with its event id; a row that cannot be published is
 /// refused.
 fn mapped(
-    config: &RelayConfig,
+    mapping: &Mapping,
     rows: Vec<(String, OutboxRow, Option<SystemTime>)>,
     outcome: &mut Outcome,
 ) -> Result<Vec<(String, KafkaRecord)>, RelayError> {
-    let mapping = Mapping::new(&config.outbox);
     let mut records = Vec::new();
     for (id, raw, created_at) in rows {
         match mapping.to_record(raw, created_at)? {
@@ -153,7 +153,7 @@ fn mapped(
 /// The originals of `records` Kafka still holds, read on a blocking thread from the first row's
 /// time (less the clock slack) to each partition's end.
 async fn read_originals(
-    config: &RelayConfig,
+    (config, outbox): (&RelayConfig, &Outbox),
     records: &[(String, KafkaRecord)],
     since: Option<SystemTime>,
     source: Option<String>,
@@ -162,7 +162,7 @@ async fn read_originals(
         records.iter().map(|(_, r)| r.topic.clone()).collect::<BTreeSet<_>>().into_iter().collect();
     let wanted: HashMap<String, usize> =
         records.iter().enumerate().map(|(i, (id, _))| (id.clone(), i)).collect();
-    let (kafka, format) = (config.kafka.clone(), Format::of(&config.outbox));
+    let (kafka, format) = (config.kafka.clone(), Format::of(&outbox.config));
     let from = since.map(|at| at.checked_sub(CLOCK_SLACK).unwrap_or(SystemTime::UNIX_EPOCH));
     tokio::task::spawn_blocking(move || originals(&kafka, &topics, from, &format, source, &wanted))
         .await
@@ -173,7 +173,7 @@ async fn read_originals(
 /// header; a record Kafka no longer holds as its row maps now (the sink gives it this source's
 /// header), in the relay's own format only, else refused.
 fn to_send(
-    config: &RelayConfig,
+    outbox: &OutboxConfig,
     records: Vec<(String, KafkaRecord)>,
     mut originals: HashMap<String, Original>,
     outcome: &mut Outcome,
@@ -182,8 +182,7 @@ fn to_send(
         SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_millis().to_string();
     // a record Kafka no longer holds is made again only in the relay's own format: the others'
     // values are made by the sink (CloudEvents' envelope, a registry's schema id)
-    let remappable =
-        config.outbox.format == crate::config::RecordFormat::Raw && config.outbox.registry.is_none();
+    let remappable = outbox.format == crate::config::RecordFormat::Raw && outbox.registry.is_none();
     let mut again = Vec::with_capacity(records.len());
     for (id, mut record) in records {
         let refused = match originals.remove(&id) {
@@ -202,7 +201,7 @@ fn to_send(
             None => format!(
                 "Kafka no longer holds it, and outbox.format {:?} records are made by the relay's sink: recreate the \
                  slot (outbox-relay setup --recreate-slot) to send it as the relay does",
-                config.outbox.format
+                outbox.format
             ),
         };
         outcome.refused += 1;
@@ -359,13 +358,12 @@ fn originals(
 /// classification and Kafka transactions) and waits for each; `source`: this outbox's identity.
 async fn send(
     config: &RelayConfig,
-    source: Option<String>,
+    (identities, outbox): (&[String], &Outbox),
     again: Vec<Again>,
     outcome: &mut Outcome,
 ) -> Result<(), RelayError> {
     let mut config = config.clone();
-    let identities: Vec<String> = source.into_iter().collect();
-    if let Some(source) = identities.first() {
+    if let Some(source) = identities.get(outbox.id.index()) {
         config.kafka = once::one_off_kafka(&config.kafka, source, "republish");
     }
     let mut sink = KafkaSink::new(&config.kafka)
@@ -373,7 +371,7 @@ async fn send(
     let limit = Duration::from_millis(config.kafka.message_timeout_ms) + Duration::from_secs(10);
     let described: Vec<(String, String)> = again.iter().map(|a| (a.id.clone(), a.describe())).collect();
     let records = again.into_iter().enumerate().map(|(i, a)| (i, a.record)).collect();
-    for (i, delivered) in once::send_all(&mut sink, &config, &identities, records, limit).await? {
+    for (i, delivered) in once::send_all(&mut sink, &config, identities, records, limit).await? {
         let (id, describe) = &described[i];
         match delivered {
             Delivered::Acked => {

@@ -14,8 +14,8 @@ use tokio_postgres::Client;
 
 use crate::config::{RelayConfig, SourceMode};
 use crate::error::RelayError;
+use crate::outboxes::Outbox;
 use crate::source::sampler::BACKLOG_COUNT_CAP;
-use crate::table::OutboxTable;
 
 /// One line of the report: what, and its value.
 pub type Line = (&'static str, String);
@@ -55,7 +55,11 @@ const SLOT_SQL: &str = "SELECT s.active_pid, s.wal_status, s.safe_wal_size, \
 
 /// Everything `status` shows, in order. `metrics_url`: the relay's listener
 /// (`http://host:port`); by default the one `metrics.listen` names, on this host.
-pub async fn run(config: &RelayConfig, metrics_url: Option<&str>) -> Result<Vec<Line>, RelayError> {
+pub async fn run(
+    config: &RelayConfig,
+    outbox: &Outbox,
+    metrics_url: Option<&str>,
+) -> Result<Vec<Line>, RelayError> {
     let (client, endpoint) = crate::postgres::connect_primary(&config.postgres).await?;
     let mut lines = vec![
         ("mode", config.source.mode.to_string()),
@@ -70,16 +74,16 @@ pub async fn run(config: &RelayConfig, metrics_url: Option<&str>) -> Result<Vec<
             }
         }
         SourceMode::Polling => {
-            lines.extend(backlog(&client, config).await?);
+            lines.extend(backlog(&client, outbox).await?);
             for left in crate::source::handover::leftover_slots(config, &client).await? {
                 lines.push(("slot left by replication mode", left.remedy()));
                 lines.extend(slot(&client, &left.name).await?);
             }
         }
     }
-    lines.extend(dead_letters(&client, config).await?);
+    lines.extend(dead_letters(&client, outbox).await?);
     match metrics_url.map(str::to_string).or_else(|| default_url(&config.metrics.listen)) {
-        Some(url) => lines.extend(relay_view(&url).await),
+        Some(url) => lines.extend(relay_view(&url, config.source.mode).await),
         None => {
             lines.push(("metrics endpoint", "off (metrics.listen is empty): --metrics-url names one".into()))
         }
@@ -135,8 +139,8 @@ async fn slot(client: &Client, slot: &str) -> Result<Vec<Line>, RelayError> {
     ])
 }
 
-async fn backlog(client: &Client, config: &RelayConfig) -> Result<Vec<Line>, RelayError> {
-    let (count, age) = crate::source::sampler::backlog(&OutboxTable::new(config), client).await?;
+async fn backlog(client: &Client, outbox: &Outbox) -> Result<Vec<Line>, RelayError> {
+    let (count, age) = crate::source::sampler::backlog(&outbox.table, client).await?;
     let mut lines = vec![(
         "backlog (unpublished rows)",
         match count >= BACKLOG_COUNT_CAP {
@@ -151,14 +155,10 @@ async fn backlog(client: &Client, config: &RelayConfig) -> Result<Vec<Line>, Rel
 }
 
 /// How many of this outbox's events wait in the dead-letter table, since when, and why.
-async fn dead_letters(client: &Client, config: &RelayConfig) -> Result<Vec<Line>, RelayError> {
-    let table = &config.dead_letter.table;
-    let waiting = match crate::source::sampler::dead_letters(
-        (&config.dead_letter, &OutboxTable::new(config)),
-        client,
-        3,
-    )
-    .await
+async fn dead_letters(client: &Client, outbox: &Outbox) -> Result<Vec<Line>, RelayError> {
+    let table = &outbox.dead_letter.table;
+    let waiting = match crate::source::sampler::dead_letters((&outbox.dead_letter, &outbox.table), client, 3)
+        .await
     {
         Ok(Some(waiting)) => waiting,
         Ok(None) => return Ok(vec![("dead letters (waiting)", format!("none: there is no table {table}"))]),
@@ -188,8 +188,9 @@ fn age_text(secs: f64) -> String {
     }
 }
 
-/// What the relay itself says: readiness, leadership, the last confirmation.
-async fn relay_view(url: &str) -> Vec<Line> {
+/// What the relay itself says: readiness, leadership, and its progress: the last confirmation
+/// (replication), or the events it published (polling, which confirms nothing).
+async fn relay_view(url: &str, mode: SourceMode) -> Vec<Line> {
     let Some(scrape) = get(url, "/metrics").await else {
         return vec![(
             "metrics endpoint",
@@ -210,15 +211,27 @@ async fn relay_view(url: &str) -> Vec<Line> {
         None => "-",
     };
     let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs_f64();
-    let confirmed = match sample(crate::observe::metrics::LAST_CONFIRM) {
-        Some(at) if at > 0.0 => format!("{:.1} s ago", (now - at).max(0.0)),
-        _ => "never, by this instance".into(),
+    let progress = match mode {
+        SourceMode::Replication => (
+            "last confirmation",
+            match sample(crate::observe::metrics::LAST_CONFIRM) {
+                Some(at) if at > 0.0 => format!("{:.1} s ago", (now - at).max(0.0)),
+                _ => "never, by this instance".into(),
+            },
+        ),
+        SourceMode::Polling => (
+            "events published",
+            match sample(crate::observe::metrics::EVENTS_PUBLISHED) {
+                Some(n) => format!("{n} by this instance since it started"),
+                None => "-".into(),
+            },
+        ),
     };
     vec![
         ("metrics endpoint", format!("{url}: answers")),
         ("readiness", ready.lines().next().unwrap_or("-").to_string()),
         ("this instance leads", leader.into()),
-        ("last confirmation", confirmed),
+        progress,
     ]
 }
 

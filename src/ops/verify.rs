@@ -26,8 +26,8 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio_postgres::Client;
 
 use crate::config::{AfterPublish, RelayConfig, SourceMode};
+use crate::outboxes::Outbox;
 use crate::published::{IdBits, Record};
-use crate::record::Mapping;
 use crate::record::format::Format;
 use crate::table::{OutboxTable, outbox_row};
 use classify::Lookup;
@@ -83,16 +83,16 @@ impl From<tokio_postgres::Error> for VerifyError {
 }
 
 /// Compares the outbox with Kafka, step by step as the module doc says.
-pub async fn run(config: &RelayConfig, options: &Options) -> Result<Report, VerifyError> {
+pub async fn run(config: &RelayConfig, outbox: &Outbox, options: &Options) -> Result<Report, VerifyError> {
     let started = Instant::now();
     let (mut client, _) = crate::postgres::connect_primary(&config.postgres).await?;
-    let table = OutboxTable::new(config);
-    let (mut report, read) = read(&mut client, &table, config, options).await?;
+    let table = &outbox.table;
+    let (mut report, read) = read(&mut client, (config, outbox), options).await?;
     let lookup = Lookup {
         client: &client,
-        table: &table,
+        table,
         id_type: table.id_type(&client).await?,
-        letters: crate::dead_letter::reasons_sql(config),
+        letters: crate::dead_letter::reasons_sql(&outbox.dead_letter),
     };
     classify::classes(&lookup, config, read, options, &mut report).await?;
     report.seconds = started.elapsed().as_secs_f64();
@@ -109,20 +109,18 @@ struct Read {
     since: Option<SystemTime>,
     /// `Err(why)` while rows Kafka lacks may still be on their way.
     caught_up: Result<(), String>,
-    /// Kafka owes the ids recorded as published.
-    recorded_owed: bool,
 }
 
 /// Steps 1 to 3: the window's rows, the record of what was published, whether what Kafka lacks
 /// is owed, and every record of the topics; the report's header and counts.
 async fn read(
     client: &mut Client,
-    table: &OutboxTable,
-    config: &RelayConfig,
+    (config, outbox): (&RelayConfig, &Outbox),
     options: &Options,
 ) -> Result<(Report, Read), VerifyError> {
+    let table = &outbox.table;
     let (since, until) = window(client, table, options).await?;
-    let source = crate::readback::source_identity(client, config).await?;
+    let source = crate::readback::source_identity(client, &outbox.config).await?;
     let mut report = Report {
         table: table.display_name(),
         source: source.clone(),
@@ -130,25 +128,23 @@ async fn read(
         until: described(client, until).await?,
         ..Report::default()
     };
-    let mut expected = read_rows(client, table, config, (since, until), options.show, &mut report).await?;
+    let mut expected = read_rows(client, outbox, (since, until), options.show, &mut report).await?;
     // read before the slot's target position: every id recorded by then was committed before it
     let touched_since =
         since.map(|at| at.checked_sub(records::CLOCK_SLACK).unwrap_or(SystemTime::UNIX_EPOCH));
     let record = Record::load(client, &table.display_name(), touched_since, since).await?;
     let record_bytes = record.published.memory_bytes() + record.recent.memory_bytes();
     let caught_up = rows_owed(client, config, options.wait).await?;
-    // polling records an id once Kafka acknowledged it; replication before the slot confirms it
-    let recorded_owed = config.source.mode == SourceMode::Polling || caught_up.is_ok();
     // rows deleted after publishing leave their topics in the record only
     expected.topics.extend(record.topics);
     report.topics = expected.topics.iter().cloned().collect();
     report.record_kept = record.kept;
     let reader_source = config.kafka.source_headers.then_some(source);
     let (scan, expected) =
-        read_kafka(config, reader_source, since, record.published, options.show, expected).await?;
+        read_kafka((config, outbox), reader_source, since, record.published, options.show, expected).await?;
     let scan = counted(scan, &mut report);
     report.memory_bytes = expected.memory_bytes() + record_bytes;
-    Ok((report, Read { expected, scan, recent: record.recent, since, caught_up, recorded_owed }))
+    Ok((report, Read { expected, scan, recent: record.recent, since, caught_up }))
 }
 
 /// Step 2: `Ok` when Kafka owes every row it lacks, `Err(why)` when some may still be on their
@@ -172,15 +168,15 @@ async fn rows_owed(
 /// Step 3: every record of the topics `expected` routes to, read on a blocking thread and
 /// marked in `expected` as it streams by.
 async fn read_kafka(
-    config: &RelayConfig,
+    (config, outbox): (&RelayConfig, &Outbox),
     source: Option<String>,
     since: Option<SystemTime>,
     published: IdBits,
     show: usize,
     mut expected: Expected,
 ) -> Result<(records::Scan, Expected), VerifyError> {
-    let format = Format::of(&config.outbox);
-    let whole = compared_whole(&config.outbox);
+    let format = Format::of(&outbox.config);
+    let whole = compared_whole(&outbox.config);
     let reader = Reader::new(&config.kafka, source, (format, whole), since, published, show)
         .map_err(|e| VerifyError::Failed(format!("cannot create a Kafka client: {e}")))?;
     let (scan, expected) = tokio::task::spawn_blocking(move || {
@@ -257,14 +253,13 @@ async fn described(client: &Client, at: Option<SystemTime>) -> Result<Option<Str
 /// Streams the rows of the window into their expected records.
 async fn read_rows(
     client: &mut Client,
-    table: &OutboxTable,
-    config: &RelayConfig,
+    outbox: &Outbox,
     window: (Option<SystemTime>, Option<SystemTime>),
     show: usize,
     report: &mut Report,
 ) -> Result<Expected, VerifyError> {
-    let mapping = Mapping::new(&config.outbox);
-    let whole = compared_whole(&config.outbox);
+    let (table, mapping) = (&outbox.table, &outbox.mapping);
+    let whole = compared_whole(&outbox.config);
     // a portal read in batches: the rows are never all in memory, whatever the window
     let txn = client.build_transaction().read_only(true).start().await?;
     let portal = txn.bind(&table.window_sql(), &[&window.0, &window.1]).await?;

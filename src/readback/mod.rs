@@ -38,7 +38,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tokio::sync::watch;
 
-use crate::config::{KafkaConfig, RelayConfig};
+use crate::config::{KafkaConfig, OutboxConfig, RelayConfig};
 use crate::error::{FatalReason, RelayError};
 use crate::lsn::Lsn;
 use crate::observe::metrics::{Mode, metrics};
@@ -136,20 +136,28 @@ pub(crate) async fn source_identities(
     client: &tokio_postgres::Client,
     config: &RelayConfig,
 ) -> Result<Vec<String>, RelayError> {
-    let row = client.query_one(SOURCE_SQL, &[]).await?;
-    let (system, database): (String, String) = (row.get(0), row.get(1));
-    let identity = |o: &crate::config::OutboxEntry| {
-        format!("{system}/{database}/{}.{}", o.config.schema, o.config.table)
-    };
+    let (system, database) = source_database(client).await?;
+    let identity = |o: &crate::config::OutboxEntry| identity(&system, &database, &o.config);
     Ok(config.outboxes().iter().map(identity).collect())
 }
 
-/// The `outbox_relay_source` of the records of a relay's first (or only) outbox.
+/// The `outbox_relay_source` of the records of `outbox`.
 pub(crate) async fn source_identity(
     client: &tokio_postgres::Client,
-    config: &RelayConfig,
+    outbox: &OutboxConfig,
 ) -> Result<String, RelayError> {
-    Ok(source_identities(client, config).await?.swap_remove(0))
+    let (system, database) = source_database(client).await?;
+    Ok(identity(&system, &database, outbox))
+}
+
+/// The cluster's system identifier and the database's name.
+async fn source_database(client: &tokio_postgres::Client) -> Result<(String, String), RelayError> {
+    let row = client.query_one(SOURCE_SQL, &[]).await?;
+    Ok((row.get(0), row.get(1)))
+}
+
+fn identity(system: &str, database: &str, outbox: &OutboxConfig) -> String {
+    format!("{system}/{database}/{}.{}", outbox.schema, outbox.table)
 }
 
 /// One session's skip rule.

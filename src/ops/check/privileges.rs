@@ -5,7 +5,8 @@ use tokio_postgres::Client;
 
 use super::Finding;
 use crate::config::{AfterPublish, OnPoison, RelayConfig, SourceMode};
-use crate::table::{OutboxTable, qualified_name, quote_ident, quote_literal};
+use crate::outboxes::Outbox;
+use crate::table::{qualified_name, quote_ident, quote_literal};
 
 /// One privilege the relay needs.
 struct Needed {
@@ -26,16 +27,15 @@ fn table_privilege(privilege: &str, table: &str, display: &str, role: &str) -> N
 }
 
 /// What `config` needs of the role.
-fn needed(config: &RelayConfig) -> Vec<Needed> {
+fn needed(config: &RelayConfig, outbox: &Outbox) -> Vec<Needed> {
     let role = &config.postgres.user;
-    let outbox = OutboxTable::new(config);
-    let (table, display) = (outbox.qualified(), outbox.display_name());
-    let (dl_schema, dl_table) = config.dead_letter.schema_and_table();
-    let dead_letter = qualified_name(dl_schema, dl_table);
-    let dead_letters = config.dead_letter.on_poison == OnPoison::DeadLetter;
+    let (table, display) = (outbox.table.qualified(), outbox.table.display_name());
+    let letters = &outbox.dead_letter;
+    let dead_letter = qualified_name(letters.schema_and_table().0, letters.schema_and_table().1);
+    let dead_letters = letters.on_poison == OnPoison::DeadLetter;
     let mut needed = vec![table_privilege("SELECT", &table, &display, role)];
     if dead_letters {
-        needed.push(table_privilege("INSERT", &dead_letter, &config.dead_letter.table, role));
+        needed.push(table_privilege("INSERT", &dead_letter, &letters.table, role));
     }
     match config.source.mode {
         SourceMode::Polling => {
@@ -83,8 +83,8 @@ fn needed(config: &RelayConfig) -> Vec<Needed> {
     needed
 }
 
-pub(super) async fn check(config: &RelayConfig, client: &Client) -> Finding {
-    let needed = needed(config);
+pub(super) async fn check(config: &RelayConfig, outbox: &Outbox, client: &Client) -> Finding {
+    let needed = needed(config, outbox);
     let mut lacking = Vec::new();
     for need in &needed {
         match client.query_one(&need.test, &[]).await {

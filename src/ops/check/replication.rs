@@ -5,11 +5,11 @@ use tokio_postgres::Client;
 
 use super::{Finding, query_setting};
 use crate::config::RelayConfig;
+use crate::outboxes::Outbox;
 use crate::source::replication::publication::{self, Problem};
 use crate::source::replication::slot::{self, SlotInfo, Verdict};
-use crate::table::OutboxTable;
 
-pub(super) async fn checks(config: &RelayConfig, client: &Client) -> Vec<Finding> {
+pub(super) async fn checks(config: &RelayConfig, outbox: &Outbox, client: &Client) -> Vec<Finding> {
     let mut findings = Vec::new();
     match query_setting(client, "wal_level").await {
         Ok(level) if level == "logical" => findings.push(Finding::ok("postgres.wal_level", "wal_level = logical")),
@@ -37,7 +37,7 @@ pub(super) async fn checks(config: &RelayConfig, client: &Client) -> Vec<Finding
         }
     }
     findings.push(slot_check(config, client).await);
-    findings.push(publication_check(config, client).await);
+    findings.push(publication_check((config, outbox), client).await);
     findings.push(emit_check(client).await);
     match query_setting(client, "max_slot_wal_keep_size").await {
         Ok(size) if size == "-1" => findings.push(Finding::warn(
@@ -111,13 +111,13 @@ fn describe(info: &SlotInfo) -> String {
     )
 }
 
-async fn publication_check(config: &RelayConfig, client: &Client) -> Finding {
+async fn publication_check((config, outbox): (&RelayConfig, &Outbox), client: &Client) -> Finding {
     let publication = &config.replication.publication;
-    let table = OutboxTable::new(config);
+    let table = &outbox.table;
     let exists = client.query_opt("SELECT 1 FROM pg_publication WHERE pubname = $1", &[publication]).await;
     let problem = match exists {
         Ok(Some(_)) => publication::problem(config, client).await,
-        Ok(None) => return missing_publication(config, client).await,
+        Ok(None) => return missing_publication((config, outbox), client).await,
         Err(e) => Err(e),
     };
     match problem {
@@ -148,7 +148,7 @@ async fn publication_check(config: &RelayConfig, client: &Client) -> Finding {
 
 /// The publication does not exist: fine when `setup` or `run` will create it (as the table's
 /// owner), else a FAIL with the SQL that creates it.
-async fn missing_publication(config: &RelayConfig, client: &Client) -> Finding {
+async fn missing_publication((config, outbox): (&RelayConfig, &Outbox), client: &Client) -> Finding {
     let publication = &config.replication.publication;
     if !config.replication.create_publication {
         return Finding::fail(
@@ -166,7 +166,7 @@ async fn missing_publication(config: &RelayConfig, client: &Client) -> Finding {
             format!(
                 "publication \"{publication}\" does not exist yet; `setup` or `run` creates it (this role \
                  owns {})",
-                OutboxTable::new(config).display_name()
+                outbox.table.display_name()
             ),
         ),
         Ok(Some(refusal)) => Finding::fail("replication.publication", refusal.problem, refusal.fix),

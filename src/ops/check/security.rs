@@ -12,7 +12,8 @@ use tokio_postgres::Client;
 
 use super::Finding;
 use crate::config::{RelayConfig, SourceMode, SslMode};
-use crate::table::{OutboxTable, quote_ident};
+use crate::outboxes::Outbox;
+use crate::table::quote_ident;
 
 /// The findings that need no connection: `postgres.sslmode`, Kafka's certificate checks, and
 /// the secret files' modes.
@@ -117,9 +118,9 @@ fn secret_files_finding(config: &RelayConfig) -> Finding {
 
 /// Superuser, owner of the outbox table (or a member of its owner), REPLICATION in polling
 /// mode: each is more than the relay needs (docs/outbox-table.md, "The relay's roles").
-pub(super) async fn privilege_finding(config: &RelayConfig, client: &Client) -> Finding {
+pub(super) async fn privilege_finding(config: &RelayConfig, outbox: &Outbox, client: &Client) -> Finding {
     const CHECK: &str = "postgres.excess_privilege";
-    let table = OutboxTable::new(config);
+    let table = &outbox.table;
     let row = client
         .query_one(
             "SELECT r.rolsuper, r.rolreplication, \

@@ -8,15 +8,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use tokio_postgres::Client;
 
 use super::Finding;
-use crate::config::RelayConfig;
-use crate::record::Mapping;
-use crate::table::OutboxTable;
+use crate::outboxes::Outbox;
 
 /// How many of the newest rows are sampled for their topics.
 const SAMPLE_ROWS: i64 = 10_000;
 
-pub(super) async fn finding(config: &RelayConfig, client: &Client, known: &BTreeSet<String>) -> Finding {
-    let routed = match routed_topics(config, client).await {
+pub(super) async fn finding(outbox: &Outbox, client: &Client, known: &BTreeSet<String>) -> Finding {
+    let routed = match routed_topics(outbox, client).await {
         Ok(routed) => routed,
         Err(e) => {
             return Finding::warn(
@@ -26,7 +24,7 @@ pub(super) async fn finding(config: &RelayConfig, client: &Client, known: &BTree
             );
         }
     };
-    let template = &config.outbox.topic_template;
+    let template = &outbox.config.topic_template;
     if routed.is_empty() && !template.contains('{') && !known.contains(template) {
         // a fixed topic: every event goes there, whether or not a row exists yet
         return Finding::warn(
@@ -40,7 +38,7 @@ pub(super) async fn finding(config: &RelayConfig, client: &Client, known: &BTree
             "kafka.topics",
             format!(
                 "no rows in the outbox to list topics from; events go to {} (the relay does not create topics)",
-                config.outbox.topic_template
+                outbox.config.topic_template
             ),
         );
     }
@@ -73,11 +71,10 @@ fn create_fix(first: &str) -> String {
 
 /// The topics of the newest rows, with how many of them go to each.
 async fn routed_topics(
-    config: &RelayConfig,
+    outbox: &Outbox,
     client: &Client,
 ) -> Result<BTreeMap<String, u64>, tokio_postgres::Error> {
-    let sql = OutboxTable::new(config).topic_sample_sql(SAMPLE_ROWS);
-    let mapping = Mapping::new(&config.outbox);
+    let (sql, mapping) = (outbox.table.topic_sample_sql(SAMPLE_ROWS), &outbox.mapping);
     let mut routed = BTreeMap::new();
     for row in client.query(&sql, &[]).await? {
         let (aggregate_type, event_type, topic): (Option<String>, Option<String>, Option<String>) =

@@ -11,7 +11,7 @@
 //!   sent nor removed, and its event's row and id are left alone.
 
 use super::{Letter, Options, Outcome};
-use crate::config::RelayConfig;
+use crate::config::DeadLetterConfig;
 use crate::dead_letter::SigningKey;
 use crate::error::{FatalReason, RelayError};
 use crate::record::OutboxRow;
@@ -30,16 +30,16 @@ impl<'a> Check<'a> {
     /// This relay's key (none when `dead_letter.signing_key_file` is not set) and the letters
     /// `options` vouches for.
     pub(super) fn new(
-        config: &RelayConfig,
+        letters: &DeadLetterConfig,
         options: &'a Options,
         source_table: &'a str,
     ) -> Result<Check<'a>, RelayError> {
-        let file = &config.dead_letter.signing_key_file;
+        let file = &letters.signing_key_file;
         let key = match file.is_empty() {
             true => None,
             false => Some(SigningKey::read(file).map_err(|e| RelayError::fatal(FatalReason::Config, e))?),
         };
-        let letters_table = crate::dead_letter::qualified_table(&config.dead_letter);
+        let letters_table = crate::dead_letter::qualified_table(letters);
         Ok(Check { key, vouched: &options.vouched, source_table, letters_table })
     }
 

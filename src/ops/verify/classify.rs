@@ -22,7 +22,7 @@ pub(super) async fn classes(
     options: &Options,
     report: &mut Report,
 ) -> Result<(), VerifyError> {
-    let Read { expected, scan, recent, since, caught_up, recorded_owed } = read;
+    let Read { expected, scan, recent, since, caught_up } = read;
     classify_rows(lookup, &expected, caught_up, options.show, report).await?;
     // what was published while Kafka was read is recorded by the time the slot confirms past it
     let settled = match config.source.mode {
@@ -41,7 +41,7 @@ pub(super) async fn classes(
         ));
     }
     let show = options.show;
-    classify_recorded(lookup, &expected, &recent, &scan, floor, recorded_owed, show, report).await
+    classify_recorded(lookup, (&expected, &recent, &scan), floor, show, report).await
 }
 
 /// What the lookups in PostgreSQL need.
@@ -172,15 +172,13 @@ async fn classify_outside(
 
 /// Ids recorded as published in blocks first written within the window (at or above `floor`,
 /// the oldest id Kafka still holds, when there is no window) whose rows are gone: Kafka must
-/// hold them. Without `floor` (no window, and no record of this source in Kafka) none is asked.
-#[allow(clippy::too_many_arguments)]
+/// hold them (an id is recorded once Kafka acknowledged it, whether a relay runs now or not), and
+/// one it lacks is missing. Without `floor` (no window, and no record of this source in Kafka)
+/// none is asked.
 async fn classify_recorded(
     lookup: &Lookup<'_>,
-    expected: &Expected,
-    recent: &IdBits,
-    scan: &records::Scan,
+    (expected, recent, scan): (&Expected, &IdBits, &records::Scan),
     floor: Option<i64>,
-    caught_up: bool,
     show: usize,
     report: &mut Report,
 ) -> Result<(), VerifyError> {
@@ -195,11 +193,7 @@ async fn classify_recorded(
     let present = present(lookup, &gone).await?;
     gone.retain(|id| !present.contains_key(id));
     for id in unlettered(lookup, gone, show, report).await? {
-        if caught_up {
-            report.missing.note(show, || format!("{id} (published, row deleted)"));
-        } else {
-            report.pending.note(show, || id);
-        }
+        report.missing.note(show, || format!("{id} (published, row deleted)"));
     }
     Ok(())
 }

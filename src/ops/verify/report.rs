@@ -64,8 +64,9 @@ pub struct Report {
     pub seconds: f64,
 }
 
-/// Exit codes: 0 all there, once and in order; 1 something missing, unexpected, out of order or
-/// different; 3 nothing wrong found but some rows still pending.
+/// Exit codes: 0 every row there, in order (at-least-once duplicates allowed); 1 a row not in
+/// Kafka (missing, or dead-lettered), a record with no row, out of order or different; 3
+/// nothing wrong found but some rows still pending.
 pub const EXIT_OK: u8 = 0;
 pub const EXIT_FOUND: u8 = 1;
 pub const EXIT_PENDING: u8 = 3;
@@ -86,22 +87,42 @@ impl crate::ops::Output for Report {
 
 impl Report {
     pub fn exit_code(&self) -> u8 {
-        let wrong =
-            self.missing.count + self.unexpected.count + self.out_of_order.count + self.mismatched.count;
-        match (wrong, self.pending.count) {
-            (0, 0) => EXIT_OK,
-            (0, _) => EXIT_PENDING,
+        match (self.wrong().is_empty(), self.pending.count) {
+            (true, 0) => EXIT_OK,
+            (true, _) => EXIT_PENDING,
             _ => EXIT_FOUND,
         }
     }
 
-    pub fn verdict(&self) -> &'static str {
+    /// What is wrong, class by class, with what each means.
+    fn wrong(&self) -> Vec<String> {
+        let classes = [
+            (self.missing.count, "missing (owed, not in Kafka)"),
+            (
+                self.unpublishable.count,
+                "dead-lettered, not in Kafka (fix the cause, then outbox-relay replay-dead-letters)",
+            ),
+            (self.unexpected.count, "in Kafka with no row"),
+            (self.out_of_order.count, "out of order"),
+            (self.mismatched.count, "different from their rows"),
+        ];
+        classes.iter().filter(|(n, _)| *n > 0).map(|(n, what)| format!("{n} {what}")).collect()
+    }
+
+    /// The summary line: true of every state the report can hold.
+    pub fn verdict(&self) -> String {
         match self.exit_code() {
-            EXIT_OK => "OK: every row of the window is in Kafka, once per id at most as counted, in order",
-            EXIT_PENDING => {
-                "PENDING: nothing wrong found, but some rows are not in Kafka yet; run verify again"
-            }
-            _ => "FAIL",
+            EXIT_OK if self.rows == 0 => "OK: the window has no rows".into(),
+            EXIT_OK if self.duplicated.count > 0 => format!(
+                "OK: every row of the window is in Kafka, in order; {} id(s) more than once ({} extra record(s):                  at-least-once duplicates or republished, which consumers skip by the id header)",
+                self.duplicated.count, self.duplicate_records
+            ),
+            EXIT_OK => "OK: every row of the window is in Kafka, once, in order".into(),
+            EXIT_PENDING => format!(
+                "PENDING: nothing wrong found, but {} row(s) are not in Kafka yet; run verify again",
+                self.pending.count
+            ),
+            _ => format!("FAIL: {}", self.wrong().join("; ")),
         }
     }
 
@@ -165,5 +186,79 @@ impl Report {
         }
         out.push_str(&format!("{} ({:.1} s)\n", self.verdict(), self.seconds));
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn class(count: u64) -> Class {
+        Class { count, first: Vec::new() }
+    }
+
+    /// Every state verify can find, with the summary line and exit code each gives (the table
+    /// in docs/commands.md).
+    #[test]
+    fn every_state_has_a_true_summary_line_and_its_exit_code() {
+        let published = || Report { rows: 10, records: 10, ..Report::default() };
+        let states: Vec<(&str, Report, u8, &str)> = vec![
+            ("no rows", Report::default(), EXIT_OK, "OK: the window has no rows"),
+            ("published", published(), EXIT_OK, "OK: every row of the window is in Kafka, once, in order"),
+            (
+                "duplicated",
+                Report { duplicated: class(7), duplicate_records: 7, ..published() },
+                EXIT_OK,
+                "OK: every row of the window is in Kafka, in order; 7 id(s) more than once (7 extra record(s)",
+            ),
+            (
+                "replayed",
+                Report { replayed: 3, ..published() },
+                EXIT_OK,
+                "OK: every row of the window is in Kafka, once, in order",
+            ),
+            (
+                "pending",
+                Report { pending: class(4), ..published() },
+                EXIT_PENDING,
+                "PENDING: nothing wrong found, but 4 row(s) are not in Kafka yet",
+            ),
+            (
+                "dead-lettered",
+                Report { unpublishable: class(3), ..published() },
+                EXIT_FOUND,
+                "FAIL: 3 dead-lettered, not in Kafka (fix the cause, then outbox-relay replay-dead-letters)",
+            ),
+            (
+                "missing",
+                Report { missing: class(2), pending: class(1), ..published() },
+                EXIT_FOUND,
+                "FAIL: 2 missing (owed, not in Kafka)",
+            ),
+            (
+                "unexpected",
+                Report { unexpected: class(1), ..published() },
+                EXIT_FOUND,
+                "FAIL: 1 in Kafka with no row",
+            ),
+            (
+                "out of order",
+                Report { out_of_order: class(1), ..published() },
+                EXIT_FOUND,
+                "FAIL: 1 out of order",
+            ),
+            (
+                "mismatched and dead-lettered",
+                Report { mismatched: class(1), unpublishable: class(1), duplicated: class(1), ..published() },
+                EXIT_FOUND,
+                "FAIL: 1 dead-lettered, not in Kafka (fix the cause, then outbox-relay replay-dead-letters); 1 \
+                 different from their rows",
+            ),
+        ];
+        for (state, report, code, verdict) in states {
+            assert_eq!(report.exit_code(), code, "{state}");
+            assert!(report.verdict().starts_with(verdict), "{state}: {}", report.verdict());
+            assert!(report.text().contains(&report.verdict()), "{state}");
+        }
     }
 }

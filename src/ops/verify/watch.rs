@@ -28,13 +28,14 @@ use super::{Options, VerifyError};
 use crate::config::RelayConfig;
 use crate::observe::health::{Health, Phase};
 use crate::observe::http;
-use crate::observe::metrics::{DEPLOYMENT_LABELS, deployment_labels};
-use crate::table::OutboxTable;
+use crate::observe::metrics::{DEPLOYMENT_LABELS, outbox_labels};
+use crate::outboxes::Outbox;
 
 pub const MISSING: &str = "outbox_relay_verify_missing_events";
 pub const MISSING_EVENT: &str = "outbox_relay_verify_missing_event";
 pub const OLDEST_MISSING_AGE: &str = "outbox_relay_verify_oldest_missing_age_seconds";
 pub const PENDING: &str = "outbox_relay_verify_pending_events";
+pub const OLDEST_PENDING_AGE: &str = "outbox_relay_verify_oldest_pending_age_seconds";
 pub const DUPLICATED: &str = "outbox_relay_verify_duplicated_events";
 pub const DUPLICATE_RECORDS: &str = "outbox_relay_verify_duplicate_records";
 pub const OUT_OF_ORDER: &str = "outbox_relay_verify_out_of_order_events";
@@ -61,6 +62,11 @@ pub const ALL: &[(&str, &str)] = &[
     (
         PENDING,
         "Events not in Kafka yet and not owed yet (past the slot's confirmed position, or not yet marked)",
+    ),
+    (
+        OLDEST_PENDING_AGE,
+        "Age by created_at of the oldest pending event named at the last pass (at most --show); 0 when none \
+         is, or the table has no created_at",
     ),
     (DUPLICATED, "Event ids Kafka holds more than once in the window (at-least-once allows it)"),
     (DUPLICATE_RECORDS, "Records beyond the first of each duplicated id"),
@@ -133,8 +139,8 @@ fn render() -> String {
 }
 
 /// One outbox as the watch verifies it.
-struct Watch {
-    config: RelayConfig,
+struct Watch<'a> {
+    outbox: &'a Outbox,
     labels: [String; 3],
     /// Missing events named at the last pass, with when the watch first found each missing.
     missing_since: HashMap<String, SystemTime>,
@@ -142,7 +148,7 @@ struct Watch {
 
 /// Verifies every `every` until SIGTERM or SIGINT, serving the findings on `listen`.
 pub async fn run(
-    config: &RelayConfig,
+    (config, outboxes): (&RelayConfig, &[&Outbox]),
     options: &Options,
     every: Duration,
     listen: SocketAddr,
@@ -152,15 +158,9 @@ pub async fn run(
     http::serve(listen, health.clone(), render)
         .await
         .map_err(|e| VerifyError::Usage(format!("--listen {listen}: cannot listen: {e}")))?;
-    let mut watches: Vec<Watch> = config
-        .outboxes()
-        .iter()
-        .map(|o| {
-            let config = config.for_outbox(o);
-            let labels = deployment_labels(&config);
-            Watch { config, labels, missing_since: HashMap::new() }
-        })
-        .collect();
+    let watch =
+        |o| Watch { outbox: o, labels: outbox_labels(config, &o.config), missing_since: HashMap::new() };
+    let mut watches: Vec<Watch> = outboxes.iter().copied().map(watch).collect();
     // (registered before the first pass: a SIGTERM during it ends the watch, not the process)
     let mut term = signal(SignalKind::terminate())
         .map_err(|e| VerifyError::Failed(format!("cannot handle SIGTERM: {e}")))?;
@@ -169,7 +169,7 @@ pub async fn run(
             let mut failed = None;
             for watch in &mut watches {
                 health.tick();
-                if let Err(e) = pass(watch, options).await {
+                if let Err(e) = pass(config, watch, options).await {
                     failed = Some(e);
                 }
             }
@@ -194,10 +194,10 @@ pub async fn run(
 
 /// One pass over one outbox: the findings into the gauges, a warning naming what is missing or
 /// out of order; `Err` says why the pass gave no answer.
-async fn pass(watch: &mut Watch, options: &Options) -> Result<(), String> {
+async fn pass(config: &RelayConfig, watch: &mut Watch<'_>, options: &Options) -> Result<(), String> {
     let started = Instant::now();
     let labels = &watch.labels;
-    let report = match super::run(&watch.config, options).await {
+    let report = match super::run(config, watch.outbox, options).await {
         Ok(report) => report,
         Err(e) => {
             watched().pass(labels, "failed");
@@ -205,34 +205,39 @@ async fn pass(watch: &mut Watch, options: &Options) -> Result<(), String> {
             return Err(format!("verify pass failed: {e}"));
         }
     };
-    let ages = match missing_ages(&watch.config, &report).await {
-        Ok(ages) => ages,
+    let aged = async {
+        let missing = ages((config, watch.outbox), &report.missing.first).await?;
+        // (a pending record with no row of the window is named "record <id> (...)": no age)
+        let rows: Vec<String> =
+            report.pending.first.iter().filter(|n| !n.starts_with("record ")).cloned().collect();
+        let pending = ages((config, watch.outbox), &rows).await?;
+        Ok::<_, VerifyError>((missing, pending.iter().filter_map(|(_, age)| *age).fold(0.0, f64::max)))
+    };
+    let (missing, oldest_pending) = match aged.await {
+        Ok(aged) => aged,
         Err(e) => {
             watched().pass(labels, "failed");
-            return Err(format!("verify pass failed reading the missing events' ages: {e}"));
+            return Err(format!("verify pass failed reading the events' ages: {e}"));
         }
     };
-    publish(watch, &report, ages, started.elapsed());
+    watched().set(OLDEST_PENDING_AGE, labels, oldest_pending);
+    publish(watch, &report, missing, started.elapsed());
     Ok(())
 }
 
-/// The missing events named in `report` with their age in seconds by `created_at`, when their
-/// rows are still there and the table has the column (others: None).
-async fn missing_ages(
-    config: &RelayConfig,
-    report: &Report,
+/// The events `named` in a class of `report` ("123", or "123 (published, row deleted)") with
+/// their age in seconds by `created_at`, when their rows are still there and the table has the
+/// column (others: None).
+async fn ages(
+    (config, outbox): (&RelayConfig, &Outbox),
+    named: &[String],
 ) -> Result<Vec<(String, Option<f64>)>, VerifyError> {
-    // "123" or "123 (published, row deleted)"
-    let ids: Vec<String> = report
-        .missing
-        .first
-        .iter()
-        .filter_map(|named| named.split_whitespace().next().map(String::from))
-        .collect();
+    let ids: Vec<String> =
+        named.iter().filter_map(|named| named.split_whitespace().next().map(String::from)).collect();
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    let table = OutboxTable::new(config);
+    let table = &outbox.table;
     let (client, _) = crate::postgres::connect_primary(&config.postgres).await?;
     let id_type = table.id_type(&client).await?;
     let mut ages = HashMap::new();
@@ -253,7 +258,7 @@ async fn missing_ages(
 }
 
 /// A finished pass's findings into the gauges, and a log line saying what it found.
-fn publish(watch: &mut Watch, report: &Report, ages: Vec<(String, Option<f64>)>, took: Duration) {
+fn publish(watch: &mut Watch<'_>, report: &Report, ages: Vec<(String, Option<f64>)>, took: Duration) {
     let w = watched();
     let now = SystemTime::now();
     let oldest = name_missing(watch, &ages, now);
@@ -288,7 +293,7 @@ fn publish(watch: &mut Watch, report: &Report, ages: Vec<(String, Option<f64>)>,
 /// The missing events named at this pass, each a series with its age (by `created_at`, else
 /// since the watch first found it missing); the series of those no longer missing are removed.
 /// Returns the oldest age, 0 when none is missing.
-fn name_missing(watch: &mut Watch, ages: &[(String, Option<f64>)], now: SystemTime) -> f64 {
+fn name_missing(watch: &mut Watch<'_>, ages: &[(String, Option<f64>)], now: SystemTime) -> f64 {
     let w = watched();
     let labels = &watch.labels;
     // the events named last time and no longer missing lose their series

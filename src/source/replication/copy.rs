@@ -103,16 +103,17 @@ impl FirstCopy<'_> {
         let mut copying = Copying::new(delivery, self.mapping, self.point, chunk);
         loop {
             let next = rows.next().await.transpose()?;
-            match &next {
-                Some(row) => {
-                    let (raw, created_at) = outbox_row(row)?;
-                    copying.row(raw, created_at, shutdown).await?;
-                }
-                None => copying.settle(shutdown).await?,
+            if let Some(row) = &next {
+                let (raw, created_at) = outbox_row(row)?;
+                copying.row(raw, created_at, shutdown).await?;
+            }
+            let chunk_done = next.is_none() || copying.sent.len() >= COPY_CHUNK;
+            if chunk_done {
+                copying.settle(shutdown).await?;
             }
             self.write(&mut copying.letters).await?;
-            if next.is_none() || copying.sent.len() >= COPY_CHUNK {
-                // before the copy is marked done (the caller), every id handed to Kafka is recorded
+            if chunk_done {
+                // before the copy is marked done (the caller), every id Kafka acknowledged is recorded
                 self.recorder.record(self.letters_to, &std::mem::take(&mut copying.sent)).await?;
             }
             if next.is_none() {

@@ -259,7 +259,7 @@ mod tests {
         let config: RelayConfig =
             serde_json::from_value(serde_json::json!({ "kafka": { "brokers": ["127.0.0.1:9092"] } }))
                 .unwrap();
-        let table = OutboxTable::new(&config);
+        let table = OutboxTable::of(&config.outbox, &config.polling);
         assert!(creation_refused(&config, &table, true, true).is_none());
         let not_owner = creation_refused(&config, &table, false, true).unwrap();
         assert!(not_owner.problem.contains("only the owner of public.outbox_events may"), "{not_owner:?}");

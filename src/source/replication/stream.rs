@@ -216,20 +216,20 @@ impl<'a, S: Sink> StreamSession<'a, S> {
     /// drain's last one, a quiet outbox) is not held back by the status interval. While records
     /// are in flight, updates go once per `replication.status_interval_ms`.
     ///
-    /// Every id handed to Kafka so far is recorded as published first (one statement); while
-    /// records are in flight that is done once per status interval, and the confirmation waits
-    /// for it (the position would not leave sooner).
+    /// Every id of the transactions it covers (Kafka acknowledged them) is recorded as published
+    /// first (one statement); while records are in flight that is done once per status
+    /// interval, and the confirmation waits for it (the position would not leave sooner).
     async fn confirm(&mut self, lsn: Lsn) -> Result<(), RelayError> {
         let lsn = lsn.min(self.publication_ok_through);
         if lsn <= self.confirmed {
             return Ok(());
         }
-        if self.feed.has_sent() {
+        if self.feed.has_sent(lsn) {
             let interval = Duration::from_millis(self.config.replication.status_interval_ms);
             if self.feed.delivery.records() > 0 && self.recorded_at.elapsed() < interval {
                 return Ok(());
             }
-            for (outbox, sent) in self.feed.take_sent().iter() {
+            for (outbox, sent) in self.feed.take_sent(lsn).iter() {
                 self.outboxes[outbox].recorder(self.client).await?.record(self.client, sent).await?;
             }
             self.recorded_at = Instant::now();

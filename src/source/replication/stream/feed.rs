@@ -22,6 +22,7 @@
 //!   is split over Kafka transactions. Nothing is confirmed before its Kafka transaction
 //!   commits; after a crash the read-back finds what committed, so no split loses or repeats.
 
+use std::collections::BTreeMap;
 use std::time::{Instant, SystemTime};
 
 use prometheus::IntCounter;
@@ -73,9 +74,10 @@ pub(in crate::source::replication) struct Feed<'a, S: Sink> {
     /// Dead letters to write before [`Feed::letters_written`], and what each then settles.
     letters: Vec<DeadLetter>,
     written: Vec<Written>,
-    /// Ids handed to Kafka and not yet recorded as published (see [`crate::published`]): the
-    /// session records them before it confirms a position past them.
-    sent: PerOutbox<Sent>,
+    /// Ids handed to Kafka and not yet recorded as published (see [`crate::published`]), by
+    /// their transaction's commit position: the session records those of the transactions it
+    /// may confirm (so Kafka holds them), before it confirms a position past them.
+    sent: PerOutbox<BTreeMap<Lsn, Sent>>,
     /// This mode's `events_read_total` (looked up once).
     read: IntCounter,
     /// The last turn of reading found nothing more to read: a Kafka transaction is due.
@@ -101,7 +103,7 @@ impl<'a, S: Sink> Feed<'a, S> {
             next_index: outboxes.per(|_| 0),
             letters: Vec::new(),
             written: Vec::new(),
-            sent: outboxes.per(|_| Sent::default()),
+            sent: outboxes.per(|_| BTreeMap::new()),
             read: metrics().events_read.with_label_values(&[MODE.label()]),
             idle: false,
         }
@@ -317,7 +319,7 @@ impl<'a, S: Sink> Feed<'a, S> {
             Ok(mut event) => {
                 event.position = Some(Position::Stream { commit: txn.commit_lsn, index: at.index });
                 self.tracker.sent(txn.id);
-                self.sent[at.outbox].add(&event.id, &event.topic);
+                self.sent[at.outbox].entry(txn.commit_lsn).or_default().add(&event.id, &event.topic);
                 if let Some(settled) = self.delivery.send(txn.id, event, self.turn_at).await? {
                     self.settled(settled);
                 }
@@ -363,13 +365,22 @@ impl<'a, S: Sink> Feed<'a, S> {
         self.tracker.advance()
     }
 
-    pub(super) fn has_sent(&self) -> bool {
-        self.sent.values().any(|s| !s.is_empty())
+    /// Whether events of transactions before `confirmed` wait to be recorded.
+    pub(super) fn has_sent(&self, confirmed: Lsn) -> bool {
+        self.sent.values().any(|by_commit| by_commit.keys().next().is_some_and(|commit| *commit < confirmed))
     }
 
-    /// The events handed to Kafka since the last call, for the record of what was published.
-    pub(super) fn take_sent(&mut self) -> PerOutbox<Sent> {
-        self.sent.values_mut().map(std::mem::take).collect()
+    /// The events of the transactions a confirmation of `confirmed` covers (each settled: Kafka
+    /// holds its records), not taken before, for the record of what was published. (A
+    /// transaction's commit record starts before its end, the position confirmed after it; the
+    /// next transaction's starts at or after that end.)
+    pub(super) fn take_sent(&mut self, confirmed: Lsn) -> PerOutbox<Sent> {
+        let take = |by_commit: &mut BTreeMap<Lsn, Sent>| {
+            let later = by_commit.split_off(&confirmed);
+            let covered = std::mem::replace(by_commit, later);
+            covered.into_values().fold(Sent::default(), Sent::and)
+        };
+        self.sent.values_mut().map(take).collect()
     }
 
     /// The position the tracker would confirm.
