@@ -41,30 +41,30 @@ fn main() -> ExitCode {
 fn dispatch(command: Command, config: RelayConfig, runtime: &Runtime) -> ExitCode {
     let text = LogFormat::Text;
     let outboxes = Outboxes::new(&config);
-    let all = || chosen(&outboxes, None, None).expect("no outbox named, none needed");
+    let (name, needed_by) = command.outbox();
+    let chosen = match chosen(&outboxes, name, needed_by) {
+        Ok(chosen) => chosen,
+        Err(e) => return print_output(Err::<(), _>(Failure::usage(e)), text),
+    };
     match command {
         Command::Run { .. } => run(config, runtime),
         Command::Validate { .. } => {
             println!("{}", serde_json::to_string_pretty(&config.redacted()).expect("json"));
             ExitCode::SUCCESS
         }
-        Command::Check { .. } => runtime.block_on(per_outbox(&all(), true, async |o| {
+        Command::Check { .. } => runtime.block_on(per_outbox(&chosen, true, async |o| {
             print_output(Ok::<_, Failure>(check::run(&config, o).await), text)
         })),
         Command::Setup { recreate_slot, skip_published, .. } => {
             print_output(runtime.block_on(setup::command(config, recreate_slot, skip_published)), text)
         }
         Command::Status { metrics_url, format, .. } => {
-            runtime.block_on(per_outbox(&all(), is_text(format), async |o| {
+            runtime.block_on(per_outbox(&chosen, is_text(format), async |o| {
                 let lines = status::run(&config, o, metrics_url.as_deref()).await;
                 print_output(lines.map(status::Lines).map_err(Failure::failed), format)
             }))
         }
-        Command::Locate { id, format, wait_secs, outbox, .. } => {
-            let chosen = match chosen(&outboxes, outbox.as_deref(), Some("locate")) {
-                Ok(chosen) => chosen,
-                Err(e) => return print_output(Err::<(), _>(Failure::usage(e)), text),
-            };
+        Command::Locate { id, format, wait_secs, .. } => {
             runtime.block_on(per_outbox(&chosen, is_text(format), async |o| {
                 let receipt = locate::run(&config, o, &id, Duration::from_secs(wait_secs)).await;
                 print_output(receipt.map_err(|e| Failure::of(e, "locate could not finish")), format)
@@ -74,37 +74,22 @@ fn dispatch(command: Command, config: RelayConfig, runtime: &Runtime) -> ExitCod
             let verdict = runtime.block_on(switchover::run(&config, &standby));
             print_output(verdict.map(switchover::Readiness).map_err(|e| Failure::of(e, "cannot tell")), text)
         }
-        Command::Verify {
-            since, until, format, wait_secs, show, watch, every_secs, listen, outbox, ..
-        } => {
-            let chosen = match chosen(&outboxes, outbox.as_deref(), None) {
-                Ok(chosen) => chosen,
-                Err(e) => return print_output(Err::<(), _>(Failure::usage(e)), text),
-            };
+        Command::Verify { since, until, format, wait_secs, show, watch, every_secs, listen, .. } => {
             let wait = Duration::from_secs(wait_secs);
             let watch = watch.then_some((Duration::from_secs(every_secs), listen));
             let options = verify::Options { since, until, wait, show };
             run_verify((&config, &chosen), options, watch, format, runtime)
         }
-        Command::ReplayDeadLetters { ids, dry_run, vouch, outbox, .. } => {
-            let needed_by = (!ids.is_empty()).then_some("--ids").or((!vouch.is_empty()).then_some("--vouch"));
-            let chosen = match chosen(&outboxes, outbox.as_deref(), needed_by) {
-                Ok(chosen) => chosen,
-                Err(e) => return print_output(Err::<(), _>(Failure::usage(e)), text),
-            };
+        Command::ReplayDeadLetters { ids, dry_run, vouch, .. } => {
             let options = replay::Options { ids, vouched: vouch, dry_run };
             runtime.block_on(per_outbox(&chosen, true, async |o| {
                 print_output(replay::run(&config, o, &options).await.map_err(Failure::failed), text)
             }))
         }
-        Command::Republish { aggregate, aggregate_type, ids, since, until, dry_run, outbox, .. } => {
-            let outbox = match chosen(&outboxes, outbox.as_deref(), Some("republish")) {
-                Ok(chosen) => chosen[0],
-                Err(e) => return print_output(Err::<(), _>(Failure::usage(e)), text),
-            };
+        Command::Republish { aggregate, aggregate_type, ids, since, until, dry_run, .. } => {
             let aggregate = aggregate.map(|id| (aggregate_type, id));
             let options = republish::Options { aggregate, ids, since, until, dry_run };
-            let outcome = runtime.block_on(republish::run(&config, outbox, &options));
+            let outcome = runtime.block_on(republish::run(&config, chosen[0], &options));
             print_output(outcome.map_err(|e| Failure::of(e, "republish could not finish")), text)
         }
     }

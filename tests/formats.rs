@@ -112,7 +112,7 @@ async fn a_format_through_a_kill_9(mode: &str, format: &str) {
     eprintln!("{mode}, {format}: {total} events, {} records", records.len());
     assert_eq!(relay.terminate(crate::common::EXIT_LIMIT), Some(0), "{}", relay.log_text());
     // and `verify` reads the format: every row once, in order, none mismatched
-    crate::common::assert_verified(&s.config());
+    crate::common::assert_verified(&s.config(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread")]

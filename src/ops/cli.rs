@@ -239,10 +239,27 @@ impl Command {
     }
 }
 
+impl Command {
+    /// The outbox the command names (`--outbox`), and what needs one named with several: an
+    /// event id belongs to one outbox, as do the letter ids of `replay-dead-letters --ids`;
+    /// `republish` sends one outbox's events.
+    pub fn outbox(&self) -> (Option<&str>, Option<&'static str>) {
+        match self {
+            Command::Locate { outbox, .. } => (outbox.as_deref(), Some("locate")),
+            Command::Verify { outbox, .. } => (outbox.as_deref(), None),
+            Command::ReplayDeadLetters { ids, vouch, outbox, .. } => {
+                let needed_by =
+                    (!ids.is_empty()).then_some("--ids").or((!vouch.is_empty()).then_some("--vouch"));
+                (outbox.as_deref(), needed_by)
+            }
+            Command::Republish { outbox, .. } => (outbox.as_deref(), Some("republish")),
+            _ => (None, None),
+        }
+    }
+}
+
 /// The outboxes a command runs for: outbox `name` alone, or all of them when no name is given
-/// and no outbox must be named: `needed_by` names what needs one (an event id belongs to one
-/// outbox, as do the letter ids of `replay-dead-letters --ids`; `republish` sends one outbox's
-/// events).
+/// and no outbox must be named: `needed_by` names what needs one ([`Command::outbox`]).
 pub fn chosen<'a>(
     outboxes: &'a Outboxes,
     name: Option<&str>,

@@ -177,30 +177,41 @@ impl CloudEvents {
         }
         let subject = self.subject.as_ref().map(|s| s.render(f)).filter(|s| !s.is_empty());
         let time = f.created_at.filter(|_| self.time).map(rfc3339);
-        if !self.structured {
-            let mut headers = vec![("ce_specversion", "1.0".to_string()), ("ce_id", f.id.to_string())];
-            headers.push(("ce_source", source));
-            headers.push(("ce_type", event_type.clone()));
-            headers.extend(subject.map(|s| ("ce_subject", s)));
-            headers.extend(time.map(|t| ("ce_time", t)));
-            headers.push(("content-type", self.content_type.clone()));
-            let formatted = Formatted {
-                headers,
-                written_type: event_type,
-                aggregate_id: None,
-                payload: None,
-                data_is_payload: false,
-            };
-            return Ok(Built { key: None, value: None, formatted });
+        let attributes = Attributes { source, event_type, subject, time };
+        match self.structured {
+            true => self.structured(f, attributes),
+            false => Ok(self.binary(f, attributes)),
         }
+    }
+
+    /// Binary mode: the attributes in `ce_*` headers, the payload as the value.
+    fn binary(&self, f: &Fields<'_>, a: Attributes) -> Built {
+        let mut headers = vec![("ce_specversion", "1.0".to_string()), ("ce_id", f.id.to_string())];
+        headers.push(("ce_source", a.source));
+        headers.push(("ce_type", a.event_type.clone()));
+        headers.extend(a.subject.map(|s| ("ce_subject", s)));
+        headers.extend(a.time.map(|t| ("ce_time", t)));
+        headers.push(("content-type", self.content_type.clone()));
+        let formatted = Formatted {
+            headers,
+            written_type: a.event_type,
+            aggregate_id: None,
+            payload: None,
+            data_is_payload: false,
+        };
+        Built { key: None, value: None, formatted }
+    }
+
+    /// Structured mode: one JSON envelope with the attributes and the payload as `data`.
+    fn structured(&self, f: &Fields<'_>, a: Attributes) -> Result<Built, PoisonReason> {
         if serde_json::from_str::<serde::de::IgnoredAny>(f.payload).is_err() {
             return Err(PoisonReason::NotJson { attribute: "data".into() });
         }
         let mut value = String::with_capacity(f.payload.len() + 160);
         value.push_str("{\"specversion\":\"1.0\"");
-        for (name, text) in [("id", Some(f.id)), ("source", Some(&source)), ("type", Some(&event_type))]
+        for (name, text) in [("id", Some(f.id)), ("source", Some(&a.source)), ("type", Some(&a.event_type))]
             .into_iter()
-            .chain([("subject", subject.as_deref()), ("time", time.as_deref())])
+            .chain([("subject", a.subject.as_deref()), ("time", a.time.as_deref())])
         {
             if let Some(text) = text {
                 value.push_str(&format!(",\"{name}\":"));
@@ -215,13 +226,21 @@ impl CloudEvents {
         let headers = vec![("content-type", CE_STRUCTURED_CONTENT_TYPE.to_string())];
         let formatted = Formatted {
             headers,
-            written_type: event_type,
+            written_type: a.event_type,
             aggregate_id: None,
             payload: Some(f.payload.to_string()),
             data_is_payload: true,
         };
         Ok(Built { key: None, value: Some(value.into_bytes()), formatted })
     }
+}
+
+/// A CloudEvent's rendered attributes (`id` is the row's).
+struct Attributes {
+    source: String,
+    event_type: String,
+    subject: Option<String>,
+    time: Option<String>,
 }
 
 /// Debezium's records: the `id` header, the key and value through the configured converters.

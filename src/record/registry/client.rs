@@ -250,7 +250,6 @@ pub(super) fn classify(
     };
     let refused = |detail: String| EncodeError::Refused { subject: subject.to_string(), detail };
     let on_subject = |detail: String| refused(format!("subject {subject}: {detail}"));
-    let no_schema = |detail: String| EncodeError::NoSchema { subject: subject.to_string(), detail };
     match status.as_u16() {
         408 | 429 | 500..=599 => {
             EncodeError::Unavailable(format!("{} answered {status}: {said}", call.name()))
@@ -268,24 +267,7 @@ pub(super) fn classify(
              subject, or set registry.username to a user that has it",
             call.name()
         )),
-        // (a record naming a schema the registry does not hold cannot be read, ever)
-        404 if call == Call::ById => EncodeError::Mismatch {
-            subject: subject.to_string(),
-            schema_id: 0,
-            detail: format!("the registry holds no schema of this id ({said})"),
-        },
-        404 if call == Call::Lookup && (code == 40401 || code == 40403) => no_schema(format!(
-            "schema not registered under subject {subject}; register it or set auto_register = true"
-        )),
-        404 if call == Call::Latest && (code == 40401 || code == 40402) => no_schema(format!(
-            "subject {subject}: it has no schema in the registry; register one, or set \
-             registry.schema_file and auto_register = true"
-        )),
-        404 => on_subject(format!(
-            "the registry answered 404 to {} ({said}); check registry.url: it must be the base of the \
-             Confluent-compatible API (for Apicurio, http://host:8080/apis/ccompat/v7)",
-            call.name()
-        )),
+        404 => not_found(call, subject, code, &said),
         409 => on_subject(format!(
             "the registry refuses the schema in registry.schema_file as incompatible with the \
              subject's compatibility level ({said}); make the schema compatible with the subject's \
@@ -299,6 +281,35 @@ pub(super) fn classify(
             "the registry answered {status} to {}: {said}; check registry.url",
             call.name()
         )),
+    }
+}
+
+/// What a 404 means for `call`: by the registry's error `code`, no such schema id, no such schema
+/// or subject, or a `registry.url` that is not the API's base.
+fn not_found(call: Call, subject: &str, code: i64, said: &str) -> EncodeError {
+    let no_schema = |detail: String| EncodeError::NoSchema { subject: subject.to_string(), detail };
+    match call {
+        // (a record naming a schema the registry does not hold cannot be read, ever)
+        Call::ById => EncodeError::Mismatch {
+            subject: subject.to_string(),
+            schema_id: 0,
+            detail: format!("the registry holds no schema of this id ({said})"),
+        },
+        Call::Lookup if code == 40401 || code == 40403 => no_schema(format!(
+            "schema not registered under subject {subject}; register it or set auto_register = true"
+        )),
+        Call::Latest if code == 40401 || code == 40402 => no_schema(format!(
+            "subject {subject}: it has no schema in the registry; register one, or set \
+             registry.schema_file and auto_register = true"
+        )),
+        _ => EncodeError::Refused {
+            subject: subject.to_string(),
+            detail: format!(
+                "subject {subject}: the registry answered 404 to {} ({said}); check registry.url: it must be the \
+                 base of the Confluent-compatible API (for Apicurio, http://host:8080/apis/ccompat/v7)",
+                call.name()
+            ),
+        },
     }
 }
 
