@@ -109,10 +109,8 @@ impl<'a, S: Sink> StreamSession<'a, S> {
                 _ = shutdown.changed() => return self.drain().await,
                 // 2. the delivery stage: acknowledgements, the stall watch, a held record sent
                 //    again, the open Kafka transaction come due by its age
-                settled = self.feed.delivery.next() => {
-                    if let Some(settled) = settled? {
-                        self.feed.settled(settled);
-                    }
+                settled = self.feed.settle_next() => {
+                    settled?;
                     self.write_letters().await?;
                 }
                 // 3. the stream
@@ -186,10 +184,8 @@ impl<'a, S: Sink> StreamSession<'a, S> {
 
     /// Shutdown: settle what is in flight, confirm it, give the status update time to leave.
     async fn drain(&mut self) -> Result<(), RelayError> {
-        while self.feed.delivery.records() > 0 {
-            if let Some(settled) = self.feed.delivery.next().await? {
-                self.feed.settled(settled);
-            }
+        while self.feed.in_flight() > 0 {
+            self.feed.settle_next().await?;
             self.write_letters().await?;
         }
         self.feed.commit().await?;
@@ -226,7 +222,7 @@ impl<'a, S: Sink> StreamSession<'a, S> {
         }
         if self.feed.has_sent(lsn) {
             let interval = Duration::from_millis(self.config.replication.status_interval_ms);
-            if self.feed.delivery.records() > 0 && self.recorded_at.elapsed() < interval {
+            if self.feed.in_flight() > 0 && self.recorded_at.elapsed() < interval {
                 return Ok(());
             }
             for (outbox, sent) in self.feed.take_sent(lsn).iter() {
@@ -235,7 +231,7 @@ impl<'a, S: Sink> StreamSession<'a, S> {
             self.recorded_at = Instant::now();
         }
         self.confirmed = lsn;
-        if self.feed.delivery.records() == 0 {
+        if self.feed.in_flight() == 0 {
             self.wal.confirm_now(lsn);
         } else {
             self.wal.confirm(lsn);

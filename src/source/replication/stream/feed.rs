@@ -60,7 +60,7 @@ enum Written {
 
 pub(in crate::source::replication) struct Feed<'a, S: Sink> {
     /// The path to Kafka: each record's position is its transaction.
-    pub(super) delivery: Delivery<'a, S, TxnId>,
+    delivery: Delivery<'a, S, TxnId>,
     tracker: Tracker,
     decoder: Decoder,
     /// Each outbox's mapping.
@@ -329,9 +329,24 @@ impl<'a, S: Sink> Feed<'a, S> {
         Ok(())
     }
 
+    /// Waits for the stage's next step (an acknowledgement, the stall watch, a held record sent
+    /// again, the open Kafka transaction come due: [`Delivery::next`]) and counts what it settled.
+    /// Cancel-safe as [`Delivery::next`] is: nothing follows its await but counting.
+    pub(super) async fn settle_next(&mut self) -> Result<(), RelayError> {
+        if let Some(settled) = self.delivery.next().await? {
+            self.settled(settled);
+        }
+        Ok(())
+    }
+
+    /// Records handed to Kafka and not settled yet.
+    pub(super) fn in_flight(&self) -> usize {
+        self.delivery.records()
+    }
+
     /// What a settled record means to the stream: its transaction counts it as acknowledged
     /// once Kafka or the dead-letter table holds it; a held one keeps its transaction open.
-    pub(super) fn settled(&mut self, settled: Settled<TxnId>) {
+    fn settled(&mut self, settled: Settled<TxnId>) {
         match settled {
             Settled::Acked(txn) => self.tracker.acked(txn),
             Settled::DeadLettered(txn, letter) => self.letter(*letter, Written::Acked(txn)),
