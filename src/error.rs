@@ -167,7 +167,7 @@ pub fn sqlstate_in(message: &str) -> Option<String> {
 }
 
 /// The server's message and hint when there is one; tokio-postgres's Display says only "db error".
-fn describe_pg(e: &tokio_postgres::Error) -> String {
+pub(crate) fn describe_pg(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => match db.hint() {
             Some(hint) => format!("{} ({}); hint: {hint}", db.message(), db.code().code()),

@@ -301,3 +301,39 @@ fn version_and_help_are_printed() {
     assert_eq!(code, 0);
     assert!(stdout.contains("--config"), "{stdout}");
 }
+
+#[tokio::test]
+async fn check_on_a_database_without_the_migrations_says_so_and_blames_nothing_else() {
+    // given a database none of sql/ was applied to
+    let db = TestDb::with_schema(false).await;
+    let dir = tempfile::tempdir().unwrap();
+    for mode in ["replication", "polling"] {
+        // when check runs
+        let config = write_config(dir.path(), &db, RelayToml::mode(mode));
+        let (code, stdout, stderr) = run_relay(&["check", "--config", config.to_str().unwrap()], RUN_TIMEOUT);
+        assert_eq!(code, 1, "{stdout}{stderr}");
+        let line = |check: &str| {
+            let found = stdout.lines().find(|l| l.split_whitespace().nth(1) == Some(check));
+            found.unwrap_or_default().to_string()
+        };
+        // then the table's absence is named, and what depends on it says so rather than blaming
+        // ownership or a grant
+        assert!(line("outbox.table").contains("table public.outbox_events does not exist"), "{stdout}");
+        assert!(
+            line("kafka.topics").contains("table public.outbox_events does not exist (outbox.table)"),
+            "{stdout}"
+        );
+        assert!(!stdout.contains("db error"), "{mode}: a bare error: {stdout}");
+        assert!(!stdout.contains("grant the relay role SELECT"), "{mode}: {stdout}");
+        if mode == "replication" {
+            let publication = line("replication.publication");
+            assert!(
+                publication.contains("cannot tell: table public.outbox_events does not exist"),
+                "{stdout}"
+            );
+            assert!(
+                line("replication.slot_memory").contains("relation \"outbox_relay_slots\" does not exist")
+            );
+        }
+    }
+}

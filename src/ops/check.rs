@@ -191,7 +191,7 @@ async fn tls_check(config: &RelayConfig, client: &Client) -> Finding {
         ),
         Err(e) => Finding::warn(
             "postgres.tls",
-            format!("cannot read pg_stat_ssl: {e}"),
+            format!("cannot read pg_stat_ssl: {}", crate::error::describe_pg(&e)),
             "PostgreSQL 9.5 or newer is required",
         ),
     }
@@ -219,7 +219,7 @@ async fn postgres_checks(
         Err(e) => {
             findings.push(Finding::fail(
                 "outbox.table",
-                format!("cannot inspect {}: {e}", table.display_name()),
+                format!("cannot inspect {}: {}", crate::error::describe_pg(&e), table.display_name()),
                 "grant the relay role USAGE on the schema",
             ));
             false
@@ -267,7 +267,7 @@ async fn leftover_slot_checks((config, outbox): (&RelayConfig, &Outbox), client:
         Err(e) => {
             return vec![Finding::warn(
                 LEFTOVER_CHECK,
-                format!("cannot read pg_replication_slots: {e}"),
+                format!("cannot read pg_replication_slots: {}", crate::error::describe_pg(&e)),
                 "check the role's privileges",
             )];
         }
@@ -331,7 +331,7 @@ async fn dead_letter_check(letters: &DeadLetterConfig, client: &Client) -> Findi
         Err(e) => {
             return Finding::fail(
                 "dead_letter.table",
-                format!("cannot inspect {name}: {e}"),
+                format!("cannot inspect {name}: {}", crate::error::describe_pg(&e)),
                 "check the role's privileges",
             );
         }

@@ -266,8 +266,9 @@ async fn judge(
             true => (
                 State::Missing,
                 "recorded as published, its row deleted since, and no record of it in Kafka: removed by retention or \
-                 deleted from the topic"
-                    .into(),
+                 deleted from the topic (to send it again, restore its row from a backup, then outbox-relay \
+                 republish --ids ID; docs/operations.md, OutboxRelayEventsMissing)"
+                    .replace("ID", &r.id),
             ),
             false => (State::Unknown, "no row, no dead letter and no record of it being published".into()),
         });
@@ -280,9 +281,14 @@ async fn judge(
         SourceMode::Replication => slot_past(client, &config.replication.slot, read_at, wait).await?,
     };
     Ok(match owed {
-        Ok(()) => {
-            (State::Missing, "owed and not in Kafka (outbox-relay verify says which others are)".into())
-        }
+        Ok(()) => (
+            State::Missing,
+            format!(
+                "owed and not in Kafka: send it again with outbox-relay republish --ids {} (outbox-relay verify says \
+                 which others are; docs/operations.md, OutboxRelayEventsMissing)",
+                r.id
+            ),
+        ),
         Err(why) => (State::Pending, format!("pending: {why}")),
     })
 }

@@ -54,7 +54,10 @@ async fn slot_memory(client: &Client) -> Finding {
         ),
         Err(e) => Finding::fail(
             "replication.slot_memory",
-            format!("cannot read outbox_relay_slots.created_timeline and outbox_table: {e}"),
+            format!(
+                "cannot read outbox_relay_slots.created_timeline and outbox_table: {}",
+                crate::error::describe_pg(&e)
+            ),
             "apply sql/006_relay_slots.sql, sql/007_relay_slots_timeline.sql and sql/008_relay_slots_owner.sql, and \
              grant the table (sql/100_relay_role.sql)",
         ),
@@ -80,7 +83,7 @@ async fn synchronized_standby_slots(client: &Client) -> Finding {
         ),
         Err(e) => Finding::warn(
             "postgres.synchronized_standby_slots",
-            format!("cannot read synchronized_standby_slots: {e}"),
+            format!("cannot read synchronized_standby_slots: {}", crate::error::describe_pg(&e)),
             "check the role can run SHOW",
         ),
     }

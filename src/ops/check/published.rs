@@ -25,7 +25,7 @@ pub(super) async fn finding(client: &Client, role: &str) -> Finding {
         ),
         Err(e) => Finding::warn(
             CHECK,
-            format!("cannot check outbox_relay_published: {e}"),
+            format!("cannot check outbox_relay_published: {}", crate::error::describe_pg(&e)),
             "apply sql/010_published.sql",
         ),
     }

@@ -18,7 +18,7 @@ pub(super) async fn checks(config: &RelayConfig, outbox: &Outbox, client: &Clien
             format!("wal_level = {level}; replication mode needs logical"),
             "set wal_level = logical in postgresql.conf (ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL, or use source.mode = \"polling\"",
         )),
-        Err(e) => findings.push(Finding::fail("postgres.wal_level", format!("cannot read wal_level: {e}"), "check the role can run SHOW")),
+        Err(e) => findings.push(Finding::fail("postgres.wal_level", format!("cannot read wal_level: {}", crate::error::describe_pg(&e)), "check the role can run SHOW")),
     }
     findings.push(role_check(config, client).await);
     for name in ["max_replication_slots", "max_wal_senders"] {
@@ -31,7 +31,7 @@ pub(super) async fn checks(config: &RelayConfig, outbox: &Outbox, client: &Clien
             )),
             Err(e) => findings.push(Finding::fail(
                 setting_check_name(name),
-                format!("cannot read {name}: {e}"),
+                format!("cannot read {name}: {}", crate::error::describe_pg(&e)),
                 "check the role can run SHOW",
             )),
         }
@@ -46,7 +46,7 @@ pub(super) async fn checks(config: &RelayConfig, outbox: &Outbox, client: &Clien
             "set max_slot_wal_keep_size to WAL rate x the longest relay outage you accept (docs/deployment.md, PostgreSQL: versions and settings)",
         )),
         Ok(size) => findings.push(Finding::ok("postgres.max_slot_wal_keep_size", format!("max_slot_wal_keep_size = {size}"))),
-        Err(e) => findings.push(Finding::warn("postgres.max_slot_wal_keep_size", format!("cannot read it: {e}"), "PostgreSQL 13 or newer is required")),
+        Err(e) => findings.push(Finding::warn("postgres.max_slot_wal_keep_size", format!("cannot read it: {}", crate::error::describe_pg(&e)), "PostgreSQL 13 or newer is required")),
     }
     findings
 }
@@ -114,6 +114,16 @@ fn describe(info: &SlotInfo) -> String {
 async fn publication_check((config, outbox): (&RelayConfig, &Outbox), client: &Client) -> Finding {
     let publication = &config.replication.publication;
     let table = &outbox.table;
+    // (without the table there is nothing to publish, and no owner to name)
+    if let Ok(row) = client.query_one("SELECT to_regclass($1) IS NULL", &[&table.qualified()]).await
+        && row.get::<_, bool>(0)
+    {
+        return Finding::fail(
+            "replication.publication",
+            format!("cannot tell: table {} does not exist (outbox.table)", table.display_name()),
+            "apply the migrations in sql/ first, then run check again",
+        );
+    }
     let exists = client.query_opt("SELECT 1 FROM pg_publication WHERE pubname = $1", &[publication]).await;
     let problem = match exists {
         Ok(Some(_)) => publication::problem(config, client).await,
@@ -140,7 +150,7 @@ async fn publication_check((config, outbox): (&RelayConfig, &Outbox), client: &C
         ),
         Err(e) => Finding::fail(
             "replication.publication",
-            format!("cannot read pg_publication: {e}"),
+            format!("cannot read pg_publication: {}", crate::error::describe_pg(&e)),
             "check the role's privileges",
         ),
     }
@@ -172,7 +182,10 @@ async fn missing_publication((config, outbox): (&RelayConfig, &Outbox), client: 
         Ok(Some(refusal)) => Finding::fail("replication.publication", refusal.problem, refusal.fix),
         Err(e) => Finding::fail(
             "replication.publication",
-            format!("cannot tell whether this role may create the publication: {e}"),
+            format!(
+                "cannot tell whether this role may create the publication: {}",
+                crate::error::describe_pg(&e)
+            ),
             "check the role can read pg_class",
         ),
     }
@@ -198,7 +211,7 @@ async fn emit_check(client: &Client) -> Finding {
         Ok(_) => Finding::ok("replication.emit", "pg_logical_emit_message is not executable by PUBLIC"),
         Err(e) => Finding::warn(
             "replication.emit",
-            format!("cannot check pg_logical_emit_message: {e}"),
+            format!("cannot check pg_logical_emit_message: {}", crate::error::describe_pg(&e)),
             "check the role can read pg_proc",
         ),
     }
@@ -231,7 +244,7 @@ async fn role_check(config: &RelayConfig, client: &Client) -> Finding {
         ),
         Err(e) => Finding::fail(
             "postgres.role",
-            format!("cannot read role attributes: {e}"),
+            format!("cannot read role attributes: {}", crate::error::describe_pg(&e)),
             "check the role can read pg_roles",
         ),
     }

@@ -133,7 +133,11 @@ pub(super) async fn privilege_finding(config: &RelayConfig, outbox: &Outbox, cli
     let (superuser, replication, owner): (bool, bool, bool) = match row {
         Ok(row) => (row.get(0), row.get(1), row.get(2)),
         Err(e) => {
-            return Finding::warn(CHECK, format!("cannot read pg_roles: {e}"), "check the role's privileges");
+            return Finding::warn(
+                CHECK,
+                format!("cannot read pg_roles: {}", crate::error::describe_pg(&e)),
+                "check the role's privileges",
+            );
         }
     };
     let role = &config.postgres.user;
@@ -162,7 +166,13 @@ pub(super) async fn public_connect_finding(client: &Client) -> Finding {
         .await;
     let (database, public): (String, bool) = match row {
         Ok(row) => (row.get(0), row.get(1)),
-        Err(e) => return Finding::warn(CHECK, format!("cannot read the database's privileges: {e}"), ""),
+        Err(e) => {
+            return Finding::warn(
+                CHECK,
+                format!("cannot read the database's privileges: {}", crate::error::describe_pg(&e)),
+                "",
+            );
+        }
     };
     let database = quote_ident(&database);
     if !public {

@@ -16,10 +16,23 @@ const SAMPLE_ROWS: i64 = 10_000;
 pub(super) async fn finding(outbox: &Outbox, client: &Client, known: &BTreeSet<String>) -> Finding {
     let routed = match routed_topics(outbox, client).await {
         Ok(routed) => routed,
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
+            return Finding::warn(
+                "kafka.topics",
+                format!(
+                    "cannot list the topics the outbox routes to: table {} does not exist (outbox.table)",
+                    outbox.table.display_name()
+                ),
+                "apply the migrations in sql/ first, then run check again",
+            );
+        }
         Err(e) => {
             return Finding::warn(
                 "kafka.topics",
-                format!("cannot read the outbox's recent rows to list their topics: {e}"),
+                format!(
+                    "cannot read the outbox's recent rows to list their topics: {}",
+                    crate::error::describe_pg(&e)
+                ),
                 "grant the relay role SELECT on the outbox table",
             );
         }
