@@ -7,7 +7,8 @@
 //!   headers that are not a JSON object, an invalid topic) or when Kafka refuses the record
 //!   permanently (unknown topic, too large, not authorized), or, in the stream, when it comes as
 //!   a non-transactional outbox message (anyone may write one, even in a rolled-back
-//!   transaction); nothing else is;
+//!   transaction) or one whose digest `replication.message_signing_key_file` does not verify
+//!   (not `outbox_emit()`'s); nothing else is;
 //! - `dead_letter`: the event is written to the dead-letter table with one statement
 //!   ([`DeadLetters::write`]) in one row shape: `row_data` holds the row's event columns as
 //!   text, keyed by the default column names (`id`, `aggregate_type`, `aggregate_id`,
@@ -18,7 +19,9 @@
 //!   past it, and never publishes again what Kafka already acknowledged;
 //! - with `dead_letter.signing_key_file`, each letter carries the key's digest of its outbox,
 //!   event id and `row_data` ([`signing`]): `replay-dead-letters` replays only letters the relay
-//!   wrote (or the operator vouched for), whoever else may INSERT into the table.
+//!   wrote (or the operator vouched for), whoever else may INSERT into the table. A letter of a
+//!   message the relay does not trust (forged, or non-transactional) is written unsigned
+//!   ([`DeadLetter::unsigned`]): the relay wrote it, but does not vouch for its content.
 
 use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
@@ -65,6 +68,10 @@ pub struct DeadLetter {
     pub reason: String,
     /// The outbox it came from (see [`KafkaRecord::outbox`]): its table and policy decide.
     pub outbox: OutboxId,
+    /// Whether the relay signs it (with `dead_letter.signing_key_file`): not a message it could
+    /// not trust (a forged or a non-transactional outbox message), whose letter
+    /// `replay-dead-letters` must not send unless the operator vouches for it.
+    pub signed: bool,
 }
 
 /// What a dead letter keeps of its event, to write as `row_data`: the row as read, or the
@@ -107,18 +114,25 @@ impl DeadLetter {
             row: LetterRow::Row(row),
             reason,
             outbox: OutboxId::default(),
+            signed: true,
         }
     }
 
     /// A record Kafka refused permanently.
     pub fn refused(event: KafkaRecord, reason: String) -> DeadLetter {
         let outbox = event.outbox;
-        DeadLetter { id: event.id.clone(), row: LetterRow::Record(event), reason, outbox }
+        DeadLetter { id: event.id.clone(), row: LetterRow::Record(event), reason, outbox, signed: true }
     }
 
     /// The letter, of the outbox `outbox`.
     pub fn in_outbox(self, outbox: OutboxId) -> DeadLetter {
         DeadLetter { outbox, ..self }
+    }
+
+    /// The letter, written without a digest: the relay does not vouch for what it holds (a
+    /// message anyone may have written), so a replay refuses it unless vouched for.
+    pub fn unsigned(self) -> DeadLetter {
+        DeadLetter { signed: false, ..self }
     }
 }
 
@@ -208,6 +222,9 @@ impl OutboxLetters {
             Some(Err(why)) => return Err(RelayError::fatal(FatalReason::Config, why.clone())),
         };
         let digest = |letter: &&DeadLetter| {
+            if !letter.signed {
+                return None;
+            }
             let row_data = match &letter.row {
                 LetterRow::Row(raw) => raw.row_data(),
                 LetterRow::Record(event) => event.row_data(),

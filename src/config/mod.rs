@@ -250,6 +250,13 @@ pub struct ReplicationConfig {
     /// one only the start is read: an outbox event is dead-lettered by reference, anything else
     /// skipped, instead of exhausting memory.
     pub max_message_bytes: usize,
+    /// A file holding the key (its bytes less trailing whitespace, at least
+    /// [`MIN_SIGNING_KEY_BYTES`]) `outbox_emit()` signs its messages with: the key installed in
+    /// the table `outbox_emit_key` (`sql/012_outbox_emit_signed.sql`). Set, only messages whose
+    /// digest this key verifies are published; any other message with the prefix is
+    /// dead-lettered (a login calling `pg_logical_emit_message` itself, where the REVOKE of
+    /// `sql/005` could not run). Empty: messages are published unverified.
+    pub message_signing_key_file: String,
 }
 
 impl Default for ReplicationConfig {
@@ -266,6 +273,7 @@ impl Default for ReplicationConfig {
             max_in_flight_events: DEFAULT_MAX_IN_FLIGHT_EVENTS,
             max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            message_signing_key_file: String::new(),
         }
     }
 }
@@ -289,7 +297,8 @@ pub struct DeadLetterConfig {
     pub signing_key_file: String,
 }
 
-/// The shortest `dead_letter.signing_key_file` key, in bytes.
+/// The shortest `dead_letter.signing_key_file` (and `replication.message_signing_key_file`) key,
+/// in bytes.
 pub const MIN_SIGNING_KEY_BYTES: usize = 32;
 
 impl Default for DeadLetterConfig {

@@ -52,8 +52,10 @@ impl RelayConfig {
         self.validate_dedup()?;
         self.validate_metrics()?;
         for outbox in self.outboxes() {
-            validate_signing_key(&outbox.dead_letter.signing_key_file)?;
+            validate_signing_key("dead_letter.signing_key_file", &outbox.dead_letter.signing_key_file)?;
         }
+        let messages = &self.replication.message_signing_key_file;
+        validate_signing_key("replication.message_signing_key_file", messages)?;
         if self.retry.initial_backoff_ms == 0 {
             return Err(ConfigError::invalid("retry.initial_backoff_ms", "must be > 0"));
         }
@@ -202,12 +204,11 @@ impl RelayConfig {
     }
 }
 
-/// The dead letters' key file, when set: readable, and long enough.
-fn validate_signing_key(path: &str) -> Result<(), ConfigError> {
+/// A key file (`setting`), when set: readable, and long enough.
+fn validate_signing_key(setting: &str, path: &str) -> Result<(), ConfigError> {
     if path.is_empty() {
         return Ok(());
     }
-    let setting = "dead_letter.signing_key_file";
     let bytes =
         std::fs::read(path).map_err(|e| ConfigError::invalid(setting, format!("cannot read {path}: {e}")))?;
     let held = bytes.iter().rposition(|b| !b.is_ascii_whitespace()).map_or(0, |i| i + 1);
