@@ -63,13 +63,22 @@ impl RelayConfig {
             let file = outbox.config.registry?.password_file;
             Some((format!("{}.registry.password_file", outbox.path), file))
         });
+        let letter_keys = self
+            .outboxes()
+            .into_iter()
+            .map(|o| ("dead_letter.signing_key_file".to_string(), o.dead_letter.signing_key_file));
         [
             ("postgres.password_file".to_string(), self.postgres.password_file.clone()),
             ("postgres.sslkey".to_string(), self.postgres.sslkey.clone()),
             ("kafka.secret_properties_file".to_string(), self.kafka.secret_properties_file.clone()),
+            (
+                "replication.message_signing_key_file".to_string(),
+                self.replication.message_signing_key_file.clone(),
+            ),
         ]
         .into_iter()
         .chain(registries)
+        .chain(letter_keys)
         .filter_map(|(setting, path)| super::file_mode_warning(&setting, &path))
         .collect()
     }
