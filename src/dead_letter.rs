@@ -38,7 +38,7 @@ use crate::observe::metrics::{Mode, metrics};
 use crate::observe::pulse::Pulse;
 use crate::outboxes::{Outbox, Outboxes};
 use crate::record::{KafkaRecord, OutboxRow, Unpublishable};
-use crate::table::qualified_name;
+use crate::table::{RowAt, qualified_name};
 
 mod signing;
 
@@ -72,6 +72,10 @@ pub struct DeadLetter {
     /// not trust (a forged or a non-transactional outbox message), whose letter
     /// `replay-dead-letters` must not send unless the operator vouches for it.
     pub signed: bool,
+    /// A row the relay did not read (polling: over `polling.max_row_bytes`), where it lies:
+    /// PostgreSQL copies it whole from there into the letter ([`DeadLetters::write`]); `row`
+    /// holds its id alone.
+    pub unread: Option<RowAt>,
 }
 
 /// What a dead letter keeps of its event, to write as `row_data`: the row as read, or the
@@ -115,13 +119,29 @@ impl DeadLetter {
             reason,
             outbox: OutboxId::default(),
             signed: true,
+            unread: None,
         }
+    }
+
+    /// A polling row of `bytes` bytes (its event columns as text), over `polling.max_row_bytes`
+    /// (`limit`), lying `at`: not read, so not signed; PostgreSQL copies it into its letter.
+    pub fn unread(at: RowAt, bytes: u64, limit: usize) -> DeadLetter {
+        let reason = format!(
+            "row {} is {bytes} bytes (its event columns as text), more than polling.max_row_bytes ({limit}): the \
+             relay did not read it (it would hold it several times over); PostgreSQL copied it whole into this \
+             letter, unsigned (the relay signs only what it read). To publish it, raise polling.max_row_bytes and \
+             the memory limit with it, and replay it with --vouch once checked",
+            at.id
+        );
+        let row = OutboxRow { id: Some(at.id.clone()), ..OutboxRow::default() };
+        DeadLetter { unread: Some(at), ..DeadLetter::row(row, reason).unsigned() }
     }
 
     /// A record Kafka refused permanently.
     pub fn refused(event: KafkaRecord, reason: String) -> DeadLetter {
         let outbox = event.outbox;
-        DeadLetter { id: event.id.clone(), row: LetterRow::Record(event), reason, outbox, signed: true }
+        let id = event.id.clone();
+        DeadLetter { id, row: LetterRow::Record(event), reason, outbox, signed: true, unread: None }
     }
 
     /// The letter, of the outbox `outbox`.
@@ -180,6 +200,8 @@ struct OutboxLetters {
     insert_sql: String,
     dead_lettered_sql: String,
     source_table: String,
+    /// Copies unread rows into letters ([`DeadLetter::unread`]).
+    copy_sql: String,
     policy: OnPoison,
     /// The key letters are signed with (`dead_letter.signing_key_file`), or why it could not be
     /// read; `None`: letters are not signed.
@@ -207,6 +229,7 @@ impl OutboxLetters {
                 qualified_name(schema, table)
             ),
             source_table: outbox.table.display_name(),
+            copy_sql: outbox.table.copy_to_letters_sql(&qualified_name(schema, table)),
             policy: outbox.dead_letter.on_poison,
             signing,
         }
@@ -352,7 +375,14 @@ impl DeadLetters {
         let mut written = 0;
         // one statement per outbox with letters (each has its table)
         for (outbox, of) in self.outboxes.iter() {
-            let letters: Vec<&DeadLetter> = letters.iter().filter(|l| l.outbox == outbox).collect();
+            let (unread, letters): (Vec<&DeadLetter>, Vec<&DeadLetter>) =
+                letters.iter().filter(|l| l.outbox == outbox).partition(|l| l.unread.is_some());
+            if !unread.is_empty() {
+                let (tableoids, ctids) = RowAt::params(unread.iter().filter_map(|l| l.unread.as_ref()));
+                let reasons: Vec<&str> = unread.iter().map(|l| l.reason.as_str()).collect();
+                let params: [&(dyn ToSql + Sync); 4] = [&of.source_table, &tableoids, &ctids, &reasons];
+                written += client.execute(&of.copy_sql, &params).await?;
+            }
             if letters.is_empty() {
                 continue;
             }

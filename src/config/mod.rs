@@ -198,6 +198,10 @@ pub struct PollingConfig {
     /// A claim ends once its rows hold this many bytes (of the event columns), so memory stays
     /// bounded whatever the rows' size; a row larger than this is claimed alone.
     pub max_batch_bytes: usize,
+    /// The largest row (its event columns as text) a claim fetches; of a larger one only its id
+    /// and size are fetched, and PostgreSQL copies it whole into the dead-letter table, unread by
+    /// the relay (the counterpart of `replication.max_message_bytes`).
+    pub max_row_bytes: usize,
 }
 
 impl Default for PollingConfig {
@@ -213,6 +217,7 @@ impl Default for PollingConfig {
             leader_lock_key: DEFAULT_LEADER_LOCK_KEY,
             claim_timeout_ms: DEFAULT_CLAIM_TIMEOUT_MS,
             max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
+            max_row_bytes: DEFAULT_MAX_MESSAGE_BYTES,
         }
     }
 }

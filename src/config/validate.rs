@@ -194,6 +194,12 @@ impl RelayConfig {
                 "must be between 65536 (64 KiB) and 1073741824 (1 GiB)",
             ));
         }
+        if !((1 << 20)..=(1 << 30)).contains(&p.max_row_bytes) {
+            return Err(ConfigError::invalid(
+                "polling.max_row_bytes",
+                "must be between 1048576 (1 MiB) and 1073741824 (1 GiB)",
+            ));
+        }
         if p.after_publish == AfterPublish::Mark && p.published_at_column.is_empty() {
             return Err(ConfigError::invalid(
                 "polling.published_at_column",
