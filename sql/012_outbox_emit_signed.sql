@@ -1,6 +1,6 @@
 -- Signed outbox_emit() messages (issue 46, N1). The relay publishes a transactional logical
 -- decoding message with the 'outbox' prefix under the event id its content names. Where the
--- REVOKE of sql/005 cannot run (a managed PostgreSQL without a superuser), any login may call
+-- REVOKE of sql/005_outbox_emit.sql cannot run (a managed PostgreSQL without a superuser), any login may call
 -- pg_logical_emit_message(true, 'outbox', ...) and name a real event's id: its forged event,
 -- published first, makes a consumer that deduplicates by id skip the real one.
 --
@@ -111,6 +111,6 @@ $create$, '@key_table@', format('%I.outbox_emit_key', current_schema()));
 END
 $outer$;
 
--- CREATE OR REPLACE keeps the grants of sql/005; repeated for a database that lacks them.
+-- CREATE OR REPLACE keeps the grants of sql/005_outbox_emit.sql; repeated for a database that lacks them.
 REVOKE EXECUTE ON FUNCTION outbox_emit(text, text, text, jsonb, jsonb, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION outbox_emit(text, text, text, jsonb, jsonb, text, text) TO outbox_writer;

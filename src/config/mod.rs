@@ -260,7 +260,7 @@ pub struct ReplicationConfig {
     /// the table `outbox_emit_key` (`sql/012_outbox_emit_signed.sql`). Set, only messages whose
     /// digest this key verifies are published; any other message with the prefix is
     /// dead-lettered (a login calling `pg_logical_emit_message` itself, where the REVOKE of
-    /// `sql/005` could not run). Empty: messages are published unverified.
+    /// `sql/005_outbox_emit.sql` could not run). Empty: messages are published unverified.
     pub message_signing_key_file: String,
 }
 

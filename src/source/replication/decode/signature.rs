@@ -119,7 +119,7 @@ mod tests {
 
     #[test]
     fn a_digest_outbox_emit_wrote_verifies() {
-        // as sql/012's outbox_emit() signed this event under the key 'k' x 32 (PostgreSQL 15)
+        // as sql/012_outbox_emit_signed.sql's outbox_emit() signed this event under the key 'k' x 32 (PostgreSQL 15)
         let key = MessageKey::new(&[b'k'; 32]).unwrap();
         let digest = "b3661ecc6028854f05c8b03236574cd3c7d923c868232bc17027256c3834116d";
         assert_eq!(key.check(&row("bf303ab3-f8e6-45fa-94c7-498ca6030733"), Some(digest)), Ok(()));

@@ -190,7 +190,7 @@ fn message_content_becomes_a_raw_event() {
     .unwrap();
     assert_eq!(raw.payload.as_deref(), Some("{\"a\": 1}"));
     assert_eq!((raw.topic, digest), (None, None));
-    // sql/012's outbox_emit() adds its digest (null without a key)
+    // sql/012_outbox_emit_signed.sql's outbox_emit() adds its digest (null without a key)
     let (_, digest) = message_event(br#"{"id":"u1","digest":"00ff"}"#).unwrap();
     assert_eq!(digest.as_deref(), Some("00ff"));
     assert_eq!(message_event(br#"{"id":"u1","digest":null}"#).unwrap().1, None);
