@@ -64,9 +64,17 @@ async fn a_role_with_only_connect_gets_nothing_onto_any_topic() {
     let reason: String = admin.query_one("SELECT reason FROM outbox_dead_letter", &[]).await.unwrap().get(0);
     assert!(reason.contains("non-transactional"), "{reason}");
 
-    // and check finds nothing to warn about
+    // and check finds nothing to warn about who may emit
     let (_, stdout, _) = run_relay(&["check", "--config", s.config().to_str().unwrap()], IDLE);
     assert!(stdout.contains("OK   replication.emit"), "{stdout}");
+    // but that messages and letters are unsigned, naming the settings
+    for (line, setting) in [
+        ("WARN replication.message_signing", "replication.message_signing_key_file"),
+        ("WARN dead_letter.signing", "dead_letter.signing_key_file"),
+    ] {
+        let warning = stdout.lines().find(|l| l.starts_with(line)).unwrap_or_else(|| panic!("{stdout}"));
+        assert!(warning.contains(setting), "{warning}");
+    }
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
 }
 
@@ -189,4 +197,16 @@ async fn a_forged_message_naming_a_real_id_is_dead_lettered_where_the_revoke_did
     })
     .await;
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+
+    // and a replay of the letters sends neither: the relay did not sign them
+    let config = s.config().display().to_string();
+    let (code, stdout, stderr) = run_relay(&["replay-dead-letters", "--config", &config], EXIT_LIMIT);
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert_eq!(stdout.matches("refused, not sent").count(), 2, "{stdout}{stderr}");
+    let late = consume(&consumer, 1, Duration::from_secs(3)).await;
+    assert!(late.is_empty(), "a replay published a forged event: {late:?}");
+    // and check says messages are verified and letters signed
+    let (_, stdout, _) = run_relay(&["check", "--config", &config], IDLE);
+    assert!(stdout.contains("OK   replication.message_signing"), "{stdout}");
+    assert!(stdout.contains("OK   dead_letter.signing"), "{stdout}");
 }
