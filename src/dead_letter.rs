@@ -201,7 +201,7 @@ struct OutboxLetters {
     dead_lettered_sql: String,
     source_table: String,
     /// Copies unread rows into letters ([`DeadLetter::unread`]).
-    copy_sql: String,
+    copy_unread_sql: String,
     policy: OnPoison,
     /// The key letters are signed with (`dead_letter.signing_key_file`), or why it could not be
     /// read; `None`: letters are not signed.
@@ -229,7 +229,7 @@ impl OutboxLetters {
                 qualified_name(schema, table)
             ),
             source_table: outbox.table.display_name(),
-            copy_sql: outbox.table.copy_to_letters_sql(&qualified_name(schema, table)),
+            copy_unread_sql: outbox.table.copy_to_letters_sql(&qualified_name(schema, table)),
             policy: outbox.dead_letter.on_poison,
             signing,
         }
@@ -381,7 +381,7 @@ impl DeadLetters {
                 let (tableoids, ctids) = RowAt::params(unread.iter().filter_map(|l| l.unread.as_ref()));
                 let reasons: Vec<&str> = unread.iter().map(|l| l.reason.as_str()).collect();
                 let params: [&(dyn ToSql + Sync); 4] = [&of.source_table, &tableoids, &ctids, &reasons];
-                written += client.execute(&of.copy_sql, &params).await?;
+                written += client.execute(&of.copy_unread_sql, &params).await?;
             }
             if letters.is_empty() {
                 continue;
