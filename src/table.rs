@@ -555,6 +555,28 @@ mod tests {
     }
 
     #[test]
+    fn a_claim_fetches_only_the_id_of_a_row_over_the_row_bound() {
+        let table = OutboxTable::new(&config(AfterPublish::Delete));
+        let claim = table.claim_sql();
+        // every event column but the id is fetched only under $2, measured once per row
+        for alias in
+            [col::AGGREGATE_TYPE, col::AGGREGATE_ID, col::EVENT_TYPE, col::PAYLOAD, col::HEADERS, col::TOPIC]
+        {
+            assert!(claim.contains(&format!("<= $2 THEN v.{alias} END AS {alias}")), "{alias}: {claim}");
+        }
+        assert!(claim.starts_with("SELECT v.id, "), "{claim}");
+        assert!(claim.contains("OFFSET 0) v") && claim.contains("AS relay_row_bytes"), "{claim}");
+        assert!(claim.ends_with("LIMIT $1 FOR UPDATE OF t SKIP LOCKED"), "{claim}");
+        // and the letter of such a row is made from the row by PostgreSQL, keyed as row_data is
+        let copy = table.copy_to_letters_sql("\"public\".\"outbox_dead_letter\"");
+        assert!(copy.starts_with(
+            "INSERT INTO \"public\".\"outbox_dead_letter\" (source_table, event_id, row_data, reason)"
+        ));
+        assert!(copy.contains("jsonb_build_object('id', t.\"id\"::text, 'aggregate_type', "), "{copy}");
+        assert!(copy.contains("'payload', t.\"payload\"::text"), "{copy}");
+    }
+
+    #[test]
     fn columns_are_aliased_for_reading_by_name() {
         let mut c = config(AfterPublish::Delete);
         c.outbox.columns.event_type = "type".into();

@@ -101,8 +101,8 @@ impl<S: Sink> PollingSource<S> {
         }
         let claimed = rows.len();
         let (rows, dead_lettered) = already_dead_lettered(&session.dead_lettered[outbox], rows);
-        let unread = (outbox, self.config.polling.max_row_bytes);
-        let rows = batch::map(&self.outboxes[outbox].mapping, rows, (session.nonce, batch), unread)?;
+        let row_bound = (outbox, self.config.polling.max_row_bytes);
+        let rows = batch::map(&self.outboxes[outbox].mapping, rows, (session.nonce, batch), row_bound)?;
         let unread = delivery.unread(rows.iter().filter_map(|(_, row)| row.as_ref().ok()));
         let unread: Vec<String> = unread.into_iter().map(String::from).collect();
         if !unread.is_empty() {
