@@ -7,7 +7,8 @@
 //!   headers that are not a JSON object, an invalid topic) or when Kafka refuses the record
 //!   permanently (unknown topic, too large, not authorized), or, in the stream, when it comes as
 //!   a non-transactional outbox message (anyone may write one, even in a rolled-back
-//!   transaction); nothing else is;
+//!   transaction) or one whose digest `replication.message_signing_key_file` does not verify
+//!   (not `outbox_emit()`'s); nothing else is;
 //! - `dead_letter`: the event is written to the dead-letter table with one statement
 //!   ([`DeadLetters::write`]) in one row shape: `row_data` holds the row's event columns as
 //!   text, keyed by the default column names (`id`, `aggregate_type`, `aggregate_id`,
@@ -18,7 +19,9 @@
 //!   past it, and never publishes again what Kafka already acknowledged;
 //! - with `dead_letter.signing_key_file`, each letter carries the key's digest of its outbox,
 //!   event id and `row_data` ([`signing`]): `replay-dead-letters` replays only letters the relay
-//!   wrote (or the operator vouched for), whoever else may INSERT into the table.
+//!   wrote (or the operator vouched for), whoever else may INSERT into the table. A letter of a
+//!   message the relay does not trust (forged, or non-transactional) is written unsigned
+//!   ([`DeadLetter::unsigned`]): the relay wrote it, but does not vouch for its content.
 
 use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
@@ -35,7 +38,7 @@ use crate::observe::metrics::{Mode, metrics};
 use crate::observe::pulse::Pulse;
 use crate::outboxes::{Outbox, Outboxes};
 use crate::record::{KafkaRecord, OutboxRow, Unpublishable};
-use crate::table::qualified_name;
+use crate::table::{RowAt, qualified_name};
 
 mod signing;
 
@@ -65,6 +68,14 @@ pub struct DeadLetter {
     pub reason: String,
     /// The outbox it came from (see [`KafkaRecord::outbox`]): its table and policy decide.
     pub outbox: OutboxId,
+    /// Whether the relay signs it (with `dead_letter.signing_key_file`): not a message it could
+    /// not trust (a forged or a non-transactional outbox message), whose letter
+    /// `replay-dead-letters` must not send unless the operator vouches for it.
+    pub signed: bool,
+    /// A row the relay did not read (polling: over `polling.max_row_bytes`), where it lies:
+    /// PostgreSQL copies it whole from there into the letter ([`DeadLetters::write`]); `row`
+    /// holds its id alone.
+    pub unread: Option<RowAt>,
 }
 
 /// What a dead letter keeps of its event, to write as `row_data`: the row as read, or the
@@ -107,18 +118,41 @@ impl DeadLetter {
             row: LetterRow::Row(row),
             reason,
             outbox: OutboxId::default(),
+            signed: true,
+            unread: None,
         }
+    }
+
+    /// A polling row of `bytes` bytes (its event columns as text), over `polling.max_row_bytes`
+    /// (`limit`), lying `at`: not read, so not signed; PostgreSQL copies it into its letter.
+    pub fn unread(at: RowAt, bytes: u64, limit: usize) -> DeadLetter {
+        let reason = format!(
+            "row {} is {bytes} bytes (its event columns as text), more than polling.max_row_bytes ({limit}): the \
+             relay did not read it (it would hold it several times over); PostgreSQL copied it whole into this \
+             letter, unsigned (the relay signs only what it read). To publish it, raise polling.max_row_bytes and \
+             the memory limit with it, and replay it with --vouch once checked",
+            at.id
+        );
+        let row = OutboxRow { id: Some(at.id.clone()), ..OutboxRow::default() };
+        DeadLetter { unread: Some(at), ..DeadLetter::row(row, reason).unsigned() }
     }
 
     /// A record Kafka refused permanently.
     pub fn refused(event: KafkaRecord, reason: String) -> DeadLetter {
         let outbox = event.outbox;
-        DeadLetter { id: event.id.clone(), row: LetterRow::Record(event), reason, outbox }
+        let id = event.id.clone();
+        DeadLetter { id, row: LetterRow::Record(event), reason, outbox, signed: true, unread: None }
     }
 
     /// The letter, of the outbox `outbox`.
     pub fn in_outbox(self, outbox: OutboxId) -> DeadLetter {
         DeadLetter { outbox, ..self }
+    }
+
+    /// The letter, written without a digest: the relay does not vouch for what it holds (a
+    /// message anyone may have written), so a replay refuses it unless vouched for.
+    pub fn unsigned(self) -> DeadLetter {
+        DeadLetter { signed: false, ..self }
     }
 }
 
@@ -166,6 +200,8 @@ struct OutboxLetters {
     insert_sql: String,
     dead_lettered_sql: String,
     source_table: String,
+    /// Copies unread rows into letters ([`DeadLetter::unread`]).
+    copy_unread_sql: String,
     policy: OnPoison,
     /// The key letters are signed with (`dead_letter.signing_key_file`), or why it could not be
     /// read; `None`: letters are not signed.
@@ -193,6 +229,7 @@ impl OutboxLetters {
                 qualified_name(schema, table)
             ),
             source_table: outbox.table.display_name(),
+            copy_unread_sql: outbox.table.copy_to_letters_sql(&qualified_name(schema, table)),
             policy: outbox.dead_letter.on_poison,
             signing,
         }
@@ -208,6 +245,9 @@ impl OutboxLetters {
             Some(Err(why)) => return Err(RelayError::fatal(FatalReason::Config, why.clone())),
         };
         let digest = |letter: &&DeadLetter| {
+            if !letter.signed {
+                return None;
+            }
             let row_data = match &letter.row {
                 LetterRow::Row(raw) => raw.row_data(),
                 LetterRow::Record(event) => event.row_data(),
@@ -335,7 +375,14 @@ impl DeadLetters {
         let mut written = 0;
         // one statement per outbox with letters (each has its table)
         for (outbox, of) in self.outboxes.iter() {
-            let letters: Vec<&DeadLetter> = letters.iter().filter(|l| l.outbox == outbox).collect();
+            let (unread, letters): (Vec<&DeadLetter>, Vec<&DeadLetter>) =
+                letters.iter().filter(|l| l.outbox == outbox).partition(|l| l.unread.is_some());
+            if !unread.is_empty() {
+                let (tableoids, ctids) = RowAt::params(unread.iter().filter_map(|l| l.unread.as_ref()));
+                let reasons: Vec<&str> = unread.iter().map(|l| l.reason.as_str()).collect();
+                let params: [&(dyn ToSql + Sync); 4] = [&of.source_table, &tableoids, &ctids, &reasons];
+                written += client.execute(&of.copy_unread_sql, &params).await?;
+            }
             if letters.is_empty() {
                 continue;
             }

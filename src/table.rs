@@ -46,6 +46,8 @@ pub mod col {
     pub const CTID: &str = "relay_ctid";
     /// `locate`: the row is still unpublished (`mark` mode; always true in `delete` mode).
     pub const UNPUBLISHED: &str = "relay_unpublished";
+    /// Polling's claim: the bytes of the row's event columns as text.
+    pub const ROW_BYTES: &str = "relay_row_bytes";
 }
 
 /// The outbox table as the relay addresses it.
@@ -117,13 +119,37 @@ impl OutboxTable {
         }
     }
 
+    /// A column's value as the relay reads it: text, or its raw bytes in a SQL_ASCII database.
+    fn text(&self, name: &str) -> String {
+        match self.raw_text {
+            true => format!("convert_to(t.{}::text, 'SQL_ASCII')", quote_ident(name)),
+            false => format!("t.{}::text", quote_ident(name)),
+        }
+    }
+
+    /// The event columns as [`OutboxTable::text`], each with its alias (a column not configured:
+    /// NULL).
+    fn event_columns(&self) -> [(String, &'static str); 7] {
+        let c = &self.columns;
+        let optional = |name: &str| match name.is_empty() {
+            true => "NULL::text".to_string(),
+            false => self.text(name),
+        };
+        [
+            (self.text(&c.id), col::ID),
+            (self.text(&c.aggregate_type), col::AGGREGATE_TYPE),
+            (self.text(&c.aggregate_id), col::AGGREGATE_ID),
+            (self.text(&c.event_type), col::EVENT_TYPE),
+            (self.text(&c.payload), col::PAYLOAD),
+            (optional(&c.headers), col::HEADERS),
+            (optional(&c.topic), col::TOPIC),
+        ]
+    }
+
     /// `SELECT <the event columns as text, aliased by [`col`]><extra> FROM <table> t <tail>`.
     fn select_events(&self, extra: &str, tail: &str) -> String {
         let c = &self.columns;
-        let text = |name: &str| match self.raw_text {
-            true => format!("convert_to(t.{}::text, 'SQL_ASCII')", quote_ident(name)),
-            false => format!("t.{}::text", quote_ident(name)),
-        };
+        let text = |name: &str| self.text(name);
         let column = |name: &str, alias: &str| format!("{} AS {alias}", text(name));
         let optional = |name: &str, ty: &str, alias: &str| match (name.is_empty(), ty) {
             (true, _) => format!("NULL::{ty} AS {alias}"),
@@ -145,17 +171,63 @@ impl OutboxTable {
     }
 
     /// Polling: claim the next `$1` unpublished rows in id order, skipping locked ones, with
-    /// where each lies ([`RowAt`]). ORDER BY names the table's column (t.id), not the text output
-    /// column, which would sort "10" before "9".
+    /// where each lies ([`RowAt`]) and the bytes of its event columns as text
+    /// ([`col::ROW_BYTES`]). A row over `$2` bytes comes with its id alone (its other columns
+    /// NULL): it is not read ([`OutboxTable::copy_to_letters_sql`] moves it). The columns' text
+    /// is made once per row (`OFFSET 0` keeps the subquery from being folded into each use).
+    /// ORDER BY names the table's column (t.id), not the text output column, which would sort
+    /// "10" before "9".
     pub fn claim_sql(&self) -> String {
-        let located = format!(", t.tableoid AS {}, t.ctid::text AS {}", col::TABLEOID, col::CTID);
-        self.select_events(
-            &located,
-            &format!(
-                "WHERE {} ORDER BY t.{} LIMIT $1 FOR UPDATE SKIP LOCKED",
-                self.unpublished(),
-                quote_ident(&self.columns.id)
-            ),
+        let columns = self.event_columns();
+        let values: Vec<String> = columns.iter().map(|(text, alias)| format!("{text} AS {alias}")).collect();
+        let bytes: Vec<String> = columns
+            .iter()
+            .map(|(_, alias)| format!("coalesce(octet_length(v.{alias})::bigint, 0)"))
+            .collect();
+        let bytes = format!("({})", bytes.join(" + "));
+        let fetched: Vec<String> = columns
+            .iter()
+            .map(|(_, alias)| match *alias {
+                col::ID => format!("v.{alias}"),
+                _ => format!("CASE WHEN {bytes} <= $2 THEN v.{alias} END AS {alias}"),
+            })
+            .collect();
+        let created_at = match self.columns.created_at.as_str() {
+            "" => format!("NULL::timestamptz AS {}", col::CREATED_AT),
+            name => format!("t.{}::timestamptz AS {}", quote_ident(name), col::CREATED_AT),
+        };
+        format!(
+            "SELECT {}, {created_at}, t.tableoid AS {}, t.ctid::text AS {}, {bytes} AS {} \
+             FROM {} t CROSS JOIN LATERAL (SELECT {} OFFSET 0) v \
+             WHERE {} ORDER BY t.{} LIMIT $1 FOR UPDATE OF t SKIP LOCKED",
+            fetched.join(", "),
+            col::TABLEOID,
+            col::CTID,
+            col::ROW_BYTES,
+            self.qualified(),
+            values.join(", "),
+            self.unpublished(),
+            quote_ident(&self.columns.id)
+        )
+    }
+
+    /// Polling: dead-letter the rows at `$2`, `$3` ([`RowAt`]) into the dead-letter table
+    /// `letters` (quoted), each with its reason in `$4` and `$1` the source table, by PostgreSQL
+    /// alone: `row_data` (the shape [`OutboxRow::row_data`] gives) is made here from the row, which
+    /// the relay did not read (over `polling.max_row_bytes`). No digest: the relay signs only what
+    /// it read.
+    pub fn copy_to_letters_sql(&self, letters: &str) -> String {
+        let columns = self.event_columns();
+        let row_data: Vec<String> =
+            columns.iter().map(|(text, alias)| format!("'{alias}', {text}")).collect();
+        format!(
+            "INSERT INTO {letters} (source_table, event_id, row_data, reason) \
+             SELECT $1, {}, jsonb_build_object({}), u.reason \
+             FROM {} t, unnest($2::oid[], $3::text[]::tid[], $4::text[]) AS u(tableoid, ctid, reason) \
+             WHERE t.ctid = ANY($3::text[]::tid[]) AND t.tableoid = u.tableoid AND t.ctid = u.ctid",
+            columns[0].0,
+            row_data.join(", "),
+            self.qualified()
         )
     }
 
@@ -482,6 +554,31 @@ mod tests {
         assert!(delete.claim_sql().contains("WHERE TRUE ORDER BY t.\"id\""), "{}", delete.claim_sql());
         assert!(delete.release_sql().starts_with("DELETE FROM \"public\".\"outbox_events\" t WHERE t.ctid"));
         assert!(mark.release_sql().starts_with("UPDATE \"public\".\"outbox_events\" t SET \"published_at\""));
+    }
+
+    #[test]
+    fn a_claim_fetches_only_the_id_of_a_row_over_the_row_bound() {
+        let table = {
+            let c = config(AfterPublish::Delete);
+            OutboxTable::of(&c.outbox, &c.polling)
+        };
+        let claim = table.claim_sql();
+        // every event column but the id is fetched only under $2, measured once per row
+        for alias in
+            [col::AGGREGATE_TYPE, col::AGGREGATE_ID, col::EVENT_TYPE, col::PAYLOAD, col::HEADERS, col::TOPIC]
+        {
+            assert!(claim.contains(&format!("<= $2 THEN v.{alias} END AS {alias}")), "{alias}: {claim}");
+        }
+        assert!(claim.starts_with("SELECT v.id, "), "{claim}");
+        assert!(claim.contains("OFFSET 0) v") && claim.contains("AS relay_row_bytes"), "{claim}");
+        assert!(claim.ends_with("LIMIT $1 FOR UPDATE OF t SKIP LOCKED"), "{claim}");
+        // and the letter of such a row is made from the row by PostgreSQL, keyed as row_data is
+        let copy = table.copy_to_letters_sql("\"public\".\"outbox_dead_letter\"");
+        assert!(copy.starts_with(
+            "INSERT INTO \"public\".\"outbox_dead_letter\" (source_table, event_id, row_data, reason)"
+        ));
+        assert!(copy.contains("jsonb_build_object('id', t.\"id\"::text, 'aggregate_type', "), "{copy}");
+        assert!(copy.contains("'payload', t.\"payload\"::text"), "{copy}");
     }
 
     #[test]

@@ -326,3 +326,48 @@ async fn changes_over_the_stream_limit_are_dead_lettered_by_reference_or_skipped
     run.assert_in_kafka_once(3).await;
     run.finish("a 2 MB row and a 2 MB message over a 1 MiB stream limit");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_row_over_the_polling_row_limit_is_dead_lettered_unread_while_the_rest_flow_on() {
+    // given a polling relay that fetches rows of at most 1 MiB
+    const BLOB: i32 = 100_000_000;
+    let limit = [("OUTBOX_RELAY__POLLING__MAX_ROW_BYTES", "1048576")];
+    let run = Run::start_with_env("polling", &limit).await;
+    let client = run.s.db.client().await;
+    let insert = "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+                  VALUES ($1, 'agg', 'E', jsonb_build_object('blob', repeat('x', $2))) RETURNING id::text";
+
+    // when a 100 MB row is committed between two small ones of the same aggregate
+    let mut ids = Vec::new();
+    for size in [1, BLOB, 1] {
+        ids.push(
+            client.query_one(insert, &[&run.s.aggregate_type, &size]).await.unwrap().get::<_, String>(0),
+        );
+    }
+
+    // then the small ones are published, and the big one is dead-lettered with its reason: the
+    // letter holds it whole (PostgreSQL copied it: nothing is lost), unsigned, and it left the
+    // outbox
+    run.wait_published("polling", 2).await;
+    wait_until(run.relay.context("the big row dead-lettered".into()), async || {
+        client.query_one("SELECT count(*) FROM outbox_dead_letter", &[]).await.unwrap().get::<_, i64>(0) == 1
+    })
+    .await;
+    let letter = client
+        .query_one(
+            "SELECT event_id, reason, length(row_data->>'payload'), digest IS NULL FROM outbox_dead_letter",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(letter.get::<_, String>(0), ids[1]);
+    let reason: String = letter.get(1);
+    assert!(reason.contains("more than polling.max_row_bytes (1048576)"), "{reason}");
+    assert!(reason.contains("did not read it"), "{reason}");
+    assert!(letter.get::<_, i32>(2) > BLOB, "the letter's payload is cut");
+    assert!(letter.get::<_, bool>(3), "the relay signed a row it did not read");
+    assert_eq!(run.s.outbox_rows().await, 0);
+    run.assert_in_kafka_once(2).await;
+    // and the relay never held the row: its peak RSS stayed under the row's own size
+    run.finish_within("a 100 MB row over a 1 MiB polling row limit", BLOB as u64);
+}

@@ -56,22 +56,35 @@ impl RelayConfig {
     }
 
     /// A warning for each secret file (`postgres.password_file`, `postgres.sslkey`,
-    /// `kafka.secret_properties_file`, each outbox's `registry.password_file`) that users other
-    /// than its owner can read.
+    /// `kafka.secret_properties_file`, `replication.message_signing_key_file`, each outbox's
+    /// `registry.password_file` and `dead_letter.signing_key_file`) that users other than its
+    /// owner can read.
     pub fn secret_file_warnings(&self) -> Vec<String> {
         let registries = self.outboxes().into_iter().filter_map(|outbox| {
             let file = outbox.config.registry?.password_file;
             Some((format!("{}.registry.password_file", outbox.path), file))
         });
-        [
+        let letter_keys = self
+            .outboxes()
+            .into_iter()
+            .map(|o| ("dead_letter.signing_key_file".to_string(), o.dead_letter.signing_key_file));
+        let mut warnings: Vec<String> = [
             ("postgres.password_file".to_string(), self.postgres.password_file.clone()),
             ("postgres.sslkey".to_string(), self.postgres.sslkey.clone()),
             ("kafka.secret_properties_file".to_string(), self.kafka.secret_properties_file.clone()),
+            (
+                "replication.message_signing_key_file".to_string(),
+                self.replication.message_signing_key_file.clone(),
+            ),
         ]
         .into_iter()
         .chain(registries)
+        .chain(letter_keys)
         .filter_map(|(setting, path)| super::file_mode_warning(&setting, &path))
-        .collect()
+        .collect();
+        // (outboxes sharing [dead_letter] name its key file once)
+        warnings.dedup();
+        warnings
     }
 }
 

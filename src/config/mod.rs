@@ -198,6 +198,10 @@ pub struct PollingConfig {
     /// A claim ends once its rows hold this many bytes (of the event columns), so memory stays
     /// bounded whatever the rows' size; a row larger than this is claimed alone.
     pub max_batch_bytes: usize,
+    /// The largest row (its event columns as text) a claim fetches; of a larger one only its id
+    /// and size are fetched, and PostgreSQL copies it whole into the dead-letter table, unread by
+    /// the relay (the counterpart of `replication.max_message_bytes`).
+    pub max_row_bytes: usize,
 }
 
 impl Default for PollingConfig {
@@ -213,6 +217,7 @@ impl Default for PollingConfig {
             leader_lock_key: DEFAULT_LEADER_LOCK_KEY,
             claim_timeout_ms: DEFAULT_CLAIM_TIMEOUT_MS,
             max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
+            max_row_bytes: DEFAULT_MAX_MESSAGE_BYTES,
         }
     }
 }
@@ -250,6 +255,13 @@ pub struct ReplicationConfig {
     /// one only the start is read: an outbox event is dead-lettered by reference, anything else
     /// skipped, instead of exhausting memory.
     pub max_message_bytes: usize,
+    /// A file holding the key (its bytes less trailing whitespace, at least
+    /// [`MIN_SIGNING_KEY_BYTES`]) `outbox_emit()` signs its messages with: the key installed in
+    /// the table `outbox_emit_key` (`sql/012_outbox_emit_signed.sql`). Set, only messages whose
+    /// digest this key verifies are published; any other message with the prefix is
+    /// dead-lettered (a login calling `pg_logical_emit_message` itself, where the REVOKE of
+    /// `sql/005_outbox_emit.sql` could not run). Empty: messages are published unverified.
+    pub message_signing_key_file: String,
 }
 
 impl Default for ReplicationConfig {
@@ -266,6 +278,7 @@ impl Default for ReplicationConfig {
             max_in_flight_events: DEFAULT_MAX_IN_FLIGHT_EVENTS,
             max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            message_signing_key_file: String::new(),
         }
     }
 }
@@ -289,7 +302,8 @@ pub struct DeadLetterConfig {
     pub signing_key_file: String,
 }
 
-/// The shortest `dead_letter.signing_key_file` key, in bytes.
+/// The shortest `dead_letter.signing_key_file` (and `replication.message_signing_key_file`) key,
+/// in bytes.
 pub const MIN_SIGNING_KEY_BYTES: usize = 32;
 
 impl Default for DeadLetterConfig {

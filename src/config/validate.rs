@@ -52,8 +52,10 @@ impl RelayConfig {
         self.validate_dedup()?;
         self.validate_metrics()?;
         for outbox in self.outboxes() {
-            validate_signing_key(&outbox.dead_letter.signing_key_file)?;
+            validate_signing_key("dead_letter.signing_key_file", &outbox.dead_letter.signing_key_file)?;
         }
+        let messages = &self.replication.message_signing_key_file;
+        validate_signing_key("replication.message_signing_key_file", messages)?;
         if self.retry.initial_backoff_ms == 0 {
             return Err(ConfigError::invalid("retry.initial_backoff_ms", "must be > 0"));
         }
@@ -192,6 +194,12 @@ impl RelayConfig {
                 "must be between 65536 (64 KiB) and 1073741824 (1 GiB)",
             ));
         }
+        if !((1 << 20)..=(1 << 30)).contains(&p.max_row_bytes) {
+            return Err(ConfigError::invalid(
+                "polling.max_row_bytes",
+                "must be between 1048576 (1 MiB) and 1073741824 (1 GiB)",
+            ));
+        }
         if p.after_publish == AfterPublish::Mark && p.published_at_column.is_empty() {
             return Err(ConfigError::invalid(
                 "polling.published_at_column",
@@ -202,12 +210,11 @@ impl RelayConfig {
     }
 }
 
-/// The dead letters' key file, when set: readable, and long enough.
-fn validate_signing_key(path: &str) -> Result<(), ConfigError> {
+/// A key file (`setting`), when set: readable, and long enough.
+fn validate_signing_key(setting: &str, path: &str) -> Result<(), ConfigError> {
     if path.is_empty() {
         return Ok(());
     }
-    let setting = "dead_letter.signing_key_file";
     let bytes =
         std::fs::read(path).map_err(|e| ConfigError::invalid(setting, format!("cannot read {path}: {e}")))?;
     let held = bytes.iter().rposition(|b| !b.is_ascii_whitespace()).map_or(0, |i| i + 1);

@@ -39,6 +39,7 @@ pub(super) async fn checks(config: &RelayConfig, outbox: &Outbox, client: &Clien
     findings.push(slot_check(config, client).await);
     findings.push(publication_check((config, outbox), client).await);
     findings.push(emit_check(client).await);
+    findings.push(message_signing_check(config, client).await);
     match query_setting(client, "max_slot_wal_keep_size").await {
         Ok(size) if size == "-1" => findings.push(Finding::warn(
             "postgres.max_slot_wal_keep_size",
@@ -206,13 +207,54 @@ async fn emit_check(client: &Client) -> Finding {
             "replication.emit",
             "any database login can call pg_logical_emit_message and so put an event on any topic",
             "as a superuser: REVOKE EXECUTE ON every signature of pg_logical_emit_message FROM PUBLIC \
-             (sql/005_outbox_emit.sql does it), then GRANT outbox_writer TO the application role",
+             (sql/005_outbox_emit.sql does it), then GRANT outbox_writer TO the application role; where no \
+             superuser can (RDS, Cloud SQL), sign outbox_emit()'s messages: replication.message_signing_key_file \
+             (sql/012_outbox_emit_signed.sql)",
         ),
         Ok(_) => Finding::ok("replication.emit", "pg_logical_emit_message is not executable by PUBLIC"),
         Err(e) => Finding::warn(
             "replication.emit",
             format!("cannot check pg_logical_emit_message: {}", crate::error::describe_pg(&e)),
             "check the role can read pg_proc",
+        ),
+    }
+}
+
+/// Whether outbox messages are checked: with `replication.message_signing_key_file`, only those
+/// `outbox_emit()` signed are published, whoever may call `pg_logical_emit_message`; without
+/// it, any role that may call it can publish an event under an id of its choice. (The key row
+/// itself is the function owner's alone: `check` cannot see whether it is installed.)
+async fn message_signing_check(config: &RelayConfig, client: &Client) -> Finding {
+    const CHECK: &str = "replication.message_signing";
+    if config.replication.message_signing_key_file.is_empty() {
+        return Finding::warn(
+            CHECK,
+            "outbox messages are published unverified (replication.message_signing_key_file is not set): any \
+             role that may call pg_logical_emit_message can publish an event under an id of its choice, which \
+             a consumer deduplicating by id then takes for the real event",
+            "openssl rand -hex 32 > emit.key; apply sql/012_outbox_emit_signed.sql and install the key in \
+             outbox_emit_key as the function's owner; set replication.message_signing_key_file = the file \
+             (docs/security.md, \"Signed outbox messages\")",
+        );
+    }
+    match client.query_one("SELECT to_regclass('outbox_emit_key') IS NOT NULL", &[]).await {
+        Ok(row) if row.get::<_, bool>(0) => Finding::ok(
+            CHECK,
+            "outbox messages are published only when replication.message_signing_key_file verifies \
+             outbox_emit()'s digest; any other is dead-lettered (not checked: that outbox_emit_key holds the \
+             same key, which only the function's owner can read)",
+        ),
+        Ok(_) => Finding::fail(
+            CHECK,
+            "replication.message_signing_key_file is set, but outbox_emit_key does not exist: outbox_emit() \
+             signs nothing, so every event it emits is dead-lettered",
+            "apply sql/012_outbox_emit_signed.sql and install the key file's key in outbox_emit_key as the \
+             function's owner, or unset replication.message_signing_key_file",
+        ),
+        Err(e) => Finding::warn(
+            CHECK,
+            format!("cannot look for outbox_emit_key: {e}"),
+            "check the role's privileges",
         ),
     }
 }

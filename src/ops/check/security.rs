@@ -1,8 +1,9 @@
 //! What `check` says about the relay's own exposure: TLS that does not verify a server (to
 //! PostgreSQL below `verify-full`, to Kafka with certificate checks off), Kafka without TLS
 //! (PLAINTEXT, SASL_PLAINTEXT: the events and the credential in clear), secret files other
-//! users can read, and a role holding more than its mode needs (superuser, the outbox table's
-//! owner, REPLICATION in polling mode).
+//! users can read, dead letters written unsigned (`dead_letter.signing_key_file`), and a role
+//! holding more than its mode needs (superuser, the outbox table's owner, REPLICATION in polling
+//! mode).
 //!
 //! Invariant: these are WARNs, never FAILs: each is a deliberate choice somewhere (a test
 //! cluster, a sidecar proxy), and the relay works; every WARN names the setting or the statement
@@ -11,14 +12,50 @@
 use tokio_postgres::Client;
 
 use super::Finding;
-use crate::config::{RelayConfig, SourceMode, SslMode};
+use crate::config::{OnPoison, RelayConfig, SourceMode, SslMode};
 use crate::outboxes::Outbox;
 use crate::table::quote_ident;
 
 /// The findings that need no connection: `postgres.sslmode`, Kafka's certificate checks, and
 /// the secret files' modes.
 pub(super) fn config_findings(config: &RelayConfig) -> Vec<Finding> {
-    vec![sslmode_finding(config), kafka_tls_finding(config), secret_files_finding(config)]
+    vec![
+        sslmode_finding(config),
+        kafka_tls_finding(config),
+        secret_files_finding(config),
+        letter_signing_finding(config),
+    ]
+}
+
+/// Whether the relay signs its dead letters (`dead_letter.signing_key_file`): without a key,
+/// `replay-dead-letters` cannot tell the relay's letters from ones any role holding INSERT on
+/// the table wrote, and sends none unless the operator vouches for each.
+fn letter_signing_finding(config: &RelayConfig) -> Finding {
+    const CHECK: &str = "dead_letter.signing";
+    let unsigned: Vec<String> = config
+        .outboxes()
+        .into_iter()
+        .filter(|o| {
+            o.dead_letter.on_poison == OnPoison::DeadLetter && o.dead_letter.signing_key_file.is_empty()
+        })
+        .map(|o| o.name)
+        .collect();
+    if unsigned.is_empty() {
+        return Finding::ok(
+            CHECK,
+            "dead letters are signed (dead_letter.signing_key_file), or none are written",
+        );
+    }
+    Finding::warn(
+        CHECK,
+        format!(
+            "dead letters of {} are written unsigned: replay-dead-letters cannot tell them from letters any role \
+             holding INSERT on the dead-letter table wrote, so it sends none unless vouched for (--vouch)",
+            unsigned.join(", ")
+        ),
+        "openssl rand -hex 32 > letters.key (readable by the relay and the operator only); apply \
+         sql/011_dead_letter_digest.sql; set dead_letter.signing_key_file = the file",
+    )
 }
 
 fn sslmode_finding(config: &RelayConfig) -> Finding {
@@ -259,6 +296,23 @@ mod tests {
             assert_eq!(finding.status, super::super::Status::Warn, "{sslmode}");
             assert!(finding.fix.contains("verify-full"), "{finding}");
         }
+    }
+
+    #[test]
+    fn unsigned_dead_letters_warn_naming_the_setting() {
+        let mut config = config(SourceMode::Polling, SslMode::VerifyFull);
+        let finding = letter_signing_finding(&config);
+        assert_eq!(finding.status, super::super::Status::Warn);
+        assert!(
+            finding.detail.contains("outbox") && finding.fix.contains("dead_letter.signing_key_file"),
+            "{finding}"
+        );
+        config.dead_letter.signing_key_file = "/etc/outbox-relay/letters.key".into();
+        assert_eq!(letter_signing_finding(&config).status, super::super::Status::Ok);
+        // no letters are written under block: nothing to sign
+        config.dead_letter.signing_key_file.clear();
+        config.dead_letter.on_poison = OnPoison::Block;
+        assert_eq!(letter_signing_finding(&config).status, super::super::Status::Ok);
     }
 
     #[test]

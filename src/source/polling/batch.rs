@@ -23,18 +23,19 @@
 
 use std::time::Instant;
 
+use crate::config::OutboxId;
 use crate::dead_letter::DeadLetter;
 use crate::delivery::{Delivery, Settled};
 use crate::error::RelayError;
 use crate::observe::metrics::{Clock, ErrorType, metrics};
-use crate::record::{KafkaRecord, Mapping, Position, Unpublishable};
+use crate::record::{KafkaRecord, Mapping, Position};
 use crate::sink::Sink;
 use crate::table::RowAt;
 
-use super::claim::Claimed;
+use super::claim::{Claimed, ClaimedRow};
 
-/// A claimed row: where it lies, and its record or why it cannot become one.
-pub(super) type Row = (RowAt, Result<KafkaRecord, Box<Unpublishable>>);
+/// A claimed row: where it lies, and its record or the letter of why it cannot become one.
+pub(super) type Row = (RowAt, Result<KafkaRecord, Box<DeadLetter>>);
 
 /// When a claim gives up waiting for Kafka.
 #[derive(Debug, Clone, Copy)]
@@ -74,14 +75,23 @@ impl Settlement {
     }
 }
 
-/// The claimed rows as records at their claim positions (`batch:<session>-<batch>:<index>`).
+/// The claimed rows as records at their claim positions (`batch:<session>-<batch>:<index>`);
+/// an unread row (over `polling.max_row_bytes`, `max_row_bytes`) is a letter of `outbox`.
 pub(super) fn map(
     mapping: &Mapping,
     rows: Claimed,
     (session, batch): (u64, u64),
+    (outbox, max_row_bytes): (OutboxId, usize),
 ) -> Result<Vec<Row>, RelayError> {
-    let to_record = |(index, (at, raw, created_at))| {
-        let record = mapping.to_record(raw, created_at)?.map(|mut record: KafkaRecord| {
+    let to_record = |(index, row): (usize, ClaimedRow)| {
+        let ClaimedRow { at, raw, created_at, unread } = row;
+        if let Some(bytes) = unread {
+            let letter = DeadLetter::unread(at.clone(), bytes, max_row_bytes).in_outbox(outbox);
+            return Ok((at, Err(Box::new(letter))));
+        }
+        let record = mapping.to_record(raw, created_at)?;
+        let record = record.map_err(|unpublishable| Box::new(DeadLetter::unmapped(*unpublishable)));
+        let record = record.map(|mut record: KafkaRecord| {
             record.position = Some(Position::Batch { session, batch, index: index as u32 });
             record
         });
@@ -158,7 +168,7 @@ async fn send<S: Sink>(
                 Some(settled) => settled,
                 None => continue,
             },
-            Err(unpublishable) => delivery.unpublishable(at, DeadLetter::unmapped(*unpublishable)),
+            Err(letter) => delivery.unpublishable(at, *letter),
         };
         let held = matches!(settled, Settled::Held(_));
         settlement.add(settled);

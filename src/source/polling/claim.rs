@@ -4,7 +4,10 @@
 //! Invariants:
 //! - rows are fetched through a portal in chunks and fetching stops at the budget: rows not
 //!   fetched are not locked;
-//! - a batch overshoots the byte budget by at most one chunk of rows like those seen.
+//! - a batch overshoots the byte budget by at most one chunk of rows like those seen;
+//! - a row whose event columns hold more than `polling.max_row_bytes` (as text) is never
+//!   fetched: the claim brings its id and size alone ([`ClaimedRow::unread`]), PostgreSQL
+//!   computing the size, so one huge row cannot exhaust the relay's memory.
 use std::collections::HashSet;
 use std::time::SystemTime;
 
@@ -13,10 +16,21 @@ use tokio_postgres::{Client, Statement, Transaction};
 use crate::dead_letter::LetterKey;
 use crate::error::RelayError;
 use crate::record::OutboxRow;
-use crate::table::{RowAt, outbox_row};
+use crate::table::{RowAt, col, outbox_row};
 
-/// Claimed rows: where each lies, the row, its `created_at`.
-pub(super) type Claimed = Vec<(RowAt, OutboxRow, Option<SystemTime>)>;
+/// Claimed rows, in id order.
+pub(super) type Claimed = Vec<ClaimedRow>;
+
+/// A claimed row: where it lies, the row, its `created_at`.
+#[derive(Debug)]
+pub(super) struct ClaimedRow {
+    pub(super) at: RowAt,
+    /// The row; of an unread one, its id alone.
+    pub(super) raw: OutboxRow,
+    pub(super) created_at: Option<SystemTime>,
+    /// The row's size when it is over `polling.max_row_bytes`: only its id was fetched.
+    pub(super) unread: Option<u64>,
+}
 
 /// The statements of one configured outbox table (they need the id column's type).
 pub(super) struct Statements {
@@ -56,25 +70,39 @@ pub(super) enum HeldRow {
     Gone,
 }
 
+/// How much a claim fetches: rows, bytes of them (`polling.max_batch_bytes`), bytes of one row
+/// (`polling.max_row_bytes`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Bounds {
+    pub(super) limit: usize,
+    pub(super) budget: usize,
+    pub(super) max_row_bytes: usize,
+}
+
 /// Claims up to `limit` rows in id order through a portal, in chunks sized by [`Chunks`], and
 /// stops fetching once they hold `polling.max_batch_bytes`: rows not fetched are not locked.
-/// Returns the rows, and whether the claim ended at the limit or the budget.
+/// A row over `polling.max_row_bytes` comes unread. Returns the rows, and whether the claim
+/// ended at the limit or the budget.
 pub(super) async fn claim(
     tx: &Transaction<'_>,
     statements: &Prepared,
-    limit: usize,
-    budget: usize,
+    bounds: Bounds,
 ) -> Result<(Claimed, bool), RelayError> {
-    let portal = tx.bind(&statements.claim, &[&(limit as i64)]).await?;
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
+        [&(bounds.limit as i64), &(bounds.max_row_bytes as i64)];
+    let portal = tx.bind(&statements.claim, &params).await?;
     let mut claimed = Vec::new();
-    let mut chunks = Chunks::new(limit, budget);
+    let mut chunks = Chunks::new(bounds.limit, bounds.budget);
     loop {
         let rows = tx.query_portal(&portal, chunks.next() as i32).await?;
         let fetched = rows.len();
         for row in rows {
             let (raw, created_at) = outbox_row(&row)?;
+            let bytes: i64 = row.try_get(col::ROW_BYTES)?;
+            let unread = (bytes as u64 > bounds.max_row_bytes as u64).then_some(bytes as u64);
             chunks.row(raw.size());
-            claimed.push((RowAt::of(&row, raw.id.as_deref())?, raw, created_at));
+            let at = RowAt::of(&row, raw.id.as_deref())?;
+            claimed.push(ClaimedRow { at, raw, created_at, unread });
         }
         if let Some(full) = chunks.fetched(fetched) {
             return Ok((claimed, full));
@@ -135,7 +163,7 @@ pub(super) async fn held_row(
 ) -> Result<HeldRow, RelayError> {
     let Some(id) = held else { return Ok(HeldRow::Claimed) };
     // (a row without an id cannot be looked up: it is only ever the first row claimed)
-    if id.is_empty() || rows.first().is_some_and(|(at, _, _)| at.id == id) {
+    if id.is_empty() || rows.first().is_some_and(|row| row.at.id == id) {
         return Ok(HeldRow::Claimed);
     }
     let waiting: i64 = tx.query_one(&statements.unpublished_count, &[&vec![id]]).await?.get(0);
@@ -153,11 +181,11 @@ pub(super) fn already_dead_lettered(
     }
     let (settled, rows): (Vec<_>, Vec<_>) = rows
         .into_iter()
-        .partition(|(_, raw, _)| LetterKey::of(raw).is_some_and(|key| dead_lettered.contains(&key)));
+        .partition(|row| LetterKey::of(&row.raw).is_some_and(|key| dead_lettered.contains(&key)));
     if !settled.is_empty() {
         tracing::info!(rows = settled.len(), "released unsent: replication mode dead-lettered them");
     }
-    (rows, settled.into_iter().map(|(at, _, _)| at).collect())
+    (rows, settled.into_iter().map(|row| row.at).collect())
 }
 
 #[cfg(test)]

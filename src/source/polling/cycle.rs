@@ -101,7 +101,8 @@ impl<S: Sink> PollingSource<S> {
         }
         let claimed = rows.len();
         let (rows, dead_lettered) = already_dead_lettered(&session.dead_lettered[outbox], rows);
-        let rows = batch::map(&self.outboxes[outbox].mapping, rows, (session.nonce, batch))?;
+        let row_bound = (outbox, self.config.polling.max_row_bytes);
+        let rows = batch::map(&self.outboxes[outbox].mapping, rows, (session.nonce, batch), row_bound)?;
         let unread = delivery.unread(rows.iter().filter_map(|(_, row)| row.as_ref().ok()));
         let unread: Vec<String> = unread.into_iter().map(String::from).collect();
         if !unread.is_empty() {
@@ -137,7 +138,9 @@ impl<S: Sink> PollingSource<S> {
         let statements = self.polled[outbox].statements.as_ref().expect("statements are prepared at connect");
         let polling = &self.config.polling;
         let limit = if delivery.holding() { 1 } else { polling.batch_size as usize };
-        let (rows, full) = claim::claim(tx, prepared, limit, polling.max_batch_bytes).await?;
+        let bounds =
+            claim::Bounds { limit, budget: polling.max_batch_bytes, max_row_bytes: polling.max_row_bytes };
+        let (rows, full) = claim::claim(tx, prepared, bounds).await?;
         Ok(match claim::held_row(tx, statements, delivery.held_id(), &rows).await? {
             HeldRow::Claimed => Claim::Rows(rows, full),
             HeldRow::Skipped => Claim::HeldElsewhere,

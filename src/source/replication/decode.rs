@@ -278,12 +278,14 @@ fn tuple(r: &mut Reader<'_>, spans: &mut Vec<Option<(usize, usize)>>) -> Result<
 
 /// The outbox event carried by a logical decoding message emitted by `outbox_emit()` (see
 /// `sql/005_outbox_emit.sql`): a JSON object whose `payload` is the payload's text, so the
-/// record value is byte-identical to the same event written to the table.
-pub fn message_event(content: &[u8]) -> Result<OutboxRow, String> {
+/// record value is byte-identical to the same event written to the table; and its `digest`, when
+/// `outbox_emit()` signed it (`sql/012_outbox_emit_signed.sql`, [`MessageKey`]).
+pub fn message_event(content: &[u8]) -> Result<(OutboxRow, Option<String>), String> {
     let value: serde_json::Value =
         serde_json::from_slice(content).map_err(|e| format!("message content is not JSON: {e}"))?;
     let object = value.as_object().ok_or("message content is not a JSON object")?;
-    Ok(OutboxRow::from_json(object))
+    let digest = object.get("digest").and_then(|d| d.as_str()).map(String::from);
+    Ok((OutboxRow::from_json(object), digest))
 }
 
 struct Reader<'a> {
@@ -317,6 +319,9 @@ impl<'a> Reader<'a> {
         Ok(s)
     }
 }
+
+mod signature;
+pub use signature::MessageKey;
 
 #[cfg(test)]
 pub(super) mod tests;

@@ -4,12 +4,13 @@
 
 use std::time::{Duration, Instant};
 
+use super::super::claim::ClaimedRow;
 use super::{Deadline, Row, Settlement, deliver, map};
-use crate::config::OutboxConfig;
+use crate::config::{OutboxConfig, OutboxId};
 use crate::delivery::Delivery;
 use crate::delivery::fixture::{Fixture, outbox_row};
 use crate::error::RelayError;
-use crate::record::Mapping;
+use crate::record::{Mapping, OutboxRow};
 use crate::sink::scripted::{Fault, ScriptedSink};
 use crate::table::RowAt;
 
@@ -19,8 +20,13 @@ const PATIENCE: Duration = Duration::from_secs(5);
 /// Claimed rows by id (see [`outbox_row`]: `!2` is row 2 when it cannot map), the n-th at
 /// ctid `(0,n)`.
 fn claimed(ids: &[&str]) -> Vec<Row> {
-    let rows = ids.iter().enumerate().map(|(n, id)| (at(id, n), outbox_row(id), None)).collect();
-    map(&Mapping::new(&OutboxConfig::default()), rows, (1, 0)).expect("no registry")
+    let rows = ids
+        .iter()
+        .enumerate()
+        .map(|(n, id)| ClaimedRow { at: at(id, n), raw: outbox_row(id), created_at: None, unread: None })
+        .collect();
+    map(&Mapping::new(&OutboxConfig::default()), rows, (1, 0), (OutboxId::default(), 1 << 20))
+        .expect("no registry")
 }
 
 /// Where the `n`-th row of a claim, `id`, lies.
@@ -216,4 +222,42 @@ async fn rows_sharing_an_id_are_released_and_dead_lettered_each_where_it_lies() 
     assert_eq!(settlement.release, [at("5", 0)]);
     assert_eq!(settlement.lettered, [at("5", 1)]);
     assert_eq!(letters(&settlement), ["5"]);
+}
+
+#[tokio::test]
+async fn a_row_over_max_row_bytes_is_a_letter_by_reference_and_the_rest_flow_on() {
+    // given a claim whose second row came unread (over polling.max_row_bytes)
+    let f = Fixture::new("dead_letter");
+    let mut delivery = f.delivery().await;
+    let rows = ["1", "2", "3"]
+        .iter()
+        .enumerate()
+        .map(|(n, id)| ClaimedRow {
+            at: at(id, n),
+            raw: if *id == "2" {
+                OutboxRow { id: Some("2".into()), ..OutboxRow::default() }
+            } else {
+                outbox_row(id)
+            },
+            created_at: None,
+            unread: (*id == "2").then_some(3 << 20),
+        })
+        .collect();
+    let rows =
+        map(&Mapping::new(&OutboxConfig::default()), rows, (1, 0), (OutboxId::default(), 1 << 20)).unwrap();
+    // when it is delivered
+    let settlement = deliver(&mut delivery, rows, Vec::new(), far()).await.unwrap();
+    // then the others are released, and the unread row is a letter of where it lies, unsigned,
+    // saying why and what to raise; its row is deleted with the letter written
+    assert_eq!(ids(&settlement.release), ["1", "3"]);
+    assert_eq!(ids(&settlement.lettered), ["2"]);
+    let letter = &settlement.letters[0];
+    assert_eq!(letter.unread.as_ref(), Some(&at("2", 1)));
+    assert!(!letter.signed);
+    assert!(
+        letter.reason.contains("3145728 bytes") && letter.reason.contains("polling.max_row_bytes (1048576)"),
+        "{}",
+        letter.reason
+    );
+    assert_eq!(f.sink.sent(), ["1", "3"]);
 }

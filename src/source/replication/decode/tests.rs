@@ -184,11 +184,15 @@ fn truncated_messages_are_errors_not_panics() {
 
 #[test]
 fn message_content_becomes_a_raw_event() {
-    let raw = message_event(
+    let (raw, digest) = message_event(
         br#"{"id":"u1","aggregate_type":"order","aggregate_id":"9","event_type":"E","payload":"{\"a\": 1}"}"#,
     )
     .unwrap();
     assert_eq!(raw.payload.as_deref(), Some("{\"a\": 1}"));
-    assert_eq!(raw.topic, None);
+    assert_eq!((raw.topic, digest), (None, None));
+    // sql/012_outbox_emit_signed.sql's outbox_emit() adds its digest (null without a key)
+    let (_, digest) = message_event(br#"{"id":"u1","digest":"00ff"}"#).unwrap();
+    assert_eq!(digest.as_deref(), Some("00ff"));
+    assert_eq!(message_event(br#"{"id":"u1","digest":null}"#).unwrap().1, None);
     assert!(message_event(b"not json").is_err());
 }

@@ -15,6 +15,9 @@
 //!   published or not, so a replay numbers them the same way, whatever other outboxes are
 //!   listed (an outbox added to the configuration does not renumber the others' events);
 //!   `outbox_emit()` messages are the first outbox's;
+//! - with `replication.message_signing_key_file`, a transactional outbox message is published
+//!   only when the key verifies its digest (`outbox_emit()` signed it); any other is
+//!   dead-lettered unsigned in its transaction, never published;
 //! - with Kafka transactions, a Kafka transaction commits between two PostgreSQL transactions
 //!   once it is due (so a `read_committed` consumer sees each PostgreSQL transaction's events
 //!   at once), and reading pauses there until it has; it commits inside one only when reading
@@ -27,7 +30,7 @@ use std::time::{Instant, SystemTime};
 
 use prometheus::IntCounter;
 
-use super::super::decode::{self, Change, Decoder};
+use super::super::decode::{self, Change, Decoder, MessageKey};
 use super::super::transport::WalEvent;
 use super::super::{HEARTBEAT_PREFIX, MODE};
 use crate::checkpoint::{Tracker, TxnId};
@@ -63,6 +66,9 @@ pub(in crate::source::replication) struct Feed<'a, S: Sink> {
     delivery: Delivery<'a, S, TxnId>,
     tracker: Tracker,
     decoder: Decoder,
+    /// The key `outbox_emit()` signs with (`replication.message_signing_key_file`), or why it
+    /// could not be read; `None`: messages are published unverified.
+    message_key: Option<Result<MessageKey, String>>,
     /// Each outbox's mapping.
     outboxes: &'a Outboxes,
     replication: &'a ReplicationConfig,
@@ -96,6 +102,9 @@ impl<'a, S: Sink> Feed<'a, S> {
             delivery,
             tracker: Tracker::new(confirmed),
             decoder: Decoder::new(outboxes.iter().map(|o| &o.config)),
+            message_key: Some(&replication.message_signing_key_file)
+                .filter(|file| !file.is_empty())
+                .map(|file| MessageKey::read(file)),
             outboxes,
             replication,
             turn_at: Instant::now(),
@@ -206,17 +215,45 @@ impl<'a, S: Sink> Feed<'a, S> {
             metrics().stream_messages_skipped.with_label_values(&[SkippedKind::ForeignMessage.label()]).inc();
             return Ok(None);
         }
-        let raw = decode::message_event(content).unwrap_or_else(|reason| {
+        let (raw, digest) = decode::message_event(content).unwrap_or_else(|reason| {
             tracing::warn!(%lsn, %reason, "an outbox message is not an event object");
-            OutboxRow::default()
+            (OutboxRow::default(), None)
         });
         if transactional && self.open.is_some() {
             let at = self.next_event(OutboxId::default(), "a message outside a transaction")?;
-            self.publish(raw, at).await?;
+            match self.forged(&raw, digest.as_deref())? {
+                None => self.publish(raw, at).await?,
+                Some(reason) => {
+                    metrics()
+                        .stream_messages_skipped
+                        .with_label_values(&[SkippedKind::UntrustedMessage.label()])
+                        .inc();
+                    tracing::warn!(%lsn, event_id = ?raw.id, "an outbox message outbox_emit() did not sign is not published");
+                    self.read.inc();
+                    self.unpublishable(at.txn.id, DeadLetter::row(raw, reason).unsigned());
+                }
+            }
         } else {
             self.untrusted(raw, lsn);
         }
         Ok(None)
+    }
+
+    /// Why the transactional outbox message `raw` (with `digest`) is not one `outbox_emit()`
+    /// signed, when `replication.message_signing_key_file` is set; `None` when it is, or unset.
+    fn forged(&self, raw: &OutboxRow, digest: Option<&str>) -> Result<Option<String>, RelayError> {
+        let key = match &self.message_key {
+            None => return Ok(None),
+            Some(Ok(key)) => key,
+            Some(Err(why)) => return Err(RelayError::fatal(FatalReason::Config, why.clone())),
+        };
+        Ok(key.check(raw, digest).err().map(|why| {
+            format!(
+                "outbox message not signed by outbox_emit(): {why} (replication.message_signing_key_file); not \
+                 published: anyone who may call pg_logical_emit_message can write one, naming any event id. Emit \
+                 events with outbox_emit(), with the key installed in outbox_emit_key (sql/012_outbox_emit_signed.sql)"
+            )
+        }))
     }
 
     /// A change over `replication.max_message_bytes`, read only in part: an outbox row or an
@@ -292,7 +329,8 @@ impl<'a, S: Sink> Feed<'a, S> {
             "non-transactional outbox message: not published (it is written even when its transaction \
                      rolls back); emit events with outbox_emit() or pg_logical_emit_message(true, ...)"
                 .into(),
-        );
+        )
+        .unsigned();
         // its own unit of the position; held like a row that cannot map: nothing after it is
         // read, nothing past it confirmed
         let txn = self.tracker.begin();

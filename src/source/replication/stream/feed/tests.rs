@@ -12,6 +12,7 @@ use crate::delivery::fixture::{Fixture, outbox_row};
 use crate::lsn::Lsn;
 use crate::outboxes::Outboxes;
 use crate::sink::scripted::{Fault, ScriptedSink};
+use crate::source::replication::decode::MessageKey;
 use crate::source::replication::transport::WalEvent;
 
 /// How long a test waits for a report before it fails.
@@ -222,6 +223,7 @@ async fn a_non_transactional_outbox_message_is_a_letter_confirmed_once_written()
     let forged = WalEvent::Message { transactional: false, lsn: Lsn(150), prefix, content };
     assert_eq!(feed.handle(forged).await.unwrap(), None);
     assert_eq!(letter_ids(&feed), ["7"]);
+    assert!(!feed.letters()[0].signed, "a replay would send it under its id");
     assert_eq!(feed.advance(), None, "confirmed before the dead letter was written");
     feed.letters_written();
     assert_eq!(feed.advance(), Some(Lsn(150)));
@@ -285,4 +287,65 @@ async fn each_outbox_numbers_its_own_events_and_maps_them_with_its_own_mapping()
     assert_eq!(feed.advance(), None);
     settle_next(&mut feed).await;
     assert_eq!(feed.advance(), Some(Lsn(100)));
+}
+
+/// A transactional outbox message of the row `id`, with `digest`.
+fn signed_message(id: &str, digest: Option<String>) -> WalEvent {
+    let WalEvent::Message { content, prefix, .. } = message(id, true) else { unreachable!() };
+    let mut object: serde_json::Value = serde_json::from_slice(&content).unwrap();
+    object["digest"] = serde_json::json!(digest);
+    let content = serde_json::to_vec(&object).unwrap().into();
+    WalEvent::Message { transactional: true, lsn: Lsn(1), prefix, content }
+}
+
+#[tokio::test]
+async fn with_a_message_key_only_messages_outbox_emit_signed_are_published() {
+    // given a feed that checks messages with a key, and a message signed with it, one signed
+    // with another key naming the same id, and one not signed at all
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("emit.key");
+    std::fs::write(&file, format!("{}\n", "k".repeat(32))).unwrap();
+    let key = MessageKey::new(&[b'k'; 32]).unwrap();
+    let other = MessageKey::new(&[b'o'; 32]).unwrap();
+    let replication = ReplicationConfig {
+        message_signing_key_file: file.display().to_string(),
+        ..ReplicationConfig::default()
+    };
+    let rig = Rig::with("dead_letter", replication);
+    let mut feed = rig.feed().await;
+    // when they come in one transaction, the forged ones first
+    let events = [
+        WalEvent::Begin { commit_lsn: Lsn(99), commit_time: SystemTime::now() },
+        signed_message("1", Some(other.sign(&outbox_row("1")))),
+        signed_message("2", None),
+        signed_message("1", Some(key.sign(&outbox_row("1")))),
+        WalEvent::Commit { end_lsn: Lsn(100) },
+    ];
+    for event in events {
+        assert_eq!(feed.handle(event).await.unwrap(), None);
+    }
+    // then only the signed one is published; the others are letters, unsigned (a replay does
+    // not send them unless vouched for), and the transaction is confirmed once all are settled
+    assert_eq!(letter_ids(&feed), ["1", "2"]);
+    assert!(feed.letters().iter().all(|l| !l.signed), "a forged message's letter is signed");
+    assert!(feed.letters()[1].reason.contains("it carries no digest"), "{}", feed.letters()[1].reason);
+    feed.letters_written();
+    settle_next(&mut feed).await;
+    assert_eq!(feed.advance(), Some(Lsn(100)));
+    assert_eq!(rig.f.sink.sent(), ["1"]);
+}
+
+#[tokio::test]
+async fn a_message_key_that_cannot_be_read_stops_the_relay_before_anything_is_published() {
+    let replication = ReplicationConfig {
+        message_signing_key_file: "/nonexistent/emit.key".into(),
+        ..ReplicationConfig::default()
+    };
+    let rig = Rig::with("dead_letter", replication);
+    let mut feed = rig.feed().await;
+    let begin = WalEvent::Begin { commit_lsn: Lsn(99), commit_time: SystemTime::now() };
+    feed.handle(begin).await.unwrap();
+    let err = feed.handle(signed_message("1", None)).await.unwrap_err();
+    assert!(err.to_string().contains("replication.message_signing_key_file"), "{err}");
+    assert!(rig.f.sink.sent().is_empty());
 }
