@@ -16,6 +16,7 @@ mod docs;
 mod emit;
 mod exactly_once;
 mod failover;
+mod first_deployment;
 mod formats;
 mod foundation;
 mod http;
