@@ -23,6 +23,7 @@ mod http;
 mod image;
 mod kafka_faults;
 mod kafka_tls;
+mod kubernetes;
 mod layers;
 mod ledger;
 mod ledger_faults;
