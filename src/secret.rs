@@ -37,3 +37,29 @@ impl<'de> Deserialize<'de> for Secret {
         String::deserialize(d).map(Secret)
     }
 }
+
+/// The input of a keyed digest (the signed dead letters, the signed outbox messages): `domain`,
+/// then each part as a presence byte, its length (8 bytes, big-endian) and its bytes, so no two
+/// lists of parts frame to the same bytes.
+pub(crate) fn framed<'a>(domain: &[u8], parts: impl IntoIterator<Item = Option<&'a str>>) -> Vec<u8> {
+    let mut message = domain.to_vec();
+    for part in parts {
+        match part {
+            Some(text) => {
+                message.push(1);
+                message.extend_from_slice(&(text.len() as u64).to_be_bytes());
+                message.extend_from_slice(text.as_bytes());
+            }
+            None => message.push(0),
+        }
+    }
+    message
+}
+
+/// Lower- or upper-case hex as bytes; None when it is not hex.
+pub(crate) fn from_hex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
+}

@@ -69,7 +69,7 @@ impl SigningKey {
         fields: &[Option<&str>],
         digest: &str,
     ) -> bool {
-        let Some(tag) = from_hex(digest) else { return false };
+        let Some(tag) = crate::secret::from_hex(digest) else { return false };
         hmac::verify(&self.0, &message(source_table, event_id, fields), &tag).is_ok()
     }
 }
@@ -77,25 +77,7 @@ impl SigningKey {
 /// The digest's input: the domain, then each part as a presence byte, its length and its bytes.
 fn message(source_table: &str, event_id: &str, fields: &[Option<&str>]) -> Vec<u8> {
     let parts = [Some(source_table), Some(event_id)].into_iter().chain(fields.iter().copied());
-    let mut message = DOMAIN.to_vec();
-    for part in parts {
-        match part {
-            Some(text) => {
-                message.push(1);
-                message.extend_from_slice(&(text.len() as u64).to_be_bytes());
-                message.extend_from_slice(text.as_bytes());
-            }
-            None => message.push(0),
-        }
-    }
-    message
-}
-
-fn from_hex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
+    crate::secret::framed(DOMAIN, parts)
 }
 
 #[cfg(test)]

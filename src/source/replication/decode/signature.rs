@@ -57,7 +57,7 @@ impl MessageKey {
     /// when it is.
     pub fn check(&self, row: &OutboxRow, digest: Option<&str>) -> Result<(), &'static str> {
         let digest = digest.ok_or("it carries no digest")?;
-        let tag = from_hex(digest).ok_or("its digest is not hex")?;
+        let tag = crate::secret::from_hex(digest).ok_or("its digest is not hex")?;
         hmac::verify(&self.0, &message(row), &tag).map_err(|_| "its digest is not this key's")
     }
 
@@ -79,25 +79,7 @@ fn message(row: &OutboxRow) -> Vec<u8> {
         &row.headers,
         &row.topic,
     ];
-    let mut message = DOMAIN.to_vec();
-    for field in fields {
-        match field {
-            Some(text) => {
-                message.push(1);
-                message.extend_from_slice(&(text.len() as u64).to_be_bytes());
-                message.extend_from_slice(text.as_bytes());
-            }
-            None => message.push(0),
-        }
-    }
-    message
-}
-
-fn from_hex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
+    crate::secret::framed(DOMAIN, fields.iter().map(|f| f.as_deref()))
 }
 
 #[cfg(test)]
