@@ -4,17 +4,16 @@
 //! - every identifier that comes from configuration reaches SQL only through [`quote_ident`], so
 //!   a column called `type` (Debezium's layout) or a mixed-case table name works as configured;
 //! - the rows are read as PostgreSQL text output under fixed aliases ([`col`]), by name, so both
-//!   modes see the same [`OutboxRow`] for the same row;
+//!   modes see the same [`OutboxRow`](crate::record::OutboxRow) for the same row;
 //! - "unpublished" is defined once ([`OutboxTable::unpublished`]): every row in `delete` mode,
 //!   rows whose `published_at_column` is NULL in `mark` mode.
 
-use std::time::SystemTime;
-
-use tokio_postgres::Row;
-
 use crate::config::{AfterPublish, ColumnsConfig, OutboxConfig, PollingConfig};
 use crate::error::{FatalReason, RelayError};
-use crate::record::OutboxRow;
+
+mod row;
+
+pub use row::{RowAt, outbox_row};
 
 /// Quotes a PostgreSQL identifier: `order` becomes `"order"`, `a"b` becomes `"a""b"`.
 pub fn quote_ident(name: &str) -> String {
@@ -442,152 +441,5 @@ impl OutboxTable {
     }
 }
 
-/// Where a claimed row lies: its partition (`tableoid`) and the ctid of its version, with its id
-/// for messages. The claim's row lock keeps that version in place until the claim ends, so
-/// releasing by it touches that one row, even when another row carries the same id (which only
-/// the table's owner can write: sql/009_outbox_event_ids.sql).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RowAt {
-    pub id: String,
-    pub tableoid: u32,
-    pub ctid: String,
-}
-
-impl RowAt {
-    /// The location columns of a [`OutboxTable::claim_sql`] row.
-    pub fn of(row: &Row, id: Option<&str>) -> Result<RowAt, tokio_postgres::Error> {
-        Ok(RowAt {
-            id: id.unwrap_or_default().to_string(),
-            tableoid: row.try_get(col::TABLEOID)?,
-            ctid: row.try_get(col::CTID)?,
-        })
-    }
-
-    /// `rows` as the parameters of [`OutboxTable::release_sql`] and [`OutboxTable::delete_sql`].
-    pub fn params<'r>(rows: impl IntoIterator<Item = &'r RowAt>) -> (Vec<u32>, Vec<&'r str>) {
-        rows.into_iter().map(|r| (r.tableoid, r.ctid.as_str())).unzip()
-    }
-}
-
-/// A row of [`OutboxTable::claim_sql`] or [`OutboxTable::copy_sql`] as the mapping's input,
-/// with its `created_at`. Text that is not UTF-8 (a SQL_ASCII database) never panics: the value
-/// is kept with the bad bytes replaced, the column is marked unreadable, and the mapping makes
-/// the row unpublishable. A column the query did not return as text is the relay's own bug, an
-/// error: it is never mistaken for a NULL in the row.
-pub fn outbox_row(row: &Row) -> Result<(OutboxRow, Option<SystemTime>), tokio_postgres::Error> {
-    let mut unreadable = None;
-    let mut text = |column: &'static str| -> Result<Option<String>, tokio_postgres::Error> {
-        let bytes: Option<TextBytes<'_>> = row.try_get(column)?;
-        Ok(bytes.map(|b| match std::str::from_utf8(b.0) {
-            Ok(text) => text.to_string(),
-            Err(_) => {
-                unreadable.get_or_insert_with(|| column.to_string());
-                String::from_utf8_lossy(b.0).into_owned()
-            }
-        }))
-    };
-    let raw = OutboxRow {
-        id: text(col::ID)?,
-        aggregate_type: text(col::AGGREGATE_TYPE)?,
-        aggregate_id: text(col::AGGREGATE_ID)?,
-        event_type: text(col::EVENT_TYPE)?,
-        payload: text(col::PAYLOAD)?,
-        headers: text(col::HEADERS)?,
-        topic: text(col::TOPIC)?,
-        unreadable: None,
-    };
-    let created_at = row.try_get(col::CREATED_AT)?;
-    Ok((OutboxRow { unreadable, ..raw }, created_at))
-}
-
-/// A text (or `convert_to` bytea) value as its bytes, before any UTF-8 check.
-struct TextBytes<'a>(&'a [u8]);
-
-impl<'a> tokio_postgres::types::FromSql<'a> for TextBytes<'a> {
-    fn from_sql(
-        _: &tokio_postgres::types::Type,
-        raw: &'a [u8],
-    ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
-        Ok(TextBytes(raw))
-    }
-
-    fn accepts(ty: &tokio_postgres::types::Type) -> bool {
-        *ty == tokio_postgres::types::Type::BYTEA || <&str as tokio_postgres::types::FromSql>::accepts(ty)
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::RelayConfig;
-
-    fn config(toml_polling: AfterPublish) -> RelayConfig {
-        let mut config: RelayConfig =
-            serde_json::from_value(serde_json::json!({"kafka": {"brokers": ["k:9092"]}})).unwrap();
-        config.polling.after_publish = toml_polling;
-        config
-    }
-
-    #[test]
-    fn identifiers_are_quoted() {
-        assert_eq!(quote_ident("type"), "\"type\"");
-        assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
-        assert_eq!(quote_literal("it's"), "'it''s'");
-    }
-
-    #[test]
-    fn unpublished_is_one_definition_used_everywhere() {
-        let mark = {
-            let c = config(AfterPublish::Mark);
-            OutboxTable::of(&c.outbox, &c.polling)
-        };
-        assert_eq!(mark.unpublished(), "t.\"published_at\" IS NULL");
-        for sql in
-            [mark.claim_sql(), mark.copy_sql(), mark.backlog_count_sql(10), mark.backlog_age_sql().unwrap()]
-        {
-            assert!(sql.contains("WHERE t.\"published_at\" IS NULL"), "{sql}");
-        }
-        let delete = {
-            let c = config(AfterPublish::Delete);
-            OutboxTable::of(&c.outbox, &c.polling)
-        };
-        assert!(delete.claim_sql().contains("WHERE TRUE ORDER BY t.\"id\""), "{}", delete.claim_sql());
-        assert!(delete.release_sql().starts_with("DELETE FROM \"public\".\"outbox_events\" t WHERE t.ctid"));
-        assert!(mark.release_sql().starts_with("UPDATE \"public\".\"outbox_events\" t SET \"published_at\""));
-    }
-
-    #[test]
-    fn a_claim_fetches_only_the_id_of_a_row_over_the_row_bound() {
-        let table = {
-            let c = config(AfterPublish::Delete);
-            OutboxTable::of(&c.outbox, &c.polling)
-        };
-        let claim = table.claim_sql();
-        // every event column but the id is fetched only under $2, measured once per row
-        for alias in
-            [col::AGGREGATE_TYPE, col::AGGREGATE_ID, col::EVENT_TYPE, col::PAYLOAD, col::HEADERS, col::TOPIC]
-        {
-            assert!(claim.contains(&format!("<= $2 THEN v.{alias} END AS {alias}")), "{alias}: {claim}");
-        }
-        assert!(claim.starts_with("SELECT v.id, "), "{claim}");
-        assert!(claim.contains("OFFSET 0) v") && claim.contains("AS relay_row_bytes"), "{claim}");
-        assert!(claim.ends_with("LIMIT $1 FOR UPDATE OF t SKIP LOCKED"), "{claim}");
-        // and the letter of such a row is made from the row by PostgreSQL, keyed as row_data is
-        let copy = table.copy_to_letters_sql("\"public\".\"outbox_dead_letter\"");
-        assert!(copy.starts_with(
-            "INSERT INTO \"public\".\"outbox_dead_letter\" (source_table, event_id, row_data, reason)"
-        ));
-        assert!(copy.contains("jsonb_build_object('id', t.\"id\"::text, 'aggregate_type', "), "{copy}");
-        assert!(copy.contains("'payload', t.\"payload\"::text"), "{copy}");
-    }
-
-    #[test]
-    fn columns_are_aliased_for_reading_by_name() {
-        let mut c = config(AfterPublish::Delete);
-        c.outbox.columns.event_type = "type".into();
-        c.outbox.columns.headers = String::new();
-        let sql = OutboxTable::of(&c.outbox, &c.polling).copy_sql();
-        assert!(sql.contains("t.\"type\"::text AS event_type"), "{sql}");
-        assert!(sql.contains("NULL::text AS headers"), "{sql}");
-    }
-}
+mod tests;
