@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::observe::metrics::metrics;
+use crate::observe::pause::Pause;
 
 /// Where the supervisor is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,6 +96,8 @@ pub struct Health {
     /// Been active or standby at least once: through its start (connected, configured).
     started: AtomicBool,
     facts: Mutex<Facts>,
+    /// The process's pause switch ([`Pause`]): sessions read it, the admin API flips it.
+    pause: Pause,
 }
 
 fn now_ms() -> u64 {
@@ -114,7 +117,13 @@ impl Health {
                 blocked: None,
                 lock_holder: None,
             }),
+            pause: Pause::default(),
         }
+    }
+
+    /// The process's pause switch.
+    pub fn pause(&self) -> &Pause {
+        &self.pause
     }
 
     /// The loop is alive: called every iteration, including deliberate waits.

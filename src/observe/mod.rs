@@ -9,5 +9,6 @@
 
 pub(crate) mod health;
 pub(crate) mod http;
+pub mod pause;
 pub mod metrics;
 pub mod pulse;

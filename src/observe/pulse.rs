@@ -51,6 +51,11 @@ impl Pulse {
         }
     }
 
+    /// The pause switch, as a session selects on it ([`crate::observe::pause::while_paused`]).
+    pub fn paused(&self) -> tokio::sync::watch::Receiver<Option<super::pause::Paused>> {
+        self.health.pause().watch()
+    }
+
     /// This session is now the active instance.
     pub fn active(&self) {
         self.health.set_phase(Phase::Active);
