@@ -80,12 +80,16 @@ async fn run_until_stopped(config: RelayConfig, health: Arc<Health>) -> Result<(
     let retry = config.retry.clone();
     let mut source = match config.source.mode {
         SourceMode::Polling => {
-            let source = PollingSource::new(config, outboxes, sink);
-            tokio::spawn(async move { supervisor::run(source, health, &retry, shutdown_rx).await })
+            let source = PollingSource::new(config, outboxes);
+            tokio::spawn(
+                async move { supervisor::run(source, &mut { sink }, health, &retry, shutdown_rx).await },
+            )
         }
         SourceMode::Replication => {
-            let source = ReplicationSource::new(config, outboxes, sink);
-            tokio::spawn(async move { supervisor::run(source, health, &retry, shutdown_rx).await })
+            let source = ReplicationSource::new(config, outboxes);
+            tokio::spawn(
+                async move { supervisor::run(source, &mut { sink }, health, &retry, shutdown_rx).await },
+            )
         }
     };
     let signal_error = |e: std::io::Error| {

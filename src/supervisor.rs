@@ -24,15 +24,17 @@ use crate::config::RetryConfig;
 use crate::error::{Action, RelayError};
 use crate::observe::health::{Health, Phase};
 use crate::observe::pulse::Pulse;
+use crate::sink::Sink;
 use crate::source::Source;
 
 /// How often a standby asks again to become active (the advisory lock in polling mode, the slot
 /// in replication mode): the failover time once the active instance's session has ended.
 pub const STANDBY_RETRY: Duration = Duration::from_millis(1_000);
 
-/// Runs `source` until shutdown (flushing it) or a fatal error.
-pub async fn run<S: Source>(
+/// Runs `source` over `sink` until shutdown (flushing the sink) or a fatal error.
+pub async fn run<K: Sink, S: Source<K>>(
     mut source: S,
+    sink: &mut K,
     health: Arc<Health>,
     retry: &RetryConfig,
     mut shutdown: watch::Receiver<bool>,
@@ -42,7 +44,7 @@ pub async fn run<S: Source>(
     let mut standby_logged = false;
     while !*shutdown.borrow() {
         let started = std::time::Instant::now();
-        let result = source.session(&pulse, &mut shutdown).await;
+        let result = source.session(sink, &pulse, &mut shutdown).await;
         // events flowed, or the session outlived the longest backoff (an idle outbox's session
         // that ran for hours was no quick failure)
         if pulse.take_progress() || started.elapsed() >= backoff.max() {
@@ -67,13 +69,13 @@ pub async fn run<S: Source>(
                     pulse.failed(e.kind(), &e, delay);
                     health.set_phase(Phase::Retrying(e.to_string()));
                 }
-                source.recover();
+                sink.recover();
                 wait_or_shutdown(delay, &mut shutdown).await;
             }
         }
     }
     tracing::info!("stopping; waiting for Kafka to acknowledge what was sent");
-    source.flush().await;
+    sink.flush().await;
     Ok(())
 }
 
@@ -83,6 +85,7 @@ mod tests {
     use std::sync::Mutex;
 
     use crate::error::FatalReason;
+    use crate::sink::scripted::ScriptedSink;
 
     /// A source whose sessions return the scripted results, recording what the supervisor did.
     #[derive(Default, Clone)]
@@ -91,8 +94,6 @@ mod tests {
         /// Before each session: the wait the supervisor chose (zero before the first) and how
         /// often it had logged `relay recovered`.
         outage: Arc<Mutex<Vec<(Duration, usize)>>>,
-        recovered: Arc<Mutex<usize>>,
-        flushed: Arc<Mutex<bool>>,
     }
 
     struct Scripted {
@@ -103,8 +104,13 @@ mod tests {
         record: Record,
     }
 
-    impl Source for Scripted {
-        async fn session(&mut self, pulse: &Pulse, _: &mut watch::Receiver<bool>) -> Result<(), RelayError> {
+    impl Source<ScriptedSink> for Scripted {
+        async fn session(
+            &mut self,
+            _: &mut ScriptedSink,
+            pulse: &Pulse,
+            _: &mut watch::Receiver<bool>,
+        ) -> Result<(), RelayError> {
             self.record.phases.lock().unwrap().push(self.health.phase());
             self.record.outage.lock().unwrap().push(pulse.outage());
             match self.results.remove(0) {
@@ -118,38 +124,36 @@ mod tests {
                 Err(e) => Err(e),
             }
         }
-        fn recover(&mut self) {
-            *self.record.recovered.lock().unwrap() += 1;
-        }
-        async fn flush(&self) {
-            *self.record.flushed.lock().unwrap() = true;
-        }
     }
 
     fn retry() -> RetryConfig {
         RetryConfig { initial_backoff_ms: 1, max_backoff_ms: 2 }
     }
 
-    async fn supervise(results: Vec<Result<bool, RelayError>>) -> (Result<(), RelayError>, Record) {
+    async fn supervise(
+        results: Vec<Result<bool, RelayError>>,
+    ) -> (Result<(), RelayError>, Record, ScriptedSink) {
         supervise_with(results, &retry()).await
     }
 
+    /// The supervisor's run of a source scripted to `results`, over a scripted sink.
     async fn supervise_with(
         results: Vec<Result<bool, RelayError>>,
         retry: &RetryConfig,
-    ) -> (Result<(), RelayError>, Record) {
+    ) -> (Result<(), RelayError>, Record, ScriptedSink) {
         let health = Arc::new(Health::new(Duration::from_secs(1)));
         let record = Record::default();
         let source = Scripted { results, health: health.clone(), record: record.clone() };
+        let mut sink = ScriptedSink::new();
         let (_tx, rx) = watch::channel(false);
-        (run(source, health, retry, rx).await, record)
+        (run(source, &mut sink, health, retry, rx).await, record, sink)
     }
 
     /// The waits the supervisor chose between the sessions `results` script, and how often it
     /// had logged `relay recovered` before the last one.
     async fn waits(results: Vec<Result<bool, RelayError>>) -> (Vec<Duration>, usize) {
         let retry = RetryConfig { initial_backoff_ms: 1, max_backoff_ms: 60_000 };
-        let (result, record) = supervise_with(results, &retry).await;
+        let (result, record, _) = supervise_with(results, &retry).await;
         result.unwrap();
         let outage = record.outage.lock().unwrap().clone();
         (outage[1..].iter().map(|(wait, _)| *wait).collect(), outage.last().unwrap().1)
@@ -170,7 +174,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_policy_decides_between_sessions() {
-        let (result, record) = supervise(vec![
+        let (result, record, sink) = supervise(vec![
             Err(RelayError::Kafka("down".into())),
             Err(RelayError::Standby("slot busy".into())),
             Ok(true),
@@ -183,17 +187,18 @@ mod tests {
         assert_eq!(phases[1], Phase::Retrying("kafka: down".into()), "a retry is degraded, saying why");
         assert_eq!(phases[2], Phase::Standby);
         assert_eq!(phases[3], Phase::Retrying("postgres: cut".into()));
-        // the Kafka failure and the cut connection recover the source; standby does not
-        assert_eq!(*record.recovered.lock().unwrap(), 2);
-        assert!(*record.flushed.lock().unwrap(), "shutdown flushes the source");
+        // the Kafka failure and the cut connection make the sink fresh; standby does not
+        assert_eq!(sink.recoveries(), 2);
+        assert!(sink.flushed(), "shutdown flushes the sink");
     }
 
     #[tokio::test]
     async fn a_fatal_error_stops_at_once_without_recovering() {
-        let (result, record) =
+        let (result, record, sink) =
             supervise(vec![Err(RelayError::fatal(FatalReason::SlotLost, "lost")), Ok(true)]).await;
         assert_eq!(result.unwrap_err().action(), Action::Fatal(FatalReason::SlotLost));
         assert_eq!(record.phases.lock().unwrap().len(), 1);
-        assert_eq!(*record.recovered.lock().unwrap(), 0);
+        assert_eq!(sink.recoveries(), 0);
+        assert!(!sink.flushed(), "a fatal error stops without waiting on Kafka");
     }
 }

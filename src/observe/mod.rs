@@ -9,6 +9,6 @@
 
 pub(crate) mod health;
 pub(crate) mod http;
-pub mod pause;
 pub mod metrics;
+pub mod pause;
 pub mod pulse;

@@ -4,7 +4,8 @@
 //! - pausing changes only what a session reads next: the active instance keeps its leadership
 //!   (the polling lock, the replication slot), settles what it already handed to Kafka, and then
 //!   reads no new row or WAL message until resumed; so nothing is confirmed past what Kafka
-//!   acknowledged, and no standby takes over while paused;
+//!   acknowledged, and no standby takes over while paused (a first copy, made when the slot is
+//!   created, runs to its end; the stream after it is paused);
 //! - the switch is the process's: [`crate::observe::health::Health`] owns one, every session
 //!   of the process reads it, and whoever flips it (the admin API, the signal table) says who
 //!   they are, so readiness and the metrics can say "paused by <who>".

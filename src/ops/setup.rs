@@ -27,11 +27,11 @@ pub enum SetupReport {
 /// Sets up replication mode's publication and slot (`recreate_slot`: drop a lost or unwanted
 /// slot first).
 pub async fn run(config: RelayConfig, recreate_slot: bool) -> Result<SetupReport, RelayError> {
-    let sink = KafkaSink::new(&config.kafka).map_err(|e| {
+    let mut sink = KafkaSink::new(&config.kafka).map_err(|e| {
         RelayError::fatal(FatalReason::Other, format!("cannot create the Kafka producer: {e}"))
     })?;
     let outboxes = Arc::new(Outboxes::new(&config));
-    Ok(match ReplicationSource::new(config, outboxes, sink).setup(recreate_slot).await? {
+    Ok(match ReplicationSource::new(config, outboxes).setup(&mut sink, recreate_slot).await? {
         Some((at, copy)) => SetupReport::SlotCreated { at, copy },
         None => SetupReport::SlotPresent,
     })

@@ -9,7 +9,8 @@
 //!   [`Sink::enqueue`] gave it; numbers only grow over a sink's life, across sessions;
 //! - a report is `Ok` only when the record is durably written (`acks=all`); a failed report is
 //!   classified by [`Sink::classify`]: permanent (poison) or transient (send again);
-//! - a sink outlives the sessions of its source: [`Sink::recover`] after a failed one,
+//! - a sink outlives the sessions of its source, and the supervisor owns it: [`Sink::recover`]
+//!   after a failed session,
 //!   [`Sink::retired`] before the next one reads topics back, [`Sink::flush`] at shutdown;
 //! - a transactional sink (`kafka.transactional`) is activated by each active session before it
 //!   reads topics back, and never by a standby; its records become visible to `read_committed`

@@ -75,6 +75,9 @@ pub(crate) struct ScriptedSink {
     commits: Mutex<Vec<Vec<String>>>,
     /// How many of `written` the commits made visible so far.
     visible: AtomicUsize,
+    /// How often the sink was made fresh ([`Sink::recover`]), and whether it was flushed.
+    recoveries: AtomicUsize,
+    flushed: std::sync::atomic::AtomicBool,
 }
 
 impl ScriptedSink {
@@ -96,7 +99,19 @@ impl ScriptedSink {
             open: std::sync::atomic::AtomicBool::new(false),
             commits: Mutex::default(),
             visible: AtomicUsize::new(0),
+            recoveries: AtomicUsize::new(0),
+            flushed: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// How often the sink was made fresh after a failed session.
+    pub(crate) fn recoveries(&self) -> usize {
+        self.recoveries.load(Ordering::SeqCst)
+    }
+
+    /// Whether the sink was flushed (at shutdown).
+    pub(crate) fn flushed(&self) -> bool {
+        self.flushed.load(Ordering::SeqCst)
     }
 
     /// A sink that writes in Kafka transactions.
@@ -236,10 +251,13 @@ impl Sink for ScriptedSink {
     /// A fresh producer, as the Kafka sink's: a transaction the failed one left open is
     /// aborted (see [`ScriptedSink::abandon`]).
     fn recover(&mut self) {
+        self.recoveries.fetch_add(1, Ordering::SeqCst);
         self.abandon();
     }
 
-    async fn flush(&self) {}
+    async fn flush(&self) {
+        self.flushed.store(true, Ordering::SeqCst);
+    }
 
     fn transactional(&self) -> bool {
         self.transactional

@@ -13,20 +13,18 @@ use tokio::sync::watch;
 
 use crate::error::RelayError;
 use crate::observe::pulse::Pulse;
+use crate::sink::Sink;
 
-/// A source of events, driven by the supervisor (`supervisor::run`).
-pub trait Source {
-    /// One session: connect, become active (or return [`RelayError::Standby`]), relay until
-    /// `shutdown` turns true (`Ok`) or an error.
+/// A source of events, driven by the supervisor (`supervisor::run`), which owns the sink: it
+/// makes it fresh after a failed session and flushes it at shutdown, so a source only opens a
+/// delivery stage on it for each session.
+pub(crate) trait Source<S: Sink> {
+    /// One session: connect, become active (or return [`RelayError::Standby`]), relay through a
+    /// delivery stage on `sink` until `shutdown` turns true (`Ok`) or an error.
     fn session(
         &mut self,
+        sink: &mut S,
         pulse: &Pulse,
         shutdown: &mut watch::Receiver<bool>,
     ) -> impl Future<Output = Result<(), RelayError>> + Send;
-
-    /// Prepares for the next session after a failed one (e.g. a fresh Kafka producer).
-    fn recover(&mut self);
-
-    /// Waits for what was handed to Kafka, at shutdown.
-    fn flush(&self) -> impl Future<Output = ()> + Send;
 }

@@ -16,6 +16,8 @@ use crate::observe::health::Health;
 use crate::observe::pulse::Pulse;
 use crate::outboxes::Outboxes;
 use crate::record::{OutboxRow, Position};
+use crate::sink::Sink;
+use crate::sink::scripted::ScriptedSink;
 use crate::source::Source;
 
 /// How long a test waits for what should happen (a hang guard, not a speed limit).
@@ -127,13 +129,13 @@ impl Drop for Db {
 
 /// One session of `source`: until it ends by itself (an error), or until `done` resolves and
 /// a shutdown then ends it.
-pub(crate) async fn session(
-    source: &mut impl Source,
+pub(crate) async fn session<S: Source<ScriptedSink>>(
+    driven: &mut Driven<S>,
     done: impl Future<Output = ()>,
 ) -> Result<(), RelayError> {
     let (stop, mut shutdown) = watch::channel(false);
-    let pulse = Pulse::new(Arc::new(Health::new(Duration::from_secs(1))));
-    let session = source.session(&pulse, &mut shutdown);
+    let pulse = Pulse::new(driven.health.clone());
+    let session = driven.source.session(&mut driven.sink, &pulse, &mut shutdown);
     tokio::pin!(session);
     let done = tokio::time::timeout(PATIENCE, done);
     tokio::select! {
@@ -142,6 +144,25 @@ pub(crate) async fn session(
     }
     stop.send(true).unwrap();
     session.await
+}
+
+/// A source and the scripted sink it delivers to, held as the supervisor holds them.
+pub(crate) struct Driven<S> {
+    pub source: S,
+    pub sink: ScriptedSink,
+    /// The process's health, with its pause switch.
+    pub health: Arc<Health>,
+}
+
+impl<S> Driven<S> {
+    pub(crate) fn new(source: S, sink: ScriptedSink) -> Driven<S> {
+        Driven { source, sink, health: Arc::new(Health::new(Duration::from_secs(1))) }
+    }
+
+    /// What the supervisor does after a failed session: a fresh sink.
+    pub(crate) fn recover(&mut self) {
+        self.sink.recover();
+    }
 }
 
 /// Publishes row `id` (of aggregate type `aggregate`) through the Kafka sink as an earlier

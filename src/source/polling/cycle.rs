@@ -64,9 +64,9 @@ struct Claimed<'t> {
     deadline: Deadline,
 }
 
-impl<S: Sink> PollingSource<S> {
+impl PollingSource {
     /// One cycle of outbox `outbox`: claim, deliver, write the dead letters and release, commit.
-    pub(super) async fn relay_batch(
+    pub(super) async fn relay_batch<S: Sink>(
         &self,
         session: &mut Session,
         outbox: OutboxId,
@@ -128,7 +128,7 @@ impl<S: Sink> PollingSource<S> {
 
     /// Claims outbox `outbox`'s next rows in `tx` (while holding at a row, only that row: the
     /// first in id order), or says why the batch ends before it begins.
-    async fn claim(
+    async fn claim<S: Sink>(
         &self,
         tx: &Transaction<'_>,
         prepared: &Prepared,
@@ -153,7 +153,7 @@ impl<S: Sink> PollingSource<S> {
 
     /// Delivers the claimed rows, releases what settled and writes the letters in the claim's
     /// transaction, and commits it; returns the settlement and how many letters were written.
-    async fn deliver(
+    async fn deliver<S: Sink>(
         &self,
         claim: Claimed<'_>,
         prepared: &Prepared,

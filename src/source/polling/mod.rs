@@ -21,10 +21,12 @@
 //!   one row at a time (the held one comes first, in id order), so nothing after it is
 //!   published and nothing acknowledged is published again. One claim-deliver-release cycle is
 //!   [`cycle`]'s; what is decided between the claim and its release is [`batch`]'s; the claim's
-//!   size is [`claim`]'s.
+//!   size is [`claim`]'s;
+//! - paused ([`crate::observe::pause`]), the leader claims nothing from the end of its current
+//!   cycle (whose rows are released or rolled back as usual) until resumed, and keeps its locks,
+//!   so no standby takes over.
 
 use std::collections::HashSet;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,11 +40,11 @@ use crate::delivery::{self, Carried, Delivery};
 use crate::error::RelayError;
 use crate::observe::health::LockHolder;
 use crate::observe::metrics::Mode;
+use crate::observe::pause::{self, Paused};
 use crate::observe::pulse::Pulse;
 use crate::outboxes::Outboxes;
 use crate::readback::{self, Lookback};
 use crate::sink::Sink;
-use crate::sink::kafka::KafkaSink;
 use crate::source::Source;
 use crate::source::handover;
 use crate::table::{OutboxTable, RowAt, quote_ident};
@@ -80,6 +82,9 @@ struct Session {
 /// both would publish, so the session ends and waits as a standby.
 const SWITCH_RECHECK: Duration = Duration::from_secs(2);
 
+/// While paused, how often the session says it is alive (the liveness probe allows far more).
+const PAUSED_TICK: Duration = Duration::from_secs(1);
+
 /// One outbox table as polling reads it: adapted to the database's encoding, its statements made
 /// by the first session.
 struct Polled {
@@ -87,20 +92,20 @@ struct Polled {
     statements: Option<Statements>,
 }
 
-pub(crate) struct PollingSource<S = KafkaSink> {
+pub(crate) struct PollingSource {
     config: RelayConfig,
     outboxes: Arc<Outboxes>,
     polled: PerOutbox<Polled>,
-    sink: S,
     dead_letters: DeadLetters,
     /// The delivery stage's hold (its backoff keeps growing) and Kafka's silence, from one
     /// session to the next.
     carried: Option<Carried<RowAt>>,
 }
 
-impl<S: Sink> Source for PollingSource<S> {
+impl<S: Sink> Source<S> for PollingSource {
     async fn session(
         &mut self,
+        sink: &mut S,
         pulse: &Pulse,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), RelayError> {
@@ -109,10 +114,9 @@ impl<S: Sink> Source for PollingSource<S> {
         // only the leader: it may fence earlier producers (kafka.transactional)
         let identities = readback::source_identities(&session.client, &self.config).await?;
         let prologue =
-            delivery::prologue(&mut self.sink, &identities, &self.config, (MODE, lookback), pulse, shutdown)
-                .await?;
+            delivery::prologue(sink, &identities, &self.config, (MODE, lookback), pulse, shutdown).await?;
         let stage = (&self.dead_letters, &self.config.kafka);
-        let mut delivery = Delivery::open(&self.sink, prologue, stage, pulse, MODE).await;
+        let mut delivery = Delivery::open(&*sink, prologue, stage, pulse, MODE).await;
         // a held row is claimed again, by the claim's own turn (`relay_batch`)
         delivery.reclaims_held();
         delivery.resume(self.carried.take());
@@ -121,24 +125,15 @@ impl<S: Sink> Source for PollingSource<S> {
         self.carried = Some(carried);
         result
     }
-
-    fn recover(&mut self) {
-        self.sink.recover()
-    }
-
-    fn flush(&self) -> impl Future<Output = ()> + Send {
-        self.sink.flush()
-    }
 }
 
-impl<S: Sink> PollingSource<S> {
-    pub(crate) fn new(config: RelayConfig, outboxes: Arc<Outboxes>, sink: S) -> PollingSource<S> {
+impl PollingSource {
+    pub(crate) fn new(config: RelayConfig, outboxes: Arc<Outboxes>) -> PollingSource {
         PollingSource {
             polled: outboxes.per(|o| Polled { table: o.table.clone(), statements: None }),
             dead_letters: DeadLetters::new(&outboxes, &config.retry, MODE),
             outboxes,
             config,
-            sink,
             carried: None,
         }
     }
@@ -249,15 +244,21 @@ impl<S: Sink> PollingSource<S> {
     }
 
     /// Relays until shutdown.
-    async fn serve(
+    async fn serve<S: Sink>(
         &self,
         session: &mut Session,
         delivery: &mut Delivery<'_, S, RowAt>,
         pulse: &Pulse,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), RelayError> {
+        let mut paused = pulse.paused();
         while !*shutdown.borrow() {
             pulse.tick();
+            if paused.borrow_and_update().is_some() {
+                // between cycles nothing is claimed or in flight: hold the locks, claim nothing
+                Self::wait_paused(session, &mut paused, shutdown).await?;
+                continue;
+            }
             if session.switch_checked.is_some_and(|checked| checked.elapsed() >= SWITCH_RECHECK) {
                 handover::refuse_active_slot(&self.config, &session.client).await?;
                 session.switch_checked = Some(Instant::now());
@@ -297,6 +298,27 @@ impl<S: Sink> PollingSource<S> {
             }
             if !full {
                 self.wait_for_work(session, shutdown).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Paused ([`crate::observe::pause`]): waits for the resume, shutdown, or the next liveness
+    /// tick, keeping the session (and with it the leader locks) open; a session that ends
+    /// meanwhile is an error, as while polling.
+    async fn wait_paused(
+        session: &mut Session,
+        paused: &mut watch::Receiver<Option<Paused>>,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<(), RelayError> {
+        tokio::select! {
+            _ = pause::while_paused(paused) => {}
+            _ = shutdown.changed() => {}
+            _ = tokio::time::sleep(PAUSED_TICK) => {}
+            notified = session.notified.recv() => {
+                if notified.is_none() {
+                    return Err(RelayError::Disconnected("the postgres session ended".into()));
+                }
             }
         }
         Ok(())

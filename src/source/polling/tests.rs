@@ -9,13 +9,12 @@ use crate::config::RelayConfig;
 use crate::outboxes::Outboxes;
 use crate::record::Position;
 use crate::sink::scripted::{Lifecycle, ScriptedSink};
-use crate::source::Source;
-use crate::source::testing::{Db, publish, service, session};
+use crate::source::testing::{Db, Driven, publish, service, session};
 
 /// A polling source of `config` over `sink`.
-fn source(config: RelayConfig, sink: ScriptedSink) -> PollingSource<ScriptedSink> {
+fn source(config: RelayConfig, sink: ScriptedSink) -> Driven<PollingSource> {
     let outboxes = Arc::new(Outboxes::new(&config));
-    PollingSource::new(config, outboxes, sink)
+    Driven::new(PollingSource::new(config, outboxes), sink)
 }
 
 #[tokio::test]
@@ -81,4 +80,30 @@ async fn a_row_whose_record_kafka_already_holds_is_released_unsent_and_the_rest_
     session(&mut source, db.drained()).await.unwrap();
     // then the row Kafka holds was released without being sent again, and the other was sent
     assert_eq!(source.sink.sent(), [unpublished]);
+}
+
+#[tokio::test]
+async fn paused_the_leader_claims_nothing_and_resumed_it_publishes_every_row_once_in_order() {
+    // given a session that published a first row
+    let db = Db::new().await;
+    let mut ids = vec![db.write("order").await];
+    let mut driven = source(db.config("polling", "127.0.0.1:1", false), ScriptedSink::new());
+    let pause = driven.health.pause().clone();
+    let mut later = Vec::new();
+    let paused_then_resumed = async {
+        db.drained().await;
+        // when it is paused and two rows are written
+        assert!(pause.pause("test", None));
+        later.push(db.write("order").await);
+        later.push(db.write("order").await);
+        // then nothing is claimed (an absence: waited for over ten poll intervals)
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        assert_eq!(db.rows().await, 2, "paused, the leader claims nothing");
+        // and once resumed, both are published
+        assert!(pause.resume());
+        db.drained().await;
+    };
+    session(&mut driven, paused_then_resumed).await.unwrap();
+    ids.extend(later);
+    assert_eq!(driven.sink.sent(), ids, "every row once, in order");
 }

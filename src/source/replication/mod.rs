@@ -29,7 +29,6 @@ mod stream;
 mod tests;
 mod transport;
 
-use std::future::Future;
 use std::sync::Arc;
 
 use tokio::sync::watch;
@@ -44,7 +43,6 @@ use crate::observe::pulse::Pulse;
 use crate::outboxes::Outboxes;
 use crate::readback::{self, Lookback};
 use crate::sink::Sink;
-use crate::sink::kafka::KafkaSink;
 use crate::source::Source;
 use slot::SlotPlan;
 use stream::{Feed, StreamSession};
@@ -57,39 +55,26 @@ pub const HEARTBEAT_PREFIX: &str = "outbox-relay-heartbeat";
 const MODE: Mode = Mode::Replication;
 
 /// One slot and one publication for every outbox of the relay.
-pub(crate) struct ReplicationSource<S = KafkaSink> {
+pub(crate) struct ReplicationSource {
     config: RelayConfig,
-    sink: S,
     outboxes: Arc<Outboxes>,
     dead_letters: DeadLetters,
 }
 
-impl<S: Sink> Source for ReplicationSource<S> {
+impl<S: Sink> Source<S> for ReplicationSource {
     async fn session(
         &mut self,
+        sink: &mut S,
         pulse: &Pulse,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), RelayError> {
-        self.run_session(pulse, shutdown).await
-    }
-
-    fn recover(&mut self) {
-        self.sink.recover()
-    }
-
-    fn flush(&self) -> impl Future<Output = ()> + Send {
-        self.sink.flush()
+        self.run_session(sink, pulse, shutdown).await
     }
 }
 
-impl<S: Sink> ReplicationSource<S> {
-    pub(crate) fn new(config: RelayConfig, outboxes: Arc<Outboxes>, sink: S) -> ReplicationSource<S> {
-        ReplicationSource {
-            dead_letters: DeadLetters::new(&outboxes, &config.retry, MODE),
-            outboxes,
-            config,
-            sink,
-        }
+impl ReplicationSource {
+    pub(crate) fn new(config: RelayConfig, outboxes: Arc<Outboxes>) -> ReplicationSource {
+        ReplicationSource { dead_letters: DeadLetters::new(&outboxes, &config.retry, MODE), outboxes, config }
     }
 
     /// Opens the records of what was published, once per process (as polling: its warning is
@@ -104,7 +89,11 @@ impl<S: Sink> ReplicationSource<S> {
     /// `outbox-relay setup`: the publication, and the slot with its first copy when missing.
     /// Returns the new slot's consistent point and what its copy did, or `None` when the slot
     /// was there.
-    pub(crate) async fn setup(&mut self, recreate: bool) -> Result<Option<(Lsn, CopyReport)>, RelayError> {
+    pub(crate) async fn setup<S: Sink>(
+        &mut self,
+        sink: &mut S,
+        recreate: bool,
+    ) -> Result<Option<(Lsn, CopyReport)>, RelayError> {
         let (client, server) = crate::postgres::connect_primary(&self.config.postgres).await?;
         let plan = slot::prepare(&self.config, &client, recreate).await?;
         if let SlotPlan::Stream { .. } = plan {
@@ -116,13 +105,15 @@ impl<S: Sink> ReplicationSource<S> {
         let (_never, mut shutdown) = watch::channel(false);
         let mut replication = transport::connect(&self.config, &server, Lsn::ZERO).await?;
         let created =
-            slot::create_and_copy(self, &server, &mut replication, &client, &pulse, &mut shutdown).await?;
+            slot::create_and_copy((&*self, sink), &server, &mut replication, &client, &pulse, &mut shutdown)
+                .await?;
         Ok(Some(created))
     }
 
     /// One replication session: prepare the slot, (copy,) stream until shutdown or an error.
-    async fn run_session(
+    async fn run_session<S: Sink>(
         &mut self,
+        sink: &mut S,
         pulse: &Pulse,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), RelayError> {
@@ -140,8 +131,15 @@ impl<S: Sink> ReplicationSource<S> {
             }
             SlotPlan::Create => {
                 let mut replication = transport::connect(&self.config, &server, Lsn::ZERO).await?;
-                let (point, _) =
-                    slot::create_and_copy(self, &server, &mut replication, &client, pulse, shutdown).await?;
+                let (point, _) = slot::create_and_copy(
+                    (&*self, sink),
+                    &server,
+                    &mut replication,
+                    &client,
+                    pulse,
+                    shutdown,
+                )
+                .await?;
                 (replication, point)
             }
         };
@@ -152,12 +150,12 @@ impl<S: Sink> ReplicationSource<S> {
         let lookback = Lookback::Since(confirmed);
         let identities = readback::source_identities(&client, &self.config).await?;
         let prologue =
-            delivery::prologue(&mut self.sink, &identities, &self.config, (MODE, lookback), pulse, shutdown)
-                .await?;
+            delivery::prologue(sink, &identities, &self.config, (MODE, lookback), pulse, shutdown).await?;
         let stage = (&self.dead_letters, &self.config.kafka);
-        let delivery = Delivery::open(&self.sink, prologue, stage, pulse, MODE).await;
+        let delivery = Delivery::open(&*sink, prologue, stage, pulse, MODE).await;
         let feed = Feed::new(delivery, confirmed, &self.outboxes, &self.config.replication);
-        StreamSession::new(&self.config, &self.dead_letters, &self.outboxes, &client, wal, feed)
+        let input = (wal, pulse.paused());
+        StreamSession::new(&self.config, &self.dead_letters, &self.outboxes, &client, input, feed)
             .run(shutdown)
             .await
     }

@@ -16,6 +16,10 @@
 //! backoff until Kafka takes it, and reports a row that cannot map at backoff until the relay
 //! is restarted with another policy. The session is never ended for it, so nothing acknowledged
 //! is sent again.
+//!
+//! Paused ([`crate::observe::pause`]): reading stops as it does for a bound. What is in flight
+//! settles and is confirmed; the transport keeps sending status updates, so the slot stays this
+//! session's and the server keeps the connection.
 
 use std::time::{Duration, Instant};
 
@@ -29,6 +33,7 @@ use crate::dead_letter::DeadLetters;
 use crate::error::RelayError;
 use crate::lsn::Lsn;
 use crate::observe::metrics::metrics;
+use crate::observe::pause::Paused;
 use crate::outboxes::Outboxes;
 use crate::sink::Sink;
 pub(super) use feed::Feed;
@@ -59,6 +64,8 @@ pub(super) struct StreamSession<'a, S: Sink> {
     outboxes: &'a Outboxes,
     /// When ids were last recorded: while records are in flight, once per status interval.
     recorded_at: Instant,
+    /// The pause switch: nothing is read while it says paused.
+    paused: watch::Receiver<Option<Paused>>,
 }
 
 impl<'a, S: Sink> StreamSession<'a, S> {
@@ -68,7 +75,7 @@ impl<'a, S: Sink> StreamSession<'a, S> {
         dead_letters: &'a DeadLetters,
         outboxes: &'a Outboxes,
         client: &'a Client,
-        wal: WalStream,
+        (wal, paused): (WalStream, watch::Receiver<Option<Paused>>),
         feed: Feed<'a, S>,
     ) -> StreamSession<'a, S> {
         let confirmed = feed.confirmed();
@@ -82,6 +89,7 @@ impl<'a, S: Sink> StreamSession<'a, S> {
             confirmed,
             outboxes,
             recorded_at: Instant::now(),
+            paused,
         }
     }
 
@@ -102,7 +110,7 @@ impl<'a, S: Sink> StreamSession<'a, S> {
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             self.commit_if_ready().await?;
-            let reading = self.feed.reading();
+            let reading = self.feed.reading() && self.paused.borrow_and_update().is_none();
             tokio::select! {
                 biased;
                 // 1. shutdown: stop reading, settle what is in flight, confirm it
@@ -130,6 +138,8 @@ impl<'a, S: Sink> StreamSession<'a, S> {
                     self.publication_ok_through = publication::delivers_through(self.config, self.client).await?;
                     self.confirm(self.feed.confirmed()).await?;
                 }
+                // 6. paused or resumed: `reading` is looked at again
+                _ = self.paused.changed() => {}
             }
             self.confirm_acknowledged().await?;
         }

@@ -10,15 +10,14 @@ use crate::lsn::Lsn;
 use crate::outboxes::Outboxes;
 use crate::record::Position;
 use crate::sink::scripted::{Lifecycle, ScriptedSink};
-use crate::source::Source;
-use crate::source::testing::{Db, publish, service, session};
+use crate::source::testing::{Db, Driven, publish, service, session};
 
 /// A replication source of `config` over `sink`, its slot made (with nothing to copy).
-async fn source(config: RelayConfig, sink: ScriptedSink) -> ReplicationSource<ScriptedSink> {
+async fn source(config: RelayConfig, mut sink: ScriptedSink) -> Driven<ReplicationSource> {
     let outboxes = Arc::new(Outboxes::new(&config));
-    let mut source = ReplicationSource::new(config, outboxes, sink);
-    source.setup(false).await.expect("setup makes the slot");
-    source
+    let mut source = ReplicationSource::new(config, outboxes);
+    source.setup(&mut sink, false).await.expect("setup makes the slot");
+    Driven::new(source, sink)
 }
 
 /// The WAL written so far: a slot confirmed this far holds nothing written before.
@@ -130,4 +129,28 @@ async fn an_event_kafka_already_holds_is_confirmed_unsent_and_the_rest_are_sent(
     session(&mut source, confirmed_through(&db, written)).await.unwrap();
     // then the event Kafka holds was confirmed without being sent again, and the other was sent
     assert_eq!(source.sink.sent(), [unpublished]);
+}
+
+#[tokio::test]
+async fn paused_the_stream_confirms_nothing_past_what_was_sent_and_resumed_it_sends_every_row_once() {
+    // given a slot, and a session paused before two rows are written
+    let db = Db::new().await;
+    let mut driven = source(db.config("replication", "127.0.0.1:1", false), ScriptedSink::new()).await;
+    let before = confirmed(&db).await;
+    let pause = driven.health.pause().clone();
+    assert!(pause.pause("test", None));
+    let ids = vec![db.write("order").await, db.write("order").await];
+    let written = wal_end(&db).await;
+    let paused_then_resumed = async {
+        // then the slot is not confirmed past them (an absence: waited for over several status
+        // intervals)
+        tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+        let paused_at = confirmed(&db).await;
+        assert!(paused_at < written, "paused at {paused_at}, the rows end at {written} (from {before})");
+        // and once resumed, the stream sends them and confirms past them
+        assert!(pause.resume());
+        confirmed_through(&db, written).await;
+    };
+    session(&mut driven, paused_then_resumed).await.unwrap();
+    assert_eq!(driven.sink.sent(), ids, "every row once, in order");
 }

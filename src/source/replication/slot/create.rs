@@ -37,15 +37,15 @@ const COPIED_SQL: &str = "UPDATE outbox_relay_slots SET snapshot_completed_at = 
 /// publishes the rows visible in its exported snapshot. Returns the slot's consistent point,
 /// and what the copy did.
 pub(in crate::source::replication) async fn create_and_copy<S: Sink>(
-    source: &mut ReplicationSource<S>,
+    source: (&ReplicationSource, &mut S),
     server: &Endpoint,
     replication: &mut pgwire_replication::ReplicationClient,
     client: &Client,
     pulse: &Pulse,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<(Lsn, CopyReport), RelayError> {
-    let slot = source.config.replication.slot.clone();
-    let (consistent_point, snapshot) = create_slot(source, replication, client).await?;
+    let slot = source.0.config.replication.slot.clone();
+    let (consistent_point, snapshot) = create_slot(source.0, replication, client).await?;
     tracing::info!(%slot, %consistent_point, "created the slot; publishing the rows already in the table");
     let report =
         copy_outboxes(source, server, client, (consistent_point, &snapshot), pulse, shutdown).await?;
@@ -59,8 +59,8 @@ pub(in crate::source::replication) async fn create_and_copy<S: Sink>(
 
 /// Remembers the slot, copy unfinished, then creates it exporting a snapshot, and records its
 /// consistent point. Returns the consistent point and the exported snapshot's name.
-async fn create_slot<S: Sink>(
-    source: &ReplicationSource<S>,
+async fn create_slot(
+    source: &ReplicationSource,
     replication: &mut pgwire_replication::ReplicationClient,
     client: &Client,
 ) -> Result<(Lsn, String), RelayError> {
@@ -91,7 +91,7 @@ async fn create_slot<S: Sink>(
 /// table after the other, each through a delivery session of its own that first reads back
 /// everything the topics hold from this source.
 async fn copy_outboxes<S: Sink>(
-    source: &mut ReplicationSource<S>,
+    (source, sink): (&ReplicationSource, &mut S),
     server: &Endpoint,
     client: &Client,
     (consistent_point, snapshot): (Lsn, &str),
@@ -107,10 +107,9 @@ async fn copy_outboxes<S: Sink>(
         let lookback = (MODE, Lookback::Everything);
         let identities = readback::source_identities(client, &source.config).await?;
         let prologue =
-            delivery::prologue(&mut source.sink, &identities, &source.config, lookback, pulse, shutdown)
-                .await?;
+            delivery::prologue(sink, &identities, &source.config, lookback, pulse, shutdown).await?;
         let stage = (&source.dead_letters, &source.config.kafka);
-        let delivery = Delivery::open(&source.sink, prologue, stage, pulse, MODE).await;
+        let delivery = Delivery::open(&*sink, prologue, stage, pulse, MODE).await;
         let copy = FirstCopy {
             postgres: &source.config.postgres,
             server,
