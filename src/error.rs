@@ -31,6 +31,10 @@ pub enum RelayError {
     /// Kafka did not acknowledge a record in time to keep going; retried.
     #[error("kafka: {0}")]
     Kafka(String),
+    /// Kafka answered a record with a transient failure: the session ends and the record is
+    /// sent again from its position; retried.
+    #[error("kafka: event {event} not acknowledged: {detail}")]
+    Unacknowledged { event: String, detail: String },
     /// Another instance holds the slot or the leader lock; this one waits as a standby.
     #[error("{0}")]
     Standby(String),
@@ -78,6 +82,8 @@ labels! {
         Auth = "auth",
         /// TLS cannot be set up, or the server's certificate cannot be trusted.
         Tls = "tls",
+        /// `postgres.sslmode` requires TLS and the server does not offer it.
+        TlsUnavailable = "tls_unavailable",
         /// The server cannot send text as UTF-8 (a SQL_ASCII database holding other bytes).
         Encoding = "encoding",
         /// A change in the stream is larger than `replication.max_message_bytes`.
@@ -110,6 +116,7 @@ impl RelayError {
             RelayError::Server { sqlstate: Some(code), .. } => sqlstate_action(code),
             RelayError::Server { sqlstate: None, .. } => Action::Retry,
             RelayError::Disconnected(_) | RelayError::Kafka(_) | RelayError::Interrupted => Action::Retry,
+            RelayError::Unacknowledged { .. } => Action::Retry,
             RelayError::Registry(_) => Action::Retry,
             RelayError::Standby(_) => Action::Standby,
             RelayError::Protocol(_) => Action::Fatal(FatalReason::Protocol),
@@ -123,7 +130,7 @@ impl RelayError {
             RelayError::Postgres(e) if e.is_closed() || e.code().is_none() => "postgres_unavailable",
             RelayError::Disconnected(_) => "postgres_unavailable",
             RelayError::Postgres(_) | RelayError::Server { .. } => "postgres_error",
-            RelayError::Kafka(_) => "kafka_unavailable",
+            RelayError::Kafka(_) | RelayError::Unacknowledged { .. } => "kafka_unavailable",
             RelayError::Registry(_) => "registry_unavailable",
             RelayError::Standby(_) => "standby",
             RelayError::Interrupted => "shutdown",

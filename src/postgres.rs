@@ -357,7 +357,7 @@ fn client_refusal(pg: &PostgresConfig, endpoint: &Endpoint, e: &tokio_postgres::
     // tokio-postgres's words when the server answers the SSLRequest with 'N'
     if text.contains("server does not support TLS") {
         return Some(RelayError::fatal(
-            FatalReason::Tls,
+            FatalReason::TlsUnavailable,
             format!(
                 "postgres {endpoint}: the server does not support SSL, and postgres.sslmode = {} requires it: \
                  turn TLS on at the server (ssl = on, with ssl_cert_file and ssl_key_file), or point \

@@ -458,7 +458,7 @@ async fn require_against_a_server_without_tls_is_fatal_and_says_so() {
         let (code, _, stderr) = run_relay(&["run", "--config", config], IDLE);
         assert_eq!(code, 1, "{sslmode}: {stderr}");
         assert!(
-            stderr.contains("the server does not support SSL") && stderr.contains("reason=tls"),
+            stderr.contains("the server does not support SSL") && stderr.contains("reason=tls_unavailable"),
             "{sslmode}: {stderr}"
         );
     }

@@ -114,7 +114,7 @@ impl<S: Sink, P: Clone> Delivery<'_, S, P> {
         metrics().publish_errors.with_label_values(&[failure.error_type().label()]).inc();
         match failure {
             PublishError::Transient { detail, .. } => {
-                Err(RelayError::Kafka(format!("event {} not acknowledged: {detail}", event.id)))
+                Err(RelayError::Unacknowledged { event: event.id.to_string(), detail })
             }
             PublishError::Permanent(reason) if self.transaction.is_some() => {
                 Err(self.refused_in_transaction(event, reason))

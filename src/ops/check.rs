@@ -152,7 +152,7 @@ async fn connect(config: &RelayConfig) -> Result<(Client, Endpoint), Finding> {
     let target = format!("{}/{} as {}", servers.join(","), pg.database, pg.user);
     crate::postgres::connect_primary(pg).await.map_err(|e| {
         let fix = match &e {
-            RelayError::Fatal { reason: FatalReason::Tls, message } if message.contains("does not support SSL") => {
+            RelayError::Fatal { reason: FatalReason::TlsUnavailable, .. } => {
                 "turn TLS on at the server, or connect through a server or proxy that has it (see above)"
             }
             RelayError::Fatal { reason: FatalReason::Tls, .. } => {
