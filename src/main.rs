@@ -162,6 +162,7 @@ fn run(config: RelayConfig, runtime: &Runtime) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
+            outbox_relay::sink::kafka::mark_stopping();
             let reason = match e.action() {
                 outbox_relay::error::Action::Fatal(reason) => reason.label(),
                 _ => "other",
