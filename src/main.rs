@@ -60,8 +60,8 @@ fn dispatch(command: Command, config: RelayConfig, runtime: &Runtime) -> ExitCod
         }
         Command::Status { metrics_url, format, .. } => {
             runtime.block_on(per_outbox(&chosen, is_text(format), async |o| {
-                let lines = status::run(&config, o, metrics_url.as_deref()).await;
-                print_output(lines.map(status::Lines).map_err(Failure::failed), format)
+                let report = status::run(&config, o, metrics_url.as_deref()).await;
+                print_output(report.map_err(Failure::failed), format)
             }))
         }
         Command::Locate { id, format, wait_secs, .. } => {
@@ -162,6 +162,7 @@ fn run(config: RelayConfig, runtime: &Runtime) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
+            outbox_relay::sink::kafka::mark_stopping();
             let reason = match e.action() {
                 outbox_relay::error::Action::Fatal(reason) => reason.label(),
                 _ => "other",

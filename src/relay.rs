@@ -103,6 +103,7 @@ async fn run_until_stopped(config: RelayConfig, health: Arc<Health>) -> Result<(
         _ = sigint.recv() => "SIGINT",
     };
     tracing::info!(signal = signal_name, grace_period_secs = grace.as_secs(), "shutting down");
+    crate::sink::kafka::mark_stopping();
     let _ = shutdown_tx.send(true);
     match tokio::time::timeout(grace, &mut source).await {
         Ok(finished) => joined(finished),

@@ -52,7 +52,10 @@ pub async fn run<K: Sink, S: Source<K>>(
         }
         let Err(e) = result else { break };
         match e.action() {
-            Action::Fatal(_) => return Err(e),
+            Action::Fatal(_) => {
+                crate::sink::kafka::mark_stopping();
+                return Err(e);
+            }
             Action::Standby => {
                 if !standby_logged {
                     tracing::info!(reason = %e, "standby: another instance is active");

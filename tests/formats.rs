@@ -242,3 +242,31 @@ async fn a_cutover_from_debezium_with_skip_published_sends_nothing_twice() {
     assert_eq!(ids.len(), 40);
     assert_eq!(relay.terminate(crate::common::EXIT_LIMIT), Some(0), "{}", relay.log_text());
 }
+
+/// Operator commands printed librdkafka's `enable.gapless.guarantee is experimental` (the
+/// relay's own setting, not the user's), and `format = "debezium"` its partitioner warning in
+/// every command: each warning once per process, the gapless one never. (No services: the
+/// commands fail to connect, after loading the configuration and, `setup`, making its producers.)
+#[test]
+fn operator_commands_warn_of_the_partitioner_once_and_never_of_gapless() {
+    // given a Debezium outbox without murmur2 and a transactional producer, nothing reachable
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("relay.toml");
+    std::fs::write(
+        &config,
+        "[postgres]\nhost = \"127.0.0.1\"\nport = 1\nuser = \"u\"\ndatabase = \"d\"\npassword = \"p\"\n\
+         [kafka]\nbrokers = [\"127.0.0.1:1\"]\ntransactional = true\n[outbox]\nformat = \"debezium\"\n",
+    )
+    .unwrap();
+    for command in ["status", "setup", "verify", "locate"] {
+        // when the command runs
+        let mut args = vec![command, "--config", config.to_str().unwrap()];
+        if command == "locate" {
+            args.extend(["--id", "1"]);
+        }
+        let (_, stdout, stderr) = crate::common::run_relay(&args, crate::common::EXIT_LIMIT);
+        // then the partitioner is named once, and gapless never
+        assert_eq!(stderr.matches("partitioner = \"murmur2_random\"").count(), 1, "{command}: {stderr}");
+        assert!(!format!("{stdout}{stderr}").contains("gapless"), "{command}: {stderr}");
+    }
+}

@@ -165,7 +165,7 @@ async fn polling_backlog_and_degraded_readiness_while_kafka_is_down() {
 fn promtool() -> &'static str {
     assert!(
         Command::new("promtool").arg("--version").output().is_ok(),
-        "promtool is missing: deploy/local/test installs it (apt-get install prometheus)"
+        "promtool is missing: deploy/local/test unpacks it from Debian's prometheus package (apt-get download, no install)"
     );
     "promtool"
 }
@@ -330,7 +330,7 @@ fn start_prometheus(dir: &Path, ports: &[u16], rules: &str) -> (Prometheus, u16)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("prometheus.log")).unwrap())
             .spawn()
-            .expect("prometheus is missing: deploy/local/test installs it (apt-get install prometheus)"),
+            .expect("prometheus is missing: deploy/local/test unpacks it from Debian's prometheus package (apt-get download, no install)"),
     );
     (prometheus, prom_port)
 }

@@ -182,8 +182,8 @@ async fn no_writer_chooses_an_event_id_the_owner_included() {
     }
 
     // and when the owner names the real event's id under another created_at, and the id the
-    // sequence gave before the trigger (one more), each row gets the sequence's id instead, so
-    // the next real event takes none of them
+    // sequence gives next (one more: ids step by one since sql/013), each row gets the
+    // sequence's id instead, so the next real event takes none of them
     let next = real + 1;
     let mut given = Vec::new();
     for (id, created_at) in [(real, "now() - interval '1 hour'"), (next, "now()")] {

@@ -15,6 +15,16 @@ fn status(s: &Setup, metrics_port: u16) -> String {
     stdout
 }
 
+/// `status --format json`, parsed.
+fn status_json(s: &Setup, metrics_port: u16) -> serde_json::Value {
+    let config = s.config().display().to_string();
+    let url = format!("http://127.0.0.1:{metrics_port}");
+    let (code, stdout, stderr) =
+        run_relay(&["status", "--config", &config, "--metrics-url", &url, "--format", "json"], EXIT_LIMIT);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
 /// The value of `key` in the report.
 fn line<'a>(report: &'a str, key: &str) -> &'a str {
     report
@@ -55,6 +65,22 @@ async fn replication_status_shows_the_slot_its_holder_and_the_relay_s_own_view()
     assert!(line(&report, "readiness").starts_with("active"), "{report}");
     assert!(line(&report, "this instance leads").starts_with("yes"), "{report}");
     assert!(line(&report, "last confirmation").ends_with("s ago"), "{report}");
+    let json = status_json(&s, relay.metrics_port());
+    let mut slot_keys: Vec<&str> = json["slot"].as_object().unwrap().keys().map(String::as_str).collect();
+    let mut expected = outbox_relay::ops::status::SLOT_KEYS.to_vec();
+    slot_keys.sort_unstable();
+    expected.sort_unstable();
+    assert_eq!(slot_keys, expected, "{json}");
+    assert_eq!(json["slot"]["holder_pid"], pid, "{json}");
+    assert_eq!(json["slot"]["wal_status"], "reserved", "{json}");
+    assert!(json["slot"]["lag_bytes"].is_i64(), "{json}");
+    assert!(json["slot"]["holder_since_unix_seconds"].is_f64(), "{json}");
+    assert_eq!(
+        (json["relay_sessions"].clone(), json["relay_sessions_streaming"].clone()),
+        (3.into(), 1.into())
+    );
+    assert_eq!(json["leader"], true, "{json}");
+    assert!(json["last_confirmation_unix_seconds"].is_f64(), "{json}");
 
     // and once the relay is stopped, that no one holds the slot and nothing answers
     let port = relay.metrics_port();
@@ -109,21 +135,8 @@ async fn polling_status_shows_the_backlog_its_oldest_row_and_the_waiting_dead_le
         line(&report, "dead-letter reasons"),
         "2 x the topic t does not exist; 1 x column aggregate_id is NULL"
     );
-    let json = run_relay(
-        &[
-            "status",
-            "--config",
-            &s.config().display().to_string(),
-            "--metrics-url",
-            "http://127.0.0.1:1",
-            "--format",
-            "json",
-        ],
-        EXIT_LIMIT,
-    )
-    .1;
-    let json: serde_json::Value = serde_json::from_str(&json).unwrap();
-    assert!(json["dead letters (waiting)"].as_str().unwrap().starts_with("3 in "), "{json}");
+    // (and the same as typed fields under stable keys, for scripts)
+    polling_json_says_the_same(&status_json(&s, 1));
 
     // and when a relay has published the rows, the backlog is empty, and the relay exports the
     // waiting letters as gauges
@@ -146,4 +159,24 @@ async fn polling_status_shows_the_backlog_its_oldest_row_and_the_waiting_dead_le
     relay.wait_metric("outbox_relay_dead_letters_outstanding", |v| v == 0.0).await;
     assert_eq!(relay.metric("outbox_relay_dead_letters_oldest_age_seconds"), Some(0.0));
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+}
+
+/// `status --format json` of the polling test's outbox (three rows, three letters of it, no
+/// relay answering): every key of `JSON_KEYS`, each value typed.
+fn polling_json_says_the_same(json: &serde_json::Value) {
+    let mut keys: Vec<&str> = json.as_object().unwrap().keys().map(String::as_str).collect();
+    let mut expected = outbox_relay::ops::status::JSON_KEYS.to_vec();
+    keys.sort_unstable();
+    expected.sort_unstable();
+    assert_eq!(keys, expected, "{json}");
+    assert_eq!(json["mode"], "polling", "{json}");
+    assert_eq!(json["backlog_rows"], 3, "{json}");
+    assert_eq!(json["backlog_capped"], false, "{json}");
+    assert!(json["oldest_unpublished_row_age_seconds"].is_f64(), "{json}");
+    assert_eq!(json["dead_letters_waiting"], 3, "{json}");
+    assert!(json["dead_letters_oldest_age_seconds"].as_f64().unwrap() >= 3600.0, "{json}");
+    assert_eq!(json["dead_letter_reasons"][0]["count"], 2, "{json}");
+    assert_eq!(json["slot"], serde_json::Value::Null, "{json}");
+    assert_eq!(json["metrics_answered"], false, "{json}");
+    assert_eq!(json["last_confirmation_unix_seconds"], serde_json::Value::Null, "{json}");
 }

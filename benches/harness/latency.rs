@@ -166,8 +166,9 @@ pub(super) async fn receive_ids(consumer: StreamConsumer) -> HashMap<i64, f64> {
     at
 }
 
-/// A transaction the writer committed: its events' ids (not consecutive: sql/009_outbox_event_ids.sql
-/// advances the sequence by two per row), when COMMIT returned, and the seconds into the window.
+/// A transaction the writer committed: its events' ids (one apart: the sequence steps by one per
+/// row since sql/013_outbox_event_ids_step_one.sql), when COMMIT returned, and the seconds into the
+/// window.
 type Committed = (Vec<i64>, f64, f64);
 
 /// Commits transactions of 10 events at `rate` events/s for `duration`; returns each one's

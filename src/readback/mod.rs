@@ -215,7 +215,7 @@ impl ClientContext for ReadBackContext {
             self.refused_login.lock().unwrap().get_or_insert_with(|| reason.to_string());
         }
         if !matches!(error, KafkaError::Global(RDKafkaErrorCode::PartitionEOF)) {
-            tracing::warn!(%error, reason, "reading topics back");
+            crate::sink::kafka::log_client_error(tracing::Level::WARN, &error, reason, "reading topics back");
         }
     }
 }

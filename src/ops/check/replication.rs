@@ -136,23 +136,33 @@ async fn publication_check((config, outbox): (&RelayConfig, &Outbox), client: &C
             "replication.publication",
             format!("publication \"{publication}\" delivers every insert of {}", table.display_name()),
         ),
-        Ok(Some(problem @ Problem::TableMissing(_))) => Finding::fail(
+        Ok(Some(problem)) => problem_finding(publication, table, problem),
+        Err(e) => Finding::fail(
             "replication.publication",
+            format!("cannot read pg_publication: {}", crate::error::describe_pg(&e)),
+            "check the role's privileges",
+        ),
+    }
+}
+
+/// check's finding for a `problem` of the publication: the fix is the table's for a table or a
+/// column that is gone, the publication's otherwise.
+fn problem_finding(publication: &str, table: &crate::table::OutboxTable, problem: Problem) -> Finding {
+    const CHECK: &str = "replication.publication";
+    match problem {
+        Problem::TableMissing(_) => Finding::fail(
+            CHECK,
             format!(
                 "publication \"{publication}\" cannot include {}: it does not exist",
                 table.display_name()
             ),
             format!("see outbox.table: {problem}"),
         ),
-        Ok(Some(problem)) => Finding::fail(
-            "replication.publication",
+        Problem::ColumnMissing { missing, fix } => Finding::fail(CHECK, missing, fix),
+        problem => Finding::fail(
+            CHECK,
             problem.to_string(),
             "the publication must publish inserts of every row and every column the relay reads (docs/replication.md)",
-        ),
-        Err(e) => Finding::fail(
-            "replication.publication",
-            format!("cannot read pg_publication: {}", crate::error::describe_pg(&e)),
-            "check the role's privileges",
         ),
     }
 }
@@ -338,6 +348,31 @@ fn role_finding(role: &str, attribute: bool, rds_role: bool, rds_member: bool, l
 mod tests {
     use super::super::Status;
     use super::role_finding;
+
+    /// A dropped `headers` column was blamed on the publication ("must publish ... every column
+    /// the relay reads"): the fix is the table or `outbox.columns`, in the daemon's words.
+    #[test]
+    fn a_dropped_column_is_fixed_in_the_table_or_outbox_columns() {
+        let config: crate::config::RelayConfig =
+            serde_json::from_value(serde_json::json!({ "kafka": { "brokers": ["127.0.0.1:9092"] } }))
+                .unwrap();
+        let table = crate::table::OutboxTable::of(&config.outbox, &config.polling);
+        let problem = super::Problem::ColumnMissing {
+            missing: "public.outbox_events has no column headers (dropped or renamed), which the relay reads"
+                .into(),
+            fix: "add \"headers\" back, or set outbox.columns.headers = \"\" if it is gone for good".into(),
+        };
+        let finding = super::problem_finding("outbox_relay", &table, problem);
+        assert_eq!(finding.status, Status::Fail);
+        assert_eq!(
+            finding.detail,
+            "public.outbox_events has no column headers (dropped or renamed), which the relay reads"
+        );
+        assert_eq!(
+            finding.fix,
+            "add \"headers\" back, or set outbox.columns.headers = \"\" if it is gone for good"
+        );
+    }
 
     #[test]
     fn rds_replication_counts_only_where_the_server_looks_like_rds() {

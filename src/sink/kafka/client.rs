@@ -5,6 +5,8 @@
 //! gapless) are set after the user's pass-through properties, and `RelayConfig::validate`
 //! refuses user overrides of them.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use rdkafka::ClientConfig;
 use rdkafka::ClientContext;
 use rdkafka::client::OAuthToken;
@@ -71,12 +73,42 @@ impl ClientContext for ReaderContext {
 
     fn error(&self, error: KafkaError, reason: &str) {
         if !is_partition_end(&error) {
-            tracing::error!(target: "librdkafka", %error, "{reason}");
+            log_client_error(tracing::Level::ERROR, &error, reason, "Kafka client error");
         }
     }
 }
 
 impl ConsumerContext for ReaderContext {}
+
+/// Set once the process decided to stop (a signal, a fatal error): what librdkafka says after
+/// that is about the clients being torn down (`Purged in flight`, a FATAL of a producer dropped
+/// mid-transaction, connections to brokers that have since come back), not about the cause.
+static STOPPING: AtomicBool = AtomicBool::new(false);
+
+/// Marks the process as stopping: librdkafka's errors and warnings from now on are logged at
+/// DEBUG ([`after_stop`]).
+pub fn mark_stopping() {
+    STOPPING.store(true, Ordering::Relaxed);
+}
+
+/// `level` once the process is `stopping`: errors and warnings become DEBUG, the rest stays.
+fn after_stop(level: tracing::Level, stopping: bool) -> tracing::Level {
+    match stopping && level <= tracing::Level::WARN {
+        true => tracing::Level::DEBUG,
+        false => level,
+    }
+}
+
+/// Logs an error a librdkafka client reported through its error callback at `level` (DEBUG
+/// once the process is stopping).
+pub(crate) fn log_client_error(level: tracing::Level, error: &KafkaError, reason: &str, what: &str) {
+    match after_stop(level, STOPPING.load(Ordering::Relaxed)) {
+        tracing::Level::ERROR => tracing::error!(target: "librdkafka", %error, reason, "{what}"),
+        tracing::Level::WARN => tracing::warn!(target: "librdkafka", %error, reason, "{what}"),
+        tracing::Level::INFO => tracing::info!(target: "librdkafka", %error, reason, "{what}"),
+        _ => tracing::debug!(target: "librdkafka", %error, reason, "{what}"),
+    }
+}
 
 /// The token every `ClientContext` of the relay hands librdkafka for SASL OAUTHBEARER
 /// (`[kafka.auth]`): each sets `ENABLE_REFRESH_OAUTH_TOKEN` and answers
@@ -181,7 +213,8 @@ fn log_level(level: RDKafkaLogLevel, fac: &str, message: &str) -> Option<tracing
 /// Logs one of librdkafka's log lines at the relay's level ([`log_level`]); every client of the
 /// relay's (the producer, the read-back consumer) logs through this.
 pub(crate) fn log_librdkafka(level: RDKafkaLogLevel, fac: &str, message: &str) {
-    match log_level(level, fac, message) {
+    let stopping = STOPPING.load(Ordering::Relaxed);
+    match log_level(level, fac, message).map(|level| after_stop(level, stopping)) {
         Some(tracing::Level::ERROR) => tracing::error!(target: "librdkafka", "{fac} {message}"),
         Some(tracing::Level::WARN) => tracing::warn!(target: "librdkafka", "{fac} {message}"),
         Some(tracing::Level::INFO) => tracing::info!(target: "librdkafka", "{fac} {message}"),
@@ -205,6 +238,19 @@ mod tests {
         let producer = super::transactional_producer_config(&kafka, "id");
         assert_eq!(producer.get("message.timeout.ms"), Some("60000"));
         assert_eq!(producer.get("transactional.id"), Some("id"));
+    }
+
+    /// Every fatal exit added librdkafka's FATAL and "Purged in flight" lines, and a shutdown
+    /// after broker restarts stale errors naming brokers that were up: once the process decided
+    /// to stop, librdkafka's errors and warnings are DEBUG.
+    #[test]
+    fn what_librdkafka_says_after_the_decision_to_stop_is_debug() {
+        use super::after_stop;
+        assert_eq!(after_stop(Level::ERROR, true), Level::DEBUG);
+        assert_eq!(after_stop(Level::WARN, true), Level::DEBUG);
+        assert_eq!(after_stop(Level::INFO, true), Level::INFO);
+        assert_eq!(after_stop(Level::ERROR, false), Level::ERROR);
+        assert_eq!(after_stop(Level::WARN, false), Level::WARN);
     }
 
     #[test]

@@ -39,8 +39,10 @@ mod stall;
 mod transaction;
 
 use classify::{error_type, topic_is_unknown};
-pub(crate) use client::{ReaderContext, log_librdkafka, reader_config};
-pub use client::{TokenContext, client_config, oauth_token, producer_config, serve_token_request};
+pub(crate) use client::{ReaderContext, log_client_error, log_librdkafka, reader_config};
+pub use client::{
+    TokenContext, client_config, mark_stopping, oauth_token, producer_config, serve_token_request,
+};
 use producer::{Channel, RecordProducer, create_producer};
 pub(crate) use producer::{POSITION_HEADER, REPLAYED_HEADER, REPUBLISHED_HEADER, SOURCE_HEADER};
 pub(crate) use stall::StallWatch;

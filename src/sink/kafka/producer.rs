@@ -48,17 +48,18 @@ impl ClientContext for Reporter {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        match error.rdkafka_error_code() {
+        let (level, what) = match error.rdkafka_error_code() {
             // a broker connection that dropped (idle, restarted, a leader moved): librdkafka
             // reconnects by itself, and the stall watch says when Kafka stops acknowledging
             Some(RDKafkaErrorCode::BrokerTransportFailure) => {
-                tracing::info!(%error, reason, "Kafka connection lost; reconnecting")
+                (tracing::Level::INFO, "Kafka connection lost; reconnecting")
             }
             Some(RDKafkaErrorCode::AllBrokersDown) => {
-                tracing::warn!(%error, reason, "no Kafka broker reachable; reconnecting")
+                (tracing::Level::WARN, "no Kafka broker reachable; reconnecting")
             }
-            _ => tracing::error!(%error, reason, "Kafka producer error"),
-        }
+            _ => (tracing::Level::ERROR, "Kafka producer error"),
+        };
+        super::client::log_client_error(level, &error, reason, what);
     }
 }
 

@@ -23,9 +23,66 @@ use crate::error::{FatalReason, RelayError};
 /// How often a commit that failed with a retriable error is tried again.
 const COMMIT_ATTEMPTS: u32 = 3;
 
-/// Becomes the producer of `id` (see the module's invariants).
+/// How long [`init`] waits before asking a coordinator that was not ready again.
+const COORDINATOR_PAUSE: Duration = Duration::from_millis(500);
+
+/// Becomes the producer of `id` (see the module's invariants). A coordinator that is not ready
+/// (a fresh cluster's `__transaction_state` still being created, "Not coordinator", a
+/// coordinator moving) is asked again until `timeout` (`kafka.transaction_timeout_ms`) has
+/// passed, saying what it waits for: `setup` gave up after about 5 s on a fresh cluster. Every
+/// other failure is [`failed`]'s at once.
 pub(super) fn init(producer: &RecordProducer, id: &str, timeout: Duration) -> Result<(), RelayError> {
-    producer.init_transactions(timeout).map_err(|e| failed(producer, id, "initialize transactions", e))
+    let deadline = std::time::Instant::now() + timeout;
+    let mut said = false;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let error = match producer.init_transactions(left) {
+            Ok(()) => return Ok(()),
+            Err(error) => error,
+        };
+        if !waits_for_coordinator(&error) {
+            return Err(failed(producer, id, "initialize transactions", error));
+        }
+        if std::time::Instant::now() + COORDINATOR_PAUSE >= deadline {
+            return Err(RelayError::Kafka(coordinator_not_ready(id, timeout, &error)));
+        }
+        if !said {
+            tracing::info!(
+                transactional_id = id,
+                %error,
+                "waiting for the Kafka transaction coordinator (a new cluster creates it on first use); asking \
+                 again until kafka.transaction_timeout_ms has passed"
+            );
+            said = true;
+        }
+        std::thread::sleep(COORDINATOR_PAUSE);
+    }
+}
+
+/// A failure of `init_transactions` that says the transaction coordinator is not ready yet:
+/// asking again later is the remedy (librdkafka marks it retriable).
+fn waits_for_coordinator(error: &KafkaError) -> bool {
+    matches!(error, KafkaError::Transaction(e) if e.is_retriable())
+        || matches!(
+            error.rdkafka_error_code(),
+            Some(
+                RDKafkaErrorCode::NotCoordinator
+                    | RDKafkaErrorCode::CoordinatorNotAvailable
+                    | RDKafkaErrorCode::CoordinatorLoadInProgress
+                    | RDKafkaErrorCode::ConcurrentTransactions
+            )
+        )
+}
+
+/// What [`init`] says when the coordinator was still not ready at its deadline.
+fn coordinator_not_ready(id: &str, timeout: Duration, error: &KafkaError) -> String {
+    format!(
+        "the Kafka transaction coordinator of transactional.id \"{id}\" was not ready within \
+         kafka.transaction_timeout_ms ({} ms), last: {error}; check that every broker is up and that \
+         __transaction_state can be created (transaction.state.log.replication.factor <= the brokers), then \
+         try again",
+        timeout.as_millis()
+    )
 }
 
 /// Commits the open transaction: every record sent in it becomes visible to `read_committed`
@@ -153,6 +210,36 @@ fn failed(producer: &RecordProducer, id: &str, what: &str, error: KafkaError) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `setup` gave up after about 5 s on "Not coordinator" of a fresh cluster: a coordinator
+    /// that is not ready is waited for, a refusal is not.
+    #[test]
+    fn a_coordinator_not_ready_is_waited_for_and_a_refusal_is_not() {
+        for code in [
+            RDKafkaErrorCode::NotCoordinator,
+            RDKafkaErrorCode::CoordinatorNotAvailable,
+            RDKafkaErrorCode::CoordinatorLoadInProgress,
+            RDKafkaErrorCode::ConcurrentTransactions,
+        ] {
+            assert!(waits_for_coordinator(&KafkaError::Global(code)), "{code:?}");
+        }
+        for code in [
+            RDKafkaErrorCode::TransactionalIdAuthorizationFailed,
+            RDKafkaErrorCode::ClusterAuthorizationFailed,
+            RDKafkaErrorCode::InvalidTransactionTimeout,
+            RDKafkaErrorCode::ProducerFenced,
+        ] {
+            assert!(!waits_for_coordinator(&KafkaError::Global(code)), "{code:?}");
+        }
+        let error = KafkaError::Global(RDKafkaErrorCode::NotCoordinator);
+        assert_eq!(
+            coordinator_not_ready("relay-1", Duration::from_secs(60), &error),
+            "the Kafka transaction coordinator of transactional.id \"relay-1\" was not ready within \
+             kafka.transaction_timeout_ms (60000 ms), last: Global error: NotCoordinator (Broker: Not \
+             coordinator); check that every broker is up and that __transaction_state can be created \
+             (transaction.state.log.replication.factor <= the brokers), then try again"
+        );
+    }
 
     /// A frozen instance back after the transaction timeout fails its commit "abortable" with
     /// one of these codes: it is told it was fenced (it never said so, and retried).

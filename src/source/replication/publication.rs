@@ -41,7 +41,8 @@ pub enum Problem {
     TableMissing(String),
     /// The table has no column the relay reads (dropped or renamed): no publication can send
     /// it, so the fix is the table (or `outbox.columns`), not the publication's column list.
-    ColumnMissing(String),
+    /// `missing` says which, `fix` what to do.
+    ColumnMissing { missing: String, fix: String },
 }
 
 impl Problem {
@@ -49,7 +50,7 @@ impl Problem {
     /// to fix), the rest `publication`.
     pub fn reason(&self) -> FatalReason {
         match self {
-            Problem::TableMissing(_) | Problem::ColumnMissing(_) => FatalReason::Schema,
+            Problem::TableMissing(_) | Problem::ColumnMissing { .. } => FatalReason::Schema,
             Problem::Missing(_) | Problem::Narrowed(_) => FatalReason::Publication,
         }
     }
@@ -57,11 +58,12 @@ impl Problem {
 
 impl std::fmt::Display for Problem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (Problem::Missing(text)
-        | Problem::Narrowed(text)
-        | Problem::TableMissing(text)
-        | Problem::ColumnMissing(text)) = self;
-        f.write_str(text)
+        match self {
+            Problem::Missing(text) | Problem::Narrowed(text) | Problem::TableMissing(text) => {
+                f.write_str(text)
+            }
+            Problem::ColumnMissing { missing, fix } => write!(f, "{missing}: {fix}"),
+        }
     }
 }
 
@@ -166,7 +168,7 @@ fn column_list_problem(
         let gone: Vec<(&str, &str)> =
             missing.iter().copied().filter(|(_, name)| !in_table.iter().any(|t| t == name)).collect();
         if !gone.is_empty() {
-            return Some(Problem::ColumnMissing(columns_gone_text(table, &gone)));
+            return Some(columns_gone(table, &gone));
         }
     }
     let missing: Vec<&str> = missing.into_iter().map(|(_, name)| name).collect();
@@ -180,7 +182,7 @@ fn column_list_problem(
 }
 
 /// What a table without columns the relay reads (`gone`: config key, column name) is told.
-fn columns_gone_text(table: &OutboxTable, gone: &[(&str, &str)]) -> String {
+fn columns_gone(table: &OutboxTable, gone: &[(&str, &str)]) -> Problem {
     let fixes: Vec<String> = gone
         .iter()
         .map(|(key, name)| match *key {
@@ -191,12 +193,14 @@ fn columns_gone_text(table: &OutboxTable, gone: &[(&str, &str)]) -> String {
         })
         .collect();
     let names: Vec<&str> = gone.iter().map(|(_, name)| *name).collect();
-    format!(
-        "{} has no column {} (dropped or renamed), which the relay reads: {}",
-        table.display_name(),
-        names.join(", "),
-        fixes.join("; ")
-    )
+    Problem::ColumnMissing {
+        missing: format!(
+            "{} has no column {} (dropped or renamed), which the relay reads",
+            table.display_name(),
+            names.join(", ")
+        ),
+        fix: fixes.join("; "),
+    }
 }
 
 /// The WAL position through which the publication is known to deliver every insert of the
@@ -208,32 +212,41 @@ pub async fn delivers_through(config: &RelayConfig, client: &Client) -> Result<L
         Lsn::from_str(&lsn).map_err(|_| RelayError::Protocol(format!("pg_current_wal_lsn() = {lsn}")))?;
     match problem(config, client).await? {
         None => Ok(lsn),
+        Some(problem) => Err(went_away(problem)),
+    }
+}
+
+/// The fatal error for a `problem` found while the relay ran: it confirms nothing past the last
+/// check that found none, which is what each says.
+fn went_away(problem: Problem) -> RelayError {
+    match problem {
         // the slot decodes each change with the catalog as it was then: a publication created
         // again is still missing for every change before it, so recreating it is not a fix
-        Some(problem @ Problem::Missing(_)) => Err(RelayError::fatal(
+        Problem::Missing(_) => RelayError::fatal(
             FatalReason::Publication,
             format!(
                 "{problem}: it was dropped while the relay ran, so the outbox's inserts are no longer sent; the \
                  relay stops without confirming past them. {}",
                 capitalized(DROPPED_REMEDY)
             ),
-        )),
-        Some(problem @ Problem::TableMissing(_)) => Err(RelayError::fatal(
+        ),
+        Problem::TableMissing(_) => RelayError::fatal(
             problem.reason(),
             format!(
-                "{problem}. It went away while the relay ran; the relay stops without confirming past its last \
-                 inserts. Renamed or moved: rename it back (or point outbox.schema / outbox.table at it) and \
-                 restart. Dropped: create it again and run `outbox-relay setup --recreate-slot`"
+                "{problem}. It went away while the relay ran: the relay stops; every insert it confirmed is in \
+                 Kafka, and the slot keeps the changes after them. Renamed or moved: rename it back (or point \
+                 outbox.schema / outbox.table at it) and restart. Dropped: create it again and run `outbox-relay \
+                 setup --recreate-slot`"
             ),
-        )),
-        Some(problem @ Problem::ColumnMissing(_)) => Err(RelayError::fatal(
+        ),
+        Problem::ColumnMissing { .. } => RelayError::fatal(
             problem.reason(),
             format!(
                 "{problem}. It went away while the relay ran; the relay stops without confirming past the \
                  inserts since, which the slot keeps: restart once the table or outbox.columns is fixed"
             ),
-        )),
-        Some(problem) => Err(RelayError::fatal(
+        ),
+        Problem::Narrowed(_) => RelayError::fatal(
             FatalReason::Publication,
             format!(
                 "{problem}. The outbox left the replication stream while the relay ran, so its inserts are no \
@@ -241,7 +254,7 @@ pub async fn delivers_through(config: &RelayConfig, client: &Client) -> Result<L
                  (inserts committed while it was changed are not in the slot: run `outbox-relay setup \
                  --recreate-slot` to re-publish what the table holds)"
             ),
-        )),
+        ),
     }
 }
 
@@ -319,6 +332,21 @@ mod tests {
         );
         let no_create = creation_refused(&config, &table, true, false).unwrap();
         assert!(no_create.problem.contains("lacks CREATE on database postgres"), "{no_create:?}");
+    }
+
+    /// A renamed outbox was said to stop "without confirming past its last inserts", although
+    /// Kafka had acknowledged them and the slot was confirmed past them: the relay confirms only
+    /// through the last check that found the table, and never past an unacknowledged insert.
+    #[test]
+    fn a_table_gone_while_the_relay_ran_is_told_what_was_confirmed() {
+        let gone = Problem::TableMissing("the outbox table public.outbox_events does not exist".into());
+        assert_eq!(
+            went_away(gone).to_string(),
+            "the outbox table public.outbox_events does not exist. It went away while the relay ran: the relay \
+             stops; every insert it confirmed is in Kafka, and the slot keeps the changes after them. Renamed or \
+             moved: rename it back (or point outbox.schema / outbox.table at it) and restart. Dropped: create it \
+             again and run `outbox-relay setup --recreate-slot`"
+        );
     }
 
     /// A `headers` column dropped from the table was blamed on a publication column list
