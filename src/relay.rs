@@ -77,21 +77,7 @@ async fn run_until_stopped(config: RelayConfig, health: Arc<Health>) -> Result<(
         )
     })?;
     let grace = Duration::from_secs(config.shutdown.grace_period_secs);
-    let retry = config.retry.clone();
-    let mut source = match config.source.mode {
-        SourceMode::Polling => {
-            let source = PollingSource::new(config, outboxes);
-            tokio::spawn(
-                async move { supervisor::run(source, &mut { sink }, health, &retry, shutdown_rx).await },
-            )
-        }
-        SourceMode::Replication => {
-            let source = ReplicationSource::new(config, outboxes);
-            tokio::spawn(
-                async move { supervisor::run(source, &mut { sink }, health, &retry, shutdown_rx).await },
-            )
-        }
-    };
+    let mut source = spawn_supervisor(config, outboxes, sink, health, shutdown_rx);
     let signal_error = |e: std::io::Error| {
         RelayError::fatal(FatalReason::Other, format!("cannot install a signal handler: {e}"))
     };
@@ -113,6 +99,27 @@ async fn run_until_stopped(config: RelayConfig, health: Arc<Health>) -> Result<(
             );
             source.abort();
             Ok(())
+        }
+    }
+}
+
+/// The supervisor of the configured source, over `sink`, on a task of its own.
+fn spawn_supervisor(
+    config: RelayConfig,
+    outboxes: Arc<Outboxes>,
+    mut sink: KafkaSink,
+    health: Arc<Health>,
+    shutdown: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<Result<(), RelayError>> {
+    let retry = config.retry.clone();
+    match config.source.mode {
+        SourceMode::Polling => {
+            let source = PollingSource::new(config, outboxes);
+            tokio::spawn(async move { supervisor::run(source, &mut sink, health, &retry, shutdown).await })
+        }
+        SourceMode::Replication => {
+            let source = ReplicationSource::new(config, outboxes);
+            tokio::spawn(async move { supervisor::run(source, &mut sink, health, &retry, shutdown).await })
         }
     }
 }
