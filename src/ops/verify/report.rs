@@ -201,8 +201,17 @@ mod tests {
     /// in docs/commands.md).
     #[test]
     fn every_state_has_a_true_summary_line_and_its_exit_code() {
+        for (state, report, code, verdict) in states() {
+            assert_eq!(report.exit_code(), code, "{state}");
+            assert!(report.verdict().starts_with(verdict), "{state}: {}", report.verdict());
+            assert!(report.text().contains(&report.verdict()), "{state}");
+        }
+    }
+
+    /// Each state: its name, a report of it, the exit code and the start of the summary line.
+    fn states() -> Vec<(&'static str, Report, u8, &'static str)> {
         let published = || Report { rows: 10, records: 10, ..Report::default() };
-        let states: Vec<(&str, Report, u8, &str)> = vec![
+        vec![
             ("no rows", Report::default(), EXIT_OK, "OK: the window has no rows"),
             ("published", published(), EXIT_OK, "OK: every row of the window is in Kafka, once, in order"),
             (
@@ -254,11 +263,6 @@ mod tests {
                 "FAIL: 1 dead-lettered, not in Kafka (fix the cause, then outbox-relay replay-dead-letters); 1 \
                  different from their rows",
             ),
-        ];
-        for (state, report, code, verdict) in states {
-            assert_eq!(report.exit_code(), code, "{state}");
-            assert!(report.verdict().starts_with(verdict), "{state}: {}", report.verdict());
-            assert!(report.text().contains(&report.verdict()), "{state}");
-        }
+        ]
     }
 }
