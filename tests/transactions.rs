@@ -337,3 +337,75 @@ async fn replication_dead_letters_a_record_kafka_refuses_in_a_transaction_and_co
 async fn polling_dead_letters_a_record_kafka_refuses_in_a_transaction_and_commits_the_rest() {
     a_refused_record_is_dead_lettered_and_the_rest_of_its_transaction_commits("polling").await;
 }
+
+/// A transaction of another producer, open in partition 0 of `topic` with one record.
+fn open_stranger_transaction(brokers: &str, topic: &str) -> rdkafka::producer::BaseProducer {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let stranger: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("transactional.id", format!("stranger-{}", random_suffix()))
+        .set("transaction.timeout.ms", "300000")
+        .create()
+        .unwrap();
+    let wait = std::time::Duration::from_secs(30);
+    stranger.init_transactions(wait).unwrap();
+    stranger.begin_transaction().unwrap();
+    stranger
+        .send(BaseRecord::to(topic).partition(0).key("stranger").payload("{}"))
+        .map_err(|(e, _)| e)
+        .unwrap();
+    stranger.flush(wait).unwrap();
+    stranger
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_partition_held_open_by_a_transaction_is_not_read_past_and_nothing_is_sent_until_it_ends() {
+    // given a topic whose partition 0 another producer holds open (a transaction with one
+    // record, not committed), and 40 events in the outbox
+    let kafka = format!("transactional = true\n{QUICK_KAFKA_SETTINGS}");
+    let s = Setup::create(&services().kafka, &kafka, true, |slot| {
+        RelayToml::replication(slot).set("retry", "initial_backoff_ms", 100).set(
+            "retry",
+            "max_backoff_ms",
+            1_000,
+        )
+    })
+    .await;
+    create_aggregates(&s.db.client().await, AGGREGATES).await;
+    let stranger = open_stranger_transaction(&services().kafka, &s.topic);
+    let committed = write_concurrently(&s.db.url, &s.aggregate_type, AGGREGATES, 40, 1).await;
+
+    // when the relay starts
+    let relay = s.start("relay");
+
+    // then it names the partition held open, aborts a transaction of its own there (which
+    // cannot end another producer's), and sends nothing: a read_uncommitted consumer sees the
+    // one record of each of those aborted transactions, and none of the relay's events
+    wait_until(
+        relay.context("the relay to abort a transaction of its own in partition 0".into()),
+        async || relay.log_text().contains("aborted a transaction in each partition found held open"),
+    )
+    .await;
+    let log = relay.log_text();
+    assert!(
+        log.contains(&format!("an open Kafka transaction holds topic \"{}\" partition 0", s.topic)),
+        "{log}"
+    );
+    assert!(log.contains("kafka-transactions.sh"), "what to do about one that never ends: {log}");
+    let uncommitted = isolated_consumer(&services().kafka, &s.topic, "read_uncommitted");
+    let seen = consume(&uncommitted, usize::MAX, LINGER).await;
+    assert!(seen.iter().any(|r| r.header("outbox_relay_unpin").is_some()), "{seen:?}");
+    assert!(
+        seen.iter().all(|r| r.header("id").is_none()),
+        "the relay sent while the partition was held: {seen:?}"
+    );
+
+    // and once the other producer commits, a read_committed consumer sees every event once, in order
+    rdkafka::producer::Producer::commit_transaction(&stranger, std::time::Duration::from_secs(30)).unwrap();
+    let consumer = isolated_consumer(&services().kafka, &s.topic, "read_committed");
+    let records: Vec<Consumed> =
+        consume_ids(&consumer, 41).await.into_iter().filter(|r| r.header("id").is_some()).collect();
+    let report = assert_delivered(&records, &committed);
+    assert_eq!((report.unique, report.duplicates), (40, 0), "{}", relay.log_text());
+    assert!(relay.metric("outbox_relay_dedup_scans_total{result=\"pinned\"}").is_some_and(|n| n >= 1.0));
+}

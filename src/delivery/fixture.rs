@@ -71,7 +71,9 @@ impl Fixture {
     /// A stage whose read-back is off (the sink has no source identity).
     pub(crate) async fn delivery<P: Clone>(&self) -> Delivery<'_, ScriptedSink, P> {
         let (_, shutdown) = watch::channel(false);
-        let dedup = Dedup::new(&self.config, Mode::Replication, Lookback::Everything, &[], &shutdown);
+        let lookback = (Mode::Replication, Lookback::Everything);
+        let dedup =
+            Dedup::new(&self.config, lookback, (&[], crate::sink::Sink::pinned(&self.sink)), &shutdown);
         let prologue = super::Prologue { dedup };
         let stage = (&self.dead_letters, &self.config.kafka);
         Delivery::open(&self.sink, prologue, stage, &self.pulse, Mode::Replication).await

@@ -47,7 +47,7 @@ pub(crate) async fn prologue<S: Sink>(
     sink.set_sources(identities);
     sink.retired(RETIRE_LIMIT).await;
     pulse.alive_while(sink.activate()).await?;
-    let dedup = Dedup::new(config, mode, lookback, sink.sources(), shutdown);
+    let dedup = Dedup::new(config, (mode, lookback), (sink.sources(), sink.pinned()), shutdown);
     Ok(Prologue { dedup })
 }
 

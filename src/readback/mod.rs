@@ -23,7 +23,9 @@
 //! - the read-back happens before anything of the session is sent to the topic, after the
 //!   producer of a failed session is destroyed (see `KafkaSink::retired`);
 //! - it reads each partition backwards from its end until a record older than anything the
-//!   source can replay, the start of the partition, or `dedup.max_scan_records` ([`scan`]).
+//!   source can replay, the start of the partition, or `dedup.max_scan_records` ([`scan`]);
+//! - with Kafka transactions, a partition held below its end by an open transaction is not
+//!   read at all: the session ends, and the sink unpins it before the next one ([`Pinned`]).
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
@@ -45,6 +47,7 @@ use crate::observe::metrics::{Mode, metrics};
 use crate::observe::pulse::Pulse;
 use crate::record::format::{Format, Identity};
 use crate::record::{KafkaRecord, Position};
+use crate::sink::Pinned;
 use crate::sink::kafka::StallWatch;
 
 mod scan;
@@ -177,6 +180,10 @@ pub(crate) struct Dedup {
     /// Per topic read back in this session: the keys still expected again.
     topics: HashMap<String, HashSet<u128>>,
     consumer: Option<Arc<BaseConsumer<ReadBackContext>>>,
+    /// With Kafka transactions, the `read_uncommitted` client that tells where partitions end.
+    ends: Option<Arc<BaseConsumer<ReadBackContext>>>,
+    /// Where a pinned read-back leaves its partitions for the sink's next activation.
+    pinned: Pinned,
     /// A read-back gives up when the relay shuts down.
     shutdown: watch::Receiver<bool>,
 }
@@ -224,12 +231,12 @@ impl ConsumerContext for ReadBackContext {}
 
 impl Dedup {
     /// The rule for a session of `mode` replaying from `lookback`; `sources` is empty when the
-    /// records carry no source header (nothing can be recognised, so nothing is skipped).
+    /// records carry no source header (nothing can be recognised, so nothing is skipped);
+    /// `pinned`: the sink's (see [`Pinned`]).
     pub(crate) fn new(
         config: &RelayConfig,
-        mode: Mode,
-        lookback: Lookback,
-        sources: &[Arc<str>],
+        (mode, lookback): (Mode, Lookback),
+        (sources, pinned): (&[Arc<str>], Pinned),
         shutdown: &watch::Receiver<bool>,
     ) -> Dedup {
         Dedup {
@@ -245,6 +252,8 @@ impl Dedup {
             formats: config.outboxes().iter().map(|o| Format::of(&o.config)).collect(),
             topics: HashMap::new(),
             consumer: None,
+            ends: None,
+            pinned,
             shutdown: shutdown.clone(),
         }
     }
@@ -283,7 +292,7 @@ impl Dedup {
     /// Reads `topic` back (off the runtime: the client blocks) and keeps its keys. Kafka not
     /// answering is a stall like any other (see [`StallWatch`]); shutdown ends it.
     pub(crate) async fn read_back(&mut self, topic: &str, pulse: &Pulse) -> Result<(), RelayError> {
-        let consumer = self.consumer()?;
+        let (consumer, ends) = (self.consumer()?, self.ends()?);
         let cancelled = Arc::new(AtomicBool::new(false));
         let _cancel = CancelOnDrop(cancelled.clone());
         let scan = scan::Scan {
@@ -299,7 +308,7 @@ impl Dedup {
         };
         let started = Instant::now();
         let reader = consumer.clone();
-        let mut reading = tokio::task::spawn_blocking(move || scan.run(&reader));
+        let mut reading = tokio::task::spawn_blocking(move || scan.run(&reader, ends.as_deref()));
         let mut stall = StallWatch::new(&self.kafka);
         let mut check = tokio::time::interval(stall.period());
         let read = loop {
@@ -337,6 +346,10 @@ impl Dedup {
         let outcome = read.map_err(|e| read_back_error(&self.kafka, topic, e))?;
         stall.progressed(Instant::now(), pulse);
         outcome.report(topic, self.lookback, started.elapsed());
+        if !outcome.pinned.is_empty() {
+            self.pinned.add(topic, outcome.pinned.iter().map(|p| p.partition));
+            return Err(pinned_error(&self.kafka, topic, &outcome.pinned));
+        }
         self.topics.insert(topic.to_string(), outcome.keys);
         Ok(())
     }
@@ -346,23 +359,42 @@ impl Dedup {
         if let Some(consumer) = &self.consumer {
             return Ok(consumer.clone());
         }
+        let consumer = self.create(&self.client)?;
+        Ok(self.consumer.insert(consumer).clone())
+    }
+
+    /// With Kafka transactions, the client that reads partitions' ends `read_uncommitted`,
+    /// made at the first read-back of the session.
+    fn ends(&mut self) -> Result<Option<Arc<BaseConsumer<ReadBackContext>>>, RelayError> {
+        if !self.kafka.transactional || self.ends.is_some() {
+            return Ok(self.ends.clone());
+        }
+        let mut client = self.client.clone();
+        client.set("isolation.level", "read_uncommitted");
+        let ends = self.create(&client)?;
+        Ok(Some(self.ends.insert(ends).clone()))
+    }
+
+    fn create(&self, client: &ClientConfig) -> Result<Arc<BaseConsumer<ReadBackContext>>, RelayError> {
         let consumer: BaseConsumer<ReadBackContext> =
-            self.client.create_with_context(ReadBackContext::default()).map_err(|e| {
+            client.create_with_context(ReadBackContext::default()).map_err(|e| {
                 RelayError::fatal(
                     FatalReason::Config,
                     format!("cannot create the Kafka client that reads topics back (check kafka.*): {e}"),
                 )
             })?;
         crate::sink::kafka::serve_token_request(&consumer);
-        Ok(self.consumer.insert(Arc::new(consumer)).clone())
+        Ok(Arc::new(consumer))
     }
 }
 
 impl Drop for Dedup {
     /// Destroying a librdkafka client waits for its threads: not on a runtime thread.
     fn drop(&mut self) {
-        if let (Some(consumer), Ok(runtime)) = (self.consumer.take(), tokio::runtime::Handle::try_current()) {
-            runtime.spawn_blocking(move || drop(consumer));
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            for consumer in [self.consumer.take(), self.ends.take()].into_iter().flatten() {
+                runtime.spawn_blocking(move || drop(consumer));
+            }
         }
     }
 }
@@ -393,6 +425,28 @@ fn read_back_error(kafka: &KafkaConfig, topic: &str, error: KafkaError) -> Relay
     RelayError::Kafka(format!(
         "cannot read topic \"{topic}\" back to skip what it already holds (nothing is sent to it until it can be \
          read; each try takes at most dedup.scan_timeout_ms): {error}"
+    ))
+}
+
+/// A read-back that found partitions held open below their end: the session ends, and the
+/// next one unpins them first (see [`Pinned`]); what to do when it is not the relay's own.
+fn pinned_error(kafka: &KafkaConfig, topic: &str, pinned: &[scan::PinnedAt]) -> RelayError {
+    let partitions: Vec<String> = pinned
+        .iter()
+        .map(|p| format!("{} (last stable offset {}, end {})", p.partition, p.stable, p.end))
+        .collect();
+    let first = &pinned[0];
+    RelayError::Kafka(format!(
+        "an open Kafka transaction holds topic \"{topic}\" partition {} below its end, so the relay cannot read \
+         back what the topic holds: nothing is sent to it; the next session aborts a transaction of the relay's \
+         own there first (ending whatever an earlier instance of its transactional.id left open) and reads again. \
+         If another producer's transaction holds it, it waits for that one to end; one that never ends (a hanging \
+         transaction) is found and aborted with kafka-transactions.sh --bootstrap-server {} find-hanging \
+         --broker-id <leader>, then abort --topic {topic} --partition {} --start-offset {}",
+        partitions.join(", "),
+        kafka.brokers.join(","),
+        first.partition,
+        first.stable
     ))
 }
 

@@ -5,6 +5,15 @@
 //! end, and forward inside each window until librdkafka reports the partition's end (records can
 //! land while it reads, so a high watermark read before is never where reading stops).
 //! Newest first, records are taken until one is older than anything the replay can repeat.
+//!
+//! With Kafka transactions a `read_committed` reader's end is a partition's last stable offset:
+//! the first record of a transaction still open. Before reading, each partition's end as a
+//! `read_uncommitted` reader sees it is taken, and the read waits (at most [`PIN_WAIT`]) until
+//! the stable offset reaches it; a partition still short then is *pinned*, and nothing is read
+//! back (the session ends, see [`crate::sink::Pinned`]): records after an open transaction may
+//! be made visible later, by a commit of this very producer (a "hanging" transaction of an
+//! earlier instance of its `transactional.id`), and a read-back that stopped before them would
+//! send them again.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -40,6 +49,11 @@ const STEP: Duration = Duration::from_secs(1);
 /// after it answered this one, above all after a stall.
 const SETTLE_MIN: Duration = Duration::from_millis(500);
 const SETTLE_MAX: Duration = Duration::from_secs(1);
+/// How long a read-back waits for open transactions below a partition's end to end. The
+/// activation before it has aborted whatever an earlier instance of the relay's
+/// `transactional.id` left open, so what still holds a partition is another producer's, or
+/// one the coordinator no longer knows of.
+const PIN_WAIT: Duration = Duration::from_secs(3);
 
 pub(super) struct ScanOutcome {
     pub(super) keys: HashSet<u128>,
@@ -49,6 +63,18 @@ pub(super) struct ScanOutcome {
     foreign: u64,
     /// When the last record arrived.
     last_record: Option<Instant>,
+    /// The partitions an open transaction held below their end (`result` is `Pinned`).
+    pub(super) pinned: Vec<PinnedAt>,
+}
+
+/// A partition held below its end by an open transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct PinnedAt {
+    pub(super) partition: i32,
+    /// Its last stable offset: where the open transaction's first record is.
+    pub(super) stable: i64,
+    /// Its end, as a `read_uncommitted` reader saw it.
+    pub(super) end: i64,
 }
 
 /// One record of this relay, as read back, with its key for the session's lookback.
@@ -94,7 +120,13 @@ pub(super) struct Scan {
 }
 
 impl Scan {
-    pub(super) fn run(&self, consumer: &BaseConsumer<ReadBackContext>) -> Result<ScanOutcome, KafkaError> {
+    /// Reads the topic back with `consumer` (`read_committed`); `ends`, with Kafka transactions,
+    /// is a `read_uncommitted` client that tells where the partitions really end.
+    pub(super) fn run(
+        &self,
+        consumer: &BaseConsumer<ReadBackContext>,
+        ends: Option<&BaseConsumer<ReadBackContext>>,
+    ) -> Result<ScanOutcome, KafkaError> {
         let mut outcome = ScanOutcome {
             keys: HashSet::new(),
             result: ScanResult::Complete,
@@ -102,12 +134,20 @@ impl Scan {
             records: 0,
             foreign: 0,
             last_record: None,
+            pinned: Vec::new(),
         };
         let Some(mut partitions) = self.partitions(consumer)? else {
             outcome.result = ScanResult::TopicMissing;
             return Ok(outcome);
         };
         outcome.partitions = partitions.len();
+        if let Some(ends) = ends {
+            outcome.pinned = self.pinned(consumer, ends, &mut partitions)?;
+            if !outcome.pinned.is_empty() {
+                outcome.result = ScanResult::Pinned;
+                return Ok(outcome);
+            }
+        }
         let started = Instant::now();
         while partitions.iter().any(|p| !p.done) {
             if outcome.records >= self.max_records {
@@ -251,6 +291,36 @@ impl Scan {
             });
         }
         Ok(Some(partitions))
+    }
+
+    /// Waits (at most [`PIN_WAIT`]) until each partition's last stable offset reaches the end
+    /// `ends` sees now, moving its first window up as it does; the partitions still short then.
+    fn pinned(
+        &self,
+        consumer: &BaseConsumer<ReadBackContext>,
+        ends: &BaseConsumer<ReadBackContext>,
+        partitions: &mut [Partition],
+    ) -> Result<Vec<PinnedAt>, KafkaError> {
+        let ids: Vec<i32> = partitions.iter().map(|p| p.id).collect();
+        let targets = self.offsets(ends, &ids, Offset::End)?;
+        let until = Instant::now() + PIN_WAIT;
+        loop {
+            let short: Vec<PinnedAt> = (partitions.iter().zip(&targets))
+                .filter(|(p, end)| p.tail < **end)
+                .map(|(p, end)| PinnedAt { partition: p.id, stable: p.tail, end: *end })
+                .collect();
+            if short.is_empty() || Instant::now() >= until {
+                return Ok(short);
+            }
+            tracing::debug!(topic = %self.topic, pinned = ?short, "reading back: waiting for open transactions to end");
+            std::thread::sleep(POLL);
+            let stable = self.offsets(consumer, &ids, Offset::End)?;
+            for (p, high) in partitions.iter_mut().zip(stable) {
+                if high > p.tail {
+                    (p.tail, p.start, p.done) = (high, (high - FIRST_WINDOW).max(p.low), high <= p.low);
+                }
+            }
+        }
     }
 
     /// The first (`Offset::Beginning`) or next (`Offset::End`) offset of each of `ids`, in order.

@@ -14,7 +14,8 @@
 //!   [`Sink::retired`] before the next one reads topics back, [`Sink::flush`] at shutdown;
 //! - a transactional sink (`kafka.transactional`) is activated by each active session before it
 //!   reads topics back, and never by a standby; its records become visible to `read_committed`
-//!   readers only at [`Sink::commit`], all of a transaction at once.
+//!   readers only at [`Sink::commit`], all of a transaction at once; a partition its read-back
+//!   found held open by a transaction ([`Pinned`]) is unpinned at the next activation.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -29,6 +30,31 @@ use crate::record::KafkaRecord;
 pub mod kafka;
 #[cfg(test)]
 pub(crate) mod scripted;
+
+/// Partitions, by topic, that a read-back found held below their end by an open Kafka
+/// transaction (`kafka.transactional`): a `read_committed` reader stops at such a transaction's
+/// first record, so what the partition holds after it cannot be read back. The session that
+/// found them ends; the next activation of the sink aborts a transaction of its own with one
+/// record in each (see `KafkaSink::activate`). Shared by a sink and its sessions' read-backs.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Pinned(Arc<std::sync::Mutex<Vec<(String, i32)>>>);
+
+impl Pinned {
+    /// Remembers `partitions` of `topic` for the next activation.
+    pub(crate) fn add(&self, topic: &str, partitions: impl IntoIterator<Item = i32>) {
+        let mut pinned = self.0.lock().unwrap();
+        for partition in partitions {
+            if !pinned.iter().any(|(t, p)| t == topic && *p == partition) {
+                pinned.push((topic.to_string(), partition));
+            }
+        }
+    }
+
+    /// The partitions remembered, forgotten now.
+    pub(crate) fn take(&self) -> Vec<(String, i32)> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
 
 /// One record's report: the number [`Sink::enqueue`] gave it, and whether Kafka acknowledged it.
 #[derive(Debug)]
@@ -161,7 +187,8 @@ pub(crate) trait Sink: Send + Sync {
     fn transactional(&self) -> bool;
 
     /// Once a session is active, before it reads topics back: a transactional sink becomes the
-    /// one producer of its source (fencing the ones before it). Nothing otherwise.
+    /// one producer of its source (fencing the ones before it), and unpins what its sessions'
+    /// read-backs found [`Pinned`]. Nothing otherwise.
     fn activate(&mut self) -> impl Future<Output = Result<(), RelayError>> + Send;
 
     /// Begins a transaction, before the first record handed over in it.
@@ -172,6 +199,9 @@ pub(crate) trait Sink: Send + Sync {
 
     /// Why the sink may not send any more (another producer fenced it), if so.
     fn fenced(&self) -> Option<RelayError>;
+
+    /// Where its sessions' read-backs leave the partitions they found [`Pinned`].
+    fn pinned(&self) -> Pinned;
 }
 
 /// The Kafka sink's own methods are the seam's: the trait forwards to them.
@@ -230,5 +260,9 @@ impl Sink for kafka::KafkaSink {
 
     fn fenced(&self) -> Option<RelayError> {
         kafka::KafkaSink::fenced(self)
+    }
+
+    fn pinned(&self) -> Pinned {
+        kafka::KafkaSink::pinned(self)
     }
 }

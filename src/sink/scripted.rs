@@ -78,6 +78,8 @@ pub(crate) struct ScriptedSink {
     /// How often the sink was made fresh ([`Sink::recover`]), and whether it was flushed.
     recoveries: AtomicUsize,
     flushed: std::sync::atomic::AtomicBool,
+    /// What read-backs left for the next activation (a scripted one unpins nothing).
+    pinned: crate::sink::Pinned,
 }
 
 impl ScriptedSink {
@@ -101,6 +103,7 @@ impl ScriptedSink {
             visible: AtomicUsize::new(0),
             recoveries: AtomicUsize::new(0),
             flushed: std::sync::atomic::AtomicBool::new(false),
+            pinned: Default::default(),
         }
     }
 
@@ -285,6 +288,10 @@ impl Sink for ScriptedSink {
 
     fn fenced(&self) -> Option<crate::error::RelayError> {
         None
+    }
+
+    fn pinned(&self) -> crate::sink::Pinned {
+        self.pinned.clone()
     }
 }
 

@@ -94,6 +94,10 @@ labels! {
         /// `dedup.scan_timeout_ms` ran out while records were still arriving (a topic full of
         /// other producers' records, say): older replayed events are sent again.
         Timeout = "timeout",
+        /// With Kafka transactions, an open transaction held a partition below its end past a
+        /// short wait: nothing was read back or sent; the session starts again after aborting
+        /// the relay's own transaction there.
+        Pinned = "pinned",
     }
 }
 

@@ -39,6 +39,10 @@ impl ScanOutcome {
                 took_ms,
                 "read the topic back: events it already holds are not sent again"
             ),
+            // (the session's error says what holds which partition: `Dedup::read_back`)
+            ScanResult::Pinned => {
+                tracing::debug!(topic, result, pinned = ?self.pinned, took_ms, "read-back pinned")
+            }
             ScanResult::Truncated | ScanResult::Limit | ScanResult::Timeout => {
                 let why = match self.result {
                     ScanResult::Truncated => {

@@ -46,6 +46,7 @@ fn result(lookback: Lookback, low: i64) -> ScanResult {
         records: 0,
         foreign: 0,
         last_record: None,
+        pinned: Vec::new(),
     };
     let mut partition = read_to_start(low);
     scan(lookback).take_window(&mut partition, &mut outcome);

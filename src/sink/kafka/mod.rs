@@ -29,7 +29,7 @@ use crate::config::KafkaConfig;
 use crate::error::RelayError;
 use crate::observe::metrics::{TransactionOutcome, metrics};
 use crate::record::KafkaRecord;
-use crate::sink::{PublishError, Report, SendFailure};
+use crate::sink::{Pinned, PublishError, Report, SendFailure};
 
 mod classify;
 mod client;
@@ -91,6 +91,8 @@ pub struct KafkaSink {
     /// `producer` is transactional and initialized ([`KafkaSink::activate`]); false after a
     /// failed session, so the next active one starts on a fresh producer.
     initialized: std::sync::atomic::AtomicBool,
+    /// Partitions read-backs found held open by a transaction: unpinned at the next activation.
+    pinned: Pinned,
 }
 
 impl KafkaSink {
@@ -107,6 +109,7 @@ impl KafkaSink {
             retiring: None,
             transactional_id: None,
             initialized: std::sync::atomic::AtomicBool::new(false),
+            pinned: Pinned::default(),
         })
     }
 
@@ -144,7 +147,8 @@ impl KafkaSink {
 
     /// Once a session is active, before it reads topics back: with `kafka.transactional`,
     /// becomes the one producer of the source's `transactional.id` on a fresh producer, which
-    /// fences the producers before it (see [`transaction`]). Nothing without it.
+    /// fences the producers before it, then unpins what read-backs found [`Pinned`] (see
+    /// [`transaction`]). Nothing without it.
     pub(crate) async fn activate(&mut self) -> Result<(), RelayError> {
         let Some(id) = self.transactional_id.clone() else { return Ok(()) };
         // (a producer fenced through a delivery report, its session ended as a standby with
@@ -158,9 +162,26 @@ impl KafkaSink {
         let (producer, timeout) = (self.producer.clone(), self.transaction_timeout());
         let init = tokio::task::spawn_blocking(move || transaction::init(&producer, &id, timeout));
         init.await.map_err(|e| RelayError::Kafka(format!("initializing transactions failed: {e}")))??;
-        self.initialized.store(true, Ordering::SeqCst);
         tracing::info!(transactional_id = %self.transactional_id.as_deref().unwrap_or(""), "Kafka transactions initialized: earlier producers of this id are fenced");
+        let pinned = self.pinned.take();
+        if !pinned.is_empty() {
+            // (numbered before the session's first record: its reports are passed over)
+            let first = self.next_seq.fetch_add(pinned.len(), Ordering::Relaxed);
+            let (producer, id, timeout) =
+                (self.producer.clone(), self.transactional_id.clone(), self.transaction_timeout());
+            let id = id.unwrap_or_else(|| "".into());
+            let unpin = tokio::task::spawn_blocking(move || {
+                transaction::unpin(&producer, &id, &pinned, first, timeout)
+            });
+            unpin.await.map_err(|e| RelayError::Kafka(format!("unpinning partitions failed: {e}")))??;
+        }
+        self.initialized.store(true, Ordering::SeqCst);
         Ok(())
+    }
+
+    /// Where this sink's sessions' read-backs leave the partitions they found pinned.
+    pub(crate) fn pinned(&self) -> Pinned {
+        self.pinned.clone()
     }
 
     /// Begins a Kafka transaction.

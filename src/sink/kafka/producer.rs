@@ -27,6 +27,11 @@ pub(crate) const REPLAYED_HEADER: &str = "outbox_relay_replayed";
 /// The header `outbox-relay republish` adds to a record it sends again as first written (when,
 /// in Unix milliseconds): `verify` compares the copy without it.
 pub(crate) const REPUBLISHED_HEADER: &str = "outbox_relay_republished";
+/// The header of the one record the relay writes to a pinned partition in a transaction it
+/// aborts at once (`transaction::unpin`): a `read_committed` reader never sees it, a
+/// `read_uncommitted` one sees a record with this header, an empty value and key
+/// [`UNPIN_HEADER`].
+pub(crate) const UNPIN_HEADER: &str = "outbox_relay_unpin";
 
 /// Delivery reports from librdkafka's callback (on the producer's polling thread) into a
 /// channel, numbered by the record's delivery opaque: no future, oneshot or box per record.

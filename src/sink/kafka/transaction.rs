@@ -10,14 +10,22 @@
 //! - a fenced producer is never used again, and its session ends as a standby
 //!   ([`RelayError::Standby`]), naming the fencing: another instance took over;
 //! - a transaction that must be aborted is aborted, and its session ends to be retried: nothing
-//!   of it was released or confirmed, so the next session sends it again, read back first.
+//!   of it was released or confirmed, so the next session sends it again, read back first;
+//! - a partition a read-back found held open below its end ([`crate::sink::Pinned`]) gets an
+//!   abort marker of this producer's ([`unpin`]): records of an earlier transaction of the same
+//!   `transactional.id` that the brokers took without ever ending it (a "hanging" transaction,
+//!   seen after a killed instance's requests reached a broker frozen past the transaction
+//!   timeout) are aborted with it, so the next read-back passes them, and their events, never
+//!   confirmed, are sent again. A later commit of this producer in that partition would have
+//!   made them visible, after the read-back had not seen them: duplicates.
 
 use std::time::Duration;
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::Producer;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, Producer};
 
-use super::producer::RecordProducer;
+use super::producer::{RecordProducer, UNPIN_HEADER};
 use crate::error::{FatalReason, RelayError};
 
 /// How often a commit that failed with a retriable error is tried again.
@@ -136,6 +144,38 @@ fn outstanding_gone(producer: &RecordProducer, timeout: Duration) {
     while producer.in_flight_count() > 0 && std::time::Instant::now() < deadline {
         std::thread::sleep(OUTSTANDING_PAUSE);
     }
+}
+
+/// Aborts a transaction of this producer holding one record in each of `pinned` (numbered from
+/// `first`): see the module's invariants. Runs right after [`init`], before the session sends.
+pub(super) fn unpin(
+    producer: &RecordProducer,
+    id: &str,
+    pinned: &[(String, i32)],
+    first: usize,
+    timeout: Duration,
+) -> Result<(), RelayError> {
+    begin(producer, id)?;
+    for (n, (topic, partition)) in pinned.iter().enumerate() {
+        let headers = OwnedHeaders::new().insert(Header { key: UNPIN_HEADER, value: Some(id) });
+        let record =
+            BaseRecord::with_opaque_to(topic, first + n).partition(*partition).key(UNPIN_HEADER).payload("");
+        producer
+            .send(record.headers(headers))
+            .map_err(|(e, _)| failed(producer, id, "write to a pinned partition", e))?;
+    }
+    // (an abort purges what was not sent yet: the partitions must be in the transaction first)
+    producer.flush(timeout).map_err(|e| failed(producer, id, "write to a pinned partition", e))?;
+    producer
+        .abort_transaction(timeout)
+        .map_err(|e| failed(producer, id, "abort the unpinning transaction", e))?;
+    tracing::warn!(
+        transactional_id = id,
+        partitions = ?pinned,
+        "aborted a transaction in each partition found held open: an earlier transaction of this \
+         transactional.id left there unended is aborted with it, and its events are sent again"
+    );
+    Ok(())
 }
 
 /// Begins a transaction (a local step: the brokers hear of it with its first record).
