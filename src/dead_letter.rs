@@ -60,6 +60,18 @@ pub fn reasons_sql(letters: &DeadLetterConfig) -> String {
     )
 }
 
+/// `$1` the source table, `$2` how many: the oldest letters of an outbox first, each as id, event
+/// id, reason, when (RFC 3339, UTC), aggregate type and id, event type (the admin API's list).
+pub fn list_sql(letters: &DeadLetterConfig) -> String {
+    format!(
+        "SELECT id, event_id, reason, \
+         to_char(dead_lettered_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
+         row_data ->> 'aggregate_type', row_data ->> 'aggregate_id', row_data ->> 'event_type' \
+         FROM {} WHERE source_table = $1 ORDER BY id LIMIT $2",
+        qualified_table(letters)
+    )
+}
+
 /// An event that cannot be published, with the row it came from and why.
 #[derive(Debug, Clone)]
 pub struct DeadLetter {

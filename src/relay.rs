@@ -67,6 +67,7 @@ async fn run_until_stopped(config: RelayConfig, health: Arc<Health>) -> Result<(
             RelayError::fatal(FatalReason::Config, format!("metrics.listen {listen}: cannot listen: {e}"))
         })?;
     }
+    crate::ops::admin::serve(Arc::new(config.clone()), outboxes.clone(), health.clone()).await?;
     sampler::spawn(config.clone(), outboxes.clone());
     first_kafka_token(&config).await?;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);

@@ -83,6 +83,36 @@ fn the_scan_finds_paths_and_skips_lookalikes() {
     assert_eq!(sql_paths(text), ["sql/001_outbox_events.sql", "sql/100_relay_role.sql"]);
 }
 
+/// docs/admin.md's "Routes" section names every route of `/v1/openapi.json` (as `` `GET /v1/x` ``
+/// or `` `GET /v1/x?...` ``), and no route the document lacks.
+#[test]
+fn the_admin_reference_lists_every_route_of_the_openapi_document() {
+    let text = std::fs::read_to_string(repo_root().join("docs/admin.md")).unwrap();
+    let routes = text.split("\n## Routes\n").nth(1).expect("a Routes section in docs/admin.md");
+    let routes = routes.split("\n## ").next().unwrap();
+    let document = outbox_relay::ops::admin::openapi::document();
+    let mut described = BTreeSet::new();
+    for (path, operations) in document["paths"].as_object().unwrap() {
+        for method in operations.as_object().unwrap().keys() {
+            let named = format!("`{} {path}", method.to_ascii_uppercase());
+            let listed = routes.contains(&format!("{named}`")) || routes.contains(&format!("{named}?"));
+            assert!(listed, "docs/admin.md does not list {named}`");
+            described.insert(named);
+        }
+    }
+    for mention in routes.split('`').skip(1).step_by(2) {
+        let Some((method, rest)) = mention.split_once(' ') else { continue };
+        if !["GET", "POST", "PUT", "DELETE", "PATCH"].contains(&method) || !rest.starts_with('/') {
+            continue;
+        }
+        let path = rest.split('?').next().unwrap();
+        assert!(
+            described.contains(&format!("`{method} {path}")),
+            "docs/admin.md lists `{mention}`, which is not served"
+        );
+    }
+}
+
 #[test]
 fn the_runbook_explains_every_fatal_reason() {
     let manual = manual_text();

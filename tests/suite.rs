@@ -9,6 +9,7 @@
 mod common;
 mod ledger_support;
 
+mod admin;
 mod chain;
 mod check_then_run;
 mod dead_letter;

@@ -57,8 +57,8 @@ impl RelayConfig {
 
     /// A warning for each secret file (`postgres.password_file`, `postgres.sslkey`,
     /// `kafka.secret_properties_file`, `replication.message_signing_key_file`, each outbox's
-    /// `registry.password_file` and `dead_letter.signing_key_file`) that users other than its
-    /// owner can read.
+    /// `registry.password_file` and `dead_letter.signing_key_file`, `admin.tls_key_file` and each
+    /// `admin.tokens[i].token_file`) that users other than its owner can read.
     pub fn secret_file_warnings(&self) -> Vec<String> {
         let registries = self.outboxes().into_iter().filter_map(|outbox| {
             let file = outbox.config.registry?.password_file;
@@ -68,6 +68,13 @@ impl RelayConfig {
             .outboxes()
             .into_iter()
             .map(|o| ("dead_letter.signing_key_file".to_string(), o.dead_letter.signing_key_file));
+        let admin = self
+            .admin
+            .tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (format!("admin.tokens[{i}].token_file"), t.token_file.clone()));
+        let admin = admin.chain([("admin.tls_key_file".to_string(), self.admin.tls_key_file.clone())]);
         let mut warnings: Vec<String> = [
             ("postgres.password_file".to_string(), self.postgres.password_file.clone()),
             ("postgres.sslkey".to_string(), self.postgres.sslkey.clone()),
@@ -80,6 +87,7 @@ impl RelayConfig {
         .into_iter()
         .chain(registries)
         .chain(letter_keys)
+        .chain(admin)
         .filter_map(|(setting, path)| super::file_mode_warning(&setting, &path))
         .collect();
         // (outboxes sharing [dead_letter] name its key file once)
@@ -101,6 +109,7 @@ const SECTIONS: &[&str] = &[
     "retry",
     "shutdown",
     "metrics",
+    "admin",
 ];
 
 /// A variable such as `OUTBOX_RELAY_POSTGRES_PASSWORD` looks like an override but is not one (the

@@ -11,6 +11,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+mod admin;
 mod format;
 mod kafka;
 mod kafka_auth;
@@ -21,6 +22,7 @@ pub mod registry;
 mod secrets;
 mod validate;
 pub use crate::secret::Secret;
+pub use admin::{AdminConfig, AdminScope, AdminToken, MIN_ADMIN_TOKEN_BYTES, SUGGESTED_ADMIN_LISTEN};
 pub use format::{CloudEventsConfig, CloudEventsMode, Converter, DebeziumConfig, RecordFormat};
 pub use kafka::{KafkaConfig, KafkaProperty, built_in_features};
 pub use kafka_auth::{AuthMechanism, KafkaAuthConfig};
@@ -122,6 +124,9 @@ pub struct RelayConfig {
     pub shutdown: ShutdownConfig,
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// The admin API and console (off unless `admin.listen` is set).
+    #[serde(default)]
+    pub admin: AdminConfig,
     /// Warnings found while loading, logged at start-up: deprecated settings, and secret files
     /// other users can read ([`RelayConfig::secret_file_warnings`]).
     #[serde(skip)]

@@ -51,6 +51,7 @@ impl RelayConfig {
         self.validate_replication()?;
         self.validate_dedup()?;
         self.validate_metrics()?;
+        self.admin.validate()?;
         for outbox in self.outboxes() {
             validate_signing_key("dead_letter.signing_key_file", &outbox.dead_letter.signing_key_file)?;
         }

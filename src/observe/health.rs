@@ -8,6 +8,8 @@
 //!   `outbox_relay_events_blocked` follows the blocked fact wherever it changes;
 //! - `outbox_relay_leader` is 1 exactly while the phase is `Active`: it means leadership, not
 //!   health (a stalled or blocked leader is still the leader);
+//! - the active instance that an operator paused is not ready, and says by whom (`paused by
+//!   alice: maintenance`); a blocked or fatal one says that first, a standby is unaffected;
 //! - liveness allows for the longest deliberate wait: twice the retry cap, at least a minute;
 //! - what is said about a stall is about the present: the fact kept is when Kafka went silent,
 //!   and its duration is computed when readiness is asked (a stall noticed after 11 s and asked
@@ -180,8 +182,8 @@ impl Health {
         changed
     }
 
-    #[cfg(test)]
-    pub fn phase(&self) -> Phase {
+    /// Where the supervisor is now (the admin API refuses acts on a standby).
+    pub(crate) fn phase(&self) -> Phase {
         self.facts.lock().unwrap().phase.clone()
     }
 
@@ -209,6 +211,9 @@ impl Health {
                 Some(LockHolder { said, relay: true }) => Ok(format!("standby: {said}")),
                 None => Ok("standby: another instance is active".into()),
             },
+            (Phase::Active, None, _) if self.pause.state().is_some() => {
+                Err(self.pause.state().map(|paused| paused.said()).unwrap_or_default())
+            }
             (Phase::Active, None, _) if failing.is_some() => {
                 Err(format!("degraded: {}", failing.unwrap_or_default()))
             }
@@ -261,6 +266,22 @@ mod tests {
         h.set_phase(Phase::Starting);
         h.set_blocked(Some("blocked at event 3: column id is NULL".into()));
         assert!(h.readiness().unwrap_err().contains("blocked at event 3"), "a first copy that holds says so");
+    }
+
+    #[test]
+    fn a_paused_leader_is_not_ready_and_says_by_whom_until_resumed() {
+        let h = Health::new(Duration::from_secs(1));
+        h.set_phase(Phase::Active);
+        assert!(h.pause().pause("alice", Some("maintenance".into())));
+        assert_eq!(h.readiness(), Err("paused by alice: maintenance".into()));
+        assert_eq!(metrics().paused.get(), 1);
+        assert_eq!(h.serving(), Ok("paused by alice: maintenance".into()), "the kubelet keeps it");
+        h.set_phase(Phase::Standby);
+        assert!(h.readiness().unwrap().starts_with("standby"), "a standby relays nothing anyway");
+        h.set_phase(Phase::Active);
+        assert!(h.pause().resume());
+        assert_eq!(h.readiness(), Ok("active".into()));
+        assert_eq!(metrics().paused.get(), 0);
     }
 
     #[test]

@@ -54,6 +54,7 @@ pub const LEADER: &str = "outbox_relay_leader";
 pub const BUILD_INFO: &str = "outbox_relay_build_info";
 pub const FATAL: &str = "outbox_relay_fatal_error";
 pub const EVENTS_BLOCKED: &str = "outbox_relay_events_blocked";
+pub const PAUSED: &str = "outbox_relay_paused";
 pub const STREAM_MESSAGES_SKIPPED: &str = "outbox_relay_stream_messages_skipped_total";
 pub const DEDUP_SKIPPED: &str = "outbox_relay_dedup_skipped_total";
 pub const DEDUP_SCANS: &str = "outbox_relay_dedup_scans_total";
@@ -102,6 +103,7 @@ pub const ALL: &[(&str, &str)] = &[
     (EVENTS_PUBLISHED, "Events acknowledged by Kafka (acks=all)"),
     (EVENTS_DEAD_LETTERED, "Events moved to the dead-letter table"),
     (EVENTS_BLOCKED, "1 while the relay holds at an unpublishable event (dead_letter.on_poison = block)"),
+    (PAUSED, "1 while an operator has paused publishing (the admin API); /readyz says by whom"),
     (PUBLISH_ERRORS, "Records Kafka did not acknowledge, by error type"),
     (PUBLISH_LATENCY, "From handing a record to the producer to its acknowledgement"),
     (
@@ -236,6 +238,7 @@ pub struct Metrics {
     pub build_info: GaugeVec,
     pub fatal: IntGaugeVec,
     pub events_blocked: IntGauge,
+    pub paused: IntGauge,
     pub stream_messages_skipped: IntCounterVec,
     pub dedup_skipped: IntCounterVec,
     pub dedup_scans: IntCounterVec,
@@ -303,6 +306,7 @@ impl Metrics {
             events_published: counter(&r, EVENTS_PUBLISHED, &["mode"]),
             events_dead_lettered: counter(&r, EVENTS_DEAD_LETTERED, &["mode"]),
             events_blocked: int_gauge(&r, EVENTS_BLOCKED),
+            paused: int_gauge(&r, PAUSED),
             publish_errors: counter(&r, PUBLISH_ERRORS, &["error_type"]),
             publish_latency: histogram(&r, PUBLISH_LATENCY),
             end_to_end_latency: histogram(&r, END_TO_END_LATENCY),

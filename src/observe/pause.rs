@@ -8,13 +8,17 @@
 //!   created, runs to its end; the stream after it is paused);
 //! - the switch is the process's: [`crate::observe::health::Health`] owns one, every session
 //!   of the process reads it, and whoever flips it (the admin API, the signal table) says who
-//!   they are, so readiness and the metrics can say "paused by <who>".
+//!   they are, so readiness and the metrics can say "paused by <who>": `/readyz` answers 503
+//!   `paused by <who>[: reason]` while the instance is the active one, and `outbox_relay_paused`
+//!   is 1 from the pause to the resume (one switch per process, so one gauge).
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use tokio::sync::watch;
+
+use crate::observe::metrics::metrics;
 
 /// Who paused the relay, when, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -39,22 +43,36 @@ impl Default for Pause {
     }
 }
 
+impl Paused {
+    /// `paused by <who>[: <reason>]`, as `/readyz` says it.
+    pub fn said(&self) -> String {
+        match &self.reason {
+            Some(reason) if !reason.is_empty() => format!("paused by {}: {reason}", self.by),
+            _ => format!("paused by {}", self.by),
+        }
+    }
+}
+
 impl Pause {
     /// Pauses publishing; returns false (and changes nothing) when already paused.
     pub fn pause(&self, by: &str, reason: Option<String>) -> bool {
         let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
-        self.state.send_if_modified(|state| {
+        let changed = self.state.send_if_modified(|state| {
             if state.is_some() {
                 return false;
             }
             *state = Some(Paused { by: by.to_owned(), since, reason });
             true
-        })
+        });
+        metrics().paused.set(1);
+        changed
     }
 
     /// Resumes publishing; returns false when it was not paused.
     pub fn resume(&self) -> bool {
-        self.state.send_if_modified(|state| state.take().is_some())
+        let changed = self.state.send_if_modified(|state| state.take().is_some());
+        metrics().paused.set(0);
+        changed
     }
 
     /// Paused now: by whom, since when.

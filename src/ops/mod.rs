@@ -1,8 +1,9 @@
 //! The operator commands: `check` (preflight), `setup` (the publication and slot of replication
 //! mode), `status` (one look at a running relay and its slot or backlog), `verify` (did every
 //! committed row reach Kafka), `locate` (one event's delivery receipt), `switchover-ready` (may
-//! this standby be promoted now), `replay-dead-letters` and `republish` (send events again), and
-//! [`cli`], the command line they are called from.
+//! this standby be promoted now), `replay-dead-letters` and `republish` (send events again),
+//! [`cli`], the command line they are called from, and [`admin`], the admin API and console
+//! that run the same commands inside a running relay.
 //!
 //! Invariants:
 //! - a command returns what it found or did as an [`Output`] (or why it gave none, a [`Failure`])
@@ -12,6 +13,7 @@
 //!   copy), `replay-dead-letters` sends letters and removes them with their rows, and `republish`
 //!   sends events again.
 
+pub mod admin;
 pub mod check;
 pub mod cli;
 pub mod locate;

@@ -70,10 +70,16 @@ impl Answer {
 
 /// POST `body` (JSON) to 127.0.0.1:`port``path` with `headers`; None when nothing answers.
 pub fn post(port: u16, path: &str, headers: &[(&str, &str)], body: &str) -> Option<Answer> {
+    request(port, "POST", path, headers, body)
+}
+
+/// `method` `path` on 127.0.0.1:`port` with `headers` and `body` (JSON); None when nothing
+/// answers.
+pub fn request(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Option<Answer> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
     let mut request = format!(
-        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\n\
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\nContent-Type: application/json\r\n\
          Content-Length: {}\r\n",
         body.len()
     );

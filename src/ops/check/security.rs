@@ -1,7 +1,7 @@
 //! What `check` says about the relay's own exposure: TLS that does not verify a server (to
 //! PostgreSQL below `verify-full`, to Kafka with certificate checks off), Kafka without TLS
 //! (PLAINTEXT, SASL_PLAINTEXT: the events and the credential in clear), secret files other
-//! users can read, dead letters written unsigned (`dead_letter.signing_key_file`), and a role
+//! users can read, the admin API beyond loopback without TLS, dead letters written unsigned (`dead_letter.signing_key_file`), and a role
 //! holding more than its mode needs (superuser, the outbox table's owner, REPLICATION in polling
 //! mode).
 //!
@@ -24,7 +24,35 @@ pub(super) fn config_findings(config: &RelayConfig) -> Vec<Finding> {
         kafka_tls_finding(config),
         secret_files_finding(config),
         letter_signing_finding(config),
+        admin_finding(config),
     ]
+}
+
+/// Where the admin listener (`[admin]`) listens: beyond loopback without TLS, its bearer tokens
+/// and every act cross the network in clear.
+fn admin_finding(config: &RelayConfig) -> Finding {
+    const CHECK: &str = "admin.listen";
+    let admin = &config.admin;
+    if !admin.enabled() {
+        return Finding::ok(CHECK, "the admin API and console are off (admin.listen is empty)");
+    }
+    if admin.exposed_without_tls() {
+        return Finding::warn(
+            CHECK,
+            format!(
+                "the admin API listens on {} beyond loopback without TLS: its bearer tokens and acts cross the \
+                 network in clear",
+                admin.listen
+            ),
+            format!(
+                "set admin.tls_cert_file and admin.tls_key_file, or listen on loopback (\"{}\") and reach it \
+                 with kubectl port-forward",
+                crate::config::SUGGESTED_ADMIN_LISTEN
+            ),
+        );
+    }
+    let how = if admin.tls() { "with TLS" } else { "on loopback" };
+    Finding::ok(CHECK, format!("the admin API listens on {} {how}", admin.listen))
 }
 
 /// Whether the relay signs its dead letters (`dead_letter.signing_key_file`): without a key,
@@ -296,6 +324,18 @@ mod tests {
             assert_eq!(finding.status, super::super::Status::Warn, "{sslmode}");
             assert!(finding.fix.contains("verify-full"), "{finding}");
         }
+    }
+
+    #[test]
+    fn an_admin_listener_beyond_loopback_without_tls_warns() {
+        let mut config = config(SourceMode::Polling, SslMode::VerifyFull);
+        assert_eq!(admin_finding(&config).status, super::super::Status::Ok, "off");
+        config.admin.listen = "0.0.0.0:9189".into();
+        let finding = admin_finding(&config);
+        assert_eq!(finding.status, super::super::Status::Warn);
+        assert!(finding.fix.contains("admin.tls_cert_file"), "{finding}");
+        config.admin.listen = "127.0.0.1:9189".into();
+        assert_eq!(admin_finding(&config).status, super::super::Status::Ok, "loopback");
     }
 
     #[test]

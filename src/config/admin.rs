@@ -1,0 +1,185 @@
+//! `[admin]`: the admin API and console listener (docs/admin.md), off unless `listen` is set.
+//!
+//! Invariants:
+//! - with `listen` empty (the default) nothing else here is read, and no port is opened;
+//! - with `listen` set, at least one token is configured (a listener nobody may use is a mistake),
+//!   each token has a unique name, a scope and a file; the token itself is read from that file
+//!   when the listener starts, never from this configuration, so it never reaches a log line;
+//! - TLS is all or nothing: `tls_cert_file` and `tls_key_file` are set together.
+
+use serde::{Deserialize, Serialize};
+
+use super::ConfigError;
+
+/// The admin listener's port the docs suggest (`127.0.0.1:9189`): beside `metrics.listen`'s 9187
+/// and `verify --watch`'s 9188.
+pub const SUGGESTED_ADMIN_LISTEN: &str = "127.0.0.1:9189";
+
+/// The shortest token a `token_file` may hold, in bytes.
+pub const MIN_ADMIN_TOKEN_BYTES: usize = 16;
+
+/// The admin API and console (`/v1/...`, `/`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Address of the admin listener, `ip:port`; empty (the default): off. Keep it on loopback
+    /// (`127.0.0.1:9189`) and reach it with `kubectl port-forward`; beyond loopback, set
+    /// `tls_cert_file` and `tls_key_file` (`check` warns otherwise).
+    pub listen: String,
+    /// PEM certificate chain the listener presents; with `tls_key_file`, it speaks HTTPS only.
+    pub tls_cert_file: String,
+    /// PEM private key of `tls_cert_file`.
+    pub tls_key_file: String,
+    /// Who may call the API: a name (in audit lines and "paused by"), a scope, a token file.
+    pub tokens: Vec<AdminToken>,
+}
+
+/// One bearer token.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminToken {
+    /// Who holds it: named in every audit line and in "paused by <name>".
+    pub name: String,
+    /// `read` (look) or `operate` (look and act: pause, resume, replay, verify).
+    pub scope: AdminScope,
+    /// A file holding the token (its bytes less trailing whitespace, at least 16).
+    pub token_file: String,
+}
+
+/// What a token may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AdminScope {
+    /// Every GET.
+    Read,
+    /// Every GET and every act (POST).
+    Operate,
+}
+
+impl AdminScope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AdminScope::Read => "read",
+            AdminScope::Operate => "operate",
+        }
+    }
+}
+
+impl AdminConfig {
+    /// The listener is on.
+    pub fn enabled(&self) -> bool {
+        !self.listen.is_empty()
+    }
+
+    /// Serves HTTPS.
+    pub fn tls(&self) -> bool {
+        !self.tls_cert_file.is_empty()
+    }
+
+    /// Checks `[admin]`; each error names the setting and what would be valid.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !self.enabled() {
+            return Ok(());
+        }
+        if self.listen.parse::<std::net::SocketAddr>().is_err() {
+            return Err(ConfigError::invalid(
+                "admin.listen",
+                format!("\"{}\" is not ip:port (e.g. \"{SUGGESTED_ADMIN_LISTEN}\"; empty: off)", self.listen),
+            ));
+        }
+        if self.tls_cert_file.is_empty() != self.tls_key_file.is_empty() {
+            return Err(ConfigError::invalid(
+                "admin.tls_cert_file",
+                "set admin.tls_cert_file and admin.tls_key_file together (or neither, on loopback)",
+            ));
+        }
+        if self.tokens.is_empty() {
+            return Err(ConfigError::invalid(
+                "admin.tokens",
+                "the admin listener is on but no token may use it: add [[admin.tokens]] with name, scope \
+                 (\"read\" or \"operate\") and token_file, or leave admin.listen empty",
+            ));
+        }
+        for (i, token) in self.tokens.iter().enumerate() {
+            let path = format!("admin.tokens[{i}]");
+            let name_ok = !token.name.is_empty()
+                && token.name.len() <= 64
+                && token.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.@".contains(c));
+            if !name_ok {
+                return Err(ConfigError::invalid(
+                    format!("{path}.name"),
+                    "must be 1-64 characters of A-Z, a-z, 0-9, '-', '_', '.' and '@'",
+                ));
+            }
+            if self.tokens[..i].iter().any(|earlier| earlier.name == token.name) {
+                return Err(ConfigError::invalid(
+                    format!("{path}.name"),
+                    format!("\"{}\" names another token too: each token needs its own name", token.name),
+                ));
+            }
+            if token.token_file.is_empty() {
+                return Err(ConfigError::invalid(
+                    format!("{path}.token_file"),
+                    "must name the file holding the token",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Listens beyond loopback without TLS: bearer tokens would cross the network in clear.
+    pub fn exposed_without_tls(&self) -> bool {
+        let beyond_loopback =
+            self.listen.parse::<std::net::SocketAddr>().is_ok_and(|a| !a.ip().to_canonical().is_loopback());
+        self.enabled() && beyond_loopback && !self.tls()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn on(listen: &str) -> AdminConfig {
+        AdminConfig {
+            listen: listen.into(),
+            tokens: vec![AdminToken {
+                name: "alice".into(),
+                scope: AdminScope::Operate,
+                token_file: "/t".into(),
+            }],
+            ..AdminConfig::default()
+        }
+    }
+
+    #[test]
+    fn off_by_default_and_each_mistake_names_its_setting() {
+        assert!(!AdminConfig::default().enabled());
+        assert!(AdminConfig::default().validate().is_ok());
+        assert!(on("127.0.0.1:9189").validate().is_ok());
+        let said = |c: AdminConfig| c.validate().unwrap_err().to_string();
+        assert!(said(on("localhost:9189")).starts_with("admin.listen: "));
+        let mut half_tls = on("127.0.0.1:9189");
+        half_tls.tls_cert_file = "/cert.pem".into();
+        assert!(said(half_tls).starts_with("admin.tls_cert_file: "));
+        let mut nobody = on("127.0.0.1:9189");
+        nobody.tokens.clear();
+        assert!(said(nobody).starts_with("admin.tokens: "));
+        let mut twice = on("127.0.0.1:9189");
+        twice.tokens.push(twice.tokens[0].clone());
+        assert!(said(twice).starts_with("admin.tokens[1].name: "));
+        let mut spaced = on("127.0.0.1:9189");
+        spaced.tokens[0].name = "a b".into();
+        assert!(said(spaced).starts_with("admin.tokens[0].name: "));
+    }
+
+    #[test]
+    fn only_a_listener_beyond_loopback_without_tls_is_exposed() {
+        assert!(!on("127.0.0.1:9189").exposed_without_tls());
+        assert!(!on("[::1]:9189").exposed_without_tls());
+        assert!(on("0.0.0.0:9189").exposed_without_tls());
+        let mut tls = on("0.0.0.0:9189");
+        (tls.tls_cert_file, tls.tls_key_file) = ("/c".into(), "/k".into());
+        assert!(!tls.exposed_without_tls());
+        assert!(!AdminConfig::default().exposed_without_tls());
+    }
+}
