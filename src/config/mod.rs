@@ -19,6 +19,7 @@ mod outbox;
 mod postgres;
 pub mod registry;
 mod secrets;
+mod spans;
 mod validate;
 pub use crate::secret::Secret;
 pub use format::{CloudEventsConfig, CloudEventsMode, Converter, DebeziumConfig, RecordFormat};
@@ -28,6 +29,7 @@ pub use load::load_layered;
 pub use outbox::{ColumnsConfig, OutboxConfig, OutboxEntry, OutboxId, PerOutbox};
 pub use postgres::{Endpoint, PgAuth, PostgresConfig, SslMode};
 pub use secrets::{file_mode_warning, is_secret_kafka_property};
+pub use spans::{TracingConfig, TracingSettings};
 
 pub const ENV_PREFIX: &str = "OUTBOX_RELAY";
 pub const DEFAULT_PG_HOST: &str = "127.0.0.1";
@@ -122,6 +124,8 @@ pub struct RelayConfig {
     pub shutdown: ShutdownConfig,
     #[serde(default)]
     pub metrics: MetricsConfig,
+    #[serde(default)]
+    pub tracing: TracingConfig,
     /// Warnings found while loading, logged at start-up: deprecated settings, and secret files
     /// other users can read ([`RelayConfig::secret_file_warnings`]).
     #[serde(skip)]

@@ -51,6 +51,7 @@ impl RelayConfig {
         self.validate_replication()?;
         self.validate_dedup()?;
         self.validate_metrics()?;
+        self.tracing.resolve(|name| std::env::var(name).ok())?;
         for outbox in self.outboxes() {
             validate_signing_key("dead_letter.signing_key_file", &outbox.dead_letter.signing_key_file)?;
         }
