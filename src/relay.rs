@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
-use crate::config::{RelayConfig, SourceMode};
+use crate::config::{RelayConfig, SourceMode, TracingConfig};
 use crate::error::{Action, FatalReason, RelayError};
 use crate::observe::health::{Health, Phase};
 use crate::observe::http;
@@ -68,6 +68,7 @@ async fn run_until_stopped(config: RelayConfig, health: Arc<Health>) -> Result<(
         })?;
     }
     crate::ops::admin::serve(Arc::new(config.clone()), outboxes.clone(), health.clone()).await?;
+    start_tracing(&config.tracing)?;
     sampler::spawn(config.clone(), outboxes.clone());
     first_kafka_token(&config).await?;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -143,4 +144,17 @@ async fn first_kafka_token(config: &RelayConfig) -> Result<(), RelayError> {
 
 fn joined(finished: Result<Result<(), RelayError>, tokio::task::JoinError>) -> Result<(), RelayError> {
     finished.map_err(|e| RelayError::fatal(FatalReason::Other, format!("the relay task panicked: {e}")))?
+}
+
+/// Installs the process's span exporter when `tracing` (or the `OTEL_*` environment) turns it
+/// on; the example services call it too, with their own service name. Within a runtime.
+pub fn start_tracing(tracing: &TracingConfig) -> Result<(), RelayError> {
+    let settings = tracing.resolve(|name| std::env::var(name).ok());
+    let invalid = |e: String| RelayError::fatal(FatalReason::Config, e);
+    let Some(settings) = settings.map_err(|e| invalid(e.to_string()))? else { return Ok(()) };
+    let timeout = Duration::from_millis(settings.export_timeout_ms);
+    let http = crate::credentials::http_client("tracing.ca_file", &settings.ca_file, timeout)
+        .map_err(|e| invalid(e.to_string()))?;
+    crate::observe::trace::install(&settings, http);
+    Ok(())
 }

@@ -46,5 +46,6 @@ mod secrets;
 mod slot_loss;
 mod status;
 mod tls;
+mod traces;
 mod transactions;
 mod verify;

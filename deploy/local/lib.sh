@@ -209,6 +209,9 @@ ensure_test_tools() {
         log "installing ${missing[*]} with pip"
         python3 -m pip install -q "${missing[@]}" >&2 || die "pip install ${missing[*]} failed"
     fi
+    # the tracing tests' backend, built once here rather than inside a test's time
+    source "$REPO_ROOT/deploy/local/jaeger/lib.sh"
+    ensure_jaeger
 }
 
 # free_ports N: N distinct free ports on one line, all held open until all are chosen (N calls

@@ -20,6 +20,7 @@ mod outbox;
 mod postgres;
 pub mod registry;
 mod secrets;
+mod spans;
 mod validate;
 pub use crate::secret::Secret;
 pub use admin::{AdminConfig, AdminScope, AdminToken, MIN_ADMIN_TOKEN_BYTES, SUGGESTED_ADMIN_LISTEN};
@@ -30,6 +31,7 @@ pub use load::load_layered;
 pub use outbox::{ColumnsConfig, OutboxConfig, OutboxEntry, OutboxId, PerOutbox};
 pub use postgres::{Endpoint, PgAuth, PostgresConfig, SslMode};
 pub use secrets::{file_mode_warning, is_secret_kafka_property};
+pub use spans::{TracingConfig, TracingSettings};
 
 pub const ENV_PREFIX: &str = "OUTBOX_RELAY";
 pub const DEFAULT_PG_HOST: &str = "127.0.0.1";
@@ -127,6 +129,8 @@ pub struct RelayConfig {
     /// The admin API and console (off unless `admin.listen` is set).
     #[serde(default)]
     pub admin: AdminConfig,
+    #[serde(default)]
+    pub tracing: TracingConfig,
     /// Warnings found while loading, logged at start-up: deprecated settings, and secret files
     /// other users can read ([`RelayConfig::secret_file_warnings`]).
     #[serde(skip)]

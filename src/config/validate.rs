@@ -52,6 +52,7 @@ impl RelayConfig {
         self.validate_dedup()?;
         self.validate_metrics()?;
         self.admin.validate()?;
+        self.tracing.resolve(|name| std::env::var(name).ok())?;
         for outbox in self.outboxes() {
             validate_signing_key("dead_letter.signing_key_file", &outbox.dead_letter.signing_key_file)?;
         }

@@ -57,6 +57,22 @@ pub enum FetchError {
     Unavailable(String),
 }
 
+/// An HTTPS-capable client for a service the relay calls besides Kafka and PostgreSQL (the
+/// tracing backend): server certificates checked against `ca_file` (the public web roots when
+/// empty), which `setting` names in an error.
+pub fn http_client(
+    setting: &'static str,
+    ca_file: &str,
+    timeout: Duration,
+) -> Result<reqwest::Client, FetchError> {
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(oidc::tls_for(setting, ca_file)?)
+        .connect_timeout(timeout)
+        .user_agent(concat!("outbox-relay/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| FetchError::Unavailable(format!("cannot set up the HTTP client: {e}")))
+}
+
 /// Where tokens come from.
 enum Origin {
     Oidc(oidc::Oidc),

@@ -190,7 +190,12 @@ fn chain(error: &dyn std::error::Error) -> String {
 /// rustls on the ring provider, trusting `ca_file` when set, else the Mozilla roots (as the
 /// schema registry's client does).
 pub(super) fn tls(ca_file: &str) -> Result<ClientConfig, FetchError> {
-    let refused = |why: String| FetchError::Refused { setting: "kafka.auth.ca_file", why };
+    tls_for("kafka.auth.ca_file", ca_file)
+}
+
+/// [`tls`] for the CA file `setting` names.
+pub(crate) fn tls_for(setting: &'static str, ca_file: &str) -> Result<ClientConfig, FetchError> {
+    let refused = |why: String| FetchError::Refused { setting, why };
     let mut roots = RootCertStore::empty();
     if ca_file.is_empty() {
         roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());

@@ -62,6 +62,7 @@ mod open;
 mod settle;
 #[cfg(test)]
 mod tests;
+mod traced;
 mod transaction;
 
 use in_flight::{InFlight, Sent};
@@ -138,6 +139,8 @@ pub(crate) struct Delivery<'a, S: Sink, P> {
     /// Whether [`Delivery::next`] sends a held record again when due; off for polling, which
     /// claims the held row again itself ([`Delivery::retry_held_as`]).
     resends_held: bool,
+    /// With `[tracing]` on: the stage's spans.
+    spans: Option<traced::Spans>,
 }
 
 impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
@@ -170,7 +173,15 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
     }
 
     /// Hands `event` to the sink (in the open Kafka transaction, begun now if none is).
-    async fn enqueue(&mut self, position: P, event: KafkaRecord, at: Instant) -> Result<usize, RelayError> {
+    async fn enqueue(
+        &mut self,
+        position: P,
+        mut event: KafkaRecord,
+        at: Instant,
+    ) -> Result<usize, RelayError> {
+        if let Some(spans) = &self.spans {
+            spans.begin(&mut event);
+        }
         let bytes = event.size();
         if let Some(transaction) = self.transaction.as_mut() {
             if !transaction.is_open() {
@@ -215,6 +226,7 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
         debug_assert_eq!(self.in_flight.records(), 0, "a commit with records in flight");
         // a commit Kafka does not answer is a stall like a record it does not acknowledge
         self.stall.waiting();
+        let commit_began = std::time::SystemTime::now();
         let committed = {
             let (commit, pulse) = (self.sink.commit(), self.pulse);
             tokio::pin!(commit);
@@ -228,7 +240,11 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
         };
         self.stall.check(0, self.pulse);
         committed?;
-        let acked = self.transaction.as_mut().expect("open").committed();
+        let mut acked = self.transaction.as_mut().expect("open").committed();
+        if let Some(spans) = &self.spans {
+            let finished = acked.iter_mut().filter_map(|a| a.span.take().map(|s| *s)).collect();
+            spans.committed(commit_began, finished);
+        }
         if !acked.is_empty() {
             self.pulse.progressed();
         }

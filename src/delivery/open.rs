@@ -83,6 +83,10 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
             received_at: Clock::now(),
             stall_tick,
             resends_held: true,
+            spans: crate::observe::trace::tracer().map(|tracer| {
+                let names = dead_letters.names().map(str::to_string).collect();
+                super::traced::Spans::new(tracer, mode.label(), names)
+            }),
         }
     }
 }

@@ -83,8 +83,9 @@ impl<S: Sink, P: Clone> Delivery<'_, S, P> {
         let Some(Sent { position, event, at, .. }) = self.in_flight.take(report.seq) else { return Ok(None) };
         let resent =
             self.held.as_ref().is_some_and(|h| h.resending.is_some_and(|(seq, _)| seq == report.seq));
-        if report.outcome.is_ok() {
+        if let Ok(written) = report.outcome {
             self.stall.progressed(clock.now, self.pulse);
+            let span = self.spans.as_ref().and_then(|spans| spans.acknowledged(&event, written));
             if let Some(transaction) = self.transaction.as_mut() {
                 // settled by the commit
                 transaction.acked(super::Acked {
@@ -92,6 +93,7 @@ impl<S: Sink, P: Clone> Delivery<'_, S, P> {
                     at,
                     created_at: event.created_at,
                     outbox: event.outbox,
+                    span,
                 });
                 if resent {
                     self.resent_accepted();
@@ -101,6 +103,9 @@ impl<S: Sink, P: Clone> Delivery<'_, S, P> {
             self.pulse.progressed();
             metrics().acknowledged_at(&self.published, at, event.created_at, clock);
             self.published_by_outbox[event.outbox].inc();
+            if let (Some(spans), Some(span)) = (&self.spans, span) {
+                spans.finish(*span);
+            }
             if resent {
                 self.resent_accepted();
             }

@@ -14,6 +14,7 @@ use crate::dead_letter::DeadLetter;
 use crate::error::RelayError;
 use crate::lsn::Lsn;
 use crate::observe::metrics::{Clock, Mode};
+use crate::observe::trace::{SpanData, TRACEPARENT, TraceContext, Tracer, Value};
 use crate::readback::Lookback;
 use crate::record::OutboxRow;
 use crate::sink::Sink;
@@ -447,4 +448,75 @@ async fn a_source_that_claims_held_rows_again_is_not_sent_them_by_the_stage() {
     // then nothing was sent again: the retry is the claim's
     assert_eq!(f.sink.sent(), ["1"]);
     assert!(delivery.holding());
+}
+
+/// A stage whose spans go to a queue the test reads (the process's tracer stays uninstalled).
+fn traced<'a>(delivery: &mut Delivery<'a, ScriptedSink, u32>) -> tokio::sync::mpsc::Receiver<SpanData> {
+    let (queue, spans) = tokio::sync::mpsc::channel(16);
+    let tracer: &'static Tracer = Box::leak(Box::new(Tracer::with_queue(0.0, queue)));
+    delivery.spans =
+        Some(super::traced::Spans::new(tracer, "replication", ["orders".to_string()].into_iter().collect()));
+    spans
+}
+
+#[tokio::test]
+async fn a_sampled_record_carries_its_publish_span_which_ends_at_the_acknowledgement() {
+    // given a traced stage, a record with a sampled traceparent and one with an unsampled one
+    let f = Fixture::new("dead_letter");
+    let mut delivery = f.delivery().await;
+    let mut spans = traced(&mut delivery);
+    let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let unsampled = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
+    for (position, header) in [(1, parent), (2, unsampled)] {
+        let mut event = record(&position.to_string());
+        event.row_headers.push((TRACEPARENT.into(), header.into()));
+        delivery.send(position, event, Instant::now()).await.unwrap();
+    }
+    // when both are acknowledged
+    assert_eq!(acked(&settle_all(&mut delivery).await), [1, 2]);
+    // then the sampled one went out naming a child span of its parent, which is exported
+    let sent = f.sink.records();
+    let header = |r: &crate::record::KafkaRecord| {
+        r.row_headers.iter().find(|(k, _)| k == TRACEPARENT).unwrap().1.clone()
+    };
+    let child = TraceContext::parse(&header(&sent[0])).unwrap();
+    let parent = TraceContext::parse(parent).unwrap();
+    assert_eq!((child.trace_id, child.sampled), (parent.trace_id, true));
+    assert_ne!(child.span_id, parent.span_id);
+    let span = spans.try_recv().unwrap();
+    assert_eq!((span.context, span.parent), (child, Some(parent.span_id)));
+    assert!(span.end >= span.start);
+    assert!(span.attributes.contains(&("messaging.kafka.offset", Value::Int(0))), "{span:?}");
+    assert!(span.attributes.contains(&("outbox_relay.outbox", Value::Str("orders".into()))));
+    // and the unsampled one went out unchanged, with no span
+    assert_eq!(header(&sent[1]), unsampled);
+    assert!(spans.try_recv().is_err());
+}
+
+#[tokio::test]
+async fn in_a_kafka_transaction_the_publish_spans_end_at_the_commit_linked_from_its_span() {
+    // given a traced transactional stage and two sampled records acknowledged in one transaction
+    let f = Fixture::transactional("dead_letter");
+    let mut delivery = f.delivery().await;
+    let mut spans = traced(&mut delivery);
+    for position in [1, 2] {
+        let mut event = record(&position.to_string());
+        event
+            .row_headers
+            .push((TRACEPARENT.into(), "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()));
+        delivery.send(position, event, Instant::now()).await.unwrap();
+    }
+    while delivery.records() > 0 {
+        assert!(next(&mut delivery).await.unwrap().is_none(), "nothing settles before the commit");
+    }
+    assert!(spans.try_recv().is_err(), "no span ends before the commit");
+    // when it commits
+    let settled = delivery.commit(&Clock::now()).await.unwrap();
+    assert_eq!(acked(&settled), [1, 2]);
+    // then both publish spans end, then the commit's span, linked to them
+    let (first, second, commit) =
+        (spans.try_recv().unwrap(), spans.try_recv().unwrap(), spans.try_recv().unwrap());
+    assert_eq!(commit.name, "kafka transaction commit");
+    assert_eq!(commit.links, [first.context, second.context]);
+    assert!(first.end >= commit.start && second.end == first.end);
 }

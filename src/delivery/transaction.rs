@@ -16,6 +16,7 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::config::{KafkaConfig, OutboxId};
+use crate::observe::trace::SpanData;
 
 /// A record acknowledged in the open transaction, settled at its commit.
 pub(super) struct Acked<P> {
@@ -26,6 +27,8 @@ pub(super) struct Acked<P> {
     pub(super) created_at: Option<SystemTime>,
     /// Its outbox (see `KafkaRecord::outbox`).
     pub(super) outbox: OutboxId,
+    /// Its publish span, ended at the commit (`[tracing]`).
+    pub(super) span: Option<Box<SpanData>>,
 }
 
 /// The open transaction's size.
@@ -136,7 +139,13 @@ mod tests {
         t.begun();
         for position in [7, 8, 9] {
             t.sent(1);
-            t.acked(Acked { position, at: Instant::now(), created_at: None, outbox: OutboxId::default() });
+            t.acked(Acked {
+                position,
+                at: Instant::now(),
+                created_at: None,
+                outbox: OutboxId::default(),
+                span: None,
+            });
         }
         let settled: Vec<u32> = t.committed().into_iter().map(|a| a.position).collect();
         assert_eq!(settled, [7, 8, 9]);

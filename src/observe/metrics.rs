@@ -20,7 +20,7 @@ use prometheus::{
 use crate::lsn::Lsn;
 
 mod labels;
-pub use labels::{ErrorType, Mode, ScanResult, SkippedKind, TransactionOutcome, WalStatus};
+pub use labels::{ErrorType, Mode, ScanResult, SkippedKind, SpanDropReason, TransactionOutcome, WalStatus};
 
 pub const EVENTS_READ: &str = "outbox_relay_events_read_total";
 pub const EVENTS_PUBLISHED: &str = "outbox_relay_events_published_total";
@@ -70,6 +70,8 @@ pub const OUTBOX_BACKLOG_EVENTS: &str = "outbox_relay_outbox_backlog_events";
 pub const OUTBOX_DEAD_LETTERS_OUTSTANDING: &str = "outbox_relay_outbox_dead_letters_outstanding";
 pub const CREDENTIAL_REFRESH_FAILURES: &str = "outbox_relay_credential_refresh_failures_total";
 pub const CREDENTIAL_EXPIRY: &str = "outbox_relay_credential_expiry_timestamp_seconds";
+pub const TRACE_SPANS_EXPORTED: &str = "outbox_relay_trace_spans_exported_total";
+pub const TRACE_SPANS_DROPPED: &str = "outbox_relay_trace_spans_dropped_total";
 
 /// The label of the per-outbox series: the outbox's name (`RelayConfig::outboxes`), so there are
 /// as many series as configured outboxes.
@@ -198,6 +200,11 @@ pub const ALL: &[(&str, &str)] = &[
         CREDENTIAL_EXPIRY,
         "Unix time at which the Kafka token the relay holds expires ([kafka.auth]; 0: none yet)",
     ),
+    (TRACE_SPANS_EXPORTED, "Spans the tracing backend accepted ([tracing])"),
+    (
+        TRACE_SPANS_DROPPED,
+        "Finished spans not exported, by reason (queue_full, export_failed); no event is ever held for a span",
+    ),
 ];
 
 /// Buckets from 1 ms to 60 s.
@@ -254,6 +261,8 @@ pub struct Metrics {
     pub outbox_dead_letters_outstanding: IntGaugeVec,
     pub credential_refresh_failures: IntCounter,
     pub credential_expiry: Gauge,
+    pub trace_spans_exported: IntCounter,
+    pub trace_spans_dropped: IntCounterVec,
     /// [`DEPLOYMENT_LABELS`] with their values, once known.
     deployment: Mutex<Vec<LabelPair>>,
 }
@@ -354,6 +363,8 @@ impl Metrics {
             ),
             credential_refresh_failures: int_counter(&r, CREDENTIAL_REFRESH_FAILURES),
             credential_expiry: gauge(&r, CREDENTIAL_EXPIRY),
+            trace_spans_exported: int_counter(&r, TRACE_SPANS_EXPORTED),
+            trace_spans_dropped: counter(&r, TRACE_SPANS_DROPPED, &["reason"]),
             deployment: Mutex::default(),
             registry: r,
         }
@@ -409,6 +420,9 @@ impl Metrics {
         }
         for outcome in TransactionOutcome::ALL {
             self.kafka_transactions.with_label_values(&[outcome.label()]);
+        }
+        for reason in SpanDropReason::ALL {
+            self.trace_spans_dropped.with_label_values(&[reason.label()]);
         }
         self.build_info.with_label_values(&[version, mode.label()]).set(1.0);
         self.slot_idle_timeout_remaining.set(-1.0);

@@ -12,3 +12,4 @@ pub(crate) mod http;
 pub mod metrics;
 pub mod pause;
 pub mod pulse;
+pub mod trace;

@@ -159,6 +159,7 @@ impl Mapping {
             outbox: self.outbox,
             formatted,
             as_written: None,
+            trace: None,
         }))
     }
 

@@ -159,6 +159,9 @@ pub struct KafkaRecord {
     pub formatted: Option<Box<Formatted>>,
     /// Sent again as Kafka first held it (`republish`): see [`AsWritten`].
     pub as_written: Option<Box<AsWritten>>,
+    /// The publish span begun when the record was first sent, while `[tracing]` samples it:
+    /// its `traceparent` header names that span ([`crate::observe::trace`]).
+    pub trace: Option<Box<crate::observe::trace::Begun>>,
 }
 
 /// A record sent again as Kafka first held it (`republish`): to the partition it lies in, with

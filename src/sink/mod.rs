@@ -60,7 +60,14 @@ impl Pinned {
 #[derive(Debug)]
 pub(crate) struct Report {
     pub(crate) seq: usize,
-    pub(crate) outcome: Result<(), SendFailure>,
+    pub(crate) outcome: Result<Written, SendFailure>,
+}
+
+/// Where Kafka wrote an acknowledged record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Written {
+    pub(crate) partition: i32,
+    pub(crate) offset: i64,
 }
 
 /// Why a record was not acknowledged, as the sink that sent it saw it: opaque to the stage,

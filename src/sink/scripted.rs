@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::sync::{MutexGuard, mpsc};
 
-use super::{PublishError, Report, Reports, SendFailure, Sink};
+use super::{PublishError, Report, Reports, SendFailure, Sink, Written};
 use crate::observe::metrics::ErrorType;
 use crate::record::KafkaRecord;
 
@@ -167,7 +167,8 @@ impl ScriptedSink {
     /// Acknowledges every held record, in the order they were sent.
     pub(crate) fn release(&self) {
         for (seq, _) in self.held.lock().unwrap().drain(..) {
-            let _ = self.sender.send(Report { seq, outcome: Ok(()) });
+            let _ =
+                self.sender.send(Report { seq, outcome: Ok(Written { partition: 0, offset: seq as i64 }) });
         }
     }
 
@@ -211,7 +212,7 @@ impl Sink for ScriptedSink {
             self.written.lock().unwrap().push(record.id.clone());
         }
         let report = match fault {
-            None => Report { seq, outcome: Ok(()) },
+            None => Report { seq, outcome: Ok(Written { partition: 0, offset: seq as i64 }) },
             Some(Fault::Reject) => refused(seq),
             Some(Fault::FailAfterWrite) => lost(seq),
             Some(Fault::Hold) => {
@@ -222,7 +223,8 @@ impl Sink for ScriptedSink {
                 let sender = self.sender.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep(delay).await;
-                    let _ = sender.send(Report { seq, outcome: Ok(()) });
+                    let _ = sender
+                        .send(Report { seq, outcome: Ok(Written { partition: 0, offset: seq as i64 }) });
                 });
                 return seq;
             }
@@ -328,5 +330,6 @@ pub(crate) fn record(id: &str) -> KafkaRecord {
         outbox: crate::config::OutboxId::default(),
         formatted: None,
         as_written: None,
+        trace: None,
     }
 }

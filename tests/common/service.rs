@@ -93,9 +93,20 @@ impl OrdersService {
 
     /// Starts `orders run --config CONFIG` (which listens on `port`) and waits for /healthz.
     pub async fn start_on(config: &Path, port: u16, log: &Path) -> OrdersService {
+        Self::start_on_with_env(config, port, log, &[]).await
+    }
+
+    /// As [`OrdersService::start_on`], with `env` added to the service's environment.
+    pub async fn start_on_with_env(
+        config: &Path,
+        port: u16,
+        log: &Path,
+        env: &[(&str, &str)],
+    ) -> OrdersService {
         let args = ["run", "--config", config.to_str().unwrap()];
         let secret = orders_hs256_secret(config.parent().unwrap());
-        let env = [("ORDERS__AUTH__HS256_SECRET_FILE", secret.to_str().unwrap())];
+        let mut env = env.to_vec();
+        env.push(("ORDERS__AUTH__HS256_SECRET_FILE", secret.to_str().unwrap()));
         let mut process = ServiceProcess::spawn("orders", &args, &env, log);
         super::wait_until(format!("the order service on port {port} to answer /healthz"), async || {
             if let Some(code) = process.exited() {

@@ -29,8 +29,9 @@
 //!   instance leave the group (it is not polling); it rejoins once the database is back, and
 //!   the records that moved to another instance meanwhile are skipped there as duplicates.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
+use outbox_relay::observe::trace::{Begun, Kind, TRACEPARENT, Value, tracer};
 use rdkafka::TopicPartitionList;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::error::{KafkaError, KafkaResult};
@@ -107,7 +108,7 @@ enum Attempt<T> {
 }
 
 /// How many records ended how, for the exit log line.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, Copy)]
 struct Tally {
     debited: u64,
     declined: u64,
@@ -174,7 +175,13 @@ impl Ledger {
         let consumer = &self.config.consumer;
         info!(topic = %consumer.topic, group = %consumer.group_id, "consuming");
         while let Some(record) = self.next_record().await {
-            match self.handle(&record).await? {
+            let span = tracer().and_then(|t| t.begin(record.header(TRACEPARENT), SystemTime::now()));
+            let before = self.tally;
+            let step = self.handle(&record).await?;
+            if let Some(span) = span {
+                self.traced(&record, &span, before);
+            }
+            match step {
                 Step::Done => self.commit(&record),
                 Step::Interrupted => {
                     // uncommitted: redelivered after the restart
@@ -285,6 +292,34 @@ impl Ledger {
             return self.dead_letter(record, &order.event_id, &reason, attempt).await;
         }
         unreachable!("the attempts loop returns")
+    }
+
+    /// Exports `record`'s processing span, `span` (a child of the relay's publish span when the
+    /// record's `traceparent` names one), with what became of it: the tally's change since
+    /// `before`.
+    fn traced(&self, record: &Inbound, span: &Begun, before: Tally) {
+        let t = &self.tally;
+        let outcome = [
+            (t.debited > before.debited, "debited"),
+            (t.declined > before.declined, "declined"),
+            (t.duplicates > before.duplicates, "duplicate"),
+            (t.dead_lettered > before.dead_lettered, "dead_lettered"),
+        ];
+        let outcome = outcome.iter().find(|(changed, _)| *changed).map_or("interrupted", |(_, o)| *o);
+        let attributes = vec![
+            ("messaging.system", Value::from("kafka")),
+            ("messaging.operation.type", "process".into()),
+            ("messaging.destination.name", record.topic.clone().into()),
+            ("messaging.destination.partition.id", record.partition.to_string().into()),
+            ("messaging.kafka.offset", Value::Int(record.offset)),
+            ("messaging.message.id", record.event_id().into()),
+            ("messaging.consumer.group.name", self.config.consumer.group_id.clone().into()),
+            ("ledger.outcome", outcome.into()),
+        ];
+        let name = format!("process {}", record.topic);
+        if let Some(tracer) = tracer() {
+            tracer.finish(span.finish(name, Kind::Consumer, attributes));
+        }
     }
 
     fn count(&mut self, record: &Inbound, order: &OrderPlaced, outcome: Outcome) {

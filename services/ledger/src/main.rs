@@ -94,6 +94,8 @@ fn main() -> ExitCode {
     }
 }
 
+use outbox_relay::config::TracingConfig;
+
 async fn run(command: Command) -> Result<(), LedgerError> {
     let (Command::Run { config } | Command::ReplayDlq { config, .. }) = &command;
     let config = LedgerConfig::load(config, std::env::vars().collect())?;
@@ -101,6 +103,8 @@ async fn run(command: Command) -> Result<(), LedgerError> {
     match command {
         Command::Run { .. } => {
             tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %config.summary(), "starting ledger");
+            outbox_relay::relay::start_tracing(&TracingConfig::for_service("ledger"))
+                .map_err(LedgerError::Connect)?;
             match Ledger::start(config, shutdown).await? {
                 Some(ledger) => ledger.run().await,
                 None => Ok(()),

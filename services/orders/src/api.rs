@@ -25,7 +25,7 @@
 //! progress until the lease runs out.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -46,6 +46,7 @@ use crate::order::{self, OrderRequest, Refusal, Written};
 use crate::pool::{Pool, Session};
 use crate::rate_limit::RateLimiter;
 use outbox_relay::error::RelayError;
+use outbox_relay::observe::trace::{Kind, TRACEPARENT, Value, tracer};
 
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 pub const REPLAYED: &str = "idempotent-replayed";
@@ -219,8 +220,13 @@ async fn post_order(
             return reply.into_response();
         }
     };
+    let span = tracer().and_then(|t| t.begin(header_value(&headers, TRACEPARENT), SystemTime::now()));
+    let traceparent = span.as_ref().map(|s| s.context.to_string());
     let (task_app, task_id) = (app.clone(), id.clone());
-    let work = async move { place(&task_app, &task_id, &caller, &headers, &body).await };
+    let work = async move {
+        let traceparent = traceparent.as_deref().or_else(|| header_value(&headers, TRACEPARENT));
+        place(&task_app, &task_id, &caller, (&headers, traceparent), &body).await
+    };
     let reply = match tokio::spawn(work.in_current_span()).await {
         Ok(reply) => reply,
         Err(e) => {
@@ -229,7 +235,20 @@ async fn post_order(
         }
     };
     app.requests.with_label_values(&[reply.outcome]).inc();
+    if let (Some(tracer), Some(span)) = (tracer(), span) {
+        let attributes = vec![
+            ("http.request.method", Value::from("POST")),
+            ("http.route", "/orders".into()),
+            ("http.response.status_code", Value::Int(i64::from(reply.status))),
+            ("orders.outcome", reply.outcome.into()),
+        ];
+        tracer.finish(span.finish("POST /orders".into(), Kind::Server, attributes));
+    }
     reply.into_response()
+}
+
+fn header_value<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
 }
 
 /// Who is calling, within their rate limit; or the 401 or 429 to answer.
@@ -246,7 +265,15 @@ fn admit(app: &App, headers: &HeaderMap) -> Result<Caller, Reply> {
     Ok(caller)
 }
 
-async fn place(app: &App, id: &RequestId, caller: &Caller, headers: &HeaderMap, body: &[u8]) -> Reply {
+/// Places the order; `traceparent`, the request's span (or the caller's header when the request
+/// is not traced), travels on as the event's header.
+async fn place(
+    app: &App,
+    id: &RequestId,
+    caller: &Caller,
+    (headers, traceparent): (&HeaderMap, Option<&str>),
+    body: &[u8],
+) -> Reply {
     let key = match idempotency_key(headers) {
         Ok(key) => key,
         Err(message) => return Reply::error(400, "missing_key", message),
@@ -284,7 +311,6 @@ async fn place(app: &App, id: &RequestId, caller: &Caller, headers: &HeaderMap, 
         );
     }
     inject_faults(app).await;
-    let traceparent = headers.get("traceparent").and_then(|v| v.to_str().ok());
     complete(app, id, session, &lease, &request, traceparent).await
 }
 

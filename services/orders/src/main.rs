@@ -119,6 +119,8 @@ async fn serve(config: OrdersConfig, verifier: Verifier) -> Result<(), String> {
     let listen = config.http.listen.clone();
     let cleanup_every = config.idempotency.cleanup_interval_secs;
     let http = config.http.clone();
+    outbox_relay::relay::start_tracing(&outbox_relay::config::TracingConfig::for_service("orders"))
+        .map_err(|e| e.to_string())?;
     let app = Arc::new(App::new(config, verifier));
     check_tables(&app).await?;
     if cleanup_every > 0 {

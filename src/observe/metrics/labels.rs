@@ -149,3 +149,14 @@ mod tests {
         assert_eq!(WalStatus::parse("unknown"), None);
     }
 }
+
+labels! {
+    /// `reason` of `outbox_relay_trace_spans_dropped_total`: why a finished span was not exported.
+    pub enum SpanDropReason {
+        /// The export queue (`tracing.queue_size`) was full: the backend is slower than the spans.
+        QueueFull = "queue_full",
+        /// The backend refused the export request or did not answer within
+        /// `tracing.export_timeout_ms`.
+        ExportFailed = "export_failed",
+    }
+}

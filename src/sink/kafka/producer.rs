@@ -6,15 +6,15 @@
 
 use std::sync::Arc;
 
-use rdkafka::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{DeliveryResult, ProducerContext, ThreadedProducer};
+use rdkafka::{ClientContext, Message};
 use tokio::sync::mpsc;
 
 use super::client::{log_librdkafka, producer_config, transactional_producer_config};
 use crate::config::KafkaConfig;
-use crate::sink::{Report, SendFailure};
+use crate::sink::{Report, SendFailure, Written};
 
 /// The header naming the database and table a record came from (see [`super::KafkaSink::set_source`]).
 pub(crate) const SOURCE_HEADER: &str = "outbox_relay_source";
@@ -73,7 +73,7 @@ impl ProducerContext for Reporter {
 
     fn delivery(&self, result: &DeliveryResult<'_>, seq: usize) {
         let outcome = match result {
-            Ok(_) => Ok(()),
+            Ok(message) => Ok(Written { partition: message.partition(), offset: message.offset() }),
             Err((e, _)) => Err(SendFailure::kafka(e.clone())),
         };
         // closed: the sink replaced this producer, and nobody waits for its reports any more

@@ -1,0 +1,124 @@
+# Jaeger, a real tracing backend (OTLP/HTTP receiver, query API and UI in one process), for the
+# relay's tracing tests and demo: the Go module github.com/jaegertracing/jaeger, pinned at
+# v1.75.0 by the module proxy's checksum below, built once with Go (its `cmd/jaeger`, the
+# collector-based all-in-one) and run with in-memory storage on free loopback ports.
+# Sourced by deploy/local/lib.sh users; needs its log/die/free_ports/wait_http.
+#
+# `go install ...@version` refuses this module (its go.mod has a replace directive), so the
+# module is downloaded (checksum-verified by Go against sum.golang.org and again here) and built
+# from a copy.
+
+JAEGER_VERSION=1.75.0
+JAEGER_MODULE_SUM=h1:OWj6uKRJ8QaH+AVypRwqINGi3Q/WOchbEfp53FJK0Xk=
+JAEGER_HOME=${OUTBOX_JAEGER_CACHE:-$PG_CACHE_DEFAULT}/jaeger-$JAEGER_VERSION
+
+# install_jaeger: downloads the pinned module, checks its sum, builds bin/jaeger.
+install_jaeger() {
+    local tmp info dir sum
+    # Debian's golang-go is older than the module asks for: Go (GOTOOLCHAIN=auto, its default)
+    # then fetches the toolchain its go.mod names from the module proxy
+    command -v go >/dev/null || apt_install golang-go
+    log "building Jaeger $JAEGER_VERSION from the Go module proxy (once; a few minutes)"
+    tmp=$(mktemp -d)
+    info=$(go mod download -json "github.com/jaegertracing/jaeger@v$JAEGER_VERSION") ||
+        { rm -rf "$tmp"; die "the Go module proxy did not serve github.com/jaegertracing/jaeger@v$JAEGER_VERSION"; }
+    sum=$(printf '%s' "$info" | python3 -c 'import json, sys; print(json.load(sys.stdin)["Sum"])')
+    dir=$(printf '%s' "$info" | python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])')
+    [ "$sum" = "$JAEGER_MODULE_SUM" ] || { rm -rf "$tmp"; die "Jaeger's module has sum $sum, expected $JAEGER_MODULE_SUM; not building it"; }
+    cp -r "$dir" "$tmp/src" && chmod -R u+w "$tmp/src"
+    (cd "$tmp/src" && GOFLAGS=-buildvcs=false go build -trimpath -o "$tmp/jaeger" ./cmd/jaeger) >"$tmp/build.log" 2>&1 ||
+        { tail -20 "$tmp/build.log" >&2; rm -rf "$tmp"; die "go build of Jaeger failed (its output is above)"; }
+    mkdir -p "$JAEGER_HOME/bin"
+    mv "$tmp/jaeger" "$JAEGER_HOME/bin/jaeger"
+    echo "$JAEGER_MODULE_SUM" >"$JAEGER_HOME/installed"
+    rm -rf "$tmp"
+}
+
+ensure_jaeger() {
+    mkdir -p "$(dirname "$JAEGER_HOME")"
+    (
+        flock 9 || die "cannot lock $JAEGER_HOME.lock"
+        [ "$(cat "$JAEGER_HOME/installed" 2>/dev/null)" = "$JAEGER_MODULE_SUM" ] || install_jaeger
+    ) 9>"$JAEGER_HOME.lock" || exit 1
+}
+
+# start_jaeger: Jaeger under $OUTBOX_LOCAL_STATE/jaeger: OTLP/HTTP and the query API/UI on free
+# loopback ports, spans in memory. Writes jaeger/pid (its process group) and jaeger/start.
+# Sets JAEGER_OTLP, JAEGER_QUERY.
+start_jaeger() {
+    local dir=$OUTBOX_LOCAL_STATE/jaeger otlp query grpc health
+    mkdir -p "$dir"
+    read -r otlp query grpc health < <(free_ports 4)
+    JAEGER_OTLP=$otlp JAEGER_QUERY=$query
+    cat >"$dir/config.yaml" <<YAML
+service:
+  extensions: [jaeger_storage, jaeger_query, healthcheckv2]
+  pipelines:
+    traces:
+      receivers: [otlp]
+      processors: [batch]
+      exporters: [jaeger_storage_exporter]
+  telemetry:
+    metrics:
+      level: none
+    logs:
+      level: warn
+extensions:
+  healthcheckv2:
+    use_v2: true
+    http:
+      endpoint: 127.0.0.1:$health
+  jaeger_query:
+    enable_tracing: false
+    storage:
+      traces: memstore
+    http:
+      endpoint: 127.0.0.1:$query
+    grpc:
+      endpoint: 127.0.0.1:$grpc
+  jaeger_storage:
+    backends:
+      memstore:
+        memory:
+          max_traces: 100000
+receivers:
+  otlp:
+    protocols:
+      http:
+        endpoint: 127.0.0.1:$otlp
+processors:
+  batch:
+    timeout: 100ms
+exporters:
+  jaeger_storage_exporter:
+    trace_storage: memstore
+YAML
+    cat >"$dir/start" <<SH
+#!/usr/bin/env bash
+# Starts Jaeger; returns once its query API answers.
+setsid '$JAEGER_HOME/bin/jaeger' --config '$dir/config.yaml' >>'$dir/stdout.log' 2>&1 </dev/null &
+echo \$! >'$dir/pid'
+SH
+    chmod 755 "$dir/start"
+    "$dir/start"
+    wait_http "http://127.0.0.1:$query/api/services" Jaeger "$dir/stdout.log"
+}
+
+# stop_jaeger DIR: stops the Jaeger DIR/jaeger/pid names.
+stop_jaeger() {
+    local pid
+    [ -f "$1/jaeger/pid" ] || return 0
+    pid=$(cat "$1/jaeger/pid")
+    kill -- "-$pid" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 -- "-$pid" 2>/dev/null || return 0; sleep 0.1; done
+    kill -9 -- "-$pid" 2>/dev/null || true
+}
+
+# jaeger_env: the KEY=VALUE lines that tell a test where the tracing backend is.
+jaeger_env() {
+    cat <<ENV
+OUTBOX_RELAY_TEST_OTLP_TRACES_URL=http://127.0.0.1:$JAEGER_OTLP/v1/traces
+OUTBOX_RELAY_TEST_JAEGER_URL=http://127.0.0.1:$JAEGER_QUERY
+OUTBOX_RELAY_TEST_JAEGER_DIR=$OUTBOX_LOCAL_STATE/jaeger
+ENV
+}
