@@ -108,7 +108,10 @@ async fn a_sampled_row_is_traced_from_its_commit_to_kafkas_acknowledgement(mode:
     wait_until("five publish spans in Jaeger", async || spans_of(&base, &trace).len() == 5).await;
     let spans = spans_of(&base, &trace);
     let mut durations = 0;
-    for record in &records[2..] {
+    let of_trace = |r: &&crate::common::Consumed| r.header("traceparent").is_some_and(|h| h[3..35] == trace);
+    let sampled: Vec<_> = records.iter().filter(of_trace).collect();
+    assert_eq!(sampled.len(), 5, "{records:?}");
+    for record in sampled {
         let header = record.header("traceparent").unwrap();
         let span_id = &header[36..52];
         let span =
@@ -140,9 +143,10 @@ async fn a_sampled_row_is_traced_from_its_commit_to_kafkas_acknowledgement(mode:
 
     // and the unsampled row's trace has no span of the relay's, its header unchanged
     assert!(spans_of(&base, &unsampled_trace).is_empty());
-    assert_eq!(records[0].header("traceparent").map(|h| &h[3..35]), Some(unsampled_trace.as_str()));
-    assert!(records[0].header("traceparent").unwrap().ends_with("-00"));
-    assert_eq!(records[1].header("traceparent"), None);
+    let unsampled =
+        records.iter().filter_map(|r| r.header("traceparent")).find(|h| h[3..35] == unsampled_trace);
+    assert!(unsampled.unwrap().ends_with("-00"), "{records:?}");
+    assert_eq!(records.iter().filter(|r| r.header("traceparent").is_none()).count(), 1, "{records:?}");
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
 }
 
@@ -282,13 +286,20 @@ async fn an_order_is_one_trace_from_the_request_to_the_ledger(mode: &str) {
     assert_eq!(answer.status, 201, "{answer:?}");
 
     // then Jaeger holds one trace of three spans, each the child of the one before
-    let found = async || spans_of(&base, &trace).len() >= 3;
+    // (each process exports on its own schedule; a redelivered record adds a second ledger span)
+    let names = ["POST /orders", "send ", "process "];
+    let found = async || {
+        let spans = spans_of(&base, &trace);
+        names.iter().all(|n| spans.iter().any(|s| s["operationName"].as_str().unwrap().starts_with(n)))
+    };
     wait_until(format!("the order's trace in Jaeger; ledger log:\n{}", ledger.log_text()), found).await;
     let spans = spans_of(&base, &trace);
     let named = |prefix: &str| {
-        spans.iter().find(|s| s["operationName"].as_str().unwrap().starts_with(prefix)).unwrap()
+        let names: Vec<_> = spans.iter().map(|s| s["operationName"].as_str().unwrap()).collect();
+        let found = spans.iter().find(|s| s["operationName"].as_str().unwrap().starts_with(prefix));
+        found.unwrap_or_else(|| panic!("no span named {prefix}* among {names:?}"))
     };
-    let (request, publish, process) = (named("POST /orders"), named("send "), named("process "));
+    let (request, publish, process) = (named(names[0]), named(names[1]), named(names[2]));
     let parent_of = |span: &Value| span["references"][0]["spanID"].as_str().unwrap().to_string();
     assert_eq!(parent_of(request), client_span);
     assert_eq!(parent_of(publish), request["spanID"].as_str().unwrap());
