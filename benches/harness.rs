@@ -56,6 +56,8 @@ mod record;
 mod report;
 #[path = "harness/scaling.rs"]
 mod scaling;
+#[path = "harness/tracing.rs"]
+mod tracing;
 #[path = "harness/transactions.rs"]
 mod transactions;
 #[path = "harness/verify.rs"]
@@ -159,6 +161,7 @@ fn options() -> Options {
                     "floor",
                     "peer",
                     "watch",
+                    "tracing",
                 ]
                 .contains(&value.as_str()) =>
             {
@@ -671,6 +674,15 @@ async fn main() {
             println!("{text}");
             if let Some(out) = &o.out {
                 dedup::write_section(out, "outboxes-cost", &text);
+            }
+            return;
+        }
+        Some("tracing") => {
+            let runs = tracing::run(&o).await;
+            let text = tracing::render(&o, &runs);
+            println!("{text}");
+            if let Some(out) = &o.out {
+                dedup::write_section(out, "tracing", &text);
             }
             return;
         }
