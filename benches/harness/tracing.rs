@@ -42,7 +42,12 @@ pub async fn run(o: &Options) -> Runs {
     for run in 0..o.runs {
         for i in (0..SETTINGS.len()).map(|k| (k + run) % SETTINGS.len()) {
             use_relay_bin(bins[i].clone());
-            eprintln!("[bench] run {}/{}: tracing {}, replication drain of {events} events", run + 1, o.runs, SETTINGS[i].0);
+            eprintln!(
+                "[bench] run {}/{}: tracing {}, replication drain of {events} events",
+                run + 1,
+                o.runs,
+                SETTINGS[i].0
+            );
             let (d, _) = replication_drain(events, None, false).await;
             eprintln!(
                 "[bench]   {:.0} events/s, {:.2} CPU s/100k, peak RSS {:.1} MiB",
@@ -75,7 +80,8 @@ pub fn render(o: &Options, runs: &Runs) -> String {
         let cpu: Vec<f64> = drains.iter().map(|d| d.cpu_per_100k).collect();
         let rss: Vec<f64> = drains.iter().map(|d| d.rss_mib).collect();
         let rate_ratio: Vec<f64> = drains.iter().zip(off).map(|(d, b)| b.seconds / d.seconds).collect();
-        let cpu_ratio: Vec<f64> = drains.iter().zip(off).map(|(d, b)| d.cpu_per_100k / b.cpu_per_100k).collect();
+        let cpu_ratio: Vec<f64> =
+            drains.iter().zip(off).map(|(d, b)| d.cpu_per_100k / b.cpu_per_100k).collect();
         out += &format!(
             "| {name} | {} | {} | {} | {} | {} |\n",
             stat(&rate, 0),

@@ -8,9 +8,9 @@
 //!   dropped and counted, never retried: the queue behind it keeps its bound;
 //! - header values are sent, never logged.
 
+use std::io::Write;
 use std::time::Duration;
 
-use serde_json::{Value as Json, json};
 use tokio::sync::mpsc;
 
 use super::{SpanData, Value, to_hex, unix_nanos};
@@ -27,7 +27,7 @@ pub(super) struct Exporter {
     endpoint: String,
     headers: Vec<(String, Secret)>,
     timeout: Duration,
-    resource: Json,
+    resource: Vec<u8>,
 }
 
 impl Exporter {
@@ -78,7 +78,7 @@ impl Exporter {
     }
 
     async fn export(&self, batch: &[SpanData]) -> Result<(), String> {
-        let body = serde_json::to_vec(&request(&self.resource, batch)).expect("JSON values encode");
+        let body = request(&self.resource, batch);
         let mut request =
             self.http.post(&self.endpoint).timeout(self.timeout).header("content-type", "application/json");
         for (name, value) in &self.headers {
@@ -94,55 +94,89 @@ impl Exporter {
     }
 }
 
-/// The resource every span of the process belongs to.
-fn resource(service_name: &str) -> Json {
-    json!({ "attributes": [
-        attribute("service.name", &Value::Str(service_name.to_string())),
-        attribute("service.version", &Value::Str(env!("CARGO_PKG_VERSION").into())),
-    ]})
+/// The resource every span of the process belongs to, encoded once.
+fn resource(service_name: &str) -> Vec<u8> {
+    let mut out = br#"{"attributes":["#.to_vec();
+    attribute(&mut out, "service.name", &Value::Str(service_name.to_string()));
+    out.push(b',');
+    attribute(&mut out, "service.version", &Value::Str(env!("CARGO_PKG_VERSION").into()));
+    out.extend_from_slice(b"]}");
+    out
 }
 
-/// One `ExportTraceServiceRequest`.
-fn request(resource: &Json, batch: &[SpanData]) -> Json {
-    let spans: Vec<Json> = batch.iter().map(span).collect();
-    json!({ "resourceSpans": [{
-        "resource": resource,
-        "scopeSpans": [{
-            "scope": { "name": "outbox-relay", "version": env!("CARGO_PKG_VERSION") },
-            "spans": spans,
-        }],
-    }]})
+/// One `ExportTraceServiceRequest`, written straight into one buffer (no JSON tree per span: at
+/// every event sampled, building `serde_json::Value`s was most of the exporter's cost).
+fn request(resource: &[u8], batch: &[SpanData]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256 + batch.len() * 1_200);
+    out.extend_from_slice(br#"{"resourceSpans":[{"resource":"#);
+    out.extend_from_slice(resource);
+    out.extend_from_slice(br#","scopeSpans":[{"scope":{"name":"outbox-relay","version":""#);
+    out.extend_from_slice(env!("CARGO_PKG_VERSION").as_bytes());
+    out.extend_from_slice(br#""},"spans":["#);
+    for (i, data) in batch.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        span(&mut out, data);
+    }
+    out.extend_from_slice(b"]}]}]}");
+    out
 }
 
-fn span(span: &SpanData) -> Json {
-    let mut encoded = json!({
-        "traceId": span.context.trace_hex(),
-        "spanId": span.context.span_hex(),
-        "name": span.name,
-        "kind": span.kind as i32,
-        "startTimeUnixNano": unix_nanos(span.start).to_string(),
-        "endTimeUnixNano": unix_nanos(span.end).to_string(),
-        "attributes": span.attributes.iter().map(|(k, v)| attribute(k, v)).collect::<Vec<_>>(),
-    });
+fn span(out: &mut Vec<u8>, span: &SpanData) {
+    let (trace, id) = (span.context.trace_hex(), span.context.span_hex());
+    write!(out, r#"{{"traceId":"{trace}","spanId":"{id}","name":"#).expect("writing to a Vec");
+    string(out, &span.name);
+    let (start, end) = (unix_nanos(span.start), unix_nanos(span.end));
+    write!(
+        out,
+        r#","kind":{},"startTimeUnixNano":"{start}","endTimeUnixNano":"{end}","attributes":["#,
+        span.kind as i32
+    )
+    .expect("writing to a Vec");
+    for (i, (key, value)) in span.attributes.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        attribute(out, key, value);
+    }
+    out.push(b']');
     if let Some(parent) = &span.parent {
-        encoded["parentSpanId"] = Json::String(to_hex(parent));
+        write!(out, r#","parentSpanId":"{}""#, to_hex(parent)).expect("writing to a Vec");
     }
     if !span.links.is_empty() {
-        let links = span.links.iter().map(|l| json!({ "traceId": l.trace_hex(), "spanId": l.span_hex() }));
-        encoded["links"] = Json::Array(links.collect());
+        out.extend_from_slice(br#","links":["#);
+        for (i, link) in span.links.iter().enumerate() {
+            let comma = if i > 0 { "," } else { "" };
+            write!(out, r#"{comma}{{"traceId":"{}","spanId":"{}"}}"#, link.trace_hex(), link.span_hex())
+                .expect("writing to a Vec");
+        }
+        out.push(b']');
     }
     if let Some(error) = &span.error {
-        encoded["status"] = json!({ "code": 2, "message": error });
+        out.extend_from_slice(br#","status":{"code":2,"message":"#);
+        string(out, error);
+        out.push(b'}');
     }
-    encoded
+    out.push(b'}');
 }
 
-fn attribute(key: &str, value: &Value) -> Json {
-    let value = match value {
-        Value::Str(text) => json!({ "stringValue": text }),
-        Value::Int(n) => json!({ "intValue": n.to_string() }),
-    };
-    json!({ "key": key, "value": value })
+fn attribute(out: &mut Vec<u8>, key: &str, value: &Value) {
+    out.extend_from_slice(br#"{"key":"#);
+    string(out, key);
+    match value {
+        Value::Str(text) => {
+            out.extend_from_slice(br#","value":{"stringValue":"#);
+            string(out, text);
+        }
+        Value::Int(n) => write!(out, r#","value":{{"intValue":"{n}""#).expect("writing to a Vec"),
+    }
+    out.extend_from_slice(b"}}");
+}
+
+/// `text` as a JSON string, escaped.
+fn string(out: &mut Vec<u8>, text: &str) {
+    serde_json::to_writer(&mut *out, text).expect("a str encodes");
 }
 
 #[cfg(test)]
@@ -168,9 +202,10 @@ mod tests {
                 ("messaging.system", "kafka".into()),
             ],
             links: vec![parent],
-            error: None,
+            error: Some("a \"quoted\" reason".into()),
         };
-        let body = request(&resource("relay-test"), &[data]);
+        let body: serde_json::Value =
+            serde_json::from_slice(&request(&resource("relay-test"), &[data])).unwrap();
         let resource = &body["resourceSpans"][0];
         assert_eq!(resource["resource"]["attributes"][0]["value"]["stringValue"], "relay-test");
         let span = &resource["scopeSpans"][0]["spans"][0];
@@ -181,6 +216,7 @@ mod tests {
         assert_eq!(span["endTimeUnixNano"], "1003000007");
         assert_eq!(span["attributes"][0]["value"]["intValue"], "42");
         assert_eq!(span["links"][0]["spanId"], "00f067aa0ba902b7");
-        assert!(span.get("status").is_none());
+        assert_eq!(span["status"]["message"], "a \"quoted\" reason");
+        assert_eq!(span["status"]["code"], 2);
     }
 }
