@@ -4,8 +4,12 @@
 //! The browser is started here rather than by chromiumoxide's launcher so that it runs in a
 //! process group of its own: dropping [`Chromium`] kills the whole group (the browser, its
 //! zygote, renderers and GPU process) with SIGKILL and reaps the browser, whether the test passed
-//! or panicked. Its profile is a temporary directory removed with it. It runs with
+//! or panicked, and the browser gets SIGKILL too when the test process itself is killed
+//! (PR_SET_PDEATHSIG). Its profile is a temporary directory removed with it. It runs with
 //! `--no-sandbox` because the tests run as root, where Chromium's sandbox refuses to start.
+//! Chromium also starts two crash handlers outside the group, as daemons: they exit by themselves
+//! seconds after the browser (`--disable-crashpad-for-testing` keeps them from starting, but with
+//! it Chromium 156 never finished opening a tab here).
 
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -50,7 +54,8 @@ impl Chromium {
     /// Starts Chromium headless on a fresh profile and connects to it; pages open at [`DESKTOP`].
     pub async fn start() -> Chromium {
         let profile = tempfile::tempdir().unwrap();
-        let process = Command::new(executable())
+        let mut command = Command::new(executable());
+        command
             .args([
                 "--headless",
                 "--no-sandbox",
@@ -73,9 +78,18 @@ impl Chromium {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .expect("start chromium");
+            .process_group(0);
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent. It kills the
+        // browser when the test process dies without running Drop (a runner's timeout kills it
+        // with SIGKILL; the signal follows the thread that forked: the test's own, which lives as
+        // long as the test); the rest of its group exits when it does.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let process = command.spawn().expect("start chromium");
         let mut chromium = ChromiumProcess { process: Some(process) };
         let endpoint = devtools_endpoint(&profile.path().join("DevToolsActivePort"), &mut chromium).await;
         let viewport = Viewport {
@@ -93,9 +107,13 @@ impl Chromium {
         Chromium { browser, process, handler, _profile: profile }
     }
 
-    /// Opens `url` in a new tab once it has loaded.
+    /// Opens `url` in a new tab once it has loaded (within [`super::IDLE`]: a browser that
+    /// never answers fails the test rather than hanging it).
     pub async fn open(&self, url: &str) -> Page {
-        self.browser.new_page(url).await.unwrap_or_else(|e| panic!("open {url}: {e}"))
+        match tokio::time::timeout(super::IDLE, self.browser.new_page(url)).await {
+            Ok(page) => page.unwrap_or_else(|e| panic!("open {url}: {e}")),
+            Err(_) => panic!("chromium did not open {url} within {:?}", super::IDLE),
+        }
     }
 }
 
