@@ -13,11 +13,12 @@ use common::process::RelayProcess;
 use common::workload::*;
 use common::*;
 
-const OPERATE_TOKEN: &str = "operate-token-for-the-tests-0123456789";
-const READ_TOKEN: &str = "read-token-for-the-tests-0123456789";
+pub(crate) const OPERATE_TOKEN: &str = "operate-token-for-the-tests-0123456789";
+pub(crate) const READ_TOKEN: &str = "read-token-for-the-tests-0123456789";
 
-/// Writes the two token files into `dir` and returns the `admin.tokens` literal naming them.
-fn tokens(dir: &std::path::Path) -> String {
+/// Writes the two token files into `dir` and returns the `admin.tokens` literal naming them
+/// (tests/console.rs too).
+pub(crate) fn tokens(dir: &std::path::Path) -> String {
     let file = |name: &str, token: &str| {
         let path = dir.join(format!("{name}.token"));
         std::fs::write(&path, format!("{token}\n")).unwrap();
@@ -32,7 +33,7 @@ fn tokens(dir: &std::path::Path) -> String {
 }
 
 /// A relay of `s` with its admin listener on a free port: (relay, admin port).
-fn start(s: &Setup, name: &str) -> (RelayProcess, u16) {
+pub(crate) fn start(s: &Setup, name: &str) -> (RelayProcess, u16) {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     (s.start_with_env(name, &[("OUTBOX_RELAY__ADMIN__LISTEN", &listen)]), port)

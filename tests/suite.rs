@@ -12,6 +12,7 @@ mod ledger_support;
 mod admin;
 mod chain;
 mod check_then_run;
+mod console;
 mod dead_letter;
 mod docs;
 mod emit;

@@ -187,6 +187,10 @@ ensure_prometheus() {
 # validators of the deployment files.
 ensure_test_tools() {
     ensure_packages
+    # the console's browser tests (tests/console.rs) drive Debian's headless Chromium over the
+    # DevTools protocol: no chromium-driver needed. Only the tests need it: not in
+    # missing_packages, which the demo shares.
+    command -v chromium >/dev/null || apt_install chromium
     ensure_prometheus
     ensure_nextest
     # a Debian prometheus package installed before starts a system Prometheus on :9090; the

@@ -11,6 +11,7 @@
 #![allow(dead_code)]
 
 pub mod broker;
+pub mod browser;
 pub mod config;
 pub mod http;
 pub mod mock;
