@@ -19,6 +19,7 @@ mod failover;
 mod first_deployment;
 mod formats;
 mod foundation;
+mod helm;
 mod http;
 mod image;
 mod kafka_faults;
