@@ -17,6 +17,7 @@ mod emit;
 mod exactly_once;
 mod failover;
 mod first_deployment;
+mod fleet_dashboard;
 mod formats;
 mod foundation;
 mod helm;
