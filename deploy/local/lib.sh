@@ -203,12 +203,20 @@ ensure_helm() {
         export PATH="$HELM_HOME/bin:$PATH"
         return 0
     fi
-    command -v go >/dev/null || die "helm: the Go toolchain (1.24 or later) is needed to build helm $HELM_VERSION from the Go module proxy"
+    # without it only the chart's checks fail (deploy/validate, tests/helm.rs), naming helm: the
+    # rest of the test command still runs
+    if ! command -v go >/dev/null; then
+        log "helm: no Go toolchain (1.24 or later) to build helm $HELM_VERSION from the Go module proxy; the chart's checks will fail"
+        return 0
+    fi
     log "building helm $HELM_VERSION (go install helm.sh/helm/v3/cmd/helm@$HELM_VERSION, from the Go module proxy) into $HELM_HOME/bin"
     tmp=$(mktemp -d)
     mkdir -p "$HELM_HOME/bin"
-    (cd "$tmp" && GOBIN="$HELM_HOME/bin" GOFLAGS=-mod=mod go install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" >&2) ||
-        { rm -rf "$tmp"; die "go install helm.sh/helm/v3/cmd/helm@$HELM_VERSION failed"; }
+    if ! (cd "$tmp" && GOBIN="$HELM_HOME/bin" GOFLAGS=-mod=mod go install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" >&2); then
+        rm -rf "$tmp"
+        log "helm: go install helm.sh/helm/v3/cmd/helm@$HELM_VERSION failed (above); the chart's checks will fail"
+        return 0
+    fi
     rm -rf "$tmp"
     helm_is_pinned "$HELM_HOME/bin/helm" || die "the built $HELM_HOME/bin/helm is not helm.sh/helm/v3 $HELM_VERSION"
     export PATH="$HELM_HOME/bin:$PATH"
