@@ -44,3 +44,20 @@ fn a_dockerfile_without_the_vendored_crate_fails_the_check() {
         "the failure does not name the missing path:\n{output}"
     );
 }
+
+/// Every platform's image holds its own platform's binary: a `cargo build` without
+/// `--target "$RUST_TARGET"` would put the builder's (amd64) binary into the arm64 image, and the
+/// check refuses it before building anything.
+#[test]
+fn a_dockerfile_building_for_the_builders_platform_only_fails_the_check() {
+    let dockerfile = std::fs::read_to_string(repo_root().join("deploy/Dockerfile")).unwrap();
+    let target = r#" --target "$RUST_TARGET""#;
+    assert!(dockerfile.contains(target), "deploy/Dockerfile builds no --target \"$RUST_TARGET\"");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("Dockerfile");
+    std::fs::write(&path, dockerfile.replacen(target, "", 1)).unwrap();
+
+    let (ok, output) = check_image_build(&["--dockerfile", path.to_str().unwrap(), "--no-fetch"]);
+    assert!(!ok, "the check passed a Dockerfile that builds for the builder's platform only:\n{output}");
+    assert!(output.contains(r#"build --target "$RUST_TARGET""#), "the failure does not say why:\n{output}");
+}

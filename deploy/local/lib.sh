@@ -183,8 +183,47 @@ ensure_prometheus() {
     export PATH="$PROMETHEUS_HOME/bin:$PATH"
 }
 
-# ensure_test_tools: promtool and prometheus (ensure_prometheus), cargo-nextest, and the offline
-# validators of the deployment files.
+# Helm, for the chart deploy/helm/outbox-relay (deploy/helm/check: helm lint and helm template):
+# built from its Go module (helm.sh/helm/v3, pinned to v3.22.0, checked by the Go checksum
+# database) with the Go toolchain, as the Go module proxy is the one registry here that serves
+# it. Built once per machine (a few minutes on 2 cores) and kept beside the PostgreSQL builds,
+# in $HELM_HOME/bin, first on PATH. `go version -m` says which module version a binary is.
+HELM_VERSION=v3.22.0
+HELM_HOME=${OUTBOX_PG_CACHE:-$PG_CACHE_DEFAULT}/helm-${HELM_VERSION#v}
+
+helm_is_pinned() { # binary
+    [ -x "$1" ] && go version -m "$1" 2>/dev/null | grep -qE "^\s+mod\s+helm.sh/helm/v3\s+$HELM_VERSION(\s|$)"
+}
+
+ensure_helm() {
+    local tmp
+    # Go's official tarball installs into /usr/local/go, often not on PATH
+    command -v go >/dev/null || [ ! -x /usr/local/go/bin/go ] || export PATH="$PATH:/usr/local/go/bin"
+    if helm_is_pinned "$HELM_HOME/bin/helm"; then
+        export PATH="$HELM_HOME/bin:$PATH"
+        return 0
+    fi
+    # without it only the chart's checks fail (deploy/validate, tests/helm.rs), naming helm: the
+    # rest of the test command still runs
+    if ! command -v go >/dev/null; then
+        log "helm: no Go toolchain (1.24 or later) to build helm $HELM_VERSION from the Go module proxy; the chart's checks will fail"
+        return 0
+    fi
+    log "building helm $HELM_VERSION (go install helm.sh/helm/v3/cmd/helm@$HELM_VERSION, from the Go module proxy) into $HELM_HOME/bin"
+    tmp=$(mktemp -d)
+    mkdir -p "$HELM_HOME/bin"
+    if ! (cd "$tmp" && GOBIN="$HELM_HOME/bin" GOFLAGS=-mod=mod go install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" >&2); then
+        rm -rf "$tmp"
+        log "helm: go install helm.sh/helm/v3/cmd/helm@$HELM_VERSION failed (above); the chart's checks will fail"
+        return 0
+    fi
+    rm -rf "$tmp"
+    helm_is_pinned "$HELM_HOME/bin/helm" || die "the built $HELM_HOME/bin/helm is not helm.sh/helm/v3 $HELM_VERSION"
+    export PATH="$HELM_HOME/bin:$PATH"
+}
+
+# ensure_test_tools: promtool and prometheus (ensure_prometheus), cargo-nextest, helm
+# (ensure_helm), and the offline validators of the deployment files.
 ensure_test_tools() {
     ensure_packages
     # the console's browser tests (tests/console.rs) drive Debian's headless Chromium over the
@@ -193,6 +232,7 @@ ensure_test_tools() {
     command -v chromium >/dev/null || apt_install chromium
     ensure_prometheus
     ensure_nextest
+    ensure_helm
     # a Debian prometheus package installed before starts a system Prometheus on :9090; the
     # tests start their own
     if command -v systemctl >/dev/null && systemctl is-active --quiet prometheus 2>/dev/null; then

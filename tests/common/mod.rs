@@ -595,12 +595,15 @@ pub async fn wait_reconnected(client: &Client, condition: &str, since: SystemTim
 }
 
 /// The relay binary started from here: this build's, unless the bench's baseline comparison
-/// switched to another build for a while ([`use_relay_bin`]).
+/// switched to another build for a while ([`use_relay_bin`]) or OUTBOX_TEST_RELAY_BIN names
+/// one (deploy/cross/arm64 runs tests with an arm64 build under qemu that way).
 static RELAY_BIN: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
 
 pub fn relay_bin() -> PathBuf {
     let chosen = RELAY_BIN.lock().unwrap().clone();
-    chosen.unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_outbox-relay")))
+    chosen
+        .or_else(|| std::env::var_os("OUTBOX_TEST_RELAY_BIN").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_outbox-relay")))
 }
 
 /// Starts `bin` instead of this build's relay from now on; `None`: this build's again.
