@@ -42,6 +42,8 @@ mod dedup;
 mod floor;
 #[path = "harness/formats.rs"]
 mod formats;
+#[path = "harness/idle.rs"]
+mod idle;
 #[path = "harness/latency.rs"]
 mod latency;
 #[path = "harness/outboxes.rs"]
@@ -162,6 +164,7 @@ fn options() -> Options {
                     "peer",
                     "watch",
                     "tracing",
+                    "idle",
                 ]
                 .contains(&value.as_str()) =>
             {
@@ -170,7 +173,10 @@ fn options() -> Options {
             "--peer" if value == "debezium" => o.only = Some("peer".into()),
             "--baseline" => {
                 o.baseline = Some(value.into());
-                o.only = Some("baseline".into());
+                // (`--only idle` measures the baseline its own way)
+                if o.only.as_deref() != Some("idle") {
+                    o.only = Some("baseline".into());
+                }
             }
             "--kafka" => o.kafka = toml_lines(&value),
             "--transactional" => o.transactional = toml_lines(&value),
@@ -683,6 +689,15 @@ async fn main() {
             println!("{text}");
             if let Some(out) = &o.out {
                 dedup::write_section(out, "tracing", &text);
+            }
+            return;
+        }
+        Some("idle") => {
+            let runs = idle::run(&o).await;
+            let text = idle::render(&o, &runs);
+            println!("{text}");
+            if let Some(out) = &o.out {
+                dedup::write_section(out, "idle", &text);
             }
             return;
         }

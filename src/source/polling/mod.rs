@@ -100,6 +100,8 @@ pub(crate) struct PollingSource {
     /// The delivery stage's hold (its backoff keeps growing) and Kafka's silence, from one
     /// session to the next.
     carried: Option<Carried<RowAt>>,
+    /// A standby's session, refused a leader lock last time: asked again next time.
+    standing_by: Option<Session>,
 }
 
 impl<S: Sink> Source<S> for PollingSource {
@@ -109,8 +111,19 @@ impl<S: Sink> Source<S> for PollingSource {
         pulse: &Pulse,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), RelayError> {
-        let mut session = self.connect().await?;
-        let lookback = self.lead(&mut session, pulse).await?;
+        // a standby keeps its session from one try to the next (`supervisor::STANDBY_RETRY`):
+        // each try is then the lock's statements, not a connection and its set-up
+        let mut session = match self.standing_by.take() {
+            Some(kept) if !kept.client.is_closed() => kept,
+            _ => self.connect().await?,
+        };
+        let lookback = match self.lead(&mut session, pulse).await {
+            Err(e @ RelayError::Standby(_)) => {
+                self.standing_by = Some(session);
+                return Err(e);
+            }
+            other => other?,
+        };
         // only the leader: it may fence earlier producers (kafka.transactional)
         let identities = readback::source_identities(&session.client, &self.config).await?;
         let prologue =
@@ -135,6 +148,7 @@ impl PollingSource {
             outboxes,
             config,
             carried: None,
+            standing_by: None,
         }
     }
 
@@ -201,7 +215,16 @@ impl PollingSource {
         tables.sort_by_key(|t| (t.schema.as_str(), t.name.as_str()));
         let mut keys = Vec::with_capacity(tables.len());
         for table in tables {
-            keys.push(self.lock(session, pulse, table).await?);
+            match self.lock(session, pulse, table).await {
+                Ok(key) => keys.push(key),
+                Err(e) => {
+                    // a standby keeps its session: it holds none of the locks while it waits
+                    if !keys.is_empty() {
+                        session.client.execute("SELECT pg_advisory_unlock_all()", &[]).await?;
+                    }
+                    return Err(e);
+                }
+            }
         }
         health.set_lock_holder(None);
         let mut lookback = Lookback::LastBatch;

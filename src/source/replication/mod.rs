@@ -32,8 +32,9 @@ mod transport;
 use std::sync::Arc;
 
 use tokio::sync::watch;
+use tokio_postgres::Client;
 
-use crate::config::RelayConfig;
+use crate::config::{Endpoint, RelayConfig};
 use crate::dead_letter::DeadLetters;
 use crate::delivery::{self, Delivery};
 use crate::error::RelayError;
@@ -59,6 +60,8 @@ pub(crate) struct ReplicationSource {
     config: RelayConfig,
     outboxes: Arc<Outboxes>,
     dead_letters: DeadLetters,
+    /// A standby's session, refused the slot's lock last time: asked again next time.
+    standing_by: Option<(Client, Endpoint)>,
 }
 
 impl<S: Sink> Source<S> for ReplicationSource {
@@ -74,7 +77,12 @@ impl<S: Sink> Source<S> for ReplicationSource {
 
 impl ReplicationSource {
     pub(crate) fn new(config: RelayConfig, outboxes: Arc<Outboxes>) -> ReplicationSource {
-        ReplicationSource { dead_letters: DeadLetters::new(&outboxes, &config.retry, MODE), outboxes, config }
+        ReplicationSource {
+            dead_letters: DeadLetters::new(&outboxes, &config.retry, MODE),
+            outboxes,
+            config,
+            standing_by: None,
+        }
     }
 
     /// Opens the records of what was published, once per process (as polling: its warning is
@@ -95,6 +103,7 @@ impl ReplicationSource {
         recreate: bool,
     ) -> Result<Option<(Lsn, CopyReport)>, RelayError> {
         let (client, server) = crate::postgres::connect_primary(&self.config.postgres).await?;
+        slot::lock(&self.config, &client).await?;
         let plan = slot::prepare(&self.config, &client, recreate).await?;
         if let SlotPlan::Stream { .. } = plan {
             return Ok(None);
@@ -110,6 +119,28 @@ impl ReplicationSource {
         Ok(Some(created))
     }
 
+    /// A session on the primary holding the slot's lock. A standby keeps its session from one
+    /// try to the next ([`STANDBY_RETRY`](crate::supervisor::STANDBY_RETRY)): each try is then
+    /// one statement, not a connection, its authentication and the records' set-up.
+    async fn lead(&mut self) -> Result<(Client, Endpoint), RelayError> {
+        let (client, server) = match self.standing_by.take() {
+            Some(kept) if !kept.0.is_closed() => kept,
+            _ => {
+                let (client, server) = crate::postgres::connect_primary(&self.config.postgres).await?;
+                self.open_recorders(&client).await?;
+                (client, server)
+            }
+        };
+        match slot::lock(&self.config, &client).await {
+            Err(e @ RelayError::Standby(_)) => {
+                self.standing_by = Some((client, server));
+                Err(e)
+            }
+            Err(e) => Err(e),
+            Ok(()) => Ok((client, server)),
+        }
+    }
+
     /// One replication session: prepare the slot, (copy,) stream until shutdown or an error.
     async fn run_session<S: Sink>(
         &mut self,
@@ -117,8 +148,7 @@ impl ReplicationSource {
         pulse: &Pulse,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), RelayError> {
-        let (client, server) = crate::postgres::connect_primary(&self.config.postgres).await?;
-        self.open_recorders(&client).await?;
+        let (client, server) = self.lead().await?;
         let plan = slot::prepare(&self.config, &client, false).await?;
         let slot_name = &self.config.replication.slot.clone();
         let (replication, confirmed) = match plan {

@@ -3,8 +3,9 @@
 //! pgoutput says nothing when the outbox leaves the stream: after `ALTER PUBLICATION ... DROP
 //! TABLE`, `SET (publish = 'update')`, a row filter, or a column list without a column the relay
 //! reads, its inserts are simply not sent, and a relay that kept confirming would confirm past
-//! them: silent loss. So the stream verifies the publication every
-//! [`CHECK_INTERVAL`] and confirms no position past the last one checked.
+//! them: silent loss. So the stream confirms no position past the last one checked, and
+//! verifies the publication again when a position waits (at most every [`CHECK_INTERVAL`]), and
+//! every [`IDLE_CHECK_INTERVAL`] when none does.
 //!
 //! Invariant: [`verify`] reads the WAL position *before* it looks at the catalog, in a separate
 //! statement. A publication change that committed before that position is therefore visible to
@@ -26,8 +27,14 @@ use crate::table::OutboxTable;
 const MAY_CREATE_SQL: &str = "SELECT coalesce((SELECT pg_has_role(current_user, c.relowner, 'USAGE') FROM pg_class c \
      WHERE c.oid = to_regclass($1)), false), has_database_privilege(current_database(), 'CREATE')";
 
-/// How often the streaming session verifies the publication; confirmations wait for it.
+/// How often the streaming session verifies the publication while a position waits for it;
+/// confirmations wait for it.
 pub const CHECK_INTERVAL: Duration = Duration::from_millis(200);
+
+/// How often it verifies the publication while no position waits: a publication dropped while
+/// nothing happens is found within this, and anything written after it within
+/// [`CHECK_INTERVAL`].
+pub const IDLE_CHECK_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Why the publication would not deliver every insert of the outbox.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -79,13 +79,12 @@ async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>, Rela
     }))
 }
 
-/// Ensures the publication, inspects slot and memory, and decides. With `recreate`, drops the
-/// slot and its memory first (the operator's explicit choice after an invalidation).
-pub async fn prepare(config: &RelayConfig, client: &Client, recreate: bool) -> Result<SlotPlan, RelayError> {
+/// Takes the slot's advisory lock for `client`'s session, or says another instance holds it
+/// ([`RelayError::Standby`]). One instance at a time decides about, creates and copies the
+/// slot: the lock is held for the whole replication session, so a standby can never drop a
+/// slot whose first copy another instance is still making.
+pub async fn lock(config: &RelayConfig, client: &Client) -> Result<(), RelayError> {
     let slot = &config.replication.slot;
-    // One instance at a time decides about, creates and copies the slot: the session-level
-    // advisory lock is held by `client` for the whole replication session, so a standby can
-    // never drop a slot whose first copy another instance is still making.
     let locked: bool = client
         .query_one("SELECT pg_try_advisory_lock(hashtext('outbox-relay slot ' || $1))", &[slot])
         .await?
@@ -93,6 +92,14 @@ pub async fn prepare(config: &RelayConfig, client: &Client, recreate: bool) -> R
     if !locked {
         return Err(RelayError::Standby(format!("slot \"{slot}\" is managed by another relay instance")));
     }
+    Ok(())
+}
+
+/// With the slot's [`lock`] held: ensures the publication, inspects slot and memory, and
+/// decides. With `recreate`, drops the slot and its memory first (the operator's explicit
+/// choice after an invalidation).
+pub async fn prepare(config: &RelayConfig, client: &Client, recreate: bool) -> Result<SlotPlan, RelayError> {
+    let slot = &config.replication.slot;
     ensure_publication(config, client, recreate).await?;
     if config.replication.failover {
         failover_supported(client).await?;

@@ -21,7 +21,7 @@
 //! settles and is confirmed; the transport keeps sending status updates, so the slot stays this
 //! session's and the server keeps the connection.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio_postgres::Client;
@@ -44,6 +44,15 @@ mod feed;
 /// one clock read and one `select!` for the run instead of one per event.
 const READ_TURN: usize = 128;
 
+/// The heartbeat, written only when the server's WAL is past `$2`, the position the relay may
+/// confirm already (prepared once per session: a quiet relay sends this and nothing else).
+const HEARTBEAT_SQL: &str =
+    "SELECT pg_logical_emit_message(false, $1, '')::text WHERE pg_current_wal_lsn() > $2::text::pg_lsn";
+
+/// The ids of what Kafka acknowledged are recorded at most this often (one statement each
+/// time); a confirmation that needs a record waits for it.
+const RECORD_INTERVAL: Duration = Duration::from_millis(200);
+
 /// At shutdown, how long the last status update (sent at once) is given to leave before the
 /// stream ends.
 const STATUS_LEAVES: Duration = Duration::from_millis(200);
@@ -62,10 +71,16 @@ pub(super) struct StreamSession<'a, S: Sink> {
     /// Each outbox's record: the ids handed to Kafka are recorded before a position past them
     /// is confirmed.
     outboxes: &'a Outboxes,
-    /// When ids were last recorded: while records are in flight, once per status interval.
-    recorded_at: Instant,
+    /// When ids were last recorded: at most once per [`RECORD_INTERVAL`].
+    recorded_at: tokio::time::Instant,
+    /// A confirmation put off until then, so that ids are recorded once per [`RECORD_INTERVAL`].
+    record_due: Option<tokio::time::Instant>,
+    /// Shutdown: what is settled is recorded and confirmed at once.
+    draining: bool,
     /// The pause switch: nothing is read while it says paused.
     paused: watch::Receiver<Option<Paused>>,
+    /// When the publication was last verified.
+    checked_at: tokio::time::Instant,
 }
 
 impl<'a, S: Sink> StreamSession<'a, S> {
@@ -88,8 +103,11 @@ impl<'a, S: Sink> StreamSession<'a, S> {
             publication_ok_through: confirmed,
             confirmed,
             outboxes,
-            recorded_at: Instant::now(),
+            recorded_at: tokio::time::Instant::now(),
+            record_due: None,
+            draining: false,
             paused,
+            checked_at: tokio::time::Instant::now(),
         }
     }
 
@@ -101,16 +119,16 @@ impl<'a, S: Sink> StreamSession<'a, S> {
     }
 
     async fn stream(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<(), RelayError> {
-        self.publication_ok_through = publication::delivers_through(self.config, self.client).await?;
-        let first = tokio::time::Instant::now() + publication::CHECK_INTERVAL;
-        let mut verify = tokio::time::interval_at(first, publication::CHECK_INTERVAL);
-        verify.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let heartbeat_ms = self.config.replication.heartbeat_interval_ms;
-        let mut heartbeat = tokio::time::interval(Duration::from_millis(heartbeat_ms.max(1)));
-        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        self.check_publication().await?;
+        let heartbeat_every = Duration::from_millis(self.config.replication.heartbeat_interval_ms);
+        let heartbeat = self.client.prepare(HEARTBEAT_SQL).await?;
+        let mut beat_at = tokio::time::Instant::now();
         loop {
             self.commit_if_ready().await?;
             let reading = self.feed.reading() && self.paused.borrow_and_update().is_none();
+            let quiet = !heartbeat_every.is_zero() && self.feed.in_flight() == 0;
+            let check_due = self.check_due();
+            let record_due = self.record_due;
             tokio::select! {
                 biased;
                 // 1. shutdown: stop reading, settle what is in flight, confirm it
@@ -128,21 +146,46 @@ impl<'a, S: Sink> StreamSession<'a, S> {
                     })?;
                     self.read_turn(event).await?;
                 }
-                // 4. heartbeat: a WAL record of our own, so an idle outbox in a busy database
-                //    still sees positions it may confirm (see `Feed::handle`)
-                _ = heartbeat.tick(), if heartbeat_ms > 0 => {
-                    self.client.execute("SELECT pg_logical_emit_message(false, $1, '')", &[&HEARTBEAT_PREFIX]).await?;
+                // 4. heartbeat: with nothing in flight and the server's WAL past the position
+                //    the relay may confirm, a WAL record of its own, so an idle outbox in a busy
+                //    database still sees positions it may confirm (see `Feed::handle`); an idle
+                //    database gets none
+                _ = tokio::time::sleep_until(beat_at + heartbeat_every), if quiet => {
+                    let past = self.feed.confirmed().to_string();
+                    self.client.execute(&heartbeat, &[&HEARTBEAT_PREFIX, &past]).await?;
+                    beat_at = tokio::time::Instant::now();
                 }
                 // 5. the publication still delivers every insert: confirmations may go that far
-                _ = verify.tick() => {
-                    self.publication_ok_through = publication::delivers_through(self.config, self.client).await?;
+                _ = tokio::time::sleep_until(check_due) => {
+                    self.check_publication().await?;
                     self.confirm(self.feed.confirmed()).await?;
                 }
-                // 6. paused or resumed: `reading` is looked at again
+                // 6. a confirmation put off so that ids are recorded once per `RECORD_INTERVAL`
+                _ = tokio::time::sleep_until(record_due.unwrap_or(check_due)), if record_due.is_some() => {
+                    self.confirm(self.feed.confirmed()).await?;
+                }
+                // 7. paused or resumed: `reading` is looked at again
                 _ = self.paused.changed() => {}
             }
             self.confirm_acknowledged().await?;
         }
+    }
+
+    /// Verifies the publication ([`publication::delivers_through`]): positions up to the WAL
+    /// position it read may be confirmed.
+    async fn check_publication(&mut self) -> Result<(), RelayError> {
+        self.publication_ok_through = publication::delivers_through(self.config, self.client).await?;
+        self.checked_at = tokio::time::Instant::now();
+        Ok(())
+    }
+
+    /// When the publication is verified next: [`publication::CHECK_INTERVAL`] after the last
+    /// check while a position waits for one, [`publication::IDLE_CHECK_INTERVAL`] after it
+    /// otherwise (a quiet relay asks nothing of the server but that).
+    fn check_due(&self) -> tokio::time::Instant {
+        let waiting = self.feed.confirmed() > self.publication_ok_through.max(self.confirmed);
+        let after = if waiting { publication::CHECK_INTERVAL } else { publication::IDLE_CHECK_INTERVAL };
+        self.checked_at + after
     }
 
     /// Commits the open Kafka transaction when it is ready ([`Feed::commit_ready`]), and
@@ -194,12 +237,13 @@ impl<'a, S: Sink> StreamSession<'a, S> {
 
     /// Shutdown: settle what is in flight, confirm it, give the status update time to leave.
     async fn drain(&mut self) -> Result<(), RelayError> {
+        self.draining = true;
         while self.feed.in_flight() > 0 {
             self.feed.settle_next().await?;
             self.write_letters().await?;
         }
         self.feed.commit().await?;
-        self.publication_ok_through = publication::delivers_through(self.config, self.client).await?;
+        self.check_publication().await?;
         // with nothing in flight the update is sent at once; the stream's end must not overtake it
         self.confirm_acknowledged().await?;
         let interval = Duration::from_millis(self.config.replication.status_interval_ms);
@@ -223,22 +267,26 @@ impl<'a, S: Sink> StreamSession<'a, S> {
     /// are in flight, updates go once per `replication.status_interval_ms`.
     ///
     /// Every id of the transactions it covers (Kafka acknowledged them) is recorded as published
-    /// first (one statement); while records are in flight that is done once per status
-    /// interval, and the confirmation waits for it (the position would not leave sooner).
+    /// first (one statement), at most once per [`RECORD_INTERVAL`] (outside a drain at
+    /// shutdown): a confirmation that would record sooner waits for the interval's end
+    /// ([`Self::record_due`]), so a low steady rate of small transactions costs five statements
+    /// a second, not one a transaction.
     async fn confirm(&mut self, lsn: Lsn) -> Result<(), RelayError> {
         let lsn = lsn.min(self.publication_ok_through);
         if lsn <= self.confirmed {
             return Ok(());
         }
         if self.feed.has_sent(lsn) {
-            let interval = Duration::from_millis(self.config.replication.status_interval_ms);
-            if self.feed.in_flight() > 0 && self.recorded_at.elapsed() < interval {
+            let next = self.recorded_at + RECORD_INTERVAL;
+            if !self.draining && tokio::time::Instant::now() < next {
+                self.record_due = Some(next);
                 return Ok(());
             }
             for (outbox, sent) in self.feed.take_sent(lsn).iter() {
                 self.outboxes[outbox].recorder(self.client).await?.record(self.client, sent).await?;
             }
-            self.recorded_at = Instant::now();
+            self.recorded_at = tokio::time::Instant::now();
+            self.record_due = None;
         }
         self.confirmed = lsn;
         if self.feed.in_flight() == 0 {

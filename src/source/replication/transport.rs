@@ -90,11 +90,17 @@ pub async fn connect(
     .with_start_lsn(pgwire_replication::Lsn::ZERO) // 0/0: resume at the slot's confirmed position
     .with_ack_lsn(pgwire_replication::Lsn(ack.0))
     .with_status_interval(Duration::from_millis(r.status_interval_ms))
-    .with_wakeup_interval(Duration::from_millis(r.status_interval_ms))
+    // a quiet stream wakes the transport this often to send a status update nobody needs
+    // sooner: a new position, and the server's request for one, go at once
+    .with_wakeup_interval(IDLE_STATUS_INTERVAL)
     .with_application_name(pg.application_name.clone());
     // connect_gated spawns the session task; connection errors surface on the first call.
     ReplicationClient::connect_gated(cfg).await.map_err(classify)
 }
+
+/// How often a quiet stream sends a status update unasked (`pg_recvlogical`'s default): the
+/// server asks for one itself at half its `wal_sender_timeout`, and is answered at once.
+pub const IDLE_STATUS_INTERVAL: Duration = Duration::from_secs(10);
 
 /// How much of a change over `replication.max_message_bytes` is read.
 pub const OVERSIZED_HEAD: usize = 64 << 10;
