@@ -20,6 +20,11 @@
 //! Paused ([`crate::observe::pause`]): reading stops as it does for a bound. What is in flight
 //! settles and is confirmed; the transport keeps sending status updates, so the slot stays this
 //! session's and the server keeps the connection.
+//!
+//! Serving a request ([`crate::delivery::live`]: a republish, a replay): reading stops as when
+//! paused; once nothing is in flight the open Kafka transaction commits (its transactions are
+//! confirmed) and the requester is told the session is quiet; its records go through the stage
+//! aside from the stream's positions, and reading goes on once each has its answer.
 
 use std::time::{Duration, Instant};
 
@@ -30,6 +35,7 @@ use super::transport::{WalEvent, WalStream};
 use super::{HEARTBEAT_PREFIX, publication};
 use crate::config::RelayConfig;
 use crate::dead_letter::DeadLetters;
+use crate::delivery::live::{Turn, Woken};
 use crate::error::RelayError;
 use crate::lsn::Lsn;
 use crate::observe::metrics::metrics;
@@ -66,6 +72,8 @@ pub(super) struct StreamSession<'a, S: Sink> {
     recorded_at: Instant,
     /// The pause switch: nothing is read while it says paused.
     paused: watch::Receiver<Option<Paused>>,
+    /// The request this session serves, if any: nothing is read meanwhile.
+    turn: Turn<'a>,
 }
 
 impl<'a, S: Sink> StreamSession<'a, S> {
@@ -75,7 +83,7 @@ impl<'a, S: Sink> StreamSession<'a, S> {
         dead_letters: &'a DeadLetters,
         outboxes: &'a Outboxes,
         client: &'a Client,
-        (wal, paused): (WalStream, watch::Receiver<Option<Paused>>),
+        (wal, paused, turn): (WalStream, watch::Receiver<Option<Paused>>, Turn<'a>),
         feed: Feed<'a, S>,
     ) -> StreamSession<'a, S> {
         let confirmed = feed.confirmed();
@@ -90,6 +98,7 @@ impl<'a, S: Sink> StreamSession<'a, S> {
             outboxes,
             recorded_at: Instant::now(),
             paused,
+            turn,
         }
     }
 
@@ -110,7 +119,9 @@ impl<'a, S: Sink> StreamSession<'a, S> {
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             self.commit_if_ready().await?;
-            let reading = self.feed.reading() && self.paused.borrow_and_update().is_none();
+            self.serve_request().await?;
+            let reading =
+                self.feed.reading() && self.paused.borrow_and_update().is_none() && self.turn.reading();
             tokio::select! {
                 biased;
                 // 1. shutdown: stop reading, settle what is in flight, confirm it
@@ -140,6 +151,12 @@ impl<'a, S: Sink> StreamSession<'a, S> {
                 }
                 // 6. paused or resumed: `reading` is looked at again
                 _ = self.paused.changed() => {}
+                // 7. a request (a republish, a replay), or its records to send now
+                woken = self.turn.wake() => {
+                    if let Woken::Records(records) = woken {
+                        self.turn.send(self.feed.delivery(), records).await?;
+                    }
+                }
             }
             self.confirm_acknowledged().await?;
         }
@@ -153,6 +170,16 @@ impl<'a, S: Sink> StreamSession<'a, S> {
             self.confirm_acknowledged().await?;
         }
         Ok(())
+    }
+
+    /// Moves a request on: once nothing of the stream is in flight, its open Kafka transaction
+    /// commits (and is confirmed) before the requester is told the session is quiet.
+    async fn serve_request(&mut self) -> Result<(), RelayError> {
+        if self.turn.quieting() && self.feed.in_flight() == 0 {
+            self.feed.commit().await?;
+            self.confirm_acknowledged().await?;
+        }
+        self.turn.advance(self.feed.delivery()).await
     }
 
     /// Handles `first` and the events the transport has read already, up to [`READ_TURN`], as
