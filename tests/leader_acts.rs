@@ -288,3 +288,42 @@ async fn replication_a_signal_row_is_executed_once_across_a_kill_9_of_the_leader
     let records = consume_unique(&consumer(&[&s.topic]), 3, IDLE, LINGER).await;
     assert_eq!(unique_ids(&records).len(), 3);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_republish_command_asks_the_running_relay_and_runs_offline_when_none_answers() {
+    // given a relay with its admin listener that published 3 events of agg-0
+    let s = setup("replication").await;
+    let mut client = s.db.client().await;
+    create_aggregates(&client, 1).await;
+    let (mut relay, port) = start(&s, "relay");
+    relay.wait_ready("active").await;
+    write_events(&mut client, &s.aggregate_type, "agg-0", 3, true).await;
+    assert_eq!(consume(&consumer(&[&s.topic]), 3, IDLE).await.len(), 3);
+    let config = s.config().display().to_string();
+    let listen = format!("127.0.0.1:{port}");
+    let republish = || {
+        let args = ["republish", "--config", config.as_str(), "--aggregate", "agg-0"];
+        run_relay_with_env(&args, &[("OUTBOX_RELAY__ADMIN__LISTEN", &listen)], EXIT_LIMIT)
+    };
+
+    // when the command runs with the relay's configuration (admin.listen, its operate token)
+    let (code, stdout, stderr) = republish();
+
+    // then the running relay carried it out, and says so
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let said = format!("carried out by the running relay at http://{listen}: republished");
+    assert!(stdout.contains(&said), "{stdout}");
+    assert_eq!(stdout.matches("as first written").count(), 3, "{stdout}");
+    assert!(relay.log_text().contains("act=\"republish\""), "audited as the token's act");
+
+    // when the relay is stopped and the command runs again, nothing answers: it runs offline
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+    let (code, stdout, stderr) = republish();
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("sent 3 event(s) again; 0 could not be"), "{stdout}");
+
+    // and Kafka holds the 3 events and two copies of each, all marked
+    let all = consume(&consumer(&[&s.topic]), 9, IDLE).await;
+    assert_eq!(all.len(), 9);
+    assert_eq!(all.iter().filter(|r| r.header(REPUBLISHED).is_some()).count(), 6);
+}

@@ -260,6 +260,10 @@ impl Turn<'_> {
             return Ok(());
         };
         let mut done = vec![None; records.len()];
+        let mut topics: Vec<String> = records.iter().map(|r| r.topic.clone()).collect();
+        topics.sort();
+        topics.dedup();
+        delivery.refresh_topics(&topics).await;
         for (key, record) in records.into_iter().enumerate() {
             if let Err(e) = delivery.send_aside(key, record).await {
                 done[key] = Some(Delivered::Unacknowledged(e.to_string()));

@@ -223,6 +223,11 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
         Ok(())
     }
 
+    /// Learns anew whether `topics` exist (see [`Sink::refresh_topics`]).
+    pub(crate) async fn refresh_topics(&self, topics: &[String]) {
+        self.sink.refresh_topics(topics).await
+    }
+
     /// Aside records handed over and not done yet (with Kafka transactions: not committed).
     pub(crate) fn aside_waiting(&self) -> usize {
         self.aside.len() + self.aside_uncommitted.len()

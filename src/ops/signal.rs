@@ -179,7 +179,7 @@ impl Executor {
     /// Finishes `row` unexecuted with `(result, detail)`, after its audit line.
     async fn finish(&self, row: &Row, via: &str, (result, detail): (&str, Value)) -> Result<(), RelayError> {
         let error = detail["error"].to_string();
-        tracing::info!(target: "outbox_relay::audit", who = %row.requested_by, via, act = %row.kind, result, detail = error, "admin act");
+        tracing::info!(target: "outbox_relay::audit", who = %row.requested_by, via, act = row.kind.as_str(), result, detail = error, "admin act");
         let receipt = json!({
             "act": row.kind, "by": row.requested_by, "result": result, "detail": detail,
             "at_unix_seconds": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs(),

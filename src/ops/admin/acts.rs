@@ -2,8 +2,8 @@
 //! answers with a receipt and writes one audit line.
 //!
 //! Invariants:
-//! - one audit line per act, done or refused (target `outbox_relay::audit`, fields `who`, `act`,
-//!   `result`, and `detail`), never with a token or a body's secrets in it;
+//! - one audit line per act, done or refused (target `outbox_relay::audit`, fields `who`, `via`
+//!   (`api`, `signal <id>`), `act`, `result`, and `detail`), never with a token or a body's secrets in it;
 //! - a standby refuses every act with 409, naming the leader when it can: acts belong to the
 //!   active instance (pausing a standby would pause nothing; replaying beside the leader is the
 //!   leader's job);
@@ -133,7 +133,7 @@ pub(crate) async fn perform(
     };
     let act = name(endpoint);
     let detail = done.detail.get("error").map(Value::to_string).unwrap_or_default();
-    tracing::info!(target: "outbox_relay::audit", who, via, act, result = done.result, detail, "admin act");
+    tracing::info!(target: "outbox_relay::audit", who = %who, via, act, result = done.result, detail, "admin act");
     let receipt = json!({
         "act": act, "by": who, "at_unix_seconds": now(), "result": done.result, "detail": done.detail,
     });
