@@ -276,3 +276,77 @@ impl Turn<'_> {
         self.advance(delivery).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+    use crate::delivery::Settled;
+    use crate::delivery::fixture::Fixture;
+    use crate::sink::scripted::record;
+
+    /// A session's loop over `delivery` with one stream record in flight (position 1) when a
+    /// request for `aside` comes: the positions it settled, whether the stream's record had
+    /// settled when the session said it was quiet, and the request's outcomes.
+    async fn serve(f: &Fixture, aside: Vec<KafkaRecord>) -> (Vec<u32>, bool, Vec<Delivered>) {
+        let mut delivery = f.delivery::<u32>().await;
+        let (leader, desk) = channel();
+        let mut turn = desk.turn().await;
+        assert!(delivery.send(1, record("1"), Instant::now()).await.unwrap().is_none());
+        let asking = tokio::spawn(async move {
+            let quiet = leader.quiet(Duration::from_secs(5)).await.unwrap();
+            quiet.send(aside, Duration::from_secs(5)).await.unwrap()
+        });
+        let (mut settled, mut settled_when_quiet, mut served) = (Vec::new(), None, false);
+        let looping = async {
+            loop {
+                if delivery.commit_due(true) && delivery.records() == 0 && turn.reading() {
+                    // (the stream commits its Kafka transaction where it may: here, idle)
+                    for s in delivery.commit(&crate::observe::metrics::Clock::now()).await.unwrap() {
+                        settled.push(s);
+                    }
+                }
+                if turn.quieting() && delivery.records() == 0 {
+                    for s in delivery.commit(&crate::observe::metrics::Clock::now()).await.unwrap() {
+                        settled.push(s);
+                    }
+                }
+                turn.advance(&mut delivery).await.unwrap();
+                if served && turn.reading() {
+                    return;
+                }
+                let waiting = delivery.records() + delivery.aside_waiting();
+                tokio::select! {
+                    woken = turn.wake() => if let Woken::Records(records) = woken {
+                        settled_when_quiet = Some(settled.iter().any(|s| matches!(s, Settled::Acked(1))));
+                        served = true;
+                        turn.send(&mut delivery, records).await.unwrap();
+                    },
+                    next = delivery.next(), if waiting > 0 => if let Some(s) = next.unwrap() { settled.push(s) },
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), looping).await.expect("the request was served");
+        let positions = settled.iter().filter_map(|s| if let Settled::Acked(p) = s { Some(*p) } else { None });
+        (positions.collect(), settled_when_quiet.unwrap(), asking.await.unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_request_is_sent_once_the_stream_settled_and_settles_no_position() {
+        let f = Fixture::new("dead_letter");
+        let (positions, settled_first, outcomes) = serve(&f, vec![record("a"), record("b")]).await;
+        assert!(settled_first, "quiet only once the stream's record was acknowledged");
+        assert_eq!(positions, [1], "the request's records settle no position");
+        assert_eq!(outcomes, [Delivered::Acked, Delivered::Acked]);
+    }
+
+    #[tokio::test]
+    async fn with_kafka_transactions_the_stream_commits_first_and_the_request_is_acked_at_its_own_commit() {
+        let f = Fixture::transactional("dead_letter");
+        let (positions, settled_first, outcomes) = serve(&f, vec![record("a"), record("b")]).await;
+        assert!(settled_first, "the stream's transaction committed before the session said quiet");
+        assert_eq!(positions, [1]);
+        assert_eq!(outcomes, [Delivered::Acked, Delivered::Acked], "acknowledged and committed");
+    }
+}
