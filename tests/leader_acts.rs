@@ -1,7 +1,10 @@
 //! Operations the leader carries out live, against a real PostgreSQL and Kafka, in both modes:
 //! a republish of one aggregate through the admin API while a writer keeps committing (every
 //! live event once and in order, the copies marked, contiguous, and in the order docs/admin.md
-//! states), and a standby refusing it, naming the leader.
+//! states); a standby refusing it, naming the leader; the `republish` command asking the running
+//! relay, and running offline once none answers; the signal table: an operator's rows executed in
+//! order, a non-operator's refused, and a row executed once across a kill -9 of the leader in the
+//! middle of it.
 
 use crate::admin::{act, setup, setup_with, start};
 use crate::common;
@@ -250,11 +253,11 @@ async fn polling_signal_rows_of_an_operator_are_executed_in_order_and_a_non_oper
     relay.wait_ready("active").await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn replication_a_signal_row_is_executed_once_across_a_kill_9_of_the_leader_mid_request() {
-    // given an active relay and a standby reading the signal table, paused by a signal row, with
-    // events written meanwhile (so a verify waits for the slot: a request that takes seconds)
-    let s = signal_setup("replication").await;
+async fn a_signal_row_is_executed_once_across_a_kill_9_of_the_leader_mid_request(mode: &str) {
+    // given an active relay and a standby reading the signal table, and a dead letter the test
+    // holds locked (FOR UPDATE): a replay of it waits for the lock, a request that lasts until
+    // the test lets go
+    let s = signal_setup(mode).await;
     let mut client = s.db.client().await;
     create_aggregates(&client, 1).await;
     let mut relay = s.start("relay");
@@ -262,31 +265,59 @@ async fn replication_a_signal_row_is_executed_once_across_a_kill_9_of_the_leader
     let standby = s.start("standby");
     standby.wait_ready("standby").await;
     let (operator, _) = signal_roles(&client).await;
-    let pause = request_as(&client, &operator, "pause", "{}").await.unwrap();
-    assert_eq!(finished(&client, pause).await, "paused");
-    write_events(&mut client, &s.aggregate_type, "agg-0", 3, true).await;
+    client
+        .execute(
+            "INSERT INTO outbox_dead_letter (source_table, event_id, row_data, reason) \
+             VALUES ('public.outbox_events', '424242', '{}', 'a test letter')",
+            &[],
+        )
+        .await
+        .unwrap();
+    let mut holder = s.db.client().await;
+    let holding = holder.transaction().await.unwrap();
+    holding.execute("SELECT 1 FROM outbox_dead_letter FOR UPDATE", &[]).await.unwrap();
 
-    // when the operator asks for a verify, and the leader is killed -9 once it started it
-    let verify = request_as(&client, &operator, "verify", "{}").await.unwrap();
-    wait_until("the leader to start the verify", async || signal_row(&client, verify).await.0).await;
+    // when the operator asks for a replay, and the leader is killed -9 while it executes it
+    let replay = request_as(&client, &operator, "replay", r#"{"vouch": []}"#).await.unwrap();
+    wait_until("the leader to start the replay", async || signal_row(&client, replay).await.0).await;
+    let waiting =
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%FOR UPDATE%'";
+    wait_until("the replay to wait for the letter's lock", async || {
+        client.query_one(waiting, &[]).await.unwrap().get::<_, i64>(0) > 0
+    })
+    .await;
     relay.kill9();
-    let (_, executor, result) = signal_row(&client, verify).await;
+    let (_, executor, result) = signal_row(&client, replay).await;
     assert_eq!(result, None, "the leader died mid-request");
+    holding.rollback().await.unwrap();
     let resume = request_as(&client, &operator, "resume", "{}").await.unwrap();
 
     // then the standby takes over, finishes the started row as interrupted without executing it
     // again, and executes the next row
     standby.wait_ready("active").await;
-    assert_eq!(finished(&client, verify).await, "interrupted");
-    assert_eq!(signal_row(&client, verify).await.1, executor, "not started again");
-    assert_eq!(finished(&client, resume).await, "not_paused", "the new leader was never paused");
+    assert_eq!(finished(&client, replay).await, "interrupted");
+    assert_eq!(signal_row(&client, replay).await.1, executor, "not started again");
+    assert_eq!(finished(&client, resume).await, "not_paused");
     let log = standby.log_text();
-    assert!(!log.contains("act=\"verify\" result=") || log.contains("interrupted"), "{log}");
-    assert_eq!(log.matches(&format!("signal {verify}")).count(), 1, "one audit line for the row:\n{log}");
+    assert_eq!(log.matches(&format!("\"signal {replay}\"")).count(), 1, "one audit line for the row:\n{log}");
+    assert!(log.contains("interrupted"), "{log}");
+    let letters: i64 = client.query_one("SELECT count(*) FROM outbox_dead_letter", &[]).await.unwrap().get(0);
+    assert_eq!(letters, 1, "the letter was not replayed by anyone");
 
-    // and the events written while paused arrive, once
+    // and the relay that took over publishes what is written now
+    write_events(&mut client, &s.aggregate_type, "agg-0", 3, true).await;
     let records = consume_unique(&consumer(&[&s.topic]), 3, IDLE, LINGER).await;
     assert_eq!(unique_ids(&records).len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn polling_a_signal_row_is_executed_once_across_a_kill_9_of_the_leader_mid_request() {
+    a_signal_row_is_executed_once_across_a_kill_9_of_the_leader_mid_request("polling").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replication_a_signal_row_is_executed_once_across_a_kill_9_of_the_leader_mid_request() {
+    a_signal_row_is_executed_once_across_a_kill_9_of_the_leader_mid_request("replication").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -328,7 +328,8 @@ mod tests {
             }
         };
         tokio::time::timeout(Duration::from_secs(5), looping).await.expect("the request was served");
-        let positions = settled.iter().filter_map(|s| if let Settled::Acked(p) = s { Some(*p) } else { None });
+        let positions =
+            settled.iter().filter_map(|s| if let Settled::Acked(p) = s { Some(*p) } else { None });
         (positions.collect(), settled_when_quiet.unwrap(), asking.await.unwrap())
     }
 
