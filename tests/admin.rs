@@ -72,7 +72,16 @@ pub(crate) async fn setup(mode: &str) -> Setup {
 
 /// As [`setup`], with `more` settings.
 pub(crate) async fn setup_with(mode: &str, more: impl FnOnce(RelayToml) -> RelayToml) -> Setup {
-    Setup::create(&services().kafka, "", true, |slot| {
+    setup_with_kafka(mode, "", more).await
+}
+
+/// As [`setup_with`], with `kafka` lines added to `[kafka]`.
+pub(crate) async fn setup_with_kafka(
+    mode: &str,
+    kafka: &str,
+    more: impl FnOnce(RelayToml) -> RelayToml,
+) -> Setup {
+    Setup::create(&services().kafka, kafka, true, |slot| {
         let dir = std::env::temp_dir().join(format!("admin-{slot}"));
         std::fs::create_dir_all(&dir).unwrap();
         more(

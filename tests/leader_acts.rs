@@ -6,7 +6,7 @@
 //! order, a non-operator's refused, and a row executed once across a kill -9 of the leader in the
 //! middle of it.
 
-use crate::admin::{act, setup, setup_with, start};
+use crate::admin::{act, setup, setup_with_kafka, start};
 use crate::common;
 
 use std::collections::HashMap;
@@ -17,11 +17,11 @@ use common::*;
 
 const REPUBLISHED: &str = "outbox_relay_republished";
 
-async fn republish_one_aggregate_while_a_writer_commits(mode: &str) {
+async fn republish_one_aggregate_while_a_writer_commits(mode: &str, kafka: &str) {
     // given a relay with its admin listener (polling marks its rows published: republish sends
     // what the table still holds), and a writer committing 3 events per transaction on 4
     // aggregates for the whole test
-    let s = setup_with(mode, |toml| match mode {
+    let s = setup_with_kafka(mode, kafka, |toml| match mode {
         "polling" => toml.set("polling", "after_publish", "mark"),
         _ => toml,
     })
@@ -102,13 +102,27 @@ async fn republish_one_aggregate_while_a_writer_commits(mode: &str) {
 #[tokio::test(flavor = "multi_thread")]
 async fn polling_republish_of_one_aggregate_while_a_writer_commits_keeps_every_live_event_once_and_in_order()
 {
-    republish_one_aggregate_while_a_writer_commits("polling").await;
+    republish_one_aggregate_while_a_writer_commits("polling", "").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn replication_republish_of_one_aggregate_while_a_writer_commits_keeps_every_live_event_once_and_in_order()
  {
-    republish_one_aggregate_while_a_writer_commits("replication").await;
+    republish_one_aggregate_while_a_writer_commits("replication", "").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replication_republish_with_kafka_transactions_commits_the_streams_transaction_first_and_keeps_the_order()
+ {
+    let kafka = format!("transactional = true\n{QUICK_KAFKA_SETTINGS}");
+    republish_one_aggregate_while_a_writer_commits("replication", &kafka).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn polling_republish_with_kafka_transactions_commits_the_streams_transaction_first_and_keeps_the_order()
+{
+    let kafka = format!("transactional = true\n{QUICK_KAFKA_SETTINGS}");
+    republish_one_aggregate_while_a_writer_commits("polling", &kafka).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -357,4 +371,45 @@ async fn the_republish_command_asks_the_running_relay_and_runs_offline_when_none
     let all = consume(&consumer(&[&s.topic]), 9, IDLE).await;
     assert_eq!(all.len(), 9);
     assert_eq!(all.iter().filter(|r| r.header(REPUBLISHED).is_some()).count(), 6);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn setup_creates_a_signal_table_of_the_configured_name_that_only_operators_may_ask() {
+    // given a polling configuration naming a signal table the migrations did not make
+    let s = Setup::create(&services().kafka, "", true, |_| {
+        RelayToml::polling().set("admin", "signal_table", "relay_requests")
+    })
+    .await;
+    let config = s.config().display().to_string();
+
+    // when setup runs (twice: it is safe to run again)
+    for _ in 0..2 {
+        let (code, stdout, stderr) = run_relay(&["setup", "--config", &config], EXIT_LIMIT);
+        assert_eq!(code, 0, "{stdout}{stderr}");
+        assert!(stdout.contains("signal table relay_requests: present"), "{stdout}");
+    }
+
+    // then an operator may ask, and a role granted INSERT without the operator role may not
+    let client = s.db.client().await;
+    let (operator, other) = (format!("op_{}", random_suffix()), format!("nobody_{}", random_suffix()));
+    client
+        .batch_execute(&format!(
+            "CREATE ROLE {operator} NOLOGIN; GRANT outbox_relay_operator TO {operator}; \
+             CREATE ROLE {other} NOLOGIN; GRANT INSERT (kind, args) ON relay_requests TO {other};"
+        ))
+        .await
+        .unwrap();
+    let insert = "INSERT INTO relay_requests (kind) VALUES ('pause')";
+    client.batch_execute(&format!("SET SESSION AUTHORIZATION {operator}")).await.unwrap();
+    client.execute(insert, &[]).await.unwrap();
+    client
+        .batch_execute(&format!("RESET SESSION AUTHORIZATION; SET SESSION AUTHORIZATION {other}"))
+        .await
+        .unwrap();
+    let refused = client.execute(insert, &[]).await.unwrap_err();
+    client.batch_execute("RESET SESSION AUTHORIZATION").await.unwrap();
+    assert_eq!(refused.code(), Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE), "{refused}");
+    let by: String =
+        client.query_one("SELECT requested_by::text FROM relay_requests", &[]).await.unwrap().get(0);
+    assert_eq!(by, operator, "the trigger names the session's role");
 }
