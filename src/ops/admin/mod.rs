@@ -9,9 +9,11 @@
 //!   `Origin`; a standby refuses every act (409) naming the leader when it knows it;
 //! - every act, done or refused, writes exactly one audit line (target `outbox_relay::audit`:
 //!   who, what, result) and answers with a receipt ([`acts::Receipt`]);
-//! - acts run one at a time, and go where the operator commands go: pause flips the process's
-//!   switch ([`crate::observe::pause`]), replay is [`crate::ops::replay`] (through the delivery
-//!   stage), verify is [`crate::ops::verify`]; the API adds no other path to Kafka;
+//! - acts run one at a time (the signal table's too, [`crate::ops::signal`]), and go where the
+//!   operator commands go: pause flips the process's switch ([`crate::observe::pause`]), replay
+//!   and republish are [`crate::ops::replay`] and [`crate::ops::republish`] carried out by the
+//!   active session beside its stream ([`crate::delivery::live`]), verify is
+//!   [`crate::ops::verify`]; the API adds no other path to Kafka;
 //! - the listener keeps the metrics listener's limits ([`listener`]): a connection cap, a header
 //!   deadline, a body size limit, a deadline per connection.
 
