@@ -149,7 +149,14 @@ async fn republish(
     let mut outcome = Outcome { dry_run: options.dry_run, ..Outcome::default() };
     let rows = chosen_rows(&client, table, &id_type, options, &mut outcome).await?;
     if rows.is_empty() {
-        outcome.lines.push("no event chosen: nothing to send".into());
+        let deleting = config.source.mode == crate::config::SourceMode::Polling
+            && config.polling.after_publish == crate::config::AfterPublish::Delete;
+        outcome.lines.push(match deleting {
+            true => "no event chosen: nothing to send (polling.after_publish = \"delete\" leaves no published row to \
+                     send again; \"mark\" keeps them)"
+                .into(),
+            false => "no event chosen: nothing to send".into(),
+        });
         return Ok(outcome);
     }
     // the originals are read from the first row's time
