@@ -104,5 +104,10 @@ GRANT SELECT, DELETE ON outbox_events TO outbox_relay_polling;
 GRANT UPDATE (published_at) ON outbox_events TO outbox_relay_polling;
 GRANT SELECT, INSERT ON outbox_dead_letter TO outbox_relay_polling;
 
+-- both: the signal table's requests (014_relay_signal.sql): read them, and write only what
+-- became of each (never a request: INSERT is outbox_relay_operator's alone)
+GRANT SELECT, UPDATE (started_at, started_by, executor_pid, finished_at, result, receipt)
+    ON outbox_relay_signal TO outbox_relay, outbox_relay_polling;
+
 -- verify: reads, nothing more
 GRANT SELECT ON outbox_events, outbox_dead_letter, outbox_relay_published TO outbox_relay_verify;

@@ -29,6 +29,8 @@
 --   outbox_relay           the relay in replication mode: LOGIN REPLICATION (or rds_replication)
 --   outbox_relay_polling   the relay in polling mode: LOGIN only
 --   outbox_relay_verify    verify, verify --watch and locate: LOGIN only
+--   outbox_relay_operator  NOLOGIN: may insert requests into the signal table
+--                          (sql/014_relay_signal.sql): GRANT outbox_relay_operator TO alice;
 -- What each may touch is granted by sql/100_relay_role.sql, as the table's owner.
 
 \if :{?owner}
@@ -66,7 +68,11 @@ BEGIN
         CREATE ROLE outbox_relay_verify LOGIN;
         made := made || 'outbox_relay_verify'::text;
     END IF;
-    RAISE NOTICE 'roles made: %', CASE WHEN made = '{}' THEN 'none (all four exist)' ELSE array_to_string(made, ', ') END;
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'outbox_relay_operator') THEN
+        CREATE ROLE outbox_relay_operator NOLOGIN;
+        made := made || 'outbox_relay_operator'::text;
+    END IF;
+    RAISE NOTICE 'roles made: %', CASE WHEN made = '{}' THEN 'none (all five exist)' ELSE array_to_string(made, ', ') END;
 
     IF owner <> '' THEN
         IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = owner) THEN

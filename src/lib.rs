@@ -20,7 +20,8 @@
 //! 3. [`source`]: where events come from (polling, replication), and the sampler of what
 //!    PostgreSQL says of them (slot, backlog)
 //! 4. [`delivery`]: the one path from a source to Kafka (the poison policy, hold and resend, the
-//!    stall watch, Kafka transactions)
+//!    stall watch, Kafka transactions, the republish and replay the active session carries out
+//!    beside its stream)
 //! 5. [`dead_letter`], [`outboxes`], [`published`]: the one row shape and INSERT of a dead
 //!    letter; the typed list of the outboxes read (built once, passed down); the record of what
 //!    was published

@@ -11,9 +11,11 @@ use std::time::Duration;
 use clap::Parser;
 use outbox_relay::config::RelayConfig;
 use outbox_relay::ops::cli::{Cli, Command, LogFormat, chosen};
+use outbox_relay::ops::remote::{self, Reached};
 use outbox_relay::ops::{EXIT_FAILURE, EXIT_USAGE, Failure, Output};
 use outbox_relay::ops::{check, locate, replay, republish, setup, status, switchover, verify};
 use outbox_relay::outboxes::{Outbox, Outboxes};
+use serde_json::json;
 use tokio::runtime::Runtime;
 
 /// `verify --watch`'s rolling window when `--since` is not given.
@@ -81,16 +83,35 @@ fn dispatch(command: Command, config: RelayConfig, runtime: &Runtime) -> ExitCod
             run_verify((&config, &chosen), options, watch, format, runtime)
         }
         Command::ReplayDeadLetters { ids, dry_run, vouch, .. } => {
-            let options = replay::Options { ids, vouched: vouch, dry_run };
             runtime.block_on(per_outbox(&chosen, true, async |o| {
-                print_output(replay::run(&config, o, &options).await.map_err(Failure::failed), text)
+                // a running relay replays beside its stream; offline only when none answers
+                let body = json!({ "outbox": o.name, "ids": ids, "vouch": vouch, "dry_run": dry_run });
+                match remote::act(&config, "/v1/dead-letters/replay", &body).await {
+                    Ok(Reached::Receipt(receipt)) => print_output(Ok::<_, Failure>(receipt), text),
+                    Ok(Reached::NoRelay(_)) => {
+                        let options = replay::Options { ids: ids.clone(), vouched: vouch.clone(), dry_run };
+                        print_output(replay::run(&config, o, &options).await.map_err(Failure::failed), text)
+                    }
+                    Err(failure) => print_output(Err::<(), _>(failure), text),
+                }
             }))
         }
         Command::Republish { aggregate, aggregate_type, ids, since, until, dry_run, .. } => {
-            let aggregate = aggregate.map(|id| (aggregate_type, id));
-            let options = republish::Options { aggregate, ids, since, until, dry_run };
-            let outcome = runtime.block_on(republish::run(&config, chosen[0], &options));
-            print_output(outcome.map_err(|e| Failure::of(e, "republish could not finish")), text)
+            let body = json!({
+                "outbox": chosen[0].name, "aggregate_id": aggregate, "aggregate_type": aggregate_type, "ids": ids,
+                "since": since, "until": until, "dry_run": dry_run,
+            });
+            // a running relay republishes beside its stream; offline only when none answers
+            match runtime.block_on(remote::act(&config, "/v1/republish", &body)) {
+                Ok(Reached::Receipt(receipt)) => print_output(Ok::<_, Failure>(receipt), text),
+                Ok(Reached::NoRelay(_)) => {
+                    let aggregate = aggregate.map(|id| (aggregate_type, id));
+                    let options = republish::Options { aggregate, ids, since, until, dry_run };
+                    let outcome = runtime.block_on(republish::run(&config, chosen[0], &options));
+                    print_output(outcome.map_err(|e| Failure::of(e, "republish could not finish")), text)
+                }
+                Err(failure) => print_output(Err::<(), _>(failure), text),
+            }
         }
     }
 }

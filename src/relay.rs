@@ -12,6 +12,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
 use crate::config::{RelayConfig, SourceMode, TracingConfig};
+use crate::delivery::live::Desk;
 use crate::error::{Action, FatalReason, RelayError};
 use crate::observe::health::{Health, Phase};
 use crate::observe::http;
@@ -67,7 +68,12 @@ async fn run_until_stopped(config: RelayConfig, health: Arc<Health>) -> Result<(
             RelayError::fatal(FatalReason::Config, format!("metrics.listen {listen}: cannot listen: {e}"))
         })?;
     }
-    crate::ops::admin::serve(Arc::new(config.clone()), outboxes.clone(), health.clone()).await?;
+    // the requests the active session serves beside its stream: the admin API's and the signal table's
+    let (leader, desk) = crate::delivery::live::channel();
+    let admin =
+        crate::ops::admin::Admin::new(Arc::new(config.clone()), outboxes.clone(), health.clone(), leader)?;
+    crate::ops::admin::serve(admin.clone()).await?;
+    crate::ops::signal::spawn(admin);
     start_tracing(&config.tracing)?;
     sampler::spawn(config.clone(), outboxes.clone());
     first_kafka_token(&config).await?;
@@ -79,7 +85,7 @@ async fn run_until_stopped(config: RelayConfig, health: Arc<Health>) -> Result<(
         )
     })?;
     let grace = Duration::from_secs(config.shutdown.grace_period_secs);
-    let mut source = spawn_supervisor(config, outboxes, sink, health, shutdown_rx);
+    let mut source = spawn_supervisor(config, outboxes, sink, health, (shutdown_rx, desk));
     let signal_error = |e: std::io::Error| {
         RelayError::fatal(FatalReason::Other, format!("cannot install a signal handler: {e}"))
     };
@@ -111,16 +117,16 @@ fn spawn_supervisor(
     outboxes: Arc<Outboxes>,
     mut sink: KafkaSink,
     health: Arc<Health>,
-    shutdown: watch::Receiver<bool>,
+    (shutdown, desk): (watch::Receiver<bool>, Desk),
 ) -> tokio::task::JoinHandle<Result<(), RelayError>> {
     let retry = config.retry.clone();
     match config.source.mode {
         SourceMode::Polling => {
-            let source = PollingSource::new(config, outboxes);
+            let source = PollingSource::new(config, outboxes).with_desk(desk);
             tokio::spawn(async move { supervisor::run(source, &mut sink, health, &retry, shutdown).await })
         }
         SourceMode::Replication => {
-            let source = ReplicationSource::new(config, outboxes);
+            let source = ReplicationSource::new(config, outboxes).with_desk(desk);
             tokio::spawn(async move { supervisor::run(source, &mut sink, health, &retry, shutdown).await })
         }
     }

@@ -44,13 +44,13 @@ fn bearer(token: &str) -> String {
 }
 
 /// GET `path` with `token`.
-fn get(port: u16, path: &str, token: &str) -> Answer {
+pub(crate) fn get(port: u16, path: &str, token: &str) -> Answer {
     let auth = bearer(token);
     request(port, "GET", path, &[("Authorization", &auth)], "").expect("the admin listener answers")
 }
 
 /// POST `body` to `path` as the operator, with the CSRF token the session gives.
-fn act(port: u16, path: &str, body: &str) -> Answer {
+pub(crate) fn act(port: u16, path: &str, body: &str) -> Answer {
     let csrf = get(port, "/v1/session", OPERATE_TOKEN).json()["csrf_token"].as_str().unwrap().to_string();
     let auth = bearer(OPERATE_TOKEN);
     request(port, "POST", path, &[("Authorization", &auth), ("X-CSRF-Token", &csrf)], body)
@@ -66,15 +66,31 @@ fn lag(port: u16) -> f64 {
     }
 }
 
-async fn setup(mode: &str) -> Setup {
-    Setup::create(&services().kafka, "", true, |slot| {
+pub(crate) async fn setup(mode: &str) -> Setup {
+    setup_with(mode, |toml| toml).await
+}
+
+/// As [`setup`], with `more` settings.
+pub(crate) async fn setup_with(mode: &str, more: impl FnOnce(RelayToml) -> RelayToml) -> Setup {
+    setup_with_kafka(mode, "", more).await
+}
+
+/// As [`setup_with`], with `kafka` lines added to `[kafka]`.
+pub(crate) async fn setup_with_kafka(
+    mode: &str,
+    kafka: &str,
+    more: impl FnOnce(RelayToml) -> RelayToml,
+) -> Setup {
+    Setup::create(&services().kafka, kafka, true, |slot| {
         let dir = std::env::temp_dir().join(format!("admin-{slot}"));
         std::fs::create_dir_all(&dir).unwrap();
-        RelayToml::either(mode, slot)
-            .set("metrics", "listen", "127.0.0.1:0")
-            .set("metrics", "sample_interval_secs", 1)
-            .set("metrics", "fatal_exit_delay_secs", 0)
-            .set_literal("admin", "tokens", tokens(&dir))
+        more(
+            RelayToml::either(mode, slot)
+                .set("metrics", "listen", "127.0.0.1:0")
+                .set("metrics", "sample_interval_secs", 1)
+                .set("metrics", "fatal_exit_delay_secs", 0)
+                .set_literal("admin", "tokens", tokens(&dir)),
+        )
     })
     .await
 }

@@ -29,6 +29,7 @@ mod kafka_faults;
 mod kafka_tls;
 mod kubernetes;
 mod layers;
+mod leader_acts;
 mod ledger;
 mod ledger_faults;
 mod memory;

@@ -18,8 +18,12 @@ pub const SUGGESTED_ADMIN_LISTEN: &str = "127.0.0.1:9189";
 /// The shortest token a `token_file` may hold, in bytes.
 pub const MIN_ADMIN_TOKEN_BYTES: usize = 16;
 
-/// The admin API and console (`/v1/...`, `/`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// The signal table's operator role the docs and `sql/014_relay_signal.sql` name.
+pub const DEFAULT_SIGNAL_OPERATOR_ROLE: &str = "outbox_relay_operator";
+
+/// The admin API and console (`/v1/...`, `/`), the signal table, and where the commands find a
+/// running relay's API.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
     /// Address of the admin listener, `ip:port`; empty (the default): off. Keep it on loopback
@@ -32,6 +36,38 @@ pub struct AdminConfig {
     pub tls_key_file: String,
     /// Who may call the API: a name (in audit lines and "paused by"), a scope, a token file.
     pub tokens: Vec<AdminToken>,
+    /// Where `republish` and `replay-dead-letters` find a running relay's API
+    /// (`http://127.0.0.1:9189`, through a port-forward); empty (the default): `listen`'s
+    /// address, when set. A relay answering there carries the command out; none: the command
+    /// runs offline.
+    pub url: String,
+    /// The token those commands present (a file, as `tokens[].token_file`); empty (the
+    /// default): the first `operate` token of `tokens`.
+    pub client_token_file: String,
+    /// The signal table (`schema.table` or `table`) whose requests the active relay executes
+    /// (`sql/014_relay_signal.sql`, or `setup`); empty (the default): none.
+    pub signal_table: String,
+    /// The role whose members may insert requests into `signal_table` (the table's trigger and
+    /// the relay both check it).
+    pub signal_operator_role: String,
+    /// How often the active relay looks for new requests, in ms (100 to 60000).
+    pub signal_poll_interval_ms: u64,
+}
+
+impl Default for AdminConfig {
+    fn default() -> AdminConfig {
+        AdminConfig {
+            listen: String::new(),
+            tls_cert_file: String::new(),
+            tls_key_file: String::new(),
+            tokens: Vec::new(),
+            url: String::new(),
+            client_token_file: String::new(),
+            signal_table: String::new(),
+            signal_operator_role: DEFAULT_SIGNAL_OPERATOR_ROLE.into(),
+            signal_poll_interval_ms: 1_000,
+        }
+    }
 }
 
 /// One bearer token.
@@ -78,6 +114,24 @@ impl AdminConfig {
 
     /// Checks `[admin]`; each error names the setting and what would be valid.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(100..=60_000).contains(&self.signal_poll_interval_ms) {
+            return Err(ConfigError::invalid("admin.signal_poll_interval_ms", "must be 100 to 60000"));
+        }
+        if !self.signal_table.is_empty() && self.signal_operator_role.is_empty() {
+            return Err(ConfigError::invalid(
+                "admin.signal_operator_role",
+                "must name the role whose members may insert requests (e.g. \"outbox_relay_operator\")",
+            ));
+        }
+        if !(self.url.is_empty() || self.url.starts_with("http://") || self.url.starts_with("https://")) {
+            return Err(ConfigError::invalid(
+                "admin.url",
+                format!(
+                    "\"{}\" is not an http:// or https:// URL (e.g. \"http://127.0.0.1:9189\")",
+                    self.url
+                ),
+            ));
+        }
         if !self.enabled() {
             return Ok(());
         }

@@ -23,7 +23,10 @@ mod secrets;
 mod spans;
 mod validate;
 pub use crate::secret::Secret;
-pub use admin::{AdminConfig, AdminScope, AdminToken, MIN_ADMIN_TOKEN_BYTES, SUGGESTED_ADMIN_LISTEN};
+pub use admin::{
+    AdminConfig, AdminScope, AdminToken, DEFAULT_SIGNAL_OPERATOR_ROLE, MIN_ADMIN_TOKEN_BYTES,
+    SUGGESTED_ADMIN_LISTEN,
+};
 pub use format::{CloudEventsConfig, CloudEventsMode, Converter, DebeziumConfig, RecordFormat};
 pub use kafka::{KafkaConfig, KafkaProperty, built_in_features};
 pub use kafka_auth::{AuthMechanism, KafkaAuthConfig};

@@ -35,7 +35,9 @@
 //!
 //! The stage runs itself ([`Delivery::next`], `settle.rs`): a source `select!`s on it beside its
 //! own input, and opens it once per session through the prologue (`open.rs`); the operator
-//! commands that send (`replay-dead-letters`, `republish`) open a one-off session of it ([`once`]). Several outbox
+//! commands that send (`replay-dead-letters`, `republish`) open a one-off session of it ([`once`])
+//! offline, and beside a running relay hand their records to its active session, which sends
+//! them aside from its positions ([`live`], [`Delivery::send_aside`]). Several outbox
 //! tables are several mappings in front of one stage: a record says which outbox it came from.
 
 use std::collections::VecDeque;
@@ -57,6 +59,7 @@ use crate::sink::{Report, Reports, Sink};
 #[cfg(test)]
 pub(crate) mod fixture;
 mod in_flight;
+pub(crate) mod live;
 pub(crate) mod once;
 mod open;
 mod settle;
@@ -141,6 +144,13 @@ pub(crate) struct Delivery<'a, S: Sink, P> {
     resends_held: bool,
     /// With `[tracing]` on: the stage's spans.
     spans: Option<traced::Spans>,
+    /// Records sent aside from the source's positions ([`live`]: a republish or a replay the
+    /// active session carries out), by the sink's number: their request's key.
+    aside: std::collections::HashMap<usize, (usize, KafkaRecord)>,
+    /// Aside records Kafka acknowledged inside the open Kafka transaction: done at its commit.
+    aside_uncommitted: Vec<usize>,
+    /// What became of aside records, by key, not yet taken ([`Delivery::take_aside`]).
+    aside_done: Vec<(usize, once::Delivered)>,
 }
 
 impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
@@ -183,6 +193,15 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
             spans.begin(&mut event);
         }
         let bytes = event.size();
+        self.in_transaction_sent(bytes)?;
+        let seq = self.sink.enqueue(&event).await;
+        self.in_flight.insert(seq, Sent { position, event, at, bytes });
+        self.stall.waiting();
+        Ok(seq)
+    }
+
+    /// With Kafka transactions: a record of `bytes` goes into the open one (begun now if none is).
+    fn in_transaction_sent(&mut self, bytes: usize) -> Result<(), RelayError> {
         if let Some(transaction) = self.transaction.as_mut() {
             if !transaction.is_open() {
                 self.sink.begin()?;
@@ -190,10 +209,38 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
             }
             transaction.sent(bytes);
         }
-        let seq = self.sink.enqueue(&event).await;
-        self.in_flight.insert(seq, Sent { position, event, at, bytes });
+        Ok(())
+    }
+
+    /// Hands `record` to the sink aside from the source's positions ([`live`]): it settles no
+    /// position; what became of it is [`Delivery::take_aside`]'s, under `key`. Not read back
+    /// first (a republished record is a copy on purpose), never held or dead-lettered.
+    pub(crate) async fn send_aside(&mut self, key: usize, record: KafkaRecord) -> Result<(), RelayError> {
+        self.in_transaction_sent(record.size())?;
+        let seq = self.sink.enqueue(&record).await;
+        self.aside.insert(seq, (key, record));
         self.stall.waiting();
-        Ok(seq)
+        Ok(())
+    }
+
+    /// Learns anew whether `topics` exist (see [`Sink::refresh_topics`]).
+    pub(crate) async fn refresh_topics(&self, topics: &[String]) {
+        self.sink.refresh_topics(topics).await
+    }
+
+    /// Aside records handed over and not done yet (with Kafka transactions: not committed).
+    pub(crate) fn aside_waiting(&self) -> usize {
+        self.aside.len() + self.aside_uncommitted.len()
+    }
+
+    /// Aside records handed over with no report yet.
+    pub(crate) fn aside_in_flight(&self) -> usize {
+        self.aside.len()
+    }
+
+    /// What became of the aside records done since the last call, by key.
+    pub(crate) fn take_aside(&mut self) -> Vec<(usize, once::Delivered)> {
+        std::mem::take(&mut self.aside_done)
     }
 
     /// A row read at `position` cannot become a record: `letter` says why.
@@ -220,7 +267,8 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
     /// Commits the open Kafka transaction, with nothing in flight, and returns what it settles:
     /// every record Kafka acknowledged in it, `Acked`, in order. Nothing without one.
     pub(crate) async fn commit(&mut self, clock: &Clock) -> Result<Vec<Settled<P>>, RelayError> {
-        if !self.in_transaction() {
+        // (aside records in flight: their request commits once each has its report)
+        if !self.in_transaction() || !self.aside.is_empty() {
             return Ok(Vec::new());
         }
         debug_assert_eq!(self.in_flight.records(), 0, "a commit with records in flight");
@@ -240,6 +288,8 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
         };
         self.stall.check(0, self.pulse);
         committed?;
+        let aside = std::mem::take(&mut self.aside_uncommitted);
+        self.aside_done.extend(aside.into_iter().map(|key| (key, once::Delivered::Acked)));
         let mut acked = self.transaction.as_mut().expect("open").committed();
         if let Some(spans) = &self.spans {
             let finished = acked.iter_mut().filter_map(|a| a.span.take().map(|s| *s)).collect();
@@ -424,6 +474,6 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
 
     /// The periodic liveness tick and stall check, over the records in flight (not held ones).
     pub(crate) fn check_stall(&mut self) {
-        self.stall.check(self.in_flight.records(), self.pulse);
+        self.stall.check(self.in_flight.records() + self.aside.len(), self.pulse);
     }
 }

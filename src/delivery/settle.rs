@@ -31,7 +31,7 @@ impl<S: Sink, P: Clone> Delivery<'_, S, P> {
     /// in flight), the stall tick, the hold's retry, the commit deadline.
     pub(crate) async fn next(&mut self) -> Result<Option<Settled<P>>, RelayError> {
         if self.received.is_empty() {
-            let records = self.in_flight.records();
+            let records = self.in_flight.records() + self.aside.len();
             let retry_at = self.retry_at().filter(|_| self.resends_held);
             // armed only before the transaction is due: one due already is the source's to commit
             let deadline = self.transaction.as_ref().filter(|_| !self.commit_due(false));
@@ -61,10 +61,10 @@ impl<S: Sink, P: Clone> Delivery<'_, S, P> {
     /// Settles the first received report (see the module's cancel-safety).
     async fn settle_received(&mut self, clock: &Clock) -> Result<Option<Settled<P>>, RelayError> {
         let Some(report) = self.received.front() else { return Ok(None) };
-        let failure = match (&report.outcome, self.in_flight.get(report.seq)) {
-            (Err(e), Some(sent)) if self.sink.fenced().is_none() => {
-                Some(self.sink.classify(&sent.event, e).await)
-            }
+        let event = self.in_flight.get(report.seq).map(|sent| &sent.event);
+        let event = event.or_else(|| self.aside.get(&report.seq).map(|(_, record)| record));
+        let failure = match (&report.outcome, event) {
+            (Err(e), Some(event)) if self.sink.fenced().is_none() => Some(self.sink.classify(event, e).await),
             _ => None,
         };
         let report = self.received.pop_front().expect("looked at");
@@ -80,6 +80,10 @@ impl<S: Sink, P: Clone> Delivery<'_, S, P> {
         failure: Option<PublishError>,
         clock: &Clock,
     ) -> Result<Option<Settled<P>>, RelayError> {
+        if let Some((key, event)) = self.aside.remove(&report.seq) {
+            self.settle_aside(key, event, report, failure, clock)?;
+            return Ok(None);
+        }
         let Some(Sent { position, event, at, .. }) = self.in_flight.take(report.seq) else { return Ok(None) };
         let resent =
             self.held.as_ref().is_some_and(|h| h.resending.is_some_and(|(seq, _)| seq == report.seq));
@@ -137,6 +141,47 @@ impl<S: Sink, P: Clone> Delivery<'_, S, P> {
                 Ok(Some(Settled::DeadLettered(position, Box::new(DeadLetter::refused(event, reason)))))
             }
         }
+    }
+
+    /// The report of an aside record ([`super::live`]): noted under `key`, settling no position.
+    /// With Kafka transactions an acknowledged one is done at the commit, and a refused one
+    /// ends the session (the next producer aborts the transaction: none of it is visible).
+    fn settle_aside(
+        &mut self,
+        key: usize,
+        event: KafkaRecord,
+        report: Report,
+        failure: Option<PublishError>,
+        clock: &Clock,
+    ) -> Result<(), RelayError> {
+        use super::once::Delivered;
+        if report.outcome.is_ok() {
+            self.stall.progressed(clock.now, self.pulse);
+            match self.transaction.is_some() {
+                true => self.aside_uncommitted.push(key),
+                false => self.aside_done.push((key, Delivered::Acked)),
+            }
+            return Ok(());
+        }
+        if let Some(fenced) = self.sink.fenced() {
+            return Err(fenced);
+        }
+        let failure = failure.expect("a failed report of an aside record is classified");
+        metrics().publish_errors.with_label_values(&[failure.error_type().label()]).inc();
+        let delivered = match failure {
+            PublishError::Permanent(reason) if self.transaction.is_some() => {
+                metrics().kafka_transactions.with_label_values(&[TransactionOutcome::Aborted.label()]).inc();
+                return Err(RelayError::Kafka(format!(
+                    "Kafka refused event {} sent aside from the stream inside a Kafka transaction ({reason}): the \
+                     transaction is aborted, so nothing of it is visible to read_committed consumers",
+                    event.id
+                )));
+            }
+            PublishError::Permanent(reason) => Delivered::Refused(reason),
+            PublishError::Transient { detail, .. } => Delivered::Unacknowledged(detail),
+        };
+        self.aside_done.push((key, delivered));
+        Ok(())
     }
 
     /// Kafka refused `event` inside the open transaction, which must now be aborted: the session

@@ -12,9 +12,11 @@
 //!   and its id recorded as published, in one transaction committed only after Kafka
 //!   acknowledged every record sent; a letter that still cannot map, or that Kafka refuses,
 //!   stays, and the command says why and exits 1;
-//! - records go to Kafka through the daemon's delivery stage, in a one-off session
-//!   ([`crate::delivery::once`]): with `kafka.transactional` the replay is one Kafka transaction,
-//!   under a `transactional.id` of its own (the relay's is never fenced);
+//! - records go to Kafka through the daemon's delivery stage: offline ([`run`]) in a one-off
+//!   session ([`crate::delivery::once`]), with `kafka.transactional` one Kafka transaction under
+//!   a `transactional.id` of its own (the relay's is never fenced); live ([`live`]: the admin
+//!   API, the signal table) through the active session's own stage and sink, between its
+//!   stream's records ([`crate::delivery::live`]);
 //! - a replayed record carries the relay's headers (`id`, the source) and
 //!   `outbox_relay_replayed: <letter id>`, and no position: it comes after later events of its
 //!   key, so `verify` neither orders nor compares it, and the relay's read-back passes it over.
@@ -27,6 +29,7 @@ use std::time::Duration;
 use tokio_postgres::Transaction;
 
 use crate::config::RelayConfig;
+use crate::delivery::live::Leader;
 use crate::delivery::once::{self, Delivered};
 use crate::error::{FatalReason, RelayError};
 use crate::outboxes::Outbox;
@@ -87,6 +90,25 @@ struct Letter {
 /// them, then remove the acknowledged ones with their rows and record their ids, in one
 /// transaction.
 pub async fn run(config: &RelayConfig, outbox: &Outbox, options: &Options) -> Result<Outcome, RelayError> {
+    replay(config, outbox, options, None).await
+}
+
+/// Replays the chosen letters through this process's active session, beside its stream.
+pub(crate) async fn live(
+    config: &RelayConfig,
+    outbox: &Outbox,
+    options: &Options,
+    leader: &Leader,
+) -> Result<Outcome, RelayError> {
+    replay(config, outbox, options, Some(leader)).await
+}
+
+async fn replay(
+    config: &RelayConfig,
+    outbox: &Outbox,
+    options: &Options,
+    leader: Option<&Leader>,
+) -> Result<Outcome, RelayError> {
     let (mut client, _) = crate::postgres::connect_primary(&config.postgres).await?;
     let table = &outbox.table;
     let letters_table = crate::dead_letter::qualified_table(&outbox.dead_letter);
@@ -124,7 +146,10 @@ pub async fn run(config: &RelayConfig, outbox: &Outbox, options: &Options) -> Re
     if records.is_empty() {
         return Ok(outcome);
     }
-    let acked = send(config, (&identities, outbox), &records, &mut outcome).await?;
+    let acked = match leader {
+        Some(leader) => send_live(config, leader, &records, &mut outcome).await?,
+        None => send(config, (&identities, outbox), &records, &mut outcome).await?,
+    };
     // only what this replay published: its letters, their rows, their ids
     let sent: Vec<&(Letter, KafkaRecord)> = records.iter().filter(|(l, _)| acked.contains(&l.id)).collect();
     remove(&tx, &letters_table, &table.delete_ids_sql(&id_type), &sent).await?;
@@ -319,8 +344,31 @@ async fn send(
         .map_err(|e| RelayError::Kafka(format!("cannot create a producer: {e}")))?;
     let limit = Duration::from_millis(config.kafka.message_timeout_ms) + Duration::from_secs(10);
     let records = records.iter().map(|(letter, record)| (letter.id, record.clone())).collect();
+    let sent = once::send_all(&mut sink, &config, identities, records, limit).await?;
+    Ok(noted(sent, outcome))
+}
+
+/// Sends every record through the active session (see [`crate::delivery::live`]), and waits
+/// for each; returns the letters Kafka acknowledged, and notes each of the others.
+async fn send_live(
+    config: &RelayConfig,
+    leader: &Leader,
+    records: &[(Letter, KafkaRecord)],
+    outcome: &mut Outcome,
+) -> Result<HashSet<i64>, RelayError> {
+    let unserved = |e: crate::delivery::live::Unserved| RelayError::Standby(e.to_string());
+    let quiet = leader.quiet(crate::ops::republish::QUIET_WAIT).await.map_err(unserved)?;
+    let limit = Duration::from_millis(config.kafka.message_timeout_ms) + Duration::from_secs(10);
+    let letters: Vec<i64> = records.iter().map(|(letter, _)| letter.id).collect();
+    let delivered =
+        quiet.send(records.iter().map(|(_, r)| r.clone()).collect(), limit).await.map_err(unserved)?;
+    Ok(noted(letters.into_iter().zip(delivered).collect(), outcome))
+}
+
+/// The letters Kafka acknowledged; a line for each of the others.
+fn noted(sent: Vec<(i64, Delivered)>, outcome: &mut Outcome) -> HashSet<i64> {
     let mut acked = HashSet::new();
-    for (letter, sent) in once::send_all(&mut sink, &config, identities, records, limit).await? {
+    for (letter, sent) in sent {
         match sent {
             Delivered::Acked => {
                 acked.insert(letter);
@@ -337,7 +385,7 @@ async fn send(
             }
         }
     }
-    Ok(acked)
+    acked
 }
 
 /// Removes the letters of `sent` and their events' rows (`delete_rows_sql`, by id).

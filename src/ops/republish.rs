@@ -13,8 +13,17 @@
 //!   one-off session ([`crate::delivery::once`]: its sink, classification and, with
 //!   `kafka.transactional`, one Kafka transaction under a `transactional.id` of its own), and the
 //!   command waits for every acknowledgement; one Kafka refuses is named and the exit code is 1;
-//! - it refuses to run while any relay of this outbox is connected (active or standby): a relay
-//!   publishing newer events meanwhile would put the old ones after them;
+//! - offline ([`run`], the command with no relay running) it refuses to run while any relay of
+//!   this outbox is connected (active or standby): a relay publishing newer events meanwhile
+//!   would put the old ones after them;
+//! - live ([`live`], the admin API, the signal table, the command beside a running relay) the
+//!   active session carries it out ([`crate::delivery::live`]): it stops reading and settles
+//!   first, so every event it sent is in Kafka when the originals are read; only events Kafka
+//!   holds are sent again (one it does not hold yet is the stream's to send, after them), as
+//!   first written, in each partition's original order, through the session's own stage and
+//!   sink, with nothing of the stream between them; then the stream reads on. So in each
+//!   partition the copies follow every original they copy and precede every record the stream
+//!   sends after them;
 //! - `--dry-run` sends nothing and says what it would send.
 
 use std::collections::{BTreeSet, HashMap};
@@ -26,6 +35,7 @@ use tokio_postgres::Client;
 use super::locate;
 use super::verify::records::CLOCK_SLACK;
 use crate::config::{OutboxConfig, RelayConfig};
+use crate::delivery::live::Leader;
 use crate::delivery::once::{self, Delivered};
 use crate::error::{FatalReason, RelayError};
 use crate::outboxes::Outbox;
@@ -53,6 +63,8 @@ pub struct Outcome {
     pub sent: u64,
     /// Events Kafka refused or ids with no row: the exit code is 1.
     pub refused: u64,
+    /// Live: chosen events Kafka does not hold (yet): not sent (the stream sends them after).
+    pub not_in_kafka: u64,
     /// Nothing was sent: a line per event says what would be.
     pub dry_run: bool,
 }
@@ -65,6 +77,9 @@ impl super::Output for Outcome {
             true => format!("dry run: nothing sent; {} event(s) cannot be\n", self.refused),
             false => format!("sent {} event(s) again; {} could not be\n", self.sent, self.refused),
         };
+        if self.not_in_kafka > 0 {
+            out += &format!("{} chosen event(s) Kafka does not hold were not sent\n", self.not_in_kafka);
+        }
         out
     }
 
@@ -93,19 +108,55 @@ struct Original {
     headers: Vec<(String, Option<Vec<u8>>)>,
 }
 
-/// Sends the chosen events again (or says what it would send), step by step: the rows, the
-/// records they map to, the originals Kafka still holds, then the records to send.
+/// How long a live republish waits for the active session to stop and settle.
+pub(crate) const QUIET_WAIT: Duration = Duration::from_secs(30);
+
+/// Sends the chosen events again with no relay running (or says what it would send).
 pub async fn run(config: &RelayConfig, outbox: &Outbox, options: &Options) -> Result<Outcome, RelayError> {
+    republish(config, outbox, options, None).await
+}
+
+/// Sends the chosen events again through this process's active session, beside its stream (see
+/// the module doc); `Err` (standby-like) when no active session served it.
+pub(crate) async fn live(
+    config: &RelayConfig,
+    outbox: &Outbox,
+    options: &Options,
+    leader: &Leader,
+) -> Result<Outcome, RelayError> {
+    republish(config, outbox, options, Some(leader)).await
+}
+
+/// Step by step: (live: the session stops and settles,) the rows, the records they map to, the
+/// originals Kafka holds, then the records to send.
+async fn republish(
+    config: &RelayConfig,
+    outbox: &Outbox,
+    options: &Options,
+    leader: Option<&Leader>,
+) -> Result<Outcome, RelayError> {
     let (client, _) = crate::postgres::connect_primary(&config.postgres).await?;
     let table = &outbox.table;
     let id_type = table.id_type(&client).await?;
-    if !options.dry_run {
+    if !options.dry_run && leader.is_none() {
         refuse_beside_a_relay(&client, config).await?;
     }
+    // live: nothing is read from here on until the records are sent (or this gives up)
+    let quiet = match leader.filter(|_| !options.dry_run) {
+        Some(leader) => Some(leader.quiet(QUIET_WAIT).await.map_err(|e| RelayError::Standby(e.to_string()))?),
+        None => None,
+    };
     let mut outcome = Outcome { dry_run: options.dry_run, ..Outcome::default() };
     let rows = chosen_rows(&client, table, &id_type, options, &mut outcome).await?;
     if rows.is_empty() {
-        outcome.lines.push("no event chosen: nothing to send".into());
+        let deleting = config.source.mode == crate::config::SourceMode::Polling
+            && config.polling.after_publish == crate::config::AfterPublish::Delete;
+        outcome.lines.push(match deleting {
+            true => "no event chosen: nothing to send (polling.after_publish = \"delete\" leaves no published row to \
+                     send again; \"mark\" keeps them)"
+                .into(),
+            false => "no event chosen: nothing to send".into(),
+        });
         return Ok(outcome);
     }
     // the originals are read from the first row's time
@@ -119,15 +170,89 @@ pub async fn run(config: &RelayConfig, outbox: &Outbox, options: &Options) -> Re
     };
     let header_source = identities.get(outbox.id.index()).filter(|_| kafka.source_headers).cloned();
     let originals = read_originals((config, outbox), &records, since, header_source).await?;
-    let again = to_send(&outbox.config, records, originals, &mut outcome);
+    let again = match leader {
+        Some(_) => live_to_send(records, originals, &mut outcome),
+        None => to_send(&outbox.config, records, originals, &mut outcome),
+    };
     if options.dry_run {
         for a in &again {
             outcome.lines.push(format!("event {}: would send {}", a.id, a.describe()));
         }
         return Ok(outcome);
     }
-    send(config, (&identities, outbox), again, &mut outcome).await?;
+    match quiet {
+        Some(quiet) => send_live(config, quiet, again, &mut outcome).await?,
+        None => send(config, (&identities, outbox), again, &mut outcome).await?,
+    }
     Ok(outcome)
+}
+
+/// Live: what to send, each original as first written (plus the republished header), in each
+/// partition's original order; a chosen event Kafka does not hold is not sent: the stream has
+/// not sent it yet (it will, after these), or retention removed it (republish it offline).
+fn live_to_send(
+    records: Vec<(String, KafkaRecord)>,
+    mut originals: HashMap<String, Original>,
+    outcome: &mut Outcome,
+) -> Vec<Again> {
+    let stamp =
+        SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_millis().to_string();
+    let mut again = Vec::with_capacity(records.len());
+    for (id, record) in records {
+        let Some(original) = originals.remove(&id) else {
+            outcome.not_in_kafka += 1;
+            outcome.lines.push(format!(
+                "event {id}: not sent: Kafka does not hold it (not published yet: the stream sends it after these; \
+                 or removed by retention: republish it with the relays stopped to send it as its row maps now)"
+            ));
+            continue;
+        };
+        match as_first_written(record, original, &stamp) {
+            Ok((record, at)) => again.push(Again { id, record, original: Some(at) }),
+            Err(why) => {
+                outcome.refused += 1;
+                outcome.lines.push(format!("event {id}: {why}"));
+            }
+        }
+    }
+    // each partition's copies in the order its originals were written
+    again.sort_by(|a, b| (&a.record.topic, a.original).cmp(&(&b.record.topic, b.original)));
+    again
+}
+
+/// Live: sends `again` through the quiet session and notes what became of each.
+async fn send_live(
+    config: &RelayConfig,
+    quiet: crate::delivery::live::Quiet,
+    again: Vec<Again>,
+    outcome: &mut Outcome,
+) -> Result<(), RelayError> {
+    let limit = Duration::from_millis(config.kafka.message_timeout_ms) + Duration::from_secs(10);
+    let described: Vec<(String, String)> = again.iter().map(|a| (a.id.clone(), a.describe())).collect();
+    let records = again.into_iter().map(|a| a.record).collect();
+    let delivered = quiet.send(records, limit).await.map_err(|e| RelayError::Standby(e.to_string()))?;
+    for ((id, describe), delivered) in described.iter().zip(delivered) {
+        note(outcome, id, describe, delivered);
+    }
+    Ok(())
+}
+
+/// One event's line and count.
+fn note(outcome: &mut Outcome, id: &str, describe: &str, delivered: Delivered) {
+    match delivered {
+        Delivered::Acked => {
+            outcome.sent += 1;
+            outcome.lines.push(format!("event {id}: sent {describe}"));
+        }
+        Delivered::Refused(why) => {
+            outcome.refused += 1;
+            outcome.lines.push(format!("event {id}: Kafka refused it: {why}"));
+        }
+        Delivered::Unacknowledged(why) => {
+            outcome.refused += 1;
+            outcome.lines.push(format!("event {id}: Kafka did not acknowledge it ({why})"));
+        }
+    }
 }
 
 /// The records the rows map to now, each with its event id; a row that cannot be published is
@@ -373,20 +498,7 @@ async fn send(
     let records = again.into_iter().enumerate().map(|(i, a)| (i, a.record)).collect();
     for (i, delivered) in once::send_all(&mut sink, &config, identities, records, limit).await? {
         let (id, describe) = &described[i];
-        match delivered {
-            Delivered::Acked => {
-                outcome.sent += 1;
-                outcome.lines.push(format!("event {id}: sent {describe}"));
-            }
-            Delivered::Refused(why) => {
-                outcome.refused += 1;
-                outcome.lines.push(format!("event {id}: Kafka refused it: {why}"));
-            }
-            Delivered::Unacknowledged(why) => {
-                outcome.refused += 1;
-                outcome.lines.push(format!("event {id}: Kafka did not acknowledge it ({why})"));
-            }
-        }
+        note(outcome, id, describe, delivered);
     }
     Ok(())
 }

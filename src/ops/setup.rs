@@ -40,19 +40,32 @@ pub async fn run(config: RelayConfig, recreate_slot: bool) -> Result<SetupReport
 /// What `setup` says it did.
 #[derive(Debug)]
 pub enum Setup {
-    /// Polling mode has no publication or slot to set up.
-    NothingToDo { mode: SourceMode },
+    /// Polling mode has no publication or slot to set up (`signal`: the signal table, when
+    /// `admin.signal_table` names one).
+    NothingToDo { mode: SourceMode, signal: Option<String> },
     /// The publication is there, and the slot was there or was created.
-    Done { publication: String, slot: String, report: SetupReport },
+    Done { publication: String, slot: String, report: SetupReport, signal: Option<String> },
 }
 
 impl super::Output for Setup {
     fn text(&self) -> String {
+        let (Setup::NothingToDo { signal, .. } | Setup::Done { signal, .. }) = self;
+        let signal = signal.as_ref().map(|line| format!("{line}\n")).unwrap_or_default();
+        self.mode_text() + &signal
+    }
+
+    fn exit_code(&self) -> u8 {
+        0
+    }
+}
+
+impl Setup {
+    fn mode_text(&self) -> String {
         match self {
-            Setup::NothingToDo { mode } => {
+            Setup::NothingToDo { mode, .. } => {
                 format!("source.mode = {mode}: nothing to set up (setup prepares replication mode's slot)\n")
             }
-            Setup::Done { publication, slot, report } => {
+            Setup::Done { publication, slot, report, .. } => {
                 let slot = match report {
                     SetupReport::SlotCreated { at, copy } => format!(
                         "slot \"{slot}\": created at {at}; rows already in the table: {} published, {} already in \
@@ -65,10 +78,15 @@ impl super::Output for Setup {
             }
         }
     }
+}
 
-    fn exit_code(&self) -> u8 {
-        0
+/// The signal table (`admin.signal_table`), created when set ([`super::signal::setup`]).
+async fn signal(config: &RelayConfig) -> Result<Option<String>, Failure> {
+    if config.admin.signal_table.is_empty() {
+        return Ok(None);
     }
+    let client = crate::postgres::connect(&config.postgres).await.map_err(Failure::failed)?;
+    super::signal::setup(&client, &config.admin).await.map_err(|e| Failure::of(e, "setup could not finish"))
 }
 
 /// `setup` as the command line asks: refused (exit 2) when the flags do not fit the mode;
@@ -87,7 +105,7 @@ pub async fn command(
                  polling has no slot"
             )));
         }
-        return Ok(Setup::NothingToDo { mode });
+        return Ok(Setup::NothingToDo { mode, signal: signal(&config).await? });
     }
     if skip_published {
         // the read-back's own requirements (kafka.source_headers) hold as for dedup.enabled
@@ -96,6 +114,7 @@ pub async fn command(
     }
     let slot = config.replication.slot.clone();
     let publication = config.replication.publication.clone();
+    let signal = signal(&config).await?;
     let report = run(config, recreate_slot).await.map_err(Failure::failed)?;
-    Ok(Setup::Done { publication, slot, report })
+    Ok(Setup::Done { publication, slot, report, signal })
 }

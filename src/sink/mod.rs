@@ -209,6 +209,13 @@ pub(crate) trait Sink: Send + Sync {
 
     /// Where its sessions' read-backs leave the partitions they found [`Pinned`].
     fn pinned(&self) -> Pinned;
+
+    /// Learns anew whether `topics` exist, before records a request sends aside
+    /// ([`crate::delivery::live`]): a topic created since the sink last asked (a dead letter's,
+    /// replayed) is then written, not refused as unknown.
+    fn refresh_topics(&self, _topics: &[String]) -> impl Future<Output = ()> + Send {
+        async {}
+    }
 }
 
 /// The Kafka sink's own methods are the seam's: the trait forwards to them.
@@ -271,5 +278,9 @@ impl Sink for kafka::KafkaSink {
 
     fn pinned(&self) -> Pinned {
         kafka::KafkaSink::pinned(self)
+    }
+
+    fn refresh_topics(&self, topics: &[String]) -> impl Future<Output = ()> + Send {
+        kafka::KafkaSink::refresh_topics(self, topics)
     }
 }

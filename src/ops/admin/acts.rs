@@ -1,14 +1,17 @@
-//! The API's acts (POST): pause, resume, replay dead letters, verify now. Each answers with a
-//! receipt and writes one audit line.
+//! The API's acts (POST): pause, resume, replay dead letters, republish, verify now. Each
+//! answers with a receipt and writes one audit line.
 //!
 //! Invariants:
-//! - one audit line per act, done or refused (target `outbox_relay::audit`, fields `who`, `act`,
-//!   `result`, and `detail`), never with a token or a body's secrets in it;
+//! - one audit line per act, done or refused (target `outbox_relay::audit`, fields `who`, `via`
+//!   (`api`, `signal <id>`), `act`, `result`, and `detail`), never with a token or a body's secrets in it;
 //! - a standby refuses every act with 409, naming the leader when it can: acts belong to the
 //!   active instance (pausing a standby would pause nothing; replaying beside the leader is the
 //!   leader's job);
 //! - acts run one at a time ([`super::Admin`]'s lock): two replays never race for one letter in
-//!   one process, and a verify does not overlap a replay it would report on.
+//!   one process, and a verify does not overlap a replay it would report on;
+//! - republish and replay are carried out by this process's active session, beside its stream
+//!   ([`crate::delivery::live`]); while paused they are refused (409): the session reads and
+//!   sends nothing until resumed.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -40,6 +43,21 @@ struct ReplayBody {
     vouch: Vec<i64>,
     #[serde(default)]
     dry_run: bool,
+}
+
+/// The body of `POST /v1/republish`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RepublishBody {
+    pub outbox: Option<String>,
+    pub aggregate_id: Option<String>,
+    pub aggregate_type: Option<String>,
+    #[serde(default)]
+    pub ids: Vec<String>,
+    pub since: Option<String>,
+    pub until: Option<String>,
+    #[serde(default)]
+    pub dry_run: bool,
 }
 
 /// The body of `POST /v1/verify`.
@@ -81,6 +99,7 @@ fn name(endpoint: Endpoint) -> &'static str {
         Endpoint::Pause => "pause",
         Endpoint::Resume => "resume",
         Endpoint::Replay => "replay_dead_letters",
+        Endpoint::Republish => "republish",
         Endpoint::Verify => "verify",
         _ => "none",
     }
@@ -88,24 +107,37 @@ fn name(endpoint: Endpoint) -> &'static str {
 
 /// Runs the act at `endpoint` for `caller`: the receipt, after its audit line.
 pub(super) async fn act(admin: &Admin, endpoint: Endpoint, caller: &Caller, body: &[u8]) -> Answer {
+    let (status, receipt) = perform(admin, endpoint, (&caller.name, "api"), body).await;
+    Answer::json(status, &receipt)
+}
+
+/// The act at `endpoint`, asked by `who` through `via` (`api`, `signal <id>`), with its JSON
+/// `body`: its HTTP status and receipt, after its audit line. One act at a time per process.
+pub(crate) async fn perform(
+    admin: &Admin,
+    endpoint: Endpoint,
+    (who, via): (&str, &str),
+    body: &[u8],
+) -> (StatusCode, Value) {
     let _one_at_a_time = admin.acting.lock().await;
     let done = match leader_elsewhere(admin).await {
         Some(refusal) => refusal,
         None => match endpoint {
-            Endpoint::Pause => parsed(body, |b: PauseBody| async { pause(admin, caller, b) }).await,
+            Endpoint::Pause => parsed(body, |b: PauseBody| async { pause(admin, who, b) }).await,
             Endpoint::Resume => parsed(body, |_: Value| async { resume(admin) }).await,
             Endpoint::Replay => parsed(body, |b: ReplayBody| replay(admin, b)).await,
+            Endpoint::Republish => parsed(body, |b: RepublishBody| republish(admin, b)).await,
             Endpoint::Verify => parsed(body, |b: VerifyBody| verify(admin, b)).await,
             other => Done::refused(StatusCode::INTERNAL_SERVER_ERROR, format!("{other:?} is not an act")),
         },
     };
     let act = name(endpoint);
     let detail = done.detail.get("error").map(Value::to_string).unwrap_or_default();
-    tracing::info!(target: "outbox_relay::audit", who = %caller.name, act, result = done.result, detail, "admin act");
+    tracing::info!(target: "outbox_relay::audit", who = %who, via, act, result = done.result, detail, "admin act");
     let receipt = json!({
-        "act": act, "by": caller.name, "at_unix_seconds": now(), "result": done.result, "detail": done.detail,
+        "act": act, "by": who, "at_unix_seconds": now(), "result": done.result, "detail": done.detail,
     });
-    Answer::json(done.status, &receipt)
+    (done.status, receipt)
 }
 
 /// The audit line of an act refused before it ran (no token, a read token, no CSRF token).
@@ -165,10 +197,10 @@ async fn slot_holder(admin: &Admin) -> Option<String> {
     Some(format!("pid {pid}, {} from {from}", name.unwrap_or_default()))
 }
 
-fn pause(admin: &Admin, caller: &Caller, body: PauseBody) -> Done {
+fn pause(admin: &Admin, who: &str, body: PauseBody) -> Done {
     let pause = admin.health.pause();
     let reason = body.reason.filter(|r| !r.trim().is_empty()).map(|r| r.chars().take(500).collect());
-    let result = if pause.pause(&caller.name, reason) { "paused" } else { "already_paused" };
+    let result = if pause.pause(who, reason) { "paused" } else { "already_paused" };
     Done::new(StatusCode::OK, result, json!({ "paused": pause.state() }))
 }
 
@@ -183,8 +215,11 @@ async fn replay(admin: &Admin, body: ReplayBody) -> Done {
         Ok(outboxes) => outboxes[0],
         Err(refused) => return Done::refused(refused.status, refused.body.trim().to_string()),
     };
+    if let Some(refused) = paused(admin).filter(|_| !body.dry_run) {
+        return refused;
+    }
     let options = crate::ops::replay::Options { ids: body.ids, vouched: body.vouch, dry_run: body.dry_run };
-    match crate::ops::replay::run(&admin.config, outbox, &options).await {
+    match crate::ops::replay::live(&admin.config, outbox, &options, &admin.leader).await {
         Ok(outcome) => {
             let result = match (outcome.dry_run, outcome.refused) {
                 (true, _) => "dry_run",
@@ -198,8 +233,82 @@ async fn replay(admin: &Admin, body: ReplayBody) -> Done {
             });
             Done::new(StatusCode::OK, result, detail)
         }
-        Err(e) => Done::new(StatusCode::BAD_GATEWAY, "failed", json!({ "error": e.to_string() })),
+        Err(e) => failed(e),
     }
+}
+
+/// The refusal of a live act while paused: the session sends nothing until resumed.
+fn paused(admin: &Admin) -> Option<Done> {
+    let paused = admin.health.pause().state()?;
+    Some(Done::refused(
+        StatusCode::CONFLICT,
+        format!(
+            "{}: the relay sends nothing until resumed -- resume it (POST /v1/resume), then ask again",
+            paused.said()
+        ),
+    ))
+}
+
+/// An act that could not finish: 502 when PostgreSQL or Kafka failed it, 409 when no active
+/// session of this process served it (it ended, or lost its leadership, meanwhile).
+fn failed(e: crate::error::RelayError) -> Done {
+    let status = match e {
+        crate::error::RelayError::Standby(_) => StatusCode::CONFLICT,
+        _ => StatusCode::BAD_GATEWAY,
+    };
+    Done::new(status, "failed", json!({ "error": e.to_string() }))
+}
+
+async fn republish(admin: &Admin, body: RepublishBody) -> Done {
+    let outbox = match super::reads::chosen(admin, body.outbox.as_deref(), Some("republish")) {
+        Ok(outboxes) => outboxes[0],
+        Err(refused) => return Done::refused(refused.status, refused.body.trim().to_string()),
+    };
+    let options = match republish_options(body) {
+        Ok(options) => options,
+        Err(why) => return Done::refused(StatusCode::BAD_REQUEST, why),
+    };
+    if let Some(refused) = paused(admin).filter(|_| !options.dry_run) {
+        return refused;
+    }
+    match crate::ops::republish::live(&admin.config, outbox, &options, &admin.leader).await {
+        Ok(outcome) => {
+            let result = match (outcome.dry_run, outcome.sent, outcome.refused) {
+                (true, _, _) => "dry_run",
+                (false, 0, 0) if outcome.not_in_kafka == 0 => "nothing_chosen",
+                (false, 0, 0) => "not_republished",
+                (false, _, 0) => "republished",
+                (false, 0, _) => "not_republished",
+                (false, _, _) => "partly_republished",
+            };
+            let detail = json!({
+                "outbox": outbox.name, "sent": outcome.sent, "refused": outcome.refused,
+                "not_in_kafka": outcome.not_in_kafka, "lines": outcome.lines,
+            });
+            Done::new(StatusCode::OK, result, detail)
+        }
+        Err(e) => failed(e),
+    }
+}
+
+/// What `body` chooses, as the command's options; at least one of aggregate, ids, since.
+pub(crate) fn republish_options(body: RepublishBody) -> Result<crate::ops::republish::Options, String> {
+    if body.aggregate_id.is_none() && body.ids.is_empty() && body.since.is_none() {
+        return Err(
+            "choose the events: aggregate_id (with aggregate_type), ids, or since (with until)".into()
+        );
+    }
+    if body.aggregate_type.is_some() && body.aggregate_id.is_none() {
+        return Err("aggregate_type needs aggregate_id".into());
+    }
+    let aggregate = body.aggregate_id.map(|id| (body.aggregate_type, id));
+    Ok(crate::ops::republish::Options {
+        aggregate,
+        ids: body.ids,
+        since: body.since,
+        until: body.until,
+        dry_run: body.dry_run,
+    })
 }
 
 async fn verify(admin: &Admin, body: VerifyBody) -> Done {

@@ -9,13 +9,15 @@
 //!   `Origin`; a standby refuses every act (409) naming the leader when it knows it;
 //! - every act, done or refused, writes exactly one audit line (target `outbox_relay::audit`:
 //!   who, what, result) and answers with a receipt ([`acts::Receipt`]);
-//! - acts run one at a time, and go where the operator commands go: pause flips the process's
-//!   switch ([`crate::observe::pause`]), replay is [`crate::ops::replay`] (through the delivery
-//!   stage), verify is [`crate::ops::verify`]; the API adds no other path to Kafka;
+//! - acts run one at a time (the signal table's too, [`crate::ops::signal`]), and go where the
+//!   operator commands go: pause flips the process's switch ([`crate::observe::pause`]), replay
+//!   and republish are [`crate::ops::replay`] and [`crate::ops::republish`] carried out by the
+//!   active session beside its stream ([`crate::delivery::live`]), verify is
+//!   [`crate::ops::verify`]; the API adds no other path to Kafka;
 //! - the listener keeps the metrics listener's limits ([`listener`]): a connection cap, a header
 //!   deadline, a body size limit, a deadline per connection.
 
-mod acts;
+pub(crate) mod acts;
 pub(crate) mod auth;
 mod console;
 mod listener;
@@ -33,6 +35,7 @@ use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
 use crate::config::RelayConfig;
+use crate::delivery::live::Leader;
 use crate::error::RelayError;
 use crate::observe::health::Health;
 use crate::outboxes::Outboxes;
@@ -40,32 +43,43 @@ use crate::outboxes::Outboxes;
 /// What every request handler may read: the relay's configuration, its outboxes, its health (and
 /// pause switch), the tokens, and the process's CSRF token.
 pub(crate) struct Admin {
-    config: Arc<RelayConfig>,
+    pub(crate) config: Arc<RelayConfig>,
     outboxes: Arc<Outboxes>,
-    health: Arc<Health>,
+    pub(crate) health: Arc<Health>,
     tokens: auth::Tokens,
     csrf: String,
     /// Held while an act runs: one at a time.
     acting: Mutex<()>,
+    /// The active session of this process, which carries out republish and replay.
+    leader: Leader,
 }
 
-/// Starts the admin listener when `admin.listen` is set: reads the tokens and the certificate
-/// first, so a mistake stops the relay at start naming the setting.
-pub async fn serve(
-    config: Arc<RelayConfig>,
-    outboxes: Arc<Outboxes>,
-    health: Arc<Health>,
-) -> Result<(), RelayError> {
-    if !config.admin.enabled() {
+impl Admin {
+    /// What the listener and the signal table act through: reads the tokens first (when the
+    /// listener is on), so a mistake stops the relay at start naming the setting.
+    pub(crate) fn new(
+        config: Arc<RelayConfig>,
+        outboxes: Arc<Outboxes>,
+        health: Arc<Health>,
+        leader: Leader,
+    ) -> Result<Arc<Admin>, RelayError> {
+        let tokens = auth::Tokens::load(&config.admin)?;
+        let csrf = auth::csrf_token();
+        Ok(Arc::new(Admin { config, outboxes, health, tokens, csrf, acting: Mutex::new(()), leader }))
+    }
+}
+
+/// Starts the admin listener when `admin.listen` is set: reads the certificate first, so a
+/// mistake stops the relay at start naming the setting.
+pub(crate) async fn serve(admin: Arc<Admin>) -> Result<(), RelayError> {
+    if !admin.config.admin.enabled() {
         return Ok(());
     }
-    let tokens = auth::Tokens::load(&config.admin)?;
-    let tls = listener::tls(&config.admin)?;
-    if config.admin.exposed_without_tls() {
-        tracing::warn!(listen = %config.admin.listen, "the admin API listens beyond loopback without TLS: set admin.tls_cert_file and admin.tls_key_file");
+    let tls = listener::tls(&admin.config.admin)?;
+    if admin.config.admin.exposed_without_tls() {
+        tracing::warn!(listen = %admin.config.admin.listen, "the admin API listens beyond loopback without TLS: set admin.tls_cert_file and admin.tls_key_file");
     }
-    let admin = Admin { config, outboxes, health, tokens, csrf: auth::csrf_token(), acting: Mutex::new(()) };
-    listener::serve(Arc::new(admin), tls).await
+    listener::serve(admin, tls).await
 }
 
 /// An answer before it becomes a hyper response.
@@ -129,6 +143,7 @@ impl Admin {
         let outboxes = Arc::new(Outboxes::new(&config));
         let health = Arc::new(Health::new(std::time::Duration::from_secs(1)));
         let csrf = auth::csrf_token();
-        Admin { config: Arc::new(config), outboxes, health, tokens, csrf, acting: Mutex::new(()) }
+        let leader = crate::delivery::live::channel().0;
+        Admin { config: Arc::new(config), outboxes, health, tokens, csrf, acting: Mutex::new(()), leader }
     }
 }

@@ -73,10 +73,12 @@ fn parameters(endpoint: Endpoint) -> Value {
                 "Replication: seconds to wait for the slot to confirm past the row (0 to 60; 0)"
             ),
         ]),
-        Endpoint::Pause | Endpoint::Resume | Endpoint::Replay | Endpoint::Verify => json!([{
-            "name": CSRF_HEADER, "in": "header", "required": true, "schema": { "type": "string" },
-            "description": "The process's CSRF token (GET /v1/session, or the console page)",
-        }]),
+        Endpoint::Pause | Endpoint::Resume | Endpoint::Replay | Endpoint::Republish | Endpoint::Verify => {
+            json!([{
+                "name": CSRF_HEADER, "in": "header", "required": true, "schema": { "type": "string" },
+                "description": "The process's CSRF token (GET /v1/session, or the console page)",
+            }])
+        }
         _ => json!([]),
     }
 }
@@ -88,6 +90,15 @@ fn body(endpoint: Endpoint) -> Option<Value> {
         Endpoint::Pause => Some(object(json!({ "reason": { "type": "string", "maxLength": 500 } }))),
         Endpoint::Replay => Some(object(json!({
             "outbox": { "type": "string" }, "ids": ids, "vouch": ids, "dry_run": { "type": "boolean" },
+        }))),
+        Endpoint::Republish => Some(object(json!({
+            "outbox": { "type": "string" },
+            "aggregate_id": { "type": "string", "description": "The events of this aggregate" },
+            "aggregate_type": { "type": "string", "description": "With aggregate_id: of this type only" },
+            "ids": { "type": "array", "items": { "type": "string" }, "description": "These event ids" },
+            "since": { "type": "string", "description": "Created at or after this timestamp (\"2026-12-01 10:00+00\")" },
+            "until": { "type": "string", "description": "Created before this timestamp" },
+            "dry_run": { "type": "boolean" },
         }))),
         Endpoint::Verify => Some(object(json!({
             "outbox": { "type": "string" },
@@ -124,7 +135,9 @@ fn responses(route: &Route) -> Value {
     }
     if route.method == "POST" {
         responses["403"] = with("A read-scope token, or no (or a stale) X-CSRF-Token, or a foreign Origin");
-        responses["409"] = with("This instance is a standby; detail.leader names the leader when known");
+        responses["409"] = with(
+            "This instance is a standby (detail.leader names the leader when known), or paused (republish, replay)",
+        );
     }
     responses
 }

@@ -26,6 +26,7 @@ pub enum Endpoint {
     Pause,
     Resume,
     Replay,
+    Republish,
     Verify,
 }
 
@@ -87,6 +88,13 @@ pub const ROUTES: &[Route] = &[
         Endpoint::Replay,
         OPERATE,
         "Replay dead letters through the delivery stage",
+    ),
+    route(
+        "POST",
+        "/v1/republish",
+        Endpoint::Republish,
+        OPERATE,
+        "Send chosen events again (by aggregate, ids or time), beside the stream",
     ),
     route(
         "POST",

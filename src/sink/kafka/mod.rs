@@ -384,6 +384,14 @@ impl KafkaSink {
         unknown.await.unwrap_or(false)
     }
 
+    /// Asks the broker about `topics` (off the runtime's threads): librdkafka's answer updates
+    /// what the producer knows of them, so a topic created since it last asked is written.
+    pub(crate) async fn refresh_topics(&self, topics: &[String]) {
+        for topic in topics {
+            self.topic_is_unknown(topic).await;
+        }
+    }
+
     /// Waits up to [`FLUSH_TIMEOUT`] for everything enqueued to be delivered or to fail
     /// (shutdown), off the runtime's threads.
     pub(crate) async fn flush(&self) {

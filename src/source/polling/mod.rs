@@ -24,7 +24,11 @@
 //!   size is [`claim`]'s;
 //! - paused ([`crate::observe::pause`]), the leader claims nothing from the end of its current
 //!   cycle (whose rows are released or rolled back as usual) until resumed, and keeps its locks,
-//!   so no standby takes over.
+//!   so no standby takes over;
+//! - a request served beside the stream ([`crate::delivery::live`]: a republish, a replay) is
+//!   served between two cycles, where nothing is claimed or in flight (each cycle commits its
+//!   Kafka transaction): the session is quiet at once, sends the request's records aside from
+//!   its rows, and claims again once each has its answer.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -36,6 +40,7 @@ use tokio_postgres::{AsyncMessage, Client};
 
 use crate::config::{PerOutbox, RelayConfig};
 use crate::dead_letter::{DeadLetters, LetterKey};
+use crate::delivery::live::{Desk, Turn, Woken};
 use crate::delivery::{self, Carried, Delivery};
 use crate::error::RelayError;
 use crate::observe::health::LockHolder;
@@ -102,6 +107,8 @@ pub(crate) struct PollingSource {
     carried: Option<Carried<RowAt>>,
     /// A standby's session, refused a leader lock last time: asked again next time.
     standing_by: Option<Session>,
+    /// Requests the leader serves between its cycles ([`crate::delivery::live`]).
+    desk: Desk,
 }
 
 impl<S: Sink> Source<S> for PollingSource {
@@ -149,7 +156,14 @@ impl PollingSource {
             config,
             carried: None,
             standing_by: None,
+            desk: Desk::default(),
         }
+    }
+
+    /// Serves the requests of `desk` (the admin API's, the signal table's) while the leader.
+    pub(crate) fn with_desk(mut self, desk: Desk) -> PollingSource {
+        self.desk = desk;
+        self
     }
 
     /// A leader session's connection; the sink learns its source identity.
@@ -275,8 +289,14 @@ impl PollingSource {
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), RelayError> {
         let mut paused = pulse.paused();
+        let mut turn = self.desk.turn().await;
         while !*shutdown.borrow() {
             pulse.tick();
+            if !turn.reading() {
+                // between cycles nothing is claimed or in flight: serve the request, then claim again
+                Self::serve_request(session, (delivery, pulse), &mut turn, shutdown).await?;
+                continue;
+            }
             if paused.borrow_and_update().is_some() {
                 // between cycles nothing is claimed or in flight: hold the locks, claim nothing
                 Self::wait_paused(session, &mut paused, shutdown).await?;
@@ -320,10 +340,46 @@ impl PollingSource {
                 continue;
             }
             if !full {
-                self.wait_for_work(session, shutdown).await?;
+                self.wait_for_work(session, shutdown, &mut turn).await?;
             }
         }
         Ok(())
+    }
+
+    /// Serves the request `turn` took ([`crate::delivery::live`]), between two cycles: quiet at
+    /// once, its records sent aside from the rows, until each has its answer, the requester
+    /// gives up, or shutdown. The locks stay held meanwhile.
+    async fn serve_request<S: Sink>(
+        session: &mut Session,
+        (delivery, pulse): (&mut Delivery<'_, S, RowAt>, &Pulse),
+        turn: &mut Turn<'_>,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<(), RelayError> {
+        loop {
+            pulse.tick();
+            turn.advance(delivery).await?;
+            if turn.reading() || *shutdown.borrow() {
+                return Ok(());
+            }
+            let settling = delivery.aside_waiting() > 0;
+            tokio::select! {
+                woken = turn.wake() => {
+                    if let Woken::Records(records) = woken {
+                        turn.send(delivery, records).await?;
+                    }
+                }
+                settled = delivery.next(), if settling => {
+                    settled?;
+                }
+                _ = shutdown.changed() => {}
+                _ = tokio::time::sleep(PAUSED_TICK) => {}
+                notified = session.notified.recv() => {
+                    if notified.is_none() {
+                        return Err(RelayError::Disconnected("the postgres session ended".into()));
+                    }
+                }
+            }
+        }
     }
 
     /// Paused ([`crate::observe::pause`]): waits for the resume, shutdown, or the next liveness
@@ -347,11 +403,12 @@ impl PollingSource {
         Ok(())
     }
 
-    /// Sleeps until a NOTIFY, the poll interval, or shutdown.
+    /// Sleeps until a NOTIFY, the poll interval, a request, or shutdown.
     async fn wait_for_work(
         &self,
         session: &mut Session,
         shutdown: &mut watch::Receiver<bool>,
+        turn: &mut Turn<'_>,
     ) -> Result<(), RelayError> {
         let interval = Duration::from_millis(self.config.polling.poll_interval_ms);
         tokio::select! {
@@ -362,6 +419,7 @@ impl PollingSource {
             }
             _ = tokio::time::sleep(interval) => {}
             _ = shutdown.changed() => {}
+            _ = turn.wake() => {}
         }
         Ok(())
     }

@@ -36,6 +36,7 @@ use tokio_postgres::Client;
 
 use crate::config::{Endpoint, RelayConfig};
 use crate::dead_letter::DeadLetters;
+use crate::delivery::live::Desk;
 use crate::delivery::{self, Delivery};
 use crate::error::RelayError;
 use crate::lsn::Lsn;
@@ -62,6 +63,8 @@ pub(crate) struct ReplicationSource {
     dead_letters: DeadLetters,
     /// A standby's session, refused the slot's lock last time: asked again next time.
     standing_by: Option<(Client, Endpoint)>,
+    /// Requests the active session serves beside its stream ([`crate::delivery::live`]).
+    desk: Desk,
 }
 
 impl<S: Sink> Source<S> for ReplicationSource {
@@ -77,12 +80,14 @@ impl<S: Sink> Source<S> for ReplicationSource {
 
 impl ReplicationSource {
     pub(crate) fn new(config: RelayConfig, outboxes: Arc<Outboxes>) -> ReplicationSource {
-        ReplicationSource {
-            dead_letters: DeadLetters::new(&outboxes, &config.retry, MODE),
-            outboxes,
-            config,
-            standing_by: None,
-        }
+        let dead_letters = DeadLetters::new(&outboxes, &config.retry, MODE);
+        ReplicationSource { dead_letters, outboxes, config, desk: Desk::default(), standing_by: None }
+    }
+
+    /// Serves the requests of `desk` (the admin API's, the signal table's) while active.
+    pub(crate) fn with_desk(mut self, desk: Desk) -> ReplicationSource {
+        self.desk = desk;
+        self
     }
 
     /// Opens the records of what was published, once per process (as polling: its warning is
@@ -184,7 +189,7 @@ impl ReplicationSource {
         let stage = (&self.dead_letters, &self.config.kafka);
         let delivery = Delivery::open(&*sink, prologue, stage, pulse, MODE).await;
         let feed = Feed::new(delivery, confirmed, &self.outboxes, &self.config.replication);
-        let input = (wal, pulse.paused());
+        let input = (wal, pulse.paused(), self.desk.turn().await);
         StreamSession::new(&self.config, &self.dead_letters, &self.outboxes, &client, input, feed)
             .run(shutdown)
             .await

@@ -20,6 +20,11 @@
 //! Paused ([`crate::observe::pause`]): reading stops as it does for a bound. What is in flight
 //! settles and is confirmed; the transport keeps sending status updates, so the slot stays this
 //! session's and the server keeps the connection.
+//!
+//! Serving a request ([`crate::delivery::live`]: a republish, a replay): reading stops as when
+//! paused; once nothing is in flight the open Kafka transaction commits (its transactions are
+//! confirmed) and the requester is told the session is quiet; its records go through the stage
+//! aside from the stream's positions, and reading goes on once each has its answer.
 
 use std::time::Duration;
 
@@ -30,6 +35,7 @@ use super::transport::{WalEvent, WalStream};
 use super::{HEARTBEAT_PREFIX, publication};
 use crate::config::RelayConfig;
 use crate::dead_letter::DeadLetters;
+use crate::delivery::live::{Turn, Woken};
 use crate::error::RelayError;
 use crate::lsn::Lsn;
 use crate::observe::metrics::metrics;
@@ -81,6 +87,8 @@ pub(super) struct StreamSession<'a, S: Sink> {
     paused: watch::Receiver<Option<Paused>>,
     /// When the publication was last verified.
     checked_at: tokio::time::Instant,
+    /// The request this session serves, if any: nothing is read meanwhile.
+    turn: Turn<'a>,
 }
 
 impl<'a, S: Sink> StreamSession<'a, S> {
@@ -90,7 +98,7 @@ impl<'a, S: Sink> StreamSession<'a, S> {
         dead_letters: &'a DeadLetters,
         outboxes: &'a Outboxes,
         client: &'a Client,
-        (wal, paused): (WalStream, watch::Receiver<Option<Paused>>),
+        (wal, paused, turn): (WalStream, watch::Receiver<Option<Paused>>, Turn<'a>),
         feed: Feed<'a, S>,
     ) -> StreamSession<'a, S> {
         let confirmed = feed.confirmed();
@@ -108,6 +116,7 @@ impl<'a, S: Sink> StreamSession<'a, S> {
             draining: false,
             paused,
             checked_at: tokio::time::Instant::now(),
+            turn,
         }
     }
 
@@ -125,7 +134,9 @@ impl<'a, S: Sink> StreamSession<'a, S> {
         let mut beat_at = tokio::time::Instant::now();
         loop {
             self.commit_if_ready().await?;
-            let reading = self.feed.reading() && self.paused.borrow_and_update().is_none();
+            self.serve_request().await?;
+            let reading =
+                self.feed.reading() && self.paused.borrow_and_update().is_none() && self.turn.reading();
             let quiet = !heartbeat_every.is_zero() && self.feed.in_flight() == 0;
             let check_due = self.check_due();
             let record_due = self.record_due;
@@ -166,6 +177,12 @@ impl<'a, S: Sink> StreamSession<'a, S> {
                 }
                 // 7. paused or resumed: `reading` is looked at again
                 _ = self.paused.changed() => {}
+                // 8. a request (a republish, a replay), or its records to send now
+                woken = self.turn.wake() => {
+                    if let Woken::Records(records) = woken {
+                        self.turn.send(self.feed.delivery(), records).await?;
+                    }
+                }
             }
             self.confirm_acknowledged().await?;
         }
@@ -196,6 +213,16 @@ impl<'a, S: Sink> StreamSession<'a, S> {
             self.confirm_acknowledged().await?;
         }
         Ok(())
+    }
+
+    /// Moves a request on: once nothing of the stream is in flight, its open Kafka transaction
+    /// commits (and is confirmed) before the requester is told the session is quiet.
+    async fn serve_request(&mut self) -> Result<(), RelayError> {
+        if self.turn.quieting() && self.feed.in_flight() == 0 {
+            self.feed.commit().await?;
+            self.confirm_acknowledged().await?;
+        }
+        self.turn.advance(self.feed.delivery()).await
     }
 
     /// Handles `first` and the events the transport has read already, up to [`READ_TURN`], as

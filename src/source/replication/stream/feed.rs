@@ -377,6 +377,12 @@ impl<'a, S: Sink> Feed<'a, S> {
         Ok(())
     }
 
+    /// The stage, for a request served beside the stream ([`crate::delivery::live`]): its
+    /// records settle no position of the stream's.
+    pub(super) fn delivery(&mut self) -> &mut Delivery<'a, S, TxnId> {
+        &mut self.delivery
+    }
+
     /// Records handed to Kafka and not settled yet.
     pub(super) fn in_flight(&self) -> usize {
         self.delivery.records()
