@@ -46,6 +46,8 @@ pub struct Report {
     pub mismatched: Class,
     /// Rows the relay cannot publish (dead-lettered instead), with the reason.
     pub unpublishable: Class,
+    /// Rows the outbox's transforms filter out (never sent), with the rule.
+    pub filtered: Class,
     /// Records of ids the relay recorded as published whose rows are not in the window: deleted
     /// after publishing (polling delete mode, a cleanup, a dropped partition), or outside it.
     pub published_elsewhere: u64,
@@ -143,7 +145,7 @@ impl Report {
             self.partitions,
             self.records_of_other_sources
         );
-        let lines: [(&str, &Class, &str); 7] = [
+        let lines: [(&str, &Class, &str); 8] = [
             ("missing", &self.missing, "in the table, not in Kafka"),
             ("pending", &self.pending, "not in Kafka yet and not owed yet"),
             ("unexpected", &self.unexpected, "in Kafka, no row in the table"),
@@ -151,6 +153,7 @@ impl Report {
             ("out of order", &self.out_of_order, "records of one key not in commit order"),
             ("mismatched", &self.mismatched, "key, value or headers differ from the row"),
             ("unpublishable", &self.unpublishable, "rows the relay dead-letters instead"),
+            ("filtered", &self.filtered, "rows the outbox's transforms filter out, owed to no topic"),
         ];
         for (name, class, meaning) in lines {
             out.push_str(&format!("  {name:<14}{:>10}  ({meaning})", class.count));

@@ -27,6 +27,7 @@ fn claimed(ids: &[&str]) -> Vec<Row> {
         .collect();
     map(&Mapping::new(&OutboxConfig::default()), rows, (1, 0), (OutboxId::default(), 1 << 20))
         .expect("no registry")
+        .0
 }
 
 /// Where the `n`-th row of a claim, `id`, lies.
@@ -243,7 +244,7 @@ async fn a_row_over_max_row_bytes_is_a_letter_by_reference_and_the_rest_flow_on(
             unread: (*id == "2").then_some(3 << 20),
         })
         .collect();
-    let rows =
+    let (rows, _) =
         map(&Mapping::new(&OutboxConfig::default()), rows, (1, 0), (OutboxId::default(), 1 << 20)).unwrap();
     // when it is delivered
     let settlement = deliver(&mut delivery, rows, Vec::new(), far()).await.unwrap();
