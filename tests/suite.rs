@@ -51,4 +51,5 @@ mod status;
 mod tls;
 mod traces;
 mod transactions;
+mod transforms;
 mod verify;
