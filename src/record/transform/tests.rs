@@ -221,3 +221,18 @@ fn an_unreadable_hash_key_stops_the_relay_rather_than_publish_unhashed() {
         "{err}"
     );
 }
+
+#[test]
+fn a_header_rule_may_name_a_column_by_the_tables_name_for_it() {
+    // a Debezium-style table: `type` holds the event type
+    let outbox = OutboxConfig {
+        columns: crate::config::ColumnsConfig { event_type: "type".into(), ..Default::default() },
+        transforms: TransformsConfig {
+            headers: vec![HeaderRule { from: "column:type".into(), name: "eventType".into() }],
+            ..Default::default()
+        },
+        ..OutboxConfig::default()
+    };
+    let event = record(&Mapping::new(&outbox), row("OrderPlaced", "{}"));
+    assert_eq!(event.headers().last(), Some(("eventType", "OrderPlaced")));
+}
