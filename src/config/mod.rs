@@ -34,8 +34,8 @@ pub use postgres::{Endpoint, PgAuth, PostgresConfig, SslMode};
 pub use secrets::{file_mode_warning, is_secret_kafka_property};
 pub use spans::{TracingConfig, TracingSettings};
 pub use transforms::{
-    HEADER_COLUMNS, HeaderRule, HeaderSource, RESERVED_HEADER_PREFIX, RESERVED_HEADERS, ROUTE_PLACEHOLDER,
-    RedactAction, RedactRule, TransformsConfig, is_reserved_header, pointer_tokens,
+    HEADER_COLUMNS, HeaderRule, HeaderSource, Placement, RESERVED_HEADER_PREFIX, RESERVED_HEADERS,
+    ROUTE_PLACEHOLDER, RedactAction, RedactRule, TransformsConfig, is_reserved_header, pointer_tokens,
 };
 
 pub const ENV_PREFIX: &str = "OUTBOX_RELAY";

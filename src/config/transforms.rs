@@ -13,7 +13,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{ConfigError, OutboxConfig, RecordFormat, kafka};
+use super::{ConfigError, Converter, OutboxConfig, RecordFormat, kafka};
 
 /// Header names the relay writes itself; neither a row's `headers` nor a header rule may use
 /// them (nor any name starting with [`RESERVED_HEADER_PREFIX`]), in any case.
@@ -72,6 +72,20 @@ pub struct HeaderRule {
     pub from: String,
     /// The header's name (the alias).
     pub name: String,
+    /// `header` (default), or `envelope`: a member of a Debezium record's value,
+    /// `{"payload": ..., "<name>": <value>}` (the router's `:envelope`; needs `format =
+    /// "debezium"` with `debezium.value_converter = "json"`).
+    #[serde(default)]
+    pub placement: Placement,
+}
+
+/// Where a header rule puts its value.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Placement {
+    #[default]
+    Header,
+    Envelope,
 }
 
 /// A payload field to redact.
@@ -261,7 +275,24 @@ fn validate_headers(section: &str, o: &OutboxConfig) -> Result<(), ConfigError> 
             }
             _ => {}
         }
-        if rule.name.is_empty() || is_reserved_header(&rule.name) {
+        if rule.placement == Placement::Envelope {
+            if o.format != RecordFormat::Debezium || o.debezium.value_converter != Converter::Json {
+                return Err(ConfigError::invalid(
+                    format!("{at}.placement"),
+                    "\"envelope\" puts the value in a Debezium record's value ({\"payload\": ..., name: value}): it \
+                     needs format = \"debezium\" with debezium.value_converter = \"json\"; or use placement = \"header\"",
+                ));
+            }
+            if rule.name.is_empty() || rule.name == "payload" {
+                return Err(ConfigError::invalid(
+                    format!("{at}.name"),
+                    format!(
+                        "\"{}\" cannot name an envelope member (\"payload\" holds the payload)",
+                        rule.name
+                    ),
+                ));
+            }
+        } else if rule.name.is_empty() || is_reserved_header(&rule.name) {
             return Err(ConfigError::invalid(
                 format!("{at}.name"),
                 format!(

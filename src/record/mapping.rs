@@ -205,11 +205,12 @@ impl Mapping {
         let columns =
             Columns { id, aggregate_type, aggregate_id, event_type, topic: raw.topic.as_deref(), payload };
         let shaped = self.transforms.shape(&columns, &headers).map_err(Checking::Failed)??;
-        let Shaped { topic: routed, headers: added, payload: redacted } = shaped;
+        let Shaped { topic: routed, headers: added, envelope, payload: redacted } = shaped;
         let topic = self.allowed_topic(aggregate_type, event_type, raw.topic.as_deref(), routed)?;
         headers.extend(added);
         let payload = redacted.as_deref().unwrap_or(payload);
-        let fields = Fields { id, aggregate_type, aggregate_id, event_type, payload, created_at };
+        let fields =
+            Fields { id, aggregate_type, aggregate_id, event_type, payload, created_at, envelope: &envelope };
         Ok((topic, headers, self.format.build(&fields)?, redacted))
     }
 

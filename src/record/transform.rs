@@ -16,7 +16,7 @@ use ring::hmac;
 use serde_json::Value;
 
 use super::PoisonReason;
-use crate::config::{HeaderSource, OutboxConfig, ROUTE_PLACEHOLDER, RedactAction, pointer_tokens};
+use crate::config::{HeaderSource, OutboxConfig, Placement, ROUTE_PLACEHOLDER, RedactAction, pointer_tokens};
 use crate::error::{FatalReason, RelayError};
 
 mod redact;
@@ -79,6 +79,8 @@ struct Route {
 struct Header {
     rule: String,
     name: String,
+    /// A header, or a member of a Debezium record's value (as JSON).
+    envelope: bool,
     source: HeaderSource,
     tokens: Vec<String>,
 }
@@ -126,6 +128,9 @@ pub(super) struct Shaped {
     pub(super) topic: Option<String>,
     /// Headers from the rules, after the row's own.
     pub(super) headers: Vec<(String, String)>,
+    /// Members of a Debezium record's value from the rules (`placement = "envelope"`), each
+    /// value as JSON text.
+    pub(super) envelope: Vec<(String, String)>,
     /// The redacted payload, when a redaction changed it.
     pub(super) payload: Option<String>,
 }
@@ -168,7 +173,9 @@ impl Transforms {
                     HeaderSource::Payload(pointer) => tokens(pointer),
                     HeaderSource::Column(_) => Vec::new(),
                 };
-                Some(Header { rule: format!("{section}.headers[{i}]"), name: h.name.clone(), source, tokens })
+                let rule = format!("{section}.headers[{i}]");
+                let envelope = h.placement == Placement::Envelope;
+                Some(Header { rule, name: h.name.clone(), envelope, source, tokens })
             })
             .collect();
         let redactions = t
@@ -248,6 +255,13 @@ impl Transforms {
             };
         }
         for header in &self.headers {
+            if header.envelope {
+                match self.header(header, columns, parsed.as_ref()) {
+                    Ok(value) => shaped.envelope.push((header.name.clone(), value)),
+                    Err(reason) => return Ok(Err(reason)),
+                }
+                continue;
+            }
             if row_headers.iter().any(|(name, _)| name.eq_ignore_ascii_case(&header.name)) {
                 let detail = "the row's headers column sets this header too; rename one of them".to_string();
                 return Ok(Err(self.refused(&header.rule, &format!("header {}", header.name), detail)));
@@ -326,14 +340,15 @@ impl Transforms {
                     "event_type" => Some(c.event_type),
                     _ => c.topic,
                 };
-                value.map(str::to_string).ok_or_else(|| {
+                let value = value.ok_or_else(|| {
                     self.refused(&header.rule, &format!("column {key}"), "the column is NULL".into())
-                })
+                })?;
+                Ok(if header.envelope { Value::from(value).to_string() } else { value.to_string() })
             }
             HeaderSource::Payload(pointer) => {
                 let value = parsed.expect("the payload was read for this header");
                 match follow(value, &header.tokens) {
-                    Ok(Some(Value::String(s))) => Ok(s.clone()),
+                    Ok(Some(Value::String(s))) if !header.envelope => Ok(s.clone()),
                     Ok(Some(other)) => Ok(other.to_string()),
                     Ok(None) => Err(self.refused(&header.rule, pointer, "the field is missing".into())),
                     Err((at, found)) => {

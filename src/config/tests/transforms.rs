@@ -94,6 +94,15 @@ fn errors_name_the_outbox_and_the_rule() {
             "[outbox.transforms]\nhash_key_file = \"/nonexistent/redact.key\"\n",
             "outbox.transforms.hash_key_file: cannot read /nonexistent/redact.key",
         ),
+        (
+            "[[outbox.transforms.headers]]\nfrom = \"column:event_type\"\nname = \"eventType\"\nplacement = \"envelope\"\n",
+            "outbox.transforms.headers[0].placement: \"envelope\" puts the value in a Debezium record's value",
+        ),
+        (
+            "[outbox]\nformat = \"debezium\"\n[outbox.debezium]\nvalue_converter = \"json\"\n\
+             [[outbox.transforms.headers]]\nfrom = \"column:id\"\nname = \"payload\"\nplacement = \"envelope\"\n",
+            "outbox.transforms.headers[0].name: \"payload\" cannot name an envelope member",
+        ),
         ("[outbox.transforms]\nexclude_event_type = [\"x\"]\n", "did you mean `exclude_event_types`?"),
     ];
     for (toml, expected) in cases {

@@ -1,6 +1,8 @@
 use std::io::Write;
 
-use crate::config::{HeaderRule, OutboxConfig, RecordFormat, RedactAction, RedactRule, TransformsConfig};
+use crate::config::{
+    HeaderRule, OutboxConfig, Placement, RecordFormat, RedactAction, RedactRule, TransformsConfig,
+};
 use crate::record::{KafkaRecord, Mapping, OutboxRow, PoisonReason, Unpublishable};
 
 fn row(event_type: &str, payload: &str) -> OutboxRow {
@@ -118,7 +120,11 @@ fn a_route_takes_the_topic_from_a_payload_field_within_the_allowlist() {
 
 #[test]
 fn headers_come_from_columns_and_payload_fields_after_the_rows_own() {
-    let header = |from: &str, name: &str| HeaderRule { from: from.into(), name: name.into() };
+    let header = |from: &str, name: &str| HeaderRule {
+        from: from.into(),
+        name: name.into(),
+        placement: Placement::Header,
+    };
     let m = mapping(TransformsConfig {
         headers: vec![
             header("column:aggregate_id", "order_id"),
@@ -228,11 +234,42 @@ fn a_header_rule_may_name_a_column_by_the_tables_name_for_it() {
     let outbox = OutboxConfig {
         columns: crate::config::ColumnsConfig { event_type: "type".into(), ..Default::default() },
         transforms: TransformsConfig {
-            headers: vec![HeaderRule { from: "column:type".into(), name: "eventType".into() }],
+            headers: vec![HeaderRule {
+                from: "column:type".into(),
+                name: "eventType".into(),
+                placement: Placement::Header,
+            }],
             ..Default::default()
         },
         ..OutboxConfig::default()
     };
     let event = record(&Mapping::new(&outbox), row("OrderPlaced", "{}"));
     assert_eq!(event.headers().last(), Some(("eventType", "OrderPlaced")));
+}
+
+#[test]
+fn envelope_members_go_beside_the_payload_in_a_debezium_value() {
+    // the router's `type:envelope:eventType` with JsonConverter and expand.json.payload
+    let envelope = |from: &str, name: &str| HeaderRule {
+        from: from.into(),
+        name: name.into(),
+        placement: Placement::Envelope,
+    };
+    let outbox = OutboxConfig {
+        format: RecordFormat::Debezium,
+        debezium: crate::config::DebeziumConfig {
+            key_converter: crate::config::Converter::Json,
+            value_converter: crate::config::Converter::Json,
+            expand_json_payload: true,
+        },
+        transforms: TransformsConfig {
+            headers: vec![envelope("column:event_type", "eventType"), envelope("payload:/n", "n")],
+            ..Default::default()
+        },
+        ..OutboxConfig::default()
+    };
+    let event = record(&Mapping::new(&outbox), row("OrderPlaced", r#"{"n": 3}"#));
+    let value = String::from_utf8(event.payload.clone()).unwrap();
+    assert_eq!(value, r#"{"payload":{"n":3},"eventType":"OrderPlaced","n":3}"#);
+    assert!(event.headers().all(|(name, _)| name != "eventType"), "an envelope member is no header");
 }
