@@ -124,9 +124,11 @@ impl Mapping {
         }
     }
 
-    /// Turns a row into a record, or says which column is wrong (handing the row back). The
-    /// outer error is the schema registry's: unavailable (retried) or refusing (fatal); the row
-    /// is neither published nor dead-lettered.
+    /// Turns a row into a record, or says which column or transform rule is wrong (handing the
+    /// row back; [`PoisonReason::Filtered`] when the outbox's transforms leave it out, which the
+    /// sources settle unsent). The outer error is the schema registry's: unavailable (retried)
+    /// or refusing (fatal), or an unreadable HMAC key (fatal); the row is neither published nor
+    /// dead-lettered.
     pub fn to_record(
         &self,
         raw: OutboxRow,

@@ -6,7 +6,9 @@
 //!
 //! The record: topic from the template, key = aggregate id, value = the payload as stored,
 //! headers `id`, `event_type`, `aggregate_type` and every string entry of the row's `headers`
-//! JSON object.
+//! JSON object. The outbox's transforms (`transform`, `[outbox.transforms]`) may filter the row
+//! out, route it by a payload field, add headers after the row's own and redact the payload
+//! before the format and the registry see it.
 //!
 //! Invariants (row data must not choose where an event goes, nor speak for the relay):
 //! - a row's own topic is used only with `outbox.row_topics = true`; otherwise a row naming any
