@@ -113,8 +113,17 @@ impl Report {
 
     /// The summary line: true of every state the report can hold.
     pub fn verdict(&self) -> String {
+        let verdict = self.verdict_of_rows();
+        match self.filtered.count {
+            0 => verdict,
+            n => format!("{verdict} ({n} row(s) filtered out by the outbox's transforms: owed to no topic)"),
+        }
+    }
+
+    fn verdict_of_rows(&self) -> String {
         match self.exit_code() {
             EXIT_OK if self.rows == 0 => "OK: the window has no rows".into(),
+            EXIT_OK if self.rows == self.filtered.count => "OK: the window has no rows to publish".into(),
             EXIT_OK if self.duplicated.count > 0 => format!(
                 "OK: every row of the window is in Kafka, in order; {} id(s) more than once ({} extra record(s):                  at-least-once duplicates or republished, which consumers skip by the id header)",
                 self.duplicated.count, self.duplicate_records
@@ -228,6 +237,19 @@ mod tests {
                 Report { replayed: 3, ..published() },
                 EXIT_OK,
                 "OK: every row of the window is in Kafka, once, in order",
+            ),
+            (
+                "filtered",
+                Report { rows: 12, filtered: class(2), ..published() },
+                EXIT_OK,
+                "OK: every row of the window is in Kafka, once, in order (2 row(s) filtered out by the outbox's \
+                 transforms: owed to no topic)",
+            ),
+            (
+                "only filtered rows",
+                Report { rows: 2, records: 0, filtered: class(2), ..Report::default() },
+                EXIT_OK,
+                "OK: the window has no rows to publish (2 row(s) filtered out",
             ),
             (
                 "pending",
