@@ -269,6 +269,17 @@ impl Mapping {
         }
     }
 
+    /// Whether a payload field chooses the topic (`transforms.route_by_field`): the topics are
+    /// then known only from the payloads.
+    pub fn routes_by_payload(&self) -> bool {
+        self.transforms.routes()
+    }
+
+    /// Whether the outbox's transforms filter out events of these types (never published).
+    pub fn filters_out(&self, aggregate_type: &str, event_type: &str) -> bool {
+        self.transforms.filtered(event_type, aggregate_type).is_some()
+    }
+
     pub(super) fn render_topic(&self, aggregate_type: &str, event_type: &str) -> String {
         let mut topic = String::with_capacity(64);
         for part in &self.topic_template {

@@ -206,6 +206,11 @@ impl Transforms {
         }
     }
 
+    /// Whether a payload field chooses the topic.
+    pub(super) fn routes(&self) -> bool {
+        self.route.is_some()
+    }
+
     /// The rule that filters an event of these types out, if one does.
     pub(super) fn filtered(&self, event_type: &str, aggregate_type: &str) -> Option<PoisonReason> {
         let none = |globs: &Globs| format!("{} (matches none)", globs.setting);
