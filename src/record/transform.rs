@@ -23,27 +23,44 @@ mod redact;
 
 /// A glob over a type name: `*` any run of characters, `?` one; anything else itself.
 #[derive(Debug, Clone)]
-struct Glob(Vec<char>);
+struct Glob {
+    chars: Vec<char>,
+    /// The same, when ASCII.
+    bytes: Option<Vec<u8>>,
+}
 
 impl Glob {
-    fn matches(&self, name: &str) -> bool {
-        let name: Vec<char> = name.chars().collect();
-        let (p, n) = (&self.0, &name);
-        let (mut pi, mut ni, mut star, mut mark) = (0, 0, None, 0);
-        while ni < n.len() {
-            if pi < p.len() && (p[pi] == '?' || p[pi] == n[ni]) {
-                (pi, ni) = (pi + 1, ni + 1);
-            } else if pi < p.len() && p[pi] == '*' {
-                (star, mark, pi) = (Some(pi), ni, pi + 1);
-            } else if let Some(s) = star {
-                (pi, mark) = (s + 1, mark + 1);
-                ni = mark;
-            } else {
-                return false;
-            }
-        }
-        p[pi..].iter().all(|c| *c == '*')
+    fn new(text: &str) -> Glob {
+        Glob { chars: text.chars().collect(), bytes: text.is_ascii().then(|| text.as_bytes().to_vec()) }
     }
+
+    fn matches(&self, name: &str) -> bool {
+        // (type names are ASCII nearly always: compared by bytes then, without an allocation)
+        if let Some(pattern) = self.bytes.as_ref().filter(|_| name.is_ascii()) {
+            return wild(pattern, name.as_bytes(), b'*', b'?');
+        }
+        let name: Vec<char> = name.chars().collect();
+        wild(&self.chars, &name, '*', '?')
+    }
+}
+
+/// Whether `name` matches `pattern` (`star` any run, `one` any one), by backtracking to the last
+/// star: linear in practice, never exponential.
+fn wild<T: PartialEq + Copy>(pattern: &[T], name: &[T], star: T, one: T) -> bool {
+    let (mut pi, mut ni, mut last_star, mut mark) = (0, 0, None, 0);
+    while ni < name.len() {
+        if pi < pattern.len() && pattern[pi] != star && (pattern[pi] == one || pattern[pi] == name[ni]) {
+            (pi, ni) = (pi + 1, ni + 1);
+        } else if pi < pattern.len() && pattern[pi] == star {
+            (last_star, mark, pi) = (Some(pi), ni, pi + 1);
+        } else if let Some(s) = last_star {
+            (pi, mark) = (s + 1, mark + 1);
+            ni = mark;
+        } else {
+            return false;
+        }
+    }
+    pattern[pi..].iter().all(|c| *c == star)
 }
 
 /// An include or exclude list, with the setting it came from.
@@ -55,7 +72,7 @@ struct Globs {
 
 impl Globs {
     fn of(setting: String, entries: &[String]) -> Globs {
-        Globs { setting, globs: entries.iter().map(|e| (e.clone(), Glob(e.chars().collect()))).collect() }
+        Globs { setting, globs: entries.iter().map(|e| (e.clone(), Glob::new(e))).collect() }
     }
 
     /// The first entry matching `name`, as `setting[i] ("glob")`.

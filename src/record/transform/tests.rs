@@ -273,3 +273,15 @@ fn envelope_members_go_beside_the_payload_in_a_debezium_value() {
     assert_eq!(value, r#"{"payload":{"n":3},"eventType":"OrderPlaced","n":3}"#);
     assert!(event.headers().all(|(name, _)| name != "eventType"), "an envelope member is no header");
 }
+
+#[test]
+fn globs_match_whole_names_with_stars_and_question_marks() {
+    let glob = |pattern: &str, name: &str| super::Glob::new(pattern).matches(name);
+    assert!(glob("order.*", "order.placed") && glob("order.*", "order."));
+    assert!(!glob("order.*", "xorder.placed") && !glob("order.*", "order"));
+    assert!(glob("*.internal", "cache.internal") && !glob("*.internal", "cache.internal.v2"));
+    assert!(glob("a*b*c", "aXXbYYbZc") && !glob("a*b*c", "aXXbYY"));
+    assert!(glob("v?", "v2") && !glob("v?", "v10"));
+    assert!(glob("*", "") && glob("Zahlung*", "ZahlungGeprüft") && glob("Prüf?ng", "Prüfung"));
+    assert!(glob("OrderPlaced", "OrderPlaced") && !glob("OrderPlaced", "orderplaced"));
+}
