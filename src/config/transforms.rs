@@ -353,7 +353,11 @@ fn validate_redact(section: &str, o: &OutboxConfig) -> Result<(), ConfigError> {
             ));
         }
         hashes |= rule.action == RedactAction::Hash;
-        let within = |other: &str| pointer_tokens(other).is_some_and(|o| o.starts_with(&tokens));
+        // (either way round: a header of `/customer` would carry `/customer/email` with it)
+        let within = |other: &str| {
+            pointer_tokens(other)
+                .is_some_and(|o| !o.is_empty() && (o.starts_with(&tokens) || tokens.starts_with(&o)))
+        };
         if within(&t.route_by_field) {
             return Err(ConfigError::invalid(
                 &at,

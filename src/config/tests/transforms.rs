@@ -86,6 +86,11 @@ fn errors_name_the_outbox_and_the_rule() {
             "outbox.transforms.redact[0]: redacts /customer, which outbox.transforms.headers[0] reads",
         ),
         (
+            "[[outbox.transforms.headers]]\nfrom = \"payload:/customer\"\nname = \"customer\"\n\
+             [[outbox.transforms.redact]]\npointer = \"/customer/email\"\naction = \"drop\"\n",
+            "outbox.transforms.redact[0]: redacts /customer/email, which outbox.transforms.headers[0] reads",
+        ),
+        (
             "[outbox]\nallowed_topics = \"*\"\n[outbox.transforms]\nroute_by_field = \"/r\"\n\
              [[outbox.transforms.redact]]\npointer = \"/r\"\naction = \"drop\"\n",
             "outbox.transforms.redact[0]: redacts /r, which outbox.transforms.route_by_field reads",
