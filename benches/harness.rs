@@ -19,6 +19,9 @@
 //!   (`harness/outboxes.rs`);
 //! - with `--only watch`, what continuous verification (`verify --watch`) costs beside a relay
 //!   at 2,000 events/s (issue 34, `harness/watch.rs`);
+//! - with `--only transforms`, the cost of a filter, a route and three redactions
+//!   (`[outbox.transforms]`, issue 52) side by side with none, in both modes
+//!   (`harness/transforms.rs`);
 //! - with `--peer debezium`, the relay side by side with Debezium's PostgreSQL connector and
 //!   outbox event router on the same database, broker and workload: drain, latency, memory and
 //!   CPU (issue 33, `harness/peer.rs`);
@@ -62,6 +65,8 @@ mod scaling;
 mod tracing;
 #[path = "harness/transactions.rs"]
 mod transactions;
+#[path = "harness/transforms.rs"]
+mod transforms;
 #[path = "harness/verify.rs"]
 mod verify;
 #[path = "harness/watch.rs"]
@@ -165,6 +170,7 @@ fn options() -> Options {
                     "watch",
                     "tracing",
                     "idle",
+                    "transforms",
                 ]
                 .contains(&value.as_str()) =>
             {
@@ -698,6 +704,15 @@ async fn main() {
             println!("{text}");
             if let Some(out) = &o.out {
                 dedup::write_section(out, "idle", &text);
+            }
+            return;
+        }
+        Some("transforms") => {
+            let cost = transforms::run(&o).await;
+            let text = transforms::render(&o, &cost);
+            println!("{text}");
+            if let Some(out) = &o.out {
+                dedup::write_section(out, "transforms-cost", &text);
             }
             return;
         }

@@ -28,6 +28,8 @@
 -- to ask again.
 DO $$
 BEGIN
+    -- one session at a time makes the roles (see 100_relay_role.sql)
+    PERFORM pg_advisory_xact_lock(hashtext('outbox-relay roles'));
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'outbox_relay_operator') THEN
         BEGIN
             CREATE ROLE outbox_relay_operator NOLOGIN;

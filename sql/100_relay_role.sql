@@ -51,6 +51,9 @@ DECLARE
                    AND NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user);
     role text;
 BEGIN
+    -- one session at a time makes the roles (they are the server's: migrations of two
+    -- databases at once would otherwise race to make the same one)
+    PERFORM pg_advisory_xact_lock(hashtext('outbox-relay roles'));
     FOREACH role IN ARRAY ARRAY['outbox_relay', 'outbox_relay_polling', 'outbox_relay_verify'] LOOP
         CONTINUE WHEN EXISTS (SELECT 1 FROM pg_roles WHERE rolname = role);
         BEGIN

@@ -56,7 +56,7 @@ impl Outboxes {
             name: entry.name.clone(),
             path: entry.path.clone(),
             table: OutboxTable::of(&entry.config, &config.polling),
-            mapping: Mapping::of(&entry.config, id),
+            mapping: Mapping::of(&entry.config, id, &entry.path),
             config: entry.config.clone(),
             dead_letter: entry.dead_letter.clone(),
             recorder: OnceCell::new(),

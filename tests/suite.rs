@@ -52,4 +52,5 @@ mod status;
 mod tls;
 mod traces;
 mod transactions;
+mod transforms;
 mod verify;

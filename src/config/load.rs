@@ -57,7 +57,8 @@ impl RelayConfig {
 
     /// A warning for each secret file (`postgres.password_file`, `postgres.sslkey`,
     /// `kafka.secret_properties_file`, `replication.message_signing_key_file`, each outbox's
-    /// `registry.password_file` and `dead_letter.signing_key_file`, `admin.tls_key_file` and each
+    /// `registry.password_file`, `dead_letter.signing_key_file` and `transforms.hash_key_file`,
+    /// `admin.tls_key_file` and each
     /// `admin.tokens[i].token_file`) that users other than its owner can read.
     pub fn secret_file_warnings(&self) -> Vec<String> {
         let registries = self.outboxes().into_iter().filter_map(|outbox| {
@@ -68,6 +69,10 @@ impl RelayConfig {
             .outboxes()
             .into_iter()
             .map(|o| ("dead_letter.signing_key_file".to_string(), o.dead_letter.signing_key_file));
+        let hash_keys = self
+            .outboxes()
+            .into_iter()
+            .map(|o| (format!("{}.transforms.hash_key_file", o.path), o.config.transforms.hash_key_file));
         let admin = self
             .admin
             .tokens
@@ -87,6 +92,7 @@ impl RelayConfig {
         .into_iter()
         .chain(registries)
         .chain(letter_keys)
+        .chain(hash_keys)
         .chain(admin)
         .filter_map(|(setting, path)| super::file_mode_warning(&setting, &path))
         .collect();

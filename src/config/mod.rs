@@ -21,6 +21,7 @@ mod postgres;
 pub mod registry;
 mod secrets;
 mod spans;
+mod transforms;
 mod validate;
 pub use crate::secret::Secret;
 pub use admin::{
@@ -35,6 +36,10 @@ pub use outbox::{ColumnsConfig, OutboxConfig, OutboxEntry, OutboxId, PerOutbox};
 pub use postgres::{Endpoint, PgAuth, PostgresConfig, SslMode};
 pub use secrets::{file_mode_warning, is_secret_kafka_property};
 pub use spans::{TracingConfig, TracingSettings};
+pub use transforms::{
+    HEADER_COLUMNS, HeaderRule, HeaderSource, Placement, RESERVED_HEADER_PREFIX, RESERVED_HEADERS,
+    ROUTE_PLACEHOLDER, RedactAction, RedactRule, TransformsConfig, is_reserved_header, pointer_tokens,
+};
 
 pub const ENV_PREFIX: &str = "OUTBOX_RELAY";
 pub const DEFAULT_PG_HOST: &str = "127.0.0.1";

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     CloudEventsConfig, DEFAULT_OUTBOX_SCHEMA, DEFAULT_OUTBOX_TABLE, DEFAULT_TOPIC_TEMPLATE, DeadLetterConfig,
-    DebeziumConfig, RecordFormat, RelayConfig, kafka, registry,
+    DebeziumConfig, RecordFormat, RelayConfig, TransformsConfig, kafka, registry,
 };
 
 /// Which of the relay's outboxes: its place in [`RelayConfig::outboxes`].
@@ -115,6 +115,10 @@ pub struct OutboxConfig {
     /// wire format); unset (default): the payload as stored.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub registry: Option<registry::RegistryConfig>,
+    /// `[outbox.transforms]`: filters, routing, headers and redactions (docs/transforms.md);
+    /// empty (default): every event as its row says.
+    #[serde(skip_serializing_if = "TransformsConfig::is_empty")]
+    pub transforms: TransformsConfig,
 }
 
 impl OutboxConfig {
@@ -139,6 +143,7 @@ impl Default for OutboxConfig {
             cloudevents: CloudEventsConfig::default(),
             debezium: DebeziumConfig::default(),
             registry: None,
+            transforms: TransformsConfig::default(),
         }
     }
 }

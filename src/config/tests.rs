@@ -11,6 +11,7 @@ fn load(toml: &str, env: &[(&str, &str)]) -> Result<RelayConfig, ConfigError> {
 const MINIMAL: &str = "[kafka]\nbrokers = [\"127.0.0.1:9092\"]\n";
 
 mod outboxes;
+mod transforms;
 
 #[test]
 fn minimal_file_gets_defaults() {

@@ -272,6 +272,8 @@ fn validate_outbox(outbox: &OutboxEntry) -> Result<(), ConfigError> {
     if let Some(registry) = &o.registry {
         validate_registry(path, o, registry)?;
     }
+    super::transforms::validate(path, o)?;
+    validate_signing_key(&format!("{path}.transforms.hash_key_file"), &o.transforms.hash_key_file)?;
     let dead_letter_path =
         if o.dead_letter.is_some() { format!("{path}.dead_letter") } else { "dead_letter".into() };
     let (schema, table) = outbox.dead_letter.schema_and_table();

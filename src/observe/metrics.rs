@@ -66,6 +66,7 @@ pub const DEFAULT_PARTITION_ROWS: &str = "outbox_relay_outbox_default_partition_
 pub const PARTITIONS_AHEAD: &str = "outbox_relay_outbox_partitions_ahead_seconds";
 pub const OUTBOX_EVENTS_PUBLISHED: &str = "outbox_relay_outbox_events_published_total";
 pub const OUTBOX_EVENTS_DEAD_LETTERED: &str = "outbox_relay_outbox_events_dead_lettered_total";
+pub const OUTBOX_EVENTS_FILTERED: &str = "outbox_relay_outbox_events_filtered_total";
 pub const OUTBOX_BACKLOG_EVENTS: &str = "outbox_relay_outbox_backlog_events";
 pub const OUTBOX_DEAD_LETTERS_OUTSTANDING: &str = "outbox_relay_outbox_dead_letters_outstanding";
 pub const CREDENTIAL_REFRESH_FAILURES: &str = "outbox_relay_credential_refresh_failures_total";
@@ -187,6 +188,10 @@ pub const ALL: &[(&str, &str)] = &[
     ),
     (OUTBOX_EVENTS_PUBLISHED, "Events of each outbox acknowledged by Kafka, by outbox name"),
     (OUTBOX_EVENTS_DEAD_LETTERED, "Events of each outbox moved to its dead-letter table, by outbox name"),
+    (
+        OUTBOX_EVENTS_FILTERED,
+        "Events of each outbox its transforms filtered out (released unsent), by outbox name",
+    ),
     (OUTBOX_BACKLOG_EVENTS, "Unpublished rows of each outbox table, by outbox name (polling; capped at 1e6)"),
     (
         OUTBOX_DEAD_LETTERS_OUTSTANDING,
@@ -257,6 +262,7 @@ pub struct Metrics {
     pub partitions_ahead: Gauge,
     pub outbox_events_published: IntCounterVec,
     pub outbox_events_dead_lettered: IntCounterVec,
+    pub outbox_events_filtered: IntCounterVec,
     pub outbox_backlog_events: IntGaugeVec,
     pub outbox_dead_letters_outstanding: IntGaugeVec,
     pub credential_refresh_failures: IntCounter,
@@ -355,6 +361,7 @@ impl Metrics {
             partitions_ahead: gauge(&r, PARTITIONS_AHEAD),
             outbox_events_published: counter(&r, OUTBOX_EVENTS_PUBLISHED, &[OUTBOX_NAME_LABEL]),
             outbox_events_dead_lettered: counter(&r, OUTBOX_EVENTS_DEAD_LETTERED, &[OUTBOX_NAME_LABEL]),
+            outbox_events_filtered: counter(&r, OUTBOX_EVENTS_FILTERED, &[OUTBOX_NAME_LABEL]),
             outbox_backlog_events: int_gauge_vec(&r, OUTBOX_BACKLOG_EVENTS, &[OUTBOX_NAME_LABEL]),
             outbox_dead_letters_outstanding: int_gauge_vec(
                 &r,
@@ -390,6 +397,7 @@ impl Metrics {
         for name in names {
             self.outbox_events_published.with_label_values(&[name]);
             self.outbox_events_dead_lettered.with_label_values(&[name]);
+            self.outbox_events_filtered.with_label_values(&[name]);
             self.outbox_backlog_events.with_label_values(&[name]);
             self.outbox_dead_letters_outstanding.with_label_values(&[name]);
         }

@@ -81,8 +81,9 @@ pub enum Command {
         format: LogFormat,
     },
     /// A delivery receipt for one event: published (topic, partition, offset, record time, and
-    /// any duplicates), pending, dead-lettered (with the reason), missing, or unknown. Exits 0
-    /// published, 3 pending, 1 otherwise, 2 on a bad argument or configuration. Reads only.
+    /// any duplicates), filtered out by the outbox's transforms (naming the rule), pending,
+    /// dead-lettered (with the reason), missing, or unknown. Exits 0 published or filtered, 3
+    /// pending, 1 otherwise, 2 on a bad argument or configuration. Reads only.
     Locate {
         /// Configuration file (TOML).
         #[arg(long, short, env = "OUTBOX_RELAY_CONFIG")]

@@ -9,7 +9,8 @@
 //!    block's), each partition read from the row's `created_at` (or the block's first
 //!    publication) minus 5 minutes to its end as the read begins; this source's records are
 //!    matched by their event id, whatever the record format, as `verify` matches them.
-//! 3. Not in Kafka: dead-lettered if it has a letter; pending while it may still be on its way
+//! 3. Not in Kafka: dead-lettered if it has a letter; filtered if the outbox's transforms leave
+//!    its row out (`filtered by <rule>`, as the configuration given judges it); pending while it may still be on its way
 //!    (replication: the slot has not confirmed the WAL position read after the row; polling: the
 //!    row is unpublished); missing when it is owed (the slot confirmed past it, the row is marked,
 //!    or it was recorded as published); unknown when nothing knows the id.
@@ -40,6 +41,8 @@ const REQUEST: Duration = Duration::from_secs(10);
 #[serde(rename_all = "snake_case")]
 pub enum State {
     Published,
+    /// The outbox's transforms leave it out: owed to no topic.
+    Filtered,
     Pending,
     DeadLettered,
     Missing,
@@ -79,10 +82,10 @@ pub struct Receipt {
 }
 
 impl super::Output for Receipt {
-    /// Exit status: 0 published, 3 pending, 1 otherwise.
+    /// Exit status: 0 published (or filtered out: nothing is owed), 3 pending, 1 otherwise.
     fn exit_code(&self) -> u8 {
         match self.state {
-            State::Published => 0,
+            State::Published | State::Filtered => 0,
             State::Pending => 3,
             _ => 1,
         }
@@ -154,8 +157,13 @@ pub async fn run(
         since: since_text,
         said: String::new(),
     };
-    (receipt.state, receipt.said) =
-        judge(config, &client, &receipt, known.unpublished, &read_at, wait).await?;
+    (receipt.state, receipt.said) = match known.filtered {
+        Some(rule) if receipt.records.is_empty() && receipt.dead_letter.is_none() => (
+            State::Filtered,
+            format!("filtered by {rule}: the outbox's transforms leave it out, so no topic is owed it"),
+        ),
+        _ => judge(config, &client, &receipt, known.unpublished, &read_at, wait).await?,
+    };
     Ok(receipt)
 }
 
@@ -165,6 +173,8 @@ struct Known {
     in_table: bool,
     /// Its row is not yet marked published (polling `mark` mode).
     unpublished: bool,
+    /// The rule of the outbox's transforms that filters its row out.
+    filtered: Option<String>,
     /// The record of what was published has its id.
     recorded: bool,
     /// The topics it may be in, and since when.
@@ -182,8 +192,11 @@ async fn known(client: &Client, outbox: &Outbox, id_type: &str, id: &str) -> Res
     if let Some(row) = &row {
         let (raw, created_at) = outbox_row(row)?;
         known.unpublished = row.get::<_, bool>(crate::table::col::UNPUBLISHED);
-        if let Ok(record) = outbox.mapping.to_record(raw, created_at)? {
-            known.topics.insert(record.topic);
+        match outbox.mapping.to_record(raw, created_at)? {
+            Ok(record) => {
+                known.topics.insert(record.topic);
+            }
+            Err(refused) => known.filtered = refused.filtered_by().map(String::from),
         }
         known.since = created_at;
     }

@@ -69,8 +69,8 @@ impl Setup {
                 let slot = match report {
                     SetupReport::SlotCreated { at, copy } => format!(
                         "slot \"{slot}\": created at {at}; rows already in the table: {} published, {} already in \
-                         Kafka (not sent again), {} dead-lettered",
-                        copy.published, copy.already_in_kafka, copy.dead_lettered
+                         Kafka (not sent again), {} dead-lettered, {} filtered out by transforms",
+                        copy.published, copy.already_in_kafka, copy.dead_lettered, copy.filtered
                     ),
                     SetupReport::SlotPresent => format!("slot \"{slot}\": present, nothing to do"),
                 };

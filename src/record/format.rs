@@ -63,6 +63,9 @@ pub struct Fields<'a> {
     pub event_type: &'a str,
     pub payload: &'a str,
     pub created_at: Option<SystemTime>,
+    /// Members added to a Debezium record's value beside `payload` (the transforms'
+    /// `placement = "envelope"`), each value as JSON text; empty: the value is the payload.
+    pub envelope: &'a [(String, String)],
 }
 
 /// What a format built: the key and value when they differ from the aggregate id and payload.
@@ -255,10 +258,13 @@ fn debezium(d: &DebeziumConfig, f: &Fields<'_>) -> Built {
     };
     let value = match d.value_converter {
         Converter::String => None,
-        Converter::Json if d.expand_json_payload => {
-            Some(json::expanded(f.payload).unwrap_or_else(|| json::java_string(f.payload)))
+        Converter::Json => {
+            let payload = match d.expand_json_payload {
+                true => json::expanded(f.payload).unwrap_or_else(|| json::java_string(f.payload)),
+                false => json::java_string(f.payload),
+            };
+            Some(enveloped(payload, f.envelope))
         }
-        Converter::Json => Some(json::java_string(f.payload)),
         Converter::JsonWithSchemas => Some(format!(
             "{{\"schema\":{{\"type\":\"string\",\"optional\":false,\"name\":\"io.debezium.data.Json\",\"version\":1}},\"payload\":{}}}",
             json::java_string(f.payload)
@@ -272,6 +278,23 @@ fn debezium(d: &DebeziumConfig, f: &Fields<'_>) -> Built {
         data_is_payload: false,
     };
     Built { key, value: value.map(String::into_bytes), formatted }
+}
+
+/// The router's envelope: `{"payload": <payload>, "<name>": <value>, ...}` with members, or the
+/// payload alone without.
+fn enveloped(payload: String, members: &[(String, String)]) -> String {
+    if members.is_empty() {
+        return payload;
+    }
+    let mut value = format!("{{\"payload\":{payload}");
+    for (name, member) in members {
+        value.push(',');
+        value.push_str(&serde_json::to_string(name).expect("a string"));
+        value.push(':');
+        value.push_str(member);
+    }
+    value.push('}');
+    value
 }
 
 /// A CloudEvents attribute template: text and `{column}` placeholders, parsed once.

@@ -9,9 +9,8 @@ use super::encode;
 use super::format::{self, Fields, Format, Formatted};
 use super::registry::Registry;
 use super::topics::AllowedTopics;
-use super::{
-    KafkaRecord, OutboxRow, PoisonReason, RESERVED_HEADER_PREFIX, RESERVED_HEADERS, Unpublishable, excerpt,
-};
+use super::transform::{Columns, Shaped, Transforms};
+use super::{KafkaRecord, OutboxRow, PoisonReason, Unpublishable, excerpt};
 use crate::config::{OutboxConfig, OutboxId};
 use crate::error::RelayError;
 
@@ -37,6 +36,21 @@ pub struct Mapping {
     /// `[outbox.registry]`: values encoded against the schema registry (or why it cannot be
     /// set up: every record then stops the relay with it).
     registry: Option<Result<Arc<Registry>, String>>,
+    /// `[outbox.transforms]`: filter, route, headers, redactions.
+    transforms: Transforms,
+}
+
+/// Why `check` did not give a record's parts: the row's fault (unpublishable, or filtered), or
+/// the relay's (an unreadable HMAC key).
+enum Checking {
+    Refused(PoisonReason),
+    Failed(RelayError),
+}
+
+impl From<PoisonReason> for Checking {
+    fn from(reason: PoisonReason) -> Checking {
+        Checking::Refused(reason)
+    }
 }
 
 /// Splits a (validated) template into text and placeholders.
@@ -92,11 +106,12 @@ fn put_encoded(
 impl Mapping {
     /// The mapping of a relay's only (or first) outbox.
     pub fn new(outbox: &OutboxConfig) -> Self {
-        Mapping::of(outbox, OutboxId::default())
+        Mapping::of(outbox, OutboxId::default(), "outbox")
     }
 
-    /// The mapping of the relay's outbox `id`.
-    pub fn of(outbox: &OutboxConfig, id: OutboxId) -> Self {
+    /// The mapping of the relay's outbox `id`, whose settings are at `path` (`outbox`,
+    /// `outboxes[2]`: what its transforms' reasons name).
+    pub fn of(outbox: &OutboxConfig, id: OutboxId, path: &str) -> Self {
         Mapping {
             topic_template: parse_template(&outbox.topic_template),
             columns: outbox.columns.clone(),
@@ -105,35 +120,41 @@ impl Mapping {
             outbox: id,
             format: Format::of(outbox),
             registry: outbox.registry.as_ref().map(|r| Registry::new(r).map(Arc::new)),
+            transforms: Transforms::of(outbox, path),
         }
     }
 
-    /// Turns a row into a record, or says which column is wrong (handing the row back). The
-    /// outer error is the schema registry's: unavailable (retried) or refusing (fatal); the row
-    /// is neither published nor dead-lettered.
+    /// Turns a row into a record, or says which column or transform rule is wrong (handing the
+    /// row back; [`PoisonReason::Filtered`] when the outbox's transforms leave it out, which the
+    /// sources settle unsent). The outer error is the schema registry's: unavailable (retried)
+    /// or refusing (fatal), or an unreadable HMAC key (fatal); the row is neither published nor
+    /// dead-lettered.
     pub fn to_record(
         &self,
         raw: OutboxRow,
         created_at: Option<SystemTime>,
     ) -> Result<Result<KafkaRecord, Box<Unpublishable>>, RelayError> {
-        let (topic, row_headers, built) = match self.check(&raw, created_at) {
+        let (topic, row_headers, built, redacted) = match self.check(&raw, created_at) {
             Ok(checked) => checked,
-            Err(reason) => return Ok(Err(Box::new(Unpublishable { reason, row: raw, outbox: self.outbox }))),
+            Err(Checking::Refused(reason)) => {
+                return Ok(Err(Box::new(Unpublishable { reason, row: raw, outbox: self.outbox })));
+            }
+            Err(Checking::Failed(e)) => return Err(e),
         };
-        let encoded =
-            match encode::encode(self.registry.as_ref(), &topic, raw.payload.as_deref().unwrap_or_default())?
-            {
-                Ok(encoded) => encoded,
-                Err(reason) => {
-                    return Ok(Err(Box::new(Unpublishable { reason, row: raw, outbox: self.outbox })));
-                }
-            };
+        let value = redacted.as_deref().or(raw.payload.as_deref()).unwrap_or_default();
+        let encoded = match encode::encode(self.registry.as_ref(), &topic, value)? {
+            Ok(encoded) => encoded,
+            Err(reason) => {
+                return Ok(Err(Box::new(Unpublishable { reason, row: raw, outbox: self.outbox })));
+            }
+        };
         // `check` proved every required column present
         let (Some(id), Some(aggregate_type), Some(key), Some(event_type), Some(payload)) =
             (raw.id, raw.aggregate_type, raw.aggregate_id, raw.event_type, raw.payload)
         else {
             unreachable!("checked above")
         };
+        let payload = redacted.unwrap_or(payload);
         let (key, mut payload, mut formatted) = match built {
             None => (key, payload.into_bytes(), None),
             Some(b) => (
@@ -163,11 +184,12 @@ impl Mapping {
         }))
     }
 
-    /// Everything that can make a row unpublishable, without taking it apart: the topic, the
-    /// row's own headers and what the format built, when it is fine.
-    fn check(&self, raw: &OutboxRow, created_at: Option<SystemTime>) -> Result<Checked, PoisonReason> {
+    /// Everything that can make a row unpublishable (or filter it out), without taking it
+    /// apart: the topic, the row's own headers and the rules', what the format built and the
+    /// redacted payload, when it is fine.
+    fn check(&self, raw: &OutboxRow, created_at: Option<SystemTime>) -> Result<Checked, Checking> {
         if let Some(column) = &raw.unreadable {
-            return Err(PoisonReason::NotUtf8 { column: column.clone() });
+            return Err(PoisonReason::NotUtf8 { column: column.clone() }.into());
         }
         let c = &self.columns;
         let id = required(&raw.id, &c.id)?;
@@ -175,28 +197,41 @@ impl Mapping {
         let aggregate_id = required(&raw.aggregate_id, &c.aggregate_id)?;
         let event_type = required(&raw.event_type, &c.event_type)?;
         let payload = required(&raw.payload, &c.payload)?;
-        let topic = self.allowed_topic(aggregate_type, event_type, raw.topic.as_deref())?;
-        let headers = match &raw.headers {
+        if let Some(filtered) = self.transforms.filtered(event_type, aggregate_type) {
+            return Err(filtered.into());
+        }
+        let mut headers = match &raw.headers {
             Some(text) => string_headers(text, &c.headers, &self.format)?,
             None => Vec::new(),
         };
-        let fields = Fields { id, aggregate_type, aggregate_id, event_type, payload, created_at };
-        Ok((topic, headers, self.format.build(&fields)?))
+        let columns =
+            Columns { id, aggregate_type, aggregate_id, event_type, topic: raw.topic.as_deref(), payload };
+        let shaped = self.transforms.shape(&columns, &headers).map_err(Checking::Failed)??;
+        let Shaped { topic: routed, headers: added, envelope, payload: redacted } = shaped;
+        let topic = self.allowed_topic(aggregate_type, event_type, raw.topic.as_deref(), routed)?;
+        headers.extend(added);
+        let payload = redacted.as_deref().unwrap_or(payload);
+        let fields =
+            Fields { id, aggregate_type, aggregate_id, event_type, payload, created_at, envelope: &envelope };
+        Ok((topic, headers, self.format.build(&fields)?, redacted))
     }
 
-    /// The topic of an event, if it may go there: the template's, or with `row_topics` its own;
-    /// either one must be in `allowed_topics` when that is set.
+    /// The topic of an event, if it may go there: the template's (or the `routed` one), or with
+    /// `row_topics` its own; either one must be in `allowed_topics` when that is set.
     fn allowed_topic(
         &self,
         aggregate_type: &str,
         event_type: &str,
         own: Option<&str>,
+        routed: Option<String>,
     ) -> Result<String, PoisonReason> {
+        let by_route = routed.is_some();
+        let rendered = || routed.clone().unwrap_or_else(|| self.render_topic(aggregate_type, event_type));
         let (topic, from_row) = match own.filter(|t| !t.is_empty()) {
-            None => (self.render_topic(aggregate_type, event_type), false),
+            None => (rendered(), false),
             Some(own) if self.row_topics => (own.to_string(), true),
             Some(own) => {
-                let rendered = self.render_topic(aggregate_type, event_type);
+                let rendered = rendered();
                 if own != rendered {
                     let column = self.topic_column().to_string();
                     return Err(PoisonReason::RowTopicOff { column, topic: excerpt(own) });
@@ -208,6 +243,8 @@ impl Mapping {
         if (from_row || !self.allowed_topics.is_empty()) && !self.allowed_topics.permits(&topic) {
             let from = if from_row {
                 format!("from column {}", self.topic_column())
+            } else if by_route {
+                "routed by the payload field of transforms.route_by_field".to_string()
             } else {
                 "rendered by outbox.topic_template".to_string()
             };
@@ -232,6 +269,17 @@ impl Mapping {
         }
     }
 
+    /// Whether a payload field chooses the topic (`transforms.route_by_field`): the topics are
+    /// then known only from the payloads.
+    pub fn routes_by_payload(&self) -> bool {
+        self.transforms.routes()
+    }
+
+    /// Whether the outbox's transforms filter out events of these types (never published).
+    pub fn filters_out(&self, aggregate_type: &str, event_type: &str) -> bool {
+        self.transforms.filtered(event_type, aggregate_type).is_some()
+    }
+
     pub(super) fn render_topic(&self, aggregate_type: &str, event_type: &str) -> String {
         let mut topic = String::with_capacity(64);
         for part in &self.topic_template {
@@ -245,8 +293,9 @@ impl Mapping {
     }
 }
 
-/// A publishable row's topic, own headers and formatted record.
-type Checked = (String, Vec<(String, String)>, Option<format::Built>);
+/// A publishable row's topic, headers (its own, then the rules'), formatted record and
+/// redacted payload (when a redaction changed it).
+type Checked = (String, Vec<(String, String)>, Option<format::Built>, Option<String>);
 
 fn required<'a>(value: &'a Option<String>, column: &str) -> Result<&'a str, PoisonReason> {
     value.as_deref().ok_or_else(|| PoisonReason::NullColumn { column: column.to_string() })
@@ -277,12 +326,10 @@ fn string_headers(text: &str, column: &str, format: &Format) -> Result<Vec<(Stri
     }
 }
 
-/// One of the relay's header names ([`RESERVED_HEADERS`], `outbox_relay_*`), in any case: a
-/// consumer may look headers up without regard to case.
+/// One of the relay's header names ([`super::RESERVED_HEADERS`], `outbox_relay_*`), in any
+/// case: a consumer may look headers up without regard to case.
 fn is_reserved_header(name: &str) -> bool {
-    let prefix = RESERVED_HEADER_PREFIX.len();
-    RESERVED_HEADERS.iter().any(|reserved| reserved.eq_ignore_ascii_case(name))
-        || name.get(..prefix).is_some_and(|start| start.eq_ignore_ascii_case(RESERVED_HEADER_PREFIX))
+    crate::config::is_reserved_header(name)
 }
 
 fn json_kind(value: &serde_json::Value) -> &'static str {

@@ -6,7 +6,9 @@
 //!
 //! The record: topic from the template, key = aggregate id, value = the payload as stored,
 //! headers `id`, `event_type`, `aggregate_type` and every string entry of the row's `headers`
-//! JSON object.
+//! JSON object. The outbox's transforms (`transform`, `[outbox.transforms]`) may filter the row
+//! out, route it by a payload field, add headers after the row's own and redact the payload
+//! before the format and the registry see it.
 //!
 //! Invariants (row data must not choose where an event goes, nor speak for the relay):
 //! - a row's own topic is used only with `outbox.row_topics = true`; otherwise a row naming any
@@ -30,16 +32,14 @@ pub mod format;
 mod mapping;
 pub mod registry;
 mod topics;
+mod transform;
 use format::Formatted;
 pub use mapping::Mapping;
 #[cfg(test)]
 use mapping::validate_topic;
 
-/// Header names the relay writes itself; a row's `headers` may not use them (nor any name
-/// starting with [`RESERVED_HEADER_PREFIX`]), in any case.
-pub const RESERVED_HEADERS: [&str; 3] = ["id", "event_type", "aggregate_type"];
-/// The prefix of the relay's own headers (`outbox_relay_source`, `outbox_relay_position`).
-pub const RESERVED_HEADER_PREFIX: &str = "outbox_relay_";
+/// Header names the relay writes itself (defined with the header rules that may not use them).
+pub use crate::config::{RESERVED_HEADER_PREFIX, RESERVED_HEADERS};
 
 /// An outbox row as text, before validation.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -295,6 +295,17 @@ pub struct Unpublishable {
     pub outbox: OutboxId,
 }
 
+impl Unpublishable {
+    /// The rule that filtered the event out, when a filter did (it is then not unpublishable:
+    /// see [`PoisonReason::Filtered`]).
+    pub fn filtered_by(&self) -> Option<&str> {
+        match &self.reason {
+            PoisonReason::Filtered { rule, .. } => Some(rule),
+            _ => None,
+        }
+    }
+}
+
 /// Row data quoted in a reason: escaped (a control character stays visible and harmless in a
 /// log line) and cut at 64 characters (a reason is logged and stored, whatever the row holds).
 fn excerpt(text: &str) -> String {
@@ -345,6 +356,16 @@ pub enum PoisonReason {
     NotJson { attribute: String },
     #[error("{detail}; fix the payload (or the schema), then replay the dead letter")]
     SchemaMismatch { detail: String },
+    #[error(
+        "outbox {outbox}: {rule} cannot apply at {path}: {detail}; fix the payload (or the rule), then replay \
+         the dead letter"
+    )]
+    Transform { outbox: String, rule: String, path: String, detail: String },
+    /// Not unpublishable: the outbox's transforms leave the event out. The sources settle it
+    /// unsent (released, confirmed, counted `filtered`); only a path that does not know of
+    /// filters would dead-letter it.
+    #[error("outbox {outbox}: filtered by {rule}")]
+    Filtered { outbox: String, rule: String },
     #[error(
         "{detail} (the row's topic names the subject); register the subject's schema, or fix the \
          row's topic, then replay the dead letter"

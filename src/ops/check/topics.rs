@@ -1,6 +1,7 @@
 //! `kafka.topics`: the topics the outbox routes to, from the most recent rows (the template over
 //! their aggregate and event types, or their own `topic` column), against the topics the
-//! brokers know. The relay does not create topics; a missing one is a WARN (a broker may create
+//! brokers know (rows the outbox's transforms filter out left aside; an outbox routed by a payload
+//! field is not sampled: its topics are in the payloads). The relay does not create topics; a missing one is a WARN (a broker may create
 //! topics on first use), with the `kafka-topics.sh` line that creates it.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -14,6 +15,21 @@ use crate::outboxes::Outbox;
 const SAMPLE_ROWS: i64 = 10_000;
 
 pub(super) async fn finding(outbox: &Outbox, client: &Client, known: &BTreeSet<String>) -> Finding {
+    if outbox.mapping.routes_by_payload() {
+        let t = &outbox.config.transforms;
+        return Finding::ok(
+            "kafka.topics",
+            format!(
+                "events go to the topics a payload field chooses ({}.transforms.route_by_field = \"{}\", route_topic \
+                 \"{}\"), within allowed_topics ({}): not sampled; create them ahead (the relay does not create \
+                 topics)",
+                outbox.path,
+                t.route_by_field,
+                if t.route_topic.is_empty() { "{value}" } else { &t.route_topic },
+                outbox.config.allowed_topics.join(", ")
+            ),
+        );
+    }
     let routed = match routed_topics(outbox, client).await {
         Ok(routed) => routed,
         Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
@@ -92,6 +108,12 @@ async fn routed_topics(
     for row in client.query(&sql, &[]).await? {
         let (aggregate_type, event_type, topic): (Option<String>, Option<String>, Option<String>) =
             (row.get("aggregate_type"), row.get("event_type"), row.get("topic"));
+        let (aggregate, event) =
+            (aggregate_type.as_deref().unwrap_or_default(), event_type.as_deref().unwrap_or_default());
+        if mapping.filters_out(aggregate, event) {
+            // (never published: no topic is owed them)
+            continue;
+        }
         let topic = mapping.topic_for(
             aggregate_type.as_deref().unwrap_or_default(),
             event_type.as_deref().unwrap_or_default(),

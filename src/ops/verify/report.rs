@@ -46,6 +46,8 @@ pub struct Report {
     pub mismatched: Class,
     /// Rows the relay cannot publish (dead-lettered instead), with the reason.
     pub unpublishable: Class,
+    /// Rows the outbox's transforms filter out (never sent), with the rule.
+    pub filtered: Class,
     /// Records of ids the relay recorded as published whose rows are not in the window: deleted
     /// after publishing (polling delete mode, a cleanup, a dropped partition), or outside it.
     pub published_elsewhere: u64,
@@ -111,8 +113,17 @@ impl Report {
 
     /// The summary line: true of every state the report can hold.
     pub fn verdict(&self) -> String {
+        let verdict = self.verdict_of_rows();
+        match self.filtered.count {
+            0 => verdict,
+            n => format!("{verdict} ({n} row(s) filtered out by the outbox's transforms: owed to no topic)"),
+        }
+    }
+
+    fn verdict_of_rows(&self) -> String {
         match self.exit_code() {
             EXIT_OK if self.rows == 0 => "OK: the window has no rows".into(),
+            EXIT_OK if self.rows == self.filtered.count => "OK: the window has no rows to publish".into(),
             EXIT_OK if self.duplicated.count > 0 => format!(
                 "OK: every row of the window is in Kafka, in order; {} id(s) more than once ({} extra record(s):                  at-least-once duplicates or republished, which consumers skip by the id header)",
                 self.duplicated.count, self.duplicate_records
@@ -143,7 +154,7 @@ impl Report {
             self.partitions,
             self.records_of_other_sources
         );
-        let lines: [(&str, &Class, &str); 7] = [
+        let lines: [(&str, &Class, &str); 8] = [
             ("missing", &self.missing, "in the table, not in Kafka"),
             ("pending", &self.pending, "not in Kafka yet and not owed yet"),
             ("unexpected", &self.unexpected, "in Kafka, no row in the table"),
@@ -151,6 +162,7 @@ impl Report {
             ("out of order", &self.out_of_order, "records of one key not in commit order"),
             ("mismatched", &self.mismatched, "key, value or headers differ from the row"),
             ("unpublishable", &self.unpublishable, "rows the relay dead-letters instead"),
+            ("filtered", &self.filtered, "rows the outbox's transforms filter out, owed to no topic"),
         ];
         for (name, class, meaning) in lines {
             out.push_str(&format!("  {name:<14}{:>10}  ({meaning})", class.count));
@@ -225,6 +237,19 @@ mod tests {
                 Report { replayed: 3, ..published() },
                 EXIT_OK,
                 "OK: every row of the window is in Kafka, once, in order",
+            ),
+            (
+                "filtered",
+                Report { rows: 12, filtered: class(2), ..published() },
+                EXIT_OK,
+                "OK: every row of the window is in Kafka, once, in order (2 row(s) filtered out by the outbox's \
+                 transforms: owed to no topic)",
+            ),
+            (
+                "only filtered rows",
+                Report { rows: 2, records: 0, filtered: class(2), ..Report::default() },
+                EXIT_OK,
+                "OK: the window has no rows to publish (2 row(s) filtered out",
             ),
             (
                 "pending",

@@ -41,6 +41,7 @@ pub const DUPLICATE_RECORDS: &str = "outbox_relay_verify_duplicate_records";
 pub const OUT_OF_ORDER: &str = "outbox_relay_verify_out_of_order_events";
 pub const UNEXPECTED: &str = "outbox_relay_verify_unexpected_records";
 pub const MISMATCHED: &str = "outbox_relay_verify_mismatched_events";
+pub const FILTERED: &str = "outbox_relay_verify_filtered_events";
 pub const ROWS: &str = "outbox_relay_verify_rows";
 pub const RECORDS: &str = "outbox_relay_verify_records";
 pub const LAST_PASS: &str = "outbox_relay_verify_last_pass_timestamp_seconds";
@@ -73,6 +74,7 @@ pub const ALL: &[(&str, &str)] = &[
     (OUT_OF_ORDER, "Records of one key in another order than their commits"),
     (UNEXPECTED, "Records of this source with no row and no record of being published"),
     (MISMATCHED, "Events whose record differs from what the row maps to"),
+    (FILTERED, "Rows of the window the outbox's transforms filter out (owed to no topic), at the last pass"),
     (ROWS, "Rows of the window compared at the last pass"),
     (RECORDS, "Records of this source read at the last pass"),
     (LAST_PASS, "When the last pass finished (Unix seconds)"),
@@ -271,6 +273,7 @@ fn publish(watch: &mut Watch<'_>, report: &Report, ages: Vec<(String, Option<f64
         (OUT_OF_ORDER, report.out_of_order.count),
         (UNEXPECTED, report.unexpected.count),
         (MISMATCHED, report.mismatched.count),
+        (FILTERED, report.filtered.count),
         (ROWS, report.rows),
         (RECORDS, report.records),
         (PASS_MEMORY, report.memory_bytes as u64),
@@ -335,6 +338,7 @@ fn log_pass(outbox: &str, report: &Report, took: Duration) {
             records = report.records,
             pending = report.pending.count,
             duplicated = report.duplicated.count,
+            filtered = report.filtered.count,
             seconds = took.as_secs_f64(),
             "verify pass"
         );

@@ -55,6 +55,8 @@ pub(super) struct Settlement {
     pub(super) letters: Vec<DeadLetter>,
     /// ...and their rows, to delete from the outbox.
     pub(super) lettered: Vec<RowAt>,
+    /// Rows the outbox's transforms filter out: released unsent, not recorded as published.
+    pub(super) filtered: Vec<RowAt>,
     /// The first transient failure: the session ends once the claim is released and committed.
     pub(super) failed: Option<RelayError>,
     /// Rows were left for the next claim (they came with rows Kafka holds): claim again at once.
@@ -76,28 +78,36 @@ impl Settlement {
 }
 
 /// The claimed rows as records at their claim positions (`batch:<session>-<batch>:<index>`);
-/// an unread row (over `polling.max_row_bytes`, `max_row_bytes`) is a letter of `outbox`.
+/// an unread row (over `polling.max_row_bytes`, `max_row_bytes`) is a letter of `outbox`. The
+/// rows the outbox's transforms filter out come apart, second: they are released unsent.
 pub(super) fn map(
     mapping: &Mapping,
     rows: Claimed,
     (session, batch): (u64, u64),
     (outbox, max_row_bytes): (OutboxId, usize),
-) -> Result<Vec<Row>, RelayError> {
-    let to_record = |(index, row): (usize, ClaimedRow)| {
+) -> Result<(Vec<Row>, Vec<RowAt>), RelayError> {
+    let (mut mapped, mut filtered) = (Vec::with_capacity(rows.len()), Vec::new());
+    for (index, row) in rows.into_iter().enumerate() {
         let ClaimedRow { at, raw, created_at, unread } = row;
         if let Some(bytes) = unread {
             let letter = DeadLetter::unread(at.clone(), bytes, max_row_bytes).in_outbox(outbox);
-            return Ok((at, Err(Box::new(letter))));
+            mapped.push((at, Err(Box::new(letter))));
+            continue;
         }
-        let record = mapping.to_record(raw, created_at)?;
-        let record = record.map_err(|unpublishable| Box::new(DeadLetter::unmapped(*unpublishable)));
-        let record = record.map(|mut record: KafkaRecord| {
-            record.position = Some(Position::Batch { session, batch, index: index as u32 });
-            record
-        });
-        Ok((at, record))
-    };
-    rows.into_iter().enumerate().map(to_record).collect()
+        let record = match mapping.to_record(raw, created_at)? {
+            Ok(mut record) => {
+                record.position = Some(Position::Batch { session, batch, index: index as u32 });
+                Ok(record)
+            }
+            Err(refused) if refused.filtered_by().is_some() => {
+                filtered.push(at);
+                continue;
+            }
+            Err(unpublishable) => Err(Box::new(DeadLetter::unmapped(*unpublishable))),
+        };
+        mapped.push((at, record));
+    }
+    Ok((mapped, filtered))
 }
 
 /// Hands the claimed `rows` to the stage and waits until every record sent is settled.

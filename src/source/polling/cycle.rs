@@ -56,6 +56,8 @@ struct Claimed<'t> {
     rows: Vec<batch::Row>,
     /// Rows released unsent (their events were dead-lettered by replication mode).
     dead_lettered: Vec<RowAt>,
+    /// Rows the outbox's transforms filter out: released unsent, not recorded as published.
+    filtered: Vec<RowAt>,
     /// How many rows were claimed.
     claimed: usize,
     /// When the claim's transaction began.
@@ -102,7 +104,8 @@ impl PollingSource {
         let claimed = rows.len();
         let (rows, dead_lettered) = already_dead_lettered(&session.dead_lettered[outbox], rows);
         let row_bound = (outbox, self.config.polling.max_row_bytes);
-        let rows = batch::map(&self.outboxes[outbox].mapping, rows, (session.nonce, batch), row_bound)?;
+        let (rows, filtered) =
+            batch::map(&self.outboxes[outbox].mapping, rows, (session.nonce, batch), row_bound)?;
         let unread = delivery.unread(rows.iter().filter_map(|(_, row)| row.as_ref().ok()));
         let unread: Vec<String> = unread.into_iter().map(String::from).collect();
         if !unread.is_empty() {
@@ -114,7 +117,7 @@ impl PollingSource {
             }
             return Ok(BatchOutcome { full: true, ..BatchOutcome::default() });
         }
-        let claim = Claimed { tx, rows, dead_lettered, claimed, began, deadline };
+        let claim = Claimed { tx, rows, dead_lettered, filtered, claimed, began, deadline };
         let (settlement, dead_lettered) =
             self.deliver(claim, &session.prepared[outbox], outbox, delivery).await?;
         Ok(BatchOutcome {
@@ -160,18 +163,28 @@ impl PollingSource {
         outbox: OutboxId,
         delivery: &mut Delivery<'_, S, RowAt>,
     ) -> Result<(Settlement, u64), RelayError> {
-        let Claimed { tx, rows, dead_lettered, claimed, began, deadline } = claim;
+        let Claimed { tx, rows, dead_lettered, filtered, claimed, began, deadline } = claim;
         // (one copy per distinct topic, not per row)
         let topics: BTreeSet<&str> =
             rows.iter().filter_map(|(_, row)| row.as_ref().ok()).map(|r| r.topic.as_str()).collect();
         let topics = topics.into_iter().map(String::from).collect();
         let claimed_at = began.elapsed();
-        let settlement = batch::deliver(delivery, rows, dead_lettered, deadline).await?;
+        let mut settlement = batch::deliver(delivery, rows, dead_lettered, deadline).await?;
+        // (never sent, whatever became of the claim's records: released with them)
+        settlement.filtered = filtered;
         let delivered_at = began.elapsed();
-        let read = if settlement.again { settlement.release.len() } else { claimed };
+        let read =
+            if settlement.again { settlement.release.len() + settlement.filtered.len() } else { claimed };
         metrics().events_read.with_label_values(&[MODE.label()]).inc_by(read as u64);
         let written = self.release(&tx, &self.outboxes[outbox], prepared, &settlement, topics).await?;
         tx.commit().await?;
+        if !settlement.filtered.is_empty() {
+            let name = &self.outboxes[outbox].name;
+            metrics()
+                .outbox_events_filtered
+                .with_label_values(&[name])
+                .inc_by(settlement.filtered.len() as u64);
+        }
         tracing::debug!(
             claimed,
             claim_ms = claimed_at.as_millis() as u64,
@@ -193,7 +206,11 @@ impl PollingSource {
         settlement: &Settlement,
         topics: BTreeSet<String>,
     ) -> Result<u64, RelayError> {
-        let Settlement { release, letters, lettered, .. } = settlement;
+        let Settlement { release, letters, lettered, filtered, .. } = settlement;
+        if !filtered.is_empty() {
+            let (tableoids, ctids) = RowAt::params(filtered);
+            tx.execute(&statements.release, &[&tableoids, &ctids]).await?;
+        }
         if !release.is_empty() {
             let (tableoids, ctids) = RowAt::params(release);
             tx.execute(&statements.release, &[&tableoids, &ctids]).await?;

@@ -50,6 +50,8 @@ pub struct CopyReport {
     pub already_in_kafka: u64,
     /// Rows that cannot be published, moved to the dead-letter table.
     pub dead_lettered: u64,
+    /// Rows the outbox's transforms filter out: not sent.
+    pub filtered: u64,
 }
 
 impl CopyReport {
@@ -58,6 +60,7 @@ impl CopyReport {
         self.published += other.published;
         self.already_in_kafka += other.already_in_kafka;
         self.dead_lettered += other.dead_lettered;
+        self.filtered += other.filtered;
     }
 }
 
@@ -180,6 +183,7 @@ impl<'a, S: Sink> Copying<'a, S> {
                     None => {}
                 }
             }
+            Err(refused) if refused.filtered_by().is_some() => self.report.filtered += 1,
             Err(unpublishable) => {
                 // what precedes the row goes first
                 self.settle(shutdown).await?;

@@ -27,6 +27,7 @@ fn claimed(ids: &[&str]) -> Vec<Row> {
         .collect();
     map(&Mapping::new(&OutboxConfig::default()), rows, (1, 0), (OutboxId::default(), 1 << 20))
         .expect("no registry")
+        .0
 }
 
 /// Where the `n`-th row of a claim, `id`, lies.
@@ -243,7 +244,7 @@ async fn a_row_over_max_row_bytes_is_a_letter_by_reference_and_the_rest_flow_on(
             unread: (*id == "2").then_some(3 << 20),
         })
         .collect();
-    let rows =
+    let (rows, _) =
         map(&Mapping::new(&OutboxConfig::default()), rows, (1, 0), (OutboxId::default(), 1 << 20)).unwrap();
     // when it is delivered
     let settlement = deliver(&mut delivery, rows, Vec::new(), far()).await.unwrap();
@@ -260,4 +261,41 @@ async fn a_row_over_max_row_bytes_is_a_letter_by_reference_and_the_rest_flow_on(
         letter.reason
     );
     assert_eq!(f.sink.sent(), ["1", "3"]);
+}
+
+#[test]
+fn rows_the_transforms_filter_out_come_apart_to_be_released_unsent() {
+    // given a claim of three rows, the second of an excluded event type
+    let rows = ["1", "2", "3"]
+        .iter()
+        .enumerate()
+        .map(|(n, id)| {
+            let mut raw = outbox_row(id);
+            if *id == "2" {
+                raw.event_type = Some("Cache.internal".into());
+            }
+            ClaimedRow { at: at(id, n), raw, created_at: None, unread: None }
+        })
+        .collect();
+    let outbox = OutboxConfig {
+        transforms: crate::config::TransformsConfig {
+            exclude_event_types: vec!["*.internal".into()],
+            ..Default::default()
+        },
+        ..OutboxConfig::default()
+    };
+    // when they are mapped
+    let (mapped, filtered) =
+        map(&Mapping::new(&outbox), rows, (1, 0), (OutboxId::default(), 1 << 20)).expect("no registry");
+    // then the filtered row is neither sent nor dead-lettered: it is released apart
+    assert_eq!(filtered, [at("2", 1)]);
+    let ids: Vec<&str> = mapped
+        .iter()
+        .map(|(at, row)| (at.id.as_str(), row.is_ok()))
+        .map(|(id, ok)| {
+            assert!(ok, "row {id} maps");
+            id
+        })
+        .collect();
+    assert_eq!(ids, ["1", "3"]);
 }

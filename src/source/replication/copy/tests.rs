@@ -34,7 +34,7 @@ async fn a_chunk_settles_whole_counting_what_kafka_took_and_what_it_refused() {
     let settled = settle_all(&mut delivery, &mut report, &mut letters, &mut shutdown);
     tokio::time::timeout(PATIENCE, settled).await.unwrap().unwrap();
     // then every record settled: two published, the refused one's letter to write
-    assert_eq!(report, CopyReport { published: 2, already_in_kafka: 0, dead_lettered: 1 });
+    assert_eq!(report, CopyReport { published: 2, already_in_kafka: 0, dead_lettered: 1, filtered: 0 });
     assert_eq!(letters.iter().map(|l| l.id.as_str()).collect::<Vec<_>>(), ["2"]);
     assert_eq!(delivery.records(), 0);
 }
@@ -54,7 +54,7 @@ async fn a_refused_record_holds_the_copy_until_kafka_takes_it() {
     let settled = settle_all(&mut delivery, &mut report, &mut letters, &mut shutdown);
     tokio::time::timeout(PATIENCE, settled).await.unwrap().unwrap();
     // then it returned only once the record was sent again and taken: nothing dead-lettered
-    assert_eq!(report, CopyReport { published: 3, already_in_kafka: 0, dead_lettered: 0 });
+    assert_eq!(report, CopyReport { published: 3, already_in_kafka: 0, dead_lettered: 0, filtered: 0 });
     assert!(letters.is_empty());
     assert_eq!(f.sink.sent(), ["1", "2", "3", "2", "2"]);
     assert!(!delivery.holding());
@@ -112,7 +112,10 @@ async fn a_chunk_is_settled_whole_before_the_next_row_is_read() {
     assert_eq!(copying.report.published, 4);
     let (_stop, mut shutdown) = watch::channel(false);
     copying.settle(&mut shutdown).await.unwrap();
-    assert_eq!(copying.report, CopyReport { published: 5, already_in_kafka: 0, dead_lettered: 0 });
+    assert_eq!(
+        copying.report,
+        CopyReport { published: 5, already_in_kafka: 0, dead_lettered: 0, filtered: 0 }
+    );
     assert_eq!(f.sink.written(), ["1", "2", "3", "4", "5"]);
 }
 
@@ -146,7 +149,10 @@ async fn what_precedes_a_row_that_cannot_map_settles_before_its_dead_letter() {
     let in_flight = copy(&mut copying, &["1", "!2", "3"]).await;
     // then the record before it was acknowledged first, and the row is a dead letter to write
     assert_eq!(in_flight, [1, 0, 1]);
-    assert_eq!(copying.report, CopyReport { published: 1, already_in_kafka: 0, dead_lettered: 1 });
+    assert_eq!(
+        copying.report,
+        CopyReport { published: 1, already_in_kafka: 0, dead_lettered: 1, filtered: 0 }
+    );
     assert_eq!(copying.letters.iter().map(|l| l.id.as_str()).collect::<Vec<_>>(), ["2"]);
 }
 

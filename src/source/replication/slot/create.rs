@@ -50,10 +50,10 @@ pub(in crate::source::replication) async fn create_and_copy<S: Sink>(
     let report =
         copy_outboxes(source, server, client, (consistent_point, &snapshot), pulse, shutdown).await?;
     client.execute(COPIED_SQL, &[&slot]).await?;
-    let CopyReport { published, already_in_kafka, dead_lettered } = report;
+    let CopyReport { published, already_in_kafka, dead_lettered, filtered } = report;
     // `rows`: every row Kafka holds now (tests read this figure from the log)
     let rows = published + already_in_kafka;
-    tracing::info!(%slot, rows, published, already_in_kafka, dead_lettered, "pre-existing rows published; streaming from the slot");
+    tracing::info!(%slot, rows, published, already_in_kafka, dead_lettered, filtered, "pre-existing rows published; streaming from the slot");
     Ok((consistent_point, report))
 }
 

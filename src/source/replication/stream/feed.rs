@@ -362,6 +362,11 @@ impl<'a, S: Sink> Feed<'a, S> {
                     self.settled(settled);
                 }
             }
+            // filtered out: nothing is sent, so its transaction owes Kafka nothing for it
+            Err(refused) if refused.filtered_by().is_some() => {
+                let name = &self.outboxes[at.outbox].name;
+                metrics().outbox_events_filtered.with_label_values(&[name]).inc();
+            }
             Err(unpublishable) => self.unpublishable(txn.id, DeadLetter::unmapped(*unpublishable)),
         }
         Ok(())
