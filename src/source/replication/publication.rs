@@ -84,10 +84,14 @@ pub(crate) const DROPPED_REMEDY: &str = "creating the publication again is not e
 /// The publication, and its entry for each table it holds, keyed `schema` U+001F `table`. Each
 /// entry also has `table_columns`, the table's columns now: a column missing from `attnames`
 /// (15+: the columns published) may be left out by a column list, or gone from the table.
+/// (`to_regclass`, not a cast: the view's row and the name's lookup see the catalog at two
+/// moments, and a table moved or dropped between them must not fail the check with a bare
+/// "relation does not exist"; its `table_columns` is then null, and the next check says what
+/// happened.)
 const ENTRIES_SQL: &str = "SELECT p.pubinsert AS inserts, \
         (SELECT jsonb_object_agg(t.schemaname || chr(31) || t.tablename, to_jsonb(t) || jsonb_build_object( \
              'table_columns', (SELECT jsonb_agg(a.attname) FROM pg_attribute a \
-                 WHERE a.attrelid = (quote_ident(t.schemaname) || '.' || quote_ident(t.tablename))::regclass \
+                 WHERE a.attrelid = to_regclass(quote_ident(t.schemaname) || '.' || quote_ident(t.tablename)) \
                    AND a.attnum > 0 AND NOT a.attisdropped))) \
          FROM pg_publication_tables t WHERE t.pubname = p.pubname) AS entries \
      FROM pg_publication p WHERE p.pubname = $1";
