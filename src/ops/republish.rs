@@ -195,8 +195,7 @@ fn live_to_send(
     mut originals: HashMap<String, Original>,
     outcome: &mut Outcome,
 ) -> Vec<Again> {
-    let stamp =
-        SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_millis().to_string();
+    let stamp = republished_stamp();
     let mut again = Vec::with_capacity(records.len());
     for (id, record) in records {
         let Some(original) = originals.remove(&id) else {
@@ -303,8 +302,7 @@ fn to_send(
     mut originals: HashMap<String, Original>,
     outcome: &mut Outcome,
 ) -> Vec<Again> {
-    let stamp =
-        SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_millis().to_string();
+    let stamp = republished_stamp();
     // a record Kafka no longer holds is made again only in the relay's own format: the others'
     // values are made by the sink (CloudEvents' envelope, a registry's schema id)
     let remappable = outbox.format == crate::config::RecordFormat::Raw && outbox.registry.is_none();
@@ -501,4 +499,9 @@ async fn send(
         note(outcome, id, describe, delivered);
     }
     Ok(())
+}
+
+/// The `outbox_relay_republished` header's value: now, in Unix milliseconds.
+fn republished_stamp() -> String {
+    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_millis().to_string()
 }
