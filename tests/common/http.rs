@@ -5,9 +5,19 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
 
-/// A loopback port nobody listens on right now.
+/// A loopback port nobody listens on right now, and one this process has not been given before:
+/// two picks before either is bound (a relay's metrics and admin listeners) could otherwise be
+/// the same port, and the second listener would fail with "Address already in use".
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap();
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// GET `path` from 127.0.0.1:`port`; returns (status code, body), or None when nothing answers.
