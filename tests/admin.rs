@@ -33,6 +33,33 @@ pub(crate) fn tokens(dir: &std::path::Path) -> String {
 }
 
 /// A relay of `s` with its admin listener on a free port: (relay, admin port).
+/// A writer committing `per_txn` events to `agg-0`..`agg-{aggregates - 1}` in turn, `pause`
+/// apart, until told to stop; it returns how many events it committed per aggregate.
+pub(crate) async fn keep_writing(
+    s: &Setup,
+    aggregates: usize,
+    per_txn: usize,
+    pause: Duration,
+) -> (tokio::sync::watch::Sender<bool>, tokio::task::JoinHandle<HashMap<String, i64>>) {
+    let mut writer = s.db.client().await;
+    let aggregate_type = s.aggregate_type.clone();
+    let (stop_tx, mut stop) = tokio::sync::watch::channel(false);
+    let writing = tokio::spawn(async move {
+        let mut committed: HashMap<String, i64> = HashMap::new();
+        for i in 0.. {
+            let aggregate = format!("agg-{}", i % aggregates);
+            let n = write_events(&mut writer, &aggregate_type, &aggregate, per_txn, true).await;
+            *committed.entry(aggregate).or_default() += n as i64;
+            if *stop.borrow_and_update() {
+                break;
+            }
+            tokio::time::sleep(pause).await;
+        }
+        committed
+    });
+    (stop_tx, writing)
+}
+
 pub(crate) fn start(s: &Setup, name: &str) -> (RelayProcess, u16) {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
@@ -104,22 +131,7 @@ async fn pause_then_resume_under_load(mode: &str) {
     let consumer = consumer(&[&s.topic]);
     let (relay, port) = start(&s, "relay");
     relay.wait_ready("active").await;
-    let mut writer = s.db.client().await;
-    let aggregate_type = s.aggregate_type.clone();
-    let (stop_tx, mut stop) = tokio::sync::watch::channel(false);
-    let writing = tokio::spawn(async move {
-        let mut committed: HashMap<String, i64> = HashMap::new();
-        for i in 0.. {
-            let aggregate = format!("agg-{}", i % 8);
-            let n = write_events(&mut writer, &aggregate_type, &aggregate, 5, true).await;
-            *committed.entry(aggregate).or_default() += n as i64;
-            if *stop.borrow_and_update() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        committed
-    });
+    let (stop_tx, writing) = keep_writing(&s, 8, 5, Duration::from_millis(20)).await;
     let before = consume(&consumer, 20, IDLE).await.len();
     assert!(before >= 20, "the relay relays before the pause");
     let lag_before = lag(port);

@@ -6,10 +6,9 @@
 //! order, a non-operator's refused, and a row executed once across a kill -9 of the leader in the
 //! middle of it.
 
-use crate::admin::{act, setup, setup_with_kafka, start};
+use crate::admin::{act, keep_writing, setup, setup_with_kafka, start};
 use crate::common;
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use common::workload::*;
@@ -30,22 +29,7 @@ async fn republish_one_aggregate_while_a_writer_commits(mode: &str, kafka: &str)
     create_aggregates(&client, 4).await;
     let (relay, port) = start(&s, "relay");
     relay.wait_ready("active").await;
-    let mut writer = s.db.client().await;
-    let aggregate_type = s.aggregate_type.clone();
-    let (stop_tx, mut stop) = tokio::sync::watch::channel(false);
-    let writing = tokio::spawn(async move {
-        let mut committed: HashMap<String, i64> = HashMap::new();
-        for i in 0.. {
-            let aggregate = format!("agg-{}", i % 4);
-            let n = write_events(&mut writer, &aggregate_type, &aggregate, 3, true).await;
-            *committed.entry(aggregate).or_default() += n as i64;
-            if *stop.borrow_and_update() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        committed
-    });
+    let (stop_tx, writing) = keep_writing(&s, 4, 3, Duration::from_millis(10)).await;
     let consumer = consumer(&[&s.topic]);
     assert!(consume(&consumer, 60, IDLE).await.len() >= 60, "the relay relays before the republish");
 
