@@ -13,6 +13,7 @@
 --   outbox_relay_slots        the relay's memory of its slot (006_relay_slots.sql)
 --   outbox_relay_published    the ids it published, for `verify` (010_published.sql)
 --   pg_logical_emit_message   its heartbeat (replication.heartbeat_interval_ms)
+--   outbox_relay_control      the pause its instances share, the leader's admin URL (015_relay_control.sql)
 --   No DELETE or UPDATE on the outbox: replication mode never changes it.
 --   REPLICATION lets a role read, through a slot of its own, the changes of every table in any
 --   publication of the database: keep publications to the tables they are for.
@@ -23,6 +24,7 @@
 --   UPDATE (published_at)     after_publish = "mark"; no other column
 --   INSERT dead letter        unpublishable rows are moved there with their reason
 --   outbox_relay_published    the ids it published, for `verify` (010_published.sql)
+--   outbox_relay_control      the pause its instances share, the leader's admin URL (015_relay_control.sql)
 --
 -- outbox_relay_verify (`verify`, `verify --watch` and `locate`; set
 -- postgres.user = "outbox_relay_verify" in their configuration):
@@ -111,6 +113,9 @@ GRANT SELECT, INSERT ON outbox_dead_letter TO outbox_relay_polling;
 -- became of each (never a request: INSERT is outbox_relay_operator's alone)
 GRANT SELECT, UPDATE (started_at, started_by, executor_pid, finished_at, result, receipt)
     ON outbox_relay_signal TO outbox_relay, outbox_relay_polling;
+
+-- both: the pause and the leader's address the instances of one relay share (015_relay_control.sql)
+GRANT SELECT, INSERT, UPDATE ON outbox_relay_control TO outbox_relay, outbox_relay_polling;
 
 -- verify: reads, nothing more
 GRANT SELECT ON outbox_events, outbox_dead_letter, outbox_relay_published TO outbox_relay_verify;

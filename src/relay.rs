@@ -72,6 +72,8 @@ async fn run_until_stopped(config: RelayConfig, health: Arc<Health>) -> Result<(
     let (leader, desk) = crate::delivery::live::channel();
     let admin =
         crate::ops::admin::Admin::new(Arc::new(config.clone()), outboxes.clone(), health.clone(), leader)?;
+    // (before the supervisor: its first take-over reads the pause the relay's instances share)
+    admin.control.spawn();
     crate::ops::admin::serve(admin.clone()).await?;
     crate::ops::signal::spawn(admin);
     start_tracing(&config.tracing)?;

@@ -4,13 +4,16 @@
 //! states); a standby refusing it, naming the leader; the `republish` command asking the running
 //! relay, and running offline once none answers; the signal table: an operator's rows executed in
 //! order, a non-operator's refused, and a row executed once across a kill -9 of the leader in the
-//! middle of it.
+//! middle of it; a pause that outlives a kill -9 of the paused leader (the standby takes over
+//! paused); the `republish` command sent to a standby, followed to the leader's URL.
 
 use crate::admin::{act, keep_writing, setup, setup_with_kafka, start};
 use crate::common;
 
 use std::time::Duration;
 
+use common::http::free_port;
+use common::process::RelayProcess;
 use common::workload::*;
 use common::*;
 
@@ -396,4 +399,120 @@ async fn setup_creates_a_signal_table_of_the_configured_name_that_only_operators
     let by: String =
         client.query_one("SELECT requested_by::text FROM relay_requests", &[]).await.unwrap().get(0);
     assert_eq!(by, operator, "the trigger names the session's role");
+}
+
+/// A relay of `s` with its admin listener on a free port, advertising it
+/// (`admin.advertise_url`): (relay, admin port).
+fn start_advertised(s: &Setup, name: &str) -> (RelayProcess, u16) {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let url = format!("http://{listen}");
+    let env =
+        [("OUTBOX_RELAY__ADMIN__LISTEN", listen.as_str()), ("OUTBOX_RELAY__ADMIN__ADVERTISE_URL", &url)];
+    (s.start_with_env(name, &env), port)
+}
+
+async fn a_pause_outlives_a_kill_9_of_the_paused_leader(mode: &str) {
+    // given an active relay and a standby, both advertising their admin listeners, and a writer
+    // committing 3 events per transaction on 4 aggregates for the whole test
+    let s = setup(mode).await;
+    let client = s.db.client().await;
+    create_aggregates(&client, 4).await;
+    let consumer = consumer(&[&s.topic]);
+    let (mut relay, port) = start_advertised(&s, "relay");
+    relay.wait_ready("active").await;
+    let (standby, standby_port) = start_advertised(&s, "standby");
+    standby.wait_ready("standby").await;
+    let (stop_tx, writing) = keep_writing(&s, 4, 3, Duration::from_millis(20)).await;
+    assert!(consume(&consumer, 12, IDLE).await.len() >= 12, "the relay relays before the pause");
+
+    // when the operator pauses the leader, and asks the standby to resume
+    let receipt = act(port, "/v1/pause", r#"{"reason": "incident 42"}"#);
+    assert_eq!(receipt.json()["result"], "paused", "{}", receipt.body);
+    assert_eq!(
+        receipt.json()["detail"]["shared"],
+        true,
+        "the pause is written for the instances to come: {}",
+        receipt.body
+    );
+    relay.wait_ready("paused by oncall: incident 42").await;
+    let refused = act(standby_port, "/v1/resume", "");
+
+    // then the standby refuses, naming the leader's admin URL
+    assert_eq!(refused.status, 409, "{}", refused.body);
+    assert_eq!(
+        refused.json()["detail"]["leader_url"],
+        format!("http://127.0.0.1:{port}"),
+        "{}",
+        refused.body
+    );
+
+    // when the paused leader is killed
+    consume(&consumer, usize::MAX, Duration::from_secs(2)).await;
+    relay.kill9();
+
+    // then the standby takes over paused, says by whom, and publishes nothing
+    standby.wait_ready("paused by oncall: incident 42").await;
+    assert_eq!(standby.metric("outbox_relay_paused"), Some(1.0));
+    assert_eq!(standby.metric("outbox_relay_paused_by{by=\"oncall\"}"), Some(1.0));
+    assert!(
+        consume(&consumer, usize::MAX, Duration::from_secs(3)).await.is_empty(),
+        "the new leader published while the relay was paused"
+    );
+    assert!(standby.log_text().contains("takes over a paused relay"), "the take-over says it stays paused");
+
+    // when the new leader is resumed and the writer stops
+    let receipt = act(standby_port, "/v1/resume", "");
+    assert_eq!(receipt.json()["result"], "resumed", "{}", receipt.body);
+    assert_eq!(receipt.json()["detail"]["shared"], true, "{}", receipt.body);
+    standby.wait_ready("active").await;
+    assert_eq!(standby.metric("outbox_relay_paused_by{by=\"\"}"), Some(0.0));
+    stop_tx.send(true).unwrap();
+    let committed = writing.await.unwrap();
+
+    // then every committed event arrives, in order per aggregate (the killed leader's
+    // unconfirmed tail may arrive twice, with the same ids)
+    let total: i64 = committed.values().sum();
+    let all = consume_unique(&common::consumer(&[&s.topic]), total as usize, IDLE, LINGER).await;
+    assert_delivered(&all, &committed);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn polling_a_pause_outlives_a_kill_9_of_the_paused_leader_and_the_standby_takes_over_paused() {
+    a_pause_outlives_a_kill_9_of_the_paused_leader("polling").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replication_a_pause_outlives_a_kill_9_of_the_paused_leader_and_the_standby_takes_over_paused() {
+    a_pause_outlives_a_kill_9_of_the_paused_leader("replication").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_republish_command_sent_to_a_standby_is_carried_out_by_the_leader_it_names() {
+    // given an active relay and a standby, both advertising their admin listeners, and 2 events
+    // of agg-0 published
+    let s = setup("replication").await;
+    let mut client = s.db.client().await;
+    create_aggregates(&client, 1).await;
+    let (relay, port) = start_advertised(&s, "relay");
+    relay.wait_ready("active").await;
+    let (standby, standby_port) = start_advertised(&s, "standby");
+    standby.wait_ready("standby").await;
+    write_events(&mut client, &s.aggregate_type, "agg-0", 2, true).await;
+    assert_eq!(consume(&consumer(&[&s.topic]), 2, IDLE).await.len(), 2);
+
+    // when the command is pointed at the standby (admin.url)
+    let config = s.config().display().to_string();
+    let standby_url = format!("http://127.0.0.1:{standby_port}");
+    let args = ["republish", "--config", config.as_str(), "--aggregate", "agg-0"];
+    let (code, stdout, stderr) =
+        run_relay_with_env(&args, &[("OUTBOX_RELAY__ADMIN__URL", &standby_url)], EXIT_LIMIT);
+
+    // then the standby's refusal names the leader, the command asks it there, and it is done
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let said = format!("carried out by the running relay at http://127.0.0.1:{port}: republished");
+    assert!(stdout.contains(&said), "{stdout}{stderr}");
+    assert!(standby.log_text().contains("refused"), "the standby's refusal is audited");
+    let all = consume(&consumer(&[&s.topic]), 4, IDLE).await;
+    assert_eq!(all.iter().filter(|r| r.header(REPUBLISHED).is_some()).count(), 2);
 }

@@ -10,6 +10,7 @@ mod common;
 mod ledger_support;
 
 mod admin;
+mod admin_tls;
 mod chain;
 mod check_then_run;
 mod console;

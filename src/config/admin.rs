@@ -36,11 +36,24 @@ pub struct AdminConfig {
     pub tls_key_file: String,
     /// Who may call the API: a name (in audit lines and "paused by"), a scope, a token file.
     pub tokens: Vec<AdminToken>,
+    /// PEM CA certificates that sign the client certificates the listener accepts (mutual TLS,
+    /// with `clients`); empty (the default): none is asked for. A request with a bearer token
+    /// is judged by its token alone.
+    pub tls_client_ca_file: String,
+    /// Who may call the API with a client certificate signed by `tls_client_ca_file`: a name (in
+    /// audit lines and "paused by"), a scope, and the certificate's subject common name.
+    pub clients: Vec<AdminClient>,
     /// Where `republish` and `replay-dead-letters` find a running relay's API
     /// (`http://127.0.0.1:9189`, through a port-forward); empty (the default): `listen`'s
     /// address, when set. A relay answering there carries the command out; none: the command
     /// runs offline.
     pub url: String,
+    /// Where this instance's API answers the other instances of the relay
+    /// (`https://outbox-relay-0.outbox-relay:9189`): the active instance writes it into
+    /// `outbox_relay_control`, a standby's refusal of an act names it, and `republish` and
+    /// `replay-dead-letters` follow it from a standby. Empty (the default): refusals name the
+    /// active instance's pod and process, not a URL.
+    pub advertise_url: String,
     /// The token those commands present (a file, as `tokens[].token_file`); empty (the
     /// default): the first `operate` token of `tokens`.
     pub client_token_file: String,
@@ -61,7 +74,10 @@ impl Default for AdminConfig {
             tls_cert_file: String::new(),
             tls_key_file: String::new(),
             tokens: Vec::new(),
+            tls_client_ca_file: String::new(),
+            clients: Vec::new(),
             url: String::new(),
+            advertise_url: String::new(),
             client_token_file: String::new(),
             signal_table: String::new(),
             signal_operator_role: DEFAULT_SIGNAL_OPERATOR_ROLE.into(),
@@ -80,6 +96,18 @@ pub struct AdminToken {
     pub scope: AdminScope,
     /// A file holding the token (its bytes less trailing whitespace, at least 16).
     pub token_file: String,
+}
+
+/// One client certificate's holder.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminClient {
+    /// Who holds it: named in every audit line and in "paused by <name>".
+    pub name: String,
+    /// `read` or `operate`, as a token's.
+    pub scope: AdminScope,
+    /// The certificate's subject common name (CN), exactly.
+    pub subject_cn: String,
 }
 
 /// What a token may do.
@@ -123,14 +151,13 @@ impl AdminConfig {
                 "must name the role whose members may insert requests (e.g. \"outbox_relay_operator\")",
             ));
         }
-        if !(self.url.is_empty() || self.url.starts_with("http://") || self.url.starts_with("https://")) {
-            return Err(ConfigError::invalid(
-                "admin.url",
-                format!(
-                    "\"{}\" is not an http:// or https:// URL (e.g. \"http://127.0.0.1:9189\")",
-                    self.url
-                ),
-            ));
+        for (setting, url) in [("admin.url", &self.url), ("admin.advertise_url", &self.advertise_url)] {
+            if !(url.is_empty() || url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(ConfigError::invalid(
+                    setting,
+                    format!("\"{url}\" is not an http:// or https:// URL (e.g. \"http://127.0.0.1:9189\")"),
+                ));
+            }
         }
         if !self.enabled() {
             return Ok(());
@@ -147,25 +174,24 @@ impl AdminConfig {
                 "set admin.tls_cert_file and admin.tls_key_file together (or neither, on loopback)",
             ));
         }
-        if self.tokens.is_empty() {
+        if self.tokens.is_empty() && self.clients.is_empty() {
             return Err(ConfigError::invalid(
                 "admin.tokens",
                 "the admin listener is on but no token may use it: add [[admin.tokens]] with name, scope \
                  (\"read\" or \"operate\") and token_file, or leave admin.listen empty",
             ));
         }
+        self.validate_clients()?;
+        let names: Vec<&str> = self
+            .tokens
+            .iter()
+            .map(|t| t.name.as_str())
+            .chain(self.clients.iter().map(|c| c.name.as_str()))
+            .collect();
         for (i, token) in self.tokens.iter().enumerate() {
             let path = format!("admin.tokens[{i}]");
-            let name_ok = !token.name.is_empty()
-                && token.name.len() <= 64
-                && token.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.@".contains(c));
-            if !name_ok {
-                return Err(ConfigError::invalid(
-                    format!("{path}.name"),
-                    "must be 1-64 characters of A-Z, a-z, 0-9, '-', '_', '.' and '@'",
-                ));
-            }
-            if self.tokens[..i].iter().any(|earlier| earlier.name == token.name) {
+            valid_name(&path, &token.name)?;
+            if names[..i].contains(&token.name.as_str()) {
                 return Err(ConfigError::invalid(
                     format!("{path}.name"),
                     format!("\"{}\" names another token too: each token needs its own name", token.name),
@@ -181,12 +207,67 @@ impl AdminConfig {
         Ok(())
     }
 
+    /// `tls_client_ca_file` and `clients`: set together, over TLS; each client named once (a
+    /// token's name too), with a common name no other client has.
+    fn validate_clients(&self) -> Result<(), ConfigError> {
+        if self.tls_client_ca_file.is_empty() != self.clients.is_empty() {
+            return Err(ConfigError::invalid(
+                "admin.tls_client_ca_file",
+                "set admin.tls_client_ca_file (the CA that signs client certificates) and [[admin.clients]] \
+                 together, or neither",
+            ));
+        }
+        if !self.tls_client_ca_file.is_empty() && !self.tls() {
+            return Err(ConfigError::invalid(
+                "admin.tls_client_ca_file",
+                "client certificates need HTTPS: set admin.tls_cert_file and admin.tls_key_file too",
+            ));
+        }
+        for (i, client) in self.clients.iter().enumerate() {
+            let path = format!("admin.clients[{i}]");
+            valid_name(&path, &client.name)?;
+            let earlier = &self.clients[..i];
+            if self.tokens.iter().any(|t| t.name == client.name)
+                || earlier.iter().any(|c| c.name == client.name)
+            {
+                return Err(ConfigError::invalid(
+                    format!("{path}.name"),
+                    format!(
+                        "\"{}\" names a token or another client too: each needs its own name",
+                        client.name
+                    ),
+                ));
+            }
+            if client.subject_cn.is_empty() || earlier.iter().any(|c| c.subject_cn == client.subject_cn) {
+                return Err(ConfigError::invalid(
+                    format!("{path}.subject_cn"),
+                    "must name the certificate's subject common name, one no other client has",
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Listens beyond loopback without TLS: bearer tokens would cross the network in clear.
     pub fn exposed_without_tls(&self) -> bool {
         let beyond_loopback =
             self.listen.parse::<std::net::SocketAddr>().is_ok_and(|a| !a.ip().to_canonical().is_loopback());
         self.enabled() && beyond_loopback && !self.tls()
     }
+}
+
+/// A token's or client's name: what audit lines and "paused by" show.
+fn valid_name(path: &str, name: &str) -> Result<(), ConfigError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.@".contains(c));
+    if ok {
+        return Ok(());
+    }
+    Err(ConfigError::invalid(
+        format!("{path}.name"),
+        "must be 1-64 characters of A-Z, a-z, 0-9, '-', '_', '.' and '@'",
+    ))
 }
 
 #[cfg(test)]
@@ -224,6 +305,33 @@ mod tests {
         let mut spaced = on("127.0.0.1:9189");
         spaced.tokens[0].name = "a b".into();
         assert!(said(spaced).starts_with("admin.tokens[0].name: "));
+    }
+
+    #[test]
+    fn client_certificates_need_a_ca_https_and_names_of_their_own() {
+        let said = |c: &AdminConfig| c.validate().unwrap_err().to_string();
+        let mut mutual = on("127.0.0.1:9189");
+        mutual.clients.push(AdminClient {
+            name: "robot".into(),
+            scope: AdminScope::Read,
+            subject_cn: "robot".into(),
+        });
+        assert!(said(&mutual).starts_with("admin.tls_client_ca_file: "), "no CA");
+        mutual.tls_client_ca_file = "/ca.pem".into();
+        assert!(said(&mutual).contains("need HTTPS"), "{}", said(&mutual));
+        (mutual.tls_cert_file, mutual.tls_key_file) = ("/c".into(), "/k".into());
+        assert!(mutual.validate().is_ok());
+        mutual.tokens.clear();
+        assert!(mutual.validate().is_ok(), "clients alone may use the listener");
+        let mut same_cn = mutual.clone();
+        same_cn.clients.push(AdminClient { name: "other".into(), ..same_cn.clients[0].clone() });
+        assert!(said(&same_cn).starts_with("admin.clients[1].subject_cn: "));
+        let mut token_named = on("127.0.0.1:9189");
+        token_named.clients = mutual.clients.clone();
+        token_named.clients[0].name = "alice".into();
+        (token_named.tls_client_ca_file, token_named.tls_cert_file, token_named.tls_key_file) =
+            ("/ca.pem".into(), "/c".into(), "/k".into());
+        assert!(said(&token_named).starts_with("admin.clients[0].name: "));
     }
 
     #[test]

@@ -150,6 +150,10 @@ impl Health {
             // (a standby session reports the holder before the supervisor sets the phase)
             facts.lock_holder = None;
         }
+        if phase == Phase::Active && facts.phase != Phase::Active {
+            // before the session reads: a pause the relay's instances share holds here too
+            self.pause.take_over();
+        }
         facts.phase = phase;
     }
 

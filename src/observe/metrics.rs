@@ -55,6 +55,7 @@ pub const BUILD_INFO: &str = "outbox_relay_build_info";
 pub const FATAL: &str = "outbox_relay_fatal_error";
 pub const EVENTS_BLOCKED: &str = "outbox_relay_events_blocked";
 pub const PAUSED: &str = "outbox_relay_paused";
+pub const PAUSED_BY: &str = "outbox_relay_paused_by";
 pub const STREAM_MESSAGES_SKIPPED: &str = "outbox_relay_stream_messages_skipped_total";
 pub const DEDUP_SKIPPED: &str = "outbox_relay_dedup_skipped_total";
 pub const DEDUP_SCANS: &str = "outbox_relay_dedup_scans_total";
@@ -107,6 +108,10 @@ pub const ALL: &[(&str, &str)] = &[
     (EVENTS_DEAD_LETTERED, "Events moved to the dead-letter table"),
     (EVENTS_BLOCKED, "1 while the relay holds at an unpublishable event (dead_letter.on_poison = block)"),
     (PAUSED, "1 while an operator has paused publishing (the admin API); /readyz says by whom"),
+    (
+        PAUSED_BY,
+        "1 for who paused publishing (label by) while paused; a single series by=\"\" at 0 otherwise",
+    ),
     (PUBLISH_ERRORS, "Records Kafka did not acknowledge, by error type"),
     (PUBLISH_LATENCY, "From handing a record to the producer to its acknowledgement"),
     (
@@ -251,6 +256,7 @@ pub struct Metrics {
     pub fatal: IntGaugeVec,
     pub events_blocked: IntGauge,
     pub paused: IntGauge,
+    pub paused_by: IntGaugeVec,
     pub stream_messages_skipped: IntCounterVec,
     pub dedup_skipped: IntCounterVec,
     pub dedup_scans: IntCounterVec,
@@ -322,6 +328,7 @@ impl Metrics {
             events_dead_lettered: counter(&r, EVENTS_DEAD_LETTERED, &["mode"]),
             events_blocked: int_gauge(&r, EVENTS_BLOCKED),
             paused: int_gauge(&r, PAUSED),
+            paused_by: int_gauge_vec(&r, PAUSED_BY, &["by"]),
             publish_errors: counter(&r, PUBLISH_ERRORS, &["error_type"]),
             publish_latency: histogram(&r, PUBLISH_LATENCY),
             end_to_end_latency: histogram(&r, END_TO_END_LATENCY),
@@ -432,6 +439,7 @@ impl Metrics {
         for reason in SpanDropReason::ALL {
             self.trace_spans_dropped.with_label_values(&[reason.label()]);
         }
+        self.paused_by.with_label_values(&[""]);
         self.build_info.with_label_values(&[version, mode.label()]).set(1.0);
         self.slot_idle_timeout_remaining.set(-1.0);
         self.partitions_ahead.set(-1.0);

@@ -10,9 +10,16 @@
 //!   of the process reads it, and whoever flips it (the admin API, the signal table) says who
 //!   they are, so readiness and the metrics can say "paused by <who>": `/readyz` answers 503
 //!   `paused by <who>[: reason]` while the instance is the active one, and `outbox_relay_paused`
-//!   is 1 from the pause to the resume (one switch per process, so one gauge).
+//!   is 1 from the pause to the resume (one switch per process, so one gauge);
+//! - with a shared pause ([`Pause::share`]: the instances of one relay keep it in PostgreSQL,
+//!   [`crate::ops::control`]), an instance that becomes the active one reads no event before the
+//!   shared pause is read: [`Pause::take_over`] (called on every change into the active phase)
+//!   holds the switch as paused until [`Pause::settle`] applies what the relay's instances
+//!   share. So a pause outlives the instance that was paused (a failover, a restart), and no
+//!   event slips out between a take-over and the read.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
@@ -29,23 +36,31 @@ pub struct Paused {
     pub since: u64,
     /// What they said, if anything.
     pub reason: Option<String>,
+    /// Not a pause yet: this instance is taking over and reads the shared pause first.
+    #[serde(skip)]
+    pub taking_over: bool,
 }
 
 /// The process's pause switch; clones share it.
 #[derive(Debug, Clone)]
 pub struct Pause {
     state: Arc<watch::Sender<Option<Paused>>>,
+    /// The relay's instances share the pause: a take-over reads it first.
+    shared: Arc<AtomicBool>,
 }
 
 impl Default for Pause {
     fn default() -> Pause {
-        Pause { state: Arc::new(watch::Sender::new(None)) }
+        Pause { state: Arc::new(watch::Sender::new(None)), shared: Arc::default() }
     }
 }
 
 impl Paused {
     /// `paused by <who>[: <reason>]`, as `/readyz` says it.
     pub fn said(&self) -> String {
+        if self.taking_over {
+            return "taking over: reading whether this relay is paused (outbox_relay_control)".into();
+        }
         match &self.reason {
             Some(reason) if !reason.is_empty() => format!("paused by {}: {reason}", self.by),
             _ => format!("paused by {}", self.by),
@@ -58,21 +73,63 @@ impl Pause {
     pub fn pause(&self, by: &str, reason: Option<String>) -> bool {
         let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
         let changed = self.state.send_if_modified(|state| {
-            if state.is_some() {
+            if state.as_ref().is_some_and(|s| !s.taking_over) {
                 return false;
             }
-            *state = Some(Paused { by: by.to_owned(), since, reason });
+            *state = Some(Paused { by: by.to_owned(), since, reason, taking_over: false });
             true
         });
-        metrics().paused.set(1);
+        gauges(self.state.borrow().as_ref());
         changed
     }
 
     /// Resumes publishing; returns false when it was not paused.
     pub fn resume(&self) -> bool {
-        let changed = self.state.send_if_modified(|state| state.take().is_some());
-        metrics().paused.set(0);
+        let changed = self.state.send_if_modified(|state| state.take().is_some_and(|s| !s.taking_over));
+        gauges(None);
         changed
+    }
+
+    /// The relay's instances share the pause from now on ([`crate::ops::control`] keeps it).
+    pub fn share(&self) {
+        self.shared.store(true, Ordering::Relaxed);
+    }
+
+    /// This instance becomes the active one: with a shared pause, it reads nothing until
+    /// [`Pause::settle`] says whether the relay is paused (a pause of this instance's own stays).
+    pub fn take_over(&self) {
+        if !self.shared.load(Ordering::Relaxed) {
+            return;
+        }
+        self.state.send_if_modified(|state| {
+            if state.is_some() {
+                return false;
+            }
+            let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
+            *state = Some(Paused { by: "outbox-relay".into(), since, reason: None, taking_over: true });
+            true
+        });
+    }
+
+    /// Taking over and waiting for the shared pause.
+    pub fn taking_over(&self) -> bool {
+        self.state.borrow().as_ref().is_some_and(|s| s.taking_over)
+    }
+
+    /// The shared pause as read (`None`: not paused): applied when this instance is taking
+    /// over; otherwise this instance's own switch stands. True when it was applied.
+    pub fn settle(&self, shared: Option<Paused>) -> bool {
+        let applied = self.state.send_if_modified(|state| {
+            if !state.as_ref().is_some_and(|s| s.taking_over) {
+                return false;
+            }
+            *state = shared;
+            true
+        });
+        if applied {
+            gauges(self.state.borrow().as_ref());
+        }
+        applied
     }
 
     /// Paused now: by whom, since when.
@@ -83,6 +140,17 @@ impl Pause {
     /// A receiver a session selects on: it reads nothing new while the value is `Some`.
     pub fn watch(&self) -> watch::Receiver<Option<Paused>> {
         self.state.subscribe()
+    }
+}
+
+/// `outbox_relay_paused` and `outbox_relay_paused_by` say `paused` (None: publishing).
+fn gauges(paused: Option<&Paused>) {
+    let m = metrics();
+    m.paused.set(i64::from(paused.is_some()));
+    m.paused_by.reset();
+    match paused {
+        Some(paused) => m.paused_by.with_label_values(&[paused.by.as_str()]).set(1),
+        None => m.paused_by.with_label_values(&[""]).set(0),
     }
 }
 
@@ -110,5 +178,35 @@ mod tests {
         waiter.await.unwrap();
         assert!(!pause.resume(), "resuming a running relay says so");
         assert_eq!(pause.state(), None);
+    }
+
+    #[tokio::test]
+    async fn a_take_over_reads_nothing_until_the_shared_pause_is_settled() {
+        let pause = Pause::default();
+        pause.take_over();
+        assert_eq!(pause.state(), None, "an unshared pause does not hold a take-over");
+
+        pause.share();
+        pause.take_over();
+        assert!(pause.taking_over());
+        let mut paused = pause.watch();
+        let waiter = tokio::spawn(async move { while_paused(&mut paused).await });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "a session reads nothing while the take-over reads the pause");
+        let shared =
+            Paused { by: "oncall".into(), since: 7, reason: Some("incident".into()), taking_over: false };
+        assert!(pause.settle(Some(shared.clone())));
+        assert_eq!(pause.state(), Some(shared), "the shared pause holds in the new active instance");
+        assert!(!waiter.is_finished());
+        assert!(!pause.settle(None), "settling again changes nothing outside a take-over");
+        assert!(pause.resume());
+        waiter.await.unwrap();
+
+        pause.take_over();
+        assert!(pause.settle(None));
+        assert_eq!(pause.state(), None, "nothing shared: the new active instance reads on");
+        assert!(pause.pause("alice", None));
+        pause.take_over();
+        assert_eq!(pause.state().unwrap().by, "alice", "this instance's own pause stays across a take-over");
     }
 }

@@ -12,6 +12,7 @@ use crate::config::{DeadLetterConfig, Endpoint, RelayConfig, SourceMode};
 use crate::error::{FatalReason, RelayError};
 use crate::outboxes::Outbox;
 
+mod admin;
 mod failover;
 mod kafka_auth;
 mod privileges;
@@ -238,6 +239,7 @@ async fn postgres_checks(
     if table_exists {
         findings.push(privileges::check(config, outbox, client).await);
         findings.push(published::finding(client, &config.postgres.user).await);
+        findings.extend(admin::findings(client, &config.admin, &config.postgres.user).await);
     }
     findings.push(security::privilege_finding(config, outbox, client).await);
     if config.source.mode == SourceMode::Polling {

@@ -16,6 +16,7 @@
 pub mod admin;
 pub mod check;
 pub mod cli;
+pub(crate) mod control;
 pub mod locate;
 pub mod remote;
 pub mod replay;

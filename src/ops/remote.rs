@@ -9,7 +9,9 @@
 //! - the token presented is `admin.client_token_file`'s, else the first `operate` token of
 //!   `admin.tokens`; it is never printed;
 //! - a relay that answers decides: its receipt is printed (the same lines the offline command
-//!   prints), a standby's refusal names the leader, and nothing is then done offline.
+//!   prints), a standby's refusal names the leader, and nothing is then done offline; a
+//!   standby's refusal that names the active instance's URL is followed there once (never
+//!   further: two standbys naming each other cannot loop).
 
 use std::time::Duration;
 
@@ -67,13 +69,39 @@ fn token(admin: &AdminConfig) -> Result<String, Failure> {
 }
 
 /// POSTs `body` to `path` of the running relay, as an operator: its receipt, or why none
-/// answered.
+/// answered. A standby that names the active instance's URL (`admin.advertise_url`) is
+/// followed there, once.
 pub async fn act(config: &RelayConfig, path: &str, body: &Value) -> Result<Reached, Failure> {
     let admin = &config.admin;
     let Some(url) = url(admin) else {
         return Ok(Reached::NoRelay("admin.url and admin.listen are empty".into()));
     };
     let token = token(admin)?;
+    let reached = act_at(admin, (&url, &token), path, body).await?;
+    let Reached::Receipt(refused) = &reached else { return Ok(reached) };
+    match refused.receipt["detail"]["leader_url"].as_str() {
+        Some(leader) if refused.status == 409 && leader.trim_end_matches('/') != url => {
+            let leader = leader.trim_end_matches('/').to_string();
+            tracing::info!(standby = %url, leader = %leader, "the relay there is a standby; asking the active instance");
+            match act_at(admin, (&leader, &token), path, body).await? {
+                Reached::NoRelay(why) => Err(Failure::failed(format!(
+                    "the relay at {url} is a standby and names the active instance at {leader}, where {why}"
+                ))),
+                receipt => Ok(receipt),
+            }
+        }
+        _ => Ok(reached),
+    }
+}
+
+/// [`act`] at one relay's `url`, with `token`.
+async fn act_at(
+    admin: &AdminConfig,
+    (url, token): (&str, &str),
+    path: &str,
+    body: &Value,
+) -> Result<Reached, Failure> {
+    let url = url.to_string();
     let ca_file = if url.starts_with("https://") { admin.tls_cert_file.as_str() } else { "" };
     let client = crate::credentials::http_client("admin.tls_cert_file", ca_file, Duration::from_secs(5))
         .map_err(|e| Failure::failed(e.to_string()))?;
@@ -131,7 +159,9 @@ impl Output for Receipt {
         if let Some(error) = detail["error"].as_str() {
             out += &format!(": {error}");
         }
-        if let Some(leader) = detail["leader"].as_str() {
+        if let Some(leader) = detail["leader_url"].as_str() {
+            out += &format!(" (the leader's admin API: {leader})");
+        } else if let Some(leader) = detail["leader"].as_str() {
             out += &format!(" (the leader: {leader}; point admin.url at its admin listener)");
         }
         out + "\n"

@@ -123,8 +123,8 @@ pub(crate) async fn perform(
     let done = match leader_elsewhere(admin).await {
         Some(refusal) => refusal,
         None => match endpoint {
-            Endpoint::Pause => parsed(body, |b: PauseBody| async { pause(admin, who, b) }).await,
-            Endpoint::Resume => parsed(body, |_: Value| async { resume(admin) }).await,
+            Endpoint::Pause => parsed(body, |b: PauseBody| pause(admin, who, b)).await,
+            Endpoint::Resume => parsed(body, |_: Value| resume(admin)).await,
             Endpoint::Replay => parsed(body, |b: ReplayBody| replay(admin, b)).await,
             Endpoint::Republish => parsed(body, |b: RepublishBody| republish(admin, b)).await,
             Endpoint::Verify => parsed(body, |b: VerifyBody| verify(admin, b)).await,
@@ -179,9 +179,17 @@ async fn leader_elsewhere(admin: &Admin) -> Option<Done> {
     if admin.config.source.mode == SourceMode::Replication {
         leader = slot_holder(admin).await.or(leader);
     }
+    let recorded = admin.control.leader().await;
+    let url = recorded.as_ref().and_then(|r| r.url.clone());
+    let error = match &url {
+        Some(url) => format!("this instance is a standby: acts go to the active instance, at {url}"),
+        None => "this instance is a standby: acts go to the active instance".into(),
+    };
     let detail = json!({
-        "error": "this instance is a standby: acts go to the active instance",
+        "error": error,
         "leader": leader,
+        "leader_url": url,
+        "leader_instance": recorded.and_then(|r| r.instance),
     });
     Some(Done::new(StatusCode::CONFLICT, "refused", detail))
 }
@@ -197,16 +205,34 @@ async fn slot_holder(admin: &Admin) -> Option<String> {
     Some(format!("pid {pid}, {} from {from}", name.unwrap_or_default()))
 }
 
-fn pause(admin: &Admin, who: &str, body: PauseBody) -> Done {
+/// Pauses this instance at once, then writes the pause where the relay's other instances read
+/// it at a take-over; the receipt says whether that write took (`shared`).
+async fn pause(admin: &Admin, who: &str, body: PauseBody) -> Done {
     let pause = admin.health.pause();
     let reason = body.reason.filter(|r| !r.trim().is_empty()).map(|r| r.chars().take(500).collect());
     let result = if pause.pause(who, reason) { "paused" } else { "already_paused" };
-    Done::new(StatusCode::OK, result, json!({ "paused": pause.state() }))
+    let paused = pause.state();
+    let mut detail = json!({ "paused": paused });
+    shared(admin.control.share(paused.as_ref()).await, &mut detail);
+    Done::new(StatusCode::OK, result, detail)
 }
 
-fn resume(admin: &Admin) -> Done {
+async fn resume(admin: &Admin) -> Done {
     let result = if admin.health.pause().resume() { "resumed" } else { "not_paused" };
-    Done::new(StatusCode::OK, result, json!({ "paused": Value::Null }))
+    let mut detail = json!({ "paused": Value::Null });
+    shared(admin.control.share(None).await, &mut detail);
+    Done::new(StatusCode::OK, result, detail)
+}
+
+/// `shared` (and why not) in a pause's or resume's receipt.
+fn shared(written: Result<(), String>, detail: &mut Value) {
+    detail["shared"] = json!(written.is_ok());
+    if let Err(why) = written {
+        detail["shared_error"] = json!(format!(
+            "this instance is {}, but the relay's other instances will not know it after a failover: {why}",
+            if detail["paused"].is_null() { "resumed" } else { "paused" }
+        ));
+    }
 }
 
 async fn replay(admin: &Admin, body: ReplayBody) -> Done {

@@ -24,11 +24,18 @@ pub(crate) struct Caller {
     pub scope: AdminScope,
 }
 
-/// The configured tokens, read from their files.
+/// The configured tokens, read from their files, and the client certificates' holders.
 #[derive(Debug)]
 pub(crate) struct Tokens {
     known: Vec<(Caller, Secret)>,
+    /// Each client by its certificate's subject common name (`admin.clients`).
+    clients: Vec<(Caller, String)>,
 }
+
+/// The subject common name of the client certificate the connection presented, verified against
+/// `admin.tls_client_ca_file` by the TLS handshake: a request extension.
+#[derive(Debug, Clone)]
+pub(crate) struct ClientCertificate(pub String);
 
 impl Tokens {
     /// Reads every `admin.tokens[i].token_file`; an unreadable or short one is an error naming it.
@@ -51,7 +58,17 @@ impl Tokens {
             let caller = Caller { name: token.name.clone(), scope: token.scope };
             known.push((caller, Secret::new(value)));
         }
-        Ok(Tokens { known })
+        let clients = admin
+            .clients
+            .iter()
+            .map(|c| (Caller { name: c.name.clone(), scope: c.scope }, c.subject_cn.clone()))
+            .collect();
+        Ok(Tokens { known, clients })
+    }
+
+    /// The caller a verified client certificate's subject common name names, if any.
+    pub fn certified(&self, subject_cn: &str) -> Option<Caller> {
+        self.clients.iter().find(|(_, cn)| cn == subject_cn).map(|(caller, _)| caller.clone())
     }
 
     /// For tests: tokens as (name, scope, value).
@@ -61,7 +78,7 @@ impl Tokens {
             .iter()
             .map(|(name, scope, value)| (Caller { name: (*name).into(), scope: *scope }, Secret::new(*value)))
             .collect();
-        Tokens { known }
+        Tokens { known, clients: Vec::new() }
     }
 
     /// The caller an `Authorization` header's value names (`Bearer <token>`), if any.
@@ -96,9 +113,80 @@ pub(crate) fn csrf_token() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The subject common name (CN) of a DER certificate, when it has one as a UTF8String,
+/// PrintableString or IA5String. Only what the TLS handshake already verified is read.
+pub(crate) fn subject_common_name(der: &[u8]) -> Option<String> {
+    let (_, certificate, _) = element(der)?;
+    let (_, mut tbs, _) = element(certificate)?;
+    // TBSCertificate: [0] version (optional), serial, signature, issuer, validity, subject, ...
+    let mut skip = if tbs.first() == Some(&0xa0) { 5 } else { 4 };
+    while skip > 0 {
+        tbs = element(tbs)?.2;
+        skip -= 1;
+    }
+    let (_, mut names, _) = element(tbs)?;
+    // Name: SEQUENCE OF SET OF SEQUENCE { type OID, value }
+    while let Some((_, mut set, rest)) = element(names) {
+        names = rest;
+        while let Some((_, attribute, rest)) = element(set) {
+            set = rest;
+            let (_, oid, value) = element(attribute)?;
+            if oid == [0x55, 0x04, 0x03] {
+                let (tag, text, _) = element(value)?;
+                return matches!(tag, 0x0c | 0x13 | 0x16).then(|| String::from_utf8(text.to_vec()).ok())?;
+            }
+        }
+    }
+    None
+}
+
+/// The DER element at the start of `input`: (tag, contents, what follows).
+fn element(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = input.split_first()?;
+    let (&first, rest) = rest.split_first()?;
+    let (length, rest) = if first < 0x80 {
+        (usize::from(first), rest)
+    } else {
+        let octets = usize::from(first & 0x7f);
+        if octets == 0 || octets > 4 || rest.len() < octets {
+            return None;
+        }
+        let length = rest[..octets].iter().fold(0usize, |n, b| (n << 8) | usize::from(*b));
+        (length, &rest[octets..])
+    };
+    (rest.len() >= length).then(|| (tag, &rest[..length], &rest[length..]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `openssl req -x509 -subj "/O=outbox-relay tests/CN=oncall-cert/OU=ops"` (P-256).
+    const CERTIFICATE: &str = "-----BEGIN CERTIFICATE-----\n\
+MIIB2TCCAX+gAwIBAgIUYAinYMV1LlbOmOImze6u85mfLaowCgYIKoZIzj0EAwIw\n\
+QTEbMBkGA1UECgwSb3V0Ym94LXJlbGF5IHRlc3RzMRQwEgYDVQQDDAtvbmNhbGwt\n\
+Y2VydDEMMAoGA1UECwwDb3BzMCAXDTI2MTIwNzE4Mzk0NFoYDzIxMjYxMTEzMTgz\n\
+OTQ0WjBBMRswGQYDVQQKDBJvdXRib3gtcmVsYXkgdGVzdHMxFDASBgNVBAMMC29u\n\
+Y2FsbC1jZXJ0MQwwCgYDVQQLDANvcHMwWTATBgcqhkjOPQIBBggqhkjOPQMBBwNC\n\
+AAQXbrOTWy/jOEtF9toy4X1I6rI1EuaLM45iJShIWNq5LROSVsnw7VZnGlbXSc8y\n\
+bqVP1b9MM1ATlTSm2HOuCVXHo1MwUTAdBgNVHQ4EFgQUSwliA1AR1r/Q2fHJ1rZW\n\
+ymvciowwHwYDVR0jBBgwFoAUSwliA1AR1r/Q2fHJ1rZWymvciowwDwYDVR0TAQH/\n\
+BAUwAwEB/zAKBggqhkjOPQQDAgNIADBFAiBh7mEOLlXgXu9mGR8GpY4C9Ry0SJso\n\
+06pzv+8G/WAEiAIhAL4hX1FCLncgJg91vZiOrcMqC1rivDefBKBb4b06IHJq\n\
+-----END CERTIFICATE-----";
+
+    #[test]
+    fn the_subject_common_name_is_read_from_among_the_other_attributes() {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject;
+        let der = CertificateDer::from_pem_slice(CERTIFICATE.as_bytes()).unwrap();
+        assert_eq!(subject_common_name(der.as_ref()).as_deref(), Some("oncall-cert"));
+        for cut in [0, 1, 10, 100, der.len() - 1] {
+            // a truncated certificate reads as nothing (the handshake never lets one through)
+            let _ = subject_common_name(&der[..cut]);
+        }
+        assert_eq!(subject_common_name(&[0x30, 0x03, 0x02, 0x01, 0x01]), None);
+    }
 
     #[test]
     fn only_a_configured_bearer_token_names_a_caller() {

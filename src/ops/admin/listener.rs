@@ -26,7 +26,7 @@ use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
 use super::routes::{self, Endpoint};
-use super::{Admin, Answer, acts, console, openapi, reads};
+use super::{Admin, Answer, acts, auth, console, openapi, reads};
 use crate::config::AdminConfig;
 use crate::error::{FatalReason, RelayError};
 use crate::observe::http::HEADER_TIMEOUT;
@@ -51,10 +51,27 @@ pub(super) fn tls(admin: &AdminConfig) -> Result<Option<TlsAcceptor>, RelayError
     let key = PrivateKeyDer::from_pem_file(&admin.tls_key_file)
         .map_err(|e| failed(format!("admin.tls_key_file {}: {e}", admin.tls_key_file)))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| failed(format!("cannot set up TLS: {e}")))?
-        .with_no_client_auth()
+        .map_err(|e| failed(format!("cannot set up TLS: {e}")))?;
+    let builder = match admin.tls_client_ca_file.as_str() {
+        "" => builder.with_no_client_auth(),
+        file => {
+            let setting = |e: String| failed(format!("admin.tls_client_ca_file {file}: {e}"));
+            let mut roots = rustls::RootCertStore::empty();
+            for ca in CertificateDer::pem_file_iter(file).map_err(|e| setting(e.to_string()))? {
+                roots.add(ca.map_err(|e| setting(e.to_string()))?).map_err(|e| setting(e.to_string()))?;
+            }
+            // a certificate is asked for, not required: a bearer token still serves alone
+            let verifier =
+                rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                    .allow_unauthenticated()
+                    .build()
+                    .map_err(|e| setting(e.to_string()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let config = builder
         .with_single_cert(certs, key)
         .map_err(|e| failed(format!("admin.tls_cert_file / admin.tls_key_file: {e}")))?;
     Ok(Some(TlsAcceptor::from(Arc::new(config))))
@@ -84,12 +101,17 @@ pub(super) async fn serve(admin: Arc<Admin>, tls: Option<TlsAcceptor>) -> Result
             tokio::spawn(async move {
                 let served = async {
                     match tls {
-                        None => connection(admin, socket).await,
+                        None => connection(admin, socket, None).await,
                         Some(acceptor) => {
                             if let Ok(Ok(stream)) =
                                 tokio::time::timeout(HEADER_TIMEOUT, acceptor.accept(socket)).await
                             {
-                                connection(admin, stream).await;
+                                let certificate =
+                                    stream.get_ref().1.peer_certificates().and_then(|c| c.first());
+                                let certificate = certificate
+                                    .and_then(|c| auth::subject_common_name(c.as_ref()))
+                                    .map(auth::ClientCertificate);
+                                connection(admin, stream, certificate).await;
                             }
                         }
                     }
@@ -102,10 +124,18 @@ pub(super) async fn serve(admin: Arc<Admin>, tls: Option<TlsAcceptor>) -> Result
     Ok(())
 }
 
-/// Serves one connection's requests.
-async fn connection(admin: Arc<Admin>, io: impl AsyncRead + AsyncWrite + Unpin + Send + 'static) {
-    let service = service_fn(move |request| {
+/// Serves one connection's requests; `certificate`: the verified client certificate's subject,
+/// carried by each request as an extension.
+async fn connection(
+    admin: Arc<Admin>,
+    io: impl AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    certificate: Option<auth::ClientCertificate>,
+) {
+    let service = service_fn(move |mut request: Request<Incoming>| {
         let admin = admin.clone();
+        if let Some(certificate) = &certificate {
+            request.extensions_mut().insert(certificate.clone());
+        }
         async move { Ok::<_, Infallible>(handle(&admin, request).await) }
     });
     let _ = http1::Builder::new()

@@ -38,6 +38,7 @@ use crate::config::RelayConfig;
 use crate::delivery::live::Leader;
 use crate::error::RelayError;
 use crate::observe::health::Health;
+use crate::ops::control::Control;
 use crate::outboxes::Outboxes;
 
 /// What every request handler may read: the relay's configuration, its outboxes, its health (and
@@ -52,6 +53,8 @@ pub(crate) struct Admin {
     acting: Mutex<()>,
     /// The active session of this process, which carries out republish and replay.
     leader: Leader,
+    /// The pause and the leader's URL this relay's instances share.
+    pub(crate) control: Arc<Control>,
 }
 
 impl Admin {
@@ -65,7 +68,9 @@ impl Admin {
     ) -> Result<Arc<Admin>, RelayError> {
         let tokens = auth::Tokens::load(&config.admin)?;
         let csrf = auth::csrf_token();
-        Ok(Arc::new(Admin { config, outboxes, health, tokens, csrf, acting: Mutex::new(()), leader }))
+        let control = Arc::new(Control::new(&config, &outboxes, health.pause().clone()));
+        let acting = Mutex::new(());
+        Ok(Arc::new(Admin { config, outboxes, health, tokens, csrf, acting, leader, control }))
     }
 }
 
@@ -144,6 +149,8 @@ impl Admin {
         let health = Arc::new(Health::new(std::time::Duration::from_secs(1)));
         let csrf = auth::csrf_token();
         let leader = crate::delivery::live::channel().0;
-        Admin { config: Arc::new(config), outboxes, health, tokens, csrf, acting: Mutex::new(()), leader }
+        let control = Arc::new(Control::new(&config, &outboxes, health.pause().clone()));
+        let acting = Mutex::new(());
+        Admin { config: Arc::new(config), outboxes, health, tokens, csrf, acting, leader, control }
     }
 }

@@ -128,10 +128,20 @@ pub(crate) fn find(method: &Method, path: &str) -> Result<&'static Route, Answer
 pub(crate) fn admit(admin: &Admin, route: &Route, parts: &Parts) -> Result<Option<Caller>, Answer> {
     let Some(needed) = route.scope else { return Ok(None) };
     let authorization = parts.headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok());
-    let Some(caller) = admin.tokens.caller(authorization) else {
-        let said = match authorization {
-            None => "no token: send Authorization: Bearer <token> (admin.tokens)",
-            Some(_) => "the token is not one of admin.tokens",
+    // a token, when one is sent, decides alone; without one, a verified client certificate
+    let certificate = parts.extensions.get::<auth::ClientCertificate>().filter(|_| authorization.is_none());
+    let caller = match certificate {
+        Some(certificate) => admin.tokens.certified(&certificate.0),
+        None => admin.tokens.caller(authorization),
+    };
+    let Some(caller) = caller else {
+        let said = match (authorization, certificate) {
+            (None, None) => "no token: send Authorization: Bearer <token> (admin.tokens)".to_string(),
+            (None, Some(certificate)) => format!(
+                "the client certificate's subject CN {:?} is not one of admin.clients[].subject_cn",
+                certificate.0
+            ),
+            (Some(_), _) => "the token is not one of admin.tokens".to_string(),
         };
         return Err(Answer::error(StatusCode::UNAUTHORIZED, said)
             .with_header(WWW_AUTHENTICATE, "Bearer realm=\"outbox-relay admin\""));
@@ -140,7 +150,7 @@ pub(crate) fn admit(admin: &Admin, route: &Route, parts: &Parts) -> Result<Optio
         return Err(Answer::error(
             StatusCode::FORBIDDEN,
             format!(
-                "{} {} needs the {} scope; token {:?} has {}",
+                "{} {} needs the {} scope; {:?} has {}",
                 route.method,
                 route.path,
                 needed.as_str(),
