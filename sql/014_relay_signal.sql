@@ -26,6 +26,13 @@
 -- executor stopped before finishing (a crash, kill -9) is marked result 'interrupted' by the next
 -- active relay: part of it may have happened (a republish sends some events); insert a new row
 -- to ask again.
+-- One session at a time makes and grants the roles (they are the server's: two databases
+-- migrated at once would race), and this comes first: applied as one transaction (one
+-- multi-statement query), a session that waited here then looks the roles up afresh. Taken only
+-- inside a block below, the wait came after a first look at the catalog, and the role the other
+-- session had just made could stay invisible to a GRANT ("role ... does not exist").
+SELECT pg_advisory_xact_lock(hashtext('outbox-relay roles'));
+
 DO $$
 BEGIN
     -- one session at a time makes the roles (see 100_relay_role.sql)

@@ -47,6 +47,13 @@
 -- superuser, which the table's owner need not have). A role missing here is made only when this
 -- session may (a superuser applying every file, as before); otherwise the file stops, naming
 -- sql/roles.sql. A role that exists is left as it is.
+-- One session at a time makes and grants the roles (they are the server's: two databases
+-- migrated at once would race), and this comes first: applied as one transaction (one
+-- multi-statement query), a session that waited here then looks the roles up afresh. Taken only
+-- inside a block below, the wait came after a first look at the catalog, and the role the other
+-- session had just made could stay invisible to a GRANT ("role ... does not exist").
+SELECT pg_advisory_xact_lock(hashtext('outbox-relay roles'));
+
 DO $$
 DECLARE
     rds boolean := EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'rds_replication')
