@@ -8,7 +8,7 @@
 //! - "unpublished" is defined once ([`OutboxTable::unpublished`]): every row in `delete` mode,
 //!   rows whose `published_at_column` is NULL in `mark` mode.
 
-use crate::config::{AfterPublish, ColumnsConfig, OutboxConfig, PollingConfig};
+use crate::config::{AfterPublish, ColumnsConfig, HEADER_COLUMN_ALIAS, OutboxConfig, PollingConfig};
 use crate::error::{FatalReason, RelayError};
 
 mod row;
@@ -57,6 +57,8 @@ pub struct OutboxTable {
     columns: ColumnsConfig,
     /// `mark` mode: the column set when a row is published.
     published_at: Option<String>,
+    /// The other columns the outbox's header rules read (`column:<name>`), by name.
+    others: Vec<String>,
     /// The database's encoding is SQL_ASCII: text is read as its raw bytes (`convert_to(.., 'SQL_ASCII')`), since
     /// the server refuses to convert bytes that are not UTF-8 for a UTF-8 client.
     raw_text: bool,
@@ -73,6 +75,7 @@ impl OutboxTable {
                 AfterPublish::Delete => None,
                 AfterPublish::Mark => Some(polling.published_at_column.clone()),
             },
+            others: outbox.transforms.other_columns(&outbox.columns),
             raw_text: false,
         }
     }
@@ -145,6 +148,20 @@ impl OutboxTable {
         ]
     }
 
+    /// The other columns header rules read, as [`OutboxTable::text`], each aliased
+    /// `"relay_column:<name>"` (what [`outbox_row`] reads them back by).
+    fn other_columns(&self) -> Vec<(String, String)> {
+        self.others
+            .iter()
+            .map(|name| (self.text(name), quote_ident(&format!("{HEADER_COLUMN_ALIAS}{name}"))))
+            .collect()
+    }
+
+    /// The other columns header rules read, by name.
+    pub fn others(&self) -> &[String] {
+        &self.others
+    }
+
     /// `SELECT <the event columns as text, aliased by [`col`]><extra> FROM <table> t <tail>`.
     fn select_events(&self, extra: &str, tail: &str) -> String {
         let c = &self.columns;
@@ -155,8 +172,10 @@ impl OutboxTable {
             (false, "text") => format!("{} AS {alias}", text(name)),
             (false, _) => format!("t.{}::{ty} AS {alias}", quote_ident(name)),
         };
+        let others: String =
+            self.other_columns().iter().map(|(text, alias)| format!(", {text} AS {alias}")).collect();
         format!(
-            "SELECT {}, {}, {}, {}, {}, {}, {}, {}{extra} FROM {} t {tail}",
+            "SELECT {}, {}, {}, {}, {}, {}, {}, {}{others}{extra} FROM {} t {tail}",
             column(&c.id, col::ID),
             column(&c.aggregate_type, col::AGGREGATE_TYPE),
             column(&c.aggregate_id, col::AGGREGATE_ID),
@@ -177,7 +196,12 @@ impl OutboxTable {
     /// ORDER BY names the table's column (t.id), not the text output column, which would sort
     /// "10" before "9".
     pub fn claim_sql(&self) -> String {
-        let columns = self.event_columns();
+        let columns: Vec<(String, String)> = self
+            .event_columns()
+            .into_iter()
+            .map(|(text, alias)| (text, alias.to_string()))
+            .chain(self.other_columns())
+            .collect();
         let values: Vec<String> = columns.iter().map(|(text, alias)| format!("{text} AS {alias}")).collect();
         let bytes: Vec<String> = columns
             .iter()
@@ -186,7 +210,7 @@ impl OutboxTable {
         let bytes = format!("({})", bytes.join(" + "));
         let fetched: Vec<String> = columns
             .iter()
-            .map(|(_, alias)| match *alias {
+            .map(|(_, alias)| match alias.as_str() {
                 col::ID => format!("v.{alias}"),
                 _ => format!("CASE WHEN {bytes} <= $2 THEN v.{alias} END AS {alias}"),
             })
@@ -217,8 +241,16 @@ impl OutboxTable {
     /// it read.
     pub fn copy_to_letters_sql(&self, letters: &str) -> String {
         let columns = self.event_columns();
-        let row_data: Vec<String> =
+        let mut row_data: Vec<String> =
             columns.iter().map(|(text, alias)| format!("'{alias}', {text}")).collect();
+        if !self.others.is_empty() {
+            let others: Vec<String> = self
+                .others
+                .iter()
+                .map(|name| format!("{}, {}", quote_literal(name), self.text(name)))
+                .collect();
+            row_data.push(format!("'columns', jsonb_build_object({})", others.join(", ")));
+        }
         format!(
             "INSERT INTO {letters} (source_table, event_id, row_data, reason) \
              SELECT $1, {}, jsonb_build_object({}), u.reason \

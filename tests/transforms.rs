@@ -3,7 +3,8 @@
 //! types never reach Kafka, redacted fields appear in no record (each record read back byte for
 //! byte), events routed by a payload field land on their topics in per-aggregate order, and
 //! `verify` reports nothing missing with the filtered rows counted exactly; `locate` names the
-//! rule that filtered an event.
+//! rule that filtered an event. A header comes from a column the relay reads for that rule
+//! alone (`column:channel`), in both modes.
 
 use std::collections::HashMap;
 
@@ -20,6 +21,11 @@ const AGGREGATES: usize = 10;
 /// The region an aggregate's events are routed by: even aggregates `eu`, odd ones `us`.
 fn region(aggregate: usize) -> &'static str {
     if aggregate.is_multiple_of(2) { "eu" } else { "us" }
+}
+
+/// The value of the table's own `channel` column (no `columns.*` key) for an aggregate's events.
+fn channel(aggregate: usize) -> String {
+    format!("web-{aggregate}")
 }
 
 fn email(aggregate: usize) -> String {
@@ -65,11 +71,11 @@ async fn write_mixed(url: &str, aggregate_type: &str, total: usize) -> (HashMap<
             internal += 1;
         }
         tx.execute(
-            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, channel) \
              VALUES ($1, $2, 'OrderPlaced', jsonb_build_object('seq', $3::bigint, 'region', $4::text, \
              'tenant', 'acme', 'email', $5::text, 'card', jsonb_build_object('number', '4111-1111-1111-1111', \
-             'cvc', 'CVC-SECRET')))",
-            &[&aggregate_type, &id, &seq, &region(aggregate), &email(aggregate)],
+             'cvc', 'CVC-SECRET')), $6)",
+            &[&aggregate_type, &id, &seq, &region(aggregate), &email(aggregate), &channel(aggregate)],
         )
         .await
         .unwrap();
@@ -80,7 +86,8 @@ async fn write_mixed(url: &str, aggregate_type: &str, total: usize) -> (HashMap<
 }
 
 /// The outbox's transforms: the internal type excluded, events routed by `/region` to
-/// `<prefix>.<region>`, a header from the payload and one from a column, three redactions.
+/// `<prefix>.<region>`, a header from the payload, one from an event column and one from another
+/// column of the table, three redactions.
 fn transforms_toml(prefix: &str, key_file: &std::path::Path) -> String {
     format!(
         "[outbox]\nallowed_topics = [\"outbox.event.*\", \"{prefix}.*\"]\n\
@@ -88,6 +95,7 @@ fn transforms_toml(prefix: &str, key_file: &std::path::Path) -> String {
          route_topic = \"{prefix}.{{value}}\"\nhash_key_file = \"{}\"\n\
          [[outbox.transforms.headers]]\nfrom = \"payload:/tenant\"\nname = \"tenant\"\n\
          [[outbox.transforms.headers]]\nfrom = \"column:aggregate_id\"\nname = \"order\"\n\
+         [[outbox.transforms.headers]]\nfrom = \"column:channel\"\nname = \"channel\"\n\
          [[outbox.transforms.redact]]\npointer = \"/card/number\"\naction = \"replace\"\nwith = \"****\"\n\
          [[outbox.transforms.redact]]\npointer = \"/card/cvc\"\naction = \"drop\"\n\
          [[outbox.transforms.redact]]\npointer = \"/email\"\naction = \"hash\"\n",
@@ -114,6 +122,8 @@ async fn transforms_through_a_kill_9(mode: &str) {
     create_topic(&us, 4).await;
     let client = s.db.client().await;
     client.batch_execute(AGGREGATE_SQL).await.unwrap();
+    // (a column of the application's that the relay reads only for the header rule)
+    client.batch_execute("ALTER TABLE outbox_events ADD COLUMN channel text").await.unwrap();
     client
         .execute(
             "INSERT INTO test_aggregates (id) SELECT 'agg-' || g FROM generate_series(0, $1 - 1) g",
@@ -153,6 +163,7 @@ async fn transforms_through_a_kill_9(mode: &str) {
         assert_eq!(record.header("event_type"), Some("OrderPlaced"), "an excluded type reached Kafka");
         assert_eq!(record.header("tenant"), Some("acme"));
         assert_eq!(record.header("order"), record.key.as_deref());
+        assert_eq!(record.header("channel"), Some(channel(aggregate).as_str()), "from the channel column");
         // read back byte for byte: the redacted value, and no trace of what was redacted
         let seq = crate::common::workload::seq_of(record);
         assert_eq!(record.payload.as_deref(), Some(expected_payload(aggregate, seq).as_str()));

@@ -37,8 +37,9 @@ pub use postgres::{Endpoint, PgAuth, PostgresConfig, SslMode};
 pub use secrets::{file_mode_warning, is_secret_kafka_property};
 pub use spans::{TracingConfig, TracingSettings};
 pub use transforms::{
-    HEADER_COLUMNS, HeaderRule, HeaderSource, Placement, RESERVED_HEADER_PREFIX, RESERVED_HEADERS,
-    ROUTE_PLACEHOLDER, RedactAction, RedactRule, TransformsConfig, is_reserved_header, pointer_tokens,
+    HEADER_COLUMN_ALIAS, HEADER_COLUMNS, HeaderRule, HeaderSource, Placement, RESERVED_HEADER_PREFIX,
+    RESERVED_HEADERS, ROUTE_PLACEHOLDER, RedactAction, RedactRule, TransformsConfig, is_reserved_header,
+    pointer_tokens,
 };
 
 pub const ENV_PREFIX: &str = "OUTBOX_RELAY";

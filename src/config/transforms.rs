@@ -22,6 +22,11 @@ pub const RESERVED_HEADERS: [&str; 3] = ["id", "event_type", "aggregate_type"];
 pub const RESERVED_HEADER_PREFIX: &str = "outbox_relay_";
 /// The columns a header rule may read (`from = "column:<key>"`), by their `columns.*` key.
 pub const HEADER_COLUMNS: [&str; 5] = ["id", "aggregate_type", "aggregate_id", "event_type", "topic"];
+/// The longest name of another column a header rule may read (`column:<name>`): the relay reads
+/// it as `relay_column:<name>`, which must fit PostgreSQL's 63-byte identifiers.
+pub const MAX_HEADER_COLUMN_NAME: usize = 50;
+/// The prefix of the alias another column is read as (see [`MAX_HEADER_COLUMN_NAME`]).
+pub const HEADER_COLUMN_ALIAS: &str = "relay_column:";
 /// The placeholder of `route_topic`.
 pub const ROUTE_PLACEHOLDER: &str = "{value}";
 
@@ -115,6 +120,8 @@ pub enum RedactAction {
 pub enum HeaderSource {
     /// A column, by its `columns.*` key ([`HEADER_COLUMNS`]).
     Column(&'static str),
+    /// Another column of the table, by its name: the relay reads it for this rule alone.
+    Other(String),
     /// A payload field, by its JSON pointer.
     Payload(String),
 }
@@ -122,6 +129,20 @@ pub enum HeaderSource {
 impl TransformsConfig {
     pub fn is_empty(&self) -> bool {
         *self == TransformsConfig::default()
+    }
+
+    /// The other columns of the table its header rules read (`column:<name>` of no
+    /// `columns.*`), each once, in the rules' order.
+    pub fn other_columns(&self, columns: &super::ColumnsConfig) -> Vec<String> {
+        let mut names: Vec<String> = Vec::new();
+        for rule in &self.headers {
+            if let Some(HeaderSource::Other(name)) = rule.source(columns)
+                && !names.contains(&name)
+            {
+                names.push(name);
+            }
+        }
+        names
     }
 
     /// Whether the payload must be read as JSON (a route, a header from it, a redaction).
@@ -133,8 +154,9 @@ impl TransformsConfig {
 }
 
 impl HeaderRule {
-    /// Where it reads, the column named by its key or by the outbox's name for it; `None` when
-    /// `from` names neither a known column nor a payload pointer.
+    /// Where it reads: the column named by its key or by the outbox's name for it, another
+    /// column by its name, or a payload field; `None` when `from` is neither `column:<name>` nor
+    /// `payload:<pointer>`.
     pub fn source(&self, columns: &super::ColumnsConfig) -> Option<HeaderSource> {
         if let Some(pointer) = self.from.strip_prefix("payload:") {
             return Some(HeaderSource::Payload(pointer.to_string()));
@@ -153,6 +175,7 @@ impl HeaderRule {
             .copied()
             .or_else(|| by_name.iter().find(|(_, name)| !name.is_empty() && *name == column).map(|(k, _)| *k))
             .map(HeaderSource::Column)
+            .or_else(|| (!column.is_empty()).then(|| HeaderSource::Other(column.to_string())))
     }
 }
 
@@ -254,13 +277,31 @@ fn validate_headers(section: &str, o: &OutboxConfig) -> Result<(), ConfigError> 
             return Err(ConfigError::invalid(
                 format!("{at}.from"),
                 format!(
-                    "\"{}\" is neither column:<{}, or the table's name for one> nor payload:<JSON pointer>",
+                    "\"{}\" is neither column:<{}, or a column of the table> nor payload:<JSON pointer>",
                     rule.from,
                     HEADER_COLUMNS.join("|")
                 ),
             ));
         };
         match &source {
+            HeaderSource::Other(name) => {
+                let c = &o.columns;
+                if [&c.payload, &c.headers, &c.created_at].iter().any(|own| !own.is_empty() && *own == name) {
+                    return Err(ConfigError::invalid(
+                        format!("{at}.from"),
+                        format!(
+                            "\"{name}\" is the payload, headers or created_at column, which a header cannot carry: \
+                             use payload:<JSON pointer> for a payload field"
+                        ),
+                    ));
+                }
+                if name.len() > MAX_HEADER_COLUMN_NAME || name.contains('\0') {
+                    return Err(ConfigError::invalid(
+                        format!("{at}.from"),
+                        format!("column names of up to {MAX_HEADER_COLUMN_NAME} bytes only (\"{name}\")"),
+                    ));
+                }
+            }
             HeaderSource::Column("topic") if o.columns.topic.is_empty() => {
                 return Err(ConfigError::invalid(
                     format!("{at}.from"),

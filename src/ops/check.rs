@@ -389,12 +389,17 @@ async fn table_check(outbox: &Outbox, client: &Client) -> Result<Finding, tokio_
         .await?;
     let present: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
     let columns = &outbox.config.columns;
+    let others = outbox.table.others().iter().map(|name| ("", name.as_str()));
     let missing: Vec<String> = columns
         .required()
         .into_iter()
         .chain(columns.optional())
+        .chain(others)
         .filter(|(_, name)| !present.iter().any(|p| p == name))
-        .map(|(key, name)| format!("outbox.columns.{key} = \"{name}\""))
+        .map(|(key, name)| match key {
+            "" => format!("{name} (a header rule's column:{name})"),
+            key => format!("outbox.columns.{key} = \"{name}\""),
+        })
         .collect();
     if missing.is_empty() {
         Ok(Finding::ok("outbox.table", format!("table {} has every configured column", table.display_name())))
@@ -402,7 +407,8 @@ async fn table_check(outbox: &Outbox, client: &Client) -> Result<Finding, tokio_
         Ok(Finding::fail(
             "outbox.table",
             format!("table {} lacks the configured column(s): {}", table.display_name(), missing.join(", ")),
-            "set the outbox.columns.* names to the table's columns (an optional column can be set to \"\")",
+            "set the outbox.columns.* names to the table's columns (an optional column can be set to \"\"), and \
+             point header rules at columns the table has",
         ))
     }
 }

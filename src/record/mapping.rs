@@ -175,6 +175,7 @@ impl Mapping {
             event_type,
             aggregate_type,
             row_headers,
+            row_columns: raw.columns,
             created_at,
             position: None,
             outbox: self.outbox,
@@ -204,8 +205,9 @@ impl Mapping {
             Some(text) => string_headers(text, &c.headers, &self.format)?,
             None => Vec::new(),
         };
+        let topic = raw.topic.as_deref();
         let columns =
-            Columns { id, aggregate_type, aggregate_id, event_type, topic: raw.topic.as_deref(), payload };
+            Columns { id, aggregate_type, aggregate_id, event_type, topic, payload, others: &raw.columns };
         let shaped = self.transforms.shape(&columns, &headers).map_err(Checking::Failed)??;
         let Shaped { topic: routed, headers: added, envelope, payload: redacted } = shaped;
         let topic = self.allowed_topic(aggregate_type, event_type, raw.topic.as_deref(), routed)?;

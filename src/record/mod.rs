@@ -54,6 +54,9 @@ pub struct OutboxRow {
     /// A column whose text could not be read as UTF-8 (e.g. in a SQL_ASCII database); its
     /// value above holds the text with the bad bytes replaced.
     pub unreadable: Option<String>,
+    /// The other columns the outbox's header rules read (`column:<name>`), by name; a name
+    /// missing here is a column the event did not come with (an `outbox_emit()` message).
+    pub columns: Vec<(String, Option<String>)>,
 }
 
 impl OutboxRow {
@@ -83,6 +86,7 @@ impl OutboxRow {
             payload: self.payload.as_deref().map(Cow::Borrowed),
             headers: self.headers.as_deref().map(Cow::Borrowed),
             topic: self.topic.as_deref(),
+            columns: self.columns.iter().map(|(name, value)| (name.as_str(), value.as_deref())).collect(),
         }
     }
 
@@ -99,6 +103,13 @@ impl OutboxRow {
             headers: text("headers"),
             topic: text("topic"),
             unreadable: None,
+            columns: object
+                .get("columns")
+                .and_then(|c| c.as_object())
+                .into_iter()
+                .flatten()
+                .map(|(name, value)| (name.clone(), value.as_str().map(String::from)))
+                .collect(),
         }
     }
 }
@@ -115,13 +126,18 @@ pub struct RowData<'a> {
     payload: Option<Cow<'a, str>>,
     headers: Option<Cow<'a, str>>,
     topic: Option<&'a str>,
+    /// The other columns header rules read (absent when none: the shape dead letters always had).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    columns: std::collections::BTreeMap<&'a str, Option<&'a str>>,
 }
 
 impl RowData<'_> {
     /// The fields in their one order (`id`, `aggregate_type`, `aggregate_id`, `event_type`,
-    /// `payload`, `headers`, `topic`): what a dead letter's digest covers.
-    pub fn fields(&self) -> [Option<&str>; 7] {
-        [
+    /// `payload`, `headers`, `topic`), then each other column a header rule reads as its name
+    /// and its value, by name: what a dead letter's digest covers (a letter without other
+    /// columns has the digest it always had).
+    pub fn fields(&self) -> Vec<Option<&str>> {
+        let mut fields = vec![
             self.id,
             self.aggregate_type,
             self.aggregate_id,
@@ -129,7 +145,11 @@ impl RowData<'_> {
             self.payload.as_deref(),
             self.headers.as_deref(),
             self.topic,
-        ]
+        ];
+        for (name, value) in &self.columns {
+            fields.extend([Some(*name), *value]);
+        }
+        fields
     }
 }
 
@@ -145,6 +165,9 @@ pub struct KafkaRecord {
     /// The string entries of the row's `headers` object; the record's headers are these after
     /// the built-in ones ([`KafkaRecord::headers`]).
     pub row_headers: Vec<(String, String)>,
+    /// The other columns of its row the header rules read (for the dead letter, should Kafka
+    /// refuse it).
+    pub row_columns: Vec<(String, Option<String>)>,
     /// When the event was written (commit time in replication mode, `created_at` in polling
     /// mode), for end-to-end latency; `None` when the table has no such column.
     pub created_at: Option<SystemTime>,
@@ -282,6 +305,7 @@ impl KafkaRecord {
             payload: Some(payload),
             headers: (!own.is_empty()).then(|| Cow::Owned(serde_json::Value::Object(own).to_string())),
             topic: Some(&self.topic),
+            columns: self.row_columns.iter().map(|(name, value)| (name.as_str(), value.as_deref())).collect(),
         }
     }
 }

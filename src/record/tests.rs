@@ -11,6 +11,7 @@ fn raw() -> OutboxRow {
         headers: Some("{\"traceparent\": \"00-abc-01\", \"n\": 3}".into()),
         topic: None,
         unreadable: None,
+        columns: Vec::new(),
     }
 }
 

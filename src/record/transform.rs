@@ -160,6 +160,8 @@ pub(super) struct Columns<'a> {
     pub(super) event_type: &'a str,
     pub(super) topic: Option<&'a str>,
     pub(super) payload: &'a str,
+    /// The other columns the header rules read, by name, as the row came.
+    pub(super) others: &'a [(String, Option<String>)],
 }
 
 impl Transforms {
@@ -188,7 +190,7 @@ impl Transforms {
                 let source = h.source(&outbox.columns)?;
                 let tokens = match &source {
                     HeaderSource::Payload(pointer) => tokens(pointer),
-                    HeaderSource::Column(_) => Vec::new(),
+                    HeaderSource::Column(_) | HeaderSource::Other(_) => Vec::new(),
                 };
                 let rule = format!("{section}.headers[{i}]");
                 let envelope = h.placement == Placement::Envelope;
@@ -366,6 +368,21 @@ impl Transforms {
                     self.refused(&header.rule, &format!("column {key}"), "the column is NULL".into())
                 })?;
                 Ok(if header.envelope { Value::from(value).to_string() } else { value.to_string() })
+            }
+            HeaderSource::Other(name) => {
+                let at = format!("column {name}");
+                let value = match c.others.iter().find(|(n, _)| n == name) {
+                    Some((_, Some(value))) => value,
+                    Some((_, None)) => {
+                        return Err(self.refused(&header.rule, &at, "the column is NULL".into()));
+                    }
+                    None => {
+                        let detail = "the event came without it (an outbox_emit() message carries the event columns \
+                                      only; or the column is gone from the table)";
+                        return Err(self.refused(&header.rule, &at, detail.into()));
+                    }
+                };
+                Ok(if header.envelope { Value::from(value.as_str()).to_string() } else { value.clone() })
             }
             HeaderSource::Payload(pointer) => {
                 let value = parsed.expect("the payload was read for this header");

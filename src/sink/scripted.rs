@@ -325,6 +325,7 @@ pub(crate) fn record(id: &str) -> KafkaRecord {
         event_type: "e".into(),
         aggregate_type: "a".into(),
         row_headers: Vec::new(),
+        row_columns: Vec::new(),
         created_at: None,
         position: None,
         outbox: crate::config::OutboxId::default(),

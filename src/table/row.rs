@@ -6,6 +6,7 @@ use std::time::SystemTime;
 use tokio_postgres::Row;
 
 use super::col;
+use crate::config::HEADER_COLUMN_ALIAS;
 use crate::record::OutboxRow;
 
 /// Where a claimed row lies: its partition (`tableoid`) and the ctid of its version, with its id
@@ -42,6 +43,20 @@ impl RowAt {
 /// error: it is never mistaken for a NULL in the row.
 pub fn outbox_row(row: &Row) -> Result<(OutboxRow, Option<SystemTime>), tokio_postgres::Error> {
     let mut unreadable = None;
+    let mut columns = Vec::new();
+    for column in row.columns() {
+        if let Some(name) = column.name().strip_prefix(HEADER_COLUMN_ALIAS) {
+            let value: Option<TextBytes<'_>> = row.try_get(column.name())?;
+            let value = value.map(|b| match std::str::from_utf8(b.0) {
+                Ok(text) => text.to_string(),
+                Err(_) => {
+                    unreadable.get_or_insert_with(|| name.to_string());
+                    String::from_utf8_lossy(b.0).into_owned()
+                }
+            });
+            columns.push((name.to_string(), value));
+        }
+    }
     let mut text = |column: &'static str| -> Result<Option<String>, tokio_postgres::Error> {
         let bytes: Option<TextBytes<'_>> = row.try_get(column)?;
         Ok(bytes.map(|b| match std::str::from_utf8(b.0) {
@@ -61,6 +76,7 @@ pub fn outbox_row(row: &Row) -> Result<(OutboxRow, Option<SystemTime>), tokio_po
         headers: text(col::HEADERS)?,
         topic: text(col::TOPIC)?,
         unreadable: None,
+        columns,
     };
     let created_at = row.try_get(col::CREATED_AT)?;
     Ok((OutboxRow { unreadable, ..raw }, created_at))

@@ -37,6 +37,24 @@ fn unpublished_is_one_definition_used_everywhere() {
 }
 
 #[test]
+fn another_column_a_header_rule_reads_is_claimed_copied_and_dead_lettered_by_name() {
+    let mut c = config(AfterPublish::Delete);
+    c.outbox.transforms.headers.push(crate::config::HeaderRule {
+        from: "column:channel".into(),
+        name: "channel".into(),
+        placement: crate::config::Placement::Header,
+    });
+    let table = OutboxTable::of(&c.outbox, &c.polling);
+    assert_eq!(table.others(), ["channel"]);
+    let read = "t.\"channel\"::text AS \"relay_column:channel\"";
+    assert!(table.claim_sql().contains(read), "{}", table.claim_sql());
+    assert!(table.claim_sql().contains("v.\"relay_column:channel\""), "counted and fetched like the rest");
+    assert!(table.copy_sql().contains(read), "{}", table.copy_sql());
+    let letters = table.copy_to_letters_sql("outbox_dead_letter");
+    assert!(letters.contains("'columns', jsonb_build_object('channel', t.\"channel\"::text)"), "{letters}");
+}
+
+#[test]
 fn a_claim_fetches_only_the_id_of_a_row_over_the_row_bound() {
     let table = {
         let c = config(AfterPublish::Delete);

@@ -56,8 +56,16 @@ fn errors_name_the_outbox_and_the_rule() {
             "outbox.transforms.route_topic: is set without outbox.transforms.route_by_field",
         ),
         (
-            "[[outbox.transforms.headers]]\nfrom = \"column:tenant\"\nname = \"t\"\n",
-            "outbox.transforms.headers[0].from: \"column:tenant\" is neither column:<",
+            "[[outbox.transforms.headers]]\nfrom = \"tenant\"\nname = \"t\"\n",
+            "outbox.transforms.headers[0].from: \"tenant\" is neither column:<",
+        ),
+        (
+            "[[outbox.transforms.headers]]\nfrom = \"column:payload\"\nname = \"t\"\n",
+            "outbox.transforms.headers[0].from: \"payload\" is the payload, headers or created_at column",
+        ),
+        (
+            "[[outbox.transforms.headers]]\nfrom = \"column:a_column_name_longer_than_fifty_bytes_is_refused_here\"\nname = \"t\"\n",
+            "outbox.transforms.headers[0].from: column names of up to 50 bytes only",
         ),
         (
             "[[outbox.transforms.headers]]\nfrom = \"column:event_type\"\nname = \"ID\"\n",

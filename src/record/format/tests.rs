@@ -15,6 +15,7 @@ fn row() -> OutboxRow {
         headers: Some("{\"traceparent\": \"00-abc-01\"}".into()),
         topic: None,
         unreadable: None,
+        columns: Vec::new(),
     }
 }
 

@@ -15,6 +15,7 @@ fn row(event_type: &str, payload: &str) -> OutboxRow {
         headers: Some("{\"trace\": \"t1\"}".into()),
         topic: None,
         unreadable: None,
+        columns: Vec::new(),
     }
 }
 
@@ -225,6 +226,39 @@ fn an_unreadable_hash_key_stops_the_relay_rather_than_publish_unhashed() {
     assert!(
         err.contains("outbox.transforms.redact[0]: cannot read the HMAC key file /nonexistent/redact.key"),
         "{err}"
+    );
+}
+
+#[test]
+fn a_header_from_another_column_is_its_value_and_a_null_or_absent_one_is_refused_naming_it() {
+    let m = mapping(TransformsConfig {
+        headers: vec![HeaderRule {
+            from: "column:tenant_id".into(),
+            name: "tenant".into(),
+            placement: Placement::Header,
+        }],
+        ..TransformsConfig::default()
+    });
+    let with = |value: Option<&str>| OutboxRow {
+        columns: vec![("tenant_id".into(), value.map(String::from))],
+        ..row("OrderPlaced", "{}")
+    };
+    let event = record(&m, with(Some("acme")));
+    assert_eq!(event.headers().skip(3).collect::<Vec<_>>(), [("trace", "t1"), ("tenant", "acme")]);
+    assert_eq!(
+        event.row_columns,
+        [("tenant_id".to_string(), Some("acme".to_string()))],
+        "kept for a dead letter"
+    );
+    let null = refused(&m, with(None)).reason.to_string();
+    assert!(
+        null.contains("outbox.transforms.headers[0] cannot apply at column tenant_id: the column is NULL"),
+        "{null}"
+    );
+    let absent = refused(&m, row("OrderPlaced", "{}")).reason.to_string();
+    assert!(
+        absent.contains("column tenant_id: the event came without it (an outbox_emit() message"),
+        "{absent}"
     );
 }
 

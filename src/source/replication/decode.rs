@@ -46,6 +46,8 @@ struct Layout {
     payload: Option<usize>,
     headers: Option<usize>,
     topic: Option<usize>,
+    /// The other columns header rules read: each name, and where it is (`None`: not in the table).
+    others: Vec<(String, Option<usize>)>,
 }
 
 /// One outbox table as the decoder recognises it.
@@ -53,6 +55,8 @@ struct Table {
     schema: String,
     name: String,
     columns: ColumnsConfig,
+    /// The other columns its header rules read, by name.
+    others: Vec<String>,
 }
 
 /// Decodes pgoutput for the relay's outbox tables; remembers relation layouts by OID.
@@ -70,6 +74,7 @@ impl Decoder {
             schema: o.schema.clone(),
             name: o.table.clone(),
             columns: o.columns.clone(),
+            others: o.transforms.other_columns(&o.columns),
         };
         Decoder {
             tables: outboxes.into_iter().map(table).collect(),
@@ -198,6 +203,7 @@ impl Decoder {
             payload: find(&c.payload),
             headers: find(&c.headers),
             topic: find(&c.topic),
+            others: self.tables[outbox].others.iter().map(|name| (name.clone(), find(name))).collect(),
         };
         self.relations.insert(oid, layout);
         Ok(Change::Relation)
@@ -239,6 +245,7 @@ impl Decoder {
             headers: text(layout.headers, &c.headers),
             topic: text(layout.topic, &c.topic),
             unreadable: None,
+            columns: layout.others.iter().map(|(name, at)| (name.clone(), text(*at, name))).collect(),
         };
         Ok(Change::Insert(layout.outbox, OutboxRow { unreadable, ..raw }))
     }

@@ -169,8 +169,13 @@ fn column_list_problem(
         Some(array.iter().filter_map(|c| c.as_str().map(str::to_string)).collect())
     };
     let listed = names("attnames")?;
-    let read =
-        c.required().into_iter().chain(c.optional()).filter(|(_, name)| *name != c.created_at.as_str());
+    let others = table.others().iter().map(|name| ("transforms.headers", name.as_str()));
+    let read = c
+        .required()
+        .into_iter()
+        .chain(c.optional())
+        .filter(|(_, name)| *name != c.created_at.as_str())
+        .chain(others);
     let missing: Vec<(&str, &str)> = read.filter(|(_, name)| !listed.iter().any(|l| l == name)).collect();
     if missing.is_empty() {
         return None;
@@ -199,6 +204,9 @@ fn columns_gone(table: &OutboxTable, gone: &[(&str, &str)]) -> Problem {
         .map(|(key, name)| match *key {
             "headers" | "topic" => {
                 format!("add \"{name}\" back, or set outbox.columns.{key} = \"\" if it is gone for good")
+            }
+            "transforms.headers" => {
+                format!("add \"{name}\" back, or remove the header rule that reads column:{name}")
             }
             _ => format!("add \"{name}\" back, or name the column that holds it in outbox.columns.{key}"),
         })

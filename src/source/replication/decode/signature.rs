@@ -96,6 +96,7 @@ mod tests {
             headers: Some("{\"h\": \"v\"}".into()),
             topic: None,
             unreadable: None,
+            columns: Vec::new(),
         }
     }
 
