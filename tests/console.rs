@@ -138,6 +138,9 @@ async fn the_page_shows_the_lag_metrics_exports_and_refuses_an_act_without_the_c
     relay.wait_metric(&backlog, |v| v == written as f64).await;
     let shown = format!("document.getElementById('{lag_id}')?.dataset.value");
     wait_page(&page, &relay, &format!("{shown} === '{written}'")).await;
+    // (and so does the chart's newest point of the backlog)
+    let charted = format!("document.getElementById('series-backlog-{outbox}')?.dataset.last");
+    wait_page(&page, &relay, &format!("{charted} === '{written}'")).await;
     assert_eq!(relay.metric(&backlog), Some(written as f64), "the backlog moved while paused");
 
     // when the page's own script acts without the CSRF token (its origin, its bearer token)
@@ -164,6 +167,7 @@ async fn the_page_shows_the_lag_metrics_exports_and_refuses_an_act_without_the_c
     assert_eq!(consumed.len(), written);
     relay.wait_metric(&backlog, |v| v == 0.0).await;
     wait_page(&page, &relay, &format!("{shown} === '0'")).await;
+    wait_page(&page, &relay, &format!("{charted} === '0'")).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -168,7 +168,8 @@ impl Answer {
 
 #[cfg(test)]
 impl Admin {
-    /// An admin of a minimal configuration (one outbox, polling) with `tokens`.
+    /// An admin of a minimal configuration (one outbox, the default mode: replication) with
+    /// `tokens`.
     pub(crate) fn for_tests(tokens: auth::Tokens) -> Admin {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("relay.toml");

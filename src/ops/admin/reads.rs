@@ -264,3 +264,36 @@ async fn locate(admin: &Admin, parts: &Parts) -> Answer {
         Err(e) => Answer::error(StatusCode::BAD_GATEWAY, format!("locate could not finish: {e}")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::admin::auth::Tokens;
+
+    #[test]
+    fn the_history_is_one_array_per_series_oldest_first_with_the_throughput_of_each_interval() {
+        // (the tests' configuration streams: the slot's series, no backlog)
+        let admin = Admin::for_tests(Tokens::of(&[]));
+        let empty = history(&admin);
+        assert_eq!(empty["at_unix_ms"], json!([]), "it starts empty");
+        assert_eq!((&empty["mode"], &empty["slot_lag_bytes"]), (&json!("replication"), &json!([])));
+        for (at, lag, published) in [(1_000, 400, 10), (6_000, 200, 20), (11_000, 0, 45)] {
+            admin.history.record(Sample {
+                at_unix_ms: at,
+                slot_lag_bytes: Some(lag),
+                retained_wal_bytes: Some(lag + 1_000),
+                outboxes: vec![(None, published)],
+            });
+        }
+        let history = history(&admin);
+        assert_eq!(history["at_unix_ms"], json!([1_000, 6_000, 11_000]));
+        assert_eq!(history["slot_lag_bytes"], json!([400, 200, 0]));
+        assert_eq!(history["retained_wal_bytes"], json!([1_400, 1_200, 1_000]));
+        let outbox = &history["outboxes"][0];
+        assert_eq!(outbox["name"], admin.outboxes.first().name.as_str());
+        assert_eq!(outbox["backlog_events"], Value::Null);
+        assert_eq!(outbox["events_published"], json!([10, 20, 45]));
+        assert_eq!(outbox["events_per_second"], json!([null, 2.0, 5.0]));
+        assert_eq!(history["interval_secs"], admin.config.metrics.sample_interval_secs);
+    }
+}
