@@ -350,6 +350,9 @@ async fn the_verification_panel_says_never_run_then_shows_the_counts_of_a_pass_r
     }
     let when: String = read(&page, "document.getElementById('verification-when').textContent").await.unwrap();
     assert!(when.contains("by oncall") && when.contains(pass["result"].as_str().unwrap()), "{when}");
+    // (the panel of docs/admin.md)
+    page.find_element("#verification-section").await.unwrap().scroll_into_view().await.unwrap();
+    screenshots(&page, &s, "console-verification").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
