@@ -7,8 +7,9 @@
 //!   `/metrics` cannot disagree: a sample holds what `/metrics` exported at its time;
 //! - the ring holds at most [`History::capacity`] samples (an hour of them), oldest first, and
 //!   drops the oldest when full: memory is fixed at start;
-//! - it starts empty with the process and is kept only while something samples it: the admin
-//!   listener starts [`History::spawn`], so a relay without it pays nothing.
+//! - it starts empty with the process, and only [`History::spawn`] fills it: the admin API
+//!   (`crate::ops::admin`) starts it when `admin.listen` is set, so a relay without the listener
+//!   runs no sampler and keeps no samples.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
