@@ -295,3 +295,48 @@ async fn a_dead_letter_is_listed_with_its_reason_and_replayed_through_the_api() 
     assert_eq!(receipt["state"], "published", "{receipt}");
     assert!(relay.log_text().contains("replay_dead_letters"), "the act is audited");
 }
+
+/// The server processes of `client`'s database other than its own whose last statement was the
+/// dead-letter list (`/v1/dead-letters`'s), oldest first.
+async fn dead_letter_readers(client: &tokio_postgres::Client) -> Vec<i32> {
+    let sql = "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
+               AND pid <> pg_backend_pid() AND query LIKE 'SELECT id, event_id, reason,%' ORDER BY backend_start";
+    client.query(sql, &[]).await.unwrap().iter().map(|r| r.get(0)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_dead_letters_read_reuses_one_postgresql_session_and_opens_another_when_it_is_killed() {
+    // given a relay with its admin listener
+    let s = setup("polling").await;
+    let client = s.db.client().await;
+    let (relay, port) = start(&s, "relay");
+    relay.wait_ready("active").await;
+    let letters = || {
+        let answer = get(port, "/v1/dead-letters", READ_TOKEN);
+        assert_eq!(answer.status, 200, "{}", answer.body);
+    };
+
+    // when the dead letters are read three times
+    letters();
+    let first = dead_letter_readers(&client).await;
+    letters();
+    letters();
+
+    // then one server process answered all three, and it stays open between them
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert_eq!(dead_letter_readers(&client).await, first, "a session per request");
+
+    // when that process is ended (a failover, an idle timeout, an operator)
+    let ended: bool = client.query_one("SELECT pg_terminate_backend($1)", &[&first[0]]).await.unwrap().get(0);
+    assert!(ended);
+    let gone = relay.context(format!("server process {} to end", first[0]));
+    wait_until(gone, async || !dead_letter_readers(&client).await.contains(&first[0])).await;
+
+    // then the next read is answered on a new session, which is kept in turn
+    letters();
+    let second = dead_letter_readers(&client).await;
+    assert_eq!(second.len(), 1, "{second:?}");
+    assert_ne!(second, first);
+    letters();
+    assert_eq!(dead_letter_readers(&client).await, second);
+}

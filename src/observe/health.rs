@@ -177,6 +177,12 @@ impl Health {
         self.facts.lock().unwrap().blocked = blocked;
     }
 
+    /// Why the process holds at an unpublishable event (`blocked at event <id>: <reason>`), while
+    /// it does: one fact per process, as `outbox_relay_events_blocked` is one gauge.
+    pub(crate) fn blocked(&self) -> Option<String> {
+        self.facts.lock().unwrap().blocked.clone()
+    }
+
     /// Who holds the polling lock this standby wants (None: nobody it could see); returns
     /// whether that changed, so the caller logs a new holder once.
     pub(crate) fn set_lock_holder(&self, holder: Option<LockHolder>) -> bool {
@@ -260,9 +266,11 @@ mod tests {
         h.set_blocked(Some("blocked at event 7: column aggregate_id is NULL".into()));
         assert!(h.readiness().unwrap_err().contains("blocked at event 7"));
         assert_eq!(metrics().events_blocked.get(), 1);
+        assert_eq!(h.blocked().as_deref(), Some("blocked at event 7: column aggregate_id is NULL"));
         h.set_phase(Phase::Retrying("postgres: connection reset".into()));
         assert!(h.readiness().unwrap_err().starts_with("degraded: postgres"));
         assert_eq!(metrics().events_blocked.get(), 0, "the gauge follows the blocked fact");
+        assert_eq!(h.blocked(), None);
         h.set_phase(Phase::Active);
         assert_eq!(h.readiness(), Ok("active".into()), "a new session starts unblocked");
         h.set_phase(Phase::Standby);

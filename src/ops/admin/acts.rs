@@ -127,7 +127,7 @@ pub(crate) async fn perform(
             Endpoint::Resume => parsed(body, |_: Value| resume(admin)).await,
             Endpoint::Replay => parsed(body, |b: ReplayBody| replay(admin, b)).await,
             Endpoint::Republish => parsed(body, |b: RepublishBody| republish(admin, b)).await,
-            Endpoint::Verify => parsed(body, |b: VerifyBody| verify(admin, b)).await,
+            Endpoint::Verify => parsed(body, |b: VerifyBody| verify(admin, (who, via), b)).await,
             other => Done::refused(StatusCode::INTERNAL_SERVER_ERROR, format!("{other:?} is not an act")),
         },
     };
@@ -337,7 +337,7 @@ pub(crate) fn republish_options(body: RepublishBody) -> Result<crate::ops::repub
     })
 }
 
-async fn verify(admin: &Admin, body: VerifyBody) -> Done {
+async fn verify(admin: &Admin, asked_by: (&str, &str), body: VerifyBody) -> Done {
     let outboxes = match super::reads::chosen(admin, body.outbox.as_deref(), None) {
         Ok(outboxes) => outboxes,
         Err(refused) => return Done::refused(refused.status, refused.body.trim().to_string()),
@@ -365,5 +365,7 @@ async fn verify(admin: &Admin, body: VerifyBody) -> Done {
         (false, true) => "pending",
         (false, false) => "all_there",
     };
-    Done::new(StatusCode::OK, result, json!({ "since": options.since, "outboxes": reports }))
+    let detail = json!({ "since": options.since, "outboxes": reports });
+    super::verification::keep(admin, asked_by, result, &detail);
+    Done::new(StatusCode::OK, result, detail)
 }

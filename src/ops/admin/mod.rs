@@ -24,6 +24,7 @@ mod listener;
 pub mod openapi;
 mod reads;
 pub mod routes;
+mod verification;
 
 use std::sync::Arc;
 
@@ -38,6 +39,7 @@ use crate::config::RelayConfig;
 use crate::delivery::live::Leader;
 use crate::error::RelayError;
 use crate::observe::health::Health;
+use crate::observe::history::History;
 use crate::ops::control::Control;
 use crate::outboxes::Outboxes;
 
@@ -53,6 +55,14 @@ pub(crate) struct Admin {
     acting: Mutex<()>,
     /// The active session of this process, which carries out republish and replay.
     leader: Leader,
+    /// The last hour of the lag, backlog and throughput gauges (`/v1/history`), sampled while
+    /// the listener is on.
+    history: Arc<History>,
+    /// The last finished verification pass (`/v1/verification`): None before the first.
+    verification: std::sync::Mutex<Option<Value>>,
+    /// The one PostgreSQL session the reads that need one share (`/v1/dead-letters`), opened
+    /// on first use and again after it fails.
+    postgres: Mutex<Option<tokio_postgres::Client>>,
     /// The pause and the leader's URL this relay's instances share.
     pub(crate) control: Arc<Control>,
 }
@@ -68,10 +78,34 @@ impl Admin {
     ) -> Result<Arc<Admin>, RelayError> {
         let tokens = auth::Tokens::load(&config.admin)?;
         let csrf = auth::csrf_token();
+        let history = Arc::new(history_of(&config, &outboxes));
+        if config.admin.enabled() {
+            // sampled with the listener only: a relay without it keeps no history
+            history.spawn();
+        }
         let control = Arc::new(Control::new(&config, &outboxes, health.pause().clone()));
-        let acting = Mutex::new(());
-        Ok(Arc::new(Admin { config, outboxes, health, tokens, csrf, acting, leader, control }))
+        Ok(Arc::new(Admin {
+            config,
+            outboxes,
+            health,
+            tokens,
+            csrf,
+            acting: Mutex::new(()),
+            leader,
+            control,
+            history,
+            verification: std::sync::Mutex::new(None),
+            postgres: Mutex::new(None),
+        }))
     }
+}
+
+/// An empty history of `outboxes`, sampled as often as the gauges it reads are
+/// (`metrics.sample_interval_secs`).
+fn history_of(config: &RelayConfig, outboxes: &Outboxes) -> History {
+    let interval = std::time::Duration::from_secs(config.metrics.sample_interval_secs);
+    let names = outboxes.iter().map(|o| o.name.clone()).collect();
+    History::new(interval, names, config.source.mode == crate::config::SourceMode::Replication)
 }
 
 /// Starts the admin listener when `admin.listen` is set: reads the certificate first, so a
@@ -139,7 +173,8 @@ impl Answer {
 
 #[cfg(test)]
 impl Admin {
-    /// An admin of a minimal configuration (one outbox, polling) with `tokens`.
+    /// An admin of a minimal configuration (one outbox, the default mode: replication) with
+    /// `tokens`.
     pub(crate) fn for_tests(tokens: auth::Tokens) -> Admin {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("relay.toml");
@@ -149,8 +184,20 @@ impl Admin {
         let health = Arc::new(Health::new(std::time::Duration::from_secs(1)));
         let csrf = auth::csrf_token();
         let leader = crate::delivery::live::channel().0;
+        let history = Arc::new(history_of(&config, &outboxes));
         let control = Arc::new(Control::new(&config, &outboxes, health.pause().clone()));
-        let acting = Mutex::new(());
-        Admin { config: Arc::new(config), outboxes, health, tokens, csrf, acting, leader, control }
+        Admin {
+            config: Arc::new(config),
+            outboxes,
+            health,
+            tokens,
+            csrf,
+            acting: Mutex::new(()),
+            leader,
+            control,
+            history,
+            verification: std::sync::Mutex::new(None),
+            postgres: Mutex::new(None),
+        }
     }
 }
