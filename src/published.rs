@@ -8,6 +8,9 @@
 //!   past it; the first copy: once its chunk is settled), so Kafka owes every recorded id,
 //!   whether a relay is running or not;
 //! - recording is idempotent (bits are OR-ed), so a replay records nothing new;
+//! - an id the transforms filtered out is recorded as such (`filtered`,
+//!   `sql/016_published_filtered.sql`) when its row is settled, as a published one is, so
+//!   `verify` counts it filtered even once the rules change;
 //! - ids that are not non-negative integers are not recorded (a uuid id column);
 //! - without the table or the privilege the relay says so once at start and records nothing:
 //!   verify then cannot vouch for deleted rows, and says so.
@@ -32,6 +35,28 @@ const RECORD_SQL: &str = "INSERT INTO outbox_relay_published AS p (source_table,
      topics = CASE WHEN EXCLUDED.topics <@ p.topics THEN p.topics \
                    ELSE ARRAY(SELECT DISTINCT unnest(p.topics || EXCLUDED.topics)) END";
 
+/// [`RECORD_SQL`] with the ids the transforms filtered out (`$4`) OR-ed into `filtered`
+/// (`sql/016_published_filtered.sql`).
+const RECORD_WITH_FILTERED_SQL: &str = "INSERT INTO outbox_relay_published AS p (source_table, block, ids, filtered, topics) \
+     SELECT $1::text, id / 8192, \
+            bit_or(CASE WHEN f THEN B'0'::bit(8192) ELSE B'1'::bit(8192) >> (id % 8192)::int END), \
+            bit_or(CASE WHEN f THEN B'1'::bit(8192) >> (id % 8192)::int ELSE B'0'::bit(8192) END), $3::text[] \
+     FROM (SELECT id, false AS f FROM unnest($2::bigint[]) AS id \
+           UNION ALL SELECT id, true FROM unnest($4::bigint[]) AS id) u \
+     GROUP BY id / 8192 ORDER BY 2 \
+     ON CONFLICT (source_table, block) DO UPDATE SET ids = p.ids | EXCLUDED.ids, \
+         filtered = coalesce(p.filtered, B'0'::bit(8192)) | EXCLUDED.filtered, last_published_at = now(), \
+         topics = CASE WHEN EXCLUDED.topics <@ p.topics THEN p.topics \
+                       ELSE ARRAY(SELECT DISTINCT unnest(p.topics || EXCLUDED.topics)) END";
+
+/// Whether the record has the column of filtered ids (`sql/016_published_filtered.sql`).
+const HAS_FILTERED_SQL: &str = "SELECT EXISTS (SELECT 1 FROM pg_attribute \
+     WHERE attrelid = to_regclass('outbox_relay_published') AND attname = 'filtered' AND NOT attisdropped)";
+
+/// The filtered ids of the blocks written at or after `$2`.
+const LOAD_FILTERED_SQL: &str = "SELECT block, filtered::text FROM outbox_relay_published \
+     WHERE source_table = $1 AND filtered IS NOT NULL AND last_published_at >= coalesce($2, '-infinity'::timestamptz)";
+
 /// Whether the table exists and this role may write it (the upsert reads the block it ORs into:
 /// SELECT too).
 pub const USABLE_SQL: &str = "SELECT CASE WHEN to_regclass('outbox_relay_published') IS NULL THEN false \
@@ -48,6 +73,8 @@ pub struct Recorder {
     /// `schema.table`, as the dead-letter table names it.
     source_table: String,
     enabled: bool,
+    /// The record keeps filtered ids too (`sql/016_published_filtered.sql`).
+    filtered: bool,
 }
 
 impl Recorder {
@@ -62,16 +89,31 @@ impl Recorder {
                  sql/010_published.sql and sql/100_relay_role.sql"
             );
         }
-        Ok(Recorder { source_table: source_table.to_string(), enabled })
+        let filtered = enabled && client.query_one(HAS_FILTERED_SQL, &[]).await?.get::<_, bool>(0);
+        if enabled && !filtered {
+            tracing::warn!(
+                "outbox_relay_published has no column of filtered ids: the ids the transforms filter out are not \
+                 recorded, so `verify` judges such rows by the rules as they are when it runs -- fix: apply \
+                 sql/016_published_filtered.sql"
+            );
+        }
+        Ok(Recorder { source_table: source_table.to_string(), enabled, filtered })
     }
 
     /// Records what `sent` holds.
     pub async fn record(&self, client: &impl GenericClient, sent: &Sent) -> Result<(), RelayError> {
-        if !self.enabled || sent.ids.is_empty() {
+        let filtered: &[i64] = if self.filtered { &sent.filtered } else { &[] };
+        if !self.enabled || (sent.ids.is_empty() && filtered.is_empty()) {
             return Ok(());
         }
         let topics: Vec<&String> = sent.topics.iter().collect();
-        client.execute(RECORD_SQL, &[&self.source_table, &sent.ids, &topics]).await?;
+        if self.filtered {
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+                [&self.source_table, &sent.ids, &topics, &filtered];
+            client.execute(RECORD_WITH_FILTERED_SQL, &params).await?;
+        } else {
+            client.execute(RECORD_SQL, &[&self.source_table, &sent.ids, &topics]).await?;
+        }
         Ok(())
     }
 }
@@ -81,6 +123,8 @@ impl Recorder {
 pub struct Sent {
     ids: Vec<i64>,
     topics: BTreeSet<String>,
+    /// Ids the outbox's transforms filtered out: settled without a record.
+    filtered: Vec<i64>,
 }
 
 impl Sent {
@@ -95,20 +139,33 @@ impl Sent {
         }
     }
 
+    /// Notes the event `id` the transforms filtered out.
+    pub fn add_filtered(&mut self, id: &str) {
+        self.filtered.extend(numeric_id(id));
+    }
+
     /// The events `ids`, sent to some of `topics`.
     pub fn of<'a>(ids: impl IntoIterator<Item = &'a str>, topics: BTreeSet<String>) -> Sent {
-        Sent { ids: ids.into_iter().filter_map(numeric_id).collect(), topics }
+        Sent { ids: ids.into_iter().filter_map(numeric_id).collect(), topics, filtered: Vec::new() }
+    }
+
+    /// These events, and `ids` the transforms filtered out.
+    pub fn with_filtered<'a>(mut self, ids: impl IntoIterator<Item = &'a str>) -> Sent {
+        self.filtered.extend(ids.into_iter().filter_map(numeric_id));
+        self
     }
 
     /// These events and `other`'s.
     pub fn and(mut self, other: Sent) -> Sent {
         self.ids.extend(other.ids);
         self.topics.extend(other.topics);
+        self.filtered.extend(other.filtered);
         self
     }
 
+    /// Nothing sent and nothing filtered.
     pub fn is_empty(&self) -> bool {
-        self.ids.is_empty()
+        self.ids.is_empty() && self.filtered.is_empty()
     }
 
     pub fn len(&self) -> usize {
@@ -203,6 +260,23 @@ impl Record {
         }
         Ok(record)
     }
+}
+
+/// The ids of `source_table` the relay recorded as filtered out by the transforms, in the blocks
+/// written at or after `touched_since` (all without it); none without the record or its column.
+pub async fn filtered(
+    client: &impl GenericClient,
+    source_table: &str,
+    touched_since: Option<SystemTime>,
+) -> Result<IdBits, RelayError> {
+    let mut bits = IdBits::default();
+    if !client.query_one(HAS_FILTERED_SQL, &[]).await?.get::<_, bool>(0) {
+        return Ok(bits);
+    }
+    for row in client.query(LOAD_FILTERED_SQL, &[&source_table, &touched_since]).await? {
+        bits.set_block(row.get(0), row.get::<_, &str>(1));
+    }
+    Ok(bits)
 }
 
 /// The block of event `id` as recorded now: its bits, its topics and when it was first written;

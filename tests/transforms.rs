@@ -3,8 +3,9 @@
 //! types never reach Kafka, redacted fields appear in no record (each record read back byte for
 //! byte), events routed by a payload field land on their topics in per-aggregate order, and
 //! `verify` reports nothing missing with the filtered rows counted exactly; `locate` names the
-//! rule that filtered an event. A header comes from a column the relay reads for that rule
-//! alone (`column:channel`), in both modes.
+//! rule that filtered an event, and verify still counts the filtered rows once the rules no
+//! longer exclude them (the relay recorded them). A header comes from a column the relay reads
+//! for that rule alone (`column:channel`), in both modes.
 
 use std::collections::HashMap;
 
@@ -182,6 +183,23 @@ async fn transforms_through_a_kill_9(mode: &str) {
     for class in ["missing", "pending", "unexpected", "out_of_order", "mismatched", "unpublishable"] {
         assert_eq!(verified[class]["count"], 0, "{class}: {verified}");
     }
+    // and once the rules no longer exclude the internal type, verify still counts the rows the
+    // relay filtered (recorded when their rows were settled) as filtered, none missing
+    let toml = std::fs::read_to_string(s.config()).unwrap();
+    let kept = toml.replace("exclude_event_types = [\"*.internal\"]\n", "");
+    assert_ne!(kept, toml, "the exclusion is in the configuration");
+    let dir = tempfile::tempdir().unwrap();
+    let changed = dir.path().join("relay.toml");
+    std::fs::write(&changed, kept).unwrap();
+    let changed = changed.display().to_string();
+    let (code, stdout, stderr) = run_relay(&["verify", "--config", &changed, "--format", "json"], EXIT_LIMIT);
+    let again: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"));
+    assert_eq!(code, 0, "{again}");
+    assert_eq!(again["filtered"]["count"], internal, "recorded as filtered: {again}");
+    for class in ["missing", "pending", "unexpected", "out_of_order", "mismatched", "unpublishable"] {
+        assert_eq!(again[class]["count"], 0, "{class}: {again}");
+    }
+
     // and locate names the rule that filtered an internal event
     let first_internal: i64 = client
         .query_one("SELECT min(id) FROM outbox_events WHERE event_type = 'Cache.internal'", &[])

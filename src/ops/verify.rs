@@ -14,8 +14,9 @@
 //!    the window is fine, no row at all is unexpected.
 //!
 //! A row the outbox's transforms filter out (`[outbox.transforms]`, judged by the configuration
-//! verify is given, as the relay judges it) is counted `filtered`: Kafka owes nothing for it, so
-//! it is never `missing`.
+//! verify is given, as the relay judges it), or one the relay recorded as filtered when it
+//! settled it ([`crate::published::filtered`]: the rules have changed since), is counted
+//! `filtered`: Kafka owes nothing for it, so it is never `missing`.
 //!
 //! It changes nothing, anywhere: no offsets are committed, no row is touched.
 
@@ -31,7 +32,7 @@ use tokio_postgres::Client;
 
 use crate::config::{AfterPublish, RelayConfig, SourceMode};
 use crate::outboxes::Outbox;
-use crate::published::{IdBits, Record};
+use crate::published::{IdBits, Record, numeric_id};
 use crate::record::format::Format;
 use crate::table::{OutboxTable, outbox_row};
 use classify::Lookup;
@@ -132,10 +133,13 @@ async fn read(
         until: described(client, until).await?,
         ..Report::default()
     };
-    let mut expected = read_rows(client, outbox, (since, until), options.show, &mut report).await?;
-    // read before the slot's target position: every id recorded by then was committed before it
     let touched_since =
         since.map(|at| at.checked_sub(records::CLOCK_SLACK).unwrap_or(SystemTime::UNIX_EPOCH));
+    // the ids the relay filtered out, whatever the rules say now
+    let filtered = crate::published::filtered(client, &table.display_name(), touched_since).await?;
+    let window = (since, until);
+    let mut expected = read_rows(client, (outbox, &filtered), window, options.show, &mut report).await?;
+    // read before the slot's target position: every id recorded by then was committed before it
     let record = Record::load(client, &table.display_name(), touched_since, since).await?;
     let record_bytes = record.published.memory_bytes() + record.recent.memory_bytes();
     let caught_up = rows_owed(client, config, options.wait).await?;
@@ -257,7 +261,7 @@ async fn described(client: &Client, at: Option<SystemTime>) -> Result<Option<Str
 /// Streams the rows of the window into their expected records.
 async fn read_rows(
     client: &mut Client,
-    outbox: &Outbox,
+    (outbox, filtered): (&Outbox, &IdBits),
     window: (Option<SystemTime>, Option<SystemTime>),
     show: usize,
     report: &mut Report,
@@ -273,7 +277,20 @@ async fn read_rows(
         for row in &rows {
             let (raw, created_at) = outbox_row(row)?;
             let id = raw.id.clone().unwrap_or_default();
-            match mapping.to_record(raw, created_at).map_err(|e| VerifyError::Failed(e.to_string()))? {
+            let mapped =
+                mapping.to_record(raw, created_at).map_err(|e| VerifyError::Failed(e.to_string()))?;
+            let recorded_filtered = numeric_id(&id).is_some_and(|n| filtered.contains(n));
+            match mapped {
+                Err(refused) if refused.filtered_by().is_some() => {
+                    let rule = refused.filtered_by().unwrap_or_default();
+                    report.filtered.note(show, || format!("{id} ({rule})"));
+                }
+                // filtered when the relay settled it: owed to no topic, whatever the rules say now
+                _ if recorded_filtered => {
+                    report
+                        .filtered
+                        .note(show, || format!("{id} (filtered when relayed; the rules now map it)"));
+                }
                 Ok(event) => {
                     let print = match &event.formatted {
                         _ if whole => {
@@ -287,10 +304,7 @@ async fn read_rows(
                     };
                     expected.add(&event.id, &event.topic, print);
                 }
-                Err(refused) => match refused.filtered_by() {
-                    Some(rule) => report.filtered.note(show, || format!("{id} ({rule})")),
-                    None => report.unpublishable.note(show, || format!("{id} ({})", refused.reason)),
-                },
+                Err(refused) => report.unpublishable.note(show, || format!("{id} ({})", refused.reason)),
             }
         }
         if rows.len() < ROW_BATCH as usize {

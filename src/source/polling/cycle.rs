@@ -214,11 +214,11 @@ impl PollingSource {
         if !release.is_empty() {
             let (tableoids, ctids) = RowAt::params(release);
             tx.execute(&statements.release, &[&tableoids, &ctids]).await?;
-            outbox
-                .recorder(tx)
-                .await?
-                .record(tx, &Sent::of(release.iter().map(|r| r.id.as_str()), topics))
-                .await?;
+        }
+        let sent = Sent::of(release.iter().map(|r| r.id.as_str()), topics)
+            .with_filtered(filtered.iter().map(|r| r.id.as_str()));
+        if !sent.is_empty() {
+            outbox.recorder(tx).await?.record(tx, &sent).await?;
         }
         if letters.is_empty() {
             return Ok(0);

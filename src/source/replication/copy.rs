@@ -183,7 +183,10 @@ impl<'a, S: Sink> Copying<'a, S> {
                     None => {}
                 }
             }
-            Err(refused) if refused.filtered_by().is_some() => self.report.filtered += 1,
+            Err(refused) if refused.filtered_by().is_some() => {
+                self.sent.add_filtered(refused.row.id.as_deref().unwrap_or_default());
+                self.report.filtered += 1;
+            }
             Err(unpublishable) => {
                 // what precedes the row goes first
                 self.settle(shutdown).await?;

@@ -364,6 +364,9 @@ impl<'a, S: Sink> Feed<'a, S> {
             }
             // filtered out: nothing is sent, so its transaction owes Kafka nothing for it
             Err(refused) if refused.filtered_by().is_some() => {
+                if let Some(id) = &refused.row.id {
+                    self.sent[at.outbox].entry(txn.commit_lsn).or_default().add_filtered(id);
+                }
                 let name = &self.outboxes[at.outbox].name;
                 metrics().outbox_events_filtered.with_label_values(&[name]).inc();
             }
