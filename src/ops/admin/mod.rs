@@ -77,26 +77,36 @@ impl Admin {
         leader: Leader,
     ) -> Result<Arc<Admin>, RelayError> {
         let tokens = auth::Tokens::load(&config.admin)?;
-        let csrf = auth::csrf_token();
-        let history = Arc::new(history_of(&config, &outboxes));
-        if config.admin.enabled() {
+        let admin = Admin::of(config, outboxes, (health, tokens), leader);
+        if admin.config.admin.enabled() {
             // sampled with the listener only: a relay without it keeps no history
-            history.spawn();
+            admin.history.spawn();
         }
+        Ok(Arc::new(admin))
+    }
+
+    /// The state every handler reads, nothing started yet.
+    fn of(
+        config: Arc<RelayConfig>,
+        outboxes: Arc<Outboxes>,
+        (health, tokens): (Arc<Health>, auth::Tokens),
+        leader: Leader,
+    ) -> Admin {
+        let history = Arc::new(history_of(&config, &outboxes));
         let control = Arc::new(Control::new(&config, &outboxes, health.pause().clone()));
-        Ok(Arc::new(Admin {
+        Admin {
             config,
             outboxes,
             health,
             tokens,
-            csrf,
+            csrf: auth::csrf_token(),
             acting: Mutex::new(()),
             leader,
             control,
             history,
             verification: std::sync::Mutex::new(None),
             postgres: Mutex::new(None),
-        }))
+        }
     }
 }
 
@@ -182,22 +192,7 @@ impl Admin {
         let config = RelayConfig::load_with_env(&file, Default::default()).unwrap();
         let outboxes = Arc::new(Outboxes::new(&config));
         let health = Arc::new(Health::new(std::time::Duration::from_secs(1)));
-        let csrf = auth::csrf_token();
         let leader = crate::delivery::live::channel().0;
-        let history = Arc::new(history_of(&config, &outboxes));
-        let control = Arc::new(Control::new(&config, &outboxes, health.pause().clone()));
-        Admin {
-            config: Arc::new(config),
-            outboxes,
-            health,
-            tokens,
-            csrf,
-            acting: Mutex::new(()),
-            leader,
-            control,
-            history,
-            verification: std::sync::Mutex::new(None),
-            postgres: Mutex::new(None),
-        }
+        Admin::of(Arc::new(config), outboxes, (health, tokens), leader)
     }
 }
