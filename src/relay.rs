@@ -92,14 +92,17 @@ async fn run_until_stopped(config: RelayConfig, health: Arc<Health>) -> Result<(
     let mut sigterm = signal(SignalKind::terminate()).map_err(signal_error)?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(signal_error)?;
     let signal_name = tokio::select! {
-        finished = &mut source => return joined(finished),
+        finished = &mut source => {
+            crate::observe::trace::flush(TRACE_FLUSH_LIMIT).await;
+            return joined(finished);
+        }
         _ = sigterm.recv() => "SIGTERM",
         _ = sigint.recv() => "SIGINT",
     };
     tracing::info!(signal = signal_name, grace_period_secs = grace.as_secs(), "shutting down");
     crate::sink::kafka::mark_stopping();
     let _ = shutdown_tx.send(true);
-    match tokio::time::timeout(grace, &mut source).await {
+    let stopped = match tokio::time::timeout(grace, &mut source).await {
         Ok(finished) => joined(finished),
         Err(_) => {
             tracing::warn!(
@@ -108,8 +111,14 @@ async fn run_until_stopped(config: RelayConfig, health: Arc<Health>) -> Result<(
             source.abort();
             Ok(())
         }
-    }
+    };
+    // the spans of the work that just ended (a stream session's) are exported before the exit
+    crate::observe::trace::flush(TRACE_FLUSH_LIMIT).await;
+    stopped
 }
+
+/// At exit, how long the spans queued are given to reach the tracing backend.
+const TRACE_FLUSH_LIMIT: Duration = Duration::from_secs(5);
 
 /// The supervisor of the configured source, over `sink`, on a task of its own.
 fn spawn_supervisor(
