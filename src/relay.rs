@@ -3,7 +3,9 @@
 //! On a signal the source stops claiming, finishes (or abandons uncommitted) the batch in flight
 //! and flushes the producer. If that takes longer than `shutdown.grace_period_secs` the process
 //! exits anyway: an uncommitted batch is rolled back by PostgreSQL when the session closes, so
-//! its rows are published again by the next run (at-least-once), never lost.
+//! its rows are published again by the next run (at-least-once), never lost. With `[tracing]`
+//! on, the spans queued by then (the stream session's among them) are exported before the exit,
+//! for at most 5 s (`TRACE_FLUSH_LIMIT`).
 
 use std::sync::Arc;
 use std::time::Duration;
