@@ -44,6 +44,11 @@ impl Links {
         self.more += (other.first.len() - taken) as u64 + other.more;
     }
 
+    /// The spans linked (the first [`MAX_LINKS`]).
+    pub fn linked(&self) -> &[TraceContext] {
+        &self.first
+    }
+
     /// Whether no event carried had a publish span.
     pub fn is_empty(&self) -> bool {
         self.first.is_empty()
