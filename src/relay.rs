@@ -3,7 +3,9 @@
 //! On a signal the source stops claiming, finishes (or abandons uncommitted) the batch in flight
 //! and flushes the producer. If that takes longer than `shutdown.grace_period_secs` the process
 //! exits anyway: an uncommitted batch is rolled back by PostgreSQL when the session closes, so
-//! its rows are published again by the next run (at-least-once), never lost.
+//! its rows are published again by the next run (at-least-once), never lost. With `[tracing]`
+//! on, the spans queued by then (the stream session's among them) are exported before the exit,
+//! for at most 5 s (`TRACE_FLUSH_LIMIT`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -94,14 +96,17 @@ async fn run_until_stopped(config: RelayConfig, health: Arc<Health>) -> Result<(
     let mut sigterm = signal(SignalKind::terminate()).map_err(signal_error)?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(signal_error)?;
     let signal_name = tokio::select! {
-        finished = &mut source => return joined(finished),
+        finished = &mut source => {
+            crate::observe::trace::flush(TRACE_FLUSH_LIMIT).await;
+            return joined(finished);
+        }
         _ = sigterm.recv() => "SIGTERM",
         _ = sigint.recv() => "SIGINT",
     };
     tracing::info!(signal = signal_name, grace_period_secs = grace.as_secs(), "shutting down");
     crate::sink::kafka::mark_stopping();
     let _ = shutdown_tx.send(true);
-    match tokio::time::timeout(grace, &mut source).await {
+    let stopped = match tokio::time::timeout(grace, &mut source).await {
         Ok(finished) => joined(finished),
         Err(_) => {
             tracing::warn!(
@@ -110,8 +115,14 @@ async fn run_until_stopped(config: RelayConfig, health: Arc<Health>) -> Result<(
             source.abort();
             Ok(())
         }
-    }
+    };
+    // the spans of the work that just ended (a stream session's) are exported before the exit
+    crate::observe::trace::flush(TRACE_FLUSH_LIMIT).await;
+    stopped
 }
+
+/// At exit, how long the spans queued are given to reach the tracing backend.
+const TRACE_FLUSH_LIMIT: Duration = Duration::from_secs(5);
 
 /// The supervisor of the configured source, over `sink`, on a task of its own.
 fn spawn_supervisor(

@@ -3,7 +3,7 @@
 //! A span is found by the trace id of the row's `traceparent`, its parent and its times checked
 //! against what the test wrote and what Kafka holds.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -11,7 +11,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::Value;
 
 use crate::common::http::sample;
-use crate::common::{EXIT_LIMIT, RelayToml, Setup, consume, consumer, services, wait_until};
+use crate::common::{
+    EXIT_LIMIT, RelayToml, Setup, consume, consumer, random_suffix, services, slot_confirmed_flush,
+    wait_until, wal_lsn,
+};
 
 /// The tracing backend the tests share.
 fn jaeger() -> &'static HashMap<String, String> {
@@ -38,6 +41,56 @@ fn spans_of(base: &str, trace_id: &str) -> Vec<Value> {
         .as_array()
         .and_then(|d| d.first())
         .map_or(Vec::new(), |t| t["spans"].as_array().unwrap().clone())
+}
+
+/// Every span Jaeger holds of `service` (its traces of the last hour).
+fn spans_of_service(base: &str, service: &str) -> Vec<Value> {
+    let end = micros(SystemTime::now()) + 60_000_000;
+    let start = end - 2 * 3_600_000_000;
+    let url = format!("{base}/api/traces?service={service}&start={start}&end={end}&limit=1000");
+    let (status, body) = http_get(&url);
+    if status != 200 {
+        return Vec::new();
+    }
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    let traces = answer["data"].as_array().cloned().unwrap_or_default();
+    traces.iter().flat_map(|t| t["spans"].as_array().cloned().unwrap_or_default()).collect()
+}
+
+/// The spans named `name` Jaeger holds of `service`.
+fn spans_named(base: &str, service: &str, name: &str) -> Vec<Value> {
+    spans_of_service(base, service).into_iter().filter(|s| s["operationName"] == name).collect()
+}
+
+/// The span ids `span` links to (OTLP links are Jaeger's `FOLLOWS_FROM` references).
+fn links(span: &Value) -> BTreeSet<String> {
+    let references = span["references"].as_array().cloned().unwrap_or_default();
+    let follows = references.iter().filter(|r| r["refType"] == "FOLLOWS_FROM");
+    follows.map(|r| r["spanID"].as_str().unwrap().to_string()).collect()
+}
+
+/// A span's start and end, in microseconds since the epoch.
+fn times(span: &Value) -> (i64, i64) {
+    let start = span["startTime"].as_i64().unwrap();
+    (start, start + span["duration"].as_i64().unwrap())
+}
+
+/// An LSN as PostgreSQL and the relay print it (`X/Y`), as a byte offset.
+fn lsn(text: &str) -> i64 {
+    let (high, low) = text.split_once('/').unwrap_or_else(|| panic!("not an LSN: {text}"));
+    ((u64::from_str_radix(high, 16).unwrap() << 32) | u64::from_str_radix(low, 16).unwrap()) as i64
+}
+
+/// A relay configuration exporting spans to the shared Jaeger under a service name of its own,
+/// rows without a sampled parent not sampled: (configuration, service name).
+fn traced(mode: &str, slot: &str) -> (RelayToml, String) {
+    let service = format!("relay-{}", random_suffix());
+    let otlp = jaeger()["OUTBOX_RELAY_TEST_OTLP_TRACES_URL"].clone();
+    let toml = RelayToml::either(mode, slot)
+        .set("tracing", "enabled", true)
+        .set("tracing", "endpoint", otlp.as_str())
+        .set("tracing", "service_name", service.as_str());
+    (toml, service)
 }
 
 fn tag<'a>(span: &'a Value, key: &str) -> Option<&'a Value> {
@@ -74,13 +127,11 @@ async fn insert(client: &tokio_postgres::Client, aggregate_type: &str, n: i64, h
 async fn a_sampled_row_is_traced_from_its_commit_to_kafkas_acknowledgement(mode: &str) {
     // given a relay exporting spans to Jaeger, rows without a parent not sampled
     let base = jaeger()["OUTBOX_RELAY_TEST_JAEGER_URL"].clone();
-    let otlp = jaeger()["OUTBOX_RELAY_TEST_OTLP_TRACES_URL"].clone();
+    let mut service = String::new();
     let s = Setup::create(&services().kafka, "", true, |slot| {
-        RelayToml::either(mode, slot).set("tracing", "enabled", true).set(
-            "tracing",
-            "endpoint",
-            otlp.as_str(),
-        )
+        let (toml, name) = traced(mode, slot);
+        service = name;
+        toml
     })
     .await;
     let client = s.db.client().await;
@@ -108,6 +159,7 @@ async fn a_sampled_row_is_traced_from_its_commit_to_kafkas_acknowledgement(mode:
     wait_until("five publish spans in Jaeger", async || spans_of(&base, &trace).len() == 5).await;
     let spans = spans_of(&base, &trace);
     let mut durations = 0;
+    let mut send_ids = BTreeSet::new();
     let of_trace = |r: &&crate::common::Consumed| r.header("traceparent").is_some_and(|h| h[3..35] == trace);
     let sampled: Vec<_> = records.iter().filter(of_trace).collect();
     assert_eq!(sampled.len(), 5, "{records:?}");
@@ -116,6 +168,7 @@ async fn a_sampled_row_is_traced_from_its_commit_to_kafkas_acknowledgement(mode:
         let span_id = &header[36..52];
         let span =
             spans.iter().find(|s| s["spanID"] == span_id).unwrap_or_else(|| panic!("{header}: {spans:?}"));
+        send_ids.insert(span_id.to_string());
         let reference = &span["references"][0];
         assert_eq!(reference["refType"], "CHILD_OF");
         assert!(parents.contains(&reference["spanID"].as_str().unwrap().to_string()), "{span}");
@@ -139,7 +192,20 @@ async fn a_sampled_row_is_traced_from_its_commit_to_kafkas_acknowledgement(mode:
     let latency = sample(&scrape, "outbox_relay_end_to_end_latency_seconds_sum").unwrap() - latency_before;
     let spanned = durations as f64 / 1e6;
     assert!((spanned - latency).abs() <= 0.010, "spans {spanned} s, histogram {latency} s");
-    assert_eq!(sample(&scrape, "outbox_relay_trace_spans_exported_total"), Some(5.0), "{scrape}");
+
+    // and every span the relay exported is one of those five, or a span of its own work (a
+    // claim, a confirmation) linked to some of them only: none for the unsampled rows
+    let exported = sample(&scrape, "outbox_relay_trace_spans_exported_total").unwrap();
+    let all = async || spans_of_service(&base, &service).len() as f64 >= exported;
+    wait_until(format!("the {exported} spans the relay exported, in Jaeger"), all).await;
+    for span in &spans_of_service(&base, &service) {
+        let id = span["spanID"].as_str().unwrap();
+        let linked = links(span);
+        assert!(
+            send_ids.contains(id) || (!linked.is_empty() && linked.is_subset(&send_ids)),
+            "a span of no sampled row: {span}"
+        );
+    }
 
     // and the unsampled row's trace has no span of the relay's, its header unchanged
     assert!(spans_of(&base, &unsampled_trace).is_empty());
@@ -158,6 +224,196 @@ async fn replication_traces_a_sampled_row_from_its_commit_to_kafkas_acknowledgem
 #[tokio::test(flavor = "multi_thread")]
 async fn polling_traces_a_sampled_row_from_its_commit_to_kafkas_acknowledgement() {
     a_sampled_row_is_traced_from_its_commit_to_kafkas_acknowledgement("polling").await;
+}
+
+/// Three rows, each a child of a span of its own in trace `trace`, in one transaction.
+async fn insert_sampled_in_one_transaction(
+    client: &tokio_postgres::Client,
+    aggregate_type: &str,
+    trace: &str,
+) {
+    let rows: Vec<String> = (0..3)
+        .map(|n| {
+            let headers = format!(r#"{{"traceparent": "{}"}}"#, traceparent(trace, &random_hex(8), true));
+            format!("('{aggregate_type}', 'a{n}', 'OrderPlaced', '{{}}', '{headers}')")
+        })
+        .collect();
+    let sql = format!(
+        "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, headers) VALUES {}",
+        rows.join(", ")
+    );
+    client.batch_execute(&sql).await.unwrap();
+}
+
+/// The ids of the relay's publish spans of trace `trace`, from the records' `traceparent`.
+fn send_span_ids(records: &[crate::common::Consumed], trace: &str) -> BTreeSet<String> {
+    let headers = records.iter().filter_map(|r| r.header("traceparent"));
+    headers.filter(|h| h[3..35] == *trace).map(|h| h[36..52].to_string()).collect()
+}
+
+/// The relay's spans of its own work: a polling claim or an LSN confirmation that carried
+/// sampled events links exactly their publish spans; one that carried only unsampled events
+/// makes no span at ratio 0; a stream session links every sampled event it carried.
+async fn work_spans_link_the_sampled_events_they_carried(mode: &str) {
+    // given a relay exporting spans to Jaeger under a service name of its own, ratio 0
+    let base = jaeger()["OUTBOX_RELAY_TEST_JAEGER_URL"].clone();
+    let mut service = String::new();
+    let s = Setup::create(&services().kafka, "", true, |slot| {
+        let (toml, name) = traced(mode, slot);
+        service = name;
+        toml
+    })
+    .await;
+    let client = s.db.client().await;
+    let mut relay = s.start("relay");
+    relay.wait_ready("active").await;
+    let work = if mode == "polling" { "polling claim" } else { "lsn confirmation" };
+
+    // when two rows without a sampled parent are published and released (polling: deleted;
+    // replication: the slot confirmed past them)
+    insert(&client, &s.aggregate_type, 0, Some(&traceparent(&random_hex(16), &random_hex(8), false))).await;
+    insert(&client, &s.aggregate_type, 1, None).await;
+    let end = wal_lsn(&client).await;
+    let released = async || match mode {
+        "polling" => s.outbox_rows().await == 0,
+        _ => slot_confirmed_flush(&client, &s.slot).await >= end,
+    };
+    wait_until(relay.context("the unsampled rows released".into()), released).await;
+
+    // and then three sampled rows of one trace, in one transaction
+    let before = wal_lsn(&client).await;
+    let trace = random_hex(16);
+    insert_sampled_in_one_transaction(&client, &s.aggregate_type, &trace).await;
+    let after = wal_lsn(&client).await;
+    let records = consume(&consumer(&[&s.topic]), 5, Duration::from_secs(5)).await;
+    assert_eq!(records.len(), 5, "{}", relay.log_text());
+    let sends = send_span_ids(&records, &trace);
+    assert_eq!(sends.len(), 3, "{records:?}");
+
+    // then Jaeger holds a span of the relay's work linked to exactly the three publish spans
+    let linked = async || spans_named(&base, &service, work).iter().any(|w| links(w) == sends);
+    wait_until(relay.context(format!("a {work} span linked to the three publish spans")), linked).await;
+
+    // and, once it holds every span the relay exported, that one and the three publish spans
+    // only: the claim or confirmation of the unsampled rows made none
+    let exported = relay.wait_metric("outbox_relay_trace_spans_exported_total", |v| v >= 4.0).await;
+    let all = async || spans_of_service(&base, &service).len() as f64 >= exported;
+    wait_until(format!("the {exported} spans the relay exported, in Jaeger"), all).await;
+    let all = spans_of_service(&base, &service);
+    let names: Vec<&str> = all.iter().map(|s| s["operationName"].as_str().unwrap()).collect();
+    assert_eq!(all.len(), 4, "{names:?}");
+    let work_span = all.iter().find(|s| s["operationName"] == work).unwrap();
+    let publish: Vec<&Value> = all.iter().filter(|s| sends.contains(s["spanID"].as_str().unwrap())).collect();
+    assert_eq!(publish.len(), 3, "{names:?}");
+
+    // and it says what it carried, and it ended after Kafka acknowledged each event
+    assert_eq!(tag(work_span, "outbox_relay.mode").unwrap(), mode);
+    assert_eq!(work_span["references"].as_array().unwrap().len(), 3, "no parent: {work_span}");
+    let (work_start, work_end) = times(work_span);
+    for send in &publish {
+        let (_, acknowledged) = times(send);
+        assert!(acknowledged <= work_end + 1, "acknowledged after the work ended: {send} {work_span}");
+    }
+    if mode == "polling" {
+        assert_eq!(tag(work_span, "outbox_relay.batch_size").unwrap().as_i64(), Some(3));
+        assert_eq!(tag(work_span, "outbox_relay.released").unwrap().as_i64(), Some(3));
+        assert_eq!(tag(work_span, "outbox_relay.outbox").unwrap(), "outbox_events");
+        for send in &publish {
+            assert!(
+                work_start <= times(send).1 + 1,
+                "acknowledged before the claim began: {send} {work_span}"
+            );
+        }
+    } else {
+        assert_eq!(tag(work_span, "outbox_relay.events").unwrap().as_i64(), Some(3));
+        assert_eq!(tag(work_span, "outbox_relay.transactions").unwrap().as_i64(), Some(1));
+        assert_eq!(tag(work_span, "outbox_relay.slot").unwrap(), s.slot.as_str());
+        assert_eq!(tag(work_span, "outbox_relay.outboxes").unwrap(), "outbox_events");
+        let confirmed = lsn(tag(work_span, "outbox_relay.lsn").unwrap().as_str().unwrap());
+        let previous = lsn(tag(work_span, "outbox_relay.previous_lsn").unwrap().as_str().unwrap());
+        // (the confirmation before it stopped short of the transaction's commit, this one past it)
+        assert!(previous < after && before < confirmed, "{previous} < {after}, {before} < {confirmed}");
+        assert!(confirmed <= slot_confirmed_flush(&client, &s.slot).await, "{work_span}");
+
+        // and when the relay stops, its stream session's span links every sampled event
+        assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+        let session = async || spans_named(&base, &service, "stream session").len() == 1;
+        wait_until("the stream session's span", session).await;
+        let session = spans_named(&base, &service, "stream session").remove(0);
+        assert_eq!(links(&session), sends, "{session}");
+        assert_eq!(tag(&session, "outbox_relay.events").unwrap().as_i64(), Some(5));
+        assert_eq!(tag(&session, "outbox_relay.slot").unwrap(), s.slot.as_str());
+        let ended = lsn(tag(&session, "outbox_relay.lsn").unwrap().as_str().unwrap());
+        assert!(ended >= confirmed, "{session}");
+        let (session_start, session_end) = times(&session);
+        assert!(session_start <= work_start && work_end <= session_end + 1, "{session} {work_span}");
+        return;
+    }
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replication_confirmations_and_the_session_link_the_sampled_events_they_carried() {
+    work_spans_link_the_sampled_events_they_carried("replication").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn polling_claims_link_the_sampled_events_they_carried() {
+    work_spans_link_the_sampled_events_they_carried("polling").await;
+}
+
+/// A slot created over rows already in the outbox: its first copy makes a span linked to the
+/// publish spans of the sampled rows it published, naming the slot's consistent point.
+#[tokio::test(flavor = "multi_thread")]
+async fn replication_a_first_copy_over_existing_rows_links_the_sampled_rows_it_published() {
+    // given three rows (two of them sampled) in the outbox before the slot exists
+    let base = jaeger()["OUTBOX_RELAY_TEST_JAEGER_URL"].clone();
+    let mut service = String::new();
+    let s = Setup::create(&services().kafka, "", true, |slot| {
+        let (toml, name) = traced("replication", slot);
+        service = name;
+        toml
+    })
+    .await;
+    let client = s.db.client().await;
+    let trace = random_hex(16);
+    insert(&client, &s.aggregate_type, 0, Some(&traceparent(&trace, &random_hex(8), true))).await;
+    insert(&client, &s.aggregate_type, 1, None).await;
+    insert(&client, &s.aggregate_type, 2, Some(&traceparent(&trace, &random_hex(8), true))).await;
+
+    // when the relay creates the slot and copies them
+    let mut relay = s.start("relay");
+    let records = consume(&consumer(&[&s.topic]), 3, Duration::from_secs(10)).await;
+    assert_eq!(records.len(), 3, "{}", relay.log_text());
+    let sends = send_span_ids(&records, &trace);
+    assert_eq!(sends.len(), 2, "{records:?}");
+
+    // then Jaeger holds the copy's span, linked to exactly the two publish spans
+    let copied = async || spans_named(&base, &service, "first copy").len() == 1;
+    wait_until(relay.context("the first copy's span".into()), copied).await;
+    let copy = spans_named(&base, &service, "first copy").remove(0);
+    assert_eq!(links(&copy), sends, "{copy}");
+
+    // and it names the slot, the table, its consistent point and what it did
+    let created: String = client
+        .query_one("SELECT created_lsn::text FROM outbox_relay_slots WHERE slot_name = $1", &[&s.slot])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tag(&copy, "outbox_relay.lsn").unwrap(), created.as_str());
+    assert_eq!(tag(&copy, "outbox_relay.slot").unwrap(), s.slot.as_str());
+    assert_eq!(tag(&copy, "outbox_relay.table").unwrap(), "public.outbox_events");
+    assert_eq!(tag(&copy, "outbox_relay.rows").unwrap().as_i64(), Some(3));
+    assert_eq!(tag(&copy, "outbox_relay.published").unwrap().as_i64(), Some(3));
+    assert_eq!(tag(&copy, "outbox_relay.already_in_kafka").unwrap().as_i64(), Some(0));
+    let (copy_start, copy_end) = times(&copy);
+    wait_until("the two publish spans", async || spans_of(&base, &trace).len() == 2).await;
+    let publish = spans_of(&base, &trace);
+    for send in &publish {
+        let (_, acknowledged) = times(send);
+        assert!(copy_start <= acknowledged + 1 && acknowledged <= copy_end + 1, "{send} {copy}");
+    }
+    assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
 }
 
 /// A tracing backend that stops answering costs no event: spans are dropped and counted, the

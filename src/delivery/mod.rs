@@ -51,6 +51,7 @@ use crate::dead_letter::{DeadLetter, DeadLetters, Hold};
 use crate::error::RelayError;
 use crate::observe::metrics::{Clock, metrics};
 use crate::observe::pulse::Pulse;
+use crate::observe::trace::Links;
 use crate::readback::Dedup;
 use crate::record::KafkaRecord;
 use crate::sink::kafka::StallWatch;
@@ -144,6 +145,9 @@ pub(crate) struct Delivery<'a, S: Sink, P> {
     resends_held: bool,
     /// With `[tracing]` on: the stage's spans.
     spans: Option<traced::Spans>,
+    /// With `[tracing]` on: the publish spans of the records handed to the sink since the
+    /// source last took them ([`Delivery::take_carried`]), for the spans of its own work.
+    carried: Links,
     /// Records sent aside from the source's positions ([`live`]: a republish or a replay the
     /// active session carries out), by the sink's number: their request's key.
     aside: std::collections::HashMap<usize, (usize, KafkaRecord)>,
@@ -189,8 +193,14 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
         mut event: KafkaRecord,
         at: Instant,
     ) -> Result<usize, RelayError> {
-        if let Some(spans) = &self.spans {
+        if let Some(spans) = &self.spans
+            && event.trace.is_none()
+        {
+            // (a record sent again keeps its span, carried already by what first sent it)
             spans.begin(&mut event);
+            if let Some(begun) = &event.trace {
+                self.carried.push(begun.context);
+            }
         }
         let bytes = event.size();
         self.in_transaction_sent(bytes)?;
@@ -221,6 +231,13 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
         self.aside.insert(seq, (key, record));
         self.stall.waiting();
         Ok(())
+    }
+
+    /// The publish spans of the records handed to the sink since the last call (the first
+    /// [`crate::observe::trace::MAX_LINKS`], and how many more): what the source's work carried.
+    /// Always empty with `[tracing]` off.
+    pub(crate) fn take_carried(&mut self) -> Links {
+        std::mem::take(&mut self.carried)
     }
 
     /// Learns anew whether `topics` exist (see [`Sink::refresh_topics`]).

@@ -87,6 +87,7 @@ impl<'a, S: Sink, P: Clone> Delivery<'a, S, P> {
                 let names = dead_letters.names().map(str::to_string).collect();
                 super::traced::Spans::new(tracer, mode.label(), names)
             }),
+            carried: Default::default(),
             aside: Default::default(),
             aside_uncommitted: Vec::new(),
             aside_done: Vec::new(),

@@ -491,6 +491,9 @@ async fn a_sampled_record_carries_its_publish_span_which_ends_at_the_acknowledge
     // and the unsampled one went out unchanged, with no span
     assert_eq!(header(&sent[1]), unsampled);
     assert!(spans.try_recv().is_err());
+    // and the source's work carried the sampled one's span, once
+    assert_eq!(delivery.take_carried().linked(), [child]);
+    assert!(delivery.take_carried().is_empty());
 }
 
 #[tokio::test]

@@ -1,6 +1,7 @@
 //! The relay's spans (`[tracing]`): one per published event, parented to the row's
 //! `traceparent`, from the event's commit (polling: `created_at`) to Kafka's acknowledgement;
-//! exported over OTLP/HTTP by a task of their own.
+//! spans of the relay's own work linked to the events it carried ([`work`]); exported over
+//! OTLP/HTTP by a task of their own.
 //!
 //! Invariants:
 //! - tracing never holds, delays or drops an event: a finished span is offered to a bounded
@@ -13,20 +14,25 @@
 //!   sampled gets none and its header goes out unchanged; a row without a valid one starts a trace
 //!   of its own at `tracing.sample_ratio` ([`Tracer::begin`]);
 //! - the record's `traceparent` header names the relay's span when there is one, so the
-//!   consumer's span is its child.
+//!   consumer's span is its child;
+//! - at shutdown, [`flush`] exports what is queued without the batch delay, waiting a bounded
+//!   time (a session's span is made as the session ends).
 
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 
 use crate::config::TracingSettings;
 use crate::observe::metrics::{SpanDropReason, metrics};
 
 mod context;
 mod otlp;
+mod work;
 
 pub use context::{TraceContext, new_span_id, to_hex};
+pub use work::{Links, MAX_LINKS, Work};
 
 /// The header that carries a trace's context, in a row's `headers` and a Kafka record's.
 pub const TRACEPARENT: &str = "traceparent";
@@ -112,6 +118,37 @@ impl Begun {
 pub struct Tracer {
     sample_ratio: f64,
     queue: mpsc::Sender<SpanData>,
+    progress: Arc<Progress>,
+}
+
+/// How far the exporter got with the spans queued, for [`flush`].
+#[derive(Debug, Default)]
+struct Progress {
+    /// Spans taken into the queue.
+    queued: AtomicU64,
+    /// Spans the exporter is done with (exported, or dropped as refused).
+    done: AtomicU64,
+    /// [`flush`] asked the exporter not to wait for more spans before it sends a batch.
+    hurrying: AtomicBool,
+    hurry: Notify,
+    /// The exporter is done with a batch.
+    batch_done: Notify,
+}
+
+impl Progress {
+    /// The exporter is done with `spans` more.
+    fn done(&self, spans: usize) {
+        self.done.fetch_add(spans as u64, Ordering::AcqRel);
+        self.batch_done.notify_waiters();
+    }
+
+    /// Resolves when a batch should go without waiting for more spans.
+    async fn hurried(&self) {
+        let hurry = self.hurry.notified();
+        if !self.hurrying.load(Ordering::Acquire) {
+            hurry.await;
+        }
+    }
 }
 
 static TRACER: OnceLock<Tracer> = OnceLock::new();
@@ -125,9 +162,11 @@ pub fn tracer() -> Option<&'static Tracer> {
 /// client to send with (its TLS set up by the caller). A second call changes nothing.
 pub fn install(settings: &TracingSettings, http: reqwest::Client) {
     let (queue, spans) = mpsc::channel(settings.queue_size);
-    if TRACER.set(Tracer { sample_ratio: settings.sample_ratio, queue }).is_ok() {
+    let progress = Arc::new(Progress::default());
+    let tracer = Tracer { sample_ratio: settings.sample_ratio, queue, progress: progress.clone() };
+    if TRACER.set(tracer).is_ok() {
         let exporter = otlp::Exporter::new(settings, http);
-        tokio::spawn(exporter.run(spans));
+        tokio::spawn(exporter.run(spans, progress));
         tracing::info!(endpoint = %settings.endpoint, sample_ratio = settings.sample_ratio, "exporting spans over OTLP/HTTP");
     }
 }
@@ -135,7 +174,7 @@ pub fn install(settings: &TracingSettings, http: reqwest::Client) {
 impl Tracer {
     /// A tracer whose spans go to `queue` (tests).
     pub fn with_queue(sample_ratio: f64, queue: mpsc::Sender<SpanData>) -> Tracer {
-        Tracer { sample_ratio, queue }
+        Tracer { sample_ratio, queue, progress: Arc::default() }
     }
 
     /// Begins a span at `start` under `traceparent` (a row's header), by the sampling rule;
@@ -146,17 +185,45 @@ impl Tracer {
                 Some(Begun { context: parent.child(), parent: Some(parent.span_id), start })
             }
             Some(_) => None,
-            None if self.sample_ratio > 0.0 && rand::random::<f64>() < self.sample_ratio => {
-                Some(Begun { context: TraceContext::root(), parent: None, start })
-            }
+            None if self.root_sampled() => Some(Begun { context: TraceContext::root(), parent: None, start }),
             None => None,
         }
     }
 
     /// Offers a finished span for export; dropped and counted when the queue is full.
     pub fn finish(&self, span: SpanData) {
-        if self.queue.try_send(span).is_err() {
-            metrics().trace_spans_dropped.with_label_values(&[SpanDropReason::QueueFull.label()]).inc();
+        match self.queue.try_send(span) {
+            Ok(()) => {
+                self.progress.queued.fetch_add(1, Ordering::AcqRel);
+            }
+            Err(_) => {
+                metrics().trace_spans_dropped.with_label_values(&[SpanDropReason::QueueFull.label()]).inc()
+            }
+        }
+    }
+}
+
+/// Exports the spans queued so far without the batch delay, and waits until the exporter is
+/// done with them (exported or dropped), at most `within`: at shutdown, before the process
+/// ends. Nothing with tracing off.
+pub async fn flush(within: Duration) {
+    let Some(tracer) = tracer() else { return };
+    let progress = &tracer.progress;
+    let queued = progress.queued.load(Ordering::Acquire);
+    progress.hurrying.store(true, Ordering::Release);
+    progress.hurry.notify_one();
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let batch_done = progress.batch_done.notified();
+        tokio::pin!(batch_done);
+        batch_done.as_mut().enable();
+        if progress.done.load(Ordering::Acquire) >= queued {
+            return;
+        }
+        if tokio::time::timeout_at(deadline, batch_done).await.is_err() {
+            let waiting = queued.saturating_sub(progress.done.load(Ordering::Acquire));
+            tracing::warn!(spans = waiting, "spans not exported at shutdown within {within:?}: lost");
+            return;
         }
     }
 }

@@ -6,14 +6,16 @@
 //!   [`BATCH_DELAY`] after its first span arrived;
 //! - a batch the backend refuses, or does not answer within `tracing.export_timeout_ms`, is
 //!   dropped and counted, never retried: the queue behind it keeps its bound;
-//! - header values are sent, never logged.
+//! - header values are sent, never logged;
+//! - once [`super::flush`] asks, a batch goes as soon as it holds what is queued (no batch
+//!   delay), and each batch done is told to [`super::Progress`].
 
 use std::io::Write;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::{SpanData, Value, to_hex, unix_nanos};
+use super::{Progress, SpanData, Value, to_hex, unix_nanos};
 use crate::config::{Secret, TracingSettings};
 use crate::observe::metrics::{SpanDropReason, metrics};
 
@@ -41,17 +43,21 @@ impl Exporter {
         }
     }
 
-    /// Exports what arrives on `spans` until every sender is gone.
-    pub(super) async fn run(self, mut spans: mpsc::Receiver<SpanData>) {
+    /// Exports what arrives on `spans` until every sender is gone, telling `progress`.
+    pub(super) async fn run(self, mut spans: mpsc::Receiver<SpanData>, progress: std::sync::Arc<Progress>) {
         let mut batch = Vec::with_capacity(MAX_BATCH);
         let mut warned = false;
         while spans.recv_many(&mut batch, MAX_BATCH).await > 0 {
             let deadline = tokio::time::Instant::now() + BATCH_DELAY;
             while batch.len() < MAX_BATCH {
                 let more = MAX_BATCH - batch.len();
-                match tokio::time::timeout_at(deadline, spans.recv_many(&mut batch, more)).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {}
+                tokio::select! {
+                    biased;
+                    _ = progress.hurried() => break,
+                    got = tokio::time::timeout_at(deadline, spans.recv_many(&mut batch, more)) => match got {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {}
+                    },
                 }
             }
             let m = metrics();
@@ -73,6 +79,7 @@ impl Exporter {
                     }
                 }
             }
+            progress.done(batch.len());
             batch.clear();
         }
     }

@@ -7,10 +7,14 @@
 //!   its record (or an earlier session's, found by the read-back) or its letter was written;
 //! - nothing waits on Kafka or reads a topic back while the claim holds row locks longer than
 //!   `polling.claim_timeout_ms`: a topic not read back yet is read with the claim rolled back;
-//! - while the stage holds at a row, only that row is claimed, and nothing past it is released.
+//! - while the stage holds at a row, only that row is claimed, and nothing past it is released;
+//! - with `[tracing]` on, a claim that committed makes a `polling claim` span from its
+//!   transaction's begin to its commit, linked to the publish spans of the records it sent (the
+//!   work-span sampling rule, [`crate::observe::trace::Work`]); a claim of no rows, or one rolled
+//!   back, makes none.
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio_postgres::Transaction;
 
@@ -21,6 +25,7 @@ use crate::config::OutboxId;
 use crate::delivery::Delivery;
 use crate::error::RelayError;
 use crate::observe::metrics::metrics;
+use crate::observe::trace::{Value, Work, tracer};
 use crate::outboxes::Outbox;
 use crate::published::Sent;
 use crate::sink::Sink;
@@ -62,6 +67,8 @@ struct Claimed<'t> {
     claimed: usize,
     /// When the claim's transaction began.
     began: Instant,
+    /// The same, by the wall clock, with `[tracing]` on: the start of its span.
+    span_start: Option<SystemTime>,
     /// When the claim gives up waiting for Kafka.
     deadline: Deadline,
 }
@@ -82,6 +89,11 @@ impl PollingSource {
         let at = tokio::time::Instant::now() + Duration::from_millis(claim_timeout_ms);
         let deadline = Deadline { at, claim_timeout_ms };
         let began = Instant::now();
+        let span_start = tracer().map(|_| {
+            // (records of a claim that did not commit are not this one's)
+            delivery.take_carried();
+            SystemTime::now()
+        });
         let tx = session.client.transaction().await?;
         let (rows, full) = match self.claim(&tx, &session.prepared[outbox], outbox, delivery).await? {
             Claim::Rows(rows, full) => (rows, full),
@@ -117,7 +129,7 @@ impl PollingSource {
             }
             return Ok(BatchOutcome { full: true, ..BatchOutcome::default() });
         }
-        let claim = Claimed { tx, rows, dead_lettered, filtered, claimed, began, deadline };
+        let claim = Claimed { tx, rows, dead_lettered, filtered, claimed, began, span_start, deadline };
         let (settlement, dead_lettered) =
             self.deliver(claim, &session.prepared[outbox], outbox, delivery).await?;
         Ok(BatchOutcome {
@@ -163,7 +175,7 @@ impl PollingSource {
         outbox: OutboxId,
         delivery: &mut Delivery<'_, S, RowAt>,
     ) -> Result<(Settlement, u64), RelayError> {
-        let Claimed { tx, rows, dead_lettered, filtered, claimed, began, deadline } = claim;
+        let Claimed { tx, rows, dead_lettered, filtered, claimed, began, span_start, deadline } = claim;
         // (one copy per distinct topic, not per row)
         let topics: BTreeSet<&str> =
             rows.iter().filter_map(|(_, row)| row.as_ref().ok()).map(|r| r.topic.as_str()).collect();
@@ -178,6 +190,9 @@ impl PollingSource {
         metrics().events_read.with_label_values(&[MODE.label()]).inc_by(read as u64);
         let written = self.release(&tx, &self.outboxes[outbox], prepared, &settlement, topics).await?;
         tx.commit().await?;
+        if let Some(start) = span_start {
+            self.claim_span(start, (outbox, claimed, written), &settlement, delivery);
+        }
         if !settlement.filtered.is_empty() {
             let name = &self.outboxes[outbox].name;
             metrics()
@@ -194,6 +209,29 @@ impl PollingSource {
         );
         self.dead_letters.report(&settlement.letters);
         Ok((settlement, written))
+    }
+
+    /// The span of a committed claim of `claimed` rows of `outbox` (`letters` written), linked
+    /// to the records it sent.
+    fn claim_span<S: Sink>(
+        &self,
+        start: SystemTime,
+        (outbox, claimed, letters): (OutboxId, usize, u64),
+        settlement: &Settlement,
+        delivery: &mut Delivery<'_, S, RowAt>,
+    ) {
+        let Some(tracer) = tracer() else { return };
+        let attributes = vec![
+            ("outbox_relay.mode", Value::from(MODE.label())),
+            ("outbox_relay.outbox", self.outboxes[outbox].name.clone().into()),
+            ("outbox_relay.batch_size", Value::Int(claimed as i64)),
+            ("outbox_relay.released", Value::Int(settlement.release.len() as i64)),
+            ("outbox_relay.dead_lettered", Value::Int(letters as i64)),
+            ("outbox_relay.filtered", Value::Int(settlement.filtered.len() as i64)),
+        ];
+        let error = settlement.failed.as_ref().map(ToString::to_string);
+        let links = delivery.take_carried();
+        tracer.work(Work { name: "polling claim", start, links, attributes, error });
     }
 
     /// Releases the settled rows (recording them as published, to some of the claim's `topics`)

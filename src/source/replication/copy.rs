@@ -12,7 +12,10 @@
 //!   "block"`) holds the copy until Kafka takes it, or, for a row that cannot map, until
 //!   shutdown (the copy is then done again by the next session);
 //! - a row's position is its place in the copy (`copy:<point>:<index>`), so a copy done again
-//!   numbers every row the same way.
+//!   numbers every row the same way;
+//! - with `[tracing]` on, each table's copy makes a `first copy` span, from the start of the
+//!   table's copy to its end (or failure), linked to the publish spans of the records it sent
+//!   (the work-span sampling rule, [`crate::observe::trace::Work`]).
 
 use std::time::{Instant, SystemTime};
 
@@ -26,10 +29,13 @@ use crate::delivery::{Delivery, Settled};
 use crate::error::RelayError;
 use crate::lsn::Lsn;
 use crate::observe::metrics::Clock;
+use crate::observe::trace::{Value, Work, tracer};
 use crate::published::{Recorder, Sent};
 use crate::record::{Mapping, OutboxRow, Position};
 use crate::sink::Sink;
 use crate::table::{OutboxTable, outbox_row, quote_literal};
+
+use super::MODE;
 
 /// Rows of the initial copy published (and awaited) together.
 const COPY_CHUNK: usize = 2_000;
@@ -66,6 +72,9 @@ impl CopyReport {
 
 /// The first copy: the rows of the slot's snapshot, published in id order.
 pub(super) struct FirstCopy<'a> {
+    /// The slot and the outbox, for the copy's span.
+    pub(super) slot: &'a str,
+    pub(super) outbox: &'a str,
     pub(super) postgres: &'a PostgresConfig,
     /// The server whose replication session exported the snapshot: only it knows the snapshot.
     pub(super) server: &'a Endpoint,
@@ -90,6 +99,45 @@ impl FirstCopy<'_> {
         delivery: Delivery<'_, S, u64>,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<CopyReport, RelayError> {
+        let span_start = tracer().map(|_| SystemTime::now());
+        let chunk = Chunk { rows: COPY_CHUNK, bytes: self.chunk_bytes };
+        let mut copying = Copying::new(delivery, self.mapping, self.point, chunk);
+        let copied = self.copy(snapshot, &mut copying, shutdown).await;
+        if let Some(start) = span_start {
+            self.span(start, &mut copying, copied.as_ref().err());
+        }
+        copied.map(|()| copying.report)
+    }
+
+    /// The copy's span (see the module doc), `failed` or not.
+    fn span<S: Sink>(&self, start: SystemTime, copying: &mut Copying<'_, S>, failed: Option<&RelayError>) {
+        let Some(tracer) = tracer() else { return };
+        let report = copying.report;
+        let count = |n: u64| Value::Int(n as i64);
+        let attributes = vec![
+            ("outbox_relay.mode", Value::from(MODE.label())),
+            ("outbox_relay.slot", self.slot.into()),
+            ("outbox_relay.outbox", self.outbox.into()),
+            ("outbox_relay.table", self.table.display_name().into()),
+            ("outbox_relay.lsn", self.point.to_string().into()),
+            ("outbox_relay.rows", count(copying.index)),
+            ("outbox_relay.published", count(report.published)),
+            ("outbox_relay.already_in_kafka", count(report.already_in_kafka)),
+            ("outbox_relay.dead_lettered", count(report.dead_lettered)),
+            ("outbox_relay.filtered", count(report.filtered)),
+        ];
+        let links = copying.delivery.take_carried();
+        let error = failed.map(ToString::to_string);
+        tracer.work(Work { name: "first copy", start, links, attributes, error });
+    }
+
+    /// Publishes the rows of `snapshot` through `copying`.
+    async fn copy<S: Sink>(
+        &self,
+        snapshot: &str,
+        copying: &mut Copying<'_, S>,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<(), RelayError> {
         let mut client = crate::postgres::connect_to(self.postgres, self.server).await?;
         let tx = client
             .build_transaction()
@@ -102,8 +150,6 @@ impl FirstCopy<'_> {
         let table = self.table.clone().for_server_encoding(&encoding);
         let rows = tx.query_raw(&table.copy_sql(), std::iter::empty::<i32>()).await?;
         pin_mut!(rows);
-        let chunk = Chunk { rows: COPY_CHUNK, bytes: self.chunk_bytes };
-        let mut copying = Copying::new(delivery, self.mapping, self.point, chunk);
         loop {
             let next = rows.next().await.transpose()?;
             if let Some(row) = &next {
@@ -124,7 +170,7 @@ impl FirstCopy<'_> {
             }
         }
         tx.commit().await?;
-        Ok(copying.report)
+        Ok(())
     }
 
     /// Writes `letters` to the dead-letter table (committed at once: the copy's own session is

@@ -45,6 +45,7 @@ use crate::sink::Sink;
 pub(super) use feed::Feed;
 
 mod feed;
+mod traced;
 
 /// Stream events handled in one turn of the loop, at most, before reports are looked at again:
 /// one clock read and one `select!` for the run instead of one per event.
@@ -120,10 +121,14 @@ impl<'a, S: Sink> StreamSession<'a, S> {
         }
     }
 
-    /// Streams until shutdown (`Ok`) or an error; ends the stream either way.
+    /// Streams until shutdown (`Ok`) or an error; ends the stream either way (and, with
+    /// `[tracing]` on, the session's span).
     pub(super) async fn run(mut self, shutdown: &mut watch::Receiver<bool>) -> Result<(), RelayError> {
         let result = self.stream(shutdown).await;
         self.wal.stop().await;
+        if let Some(spans) = self.feed.spans.take() {
+            spans.ended(self.confirmed, result.as_ref().err().map(ToString::to_string));
+        }
         result
     }
 
@@ -299,6 +304,11 @@ impl<'a, S: Sink> StreamSession<'a, S> {
     /// ([`Self::record_due`]), so a low steady rate of small transactions costs five statements
     /// a second, not one a transaction.
     async fn confirm(&mut self, lsn: Lsn) -> Result<(), RelayError> {
+        if lsn > self.confirmed
+            && let Some(spans) = self.feed.spans.as_mut()
+        {
+            spans.confirmable();
+        }
         let lsn = lsn.min(self.publication_ok_through);
         if lsn <= self.confirmed {
             return Ok(());
@@ -315,13 +325,16 @@ impl<'a, S: Sink> StreamSession<'a, S> {
             self.recorded_at = tokio::time::Instant::now();
             self.record_due = None;
         }
-        self.confirmed = lsn;
+        let previous = std::mem::replace(&mut self.confirmed, lsn);
         if self.feed.in_flight() == 0 {
             self.wal.confirm_now(lsn);
         } else {
             self.wal.confirm(lsn);
         }
         metrics().confirmed(lsn);
+        if let Some(spans) = self.feed.spans.as_mut() {
+            spans.confirmed(previous, lsn);
+        }
         Ok(())
     }
 }

@@ -111,6 +111,8 @@ async fn copy_outboxes<S: Sink>(
         let stage = (&source.dead_letters, &source.config.kafka);
         let delivery = Delivery::open(&*sink, prologue, stage, pulse, MODE).await;
         let copy = FirstCopy {
+            slot: &source.config.replication.slot,
+            outbox: &outbox.name,
             postgres: &source.config.postgres,
             server,
             table: &outbox.table,

@@ -40,10 +40,13 @@ use crate::delivery::{Delivery, Settled};
 use crate::error::{FatalReason, RelayError};
 use crate::lsn::Lsn;
 use crate::observe::metrics::{Clock, SkippedKind, metrics};
+use crate::observe::trace::tracer;
 use crate::outboxes::Outboxes;
 use crate::published::Sent;
 use crate::record::{OutboxRow, Position};
 use crate::sink::Sink;
+
+use super::traced::StreamSpans;
 
 /// The transaction being read (between Begin and Commit).
 #[derive(Debug, Clone, Copy)]
@@ -88,6 +91,8 @@ pub(in crate::source::replication) struct Feed<'a, S: Sink> {
     read: IntCounter,
     /// The last turn of reading found nothing more to read: a Kafka transaction is due.
     pub(super) idle: bool,
+    /// With `[tracing]` on: the session's spans, told of each event handed to Kafka.
+    pub(super) spans: Option<StreamSpans>,
 }
 
 impl<'a, S: Sink> Feed<'a, S> {
@@ -115,6 +120,7 @@ impl<'a, S: Sink> Feed<'a, S> {
             sent: outboxes.per(|_| BTreeMap::new()),
             read: metrics().events_read.with_label_values(&[MODE.label()]),
             idle: false,
+            spans: tracer().map(|tracer| StreamSpans::new(tracer, &replication.slot, outboxes, confirmed)),
         }
     }
 
@@ -358,7 +364,11 @@ impl<'a, S: Sink> Feed<'a, S> {
                 event.position = Some(Position::Stream { commit: txn.commit_lsn, index: at.index });
                 self.tracker.sent(txn.id);
                 self.sent[at.outbox].entry(txn.commit_lsn).or_default().add(&event.id, &event.topic);
-                if let Some(settled) = self.delivery.send(txn.id, event, self.turn_at).await? {
+                let settled = self.delivery.send(txn.id, event, self.turn_at).await?;
+                if let Some(spans) = self.spans.as_mut() {
+                    spans.sent(txn.commit_lsn, at.outbox, self.delivery.take_carried());
+                }
+                if let Some(settled) = settled {
                     self.settled(settled);
                 }
             }
