@@ -15,13 +15,13 @@
 //! - without the table, or without the privilege to use it, a take-over reads on unpaused and
 //!   the relay warns once: the pause then holds only in the instance that was paused;
 //! - a take-over that cannot reach PostgreSQL tries again every second, reading nothing
-//!   meanwhile (its session cannot read either).
+//!   meanwhile (its session cannot read either);
+//! - it holds no session between uses: a take-over or an act opens one and closes it, so an
+//!   instance keeps no more backends than before.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Mutex;
-use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
 
 use crate::config::{AdminConfig, PostgresConfig, RelayConfig, SourceMode};
@@ -56,7 +56,7 @@ pub(crate) struct LeaderRecord {
     pub instance: Option<String>,
 }
 
-/// The row of this relay, and one session to it.
+/// The row of this relay, and how to reach it.
 pub(crate) struct Control {
     postgres: PostgresConfig,
     /// The row's key.
@@ -65,21 +65,16 @@ pub(crate) struct Control {
     url: Option<String>,
     instance: String,
     pause: Pause,
-    client: Mutex<Option<Client>>,
 }
 
 impl Control {
     pub(crate) fn new(config: &RelayConfig, outboxes: &Outboxes, pause: Pause) -> Control {
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "?".into());
         let instance = format!("{} on {host} (pid {})", config.postgres.application_name, std::process::id());
-        Control {
-            postgres: config.postgres.clone(),
-            key: key(config, outboxes),
-            url: advertised(&config.admin),
-            instance,
-            pause,
-            client: Mutex::new(None),
-        }
+        // its own name, so the relay's sessions (`status`, `check`) are told from its short visits
+        let mut postgres = config.postgres.clone();
+        postgres.application_name = format!("{} control", postgres.application_name);
+        Control { postgres, key: key(config, outboxes), url: advertised(&config.admin), instance, pause }
     }
 
     /// Shares the pause from now on and serves every take-over, on a task of its own.
@@ -116,7 +111,6 @@ impl Control {
                         tracing::warn!(error = %why, "cannot read the relay's pause (outbox_relay_control) while taking over; trying again");
                     }
                     warned = Some(why);
-                    *self.client.lock().await = None;
                     tokio::time::sleep(RETRY).await;
                 }
             }
@@ -160,13 +154,11 @@ impl Control {
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<Vec<tokio_postgres::Row>, Failed> {
-        let mut client = self.client.lock().await;
-        if client.as_ref().is_none_or(Client::is_closed) {
-            let connected = crate::postgres::connect(&self.postgres).await;
-            *client = Some(connected.map_err(|e| Unreachable(e.to_string()))?);
-        }
-        let session = client.as_ref().expect("connected");
-        session.query(sql, params).await.map_err(|e| match e.code() {
+        // a session per use: a take-over or an act is rare, and an idle session would be one
+        // more backend per instance for nothing
+        let client =
+            crate::postgres::connect(&self.postgres).await.map_err(|e| Unreachable(e.to_string()))?;
+        client.query(sql, params).await.map_err(|e| match e.code() {
             Some(code) if *code == SqlState::UNDEFINED_TABLE || *code == SqlState::INSUFFICIENT_PRIVILEGE => {
                 Unshared(e.as_db_error().map(|d| d.message().to_string()).unwrap_or_else(|| e.to_string()))
             }
