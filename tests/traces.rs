@@ -93,6 +93,19 @@ fn traced(mode: &str, slot: &str) -> (RelayToml, String) {
     (toml, service)
 }
 
+/// Jaeger's query API, the relay's service name, and a setup of `mode` exporting to Jaeger.
+async fn traced_setup(mode: &str) -> (String, String, Setup) {
+    let base = jaeger()["OUTBOX_RELAY_TEST_JAEGER_URL"].clone();
+    let mut service = String::new();
+    let s = Setup::create(&services().kafka, "", true, |slot| {
+        let (toml, name) = traced(mode, slot);
+        service = name;
+        toml
+    })
+    .await;
+    (base, service, s)
+}
+
 fn tag<'a>(span: &'a Value, key: &str) -> Option<&'a Value> {
     span["tags"].as_array()?.iter().find(|t| t["key"] == key).map(|t| &t["value"])
 }
@@ -126,14 +139,7 @@ async fn insert(client: &tokio_postgres::Client, aggregate_type: &str, n: i64, h
 /// `traceparent` carries; an unsampled row and a row without one get none.
 async fn a_sampled_row_is_traced_from_its_commit_to_kafkas_acknowledgement(mode: &str) {
     // given a relay exporting spans to Jaeger, rows without a parent not sampled
-    let base = jaeger()["OUTBOX_RELAY_TEST_JAEGER_URL"].clone();
-    let mut service = String::new();
-    let s = Setup::create(&services().kafka, "", true, |slot| {
-        let (toml, name) = traced(mode, slot);
-        service = name;
-        toml
-    })
-    .await;
+    let (base, service, s) = traced_setup(mode).await;
     let client = s.db.client().await;
     let mut relay = s.start("relay");
     relay.wait_ready("active").await;
@@ -256,14 +262,7 @@ fn send_span_ids(records: &[crate::common::Consumed], trace: &str) -> BTreeSet<S
 /// makes no span at ratio 0; a stream session links every sampled event it carried.
 async fn work_spans_link_the_sampled_events_they_carried(mode: &str) {
     // given a relay exporting spans to Jaeger under a service name of its own, ratio 0
-    let base = jaeger()["OUTBOX_RELAY_TEST_JAEGER_URL"].clone();
-    let mut service = String::new();
-    let s = Setup::create(&services().kafka, "", true, |slot| {
-        let (toml, name) = traced(mode, slot);
-        service = name;
-        toml
-    })
-    .await;
+    let (base, service, s) = traced_setup(mode).await;
     let client = s.db.client().await;
     let mut relay = s.start("relay");
     relay.wait_ready("active").await;
@@ -367,14 +366,7 @@ async fn polling_claims_link_the_sampled_events_they_carried() {
 #[tokio::test(flavor = "multi_thread")]
 async fn replication_a_first_copy_over_existing_rows_links_the_sampled_rows_it_published() {
     // given three rows (two of them sampled) in the outbox before the slot exists
-    let base = jaeger()["OUTBOX_RELAY_TEST_JAEGER_URL"].clone();
-    let mut service = String::new();
-    let s = Setup::create(&services().kafka, "", true, |slot| {
-        let (toml, name) = traced("replication", slot);
-        service = name;
-        toml
-    })
-    .await;
+    let (base, service, s) = traced_setup("replication").await;
     let client = s.db.client().await;
     let trace = random_hex(16);
     insert(&client, &s.aggregate_type, 0, Some(&traceparent(&trace, &random_hex(8), true))).await;
