@@ -468,8 +468,8 @@ async fn a_frozen_tracing_backend_costs_no_event_and_its_spans_are_dropped_and_c
     drop(held);
 }
 
-/// A span as a trace's page names it: (span id, service name, span name).
-type Named = (String, String, String);
+/// A span as a trace's page draws it: (span id, parent span id or "", service name, span name).
+type Named = (String, String, String, String);
 
 /// The spans Jaeger holds of trace `trace_id`, each with its process's service name.
 fn jaeger_named(base: &str, trace_id: &str) -> BTreeSet<Named> {
@@ -482,8 +482,13 @@ fn jaeger_named(base: &str, trace_id: &str) -> BTreeSet<Named> {
     spans
         .map(|s| {
             let process = &trace["processes"][s["processID"].as_str().unwrap()];
-            let text = |v: &Value| v.as_str().unwrap().to_string();
-            (text(&s["spanID"]), text(&process["serviceName"]), text(&s["operationName"]))
+            let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+            let references = s["references"].as_array().cloned().unwrap_or_default();
+            let parent = references
+                .iter()
+                .find(|r| r["refType"] == "CHILD_OF")
+                .map_or(String::new(), |r| text(&r["spanID"]));
+            (text(&s["spanID"]), parent, text(&process["serviceName"]), text(&s["operationName"]))
         })
         .collect()
 }
@@ -498,7 +503,9 @@ fn zipkin_named(base: &str, trace_id: &str) -> BTreeSet<Named> {
     let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
     spans
         .iter()
-        .map(|s| (text(&s["id"]), text(&s["localEndpoint"]["serviceName"]), text(&s["name"])))
+        .map(|s| {
+            (text(&s["id"]), text(&s["parentId"]), text(&s["localEndpoint"]["serviceName"]), text(&s["name"]))
+        })
         .collect()
 }
 
@@ -506,7 +513,9 @@ fn zipkin_named(base: &str, trace_id: &str) -> BTreeSet<Named> {
 fn lowercased(spans: &BTreeSet<Named>) -> BTreeSet<Named> {
     spans
         .iter()
-        .map(|(id, service, name)| (id.clone(), service.to_lowercase(), name.to_lowercase()))
+        .map(|(id, parent, service, name)| {
+            (id.clone(), parent.clone(), service.to_lowercase(), name.to_lowercase())
+        })
         .collect()
 }
 
@@ -535,7 +544,8 @@ fn labelled<'a>(text: &'a str, label: &str) -> Option<&'a str> {
     lines.find(|line| !line.is_empty())
 }
 
-/// Waits until Zipkin holds every span Jaeger holds of trace `trace` (ids, services, names),
+/// Waits until Zipkin holds every span Jaeger holds of trace `trace` (ids, parents, services,
+/// names),
 /// then opens the trace's page in Chromium, checks that it shows each of them and the trace id,
 /// selects the relay's publish span `send`, and takes the screenshot (see the module doc).
 async fn zipkins_page_shows_the_trace(jaeger: &str, zipkin: &str, trace: &str, send: &str, dir: &Path) {
@@ -552,7 +562,7 @@ async fn zipkins_page_shows_the_trace(jaeger: &str, zipkin: &str, trace: &str, s
     let page = chromium.open(&format!("{zipkin}/zipkin/traces/{trace}")).await;
     // the timeline names each span `<service>: <span name>` (a virtual list: every row is drawn
     // at this height)
-    let rows: Vec<String> = spans.iter().map(|(_, service, name)| format!("{service}: {name}")).collect();
+    let rows: Vec<String> = spans.iter().map(|(_, _, service, name)| format!("{service}: {name}")).collect();
     let text = async || browser::read::<String>(&page, "document.body.innerText").await.unwrap_or_default();
     let shown = async || {
         let text = text().await;
@@ -565,7 +575,7 @@ async fn zipkins_page_shows_the_trace(jaeger: &str, zipkin: &str, trace: &str, s
     assert!(total >= spans.len() && total <= zipkin_named(zipkin, trace).len(), "{total}: {page_text}");
 
     // and the relay's publish span, selected, shows its service and name in the detail panel
-    let (_, service, name) = spans.iter().find(|(id, _, _)| id == send).unwrap();
+    let (_, parent, service, name) = spans.iter().find(|(id, _, _, _)| id == send).unwrap();
     let row = format!("{service}: {name}");
     let select = format!(
         "(() => {{ const row = [...document.querySelectorAll('div')].reverse()\
@@ -575,6 +585,7 @@ async fn zipkins_page_shows_the_trace(jaeger: &str, zipkin: &str, trace: &str, s
     let detail = async || {
         let text = text().await;
         labelled(&text, "Span ID") == Some(send)
+            && labelled(&text, "Parent ID") == Some(parent.as_str())
             && labelled(&text, "Span name") == Some(name.as_str())
             && labelled(&text, "Service name") == Some(service.as_str())
     };
