@@ -2,9 +2,16 @@
 //! `deploy/local/services hold-jaeger`), queried through its HTTP API the way its UI does.
 //! A span is found by the trace id of the row's `traceparent`, its parent and its times checked
 //! against what the test wrote and what Kafka holds.
+//!
+//! That Jaeger is built from its Go module, which holds no UI assets, so the order's trace is
+//! shown in Zipkin's UI (`deploy/local/zipkin`): a Jaeger of that test's own also exports every
+//! span to a Kafka topic in Zipkin's JSON, which Zipkin consumes; a headless Chromium opens the
+//! trace's page, reads it, and takes the screenshot of docs/tracing.md (into docs/images/ with
+//! `OUTBOX_REFRESH_DOC_IMAGES=1`, else into the test's temporary directory).
 
 use std::collections::{BTreeSet, HashMap};
-use std::process::Command;
+use std::path::Path;
+use std::process::{Child, Command};
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -461,14 +468,149 @@ async fn a_frozen_tracing_backend_costs_no_event_and_its_spans_are_dropped_and_c
     drop(held);
 }
 
+/// A span as a trace's page draws it: (span id, parent span id or "", service name, span name).
+type Named = (String, String, String, String);
+
+/// The spans Jaeger holds of trace `trace_id`, each with its process's service name.
+fn jaeger_named(base: &str, trace_id: &str) -> BTreeSet<Named> {
+    let (status, body) = http_get(&format!("{base}/api/traces/{trace_id}"));
+    let answer: Value = if status == 200 { serde_json::from_str(&body).unwrap() } else { Value::Null };
+    let Some(trace) = answer["data"].as_array().and_then(|d| d.first()) else {
+        return BTreeSet::new();
+    };
+    let spans = trace["spans"].as_array().unwrap().iter();
+    spans
+        .map(|s| {
+            let process = &trace["processes"][s["processID"].as_str().unwrap()];
+            let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+            let references = s["references"].as_array().cloned().unwrap_or_default();
+            let parent = references
+                .iter()
+                .find(|r| r["refType"] == "CHILD_OF")
+                .map_or(String::new(), |r| text(&r["spanID"]));
+            (text(&s["spanID"]), parent, text(&process["serviceName"]), text(&s["operationName"]))
+        })
+        .collect()
+}
+
+/// The spans Zipkin holds of trace `trace_id` (`GET /api/v2/trace/{id}`, 404 while it has none).
+fn zipkin_named(base: &str, trace_id: &str) -> BTreeSet<Named> {
+    let (status, body) = http_get(&format!("{base}/api/v2/trace/{trace_id}"));
+    if status != 200 {
+        return BTreeSet::new();
+    }
+    let spans: Vec<Value> = serde_json::from_str(&body).unwrap();
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    spans
+        .iter()
+        .map(|s| {
+            (text(&s["id"]), text(&s["parentId"]), text(&s["localEndpoint"]["serviceName"]), text(&s["name"]))
+        })
+        .collect()
+}
+
+/// Zipkin's model lowercases service and span names: Jaeger's spans as Zipkin holds them.
+fn lowercased(spans: &BTreeSet<Named>) -> BTreeSet<Named> {
+    spans
+        .iter()
+        .map(|(id, parent, service, name)| {
+            (id.clone(), parent.clone(), service.to_lowercase(), name.to_lowercase())
+        })
+        .collect()
+}
+
+/// A Jaeger of the caller's own that also exports every span to a new Kafka topic in Zipkin's
+/// JSON (its kafkaexporter), and a Zipkin consuming that topic: (the two `hold` processes, which
+/// stop them when dropped; Jaeger's variables; Zipkin's). Zipkin is a JVM: started for the one test
+/// that shows a trace in its UI, not with the shared Jaeger.
+async fn jaeger_feeding_zipkin() -> (Vec<Child>, HashMap<String, String>, HashMap<String, String>) {
+    let topic = format!("zipkin-{}", random_suffix());
+    crate::common::create_topic(&topic, 1).await;
+    let kafka = services().kafka.as_str();
+    std::thread::scope(|scope| {
+        let zipkin_env = [("OUTBOX_ZIPKIN_KAFKA", kafka), ("OUTBOX_ZIPKIN_KAFKA_TOPIC", topic.as_str())];
+        let zipkin = scope.spawn(move || crate::common::spawn_services("hold-zipkin", &zipkin_env));
+        let jaeger_env = [("OUTBOX_JAEGER_KAFKA", kafka), ("OUTBOX_JAEGER_KAFKA_TOPIC", topic.as_str())];
+        let (jaeger, jaeger_vars) = crate::common::spawn_services("hold-jaeger", &jaeger_env);
+        let (zipkin, zipkin_vars) = zipkin.join().unwrap();
+        (vec![jaeger, zipkin], jaeger_vars, zipkin_vars)
+    })
+}
+
+/// The first line that is not blank after the line `label`, on a page whose text is `text`
+/// (Zipkin's page shows a label above its value).
+fn labelled<'a>(text: &'a str, label: &str) -> Option<&'a str> {
+    let mut lines = text.lines().map(str::trim).skip_while(|line| *line != label).skip(1);
+    lines.find(|line| !line.is_empty())
+}
+
+/// Waits until Zipkin holds every span Jaeger holds of trace `trace` (ids, parents, services,
+/// names),
+/// then opens the trace's page in Chromium, checks that it shows each of them and the trace id,
+/// selects the relay's publish span `send`, and takes the screenshot (see the module doc).
+async fn zipkins_page_shows_the_trace(jaeger: &str, zipkin: &str, trace: &str, send: &str, dir: &Path) {
+    use crate::common::browser::{self, Chromium, DESKTOP};
+    let same = async || {
+        let expected = lowercased(&jaeger_named(jaeger, trace));
+        expected.len() >= 3 && zipkin_named(zipkin, trace) == expected
+    };
+    let what = format!("Zipkin to hold the spans Jaeger holds of {trace}");
+    wait_until(what, same).await;
+    let spans = zipkin_named(zipkin, trace);
+
+    let chromium = Chromium::start().await;
+    let page = chromium.open(&format!("{zipkin}/zipkin/traces/{trace}")).await;
+    // the timeline names each span `<service>: <span name>` (a virtual list: every row is drawn
+    // at this height)
+    let rows: Vec<String> = spans.iter().map(|(_, _, service, name)| format!("{service}: {name}")).collect();
+    let text = async || browser::read::<String>(&page, "document.body.innerText").await.unwrap_or_default();
+    let shown = async || {
+        let text = text().await;
+        text.contains(trace) && rows.iter().all(|row| text.lines().any(|line| line.trim() == row))
+    };
+    wait_until(format!("Zipkin's page of {trace} to show {rows:?}"), shown).await;
+    let page_text = text().await;
+    let total = labelled(&page_text, "Total Spans").and_then(|t| t.parse::<usize>().ok());
+    let total = total.unwrap_or_else(|| panic!("no span count: {page_text}"));
+    assert!(total >= spans.len() && total <= zipkin_named(zipkin, trace).len(), "{total}: {page_text}");
+
+    // and the relay's publish span, selected, shows its service and name in the detail panel
+    let (_, parent, service, name) = spans.iter().find(|(id, _, _, _)| id == send).unwrap();
+    let row = format!("{service}: {name}");
+    let select = format!(
+        "(() => {{ const row = [...document.querySelectorAll('div')].reverse()\
+         .find(d => d.textContent.trim() === {row:?}); if (!row) return false; row.click(); return true; }})()"
+    );
+    assert_eq!(browser::read::<bool>(&page, &select).await, Some(true), "no row {row}");
+    let detail = async || {
+        let text = text().await;
+        labelled(&text, "Span ID") == Some(send)
+            && labelled(&text, "Parent ID") == Some(parent.as_str())
+            && labelled(&text, "Span name") == Some(name.as_str())
+            && labelled(&text, "Service name") == Some(service.as_str())
+    };
+    wait_until(format!("Zipkin's span detail of {send}"), detail).await;
+
+    let images = match std::env::var("OUTBOX_REFRESH_DOC_IMAGES").as_deref() {
+        Ok("1") => crate::common::repo_root().join("docs/images"),
+        _ => dir.to_path_buf(),
+    };
+    let png = browser::screenshot(&page, DESKTOP, false).await;
+    assert_eq!(&png[1..4], b"PNG");
+    std::fs::write(images.join("trace-zipkin.png"), png).unwrap();
+}
+
 /// An order placed over HTTP with a sampled `traceparent` yields one trace: the order service's
 /// request span, the relay's publish span as its child, the ledger's processing span as the
-/// relay's child.
-async fn an_order_is_one_trace_from_the_request_to_the_ledger(mode: &str) {
+/// relay's child. With `zipkin`, the trace is also shown in Zipkin's UI, fed by Jaeger.
+async fn an_order_is_one_trace_from_the_request_to_the_ledger(mode: &str, zipkin: bool) {
     use crate::common::service::{OrdersService, ServiceProcess, apply_examples};
-    // given the order service, the relay and the ledger exporting spans to Jaeger
-    let base = jaeger()["OUTBOX_RELAY_TEST_JAEGER_URL"].clone();
-    let otlp = jaeger()["OUTBOX_RELAY_TEST_OTLP_TRACES_URL"].clone();
+    // given the order service, the relay and the ledger exporting spans to Jaeger (with
+    // `zipkin`, one feeding a Zipkin)
+    let fed = if zipkin { Some(jaeger_feeding_zipkin().await) } else { None };
+    let backend = fed.as_ref().map_or(jaeger(), |(_, jaeger, _)| jaeger);
+    let base = backend["OUTBOX_RELAY_TEST_JAEGER_URL"].clone();
+    let otlp = backend["OUTBOX_RELAY_TEST_OTLP_TRACES_URL"].clone();
     let prefix = format!("tr{}", crate::common::random_suffix());
     let template = format!("{prefix}.{{aggregate_type}}");
     let s = Setup::create(&services().kafka, "", false, |slot| {
@@ -559,14 +701,21 @@ async fn an_order_is_one_trace_from_the_request_to_the_ledger(mode: &str) {
     assert_eq!(tag(request, "http.response.status_code").unwrap().as_i64(), Some(201));
     ledger.terminate(EXIT_LIMIT);
     assert_eq!(relay.terminate(EXIT_LIMIT), Some(0));
+
+    // and Zipkin, fed by Jaeger through Kafka, holds the same spans, and its page shows them
+    if let Some((_, _, zipkin)) = &fed {
+        let send = publish["spanID"].as_str().unwrap();
+        let zipkin = &zipkin["OUTBOX_RELAY_TEST_ZIPKIN_URL"];
+        zipkins_page_shows_the_trace(&base, zipkin, &trace, send, s.dir.path()).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn replication_an_order_is_one_trace_from_the_request_to_the_ledger() {
-    an_order_is_one_trace_from_the_request_to_the_ledger("replication").await;
+async fn replication_an_order_is_one_trace_from_the_request_to_the_ledger_shown_in_zipkin() {
+    an_order_is_one_trace_from_the_request_to_the_ledger("replication", true).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn polling_an_order_is_one_trace_from_the_request_to_the_ledger() {
-    an_order_is_one_trace_from_the_request_to_the_ledger("polling").await;
+    an_order_is_one_trace_from_the_request_to_the_ledger("polling", false).await;
 }

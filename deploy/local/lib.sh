@@ -253,9 +253,12 @@ ensure_test_tools() {
         log "installing ${missing[*]} with pip"
         python3 -m pip install -q "${missing[@]}" >&2 || die "pip install ${missing[*]} failed"
     fi
-    # the tracing tests' backend, built once here rather than inside a test's time
+    # the tracing tests' backend, built once here rather than inside a test's time, and Zipkin,
+    # whose UI the trace screenshot test opens (tests/traces.rs)
     source "$REPO_ROOT/deploy/local/jaeger/lib.sh"
     ensure_jaeger
+    source "$REPO_ROOT/deploy/local/zipkin/lib.sh"
+    ensure_zipkin
 }
 
 # free_ports N: N distinct free ports on one line, all held open until all are chosen (N calls

@@ -174,3 +174,8 @@ pub async fn screenshot(page: &Page, size: (u32, u32), mobile: bool) -> Vec<u8> 
     let params = ScreenshotParams::builder().format(CaptureScreenshotFormat::Png).build();
     page.screenshot(params).await.expect("take a screenshot")
 }
+
+/// The value of the JavaScript expression `expression` on `page`; None if it throws or is not a `T`.
+pub async fn read<T: serde::de::DeserializeOwned>(page: &Page, expression: &str) -> Option<T> {
+    page.evaluate(expression).await.ok()?.into_value().ok()
+}

@@ -43,13 +43,28 @@ ensure_jaeger() {
 }
 
 # start_jaeger: Jaeger under $OUTBOX_LOCAL_STATE/jaeger: OTLP/HTTP and the query API/UI on free
-# loopback ports, spans in memory. Writes jaeger/pid (its process group) and jaeger/start.
-# Sets JAEGER_OTLP, JAEGER_QUERY.
+# loopback ports, spans in memory. With OUTBOX_JAEGER_KAFKA=BOOTSTRAP its traces pipeline also
+# exports every span to the Kafka topic OUTBOX_JAEGER_KAFKA_TOPIC (default zipkin) in Zipkin's
+# JSON encoding, for a Zipkin (deploy/local/zipkin) to show. Writes jaeger/pid (its process group)
+# and jaeger/start. Sets JAEGER_OTLP, JAEGER_QUERY.
 start_jaeger() {
-    local dir=$OUTBOX_LOCAL_STATE/jaeger otlp query grpc health
+    local dir=$OUTBOX_LOCAL_STATE/jaeger otlp query grpc health exporters=jaeger_storage_exporter kafka_exporter=""
     mkdir -p "$dir"
     read -r otlp query grpc health < <(free_ports 4)
     JAEGER_OTLP=$otlp JAEGER_QUERY=$query
+    if [ -n "${OUTBOX_JAEGER_KAFKA:-}" ]; then
+        # the OpenTelemetry Collector's kafkaexporter (v0.139.0 in Jaeger 1.75.0's build; its
+        # config.go): traces::topic and traces::encoding, zipkin_json a JSON list of Zipkin v2
+        # spans per message, keyed by trace id
+        exporters="jaeger_storage_exporter, kafka"
+        kafka_exporter="  kafka:
+    brokers: [\"$OUTBOX_JAEGER_KAFKA\"]
+    client_id: jaeger
+    partition_traces_by_id: true
+    traces:
+      topic: ${OUTBOX_JAEGER_KAFKA_TOPIC:-zipkin}
+      encoding: zipkin_json"
+    fi
     cat >"$dir/config.yaml" <<YAML
 service:
   extensions: [jaeger_storage, jaeger_query, healthcheckv2]
@@ -57,7 +72,7 @@ service:
     traces:
       receivers: [otlp]
       processors: [batch]
-      exporters: [jaeger_storage_exporter]
+      exporters: [$exporters]
   telemetry:
     metrics:
       level: none
@@ -92,6 +107,7 @@ processors:
 exporters:
   jaeger_storage_exporter:
     trace_storage: memstore
+$kafka_exporter
 YAML
     cat >"$dir/start" <<SH
 #!/usr/bin/env bash
