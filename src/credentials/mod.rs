@@ -9,8 +9,9 @@
 //!   producer, the read-back, `check`, `verify`, `locate` and the example services share one
 //!   token and one refresher;
 //! - the refresher runs on a thread of its own (with its own small runtime), so librdkafka's
-//!   callback never waits on the caller's runtime: it only reads the cached token, waiting for
-//!   the first one at most a request timeout;
+//!   callback (served on the runtime thread for the relay's producer) never waits on the
+//!   caller's runtime: it only reads the cached token, waiting for the first one at most a
+//!   request timeout (the daemon awaits that one before it makes its producer);
 //! - a token is replaced once `refresh_at_percent` of its lifetime has passed; a failed request is
 //!   retried with capped exponential backoff, counted (`outbox_relay_credential_refresh_failures_total`,
 //!   the alert OutboxRelayKafkaTokenRefreshFailing) and said by `/readyz` while it fails; the

@@ -35,7 +35,7 @@ pub(crate) const REPUBLISHED_HEADER: &str = "outbox_relay_republished";
 /// [`UNPIN_HEADER`].
 pub(crate) const UNPIN_HEADER: &str = "outbox_relay_unpin";
 
-/// Delivery reports from librdkafka's callback (on the producer's polling thread) into a
+/// Delivery reports from librdkafka's callback (on the runtime thread, see [`serve_on_runtime`]) into a
 /// channel, numbered by the record's delivery opaque: no future, oneshot or box per record.
 pub(super) struct Reporter(mpsc::UnboundedSender<Report>);
 
@@ -83,34 +83,159 @@ impl ProducerContext for Reporter {
     }
 }
 
-/// How long the reports thread waits in one poll when nothing arrives: a report, a log line,
-/// an error or a token refresh ends the wait at once, so this bounds only how long the thread
-/// outlives its producer. (Each poll also spins through its last fraction of a millisecond:
-/// rdkafka 0.39 rounds the remaining wait down to whole milliseconds, and polls without
-/// waiting once under one. `ThreadedProducer`'s 100 ms polls spent about 8 ms of CPU a second
-/// on that while idle; one poll a second spends under 1 ms.)
+/// How long the queue goes unserved at most when librdkafka's wake-up is missed (a safety net:
+/// librdkafka signals every event it queues, see [`serve_on_runtime`]).
 const POLL_WAIT: Duration = Duration::from_secs(1);
 
-/// librdkafka's producer, with a thread of its own serving the producer's queue (delivery
-/// reports into [`Reporter`], logs, errors, OAuth token refreshes). Dropped, it tells the
-/// thread to stop and does not wait: the thread ends within [`POLL_WAIT`] and destroys the
-/// producer (whatever is still queued is purged; the sink flushed what it needed before).
+/// librdkafka's producer, its queue (delivery reports into [`Reporter`], logs, errors, OAuth
+/// token refreshes) served on the runtime thread when librdkafka signals it
+/// ([`serve_on_runtime`]). Dropped, it tells that task to stop and does not wait: the task
+/// destroys the producer off the runtime (whatever is still queued is purged; the sink flushed
+/// what it needed before).
 pub(super) struct RecordProducer {
     producer: Arc<BaseProducer<Reporter>>,
-    stop: Arc<AtomicBool>,
+    stop: Arc<Stop>,
+}
+
+/// The stop signal of the task serving a producer's queue.
+#[derive(Default)]
+struct Stop {
+    stopped: AtomicBool,
+    notify: tokio::sync::Notify,
 }
 
 impl RecordProducer {
+    /// Must be called on the runtime (every producer of the relay's is made in async code).
     fn start(producer: BaseProducer<Reporter>) -> std::io::Result<RecordProducer> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(std::io::Error::other)?;
         let producer = Arc::new(producer);
-        let stop = Arc::new(AtomicBool::new(false));
-        let (serving, stopped) = (producer.clone(), stop.clone());
-        std::thread::Builder::new().name("kafka reports".into()).spawn(move || {
-            while !stopped.load(Ordering::Relaxed) {
-                serving.poll(POLL_WAIT);
-            }
-        })?;
+        let stop = Arc::new(Stop::default());
+        let wake = QueueWake::new(&producer)?;
+        runtime.spawn(serve_on_runtime(producer.clone(), wake, stop.clone()));
         Ok(RecordProducer { producer, stop })
+    }
+}
+
+/// Serves the producer's queue on the runtime thread each time librdkafka writes to `wake`
+/// (it does whenever it queues an event the queue has not signalled yet), until stopped.
+///
+/// A thread polling the queue instead (`ThreadedProducer`, or the relay's own before) woke once
+/// per batch of reports and then woke the runtime thread through the reports channel: two
+/// wake-ups of two threads per acknowledgement. At 2,000 events/s that thread's wake-ups cost
+/// a fifth of the relay's CPU (BENCHMARKS.md, "Idle and low rate"). Here the runtime thread
+/// wakes once, and the reports it sends into the channel are received on the same thread.
+///
+/// The callbacks then run on the runtime thread: a delivery report is a channel send, a log
+/// line a `tracing` event; an OAuth token refresh reads the token source's current token,
+/// which waits only until the source's first fetch, done before any producer is made
+/// (`credentials::first_token`).
+async fn serve_on_runtime(producer: Arc<BaseProducer<Reporter>>, wake: QueueWake, stop: Arc<Stop>) {
+    let mut safety_net = tokio::time::interval(POLL_WAIT);
+    safety_net.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while !stop.stopped.load(Ordering::Relaxed) {
+        tokio::select! {
+            ready = wake.fd.readable() => match ready {
+                Ok(mut guard) => {
+                    wake.drain();
+                    guard.clear_ready();
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "the Kafka producer's wake-up failed; serving its queue every second");
+                    safety_net.tick().await;
+                }
+            },
+            _ = safety_net.tick() => {}
+            _ = stop.notify.notified() => break,
+        }
+        // serve everything queued (one event per poll: a batch of reports, a log line, ...)
+        while wake.queued() > 0 {
+            producer.poll(Duration::ZERO);
+        }
+    }
+    drop(wake);
+    // destroying a producer waits for its threads, which a frozen broker can hold up: not on a
+    // runtime thread
+    tokio::task::spawn_blocking(move || drop(producer));
+}
+
+/// librdkafka's main queue of a producer, set to write to an eventfd when it queues an event.
+struct QueueWake {
+    queue: *mut rdkafka::bindings::rd_kafka_queue_t,
+    fd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+}
+
+// SAFETY: librdkafka's queue handles are thread-safe; the handle is only read through
+// librdkafka's calls and destroyed once, in Drop.
+unsafe impl Send for QueueWake {}
+unsafe impl Sync for QueueWake {}
+
+impl QueueWake {
+    fn new(producer: &BaseProducer<Reporter>) -> std::io::Result<QueueWake> {
+        use rdkafka::producer::Producer;
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        // SAFETY: plain system call; the descriptor is owned below.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a fresh descriptor nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: the client outlives this handle (the serving task holds both, and drops this
+        // first); the handle is a new reference, destroyed in Drop.
+        let queue = unsafe { rdkafka::bindings::rd_kafka_queue_get_main(producer.client().native_ptr()) };
+        // an eventfd takes writes of 8 bytes, each adding to its counter
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: librdkafka copies the payload; the descriptor stays open until Drop disables
+        // the writes.
+        unsafe {
+            rdkafka::bindings::rd_kafka_queue_io_event_enable(
+                queue,
+                fd.as_raw_fd(),
+                one.as_ptr().cast(),
+                one.len(),
+            )
+        };
+        // SAFETY: an OwnedFd returns its one open descriptor for as long as it lives, which is
+        // as long as the AsyncFd owning it
+        let fd =
+            unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) };
+        match fd {
+            Ok(fd) => Ok(QueueWake { queue, fd }),
+            Err(e) => {
+                let e = std::io::Error::from(e);
+                // SAFETY: as in Drop
+                unsafe {
+                    rdkafka::bindings::rd_kafka_queue_io_event_enable(queue, -1, std::ptr::null(), 0);
+                    rdkafka::bindings::rd_kafka_queue_destroy(queue);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Events queued, not served yet.
+    fn queued(&self) -> usize {
+        // SAFETY: a live queue handle (see Drop)
+        unsafe { rdkafka::bindings::rd_kafka_queue_length(self.queue) }
+    }
+
+    /// Resets the eventfd's counter (a read returns and zeroes it).
+    fn drain(&self) {
+        use std::os::fd::AsRawFd;
+        let mut counter = [0u8; 8];
+        // SAFETY: reads at most 8 bytes into `counter`; EAGAIN (already zero) is fine
+        let _ = unsafe { libc::read(self.fd.as_raw_fd(), counter.as_mut_ptr().cast(), counter.len()) };
+    }
+}
+
+impl Drop for QueueWake {
+    fn drop(&mut self) {
+        // SAFETY: the handle is live until destroyed here; librdkafka stops writing to the
+        // descriptor before it is closed (after this, with `fd`)
+        unsafe {
+            rdkafka::bindings::rd_kafka_queue_io_event_enable(self.queue, -1, std::ptr::null(), 0);
+            rdkafka::bindings::rd_kafka_queue_destroy(self.queue);
+        }
     }
 }
 
@@ -124,7 +249,9 @@ impl std::ops::Deref for RecordProducer {
 
 impl Drop for RecordProducer {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.stopped.store(true, Ordering::Relaxed);
+        // (a permit: the task takes it at its next wait if it is not waiting now)
+        self.stop.notify.notify_one();
     }
 }
 
@@ -146,8 +273,7 @@ pub(super) fn create_producer(
         None => producer_config(config),
     };
     let producer = settings.create_with_context(Reporter(refusals.clone()))?;
-    let producer = RecordProducer::start(producer).map_err(|e| {
-        KafkaError::ClientCreation(format!("cannot start the producer's reports thread: {e}"))
-    })?;
+    let producer = RecordProducer::start(producer)
+        .map_err(|e| KafkaError::ClientCreation(format!("cannot serve the producer's queue: {e}")))?;
     Ok(Channel { producer: Arc::new(producer), reports, refusals })
 }

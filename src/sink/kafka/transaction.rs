@@ -135,8 +135,8 @@ pub(super) fn commit(producer: &RecordProducer, id: &str, timeout: Duration) -> 
 const OUTSTANDING_PAUSE: Duration = Duration::from_micros(200);
 
 /// Waits (at most `timeout`) until librdkafka counts no message outstanding. A message stays
-/// outstanding for a moment after its delivery report reached the relay (the producer's
-/// polling thread still holds the report's event), and rust-rdkafka's `commit_transaction`
+/// outstanding for a moment after its delivery report reached the relay (the task serving the
+/// producer's queue still holds the report's event), and rust-rdkafka's `commit_transaction`
 /// flushes first, polling a fixed 100 ms whenever one is: measured, that made about one commit
 /// in five take 100 ms (BENCHMARKS.md, "Kafka transactions").
 fn outstanding_gone(producer: &RecordProducer, timeout: Duration) {
