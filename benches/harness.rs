@@ -347,7 +347,11 @@ fn peak_rss_mib(pid: u32) -> f64 {
 /// A process's CPU seconds (utime + stime of /proc/PID/stat, at 100 ticks a second); None once
 /// it has exited.
 fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    cpu_of_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// The user and system CPU seconds of a `/proc/.../stat` line (a process's or a thread's).
+fn cpu_of_stat(stat: &str) -> Option<f64> {
     // (the fields after the command name, which may hold spaces and parentheses)
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
     let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok());

@@ -34,6 +34,8 @@ struct Quiet {
     wakeups: BTreeMap<String, f64>,
     /// CPU seconds per 100k events at [`LOW_RATE`].
     low_rate_cpu: f64,
+    /// The same by thread name, with each thread's wake-ups per second.
+    low_rate_threads: BTreeMap<String, (f64, f64)>,
 }
 
 /// Each build's windows: `[mode][run]`.
@@ -64,13 +66,19 @@ pub async fn run(o: &Options) -> Runs {
                 );
                 let mut quiet = quiet_window(mode, window).await;
                 eprintln!("[bench] run {}/{}: {}, {mode}: {LOW_RATE} events/s", run + 1, o.runs, builds[b].0);
-                quiet.low_rate_cpu =
-                    steady_latency_in(mode, "", LOW_RATE, LOW_RATE_WINDOW).await.cpu_per_100k;
+                let low = steady_latency_in(mode, "", LOW_RATE, LOW_RATE_WINDOW).await;
+                quiet.low_rate_cpu = low.cpu_per_100k;
+                quiet.low_rate_threads = low.threads;
                 eprintln!(
                     "[bench]   idle CPU s/min: active {:.3}, standby {:.3}, backends {:.3}; WAL {:.0} B/min; \
                      {LOW_RATE}/s: {:.2} CPU s/100k",
                     quiet.active, quiet.standby, quiet.backends, quiet.wal_per_min, quiet.low_rate_cpu
                 );
+                let mut by_cpu: Vec<_> = quiet.low_rate_threads.iter().collect();
+                by_cpu.sort_by(|a, b| b.1.0.total_cmp(&a.1.0));
+                let list: Vec<String> =
+                    by_cpu.iter().map(|(t, (cpu, n))| format!("{t} {cpu:.2} ({n:.0}/s)")).collect();
+                eprintln!("[bench]   {LOW_RATE}/s by thread: {}", list.join(", "));
                 runs.builds[b].1[m].push(quiet);
             }
         }
@@ -104,23 +112,17 @@ async fn quiet_window(mode: &'static str, window: Duration) -> Quiet {
     let admin = connect(&services().pg_url).await;
     let backends = backend_pids(&admin).await;
     let before = (cpu(&active), cpu(&standby), backends_cpu(&backends), wal_lsn(&admin).await);
-    let switches_before = switches(active.pid());
+    let threads_before = threads(active.pid());
     tokio::time::sleep(window).await;
     let per_min = 60.0 / window.as_secs_f64();
-    let wakeups = switches(active.pid())
-        .into_iter()
-        .map(|(name, n)| {
-            let was = switches_before.get(&name).copied().unwrap_or(0.0);
-            (name, (n - was) / window.as_secs_f64())
-        })
-        .collect();
+    let wakeups = switches_since(active.pid(), &threads_before, window);
     Quiet {
         active: (cpu(&active) - before.0) * per_min,
         standby: (cpu(&standby) - before.1) * per_min,
         backends: (backends_cpu(&backends) - before.2) * per_min,
         wal_per_min: (wal_lsn(&admin).await - before.3) as f64 * per_min,
         wakeups,
-        low_rate_cpu: 0.0,
+        ..Quiet::default()
     }
 }
 
@@ -141,25 +143,44 @@ fn backends_cpu(pids: &[u32]) -> f64 {
     pids.iter().filter_map(|pid| cpu_seconds(*pid)).sum()
 }
 
-/// Context switches (voluntary and not) of each thread of `pid`, summed by thread name with its
-/// digits dropped (`rdk:broker1` and `rdk:broker2` are one line).
-fn switches(pid: u32) -> BTreeMap<String, f64> {
-    let mut by_name = BTreeMap::new();
+/// Each thread of `pid`, summed by thread name with its digits dropped (`rdk:broker1` and
+/// `rdk:broker2` are one line): (CPU seconds, context switches voluntary and not).
+pub(super) fn threads(pid: u32) -> BTreeMap<String, (f64, f64)> {
+    let mut by_name: BTreeMap<String, (f64, f64)> = BTreeMap::new();
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return by_name };
     for task in tasks.flatten() {
         let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
         let name: String = comm.trim().chars().filter(|c| !c.is_ascii_digit()).collect();
         let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
-        let n: f64 = status
+        let switches: f64 = status
             .lines()
             .filter(|l| {
                 l.starts_with("voluntary_ctxt_switches") || l.starts_with("nonvoluntary_ctxt_switches")
             })
             .filter_map(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
             .sum();
-        *by_name.entry(name).or_insert(0.0) += n;
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        let cpu = super::cpu_of_stat(&stat).unwrap_or(0.0);
+        let entry = by_name.entry(name).or_default();
+        entry.0 += cpu;
+        entry.1 += switches;
     }
     by_name
+}
+
+/// The wake-ups per second of `pid`'s threads since `before` ([`threads`]), over `window`.
+fn switches_since(
+    pid: u32,
+    before: &BTreeMap<String, (f64, f64)>,
+    window: Duration,
+) -> BTreeMap<String, f64> {
+    threads(pid)
+        .into_iter()
+        .map(|(name, (_, n))| {
+            let was = before.get(&name).map_or(0.0, |t| t.1);
+            (name, (n - was) / window.as_secs_f64())
+        })
+        .collect()
 }
 
 pub fn render(o: &Options, runs: &Runs) -> String {
@@ -197,6 +218,20 @@ pub fn render(o: &Options, runs: &Runs) -> String {
             let mut threads: Vec<(&String, &f64)> = q.wakeups.iter().filter(|(_, n)| **n >= 0.05).collect();
             threads.sort_by(|a, b| b.1.total_cmp(a.1));
             let list: Vec<String> = threads.iter().map(|(t, n)| format!("{t} {n:.1}")).collect();
+            out += &format!("| {name} | {mode} | {} |\n", list.join(", "));
+        }
+    }
+    out += &format!(
+        "\nAt {LOW_RATE} events/s, where the relay's CPU goes: CPU s per 100k events by thread (wake-ups per \
+         second), the first run:\n\n| build | mode | threads |\n|---|---|---|\n"
+    );
+    for (name, modes) in &runs.builds {
+        for (m, mode) in MODES.iter().enumerate() {
+            let Some(q) = modes[m].first() else { continue };
+            let mut threads: Vec<_> = q.low_rate_threads.iter().filter(|(_, t)| t.0 >= 0.005).collect();
+            threads.sort_by(|a, b| b.1.0.total_cmp(&a.1.0));
+            let list: Vec<String> =
+                threads.iter().map(|(t, (cpu, n))| format!("{t} {cpu:.2} ({n:.0}/s)")).collect();
             out += &format!("| {name} | {mode} | {} |\n", list.join(", "));
         }
     }

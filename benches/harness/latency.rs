@@ -3,7 +3,7 @@
 //! its CPU and memory over the window). Used by the full run and by every `--only` section that
 //! measures latency.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdkafka::ClientConfig;
@@ -29,6 +29,9 @@ pub(super) struct Latency {
     /// Offsets of the topic beyond the relay's records: with Kafka transactions, one commit
     /// marker per transaction and partition it wrote to.
     pub(super) markers: f64,
+    /// The relay's threads over the window, by name ([`super::idle::threads`]): CPU seconds per
+    /// 100k events, and wake-ups per second.
+    pub(super) threads: BTreeMap<String, (f64, f64)>,
 }
 
 /// A writer at `rate` events/s (transactions of 10) against a running replication relay;
@@ -68,10 +71,21 @@ pub(super) async fn steady_latency_in(
     };
     let before = scrape();
     let cpu_before = relay.usage().1;
+    let threads_before = super::idle::threads(relay.process.pid());
+    let profile = super::profile::Profile::attach(relay.process.pid(), &format!("{mode}-at-{rate}"));
     let received = tokio::spawn(receive_ids(consumer));
     let (committed, achieved) = write_at_rate(&client, &aggregate_type, rate, duration).await;
     let expected = committed.len() * 10;
     let cpu = settled_cpu(&relay, 10 + expected).await - cpu_before;
+    drop(profile);
+    let per_100k = 100_000.0 / expected.max(1) as f64;
+    let threads = super::idle::threads(relay.process.pid())
+        .into_iter()
+        .map(|(name, (cpu, switches))| {
+            let (cpu_was, switches_was) = threads_before.get(&name).copied().unwrap_or_default();
+            (name, ((cpu - cpu_was) * per_100k, (switches - switches_was) / duration.as_secs_f64()))
+        })
+        .collect();
     let at = received.await.unwrap();
     let relay_p99_ms =
         histogram_quantile(&before, &scrape(), "outbox_relay_end_to_end_latency_seconds", 0.99) * 1000.0;
@@ -87,9 +101,10 @@ pub(super) async fn steady_latency_in(
         p99_ms: received.p99_ms,
         max_ms: received.max_ms,
         sustained,
-        cpu_per_100k: cpu * 100_000.0 / expected.max(1) as f64,
+        cpu_per_100k: cpu * per_100k,
         rss_mib,
         markers,
+        threads,
     }
 }
 

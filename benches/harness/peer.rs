@@ -375,6 +375,7 @@ async fn debezium_latency(rate: usize, duration: Duration, o: &Options) -> Laten
         cpu_per_100k: (cpu - cpu_before) * 100_000.0 / expected.max(1) as f64,
         rss_mib,
         markers,
+        threads: Default::default(),
     }
 }
 
