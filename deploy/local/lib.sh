@@ -785,6 +785,29 @@ apply_schema() {
     done
 }
 
+# install_once HOME STAMP COMMAND...: runs COMMAND unless HOME/installed holds STAMP, under
+# HOME.lock (the tests start at once, each its own stack: one installs, the others wait for it).
+install_once() {
+    local home=$1 stamp=$2
+    shift 2
+    mkdir -p "$(dirname "$home")"
+    (
+        flock 9 || die "cannot lock $home.lock"
+        [ "$(cat "$home/installed" 2>/dev/null)" = "$stamp" ] || "$@"
+    ) 9>"$home.lock" || exit 1
+}
+
+# stop_group PIDFILE: stops the process group PIDFILE names (TERM, then KILL after 10 s); nothing
+# when there is no PIDFILE.
+stop_group() {
+    local pid
+    [ -f "$1" ] || return 0
+    pid=$(cat "$1")
+    kill -- "-$pid" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 -- "-$pid" 2>/dev/null || return 0; sleep 0.1; done
+    kill -9 -- "-$pid" 2>/dev/null || true
+}
+
 # wait_http URL WHAT LOG: waits up to a minute for URL to answer 2xx; otherwise prints the tail
 # of LOG and dies naming WHAT.
 wait_http() {

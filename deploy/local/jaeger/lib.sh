@@ -35,11 +35,7 @@ install_jaeger() {
 }
 
 ensure_jaeger() {
-    mkdir -p "$(dirname "$JAEGER_HOME")"
-    (
-        flock 9 || die "cannot lock $JAEGER_HOME.lock"
-        [ "$(cat "$JAEGER_HOME/installed" 2>/dev/null)" = "$JAEGER_MODULE_SUM" ] || install_jaeger
-    ) 9>"$JAEGER_HOME.lock" || exit 1
+    install_once "$JAEGER_HOME" "$JAEGER_MODULE_SUM" install_jaeger
 }
 
 # start_jaeger: Jaeger under $OUTBOX_LOCAL_STATE/jaeger: OTLP/HTTP and the query API/UI on free
@@ -122,12 +118,7 @@ SH
 
 # stop_jaeger DIR: stops the Jaeger DIR/jaeger/pid names.
 stop_jaeger() {
-    local pid
-    [ -f "$1/jaeger/pid" ] || return 0
-    pid=$(cat "$1/jaeger/pid")
-    kill -- "-$pid" 2>/dev/null || true
-    for _ in $(seq 100); do kill -0 -- "-$pid" 2>/dev/null || return 0; sleep 0.1; done
-    kill -9 -- "-$pid" 2>/dev/null || true
+    stop_group "$1/jaeger/pid"
 }
 
 # jaeger_env: the KEY=VALUE lines that tell a test where the tracing backend is.

@@ -39,11 +39,7 @@ ensure_zipkin() {
     command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
     command -v curl >/dev/null || missing+=(curl)
     if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
-    mkdir -p "$(dirname "$ZIPKIN_HOME")"
-    (
-        flock 9 || die "cannot lock $ZIPKIN_HOME.lock"
-        [ "$(cat "$ZIPKIN_HOME/installed" 2>/dev/null)" = "$ZIPKIN_SHA256" ] || install_zipkin
-    ) 9>"$ZIPKIN_HOME.lock" || exit 1
+    install_once "$ZIPKIN_HOME" "$ZIPKIN_SHA256" install_zipkin
 }
 
 # start_zipkin: Zipkin under $OUTBOX_LOCAL_STATE/zipkin on a free loopback port, spans in memory.
@@ -77,12 +73,7 @@ SH
 
 # stop_zipkin DIR: stops the Zipkin DIR/zipkin/pid names.
 stop_zipkin() {
-    local pid
-    [ -f "$1/zipkin/pid" ] || return 0
-    pid=$(cat "$1/zipkin/pid")
-    kill -- "-$pid" 2>/dev/null || true
-    for _ in $(seq 100); do kill -0 -- "-$pid" 2>/dev/null || return 0; sleep 0.1; done
-    kill -9 -- "-$pid" 2>/dev/null || true
+    stop_group "$1/zipkin/pid"
 }
 
 # zipkin_env: the KEY=VALUE lines that tell a test where Zipkin is.
