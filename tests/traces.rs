@@ -549,9 +549,9 @@ fn labelled<'a>(text: &'a str, label: &str) -> Option<&'a str> {
 }
 
 /// Waits until Zipkin holds every span Jaeger holds of trace `trace` (ids, parents, services,
-/// names),
-/// then opens the trace's page in Chromium, checks that it shows each of them and the trace id,
-/// selects the relay's publish span `send`, and takes the screenshot (see the module doc).
+/// names), then opens the trace's page in Chromium, checks that it shows each of them and the
+/// trace id, selects the relay's publish span `send`, and takes the screenshot (see the module
+/// doc).
 async fn zipkins_page_shows_the_trace(jaeger: &str, zipkin: &str, trace: &str, send: &str, dir: &Path) {
     use crate::common::browser::{self, Chromium, DESKTOP};
     let same = async || {

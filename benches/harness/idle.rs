@@ -20,6 +20,8 @@ const MODES: [&str; 2] = ["replication", "polling"];
 /// The low rate of the issue's goal (2 CPU s per 100k events at most).
 const LOW_RATE: usize = 2_000;
 const LOW_RATE_WINDOW: Duration = Duration::from_secs(50);
+/// The least CPU (s per 100k events) of a thread the low rate's table names.
+const SHOWN_THREAD_CPU: f64 = 0.005;
 
 /// One mode's quiet window.
 #[derive(Clone, Default)]
@@ -74,11 +76,7 @@ pub async fn run(o: &Options) -> Runs {
                      {LOW_RATE}/s: {:.2} CPU s/100k",
                     quiet.active, quiet.standby, quiet.backends, quiet.wal_per_min, quiet.low_rate_cpu
                 );
-                let mut by_cpu: Vec<_> = quiet.low_rate_threads.iter().collect();
-                by_cpu.sort_by(|a, b| b.1.0.total_cmp(&a.1.0));
-                let list: Vec<String> =
-                    by_cpu.iter().map(|(t, (cpu, n))| format!("{t} {cpu:.2} ({n:.0}/s)")).collect();
-                eprintln!("[bench]   {LOW_RATE}/s by thread: {}", list.join(", "));
+                eprintln!("[bench]   {LOW_RATE}/s by thread: {}", by_cpu(&quiet.low_rate_threads, 0.0));
                 runs.builds[b].1[m].push(quiet);
             }
         }
@@ -183,6 +181,15 @@ fn switches_since(
         .collect()
 }
 
+/// `threads` ([`threads`]' CPU per 100k events, wake-ups per second) from the busiest, those
+/// with at least `least` CPU: "name cpu (n/s), ...".
+fn by_cpu(threads: &BTreeMap<String, (f64, f64)>, least: f64) -> String {
+    let mut busiest: Vec<_> = threads.iter().filter(|(_, t)| t.0 >= least).collect();
+    busiest.sort_by(|a, b| b.1.0.total_cmp(&a.1.0));
+    let list: Vec<String> = busiest.iter().map(|(t, (cpu, n))| format!("{t} {cpu:.2} ({n:.0}/s)")).collect();
+    list.join(", ")
+}
+
 pub fn render(o: &Options, runs: &Runs) -> String {
     let mut out = format!(
         "{}  \n\nAn active relay and its standby at the defaults, {} s with nothing to publish after ten \
@@ -228,11 +235,8 @@ pub fn render(o: &Options, runs: &Runs) -> String {
     for (name, modes) in &runs.builds {
         for (m, mode) in MODES.iter().enumerate() {
             let Some(q) = modes[m].first() else { continue };
-            let mut threads: Vec<_> = q.low_rate_threads.iter().filter(|(_, t)| t.0 >= 0.005).collect();
-            threads.sort_by(|a, b| b.1.0.total_cmp(&a.1.0));
-            let list: Vec<String> =
-                threads.iter().map(|(t, (cpu, n))| format!("{t} {cpu:.2} ({n:.0}/s)")).collect();
-            out += &format!("| {name} | {mode} | {} |\n", list.join(", "));
+            let list = by_cpu(&q.low_rate_threads, SHOWN_THREAD_CPU);
+            out += &format!("| {name} | {mode} | {list} |\n");
         }
     }
     out

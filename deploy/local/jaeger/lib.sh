@@ -2,7 +2,8 @@
 # relay's tracing tests and demo: the Go module github.com/jaegertracing/jaeger, pinned at
 # v1.75.0 by the module proxy's checksum below, built once with Go (its `cmd/jaeger`, the
 # collector-based all-in-one) and run with in-memory storage on free loopback ports.
-# Sourced by deploy/local/lib.sh users; needs its log/die/free_ports/wait_http.
+# Sourced by deploy/local/lib.sh users; needs its helpers (log, die, apt_install, free_ports,
+# wait_http, install_once, stop_group) and PG_CACHE_DEFAULT.
 #
 # `go install ...@version` refuses this module (its go.mod has a replace directive), so the
 # module is downloaded (checksum-verified by Go against sum.golang.org and again here) and built

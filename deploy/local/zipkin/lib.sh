@@ -10,7 +10,8 @@
 # Jaeger's traces pipeline can also export to a Kafka topic in Zipkin's JSON encoding (the
 # OpenTelemetry kafkaexporter, part of Jaeger's build; start_jaeger with OUTBOX_JAEGER_KAFKA),
 # and Zipkin's Kafka collector consumes that topic (start_zipkin with OUTBOX_ZIPKIN_KAFKA).
-# Sourced by deploy/local/lib.sh users; needs its log/die/free_ports/wait_http.
+# Sourced by deploy/local/lib.sh users; needs its helpers (log, die, apt_install, free_ports,
+# wait_http, install_once, stop_group) and PG_CACHE_DEFAULT.
 #
 # Measured here (2 cores, shared): a start until /health answers 5 to 10 s; resident memory about
 # 250 MB (heap capped at 256 MB).

@@ -1,17 +1,25 @@
 //! The record producer: librdkafka's producer with the relay's context, whose delivery reports
 //! arrive numbered on a channel, and the relay's own headers.
 //!
-//! Invariant: every record handed to a producer gets exactly one report on its channel: from
-//! librdkafka's delivery callback, or (refused at once) from the sink's `enqueue`.
+//! Invariants:
+//! - every record handed to a producer gets exactly one report on its channel: from
+//!   librdkafka's delivery callback, or (refused at once) from the sink's `enqueue`;
+//! - the producer's queue is served on the runtime thread, until empty each time librdkafka
+//!   signals it ([`serve_on_runtime`]); the queue's handle goes before the producer, and the
+//!   producer is destroyed off the runtime.
 
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use rdkafka::bindings as rdsys;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{BaseProducer, DeliveryResult, ProducerContext};
+use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext};
 use rdkafka::{ClientContext, Message};
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 
 use super::client::{log_librdkafka, producer_config, transactional_producer_config};
@@ -35,7 +43,8 @@ pub(crate) const REPUBLISHED_HEADER: &str = "outbox_relay_republished";
 /// [`UNPIN_HEADER`].
 pub(crate) const UNPIN_HEADER: &str = "outbox_relay_unpin";
 
-/// Delivery reports from librdkafka's callback (on the runtime thread, see [`serve_on_runtime`]) into a
+/// Delivery reports from librdkafka's callback (usually on the runtime thread, see
+/// [`serve_on_runtime`]; a flush serves them on its blocking thread) into a
 /// channel, numbered by the record's delivery opaque: no future, oneshot or box per record.
 pub(super) struct Reporter(mpsc::UnboundedSender<Report>);
 
@@ -83,17 +92,21 @@ impl ProducerContext for Reporter {
     }
 }
 
-/// How long the queue goes unserved at most when librdkafka's wake-up is missed (a safety net:
-/// librdkafka signals every event it queues, see [`serve_on_runtime`]).
-const POLL_WAIT: Duration = Duration::from_secs(1);
+/// How long the queue goes unserved at most without librdkafka's signal (a safety net: it
+/// signals when its queue turns non-empty, and again after each time the queue was served).
+const UNSIGNALLED_SERVE_INTERVAL: Duration = Duration::from_secs(1);
+/// Events served between two yields to the runtime's other tasks while the queue stays full.
+const SERVE_TURN: usize = 64;
 
 /// librdkafka's producer, its queue (delivery reports into [`Reporter`], logs, errors, OAuth
 /// token refreshes) served on the runtime thread when librdkafka signals it
-/// ([`serve_on_runtime`]). Dropped, it tells that task to stop and does not wait: the task
-/// destroys the producer off the runtime (whatever is still queued is purged; the sink flushed
-/// what it needed before).
+/// ([`serve_on_runtime`]). Dropped, it releases its share of the producer, then tells that task
+/// to stop, and does not wait: the task holds the last share and destroys the producer off the
+/// runtime (whatever is still queued is purged; the sink flushed what it needed before). A
+/// runtime shut down with the task pending destroys it on the thread shutting it down.
 pub(super) struct RecordProducer {
-    producer: Arc<BaseProducer<Reporter>>,
+    /// `None` only inside Drop.
+    producer: Option<Arc<BaseProducer<Reporter>>>,
     stop: Arc<Stop>,
 }
 
@@ -111,57 +124,81 @@ impl RecordProducer {
         let producer = Arc::new(producer);
         let stop = Arc::new(Stop::default());
         let wake = QueueWake::new(&producer)?;
-        runtime.spawn(serve_on_runtime(producer.clone(), wake, stop.clone()));
-        Ok(RecordProducer { producer, stop })
+        let serving = runtime.spawn(serve_on_runtime(producer.clone(), wake, stop.clone()));
+        // a callback that panicked ended the serving: no report arrives any more (the stall
+        // watch then says so); the reason is logged here
+        runtime.spawn(async move {
+            if let Err(e) = serving.await
+                && e.is_panic()
+            {
+                tracing::error!(error = %e, "the Kafka producer's queue is no longer served: a callback panicked");
+            }
+        });
+        Ok(RecordProducer { producer: Some(producer), stop })
     }
 }
 
-/// Serves the producer's queue on the runtime thread each time librdkafka writes to `wake`
-/// (it does whenever it queues an event the queue has not signalled yet), until stopped.
+/// Serves the producer's queue on the runtime thread each time librdkafka writes to `wake`,
+/// until stopped.
 ///
 /// A thread polling the queue instead (`ThreadedProducer`, or the relay's own before) woke once
 /// per batch of reports and then woke the runtime thread through the reports channel: two
 /// wake-ups of two threads per acknowledgement. At 2,000 events/s that thread's wake-ups cost
-/// a fifth of the relay's CPU (BENCHMARKS.md, "Idle and low rate"). Here the runtime thread
+/// a fifth of the relay's CPU (BENCHMARKS.md, "At 2,000 events/s"). Here the runtime thread
 /// wakes once, and the reports it sends into the channel are received on the same thread.
 ///
 /// The callbacks then run on the runtime thread: a delivery report is a channel send, a log
 /// line a `tracing` event; an OAuth token refresh reads the token source's current token,
-/// which waits only until the source's first fetch, done before any producer is made
-/// (`credentials::first_token`).
+/// which waits only until the source's first fetch (at most its request timeout): the daemon
+/// awaits that fetch before it makes its producer; the one-shot commands (`setup`,
+/// `republish`, `replay-dead-letters`) may wait there once, as they start.
 async fn serve_on_runtime(producer: Arc<BaseProducer<Reporter>>, wake: QueueWake, stop: Arc<Stop>) {
-    let mut safety_net = tokio::time::interval(POLL_WAIT);
+    let mut safety_net = tokio::time::interval(UNSIGNALLED_SERVE_INTERVAL);
     safety_net.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut signalled = true;
     while !stop.stopped.load(Ordering::Relaxed) {
         tokio::select! {
-            ready = wake.fd.readable() => match ready {
+            ready = wake.fd.readable(), if signalled => match ready {
                 Ok(mut guard) => {
                     wake.drain();
                     guard.clear_ready();
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "the Kafka producer's wake-up failed; serving its queue every second");
-                    safety_net.tick().await;
+                    signalled = false;
                 }
             },
             _ = safety_net.tick() => {}
             _ = stop.notify.notified() => break,
         }
-        // serve everything queued (one event per poll: a batch of reports, a log line, ...)
+        // serve until empty (one event per poll: a batch of reports, a log line, ...): librdkafka
+        // signals again only once the queue was served, so waiting with events left would wait
+        // for the safety net; a long run yields to the other tasks now and then
+        let mut served = 0;
         while wake.queued() > 0 {
             producer.poll(Duration::ZERO);
+            served += 1;
+            if served % SERVE_TURN == 0 {
+                tokio::task::yield_now().await;
+            }
         }
     }
+    // the queue handle before the producer: it must not outlive it
     drop(wake);
     // destroying a producer waits for its threads, which a frozen broker can hold up: not on a
     // runtime thread
     tokio::task::spawn_blocking(move || drop(producer));
 }
 
-/// librdkafka's main queue of a producer, set to write to an eventfd when it queues an event.
+/// librdkafka's main queue of a producer, set to write to an eventfd when it has events to
+/// serve.
+///
+/// Invariants: librdkafka stops writing to the eventfd (io events disabled) before the eventfd
+/// closes, and the queue handle is destroyed before the producer (the serving task drops this
+/// first).
 struct QueueWake {
-    queue: *mut rdkafka::bindings::rd_kafka_queue_t,
-    fd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+    queue: *mut rdsys::rd_kafka_queue_t,
+    fd: AsyncFd<OwnedFd>,
 }
 
 // SAFETY: librdkafka's queue handles are thread-safe; the handle is only read through
@@ -171,8 +208,6 @@ unsafe impl Sync for QueueWake {}
 
 impl QueueWake {
     fn new(producer: &BaseProducer<Reporter>) -> std::io::Result<QueueWake> {
-        use rdkafka::producer::Producer;
-        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
         // SAFETY: plain system call; the descriptor is owned below.
         let raw = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if raw < 0 {
@@ -180,48 +215,32 @@ impl QueueWake {
         }
         // SAFETY: `raw` is a fresh descriptor nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // registered before librdkafka may write to it: a failure here has nothing to undo
+        // SAFETY: an OwnedFd returns its one open descriptor for as long as it lives, which is
+        // as long as the AsyncFd owning it
+        let fd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
+            .map_err(std::io::Error::from)?;
         // SAFETY: the client outlives this handle (the serving task holds both, and drops this
         // first); the handle is a new reference, destroyed in Drop.
-        let queue = unsafe { rdkafka::bindings::rd_kafka_queue_get_main(producer.client().native_ptr()) };
+        let queue = unsafe { rdsys::rd_kafka_queue_get_main(producer.client().native_ptr()) };
         // an eventfd takes writes of 8 bytes, each adding to its counter
         let one = 1u64.to_ne_bytes();
         // SAFETY: librdkafka copies the payload; the descriptor stays open until Drop disables
         // the writes.
         unsafe {
-            rdkafka::bindings::rd_kafka_queue_io_event_enable(
-                queue,
-                fd.as_raw_fd(),
-                one.as_ptr().cast(),
-                one.len(),
-            )
+            rdsys::rd_kafka_queue_io_event_enable(queue, fd.as_raw_fd(), one.as_ptr().cast(), one.len())
         };
-        // SAFETY: an OwnedFd returns its one open descriptor for as long as it lives, which is
-        // as long as the AsyncFd owning it
-        let fd =
-            unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) };
-        match fd {
-            Ok(fd) => Ok(QueueWake { queue, fd }),
-            Err(e) => {
-                let e = std::io::Error::from(e);
-                // SAFETY: as in Drop
-                unsafe {
-                    rdkafka::bindings::rd_kafka_queue_io_event_enable(queue, -1, std::ptr::null(), 0);
-                    rdkafka::bindings::rd_kafka_queue_destroy(queue);
-                }
-                Err(e)
-            }
-        }
+        Ok(QueueWake { queue, fd })
     }
 
     /// Events queued, not served yet.
     fn queued(&self) -> usize {
         // SAFETY: a live queue handle (see Drop)
-        unsafe { rdkafka::bindings::rd_kafka_queue_length(self.queue) }
+        unsafe { rdsys::rd_kafka_queue_length(self.queue) }
     }
 
     /// Resets the eventfd's counter (a read returns and zeroes it).
     fn drain(&self) {
-        use std::os::fd::AsRawFd;
         let mut counter = [0u8; 8];
         // SAFETY: reads at most 8 bytes into `counter`; EAGAIN (already zero) is fine
         let _ = unsafe { libc::read(self.fd.as_raw_fd(), counter.as_mut_ptr().cast(), counter.len()) };
@@ -233,8 +252,8 @@ impl Drop for QueueWake {
         // SAFETY: the handle is live until destroyed here; librdkafka stops writing to the
         // descriptor before it is closed (after this, with `fd`)
         unsafe {
-            rdkafka::bindings::rd_kafka_queue_io_event_enable(self.queue, -1, std::ptr::null(), 0);
-            rdkafka::bindings::rd_kafka_queue_destroy(self.queue);
+            rdsys::rd_kafka_queue_io_event_enable(self.queue, -1, std::ptr::null(), 0);
+            rdsys::rd_kafka_queue_destroy(self.queue);
         }
     }
 }
@@ -243,12 +262,14 @@ impl std::ops::Deref for RecordProducer {
     type Target = BaseProducer<Reporter>;
 
     fn deref(&self) -> &BaseProducer<Reporter> {
-        &self.producer
+        self.producer.as_ref().expect("taken only by Drop")
     }
 }
 
 impl Drop for RecordProducer {
     fn drop(&mut self) {
+        // first, so that the serving task holds the last share, whichever thread it runs on
+        drop(self.producer.take());
         self.stop.stopped.store(true, Ordering::Relaxed);
         // (a permit: the task takes it at its next wait if it is not waiting now)
         self.stop.notify.notify_one();
@@ -273,7 +294,10 @@ pub(super) fn create_producer(
         None => producer_config(config),
     };
     let producer = settings.create_with_context(Reporter(refusals.clone()))?;
-    let producer = RecordProducer::start(producer)
-        .map_err(|e| KafkaError::ClientCreation(format!("cannot serve the producer's queue: {e}")))?;
+    let producer = RecordProducer::start(producer).map_err(|e| {
+        KafkaError::ClientCreation(format!(
+            "cannot watch the Kafka producer's queue (an eventfd registered with the runtime): {e}"
+        ))
+    })?;
     Ok(Channel { producer: Arc::new(producer), reports, refusals })
 }
