@@ -383,32 +383,33 @@ async fn emitted_messages_arrive_like_table_events() {
 #[tokio::test(flavor = "multi_thread")]
 async fn rows_from_before_the_slot_arrive_once_and_first() {
     // given rows in the table before the relay (and its slot) existed, and a writer that keeps
-    // writing across the slot's creation: until the slot exists, then 1,000 rows more, so some
-    // rows are committed after it however long the relay takes to start (a writer of a fixed
-    // 3,000 rows once finished before a slow start, and every row was copied)
+    // writing across the first copy: until the relay says the copy ended, so some rows are
+    // committed after the copy's snapshot however long the relay takes to start (a writer of a
+    // fixed number of rows, or one that stopped soon after the slot appeared, finished before
+    // the copy's snapshot on a loaded machine, and every row was copied)
     let s = Setup::replication().await;
     let consumer = consumer(&[&s.topic]);
     write_transactions(&s.db.url, &s.aggregate_type, 3_000, 2).await;
+    let copied_all = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = tokio::spawn({
-        let (url, t, slot) = (s.db.url.clone(), s.aggregate_type.clone(), s.slot.clone());
+        let (url, t, copied_all) = (s.db.url.clone(), s.aggregate_type.clone(), copied_all.clone());
         async move {
-            let admin = connect(&url).await;
-            let slot_exists = async || {
-                let sql = "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1";
-                admin.query_one(sql, &[&slot]).await.unwrap().get::<_, i64>(0) > 0
-            };
             let (mut written, limit) = (0, Instant::now() + Duration::from_secs(120));
-            while !slot_exists().await && Instant::now() < limit {
+            while !copied_all.load(std::sync::atomic::Ordering::SeqCst) && Instant::now() < limit {
                 write_transactions(&url, &t, 200, 2).await;
                 written += 200;
             }
-            write_transactions(&url, &t, 1_000, 2).await;
-            written + 1_000
+            // and some certainly after the copy's snapshot
+            write_transactions(&url, &t, 200, 2).await;
+            written + 200
         }
     });
 
     // when the relay starts, creates the slot and copies the table
     let mut relay = s.start("relay");
+    wait_until("the first copy's end", async || relay.log_text().contains("pre-existing rows published"))
+        .await;
+    copied_all.store(true, std::sync::atomic::Ordering::SeqCst);
     let total = 3_000 + writer.await.unwrap();
 
     // then every row arrives exactly once and, per aggregate, in order: the copied rows first
