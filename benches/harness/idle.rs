@@ -113,7 +113,10 @@ async fn quiet_window(mode: &'static str, window: Duration) -> Quiet {
     let threads_before = threads(active.pid());
     tokio::time::sleep(window).await;
     let per_min = 60.0 / window.as_secs_f64();
-    let wakeups = switches_since(active.pid(), &threads_before, window);
+    let wakeups = threads_since(active.pid(), &threads_before)
+        .into_iter()
+        .map(|(name, (_, switches))| (name, switches / window.as_secs_f64()))
+        .collect();
     Quiet {
         active: (cpu(&active) - before.0) * per_min,
         standby: (cpu(&standby) - before.1) * per_min,
@@ -166,17 +169,14 @@ pub(super) fn threads(pid: u32) -> BTreeMap<String, (f64, f64)> {
     by_name
 }
 
-/// The wake-ups per second of `pid`'s threads since `before` ([`threads`]), over `window`.
-fn switches_since(
-    pid: u32,
-    before: &BTreeMap<String, (f64, f64)>,
-    window: Duration,
-) -> BTreeMap<String, f64> {
+/// What `pid`'s threads did since `before` ([`threads`]): (CPU seconds, context switches) by
+/// thread name.
+pub(super) fn threads_since(pid: u32, before: &BTreeMap<String, (f64, f64)>) -> BTreeMap<String, (f64, f64)> {
     threads(pid)
         .into_iter()
-        .map(|(name, (_, n))| {
-            let was = before.get(&name).map_or(0.0, |t| t.1);
-            (name, (n - was) / window.as_secs_f64())
+        .map(|(name, (cpu, switches))| {
+            let (cpu_was, switches_was) = before.get(&name).copied().unwrap_or_default();
+            (name, (cpu - cpu_was, switches - switches_was))
         })
         .collect()
 }

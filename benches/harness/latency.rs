@@ -79,12 +79,9 @@ pub(super) async fn steady_latency_in(
     let cpu = settled_cpu(&relay, 10 + expected).await - cpu_before;
     drop(profile);
     let per_100k = 100_000.0 / expected.max(1) as f64;
-    let threads = super::idle::threads(relay.process.pid())
+    let threads = super::idle::threads_since(relay.process.pid(), &threads_before)
         .into_iter()
-        .map(|(name, (cpu, switches))| {
-            let (cpu_was, switches_was) = threads_before.get(&name).copied().unwrap_or_default();
-            (name, ((cpu - cpu_was) * per_100k, (switches - switches_was) / duration.as_secs_f64()))
-        })
+        .map(|(name, (cpu, switches))| (name, (cpu * per_100k, switches / duration.as_secs_f64())))
         .collect();
     let at = received.await.unwrap();
     let relay_p99_ms =
